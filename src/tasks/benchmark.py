@@ -1,0 +1,37 @@
+"""Prompts of fixed token lengths cut from the corpus, each generating exactly max_new_tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
+
+
+def cut_prompts(tokenizer, corpus: str, lengths: list[int]) -> list[torch.Tensor]:
+    """One prompt per length, counted like a tokenized prompt (with the BOS the tokenizer adds)."""
+    ids = tokenizer(corpus, add_special_tokens=False).input_ids
+    bos = tokenizer.bos_token_id
+    adds_bos = bos is not None and tokenizer("a").input_ids[:1] == [bos]
+    prompts = []
+    for n in lengths:
+        body = ids[: n - 1] if adds_bos else ids[:n]
+        if len(body) < (n - 1 if adds_bos else n):
+            raise ValueError(f"the corpus has {len(ids)} tokens, too few for a {n}-token prompt; "
+                             f"use a larger dataset or shorter task.prompt_lengths")
+        prompts.append(torch.tensor([([bos] if adds_bos else []) + body]))
+    return prompts
+
+
+def run(inputs: TaskInputs) -> TaskResult:
+    task = inputs.task
+    new_tokens = task.code_max_new_tokens if inputs.code_model else task.max_new_tokens
+    fits = [n for n in task.prompt_lengths if n + new_tokens <= inputs.max_context]
+    notes = [f"prompt lengths {[n for n in task.prompt_lengths if n not in fits]} dropped: with {new_tokens} new "
+             f"tokens they exceed the model's context of {inputs.max_context}"] if len(fits) < len(task.prompt_lengths) else []
+    fits = limit(fits, task.limit)
+    if not fits:
+        raise ValueError(f"no prompt length of task {task.name} fits the model's context of {inputs.max_context}")
+    prompts = cut_prompts(inputs.tokenizer, inputs.corpus(), fits)
+    examples = [Example(p, new_tokens, f"{n} tokens") for p, n in zip(prompts, fits)]
+    rows, _ = measure(inputs, examples, exact=task.exact_new_tokens)
+    return result(rows, notes=notes)

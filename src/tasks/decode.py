@@ -1,0 +1,24 @@
+"""The seeds' decode task: fixed prompts, their responses kept beside the timings."""
+
+from __future__ import annotations
+
+import json
+
+from src.corpus import SEED_PROMPTS, code_prompts
+from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
+
+
+def prompts(code_model: bool) -> list[str]:
+    return code_prompts() if code_model else list(SEED_PROMPTS)
+
+
+def run(inputs: TaskInputs) -> TaskResult:
+    new_tokens = inputs.task.code_max_new_tokens if inputs.code_model else inputs.task.max_new_tokens
+    texts = limit(prompts(inputs.code_model), inputs.task.limit)
+    tok = inputs.tokenizer
+    examples = [Example(tok(t, return_tensors="pt").input_ids, new_tokens, t) for t in texts]
+    rows, outputs = measure(inputs, examples, exact=inputs.task.exact_new_tokens)
+    responses = [{"example": i, "prompt": ex.label, "response": tok.decode(ids, skip_special_tokens=True)}
+                 for i, (ex, ids) in enumerate(zip(examples, outputs), start=1)]
+    text = "\n".join(json.dumps(r, ensure_ascii=False) for r in responses) + "\n"
+    return result(rows, artifacts={"responses.jsonl": text})
