@@ -1,0 +1,40 @@
+"""Shared fixtures: composing the real conf/ tree, and a throwaway MLflow store per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+
+# Tests never reach a hub: fail fast instead of waiting on timeouts.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def compose_job(overrides: list[str]) -> tuple[dict, dict]:
+    """The resolved job config (without hydra's node) and Hydra's group choices, as src.run sees them."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v}
+        # hydra's own node has job-time fields (hydra.job.num) that only a launcher fills in.
+        raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+               for k in cfg if k != "hydra"}
+    return raw, choices
+
+
+def run_cli(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "src.run", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+@pytest.fixture
+def store(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"

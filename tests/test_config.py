@@ -1,0 +1,97 @@
+"""Every config file composes and validates; bad values fail with a line naming the field."""
+
+import dataclasses
+
+import pytest
+
+from src.config import ConfigError, job_config_from_dict
+from src.run import GROUPS, unknown_choice
+from tests.conftest import CONF, compose_job
+
+# dataset=textfile has a mandatory path; it is checked on its own below.
+NEEDS = {("dataset", "textfile"): ["dataset.path=/tmp/corpus.txt"]}
+
+
+def all_choices():
+    for group in GROUPS:
+        for path in sorted((CONF / group).glob("*.yaml")):
+            yield group, path.stem
+
+
+@pytest.mark.parametrize("group,choice", list(all_choices()))
+def test_every_choice_composes_and_validates(group, choice):
+    raw, choices = compose_job([f"{group}={choice}", *NEEDS.get((group, choice), [])])
+    job = job_config_from_dict(raw)
+    assert choices[group] == choice
+    part = getattr(job, group)
+    assert getattr(part, "name", getattr(part, "kind", None)) == choice  # the file names its own choice
+
+
+def test_groups_have_the_design_layout():
+    for group in GROUPS:
+        assert any((CONF / group).glob("*.yaml")), f"conf/{group}/ is empty"
+    assert (CONF / "model" / "gemma3-270m.yaml").exists()
+    for hw in ("cpu", "cuda", "phx", "hpt", "stx"):
+        assert (CONF / "hardware" / f"{hw}.yaml").exists()
+
+
+def test_silicon_support_matches_the_seeds():
+    supported = {hw: set(job_config_from_dict(compose_job([f"hardware={hw}"])[0]).hardware.precisions)
+                 for hw in ("phx", "hpt", "stx")}
+    assert "w8a16" not in supported["phx"] and "w8a16" not in supported["hpt"]
+    assert {"w8a8", "w8a16", "w4a16", "fp32", "bf16"} <= supported["stx"]
+
+
+def test_unsupported_pair_is_a_reason_not_an_error():
+    job = job_config_from_dict(compose_job(["hardware=phx", "hardware.precisions=[fp32]", "precision=bf16"])[0])
+    assert "phx has no bf16 kernels" in job.unsupported_reason()
+    assert job_config_from_dict(compose_job(["hardware=stx"])[0]).unsupported_reason() is None
+
+
+@pytest.mark.parametrize("override,field", [
+    ("task.limit=0", "task.limit"),
+    ("task.max_new_tokens=0", "task.max_new_tokens"),
+    ("sampling.temperature=0", "sampling.temperature"),
+    ("sampling.top_p=1.5", "sampling.top_p"),
+    ("hardware.threads=0", "hardware.threads"),
+    ("model.arch=gpt5", "model.arch"),
+    ("precision.dtype=int3", "precision.dtype"),
+])
+def test_bad_values_name_their_field(override, field):
+    raw, _ = compose_job([override])
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        job_config_from_dict(raw)
+
+
+def test_unknown_keys_are_refused():
+    raw, _ = compose_job([])
+    raw["task"]["max_new_tokenz"] = 3
+    with pytest.raises(ConfigError, match="task has unknown key.*max_new_tokenz"):
+        job_config_from_dict(raw)
+
+
+def test_benchmark_needs_prompt_lengths():
+    raw, _ = compose_job(["task=benchmark", "task.prompt_lengths=[]"])
+    with pytest.raises(ConfigError, match="prompt_lengths"):
+        job_config_from_dict(raw)
+
+
+def test_frozen_config():
+    job = job_config_from_dict(compose_job([])[0])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.task.limit = 3
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["model=nope"], "unknown model 'nope'; choose from: "),
+    (["-m", "precision=fp32,w3a3"], "unknown precision 'w3a3'"),
+    (["+hardware=tpu"], "unknown hardware 'tpu'"),
+])
+def test_unknown_choice_is_one_line(args, expect):
+    line = unknown_choice(args)
+    assert line is not None and expect in line and "\n" not in line
+
+
+def test_known_choices_and_plain_overrides_pass():
+    assert unknown_choice(["-m", "hardware=phx,stx", "precision=fp32,bf16", "task.limit=2",
+                           "model.local_path=/x"]) is None

@@ -1,0 +1,91 @@
+"""The engine's timing and the tasks' examples, on tiny models built in-process."""
+
+import pytest
+import torch
+
+from src.config import TaskConfig
+from src.corpus import SEED_PROMPTS, code_prompts, load_text
+from src.config import DatasetConfig
+from src.engine import Sampling, generate
+from src.tasks import TASKS, TaskInputs
+from src.tasks.benchmark import cut_prompts
+from src.tiny import TINY_CONTEXT, tiny_model
+
+ARCHS = ["llama", "opt", "qwen2", "gemma3"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_matches_plain_generate_and_times_every_token(arch):
+    model, tok = tiny_model(arch)
+    ids = tok("def add(a, b):", return_tensors="pt").input_ids
+    gen = generate(model, ids, 12, exact=True, sampling=Sampling(), pad_token_id=tok.pad_token_id)
+    plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
+                           do_sample=False, pad_token_id=tok.pad_token_id)
+    assert gen.new_token_ids == plain[0, ids.shape[1]:].tolist()
+    assert gen.new_tokens == 12 and len(gen.token_times) == 12
+    assert gen.start <= gen.token_times[0] and gen.token_times == sorted(gen.token_times)
+    assert gen.token_times[-1] <= gen.end
+
+
+def test_tiny_models_are_deterministic():
+    a, _ = tiny_model("qwen2")
+    b, _ = tiny_model("qwen2")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_sampling_is_seeded(llama):
+    model, tok = llama
+    ids = tok("x", return_tensors="pt").input_ids
+    s = Sampling(do_sample=True, temperature=1.5, top_p=0.9, seed=7)
+    first = generate(model, ids, 10, True, s, tok.pad_token_id).new_token_ids
+    assert first == generate(model, ids, 10, True, s, tok.pad_token_id).new_token_ids
+
+
+def task(kind="benchmark", **kw):
+    base = dict(name=kind, kind=kind, max_new_tokens=5, code_max_new_tokens=7, exact_new_tokens=True,
+                prompt_lengths=(4, 16), limit=None, warmup=0)
+    return TaskConfig(**{**base, **kw})
+
+
+def inputs(model, tok, t, code=False):
+    return TaskInputs(model, tok, t, code, Sampling(), TINY_CONTEXT,
+                      corpus=lambda: load_text(DatasetConfig("humaneval", "humaneval")))
+
+
+def test_benchmark_prompts_have_exact_lengths(llama):
+    _, tok = llama
+    corpus = load_text(DatasetConfig("humaneval", "humaneval"))
+    prompts = cut_prompts(tok, corpus, [4, 8, 256])
+    assert [p.shape[1] for p in prompts] == [4, 8, 256]
+    assert prompts[0][0, 0].item() == tok.bos_token_id
+
+
+def test_benchmark_generates_exactly_and_drops_what_does_not_fit(llama):
+    model, tok = llama
+    t = task(prompt_lengths=(4, 16, TINY_CONTEXT))
+    out = TASKS["benchmark"](inputs(model, tok, t))
+    assert [r.prompt_tokens for r in out.rows] == [4, 16]
+    assert all(r.new_tokens == 5 for r in out.rows)
+    assert out.notes and str(TINY_CONTEXT) in out.notes[0]
+
+
+def test_benchmark_with_nothing_that_fits_fails(llama):
+    model, tok = llama
+    with pytest.raises(ValueError, match="fits the model's context"):
+        TASKS["benchmark"](inputs(model, tok, task(prompt_lengths=(4000,))))
+
+
+def test_decode_uses_seed_prompts_or_code_prompts(llama):
+    model, tok = llama
+    out = TASKS["decode"](inputs(model, tok, task("decode", exact_new_tokens=False, limit=2)))
+    assert len(out.rows) == 2 and all(r.new_tokens <= 5 for r in out.rows)
+    assert SEED_PROMPTS[0] in out.artifacts["responses.jsonl"]
+    code = TASKS["decode"](inputs(model, tok, task("decode", limit=1), code=True))
+    assert code.rows[0].new_tokens == 7
+    assert len(SEED_PROMPTS) == 10 and len(code_prompts()) == 13
+    assert code_prompts()[0].startswith("from typing import List")

@@ -1,0 +1,124 @@
+"""MLflow logging against a temporary store: finished, skipped and failed jobs, and a whole sweep."""
+
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src.run import run_job
+from src.tracking import Tracker, flatten
+from tests.conftest import compose_job, run_cli
+
+TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
+
+
+def job(store, extra):
+    raw, choices = compose_job([*TINY, f"tracking.uri={store}", *extra])
+    return run_job(raw, choices, sweep=None)
+
+
+def runs(store, filter_string=""):
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("quantspec")
+    return client, client.search_runs([exp.experiment_id], filter_string=filter_string)
+
+
+def test_finished_job_logs_the_contract(store):
+    assert job(store, []) == "finished"
+    client, (run,) = runs(store)
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert {k: tags[k] for k in ("model", "hardware", "precision", "draft", "task", "executed_on", "outcome")} == {
+        "model": "tiny-llama", "hardware": "cpu", "precision": "fp32", "draft": "none", "task": "decode",
+        "executed_on": "cpu", "outcome": "finished"}
+    assert tags["git_commit"] and tags["cpu_model"]
+    history = client.get_metric_history(run.info.run_id, "time_per_token_ms")
+    assert sorted(m.step for m in history) == [1, 2]
+    for name in ("prompt_tokens", "new_tokens", "total_time_s", "prefill_ms", "tokens_per_s"):
+        assert len(client.get_metric_history(run.info.run_id, name)) == 2
+    # summaries are the medians of the per-example values
+    per_token = sorted(m.value for m in history)
+    assert run.data.metrics["time_per_token_ms_median"] == pytest.approx(sum(per_token) / 2)
+    assert run.data.params["task.max_new_tokens"] == "4" and run.data.params["choice.model"] == "tiny-llama"
+    files = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"examples.csv", "examples.md", "config.yaml", "environment.json", "responses.jsonl"} <= files
+
+
+def test_skipped_pair_is_recorded_with_its_reason(store):
+    assert job(store, ["hardware=phx", "hardware.precisions=[fp32]", "precision=bf16"]) == "skipped"
+    _, (run,) = runs(store)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["outcome"] == "skipped"
+    assert "phx has no bf16 kernels" in run.data.tags["outcome_reason"]
+    assert not run.data.metrics
+
+
+def test_failing_job_is_marked_failed_and_keeps_earlier_runs(store, tmp_path, capsys):
+    assert job(store, []) == "finished"
+    missing = tmp_path / "missing.txt"
+    assert job(store, ["task=benchmark", "dataset=textfile", f"dataset.path={missing}"]) == "failed"
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("quantspec:")]
+    assert len(err) == 1 and "is not a file" in err[0]
+    client, found = runs(store)
+    by_outcome = {r.data.tags["outcome"]: r for r in found}
+    assert set(by_outcome) == {"finished", "failed"}
+    failed = by_outcome["failed"]
+    assert failed.info.status == "FAILED" and "is not a file" in failed.data.tags["outcome_reason"]
+    assert "error.txt" in {a.path for a in client.list_artifacts(failed.info.run_id)}
+    assert by_outcome["finished"].data.metrics["tokens_per_s_median"] > 0
+
+
+def test_flatten_makes_dot_keys():
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {"a.b": "1", "a.c.d": "[1, 2]", "e": "None"}
+
+
+def test_experiment_and_sweep_parent_are_found_not_duplicated(store):
+    from src.tracking import SweepInfo
+    first, second = Tracker(store, "quantspec"), Tracker(store, "quantspec")
+    assert first.experiment_id == second.experiment_id
+    sweep = SweepInfo("/tmp/sweep-x", "sweep x", "a=1")
+    assert first.sweep_parent(sweep) == second.sweep_parent(sweep)
+
+
+def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
+    out = run_cli(["-m", *TINY, "hardware=phx,stx", "precision=fp32,bf16", "hardware.precisions=[fp32]",
+                   f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 finished, 2 skipped, 0 failed" in out.stdout
+    client, found = runs(store)
+    parents = [r for r in found if r.data.tags.get("quantspec.role") == "sweep"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(children) == 4
+    assert sorted((r.data.tags["hardware"], r.data.tags["precision"], r.data.tags["outcome"]) for r in children) == [
+        ("phx", "bf16", "skipped"), ("phx", "fp32", "finished"), ("stx", "bf16", "skipped"), ("stx", "fp32", "finished")]
+    assert parents[0].data.tags["jobs_finished"] == "2"
+
+
+def test_sweep_survives_a_failing_job_and_exits_nonzero(store, tmp_path):
+    good = tmp_path / "corpus.txt"
+    good.write_text("def f(x):\n    return x * 2\n" * 50)
+    out = run_cli(["-m", *TINY, "task=benchmark", "task.prompt_lengths=[8]", "dataset=textfile",
+                   f"dataset.path={tmp_path / 'missing.txt'},{good}", f"tracking.uri={store}",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert out.returncode == 1
+    assert "1 finished, 0 skipped, 1 failed" in out.stdout
+    _, found = runs(store, "tags.`quantspec.role` = 'job'")
+    assert sorted(r.data.tags["outcome"] for r in found) == ["failed", "finished"]
+
+
+def test_unknown_model_exits_with_one_line():
+    out = run_cli(["model=llama-3-400b"])
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "unknown model 'llama-3-400b'" in out.stderr
+    assert out.stderr.startswith("quantspec: ")
+
+
+def test_nan_metrics_are_not_logged(store):
+    raw, _ = compose_job([f"tracking.uri={store}"])
+    tracker = Tracker(store, "quantspec")
+    run = tracker.start_job("x", None, {}, {})
+    run.log_metrics({"a": 1.0, "b": math.nan})
+    run.finish()
+    _, (found,) = runs(store)
+    assert found.data.metrics == {"a": 1.0}
