@@ -15,9 +15,11 @@ ARCHS = ("llama", "opt", "qwen2", "gemma3")
 MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "bfloat16", "float16")
-QUANT_METHODS = ("none",)
+QUANT_METHODS = ("none", "smoothquant", "awq", "rtn")
+KERNELS = ("w8a8", "w8a16", "w4a16")
+INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel accepts
 DRAFT_KINDS = ("none",)
-TASK_KINDS = ("decode", "benchmark")
+TASK_KINDS = ("decode", "benchmark", "perplexity", "quantize")
 DATASET_SOURCES = ("humaneval", "hf", "textfile")
 TRACKING_KINDS = ("sqlite", "server")
 
@@ -39,9 +41,12 @@ class ModelConfig:
     id: str
     local_path: str | None = None
     code: bool = False
+    smoothquant_alpha: float | None = None   # SmoothQuant's migration strength for this model
 
     def validate(self) -> None:
         _check_choice("model.arch", self.arch, ARCHS)
+        if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:
+            raise ConfigError(f"model.smoothquant_alpha={self.smoothquant_alpha} must be in [0, 1]")
         _check_choice("model.source", self.source, MODEL_SOURCES)
         if self.source == "local" and not self.local_path:
             raise ConfigError("model.source=local needs model.local_path=/path/to/model/dir")
@@ -64,12 +69,41 @@ class HardwareConfig:
 @dataclass(frozen=True)
 class PrecisionConfig:
     name: str
-    dtype: str
+    dtype: str                      # the float parts' dtype (norms, attention, embedding)
     method: str = "none"
+    kernel: str | None = None       # which low-bit kernel the quantized linears run
+    group_size: int | None = None   # int4 groups along the input features
+    alpha: float | None = None      # SmoothQuant; null: the model's smoothquant_alpha
+    quantize_head: bool = True      # False keeps the output head in float
+    calib_samples: int = 16
+    calib_seq_len: int = 256
+    awq_grid: int = 20
+    awq_clip: bool = True
+    awq_search_tokens: int = 2048
+
+    @property
+    def quantized(self) -> bool:
+        return self.method != "none"
 
     def validate(self) -> None:
         _check_choice("precision.dtype", self.dtype, DTYPES)
         _check_choice("precision.method", self.method, QUANT_METHODS)
+        if not self.quantized:
+            return
+        _check_choice("precision.kernel", self.kernel, KERNELS)
+        if self.kernel == "w4a16":
+            if self.group_size not in INT4_GROUPS:
+                raise ConfigError(f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
+                                  f"use one of: {', '.join(map(str, INT4_GROUPS))}")
+            if self.method == "smoothquant":
+                raise ConfigError("precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w4a16")
+        elif self.method == "awq":
+            raise ConfigError(f"precision.method=awq is for w4a16, not precision.kernel={self.kernel}")
+        if self.alpha is not None and not 0 <= self.alpha <= 1:
+            raise ConfigError(f"precision.alpha={self.alpha} must be in [0, 1]")
+        for key in ("calib_samples", "calib_seq_len", "awq_grid", "awq_search_tokens"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -85,15 +119,19 @@ class DraftConfig:
 class TaskConfig:
     name: str
     kind: str
-    max_new_tokens: int
-    code_max_new_tokens: int
-    exact_new_tokens: bool
+    max_new_tokens: int = 60
+    code_max_new_tokens: int = 60
+    exact_new_tokens: bool = True
     prompt_lengths: tuple[int, ...] = ()
     limit: int | None = None
     warmup: int = 1
+    window: int = 512               # perplexity: tokens per non-overlapping window
+    windows: int = 8                # perplexity: how many windows
 
     def validate(self) -> None:
         _check_choice("task.kind", self.kind, TASK_KINDS)
+        if self.window < 2 or self.windows < 1:
+            raise ConfigError(f"task.window={self.window} and task.windows={self.windows} must be at least 2 and 1")
         for key in ("max_new_tokens", "code_max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"task.{key}={getattr(self, key)} must be at least 1")
@@ -106,8 +144,8 @@ class TaskConfig:
         if self.warmup < 0:
             raise ConfigError(f"task.warmup={self.warmup} must be 0 or more")
 
-    def new_tokens_for(self, model: ModelConfig) -> int:
-        return self.code_max_new_tokens if model.code else self.max_new_tokens
+    def new_tokens(self, code_model: bool) -> int:
+        return self.code_max_new_tokens if code_model else self.max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -169,6 +207,12 @@ class JobConfig:
         for part in (self.model, self.hardware, self.precision, self.draft, self.task, self.dataset,
                      self.tracking, self.sampling):
             part.validate()
+        p = self.precision
+        if p.method == "smoothquant" and p.alpha is None and self.model.smoothquant_alpha is None:
+            raise ConfigError(f"model {self.model.name} has no smoothquant_alpha; set precision.alpha=0.5 "
+                              f"(or model.smoothquant_alpha)")
+        if not p.quantized and self.task.kind == "quantize":
+            raise ConfigError(f"task=quantize needs a quantized precision, not precision={p.name}")
 
     def unsupported_reason(self) -> str | None:
         """Why this hardware cannot run this precision, or None. Not an error: the sweep records a skip."""

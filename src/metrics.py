@@ -72,6 +72,10 @@ def markdown_table(headers: tuple[str, ...] | list[str], rows: list[list]) -> st
     return "\n".join([line(list(headers)), sep] + [line(r) for r in cells])
 
 
+def summary_table(summary: dict[str, float]) -> str:
+    return markdown_table(("metric", "value"), [[k, v] for k, v in summary.items()]) if summary else "(no metrics)"
+
+
 def seed_table(rows: list[Row]) -> str:
     return markdown_table(SEED_HEADERS, [[r.example, r.prompt_tokens, r.new_tokens, r.total_time_s, r.prefill_ms,
                                           r.time_per_token_ms, r.tokens_per_s] for r in rows])

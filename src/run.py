@@ -108,7 +108,7 @@ def _execute(raw: dict, job, name: str) -> None:
     from src.config import job_config_from_dict
     from src.corpus import load_text
     from src.engine import Sampling
-    from src.metrics import rows_csv, seed_table
+    from src.metrics import rows_csv, seed_table, summary_table
     from src.models import load_model
     from src.tasks import TASKS, TaskInputs
 
@@ -131,26 +131,53 @@ def _execute(raw: dict, job, name: str) -> None:
     job.log_text(json.dumps(env, indent=2), "environment.json")
 
     loaded = load_model(cfg.model, cfg.cache_dir)
-    model = loaded.model.to(device=placement.device, dtype=getattr(torch, cfg.precision.dtype))
     job.log_metrics({"model_load_s": loaded.load_s})
+    corpus = lambda: load_text(cfg.dataset)  # noqa: E731 - read only by the tasks and calibration that need it
+    model = _prepare_precision(cfg, loaded, corpus, job).to(placement.device)
     s = cfg.sampling
     inputs = TaskInputs(model, loaded.tokenizer, cfg.task, cfg.model.code,
-                        Sampling(s.do_sample, s.temperature, s.top_p, s.seed), loaded.max_context,
-                        corpus=lambda: load_text(cfg.dataset))
+                        Sampling(s.do_sample, s.temperature, s.top_p, s.seed), loaded.max_context, corpus)
     result = TASKS[cfg.task.kind](inputs)
 
     for row in result.rows:
         job.log_metrics(row.metrics(), step=row.example)
+    for metric, values in result.series.items():
+        for step, value in enumerate(values, start=1):
+            job.log_metrics({metric: value}, step=step)
     job.log_metrics(result.summary)
-    table = seed_table(result.rows)
-    job.log_text(table + "\n", "examples.md")
-    job.log_text(rows_csv(result.rows), "examples.csv")
+    table = seed_table(result.rows) if result.rows else summary_table(result.summary)
+    if result.rows:
+        job.log_text(table + "\n", "examples.md")
+        job.log_text(rows_csv(result.rows), "examples.csv")
     for file_name, text in result.artifacts.items():
         job.log_text(text, file_name)
     for note in result.notes:
         log.warning(note)
     job.finish()
     print(f"\n{name} (executed on {placement.executed_on})\n{table}\n", flush=True)
+
+
+def _prepare_precision(cfg, loaded, corpus, job):
+    """Cast to the precision's dtype, quantizing first (from the cache when it holds this key)."""
+    import torch
+
+    from src.quant.apply import quantize_model
+    from src.quant.pipeline import QuantSpec
+
+    dtype = getattr(torch, cfg.precision.dtype)
+    p = cfg.precision
+    if not p.quantized:
+        return loaded.model.to(dtype)
+    alpha = (p.alpha if p.alpha is not None else cfg.model.smoothquant_alpha) if p.method == "smoothquant" else None
+    spec = QuantSpec(p.method, p.kernel, p.group_size, alpha, p.awq_grid, p.awq_clip, p.awq_search_tokens,
+                     p.quantize_head)
+    model, report = quantize_model(loaded.model, loaded.tokenizer, cfg.model.arch, spec, loaded.source_key, corpus,
+                                   p.calib_samples, p.calib_seq_len, cfg.cache_dir, cfg.model.name, dtype)
+    log.info("%s %s in %.1f s (%s)", "quantized" if report.built else "loaded quantized weights", p.name,
+             report.seconds, report.cache_dir)
+    job.log_metrics(report.metrics())
+    job.set_tags({"quant_cache": str(report.cache_dir), **({"smoothquant_alpha": str(alpha)} if alpha else {})})
+    return model
 
 
 # --- Hydra glue ------------------------------------------------------------------------------------

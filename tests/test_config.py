@@ -9,7 +9,7 @@ from src.run import GROUPS, unknown_choice
 from tests.conftest import CONF, compose_job
 
 # dataset=textfile has a mandatory path; it is checked on its own below.
-NEEDS = {("dataset", "textfile"): ["dataset.path=/tmp/corpus.txt"]}
+NEEDS = {("dataset", "textfile"): ["dataset.path=/tmp/corpus.txt"], ("task", "quantize"): ["precision=w8a8"]}
 
 
 def all_choices():

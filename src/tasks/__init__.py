@@ -3,10 +3,10 @@
 Tasks know nothing of MLflow or Hydra; src/run.py logs what they return.
 """
 
-from src.tasks import benchmark, decode
+from src.tasks import benchmark, decode, perplexity, quantize
 from src.tasks.common import TaskInputs, TaskResult
 
 # Keyed by task.kind: benchmark and benchmark_long share one implementation with other lengths.
-TASKS = {"decode": decode.run, "benchmark": benchmark.run}
+TASKS = {"decode": decode.run, "benchmark": benchmark.run, "perplexity": perplexity.run, "quantize": quantize.run}
 
 __all__ = ["TASKS", "TaskInputs", "TaskResult"]

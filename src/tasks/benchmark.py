@@ -24,7 +24,7 @@ def cut_prompts(tokenizer, corpus: str, lengths: list[int]) -> list[torch.Tensor
 
 def run(inputs: TaskInputs) -> TaskResult:
     task = inputs.task
-    new_tokens = task.code_max_new_tokens if inputs.code_model else task.max_new_tokens
+    new_tokens = task.new_tokens(inputs.code_model)
     fits = [n for n in task.prompt_lengths if n + new_tokens <= inputs.max_context]
     notes = [f"prompt lengths {[n for n in task.prompt_lengths if n not in fits]} dropped: with {new_tokens} new "
              f"tokens they exceed the model's context of {inputs.max_context}"] if len(fits) < len(task.prompt_lengths) else []

@@ -38,6 +38,7 @@ class TaskResult:
     rows: list[Row]
     summary: dict[str, float]
     artifacts: dict[str, str] = field(default_factory=dict)   # file name -> text
+    series: dict[str, list[float]] = field(default_factory=dict)  # metric -> one value per step
     notes: list[str] = field(default_factory=list)            # things the user must be told
 
 

@@ -13,7 +13,7 @@ def prompts(code_model: bool) -> list[str]:
 
 
 def run(inputs: TaskInputs) -> TaskResult:
-    new_tokens = inputs.task.code_max_new_tokens if inputs.code_model else inputs.task.max_new_tokens
+    new_tokens = inputs.task.new_tokens(inputs.code_model)
     texts = limit(prompts(inputs.code_model), inputs.task.limit)
     tok = inputs.tokenizer
     examples = [Example(tok(t, return_tensors="pt").input_ids, new_tokens, t) for t in texts]

@@ -1,0 +1,44 @@
+"""A job's quantization step: calibration data -> cache key -> load or build -> install.
+
+Takes a float32 model and returns it quantized for its precision, with a report of what it cost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from src.quant import cache
+from src.quant.calibrate import calibration_ids, ids_hash
+from src.quant.pipeline import QuantSpec, install, quantize, quantized_bytes
+
+
+@dataclass
+class QuantReport:
+    cache_dir: Path
+    built: bool          # False: loaded from the cache
+    seconds: float       # building (calibration, search, rounding) or loading
+    quantized_bytes: int
+
+    def metrics(self) -> dict[str, float]:
+        return {("quantize_s" if self.built else "quant_load_s"): self.seconds,
+                "quantized_weights_mb": self.quantized_bytes / 2**20}
+
+
+def quantize_model(model: nn.Module, tokenizer, arch: str, spec: QuantSpec, source_key: str,
+                   corpus: Callable[[], str], calib_samples: int, calib_seq_len: int, cache_root: Path,
+                   label: str, dtype: torch.dtype) -> tuple[nn.Module, QuantReport]:
+    start = time.perf_counter()
+    # RTN needs no data; hashing none keeps its key independent of the dataset.
+    calib = None if spec.method == "rtn" else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
+    key = cache.cache_key(source_key, spec, "none" if calib is None else ids_hash(calib))
+    directory = cache_root / "quantized" / f"{label}-{spec.kernel}-{spec.method}-{key[:16]}"
+    weights, built = cache.load_or_build(directory, lambda: quantize(model, arch, spec, calib),
+                                         {"source": source_key, "key": key})
+    model = install(model.to(dtype), weights, dtype)
+    return model, QuantReport(directory, built, time.perf_counter() - start, quantized_bytes(weights))

@@ -1,0 +1,83 @@
+"""Where each architecture keeps its decoder layers, and which linears share an input.
+
+A scale group is (prev, linears): the op whose output feeds the linears. Dividing prev's output by s
+and multiplying the linears' input columns by s leaves the float model's function unchanged; that is
+the move SmoothQuant and AWQ both make.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass
+class ScaleGroup:
+    prev_name: str
+    prev: nn.Module
+    names: list[str]
+    linears: list[nn.Linear]
+
+
+# Per architecture: (norm before attention, norm before MLP, attention linears, value, out proj,
+# MLP input linears, MLP hidden-producing linear, MLP output linear)
+_LAYOUT = {
+    "llama": ("input_layernorm", "post_attention_layernorm", ["self_attn.q_proj", "self_attn.k_proj",
+              "self_attn.v_proj"], "self_attn.v_proj", "self_attn.o_proj", ["mlp.gate_proj", "mlp.up_proj"],
+              "mlp.up_proj", "mlp.down_proj"),
+    "opt": ("self_attn_layer_norm", "final_layer_norm", ["self_attn.q_proj", "self_attn.k_proj",
+            "self_attn.v_proj"], "self_attn.v_proj", "self_attn.out_proj", ["fc1"], "fc1", "fc2"),
+    # Gemma 3 normalizes again after attention and after the MLP; the MLP's input norm is the pre-FF one.
+    "gemma3": ("input_layernorm", "pre_feedforward_layernorm", ["self_attn.q_proj", "self_attn.k_proj",
+               "self_attn.v_proj"], "self_attn.v_proj", "self_attn.o_proj", ["mlp.gate_proj", "mlp.up_proj"],
+               "mlp.up_proj", "mlp.down_proj"),
+}
+_LAYOUT["qwen2"] = _LAYOUT["llama"]
+
+
+def decoder_layers(model: nn.Module, arch: str) -> list[nn.Module]:
+    base = model.model
+    return list(base.decoder.layers if arch == "opt" else base.layers)
+
+
+def layer_prefix(arch: str, i: int) -> str:
+    return f"model.decoder.layers.{i}." if arch == "opt" else f"model.layers.{i}."
+
+
+def _group(layer: nn.Module, prefix: str, prev: str, names: list[str]) -> ScaleGroup:
+    return ScaleGroup(prefix + prev, layer.get_submodule(prev), [prefix + n for n in names],
+                      [layer.get_submodule(n) for n in names])
+
+
+def smooth_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
+    """Norm -> linears groups: SmoothQuant's (activation outliers sit in the normalized inputs)."""
+    attn_norm, mlp_norm, qkv, _, _, mlp_in, _, _ = _LAYOUT[arch]
+    groups = []
+    for i, layer in enumerate(decoder_layers(model, arch)):
+        p = layer_prefix(arch, i)
+        groups += [_group(layer, p, attn_norm, qkv), _group(layer, p, mlp_norm, mlp_in)]
+    return groups
+
+
+def awq_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
+    """SmoothQuant's groups plus linear -> linear ones (v -> o, up -> down), as AWQ scales them."""
+    _, _, _, v, o, _, up, down = _LAYOUT[arch]
+    groups = smooth_groups(model, arch)
+    for i, layer in enumerate(decoder_layers(model, arch)):
+        p = layer_prefix(arch, i)
+        # v -> o only when v's outputs are o's inputs one to one (not under grouped-query attention).
+        if layer.get_submodule(v).out_features == layer.get_submodule(o).in_features:
+            groups.append(_group(layer, p, v, [o]))
+        groups.append(_group(layer, p, up, [down]))
+    return groups
+
+
+def decoder_linears(model: nn.Module, arch: str) -> dict[str, nn.Linear]:
+    return {f"{layer_prefix(arch, i)}{n}": m for i, layer in enumerate(decoder_layers(model, arch))
+            for n, m in layer.named_modules() if isinstance(m, nn.Linear)}
+
+
+def is_gemma_norm(module: nn.Module) -> bool:
+    # Gemma's RMSNorm scales by (1 + weight), not weight.
+    return type(module).__name__.startswith("Gemma")

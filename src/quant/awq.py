@@ -1,0 +1,89 @@
+"""AWQ (Lin et al., 2024): activation-aware scales, then an optional clipping search, for 4-bit weights.
+
+For each group of linears sharing one input x: s = mean|x|^r over a grid of r in [0, 1), normalized;
+the loss is the MSE of the group's outputs (x @ Q(W * s)^T / s vs x @ W^T) on calibration tokens.
+r = 0 is plain round-to-nearest, so the chosen scales never do worse than RTN on that data. The
+clipping search then shrinks each group's weight range where that lowers the output error.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from src.quant import calibrate, scaling
+from src.quant.arch import awq_groups, decoder_linears
+from src.quant.qparams import fake_int4_weight
+
+log = logging.getLogger(__name__)
+
+
+def search_scale(x: torch.Tensor, weights: list[torch.Tensor], group: int, grid: int) -> tuple[torch.Tensor, float]:
+    """The best s for one group, and its exponent r."""
+    w = torch.cat([w.float() for w in weights])
+    ref = x @ w.T
+    x_mean = x.abs().mean(dim=0)
+    best_loss, best_s, best_r = float("inf"), torch.ones_like(x_mean), 0.0
+    for i in range(grid):
+        r = i / grid
+        s = x_mean.pow(r).clamp(min=1e-4)
+        s = s / (s.max() * s.min()).sqrt()
+        loss = ((x @ (fake_int4_weight(w * s, group) / s).T - ref) ** 2).mean().item()
+        if loss < best_loss:
+            best_loss, best_s, best_r = loss, s, r
+    return best_s, best_r
+
+
+def search_clip(x: torch.Tensor, w: torch.Tensor, group: int, grid: int = 20, min_ratio: float = 0.5,
+                rows: int = 512) -> torch.Tensor:
+    """Per (output channel, group) max |w| that minimizes the group's output error: [N, K/group]."""
+    n, k = w.shape
+    xg = x.reshape(-1, k // group, group).transpose(0, 1)               # [G, T, g]
+    best_clip = []
+    for lo in range(0, n, rows):                                         # bounded memory: T x rows x G
+        wg = w[lo:lo + rows].float().reshape(-1, k // group, group)       # [r, G, g]
+        ref = torch.bmm(xg, wg.permute(1, 2, 0))                          # [G, T, r]
+        w_max = wg.abs().amax(dim=-1)                                      # [r, G]
+        best_err = torch.full_like(w_max, float("inf"))
+        best = w_max.clone()
+        for i in range(int(grid * (1 - min_ratio)) + 1):
+            clip = w_max * (1 - i / grid)
+            q = fake_int4_weight(wg.reshape(wg.shape[0], k), group, clip).reshape_as(wg)
+            err = ((torch.bmm(xg, q.permute(1, 2, 0)) - ref) ** 2).mean(dim=1).T  # [r, G]
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best = torch.where(better, clip, best)
+        best_clip.append(best)
+    return torch.cat(best_clip)
+
+
+@torch.no_grad()
+def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: int, clip: bool,
+        search_tokens: int) -> tuple[set[str], dict[str, torch.Tensor]]:
+    """Scale the float model in place. Returns the float parameters changed and per-linear clips."""
+    groups = awq_groups(model, arch)
+    linears = decoder_linears(model, arch)
+    # One capture per distinct input: a group's linears share theirs; any other linear (o_proj under
+    # grouped-query attention) gets its own, for the clipping search.
+    key_of = {name: g.names[0] for g in groups for name in g.names}
+    key_of.update({name: name for name in linears if name not in key_of})
+    inputs = calibrate.capture_inputs(model, {k: linears[k] for k in set(key_of.values())}, batches, search_tokens)
+
+    changed: set[str] = set()
+    for g in groups:
+        x = inputs[g.names[0]]
+        s, r = search_scale(x, [lin.weight for lin in g.linears], group, grid)
+        changed.update(scaling.apply(g, s))
+        inputs[g.names[0]] = x / s  # what the scaled linears now see
+        log.debug("awq %s: r=%.2f", g.prev_name, r)
+
+    clips: dict[str, torch.Tensor] = {}
+    if clip:
+        for name, lin in linears.items():
+            # AWQ leaves q and k unclipped: attention scores are too sensitive to their range.
+            if name.endswith(("q_proj", "k_proj")):
+                continue
+            clips[name] = search_clip(inputs[key_of[name]][:512], lin.weight, group)
+    return changed, clips

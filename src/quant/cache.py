@@ -1,0 +1,77 @@
+"""The quantized-model cache: safetensors + JSON, keyed by everything that changes the weights.
+
+A key covers the model's source, the method and every parameter, and a hash of the calibration data.
+Files are verified against their recorded sha256 on every load (src.models.build_cached): a damaged
+or stale cache is rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from safetensors.torch import load_file, save_file
+
+from src.models import build_cached
+from src.quant.pipeline import QuantizedWeights, QuantSpec
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+WEIGHTS, META = "quantized.safetensors", "quantized.json"
+
+
+def cache_key(source_key: str, spec: QuantSpec, calibration_hash: str) -> str:
+    blob = json.dumps({"format": FORMAT, "source": source_key, "spec": dataclasses.asdict(spec),
+                       "calibration": calibration_hash}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def save(directory: Path, weights: QuantizedWeights) -> None:
+    tensors = {f"layer/{name}/{k}": t.contiguous() for name, ts in weights.layers.items() for k, t in ts.items()}
+    tensors.update({f"float/{name}": t.contiguous() for name, t in weights.floats.items()})
+    save_file(tensors, str(directory / WEIGHTS))
+    (directory / META).write_text(json.dumps({"format": FORMAT, "kernel": weights.kernel,
+                                              "group_size": weights.group_size, "info": weights.info}, indent=2))
+
+
+def load(directory: Path) -> QuantizedWeights:
+    meta = json.loads((directory / META).read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"quantized cache format {meta.get('format')} != {FORMAT}")
+    layers: dict[str, dict] = {}
+    floats = {}
+    for key, tensor in load_file(str(directory / WEIGHTS)).items():
+        kind, rest = key.split("/", 1)
+        if kind == "float":
+            floats[rest] = tensor
+        else:
+            name, field = rest.rsplit("/", 1)
+            layers.setdefault(name, {})[field] = tensor
+    return QuantizedWeights(meta["kernel"], meta["group_size"], layers, floats, meta.get("info", {}))
+
+
+def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: dict) -> tuple[QuantizedWeights, bool]:
+    """(weights, built_now). A cache that verifies but will not parse is rebuilt once as well."""
+    built = []
+
+    def make(out: Path) -> None:
+        weights = build()
+        save(out, weights)
+        built.append(weights)
+
+    build_cached(directory, make, meta)
+    if built:
+        return built[0], True
+    try:
+        return load(directory), False
+    except (ValueError, KeyError, OSError, json.JSONDecodeError) as err:
+        log.warning("quantized cache %s is unreadable (%s); rebuilding it", directory, err)
+        shutil.rmtree(directory)
+        build_cached(directory, make, meta)
+        return built[0], True

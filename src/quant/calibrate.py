@@ -1,0 +1,78 @@
+"""Calibration: token windows cut from the corpus, and what hooks see at the linears' inputs.
+
+Kept apart from the runtime modules: this runs once per cache key, in float32, on the float model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+
+def calibration_ids(tokenizer, corpus: str, samples: int, seq_len: int) -> torch.Tensor:
+    """[samples, seq_len] windows spread evenly over the corpus (deterministic, so the cache key is)."""
+    ids = torch.tensor(tokenizer(corpus, add_special_tokens=False).input_ids)
+    if len(ids) < seq_len:
+        raise ValueError(f"the calibration corpus has {len(ids)} tokens, fewer than one window of {seq_len}")
+    starts = torch.linspace(0, len(ids) - seq_len, samples).long()
+    return torch.stack([ids[s:s + seq_len] for s in starts])
+
+
+def ids_hash(ids: torch.Tensor) -> str:
+    return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
+
+
+@torch.inference_mode()
+def _forward_decoder(model: nn.Module, batches: torch.Tensor) -> None:
+    # The decoder stack only: the output head (a third of Gemma 3's weights) needs no calibration.
+    for row in batches:
+        model.model(input_ids=row[None])
+
+
+@torch.inference_mode()
+def input_absmax(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-input-channel max |x| over every calibration token, at each named linear's input."""
+    stats: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def record(_module, args):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(dim=0).float()
+            stats[name] = torch.maximum(stats[name], x) if name in stats else x
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
+    try:
+        _forward_decoder(model, batches)
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+@torch.inference_mode()
+def capture_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor,
+                   max_tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A fixed random subset of `max_tokens` input rows at each named linear (AWQ's search data)."""
+    total = batches.numel()
+    keep = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values
+    seen: dict[str, list[torch.Tensor]] = {n: [] for n in linears}
+    offsets = {n: 0 for n in linears}
+
+    def hook(name):
+        def record(_module, args):
+            x = args[0].detach().reshape(-1, args[0].shape[-1])
+            lo = offsets[name]
+            offsets[name] += x.shape[0]
+            sel = keep[(keep >= lo) & (keep < lo + x.shape[0])] - lo
+            seen[name].append(x[sel].float().clone())
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
+    try:
+        _forward_decoder(model, batches)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: torch.cat(xs) for n, xs in seen.items()}

@@ -1,0 +1,116 @@
+"""Runtime linear modules in the gpt-fast manner: packed buffers, and one kernel call in `forward`.
+
+Each is built from portable tensors (what the cache stores); kernel-specific layouts are made here,
+at load, because they depend on the machine.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from src.quant import kernels, qparams
+
+
+def _flat(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+
+
+class _QuantLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("bias", bias, persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class W8A8Linear(_QuantLinear):
+    """int8 weights per output channel x int8 activations per token, quantized at run time."""
+
+    def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(w_q.shape[1], w_q.shape[0], bias)
+        # Stored [N, K]; the kernel takes its transpose as a view (column-major B), no copy.
+        self.register_buffer("w_q", w_q.to(torch.int8).contiguous(), persistent=False)
+        self.register_buffer("w_scale", w_scale.float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        x_q, x_scale = qparams.int8_per_token(x2)
+        y = kernels.int8_int8_matmul(x_q, self.w_q.t()).float().mul_(x_scale).mul_(self.w_scale)
+        if self.bias is not None:
+            y += self.bias
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+
+class W8A16Linear(_QuantLinear):
+    """int8 weights per output channel, 16-bit activations: a weight-only int8 kernel."""
+
+    def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.bfloat16):
+        super().__init__(w_q.shape[1], w_q.shape[0], None if bias is None else bias.to(dtype))
+        self.register_buffer("w_q", w_q.to(torch.int8).contiguous(), persistent=False)
+        self.register_buffer("w_scale", w_scale.to(dtype), persistent=False)  # the kernel's dtype is x's
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        y = kernels.int8_weight_matmul(x2.to(self.w_scale.dtype), self.w_q, self.w_scale)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+
+class W4A16Linear(_QuantLinear):
+    """4-bit asymmetric weights in groups, bf16 activations: the CPU int4 kernel."""
+
+    N_MULTIPLE = 16  # the kernel packs output channels in blocks of 16
+
+    def __init__(self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
+                 bias: torch.Tensor | None = None):
+        q = qparams.unpack_nibbles(q4)
+        super().__init__(q.shape[1], q.shape[0], None if bias is None else bias.to(torch.bfloat16))
+        self.group = group
+        # Odd output sizes (a vocabulary of 32001) are padded with zero rows and sliced off after.
+        pad = -q.shape[0] % self.N_MULTIPLE
+        if pad:
+            q = torch.cat([q, q.new_zeros(pad, q.shape[1])])
+            scale, zero = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scale, zero))
+        self.register_buffer("packed", kernels.pack_int4(q), persistent=False)
+        # [N, K/g] scale and zero -> the kernel's [K/g, N, 2]
+        sz = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+        self.register_buffer("scales_zeros", sz, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        y = kernels.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group,
+                                       self.scales_zeros)
+        if y.shape[-1] != self.out_features:
+            y = y[:, :self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+
+# --- portable tensors: what the quantizer produces and the cache stores ----------------------------
+
+def int8_tensors(weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    w_q, w_scale = qparams.int8_per_channel(weight)
+    return {"w_q": w_q, "w_scale": w_scale, **({"bias": bias.detach().float()} if bias is not None else {})}
+
+
+def int4_tensors(weight: torch.Tensor, bias: torch.Tensor | None, group: int,
+                 clip: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    q, scale, zero = qparams.int4_groups(weight, group, clip)
+    return {"q4": qparams.pack_nibbles(q), "scale": scale, "zero": zero,
+            **({"bias": bias.detach().float()} if bias is not None else {})}
+
+
+def build(kind: str, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype) -> nn.Module:
+    if kind == "w8a8":
+        return W8A8Linear(t["w_q"], t["w_scale"], t.get("bias"))
+    if kind == "w8a16":
+        return W8A16Linear(t["w_q"], t["w_scale"], t.get("bias"), dtype=dtype)
+    if kind == "w4a16":
+        return W4A16Linear(t["q4"], t["scale"], t["zero"], group, t.get("bias"))
+    raise ValueError(f"unknown quantized kernel {kind!r}; known: w8a8, w8a16, w4a16")

@@ -1,0 +1,90 @@
+"""Quantize a float model (calibrate -> scale -> portable low-bit tensors), and install the result.
+
+Two halves, so the cache sits between them: `quantize` produces `QuantizedWeights` (portable tensors,
+what the cache stores); `install` swaps the runtime modules into a float model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from src.quant import awq as awq_pass
+from src.quant import smoothquant
+from src.quant.arch import decoder_linears
+from src.quant.linear import build, int4_tensors, int8_tensors
+
+METHODS = ("smoothquant", "awq", "rtn")
+KERNELS = ("w8a8", "w8a16", "w4a16")
+HEAD = "lm_head"
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """Everything that changes the quantized weights (and so the cache key)."""
+    method: str
+    kernel: str
+    group_size: int | None = None
+    alpha: float | None = None
+    awq_grid: int = 20
+    awq_clip: bool = True
+    awq_search_tokens: int = 2048
+    quantize_head: bool = True
+
+
+@dataclass
+class QuantizedWeights:
+    kernel: str
+    group_size: int | None
+    layers: dict[str, dict[str, torch.Tensor]]     # linear name -> portable tensors
+    floats: dict[str, torch.Tensor]                # float parameters the scaling changed
+    info: dict = field(default_factory=dict)
+
+
+def _tensors(spec: QuantSpec, lin: nn.Linear, clip: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    if spec.kernel == "w4a16":
+        return int4_tensors(lin.weight.detach(), lin.bias, spec.group_size, clip)
+    return int8_tensors(lin.weight.detach(), lin.bias)
+
+
+@torch.no_grad()
+def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Tensor) -> QuantizedWeights:
+    """Quantize a float32 model. Mutates its float weights (scaling); `install` finishes the job."""
+    start = time.perf_counter()
+    changed: set[str] = set()
+    clips: dict[str, torch.Tensor] = {}
+    if spec.method == "smoothquant":
+        changed = smoothquant.smooth(model, arch, calibration, spec.alpha)
+    elif spec.method == "awq":
+        changed, clips = awq_pass.awq(model, arch, calibration, spec.group_size, spec.awq_grid, spec.awq_clip,
+                                      spec.awq_search_tokens)
+    elif spec.method != "rtn":
+        raise ValueError(f"unknown quantization method {spec.method!r}; known: {', '.join(METHODS)}")
+    linears = decoder_linears(model, arch)
+    layers = {name: _tensors(spec, lin, clips.get(name)) for name, lin in linears.items()}
+    if spec.quantize_head:
+        layers[HEAD] = _tensors(spec, model.get_submodule(HEAD))
+    quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
+    floats = {name: model.get_parameter(name).detach().clone() for name in sorted(changed - quantized_params)}
+    return QuantizedWeights(spec.kernel, spec.group_size, layers, floats,
+                            {"quantize_s": time.perf_counter() - start, "layers": len(layers)})
+
+
+@torch.no_grad()
+def install(model: nn.Module, weights: QuantizedWeights, dtype: torch.dtype) -> nn.Module:
+    """Copy the scaled float parameters in and swap each linear for its runtime module. Cast first."""
+    for name, value in weights.floats.items():
+        model.get_parameter(name).copy_(value)
+    for name, tensors in weights.layers.items():
+        model.set_submodule(name, build(weights.kernel, tensors, weights.group_size, dtype))
+    if HEAD in weights.layers:
+        # The head had shared the embedding's weight (Gemma ties them); it now has its own, quantized.
+        model.config.tie_word_embeddings = False
+    return model
+
+
+def quantized_bytes(weights: QuantizedWeights) -> int:
+    return sum(t.numel() * t.element_size() for ts in weights.layers.values() for t in ts.values())

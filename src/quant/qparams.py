@@ -1,0 +1,93 @@
+"""Quantization parameters and the fake-quant references. Pure tensor maths: no modules, no kernels.
+
+Conventions (those of the kernels that consume them):
+- int8 weights: symmetric per output channel, q in [-127, 127], w ~= q * scale[n].
+- int8 activations: symmetric per token (row), computed at run time.
+- int4 weights: asymmetric per group of `group` input channels, q in [0, 15],
+  w ~= q * scale + min = (q - 8) * scale + zero, with zero = min + 8 * scale (the int4pack kernels'
+  form, as in gpt-fast).
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT8_MAX = 127
+INT4_MAX = 15
+INT4_MID = 8
+EPS = 1e-8
+
+
+def int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [N, K], scale float32 [N])."""
+    w = w.float()
+    scale = w.abs().amax(dim=1).clamp(min=EPS) / INT8_MAX
+    q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [M, K], scale float32 [M, 1]) for a 2-D activation."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=EPS) / INT8_MAX
+    q = torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def check_group(k: int, group: int) -> None:
+    if group <= 0 or k % group:
+        raise ValueError(f"group size {group} must divide the input features {k}")
+
+
+def int4_groups(w: torch.Tensor, group: int, clip: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q uint8 [N, K] in 0..15, scale float32 [N, K/group], zero float32 [N, K/group]).
+
+    `clip` ([N, K/group]) bounds each group's range to [-clip, clip] before the min/max are taken
+    (AWQ's clipping search finds it).
+    """
+    n, k = w.shape
+    check_group(k, group)
+    g = w.float().reshape(n, k // group, group)
+    if clip is not None:
+        g = torch.max(torch.min(g, clip[..., None]), -clip[..., None])
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((hi - lo) / INT4_MAX).clamp(min=1e-6)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, INT4_MAX).to(torch.uint8)
+    return q.reshape(n, k), scale, lo + INT4_MID * scale
+
+
+def int4_dequant(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
+    n, k = q.shape
+    g = q.float().reshape(n, k // group, group)
+    return ((g - INT4_MID) * scale[..., None] + zero[..., None]).reshape(n, k)
+
+
+def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 -> [N, K/2] uint8: the portable on-disk form (kernel layouts are not)."""
+    return (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    n, half = packed.shape
+    out = torch.empty(n, half * 2, dtype=torch.uint8)
+    out[:, 0::2] = packed >> 4
+    out[:, 1::2] = packed & 0xF
+    return out
+
+
+# --- fake quantization: references for tests and the loss inside AWQ's search, never the runtime path ---
+
+def fake_int8_weight(w: torch.Tensor) -> torch.Tensor:
+    q, scale = int8_per_channel(w)
+    return q.float() * scale[:, None]
+
+
+def fake_int8_act(x: torch.Tensor) -> torch.Tensor:
+    q, scale = int8_per_token(x)
+    return q.float() * scale
+
+
+def fake_int4_weight(w: torch.Tensor, group: int, clip: torch.Tensor | None = None) -> torch.Tensor:
+    q, scale, zero = int4_groups(w, group, clip)
+    return int4_dequant(q, scale, zero, group)

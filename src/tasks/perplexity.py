@@ -1,0 +1,43 @@
+"""Perplexity over non-overlapping windows of the corpus: quality, measured beside speed."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from src.tasks.common import TaskInputs, TaskResult
+
+
+@torch.inference_mode()
+def window_nll(model, ids: torch.Tensor) -> float:
+    """Summed negative log-likelihood of ids[1:] given their prefixes, in float32."""
+    logits = model(input_ids=ids[None].to(model.device)).logits[0, :-1].float()
+    return F.cross_entropy(logits, ids[1:].to(logits.device), reduction="sum").item()
+
+
+def run(inputs: TaskInputs) -> TaskResult:
+    task, tok = inputs.task, inputs.tokenizer
+    ids = tok(inputs.corpus(), add_special_tokens=False).input_ids
+    bos = tok.bos_token_id
+    adds_bos = bos is not None and tok("a").input_ids[:1] == [bos]
+    # Each window starts with BOS where the model expects one, as a prompt would.
+    body = task.window - 1 if adds_bos else task.window
+    available = len(ids) // body
+    if available < 1:
+        raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one window of {task.window}")
+    count = min(task.windows, available)
+    notes = [f"only {available} windows of {task.window} tokens in the corpus; used {count}"] if count < task.windows else []
+    total, tokens, per_window = 0.0, 0, []
+    start = time.perf_counter()
+    for i in range(count):
+        chunk = torch.tensor(([bos] if adds_bos else []) + ids[i * body:(i + 1) * body])
+        nll = window_nll(inputs.model, chunk)
+        per_window.append(nll / (len(chunk) - 1))
+        total, tokens = total + nll, tokens + len(chunk) - 1
+    summary = {"perplexity": math.exp(total / tokens), "perplexity_window": float(task.window),
+               "perplexity_windows": float(count), "perplexity_tokens": float(tokens),
+               "perplexity_eval_s": time.perf_counter() - start}
+    return TaskResult([], summary, series={"window_nll": per_window}, notes=notes)
