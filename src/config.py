@@ -75,6 +75,8 @@ class PrecisionConfig:
     group_size: int | None = None   # int4 groups along the input features
     alpha: float | None = None      # SmoothQuant; null: the model's smoothquant_alpha
     quantize_head: bool = True      # False keeps the output head in float
+    head_kernel: str | None = None  # the head's kernel where it differs from the layers' (w4a16 + w8a16 head)
+    awq_block_loss: bool = False
     calib_samples: int = 16
     calib_seq_len: int = 256
     awq_grid: int = 20
@@ -91,6 +93,8 @@ class PrecisionConfig:
         if not self.quantized:
             return
         _check_choice("precision.kernel", self.kernel, KERNELS)
+        if self.head_kernel is not None:
+            _check_choice("precision.head_kernel", self.head_kernel, KERNELS)
         if self.kernel == "w4a16":
             if self.group_size not in INT4_GROUPS:
                 raise ConfigError(f"precision.group_size={self.group_size} is not one the int4 kernel runs; "

@@ -9,6 +9,7 @@ unsupported hardware x precision pair is recorded as skipped. The process exits 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
         if not match or match.group(1) not in GROUPS:
             continue
         group, values = match.groups()
-        known = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        known = sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
         for value in (v.strip() for v in values.split(",")):
             if value not in known:
                 return (f"unknown {group} {value!r}; choose from: {', '.join(known)} "
@@ -133,7 +134,8 @@ def _execute(raw: dict, job, name: str) -> None:
     loaded = load_model(cfg.model, cfg.cache_dir)
     job.log_metrics({"model_load_s": loaded.load_s})
     corpus = lambda: load_text(cfg.dataset)  # noqa: E731 - read only by the tasks and calibration that need it
-    model = _prepare_precision(cfg, loaded, corpus, job).to(placement.device)
+    model, quant_metrics = _prepare_precision(cfg, loaded, corpus, job)
+    model = model.to(placement.device)
     s = cfg.sampling
     inputs = TaskInputs(model, loaded.tokenizer, cfg.task, cfg.model.code,
                         Sampling(s.do_sample, s.temperature, s.top_p, s.seed), loaded.max_context, corpus)
@@ -145,7 +147,7 @@ def _execute(raw: dict, job, name: str) -> None:
         for step, value in enumerate(values, start=1):
             job.log_metrics({metric: value}, step=step)
     job.log_metrics(result.summary)
-    table = seed_table(result.rows) if result.rows else summary_table(result.summary)
+    table = seed_table(result.rows) if result.rows else summary_table({**quant_metrics, **result.summary})
     if result.rows:
         job.log_text(table + "\n", "examples.md")
         job.log_text(rows_csv(result.rows), "examples.csv")
@@ -158,7 +160,8 @@ def _execute(raw: dict, job, name: str) -> None:
 
 
 def _prepare_precision(cfg, loaded, corpus, job):
-    """Cast to the precision's dtype, quantizing first (from the cache when it holds this key)."""
+    """Cast to the precision's dtype, quantizing first (from the cache when it holds this key).
+    Returns the model and the quantization step's metrics (empty for a float precision)."""
     import torch
 
     from src.quant.apply import quantize_model
@@ -167,17 +170,18 @@ def _prepare_precision(cfg, loaded, corpus, job):
     dtype = getattr(torch, cfg.precision.dtype)
     p = cfg.precision
     if not p.quantized:
-        return loaded.model.to(dtype)
+        return loaded.model.to(dtype), {}
     alpha = (p.alpha if p.alpha is not None else cfg.model.smoothquant_alpha) if p.method == "smoothquant" else None
-    spec = QuantSpec(p.method, p.kernel, p.group_size, alpha, p.awq_grid, p.awq_clip, p.awq_search_tokens,
-                     p.quantize_head)
+    # The precision's fields that change the weights, by name: a new one needs no edit here.
+    spec = QuantSpec(**{f.name: getattr(p, f.name) for f in dataclasses.fields(QuantSpec) if f.name != "alpha"},
+                     alpha=alpha)
     model, report = quantize_model(loaded.model, loaded.tokenizer, cfg.model.arch, spec, loaded.source_key, corpus,
                                    p.calib_samples, p.calib_seq_len, cfg.cache_dir, cfg.model.name, dtype)
     log.info("%s %s in %.1f s (%s)", "quantized" if report.built else "loaded quantized weights", p.name,
              report.seconds, report.cache_dir)
     job.log_metrics(report.metrics())
     job.set_tags({"quant_cache": str(report.cache_dir), **({"smoothquant_alpha": str(alpha)} if alpha else {})})
-    return model
+    return model, report.metrics()
 
 
 # --- Hydra glue ------------------------------------------------------------------------------------

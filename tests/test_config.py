@@ -15,7 +15,8 @@ NEEDS = {("dataset", "textfile"): ["dataset.path=/tmp/corpus.txt"], ("task", "qu
 def all_choices():
     for group in GROUPS:
         for path in sorted((CONF / group).glob("*.yaml")):
-            yield group, path.stem
+            if not path.stem.startswith("_"):  # shared fields, not a choice
+                yield group, path.stem
 
 
 @pytest.mark.parametrize("group,choice", list(all_choices()))
@@ -90,6 +91,16 @@ def test_frozen_config():
 def test_unknown_choice_is_one_line(args, expect):
     line = unknown_choice(args)
     assert line is not None and expect in line and "\n" not in line
+
+
+def test_field_files_are_not_choices():
+    assert "_fields" not in unknown_choice(["precision=nope"])
+
+
+def test_any_precision_field_overrides_in_a_sweep_of_float_and_quantized():
+    # Hydra checks sweep overrides against the first composition (fp32): the field must exist there.
+    raw, _ = compose_job(["precision=fp32", "precision.quantize_head=false", "task.window=64"])
+    assert raw["precision"]["quantize_head"] is False and raw["task"]["window"] == 64
 
 
 def test_known_choices_and_plain_overrides_pass():

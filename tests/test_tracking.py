@@ -93,6 +93,13 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
     assert sorted((r.data.tags["hardware"], r.data.tags["precision"], r.data.tags["outcome"]) for r in children) == [
         ("phx", "bf16", "skipped"), ("phx", "fp32", "finished"), ("stx", "bf16", "skipped"), ("stx", "fp32", "finished")]
     assert parents[0].data.tags["jobs_finished"] == "2"
+    # read back as a sweep: the latest by default, or by its directory
+    from src.sweeps import sweep_jobs
+    parent_id, jobs = sweep_jobs(store)
+    assert parent_id == parents[0].info.run_id and len(jobs) == 4
+    assert sweep_jobs(store, sweep_id=str((tmp_path / "sweep").resolve()))[0] == parent_id
+    finished = [j for j in jobs if j.tags["outcome"] == "finished"]
+    assert all(j.metrics["time_per_token_ms_median"] > 0 for j in finished)
 
 
 def test_sweep_survives_a_failing_job_and_exits_nonzero(store, tmp_path):

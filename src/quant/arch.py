@@ -18,6 +18,9 @@ class ScaleGroup:
     prev: nn.Module
     names: list[str]
     linears: list[nn.Linear]
+    # The module whose output AWQ scores a scale by, where it takes the group's input alone (the MLP);
+    # None: the linears' own outputs.
+    block: nn.Module | None = None
 
 
 # Per architecture: (norm before attention, norm before MLP, attention linears, value, out proj,
@@ -45,9 +48,9 @@ def layer_prefix(arch: str, i: int) -> str:
     return f"model.decoder.layers.{i}." if arch == "opt" else f"model.layers.{i}."
 
 
-def _group(layer: nn.Module, prefix: str, prev: str, names: list[str]) -> ScaleGroup:
+def _group(layer: nn.Module, prefix: str, prev: str, names: list[str], block: str | None = None) -> ScaleGroup:
     return ScaleGroup(prefix + prev, layer.get_submodule(prev), [prefix + n for n in names],
-                      [layer.get_submodule(n) for n in names])
+                      [layer.get_submodule(n) for n in names], layer.get_submodule(block) if block else None)
 
 
 def smooth_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
@@ -56,7 +59,9 @@ def smooth_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
     groups = []
     for i, layer in enumerate(decoder_layers(model, arch)):
         p = layer_prefix(arch, i)
-        groups += [_group(layer, p, attn_norm, qkv), _group(layer, p, mlp_norm, mlp_in)]
+        # OPT's MLP is not a module of its own (fc1 -> act -> fc2 sit in the layer): no block there.
+        mlp = "mlp" if arch != "opt" else None
+        groups += [_group(layer, p, attn_norm, qkv), _group(layer, p, mlp_norm, mlp_in, mlp)]
     return groups
 
 

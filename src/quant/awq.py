@@ -20,17 +20,38 @@ from src.quant.qparams import fake_int4_weight
 log = logging.getLogger(__name__)
 
 
-def search_scale(x: torch.Tensor, weights: list[torch.Tensor], group: int, grid: int) -> tuple[torch.Tensor, float]:
-    """The best s for one group, and its exponent r."""
-    w = torch.cat([w.float() for w in weights])
-    ref = x @ w.T
+def search_scale(x: torch.Tensor, linears: list[nn.Linear], group: int, grid: int,
+                 block: nn.Module | None = None) -> tuple[torch.Tensor, float]:
+    """The best s for one group of linears sharing input x, and its exponent r.
+
+    The loss is the MSE of `block(x)` when a block is given (the MLP: errors seen through its
+    nonlinearity and output projection), else of the linears' concatenated outputs. On gemma3-270m
+    the linears' outputs chose better scales (perplexity 5.39 against 5.54), so that is the default.
+    (AutoAWQ's duo scaling, mean|x|^r / mean|w|^(1-r), measured worse still: 5.91.)
+    """
+    originals = [lin.weight.detach().clone() for lin in linears]
+    w = torch.cat([o.float() for o in originals])
+    if block is None:
+        ref = x @ w.T
+        output = lambda s: x @ (fake_int4_weight(w * s, group) / s).T  # noqa: E731
+    else:
+        ref = block(x)
+
+        def output(s):
+            for lin, orig in zip(linears, originals):
+                lin.weight.copy_(fake_int4_weight(orig.float() * s, group) / s)
+            try:
+                return block(x)
+            finally:
+                for lin, orig in zip(linears, originals):
+                    lin.weight.copy_(orig)
     x_mean = x.abs().mean(dim=0)
     best_loss, best_s, best_r = float("inf"), torch.ones_like(x_mean), 0.0
     for i in range(grid):
         r = i / grid
         s = x_mean.pow(r).clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()
-        loss = ((x @ (fake_int4_weight(w * s, group) / s).T - ref) ** 2).mean().item()
+        loss = ((output(s) - ref) ** 2).mean().item()
         if loss < best_loss:
             best_loss, best_s, best_r = loss, s, r
     return best_s, best_r
@@ -61,7 +82,7 @@ def search_clip(x: torch.Tensor, w: torch.Tensor, group: int, grid: int = 20, mi
 
 @torch.no_grad()
 def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: int, clip: bool,
-        search_tokens: int) -> tuple[set[str], dict[str, torch.Tensor]]:
+        search_tokens: int, block_loss: bool = False) -> tuple[set[str], dict[str, torch.Tensor]]:
     """Scale the float model in place. Returns the float parameters changed and per-linear clips."""
     groups = awq_groups(model, arch)
     linears = decoder_linears(model, arch)
@@ -74,7 +95,7 @@ def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: in
     changed: set[str] = set()
     for g in groups:
         x = inputs[g.names[0]]
-        s, r = search_scale(x, [lin.weight for lin in g.linears], group, grid)
+        s, r = search_scale(x, g.linears, group, grid, g.block if block_loss else None)
         changed.update(scaling.apply(g, s))
         inputs[g.names[0]] = x / s  # what the scaled linears now see
         log.debug("awq %s: r=%.2f", g.prev_name, r)

@@ -37,7 +37,8 @@ def save(directory: Path, weights: QuantizedWeights) -> None:
     tensors.update({f"float/{name}": t.contiguous() for name, t in weights.floats.items()})
     save_file(tensors, str(directory / WEIGHTS))
     (directory / META).write_text(json.dumps({"format": FORMAT, "kernel": weights.kernel,
-                                              "group_size": weights.group_size, "info": weights.info}, indent=2))
+                                              "head_kernel": weights.head_kernel, "group_size": weights.group_size,
+                                              "info": weights.info}, indent=2))
 
 
 def load(directory: Path) -> QuantizedWeights:
@@ -53,7 +54,8 @@ def load(directory: Path) -> QuantizedWeights:
         else:
             name, field = rest.rsplit("/", 1)
             layers.setdefault(name, {})[field] = tensor
-    return QuantizedWeights(meta["kernel"], meta["group_size"], layers, floats, meta.get("info", {}))
+    return QuantizedWeights(meta["kernel"], meta["group_size"], layers, floats, meta.get("info", {}),
+                            meta.get("head_kernel"))
 
 
 def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: dict) -> tuple[QuantizedWeights, bool]:

@@ -12,11 +12,14 @@ from torch import nn
 
 
 def calibration_ids(tokenizer, corpus: str, samples: int, seq_len: int) -> torch.Tensor:
-    """[samples, seq_len] windows spread evenly over the corpus (deterministic, so the cache key is)."""
+    """[samples, seq_len] windows spread evenly over the corpus's second half (deterministic, so the
+    cache key is). Perplexity reads from the start: calibration never sees the evaluated text."""
     ids = torch.tensor(tokenizer(corpus, add_special_tokens=False).input_ids)
-    if len(ids) < seq_len:
-        raise ValueError(f"the calibration corpus has {len(ids)} tokens, fewer than one window of {seq_len}")
-    starts = torch.linspace(0, len(ids) - seq_len, samples).long()
+    half = len(ids) // 2
+    if len(ids) - half < seq_len:
+        raise ValueError(f"the calibration corpus's second half has {len(ids) - half} tokens, fewer than one "
+                         f"window of {seq_len}; lower precision.calib_seq_len or use a larger dataset")
+    starts = torch.linspace(half, len(ids) - seq_len, samples).long()
     return torch.stack([ids[s:s + seq_len] for s in starts])
 
 

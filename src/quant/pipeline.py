@@ -32,7 +32,9 @@ class QuantSpec:
     awq_grid: int = 20
     awq_clip: bool = True
     awq_search_tokens: int = 2048
+    awq_block_loss: bool = False
     quantize_head: bool = True
+    head_kernel: str | None = None   # None: the layers' kernel
 
 
 @dataclass
@@ -42,10 +44,15 @@ class QuantizedWeights:
     layers: dict[str, dict[str, torch.Tensor]]     # linear name -> portable tensors
     floats: dict[str, torch.Tensor]                # float parameters the scaling changed
     info: dict = field(default_factory=dict)
+    head_kernel: str | None = None                 # the output head's, where it differs
+
+    def kernel_of(self, name: str) -> str:
+        return self.head_kernel if name == HEAD and self.head_kernel else self.kernel
 
 
-def _tensors(spec: QuantSpec, lin: nn.Linear, clip: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    if spec.kernel == "w4a16":
+def _tensors(spec: QuantSpec, lin: nn.Linear, clip: torch.Tensor | None = None,
+             kernel: str | None = None) -> dict[str, torch.Tensor]:
+    if (kernel or spec.kernel) == "w4a16":
         return int4_tensors(lin.weight.detach(), lin.bias, spec.group_size, clip)
     return int8_tensors(lin.weight.detach(), lin.bias)
 
@@ -60,17 +67,17 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
         changed = smoothquant.smooth(model, arch, calibration, spec.alpha)
     elif spec.method == "awq":
         changed, clips = awq_pass.awq(model, arch, calibration, spec.group_size, spec.awq_grid, spec.awq_clip,
-                                      spec.awq_search_tokens)
+                                      spec.awq_search_tokens, spec.awq_block_loss)
     elif spec.method != "rtn":
         raise ValueError(f"unknown quantization method {spec.method!r}; known: {', '.join(METHODS)}")
     linears = decoder_linears(model, arch)
     layers = {name: _tensors(spec, lin, clips.get(name)) for name, lin in linears.items()}
     if spec.quantize_head:
-        layers[HEAD] = _tensors(spec, model.get_submodule(HEAD))
+        layers[HEAD] = _tensors(spec, model.get_submodule(HEAD), kernel=spec.head_kernel)
     quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
     floats = {name: model.get_parameter(name).detach().clone() for name in sorted(changed - quantized_params)}
     return QuantizedWeights(spec.kernel, spec.group_size, layers, floats,
-                            {"quantize_s": time.perf_counter() - start, "layers": len(layers)})
+                            {"quantize_s": time.perf_counter() - start, "layers": len(layers)}, spec.head_kernel)
 
 
 @torch.no_grad()
@@ -79,7 +86,7 @@ def install(model: nn.Module, weights: QuantizedWeights, dtype: torch.dtype) -> 
     for name, value in weights.floats.items():
         model.get_parameter(name).copy_(value)
     for name, tensors in weights.layers.items():
-        model.set_submodule(name, build(weights.kernel, tensors, weights.group_size, dtype))
+        model.set_submodule(name, build(weights.kernel_of(name), tensors, weights.group_size, dtype))
     if HEAD in weights.layers:
         # The head had shared the embedding's weight (Gemma ties them); it now has its own, quantized.
         model.config.tie_word_embeddings = False
