@@ -77,6 +77,7 @@ class PrecisionConfig:
     quantize_head: bool = True      # False keeps the output head in float
     head_kernel: str | None = None  # the head's kernel where it differs from the layers' (w4a16 + w8a16 head)
     awq_block_loss: bool = False
+    int8_linears: tuple[str, ...] = ()  # decoder linears (name suffixes) kept at int8 under w4a16
     calib_samples: int = 16
     calib_seq_len: int = 256
     awq_grid: int = 20

@@ -92,6 +92,20 @@ def test_w4a16_kernel_matches_its_reference(layer, group):
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=0.2)
 
 
+@pytest.mark.parametrize("kind", ["w8a8", "w8a16"])
+def test_int8_modules_accept_misaligned_weights(kind):
+    # safetensors hands back views at any offset; torch's int8-weight kernel crashes on those unless
+    # the module copies them into aligned memory (a segfault here would kill the test process).
+    torch.manual_seed(0)
+    n, k = 256, 640
+    buf = torch.randint(-127, 127, (n * k + 64,), dtype=torch.int8)
+    w_q = buf[56:56 + n * k].view(n, k)
+    assert w_q.data_ptr() % 64 != 0
+    module = build(kind, {"w_q": w_q, "w_scale": torch.rand(n) / 100}, None, torch.bfloat16)
+    for rows in (1, 4, 8, 33):
+        assert module(torch.randn(rows, k).bfloat16()).shape == (rows, n)
+
+
 def test_qparams_round_trips():
     torch.manual_seed(1)
     w = torch.randn(64, 256)
@@ -206,3 +220,27 @@ def test_every_decoder_linear_is_quantized():
     model, tok = tiny_model("opt")
     weights = quantize(model, "opt", SPECS["rtn"], None)
     assert set(decoder_linears(model, "opt")) | {"lm_head"} == set(weights.layers)
+
+
+def test_mixed_kernels_follow_the_spec():
+    spec = QuantSpec("rtn", "w4a16", group_size=128, head_kernel="w8a16", int8_linears=("mlp.down_proj",))
+    assert spec.kernel_for("lm_head") == "w8a16"
+    assert spec.kernel_for("model.layers.0.mlp.down_proj") == "w8a16"
+    assert spec.kernel_for("model.layers.0.mlp.up_proj") == "w4a16"
+    model, tok = tiny_model("llama")
+    install(model.to(torch.bfloat16), quantize(model.float(), "llama", spec, None), torch.bfloat16)
+    assert isinstance(model.model.layers[1].mlp.down_proj, W8A16Linear)
+    assert isinstance(model.model.layers[1].mlp.gate_proj, W4A16Linear)
+    assert isinstance(model.lm_head, W8A16Linear)
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("precision.method=gptq", "precision.method='gptq' is not one of: none, smoothquant, awq, rtn"),
+    ("precision.group_size=100", "precision.group_size=100 is not one the int4 kernel runs"),
+    ("precision.kernel=w3a16", "precision.kernel='w3a16' is not one of"),
+])
+def test_bad_method_or_group_size_is_one_line(override, expect, store):
+    from tests.conftest import run_cli
+    out = run_cli(["model=tiny-llama", "precision=w4a16", override, f"tracking.uri={store}"])
+    lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
+    assert out.returncode == 1 and len(lines) == 1 and expect in lines[0], out.stderr[-1500:]

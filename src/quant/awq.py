@@ -82,7 +82,8 @@ def search_clip(x: torch.Tensor, w: torch.Tensor, group: int, grid: int = 20, mi
 
 @torch.no_grad()
 def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: int, clip: bool,
-        search_tokens: int, block_loss: bool = False) -> tuple[set[str], dict[str, torch.Tensor]]:
+        search_tokens: int, block_loss: bool = False, clip_only: set[str] | None = None
+        ) -> tuple[set[str], dict[str, torch.Tensor]]:
     """Scale the float model in place. Returns the float parameters changed and per-linear clips."""
     groups = awq_groups(model, arch)
     linears = decoder_linears(model, arch)
@@ -104,7 +105,7 @@ def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: in
     if clip:
         for name, lin in linears.items():
             # AWQ leaves q and k unclipped: attention scores are too sensitive to their range.
-            if name.endswith(("q_proj", "k_proj")):
+            if name.endswith(("q_proj", "k_proj")) or (clip_only is not None and name not in clip_only):
                 continue
             clips[name] = search_clip(inputs[key_of[name]][:512], lin.weight, group)
     return changed, clips

@@ -22,7 +22,7 @@ from src.quant.pipeline import QuantizedWeights, QuantSpec
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 WEIGHTS, META = "quantized.safetensors", "quantized.json"
 
 
@@ -36,9 +36,8 @@ def save(directory: Path, weights: QuantizedWeights) -> None:
     tensors = {f"layer/{name}/{k}": t.contiguous() for name, ts in weights.layers.items() for k, t in ts.items()}
     tensors.update({f"float/{name}": t.contiguous() for name, t in weights.floats.items()})
     save_file(tensors, str(directory / WEIGHTS))
-    (directory / META).write_text(json.dumps({"format": FORMAT, "kernel": weights.kernel,
-                                              "head_kernel": weights.head_kernel, "group_size": weights.group_size,
-                                              "info": weights.info}, indent=2))
+    (directory / META).write_text(json.dumps({"format": FORMAT, "kernels": weights.kernels,
+                                              "group_size": weights.group_size, "info": weights.info}, indent=2))
 
 
 def load(directory: Path) -> QuantizedWeights:
@@ -54,8 +53,9 @@ def load(directory: Path) -> QuantizedWeights:
         else:
             name, field = rest.rsplit("/", 1)
             layers.setdefault(name, {})[field] = tensor
-    return QuantizedWeights(meta["kernel"], meta["group_size"], layers, floats, meta.get("info", {}),
-                            meta.get("head_kernel"))
+    if set(meta["kernels"]) != set(layers):
+        raise ValueError("quantized cache lists other layers than it holds")
+    return QuantizedWeights(meta["kernels"], meta["group_size"], layers, floats, meta.get("info", {}))
 
 
 def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: dict) -> tuple[QuantizedWeights, bool]:

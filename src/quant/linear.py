@@ -12,6 +12,14 @@ from torch import nn
 from src.quant import kernels, qparams
 
 
+def _owned(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A fresh copy in the allocator's (64-byte aligned) memory. Tensors loaded from safetensors are
+    views at arbitrary offsets, and torch 2.13's _weight_int8pack_mm segfaults on an int8 weight that
+    is not 64-byte aligned (found with a cached model: 4+ rows crashed, 1-3 did not)."""
+    out = torch.empty(t.shape, dtype=dtype or t.dtype)
+    return out.copy_(t)
+
+
 def _flat(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     return x.reshape(-1, x.shape[-1]), x.shape[:-1]
 
@@ -32,8 +40,8 @@ class W8A8Linear(_QuantLinear):
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(w_q.shape[1], w_q.shape[0], bias)
         # Stored [N, K]; the kernel takes its transpose as a view (column-major B), no copy.
-        self.register_buffer("w_q", w_q.to(torch.int8).contiguous(), persistent=False)
-        self.register_buffer("w_scale", w_scale.float(), persistent=False)
+        self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
+        self.register_buffer("w_scale", _owned(w_scale, torch.float32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
@@ -50,8 +58,8 @@ class W8A16Linear(_QuantLinear):
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16):
         super().__init__(w_q.shape[1], w_q.shape[0], None if bias is None else bias.to(dtype))
-        self.register_buffer("w_q", w_q.to(torch.int8).contiguous(), persistent=False)
-        self.register_buffer("w_scale", w_scale.to(dtype), persistent=False)  # the kernel's dtype is x's
+        self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
+        self.register_buffer("w_scale", _owned(w_scale, dtype), persistent=False)  # the kernel's dtype is x's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)

@@ -35,25 +35,29 @@ class QuantSpec:
     awq_block_loss: bool = False
     quantize_head: bool = True
     head_kernel: str | None = None   # None: the layers' kernel
+    int8_linears: tuple[str, ...] = ()   # decoder linears (name suffixes) kept at int8 under a 4-bit kernel
+
+    def kernel_for(self, name: str) -> str:
+        if name == HEAD:
+            return self.head_kernel or self.kernel
+        if self.kernel == "w4a16" and name.endswith(self.int8_linears):
+            return "w8a16"
+        return self.kernel
 
 
 @dataclass
 class QuantizedWeights:
-    kernel: str
+    kernels: dict[str, str]                        # linear name -> the kernel it runs
     group_size: int | None
     layers: dict[str, dict[str, torch.Tensor]]     # linear name -> portable tensors
     floats: dict[str, torch.Tensor]                # float parameters the scaling changed
     info: dict = field(default_factory=dict)
-    head_kernel: str | None = None                 # the output head's, where it differs
-
-    def kernel_of(self, name: str) -> str:
-        return self.head_kernel if name == HEAD and self.head_kernel else self.kernel
 
 
-def _tensors(spec: QuantSpec, lin: nn.Linear, clip: torch.Tensor | None = None,
-             kernel: str | None = None) -> dict[str, torch.Tensor]:
-    if (kernel or spec.kernel) == "w4a16":
-        return int4_tensors(lin.weight.detach(), lin.bias, spec.group_size, clip)
+def _tensors(kernel: str, lin: nn.Linear, group: int | None, clip: torch.Tensor | None = None
+             ) -> dict[str, torch.Tensor]:
+    if kernel == "w4a16":
+        return int4_tensors(lin.weight.detach(), lin.bias, group, clip)
     return int8_tensors(lin.weight.detach(), lin.bias)
 
 
@@ -66,18 +70,20 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     if spec.method == "smoothquant":
         changed = smoothquant.smooth(model, arch, calibration, spec.alpha)
     elif spec.method == "awq":
+        int4 = {n for n in decoder_linears(model, arch) if spec.kernel_for(n) == "w4a16"}
         changed, clips = awq_pass.awq(model, arch, calibration, spec.group_size, spec.awq_grid, spec.awq_clip,
-                                      spec.awq_search_tokens, spec.awq_block_loss)
+                                      spec.awq_search_tokens, spec.awq_block_loss, clip_only=int4)
     elif spec.method != "rtn":
         raise ValueError(f"unknown quantization method {spec.method!r}; known: {', '.join(METHODS)}")
     linears = decoder_linears(model, arch)
-    layers = {name: _tensors(spec, lin, clips.get(name)) for name, lin in linears.items()}
     if spec.quantize_head:
-        layers[HEAD] = _tensors(spec, model.get_submodule(HEAD), kernel=spec.head_kernel)
+        linears[HEAD] = model.get_submodule(HEAD)
+    kernels = {name: spec.kernel_for(name) for name in linears}
+    layers = {name: _tensors(kernels[name], lin, spec.group_size, clips.get(name)) for name, lin in linears.items()}
     quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
     floats = {name: model.get_parameter(name).detach().clone() for name in sorted(changed - quantized_params)}
-    return QuantizedWeights(spec.kernel, spec.group_size, layers, floats,
-                            {"quantize_s": time.perf_counter() - start, "layers": len(layers)}, spec.head_kernel)
+    return QuantizedWeights(kernels, spec.group_size, layers, floats,
+                            {"quantize_s": time.perf_counter() - start, "layers": len(layers)})
 
 
 @torch.no_grad()
@@ -86,7 +92,7 @@ def install(model: nn.Module, weights: QuantizedWeights, dtype: torch.dtype) -> 
     for name, value in weights.floats.items():
         model.get_parameter(name).copy_(value)
     for name, tensors in weights.layers.items():
-        model.set_submodule(name, build(weights.kernel_of(name), tensors, weights.group_size, dtype))
+        model.set_submodule(name, build(weights.kernels[name], tensors, weights.group_size, dtype))
     if HEAD in weights.layers:
         # The head had shared the embedding's weight (Gemma ties them); it now has its own, quantized.
         model.config.tie_word_embeddings = False
