@@ -33,8 +33,9 @@ def ratio(a: float | None, b: float | None) -> float:
 def main(overrides: list[str]) -> int:
     uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
     sweep_dir = ROOT / "multirun" / f"bench-quant-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    # Three timed runs per prompt, the median kept: this machine's neighbours move single runs by 30%.
     cmd = [sys.executable, "-m", "src.run", "-m", f"precision={','.join(PRECISIONS)}", "task=benchmark,perplexity",
-           f"hydra.sweep.dir={sweep_dir}", *overrides]
+           "task.repeats=3", f"hydra.sweep.dir={sweep_dir}", *overrides]
     print("running:", " ".join(cmd[1:]), flush=True)
     done = subprocess.run(cmd, cwd=ROOT)
     _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))

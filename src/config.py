@@ -22,6 +22,7 @@ DRAFT_KINDS = ("none",)
 TASK_KINDS = ("decode", "benchmark", "perplexity", "quantize")
 DATASET_SOURCES = ("humaneval", "hf", "textfile")
 TRACKING_KINDS = ("sqlite", "server")
+ENGINE_KINDS = ("hf", "native")
 
 
 class ConfigError(ValueError):
@@ -130,6 +131,7 @@ class TaskConfig:
     prompt_lengths: tuple[int, ...] = ()
     limit: int | None = None
     warmup: int = 1
+    repeats: int = 1                # timed runs per example; the median one is kept
     window: int = 512               # perplexity: tokens per non-overlapping window
     windows: int = 8                # perplexity: how many windows
 
@@ -146,11 +148,22 @@ class TaskConfig:
             raise ConfigError(f"task.prompt_lengths={list(self.prompt_lengths)} must all be at least 1")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"task.limit={self.limit} must be at least 1 (or null for every example)")
+        if self.repeats < 1:
+            raise ConfigError(f"task.repeats={self.repeats} must be at least 1")
         if self.warmup < 0:
             raise ConfigError(f"task.warmup={self.warmup} must be 0 or more")
 
     def new_tokens(self, code_model: bool) -> int:
         return self.code_max_new_tokens if code_model else self.max_new_tokens
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    name: str
+    kind: str
+
+    def validate(self) -> None:
+        _check_choice("engine.kind", self.kind, ENGINE_KINDS)
 
 
 @dataclass(frozen=True)
@@ -204,13 +217,14 @@ class JobConfig:
     task: TaskConfig
     dataset: DatasetConfig
     tracking: TrackingConfig
+    engine: EngineConfig = EngineConfig("native", "native")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     cache_dir: Path = Path("~/.cache/quantspec")
     experiment: str = "quantspec"
 
     def validate(self) -> None:
         for part in (self.model, self.hardware, self.precision, self.draft, self.task, self.dataset,
-                     self.tracking, self.sampling):
+                     self.tracking, self.engine, self.sampling):
             part.validate()
         p = self.precision
         if p.method == "smoothquant" and p.alpha is None and self.model.smoothquant_alpha is None:
@@ -229,7 +243,8 @@ class JobConfig:
 
 _SECTIONS = {
     "model": ModelConfig, "hardware": HardwareConfig, "precision": PrecisionConfig, "draft": DraftConfig,
-    "task": TaskConfig, "dataset": DatasetConfig, "tracking": TrackingConfig, "sampling": SamplingConfig,
+    "task": TaskConfig, "dataset": DatasetConfig, "tracking": TrackingConfig, "engine": EngineConfig,
+    "sampling": SamplingConfig,
 }
 
 
@@ -252,9 +267,8 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
     """Build and validate a JobConfig from a plain (resolved) dict of the composed config."""
     parts = {}
     for section, cls in _SECTIONS.items():
-        if section not in raw and section == "sampling":
-            parts[section] = SamplingConfig()
-            continue
+        if section not in raw and section in ("sampling", "engine"):
+            continue  # the dataclass default stands
         if section not in raw or raw[section] is None:
             raise ConfigError(f"the config has no '{section}' group; check conf/config.yaml's defaults")
         parts[section] = _build(section, cls, raw[section])

@@ -43,16 +43,17 @@ def timing_row(example: int, prompt_tokens: int, start: float, first_token: floa
                1000 / per_token_ms if per_token_ms > 0 else math.nan)
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
+    """Median of the finite values (NaN marks 'not measured'), NaN if none."""
     finite = [v for v in values if not math.isnan(v)]
     return statistics.median(finite) if finite else math.nan
 
 
 def summarize(rows: list[Row]) -> dict[str, float]:
     return {
-        "prefill_ms_median": _median([r.prefill_ms for r in rows]),
-        "time_per_token_ms_median": _median([r.time_per_token_ms for r in rows]),
-        "tokens_per_s_median": _median([r.tokens_per_s for r in rows]),
+        "prefill_ms_median": median([r.prefill_ms for r in rows]),
+        "time_per_token_ms_median": median([r.time_per_token_ms for r in rows]),
+        "tokens_per_s_median": median([r.tokens_per_s for r in rows]),
         "examples": float(len(rows)),
         "new_tokens_total": float(sum(r.new_tokens for r in rows)),
     }

@@ -9,7 +9,6 @@ unsupported hardware x precision pair is recorded as skipped. The process exits 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from omegaconf.errors import MissingMandatoryValue
 from src.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
-GROUPS = ("model", "hardware", "precision", "draft", "task", "dataset", "tracking")
+GROUPS = ("model", "hardware", "precision", "draft", "task", "engine", "dataset", "tracking")
 TAG_GROUPS = ("model", "hardware", "precision", "draft", "task")
 
 log = logging.getLogger("quantspec")
@@ -86,7 +85,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep) -> str:
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
     params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
               **{f"choice.{k}": v for k, v in choices.items()}}
-    tags = {g: choices.get(g, "?") for g in TAG_GROUPS}
+    tags = {g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}
     job = tracker.start_job(name, parent, params, tags)
     try:
         _execute(raw, job, name)
@@ -108,7 +107,7 @@ def _execute(raw: dict, job, name: str) -> None:
     from src import environment, hardware
     from src.config import job_config_from_dict
     from src.corpus import load_text
-    from src.engine import Sampling
+    from src.engine import ENGINES, Sampling, roofline
     from src.metrics import rows_csv, seed_table, summary_table
     from src.models import load_model
     from src.tasks import TASKS, TaskInputs
@@ -138,8 +137,13 @@ def _execute(raw: dict, job, name: str) -> None:
     model = model.to(placement.device)
     s = cfg.sampling
     inputs = TaskInputs(model, loaded.tokenizer, cfg.task, cfg.model.code,
-                        Sampling(s.do_sample, s.temperature, s.top_p, s.seed), loaded.max_context, corpus)
+                        Sampling(s.do_sample, s.temperature, s.top_p, s.seed), loaded.max_context, corpus,
+                        ENGINES[cfg.engine.kind])
     result = TASKS[cfg.task.kind](inputs)
+    if result.rows:  # a timed task: set its decode steps against the memory-bandwidth roofline
+        bandwidth = roofline.host_bandwidth(cfg.cache_dir, placement.threads, env["cpu_model"])
+        result.series["decode_efficiency"], extra = roofline.efficiency(model, result.rows, bandwidth)
+        result.summary.update(extra)
 
     for row in result.rows:
         job.log_metrics(row.metrics(), step=row.example)
@@ -162,25 +166,16 @@ def _execute(raw: dict, job, name: str) -> None:
 def _prepare_precision(cfg, loaded, corpus, job):
     """Cast to the precision's dtype, quantizing first (from the cache when it holds this key).
     Returns the model and the quantization step's metrics (empty for a float precision)."""
-    import torch
+    from src.quant.apply import prepare
 
-    from src.quant.apply import quantize_model
-    from src.quant.pipeline import QuantSpec
-
-    dtype = getattr(torch, cfg.precision.dtype)
-    p = cfg.precision
-    if not p.quantized:
-        return loaded.model.to(dtype), {}
-    alpha = (p.alpha if p.alpha is not None else cfg.model.smoothquant_alpha) if p.method == "smoothquant" else None
-    # The precision's fields that change the weights, by name: a new one needs no edit here.
-    spec = QuantSpec(**{f.name: getattr(p, f.name) for f in dataclasses.fields(QuantSpec) if f.name != "alpha"},
-                     alpha=alpha)
-    model, report = quantize_model(loaded.model, loaded.tokenizer, cfg.model.arch, spec, loaded.source_key, corpus,
-                                   p.calib_samples, p.calib_seq_len, cfg.cache_dir, cfg.model.name, dtype)
-    log.info("%s %s in %.1f s (%s)", "quantized" if report.built else "loaded quantized weights", p.name,
-             report.seconds, report.cache_dir)
+    model, report = prepare(loaded, cfg.model, cfg.precision, corpus, cfg.cache_dir)
+    if report is None:
+        return model, {}
+    log.info("%s %s in %.1f s (%s)", "quantized" if report.built else "loaded quantized weights",
+             cfg.precision.name, report.seconds, report.cache_dir)
     job.log_metrics(report.metrics())
-    job.set_tags({"quant_cache": str(report.cache_dir), **({"smoothquant_alpha": str(alpha)} if alpha else {})})
+    job.set_tags({"quant_cache": str(report.cache_dir), **({"smoothquant_alpha": str(report.alpha)}
+                                                           if report.alpha is not None else {})})
     return model, report.metrics()
 
 

@@ -6,12 +6,15 @@ import torch
 from src.config import TaskConfig
 from src.corpus import SEED_PROMPTS, code_prompts, load_text
 from src.config import DatasetConfig
-from src.engine import Sampling, generate
+from src.engine import ENGINES, Sampling
+from src.engine.common import probabilities
+from src.engine.native import Decoder
 from src.tasks import TASKS, TaskInputs
 from src.tasks.benchmark import cut_prompts
 from src.tiny import TINY_CONTEXT, tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
+generate = ENGINES["hf"]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def task(kind="benchmark", **kw):
 
 def inputs(model, tok, t, code=False):
     return TaskInputs(model, tok, t, code, Sampling(), TINY_CONTEXT,
-                      corpus=lambda: load_text(DatasetConfig("humaneval", "humaneval")))
+                      corpus=lambda: load_text(DatasetConfig("humaneval", "humaneval")), generate=ENGINES["native"])
 
 
 def test_benchmark_prompts_have_exact_lengths(llama):
@@ -74,6 +77,12 @@ def test_benchmark_generates_exactly_and_drops_what_does_not_fit(llama):
     assert out.notes and str(TINY_CONTEXT) in out.notes[0]
 
 
+def test_repeats_keep_one_row_per_example(llama):
+    model, tok = llama
+    out = TASKS["benchmark"](inputs(model, tok, task(prompt_lengths=(4, 8), repeats=3)))
+    assert [r.prompt_tokens for r in out.rows] == [4, 8] and all(r.new_tokens == 5 for r in out.rows)
+
+
 def test_benchmark_with_nothing_that_fits_fails(llama):
     model, tok = llama
     with pytest.raises(ValueError, match="fits the model's context"):
@@ -89,3 +98,61 @@ def test_decode_uses_seed_prompts_or_code_prompts(llama):
     assert code.rows[0].new_tokens == 7
     assert len(SEED_PROMPTS) == 10 and len(code_prompts()) == 13
     assert code_prompts()[0].startswith("from typing import List")
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_native_engine_matches_generate_token_for_token(arch, exact):
+    model, tok = tiny_model(arch)
+    for prompt in ("def add(a, b):", "x" * 40):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        ref = ENGINES["hf"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
+        own = ENGINES["native"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
+        assert own.new_token_ids == ref.new_token_ids
+        assert len(own.token_times) == own.new_tokens and own.token_times == sorted(own.token_times)
+
+
+def test_native_engine_stops_at_end_of_sequence_unless_exact(llama):
+    model, tok = llama
+    ids = tok("x", return_tensors="pt").input_ids
+    # make EOS the argmax after three tokens by biasing its logit
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] += 5.0
+    try:
+        free = ENGINES["native"](model, ids, 20, False, Sampling(), tok.pad_token_id)
+        forced = ENGINES["native"](model, ids, 20, True, Sampling(), tok.pad_token_id)
+        ref = ENGINES["hf"](model, ids, 20, False, Sampling(), tok.pad_token_id)
+    finally:
+        with torch.no_grad():
+            model.lm_head.weight[tok.eos_token_id] -= 5.0
+    assert free.new_token_ids == ref.new_token_ids and free.new_token_ids[-1] == tok.eos_token_id
+    assert free.new_tokens < 20 and forced.new_tokens == 20 and tok.eos_token_id not in forced.new_token_ids
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_verify_matches_steps_and_rollback_restores(arch):
+    model, tok = tiny_model(arch)
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        stepper = Decoder(model)
+        stepper.prefill(ids)
+        tokens = [70, 71, 72, 73, 74]
+        step_logits = [stepper.step(t) for t in tokens]
+        verifier = Decoder(model)
+        verifier.prefill(ids)
+        block = verifier.verify(tokens)
+        torch.testing.assert_close(block, torch.stack(step_logits), rtol=1e-4, atol=1e-4)
+        verifier.rollback(3)           # keep two of five
+        assert verifier.length == ids.shape[1] + 2
+        torch.testing.assert_close(verifier.step(tokens[2]), step_logits[2], rtol=1e-4, atol=1e-4)
+
+
+def test_native_sampling_is_seeded_and_top_p_filters():
+    logits = torch.tensor([3.0, 2.0, 1.0, -5.0])
+    p = probabilities(logits, Sampling(do_sample=True, temperature=1.0, top_p=0.8, seed=0))
+    assert p[3] == 0 and p[2] == 0 and abs(float(p.sum()) - 1) < 1e-6 and p[0] > p[1] > 0
+    model, tok = tiny_model("llama")
+    ids = tok("x", return_tensors="pt").input_ids
+    s = Sampling(do_sample=True, temperature=1.5, top_p=0.9, seed=7)
+    a = ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
+    assert a == ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids

@@ -5,6 +5,7 @@ Takes a float32 model and returns it quantized for its precision, with a report 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from src.config import ModelConfig, PrecisionConfig
 from src.quant import cache
 from src.quant.calibrate import calibration_ids, ids_hash
 from src.quant.pipeline import QuantSpec, install, quantize, quantized_bytes
@@ -24,6 +26,7 @@ class QuantReport:
     built: bool          # False: loaded from the cache
     seconds: float       # building (calibration, search, rounding) or loading
     quantized_bytes: int
+    alpha: float | None = None   # SmoothQuant's, where it applied
 
     def metrics(self) -> dict[str, float]:
         return {("quantize_s" if self.built else "quant_load_s"): self.seconds,
@@ -41,4 +44,24 @@ def quantize_model(model: nn.Module, tokenizer, arch: str, spec: QuantSpec, sour
     weights, built = cache.load_or_build(directory, lambda: quantize(model, arch, spec, calib),
                                          {"source": source_key, "key": key})
     model = install(model.to(dtype), weights, dtype)
-    return model, QuantReport(directory, built, time.perf_counter() - start, quantized_bytes(weights))
+    return model, QuantReport(directory, built, time.perf_counter() - start, quantized_bytes(weights), spec.alpha)
+
+
+def quant_spec(precision: PrecisionConfig, model: ModelConfig) -> QuantSpec:
+    """The precision's fields that change the weights, by name (a new field needs no edit here)."""
+    alpha = None
+    if precision.method == "smoothquant":
+        alpha = precision.alpha if precision.alpha is not None else model.smoothquant_alpha
+    fields = {f.name: getattr(precision, f.name) for f in dataclasses.fields(QuantSpec) if f.name != "alpha"}
+    return QuantSpec(**fields, alpha=alpha)
+
+
+def prepare(loaded, model_cfg: ModelConfig, precision: PrecisionConfig, corpus: Callable[[], str],
+            cache_root: Path) -> tuple[nn.Module, QuantReport | None]:
+    """A loaded float32 model, cast to the precision's dtype and quantized first where it asks."""
+    dtype = getattr(torch, precision.dtype)
+    if not precision.quantized:
+        return loaded.model.to(dtype), None
+    return quantize_model(loaded.model, loaded.tokenizer, model_cfg.arch, quant_spec(precision, model_cfg),
+                          loaded.source_key, corpus, precision.calib_samples, precision.calib_seq_len, cache_root,
+                          model_cfg.name, dtype)

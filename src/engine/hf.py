@@ -1,38 +1,17 @@
-"""Generation with a timestamp per new token. Pure: models and tensors in, tokens and timings out.
+"""The reference engine (engine=hf): transformers' `generate`, with a timestamp per new token.
 
-This is the reference engine over transformers' `generate`. A stopping criterion runs right after each
-new token is appended, so its clock reading is the end of that step: the first reading closes prefill,
-the rest are decode steps. Nothing else is added to the measured path.
+A stopping criterion runs right after each new token is appended, so its clock reading is the end of
+that step: the first reading closes prefill, the rest are decode steps.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-
-@dataclass(frozen=True)
-class Sampling:
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-
-
-@dataclass
-class Generation:
-    prompt_tokens: int
-    new_token_ids: list[int]
-    start: float               # perf_counter at the call
-    token_times: list[float]   # perf_counter when each new token existed
-    end: float                 # perf_counter when generate returned
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.new_token_ids)
+from src.engine.common import Generation, Sampling
 
 
 class _StepClock(StoppingCriteria):

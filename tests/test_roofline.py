@@ -1,0 +1,63 @@
+"""The roofline's byte counts and efficiency arithmetic, and the bandwidth probe's cache."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from src.engine import roofline
+from src.metrics import Row
+from src.quant.pipeline import QuantSpec, install, quantize
+from src.tiny import tiny_model
+
+
+def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():
+    model, _ = tiny_model("gemma3")
+    vocab, hidden = model.get_input_embeddings().weight.shape
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert roofline.weight_bytes(model) == (linears + hidden + norms) * 4 + buffers
+    assert model.lm_head.weight.numel() == vocab * hidden  # the tied head is counted in full
+
+
+def test_quantized_modules_count_their_packed_buffers():
+    model, _ = tiny_model("llama")
+    before = roofline.weight_bytes(model)
+    install(model, quantize(model, "llama", QuantSpec("rtn", "w8a8"), None), torch.float32)
+    after = roofline.weight_bytes(model)
+    assert after < before / 2  # int8 weights: a quarter of fp32, plus scales and the float parts
+
+
+def test_kv_bytes_caps_sliding_layers():
+    model, _ = tiny_model("gemma3")  # one sliding layer (window 32), one full layer, 2 kv heads of 32
+    per_position = 2 * 2 * 32 * 4
+    assert roofline.kv_bytes(model.config, 10, 4) == 2 * 10 * per_position
+    assert roofline.kv_bytes(model.config, 100, 4) == (32 + 100) * per_position
+
+
+def test_efficiency_is_roofline_over_measured():
+    model, _ = tiny_model("llama")
+    rows = [Row(1, 8, 11, 1.0, 5.0, 2.0, 500.0), Row(2, 8, 1, 1.0, 5.0, math.nan, math.nan)]
+    per_example, summary = roofline.efficiency(model, rows, bandwidth_gbs=10.0)
+    ideal = roofline.roofline_ms(model, 8 + 5, 10.0)
+    assert per_example[0] == pytest.approx(ideal / 2.0) and math.isnan(per_example[1])
+    assert summary["decode_efficiency"] == pytest.approx(ideal / 2.0)
+    assert summary["bandwidth_gbs"] == 10.0
+
+
+def test_bandwidth_is_probed_once_and_cached(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(roofline, "probe_bandwidth", lambda threads: calls.append(threads) or 12.5)
+    assert roofline.host_bandwidth(tmp_path, 2, "cpu x") == 12.5
+    assert roofline.host_bandwidth(tmp_path, 2, "cpu x") == 12.5
+    assert calls == [2]
+    (tmp_path / "roofline.json").write_text("{broken")
+    assert roofline.host_bandwidth(tmp_path, 2, "cpu x") == 12.5 and calls == [2, 2]
+    assert json.loads((tmp_path / "roofline.json").read_text())
+
+
+def test_probe_measures_something_plausible():
+    gbs = roofline.probe_bandwidth(1, mb=64, repeats=2)
+    assert 0.1 < gbs < 10_000
