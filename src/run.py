@@ -64,8 +64,10 @@ def _sweep_info(hc):
     if hc.mode != RunMode.MULTIRUN:
         return None
     sweep_dir = Path(hc.sweep.dir).resolve()
-    return SweepInfo(str(sweep_dir), f"sweep {sweep_dir.parent.name} {sweep_dir.name}",
-                     " ".join(hc.overrides.task))
+    # The default layout is multirun/<date>/<time>; a named sweep directory names itself.
+    name = f"{sweep_dir.parent.name} {sweep_dir.name}" if sweep_dir.parent.parent.name == "multirun" else sweep_dir.name
+    # The sweep's own command line (hc.overrides.task is one job's share of it).
+    return SweepInfo(str(sweep_dir), f"sweep {name}", " ".join(a for a in sys.argv[1:] if a not in ("-m", "--multirun")))
 
 
 def _tracking_uri(raw: dict) -> str:
@@ -219,6 +221,10 @@ def cli() -> None:
         sys.exit(2)
     # Library chatter would bury the tables; our own log lines stay at INFO.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from src.progress import watched
+    if not watched():  # transformers' own bars (GGUF conversion, weight loading) too
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()
     main()
     sys.exit(1 if "failed" in _outcomes else 0)
 

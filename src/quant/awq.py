@@ -15,6 +15,7 @@ from torch import nn
 
 from src.quant import calibrate, scaling
 from src.quant.arch import awq_groups, decoder_linears
+from src.progress import progress
 from src.quant.qparams import fake_int4_weight
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: in
     inputs = calibrate.capture_inputs(model, {k: linears[k] for k in set(key_of.values())}, batches, search_tokens)
 
     changed: set[str] = set()
-    for g in groups:
+    for g in progress(groups, "awq scales"):
         x = inputs[g.names[0]]
         s, r = search_scale(x, g.linears, group, grid, g.block if block_loss else None)
         changed.update(scaling.apply(g, s))
@@ -103,7 +104,7 @@ def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: in
 
     clips: dict[str, torch.Tensor] = {}
     if clip:
-        for name, lin in linears.items():
+        for name, lin in progress(linears.items(), "awq clipping"):
             # AWQ leaves q and k unclipped: attention scores are too sensitive to their range.
             if name.endswith(("q_proj", "k_proj")) or (clip_only is not None and name not in clip_only):
                 continue

@@ -10,6 +10,8 @@ import hashlib
 import torch
 from torch import nn
 
+from src.progress import progress
+
 
 def calibration_ids(tokenizer, corpus: str, samples: int, seq_len: int) -> torch.Tensor:
     """[samples, seq_len] windows spread evenly over the corpus's second half (deterministic, so the
@@ -30,7 +32,7 @@ def ids_hash(ids: torch.Tensor) -> str:
 @torch.inference_mode()
 def _forward_decoder(model: nn.Module, batches: torch.Tensor) -> None:
     # The decoder stack only: the output head (a third of Gemma 3's weights) needs no calibration.
-    for row in batches:
+    for row in progress(batches, "calibration"):
         model.model(input_ids=row[None])
 
 

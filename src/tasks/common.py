@@ -11,6 +11,7 @@ import torch
 from src.config import TaskConfig
 from src.engine import Sampling
 from src.metrics import Row, summarize, timing_row
+from src.progress import progress
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> tuple[l
         first = examples[0]
         inputs.generate(inputs.model, first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad)
     rows, outputs = [], []
-    for number, ex in enumerate(examples, start=1):
+    for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
         # Shared machines drift: with repeats, the run of median total time stands for the example.
         runs = sorted((inputs.generate(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, inputs.sampling, pad)
                        for _ in range(inputs.task.repeats)), key=lambda g: g.end - g.start)

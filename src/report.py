@@ -1,0 +1,173 @@
+"""Compare a sweep: the seed table of each job, a summary, speedups over a baseline, and plots.
+
+    python -m src.report                          # the latest sweep in the default store
+    python -m src.report sweep=/abs/multirun/... baseline.precision=bf16 tracking_uri=http://127.0.0.1:5000
+
+Reads the runs back from the tracking store (the report's numbers are the runs' own metrics), writes
+report.md, summary.csv and PNG plots, and attaches them to the sweep's parent run so the MLflow UI
+shows them beside the runs. Settings: conf/report.yaml, overridable as key=value.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from src.environment import PROJECT_ROOT
+from src.metrics import ROW_METRICS, Row, markdown_table, seed_table
+from src.sweeps import JobRecord, sweep_jobs
+from src.tracking import default_uri
+
+KEY_GROUPS = ("model", "hardware", "precision", "draft", "task", "engine")
+SUMMARY = (("prefill_ms_median", "prefill (ms)"), ("time_per_token_ms_median", "time/token (ms)"),
+           ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"),
+           ("acceptance_rate", "acceptance"), ("decode_efficiency", "decode efficiency"))
+
+
+@dataclass
+class Report:
+    parent_run_id: str
+    jobs: list[JobRecord]
+    tables: dict[str, str]            # job name -> its seed table
+    summary: list[list]               # one row per job
+    speedups: list[list]              # one row per job with a baseline
+    files: dict[str, Path]
+
+
+def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:
+    """Per-example rows rebuilt from the run's metric histories (step = example number)."""
+    history = {m: {p.step: p.value for p in client.get_metric_history(job.run_id, m)} for m in ROW_METRICS}
+    steps = sorted(history["prompt_tokens"])
+    get = lambda m, s: history[m].get(s, math.nan)  # noqa: E731 - NaN: never logged (one-token example)
+    return [Row(s, int(get("prompt_tokens", s)), int(get("new_tokens", s)), get("total_time_s", s),
+                get("prefill_ms", s), get("time_per_token_ms", s), get("tokens_per_s", s)) for s in steps]
+
+
+def baseline_of(job: JobRecord, jobs: list[JobRecord], baseline: dict[str, str]) -> JobRecord | None:
+    want = {g: baseline.get(g, job.choice(g)) for g in KEY_GROUPS}
+    for other in jobs:
+        if other.tags.get("outcome") == "finished" and all(other.choice(g) == v for g, v in want.items()):
+            return other
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    return a / b if a and b and not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
+def speedup_rows(jobs: list[JobRecord], baseline: dict[str, str]) -> list[list]:
+    rows = []
+    for job in jobs:
+        base = baseline_of(job, jobs, baseline)
+        if job.tags.get("outcome") != "finished" or base is None:
+            continue
+        m, b = job.metrics, base.metrics
+        rows.append([job.name, base.name,
+                     _ratio(b.get("time_per_token_ms_median"), m.get("time_per_token_ms_median")),
+                     _ratio(b.get("prefill_ms_median"), m.get("prefill_ms_median")),
+                     _ratio(m.get("perplexity"), b.get("perplexity"))])
+    return rows
+
+
+def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[Row]], speedups: list[list],
+           out: Path) -> dict[str, Path]:
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display on servers or in CI
+    import matplotlib.pyplot as plt
+
+    files = {}
+    for metric, label in (("time_per_token_ms", "time/token (ms)"), ("prefill_ms", "prefill (ms)")):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        drawn = 0
+        for job in jobs:
+            rows = rows_of.get(job.name) or []
+            if len(rows) < 2 or job.choice("task") not in ("benchmark", "benchmark_long"):
+                continue  # only fixed-length prompts make a curve against prompt length
+            ax.plot([r.prompt_tokens for r in rows], [getattr(r, metric) for r in rows], marker="o",
+                    label=f"{job.choice('precision')} · {job.choice('draft')} · {job.choice('hardware')}")
+            drawn += 1
+        if drawn:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("prompt length (tokens)")
+            ax.set_ylabel(label)
+            ax.set_title(f"{label} against prompt length")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+            path = out / f"{metric}_vs_prompt.png"
+            fig.tight_layout()
+            fig.savefig(path, dpi=110)
+            files[path.name] = path
+        plt.close(fig)
+    finite = [r for r in speedups if not math.isnan(r[2]) and r[0] != r[1]]  # not the baselines themselves
+    if finite:
+        fig, ax = plt.subplots(figsize=(7, 0.45 * len(finite) + 1.5))
+        ax.barh([r[0] for r in finite], [r[2] for r in finite], color="tab:blue")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("time/token speedup over the baseline")
+        for y, r in enumerate(finite):
+            ax.text(r[2], y, f" {r[2]:.2f}×", va="center", fontsize=8)
+        fig.tight_layout()
+        path = out / "speedup.png"
+        fig.savefig(path, dpi=110)
+        files[path.name] = path
+        plt.close(fig)
+    return files
+
+
+def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path) -> Report:
+    parent_id, jobs = sweep_jobs(uri, experiment, sweep)
+    client = MlflowClient(uri)
+    finished = [j for j in jobs if j.tags.get("outcome") == "finished"]
+    rows_of = {j.name: job_rows(client, j) for j in finished}
+    tables = {name: seed_table(rows) for name, rows in rows_of.items() if rows}
+    summary = [[j.name, j.tags.get("outcome", "?"), *[j.metrics.get(k, math.nan) for k, _ in SUMMARY]] for j in jobs]
+    speedups = speedup_rows(jobs, baseline)
+    parent = client.get_run(parent_id)
+    out = out_root / parent.info.run_name.replace(" ", "_")
+    out.mkdir(parents=True, exist_ok=True)
+    files = _plots(client, finished, rows_of, speedups, out)
+    base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
+    parts = [f"# {parent.info.run_name}\n", f"`{parent.data.tags.get('overrides', '')}`\n",
+             "## Summary\n", markdown_table(["job", "outcome", *[h for _, h in SUMMARY]], summary) + "\n",
+             f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
+             (markdown_table(["job", "baseline", "time/token speedup", "prefill speedup", "perplexity ratio"],
+                             speedups) if speedups else "(no job has its baseline in this sweep)") + "\n"]
+    parts += [f"![{name}]({name})\n" for name in files]
+    for name, table in tables.items():
+        parts += [f"## {name}\n", table + "\n"]
+    (out / "report.md").write_text("\n".join(parts))
+    (out / "summary.csv").write_text("\n".join(",".join(str(c) for c in row) for row in
+                                               [["job", "outcome", *[k for k, _ in SUMMARY]], *summary]) + "\n")
+    files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
+    return Report(parent_id, jobs, tables, summary, speedups, files)
+
+
+def main(argv: list[str]) -> int:
+    cfg = OmegaConf.merge(OmegaConf.load(PROJECT_ROOT / "conf" / "report.yaml"), OmegaConf.from_dotlist(argv))
+    uri = cfg.tracking_uri or default_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        # opening would create an empty database: say what is missing instead
+        print(f"quantspec: no tracking store at {uri}; run a sweep first (python -m src.run -m ...)", file=sys.stderr)
+        return 2
+    try:
+        report = build(uri, cfg.experiment, cfg.sweep, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
+    except LookupError as err:
+        print(f"quantspec: {err}", file=sys.stderr)
+        return 2
+    if cfg.attach:
+        client = MlflowClient(uri)
+        for path in report.files.values():
+            client.log_artifact(report.parent_run_id, str(path), "report")
+    print((report.files["report.md"]).read_text())
+    print(f"written to {report.files['report.md'].parent}"
+          + (" and attached to the sweep's parent run" if cfg.attach else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,129 @@
+"""The sweep report against the runs' own metrics, and a real MLflow tracking server on loopback."""
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src import report
+from tests.conftest import ROOT, run_cli
+
+TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweep")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    out = run_cli(["-m", *TINY, "precision=fp32,bf16,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'sweep'}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    return store, tmp
+
+
+def test_report_numbers_are_the_runs_own(sweep):
+    store, tmp = sweep
+    rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp / "reports")
+    client = MlflowClient(store)
+    by_name = {j.name: j for j in rep.jobs}
+    assert len(rep.jobs) == 3 and len(rep.summary) == 3
+    for row in rep.summary:
+        job = by_name[row[0]]
+        assert row[3] == job.metrics["time_per_token_ms_median"] and row[2] == job.metrics["prefill_ms_median"]
+    # each seed table holds the per-example metric histories
+    for name, job in by_name.items():
+        history = {m.step: m.value for m in client.get_metric_history(job.run_id, "time_per_token_ms")}
+        rows = report.job_rows(client, job)
+        assert [r.time_per_token_ms for r in rows] == [history[s] for s in sorted(history)]
+        assert [r.prompt_tokens for r in rows] == [4, 8]
+        assert name in rep.tables
+
+
+def test_speedups_are_the_hand_computed_ratios(sweep):
+    store, tmp = sweep
+    rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp / "reports")
+    jobs = {j.choice("precision"): j.metrics for j in rep.jobs}
+    rows = {r[0].split("·")[2]: r for r in rep.speedups}
+    for precision in ("fp32", "bf16", "w8a8"):
+        expect = jobs["fp32"]["time_per_token_ms_median"] / jobs[precision]["time_per_token_ms_median"]
+        assert rows[precision][2] == pytest.approx(expect)
+        assert rows[precision][3] == pytest.approx(jobs["fp32"]["prefill_ms_median"] / jobs[precision]["prefill_ms_median"])
+    assert rows["fp32"][2] == 1.0
+    # another baseline, chosen in config
+    other = report.build(store, "quantspec", None, {"precision": "bf16"}, tmp / "reports")
+    assert {r[1].split("·")[2] for r in other.speedups} == {"bf16"}
+
+
+def test_report_writes_plots_and_attaches_them_to_the_parent(sweep):
+    store, tmp = sweep
+    assert report.main([f"tracking_uri={store}", f"out={tmp / 'out'}"]) == 0
+    written = {p.name for p in (tmp / "out").rglob("*") if p.is_file()}
+    assert {"report.md", "summary.csv", "time_per_token_ms_vs_prompt.png", "prefill_ms_vs_prompt.png",
+            "speedup.png"} <= written
+    client = MlflowClient(store)
+    parent_id, _ = report.sweep_jobs(store)
+    attached = {a.path for a in client.list_artifacts(parent_id, "report")}
+    assert "report/report.md" in attached and "report/speedup.png" in attached
+
+
+def test_report_of_an_empty_store_is_one_line(tmp_path, capsys):
+    assert report.main([f"tracking_uri=sqlite:///{tmp_path / 'none.db'}", "attach=false"]) == 2
+    assert not (tmp_path / "none.db").exists()  # nothing created by looking
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("quantspec:")]
+    assert len(lines) == 1 and "run a sweep first" in lines[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rest(url: str, payload: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_sweep_against_a_real_tracking_server(tmp_path):
+    port = _free_port()
+    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    server = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                               "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                               "--artifacts-destination", str(tmp_path / "artifacts")],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90  # bounded: a server that never answers fails the test, not the suite
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    pytest.fail("mlflow server did not start")
+                time.sleep(0.5)
+        out = run_cli(["-m", *TINY, "precision=fp32,bf16", "tracking=server", f"tracking.uri={base}",
+                       f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+        assert out.returncode == 0, out.stderr[-2000:]
+        exp = json.loads(urllib.request.urlopen(
+            f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=quantspec", timeout=10).read())
+        runs = _rest(f"{base}/api/2.0/mlflow/runs/search",
+                     {"experiment_ids": [exp["experiment"]["experiment_id"]], "max_results": 100})["runs"]
+        tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
+        jobs = [t for t in tags if t.get("quantspec.role") == "job"]
+        parents = [t for t in tags if t.get("quantspec.role") == "sweep"]
+        assert len(parents) == 1 and len(jobs) == 2
+        assert sorted(t["precision"] for t in jobs) == ["bf16", "fp32"]
+        assert all(t["outcome"] == "finished" for t in jobs)
+        metrics = [{m["key"]: m["value"] for m in r["data"].get("metrics", [])} for r in runs]
+        assert sum(1 for m in metrics if m.get("time_per_token_ms_median", math.nan) > 0) == 2
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
