@@ -30,54 +30,44 @@ def ids_hash(ids: torch.Tensor) -> str:
 
 
 @torch.inference_mode()
-def _forward_decoder(model: nn.Module, batches: torch.Tensor) -> None:
-    # The decoder stack only: the output head (a third of Gemma 3's weights) needs no calibration.
-    for row in progress(batches, "calibration"):
-        model.model(input_ids=row[None])
+def _observe_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, observe) -> None:
+    """Run the decoder stack over the batches, calling observe(name, x) with each named linear's input
+    as rows [tokens, features]. The output head (a third of Gemma 3's weights) is not needed."""
+    def hook(name):
+        return lambda _module, args: observe(name, args[0].detach().reshape(-1, args[0].shape[-1]))
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
+    try:
+        for row in progress(batches, "calibration"):
+            model.model(input_ids=row[None])
+    finally:
+        for h in handles:
+            h.remove()
 
 
-@torch.inference_mode()
 def input_absmax(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-input-channel max |x| over every calibration token, at each named linear's input."""
     stats: dict[str, torch.Tensor] = {}
 
-    def hook(name):
-        def record(_module, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).abs().amax(dim=0).float()
-            stats[name] = torch.maximum(stats[name], x) if name in stats else x
-        return record
+    def observe(name, x):
+        x = x.abs().amax(dim=0).float()
+        stats[name] = torch.maximum(stats[name], x) if name in stats else x
 
-    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
-    try:
-        _forward_decoder(model, batches)
-    finally:
-        for h in handles:
-            h.remove()
+    _observe_inputs(model, linears, batches, observe)
     return stats
 
 
-@torch.inference_mode()
 def capture_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor,
                    max_tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """A fixed random subset of `max_tokens` input rows at each named linear (AWQ's search data)."""
-    total = batches.numel()
-    keep = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values
+    keep = torch.randperm(batches.numel(), generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values
     seen: dict[str, list[torch.Tensor]] = {n: [] for n in linears}
     offsets = {n: 0 for n in linears}
 
-    def hook(name):
-        def record(_module, args):
-            x = args[0].detach().reshape(-1, args[0].shape[-1])
-            lo = offsets[name]
-            offsets[name] += x.shape[0]
-            sel = keep[(keep >= lo) & (keep < lo + x.shape[0])] - lo
-            seen[name].append(x[sel].float().clone())
-        return record
+    def observe(name, x):
+        lo = offsets[name]
+        offsets[name] += x.shape[0]
+        seen[name].append(x[keep[(keep >= lo) & (keep < lo + x.shape[0])] - lo].float().clone())
 
-    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
-    try:
-        _forward_decoder(model, batches)
-    finally:
-        for h in handles:
-            h.remove()
+    _observe_inputs(model, linears, batches, observe)
     return {n: torch.cat(xs) for n, xs in seen.items()}
