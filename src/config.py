@@ -23,6 +23,7 @@ TASK_KINDS = ("decode", "benchmark", "perplexity", "quantize")
 DATASET_SOURCES = ("humaneval", "hf", "textfile")
 TRACKING_KINDS = ("sqlite", "server")
 ENGINE_KINDS = ("hf", "native")
+ATTENTIONS = ("sdpa", "eager")
 
 
 class ConfigError(ValueError):
@@ -161,9 +162,11 @@ class TaskConfig:
 class EngineConfig:
     name: str
     kind: str
+    attention: str = "sdpa"
 
     def validate(self) -> None:
         _check_choice("engine.kind", self.kind, ENGINE_KINDS)
+        _check_choice("engine.attention", self.attention, ATTENTIONS)
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,7 @@ class JobConfig:
     task: TaskConfig
     dataset: DatasetConfig
     tracking: TrackingConfig
-    engine: EngineConfig = EngineConfig("native", "native")
+    engine: EngineConfig = EngineConfig("native", "native", "sdpa")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     cache_dir: Path = Path("~/.cache/quantspec")
     experiment: str = "quantspec"

@@ -137,6 +137,7 @@ def _execute(raw: dict, job, name: str) -> None:
     corpus = lambda: load_text(cfg.dataset)  # noqa: E731 - read only by the tasks and calibration that need it
     model, quant_metrics = _prepare_precision(cfg, loaded, corpus, job)
     model = model.to(placement.device)
+    model.set_attn_implementation(cfg.engine.attention)
     s = cfg.sampling
     inputs = TaskInputs(model, loaded.tokenizer, cfg.task, cfg.model.code,
                         Sampling(s.do_sample, s.temperature, s.top_p, s.seed), loaded.max_context, corpus,

@@ -156,3 +156,4 @@ def test_native_sampling_is_seeded_and_top_p_filters():
     s = Sampling(do_sample=True, temperature=1.5, top_p=0.9, seed=7)
     a = ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
     assert a == ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
+
