@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from src.engine.common import Sampling
+
 ARCHS = ("llama", "opt", "qwen2", "gemma3")
 MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
 DEVICES = ("cpu", "cuda", "npu")
@@ -186,12 +188,8 @@ class DatasetConfig:
             raise ConfigError("dataset.source=hf needs dataset.hf_id")
 
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
+class SamplingConfig(Sampling):
+    """The engine's sampling settings, as configured: the same fields, plus their validation."""
 
     def validate(self) -> None:
         if self.temperature <= 0:
