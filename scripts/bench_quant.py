@@ -20,14 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from src.metrics import markdown_table  # noqa: E402
+from src.report import ratio  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
 
 PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16", "rtn"]
-
-
-def ratio(a: float | None, b: float | None) -> float:
-    return a / b if a and b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
 def main(overrides: list[str]) -> int:

@@ -56,7 +56,8 @@ def baseline_of(job: JobRecord, jobs: list[JobRecord], baseline: dict[str, str])
     return None
 
 
-def _ratio(a: float | None, b: float | None) -> float:
+def ratio(a: float | None, b: float | None) -> float:
+    """a / b where both were measured, else NaN."""
     return a / b if a and b and not (math.isnan(a) or math.isnan(b)) else math.nan
 
 
@@ -68,9 +69,9 @@ def speedup_rows(jobs: list[JobRecord], baseline: dict[str, str]) -> list[list]:
             continue
         m, b = job.metrics, base.metrics
         rows.append([job.name, base.name,
-                     _ratio(b.get("time_per_token_ms_median"), m.get("time_per_token_ms_median")),
-                     _ratio(b.get("prefill_ms_median"), m.get("prefill_ms_median")),
-                     _ratio(m.get("perplexity"), b.get("perplexity"))])
+                     ratio(b.get("time_per_token_ms_median"), m.get("time_per_token_ms_median")),
+                     ratio(b.get("prefill_ms_median"), m.get("prefill_ms_median")),
+                     ratio(m.get("perplexity"), b.get("perplexity"))])
     return rows
 
 

@@ -33,6 +33,15 @@ def eos_ids(model) -> set[int]:
     return set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
 
 
+def eos_ban(model, exact: bool):
+    """logits -> logits with end-of-sequence made impossible when `exact` (as min_new_tokens does), else as is."""
+    stop = eos_ids(model)
+    if not (exact and stop):
+        return lambda logits: logits
+    banned = torch.tensor(sorted(stop), dtype=torch.long)
+    return lambda logits: logits.index_fill(-1, banned.to(logits.device), float("-inf"))
+
+
 def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """The distribution tokens are drawn from: temperature, then nucleus (top-p) filtering."""
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)

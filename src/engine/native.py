@@ -13,7 +13,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from src.engine.common import Generation, Sampling, choose, eos_ids
+from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
 
 
 class Decoder:
@@ -51,14 +51,11 @@ class Decoder:
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
              pad_token_id: int | None) -> Generation:
     """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does."""
-    stop = eos_ids(model)
-    banned = torch.tensor(sorted(stop), dtype=torch.long) if exact and stop else None
+    stop, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
 
     def pick(logits: torch.Tensor) -> int:
-        if banned is not None:
-            logits = logits.index_fill(-1, banned.to(logits.device), float("-inf"))
-        return choose(logits, sampling, generator)
+        return choose(ban(logits), sampling, generator)
 
     decoder = Decoder(model)
     input_ids = input_ids.to(model.device)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from src.engine.common import Generation, eos_ids
+from src.engine.common import Generation, eos_ban, eos_ids
 from src.engine.native import Decoder
 
 
@@ -93,13 +93,10 @@ class SpecStats:
 def generate(model, drafter, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, k: int
              ) -> tuple[Generation, SpecStats]:
     """Greedy speculative decoding of one prompt; output identical to greedy decoding of `model`."""
-    stop = eos_ids(model)
-    banned = torch.tensor(sorted(stop), dtype=torch.long) if exact and stop else None
+    stop, ban = eos_ids(model), eos_ban(model, exact)
 
     def pick(logits: torch.Tensor) -> torch.Tensor:
-        if banned is not None:
-            logits = logits.index_fill(-1, banned.to(logits.device), float("-inf"))
-        return logits.argmax(dim=-1)
+        return ban(logits).argmax(dim=-1)
 
     stats = SpecStats()
     target = Decoder(model)

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
+from src.tasks.common import Example, TaskInputs, TaskResult, bos_prefix, limit, measure, result
 
 
 def cut_prompts(tokenizer, corpus: str, lengths: list[int]) -> list[torch.Tensor]:
     """One prompt per length, counted like a tokenized prompt (with the BOS the tokenizer adds)."""
     ids = tokenizer(corpus, add_special_tokens=False).input_ids
-    bos = tokenizer.bos_token_id
-    adds_bos = bos is not None and tokenizer("a").input_ids[:1] == [bos]
+    prefix = bos_prefix(tokenizer)
     prompts = []
     for n in lengths:
-        body = ids[: n - 1] if adds_bos else ids[:n]
-        if len(body) < (n - 1 if adds_bos else n):
+        body = ids[: n - len(prefix)]
+        if len(body) < n - len(prefix):
             raise ValueError(f"the corpus has {len(ids)} tokens, too few for a {n}-token prompt; "
                              f"use a larger dataset or shorter task.prompt_lengths")
-        prompts.append(torch.tensor([([bos] if adds_bos else []) + body]))
+        prompts.append(torch.tensor([prefix + body]))
     return prompts
 
 

@@ -44,6 +44,12 @@ class TaskResult:
     notes: list[str] = field(default_factory=list)            # things the user must be told
 
 
+def bos_prefix(tokenizer) -> list[int]:
+    """[BOS] when the tokenizer puts one before a prompt, else []: hand-cut token windows start the same way."""
+    bos = tokenizer.bos_token_id
+    return [bos] if bos is not None and tokenizer("a").input_ids[:1] == [bos] else []
+
+
 def limit(examples: list, n: int | None) -> list:
     return examples if n is None else examples[:n]
 

@@ -8,7 +8,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from src.tasks.common import TaskInputs, TaskResult
+from src.tasks.common import TaskInputs, TaskResult, bos_prefix
 
 
 @torch.inference_mode()
@@ -21,10 +21,9 @@ def window_nll(model, ids: torch.Tensor) -> float:
 def run(inputs: TaskInputs) -> TaskResult:
     task, tok = inputs.task, inputs.tokenizer
     ids = tok(inputs.corpus(), add_special_tokens=False).input_ids
-    bos = tok.bos_token_id
-    adds_bos = bos is not None and tok("a").input_ids[:1] == [bos]
     # Each window starts with BOS where the model expects one, as a prompt would.
-    body = task.window - 1 if adds_bos else task.window
+    prefix = bos_prefix(tok)
+    body = task.window - len(prefix)
     available = len(ids) // body
     if available < 1:
         raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one window of {task.window}")
@@ -33,7 +32,7 @@ def run(inputs: TaskInputs) -> TaskResult:
     total, tokens, per_window = 0.0, 0, []
     start = time.perf_counter()
     for i in range(count):
-        chunk = torch.tensor(([bos] if adds_bos else []) + ids[i * body:(i + 1) * body])
+        chunk = torch.tensor(prefix + ids[i * body:(i + 1) * body])
         nll = window_nll(inputs.model, chunk)
         per_window.append(nll / (len(chunk) - 1))
         total, tokens = total + nll, tokens + len(chunk) - 1
