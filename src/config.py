@@ -26,6 +26,7 @@ DATASET_SOURCES = ("humaneval", "hf", "textfile")
 TRACKING_KINDS = ("sqlite", "server")
 ENGINE_KINDS = ("hf", "native")
 ATTENTIONS = ("sdpa", "eager")
+KERNEL_CHOICES = ("quantspec", "aten")
 
 
 class ConfigError(ValueError):
@@ -165,10 +166,12 @@ class EngineConfig:
     name: str
     kind: str
     attention: str = "sdpa"
+    kernels: str = "aten"   # quantspec: decode-step matmuls through src/kernels where this CPU runs them
 
     def validate(self) -> None:
         _check_choice("engine.kind", self.kind, ENGINE_KINDS)
         _check_choice("engine.attention", self.attention, ATTENTIONS)
+        _check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
 
 
 @dataclass(frozen=True)

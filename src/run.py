@@ -138,6 +138,7 @@ def _execute(raw: dict, job, name: str) -> None:
     model, quant_metrics = _prepare_precision(cfg, loaded, corpus, job)
     model = model.to(placement.device)
     model.set_attn_implementation(cfg.engine.attention)
+    _install_kernels(cfg, model, placement, job)
     inputs = TaskInputs(model, loaded.tokenizer, cfg.task, cfg.model.code, cfg.sampling, loaded.max_context,
                         corpus, ENGINES[cfg.engine.kind])
     result = TASKS[cfg.task.kind](inputs)
@@ -162,6 +163,25 @@ def _execute(raw: dict, job, name: str) -> None:
         log.warning(note)
     job.finish()
     print(f"\n{name} (executed on {placement.executed_on})\n{table}\n", flush=True)
+
+
+def _install_kernels(cfg, model, placement, job) -> None:
+    """engine.kernels=quantspec: decode-step matmuls through src/kernels, or ATen's where they cannot run."""
+    used, note = "aten", ""
+    if cfg.engine.kernels == "quantspec":
+        from src import kernels
+        from src.kernels import modules
+
+        if placement.device != "cpu":
+            note = f"quantspec kernels are CPU kernels; {placement.device} keeps ATen's"
+        elif kernels.load(cfg.cache_dir / "kernels"):
+            used = "quantspec"
+            job.log_params({f"kernels.{kind}": count for kind, count in sorted(modules.install(model).items())})
+        else:
+            note = f"quantspec kernels unavailable, ATen's used: {kernels.reason()}"
+    if note:
+        log.warning(note)
+    job.set_tags({"kernels": used, "kernels_note": note})
 
 
 def _prepare_precision(cfg, loaded, corpus, job):

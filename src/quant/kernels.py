@@ -1,5 +1,6 @@
-"""The real low-bit kernels, each behind one small function, so a runtime module's forward is one call.
+"""ATen's low-bit kernels, each behind one small function, so a runtime module's forward is one call.
 
+(Decode steps of at most a few rows go to quantspec's own kernels instead, src/kernels, where loaded.)
 All are ATen CPU kernels shipped with torch (measured on this project's machine for one row through
 Gemma 3's 262144x640 head: fp32 58 ms, bf16 18, int8 x int8 6.8, int8-weight 7.3, int4-weight 4.0).
 """
@@ -25,6 +26,14 @@ def int8_weight_matmul(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor) 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """[N, K] values 0..15 -> the CPU int4 kernel's packed layout (machine-specific: never stored)."""
     return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), INT4_INNER_K_TILES)
+
+
+def pack_w4(q: torch.Tensor) -> torch.Tensor:
+    """[N, K] values 0..15 -> quantspec's gemv layout: per 32 values, byte j = value j | value j+16 << 4
+    (the kernel widens 16 bytes and splits the nibbles into two ready halves)."""
+    n, k = q.shape
+    b = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
+    return (b[:, :, 0] | b[:, :, 1] << 4).reshape(n, k // 2).contiguous()
 
 
 def int4_weight_matmul(x: torch.Tensor, packed: torch.Tensor, group: int, scales_zeros: torch.Tensor) -> torch.Tensor:

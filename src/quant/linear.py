@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from src.kernels import MAX_ROWS
 from src.quant import kernels, qparams
 
 
@@ -25,10 +26,24 @@ def _flat(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
 
 
 class _QuantLinear(nn.Module):
+    """`gemv`: route calls of at most kernels.MAX_ROWS rows to quantspec's own kernels (set by
+    src.kernels.modules.install once they are loaded; ATen's kernels otherwise, and for prefill)."""
+
+    gemv = False
+    GEMV_K_STEP: int | None = None   # K must be a multiple of this for the gemv kernel; None: no gemv path
+
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", bias, persistent=False)
+
+    def _small(self, x2: torch.Tensor) -> bool:
+        return self.gemv and x2.shape[0] <= MAX_ROWS
+
+    def _finish(self, y: torch.Tensor, x: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -37,19 +52,23 @@ class _QuantLinear(nn.Module):
 class W8A8Linear(_QuantLinear):
     """int8 weights per output channel x int8 activations per token, quantized at run time."""
 
+    GEMV_K_STEP = 64
+
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(w_q.shape[1], w_q.shape[0], bias)
         # Stored [N, K]; the kernel takes its transpose as a view (column-major B), no copy.
         self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
         self.register_buffer("w_scale", _owned(w_scale, torch.float32), persistent=False)
+        # Row sums undo the +128 that makes activations unsigned for VPDPBUSD (the gemv kernel).
+        self.register_buffer("w_sum", self.w_q.sum(dim=1, dtype=torch.int32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
+        if self._small(x2):
+            return self._finish(torch.ops.quantspec.gemv_w8a8(x2, self.w_q, self.w_scale, self.w_sum), x, lead)
         x_q, x_scale = qparams.int8_per_token(x2)
         y = kernels.int8_int8_matmul(x_q, self.w_q.t()).float().mul_(x_scale).mul_(self.w_scale)
-        if self.bias is not None:
-            y += self.bias
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        return self._finish(y, x, lead)
 
 
 class W8A16Linear(_QuantLinear):
@@ -63,16 +82,16 @@ class W8A16Linear(_QuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
+        # ATen's kernel is already near the read bandwidth for one row: no gemv path here.
         y = kernels.int8_weight_matmul(x2.to(self.w_scale.dtype), self.w_q, self.w_scale)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        return self._finish(y, x, lead)
 
 
 class W4A16Linear(_QuantLinear):
     """4-bit asymmetric weights in groups, bf16 activations: the CPU int4 kernel."""
 
     N_MULTIPLE = 16  # the kernel packs output channels in blocks of 16
+    GEMV_K_STEP = 32
 
     def __init__(self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
                  bias: torch.Tensor | None = None):
@@ -88,16 +107,23 @@ class W4A16Linear(_QuantLinear):
         # [N, K/g] scale and zero -> the kernel's [K/g, N, 2]
         sz = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
         self.register_buffer("scales_zeros", sz, persistent=False)
+        # The gemv kernel's own layout (unpadded): w = q * scale + offset, offset = zero - 8 * scale.
+        n = self.out_features
+        self.register_buffer("w4", kernels.pack_w4(q[:n]), persistent=False)
+        self.register_buffer("w4_scale", scale[:n].float().contiguous(), persistent=False)
+        self.register_buffer("w4_offset", (zero[:n] - qparams.INT4_MID * scale[:n]).float().contiguous(),
+                             persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
+        if self._small(x2):
+            y = torch.ops.quantspec.gemv_w4a16(x2, self.w4, self.w4_scale, self.w4_offset, self.group)
+            return self._finish(y, x, lead)
         y = kernels.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group,
                                        self.scales_zeros)
         if y.shape[-1] != self.out_features:
             y = y[:, :self.out_features]
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        return self._finish(y, x, lead)
 
 
 # --- portable tensors: what the quantizer produces and the cache stores ----------------------------

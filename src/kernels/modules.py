@@ -1,0 +1,80 @@
+"""Route a model's small-batch matmuls (decode steps, draft verification) to quantspec's kernels.
+
+`install(model)` swaps each float nn.Linear for a GemvLinear sharing its parameters (a tied head stays
+tied), switches the quantized runtime modules' gemv path on, and fuses the RMSNorms. Calls with more rows than
+src.kernels.MAX_ROWS (prefill) keep ATen's kernels.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from src.kernels import MAX_ROWS
+from src.quant.linear import _QuantLinear
+
+GEMV_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class GemvLinear(nn.Module):
+    """nn.Linear's parameters, forward through gemv_float for a few rows and F.linear otherwise."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] > MAX_ROWS or x.dtype != self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.ops.quantspec.gemv_float(x2, self.weight)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class FusedRMSNorm(nn.Module):
+    """A transformers RMSNorm's weight and epsilon, forward in one kernel call (norm.cpp)."""
+
+    def __init__(self, norm: nn.Module, gemma: bool):
+        super().__init__()
+        self.weight, self.gemma = norm.weight, gemma
+        self.eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantspec.rms_norm(x, self.weight, self.eps, self.gemma)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, gemma={self.gemma}"
+
+
+# transformers' RMSNorm classes by the convention they follow (see norm.cpp); others stay as they are.
+NORMS = {"Gemma3RMSNorm": True, "LlamaRMSNorm": False, "Qwen2RMSNorm": False}
+
+
+def _fits(linear: nn.Linear) -> bool:
+    # The kernels step through K in 32s; anything else stays on ATen.
+    return linear.weight.dtype in GEMV_DTYPES and linear.in_features % 32 == 0 and linear.weight.is_contiguous()
+
+
+def install(model: nn.Module) -> Counter:
+    """Swap in place; returns how many modules of each kind now take the gemv path."""
+    counts: Counter = Counter()
+    for name, module in list(model.named_modules()):
+        if type(module).__name__ in NORMS and module.weight.dtype in GEMV_DTYPES:
+            model.set_submodule(name, FusedRMSNorm(module, NORMS[type(module).__name__]))
+            counts["fused_rms_norm"] += 1
+        elif isinstance(module, nn.Linear) and _fits(module):
+            model.set_submodule(name, GemvLinear(module))
+            counts[f"gemv_{str(module.weight.dtype).removeprefix('torch.')}"] += 1
+        elif isinstance(module, _QuantLinear) and module.GEMV_K_STEP and module.in_features % module.GEMV_K_STEP == 0:
+            module.gemv = True
+            counts[f"gemv_{type(module).__name__}"] += 1
+    return counts

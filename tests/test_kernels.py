@@ -1,0 +1,137 @@
+"""quantspec's own kernels (src/kernels): each against a float64 reference, and installed in tiny models.
+
+Skipped, with the reason, on a machine whose CPU lacks AVX-512 BF16/VNNI or has no compiler.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from src import kernels
+from src.engine import ENGINES, Sampling
+from src.engine.native import Decoder
+from src.kernels import modules
+from src.quant import qparams
+from src.quant.kernels import pack_w4
+from src.quant.linear import W4A16Linear, W8A8Linear, int4_tensors, int8_tensors
+from src.tiny import tiny_model
+
+ARCHS = ["llama", "opt", "qwen2", "gemma3"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    # The runtime's own build directory: CI compiles once for the tests and the main command.
+    if not kernels.load(Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")) / "kernels"):
+        pytest.skip(f"quantspec kernels unavailable here: {kernels.reason()}")
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).abs().max() / ref.abs().max())
+
+
+SHAPES = [(1, 37, 128), (2, 64, 256), (5, 41, 640), (7, 16, 128), (8, 9, 64)]  # M > 6 takes two passes
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_float_matches_matmul(m, n, k, dtype):
+    torch.manual_seed(m * n)
+    x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
+    y = torch.ops.quantspec.gemv_float(x, w)
+    assert y.dtype == dtype and y.shape == (m, n)
+    # bf16 inputs are exact in float64; what is left is fp32 accumulation and the output's rounding
+    assert _rel_err(y, x.double() @ w.double().t()) < (1e-6 if dtype == torch.float32 else 8e-3)
+
+
+@pytest.mark.parametrize("m,n,k", [s for s in SHAPES if s[2] % 64 == 0])
+def test_gemv_w8a8_matches_int8_reference(m, n, k):
+    torch.manual_seed(m + n)
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    w_q, w_s = qparams.int8_per_channel(w)
+    y = torch.ops.quantspec.gemv_w8a8(x, w_q, w_s, w_q.sum(1, dtype=torch.int32))
+    x_q, x_s = qparams.int8_per_token(x)
+    ref = (x_q.double() @ w_q.double().t()) * x_s.double() * w_s.double()
+    assert _rel_err(y, ref) < 1e-5  # the integer sums are exact; only the scaling rounds
+
+
+@pytest.mark.parametrize("m,n,k", [s for s in SHAPES if s[2] % 128 == 0])
+def test_gemv_w4a16_matches_dequantized_reference(m, n, k):
+    torch.manual_seed(m * 3 + n)
+    x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
+    q, scale, zero = qparams.int4_groups(w, 128)
+    offset = (zero - qparams.INT4_MID * scale).contiguous()
+    y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 128)
+    ref = x.double() @ qparams.int4_dequant(q, scale, zero, 128).double().t()
+    assert _rel_err(y, ref) < 1e-2  # dequantized weights are rounded to bf16 in registers
+
+
+def test_gemv_rejects_a_k_it_cannot_step_through():
+    with pytest.raises(RuntimeError, match="multiple of"):
+        torch.ops.quantspec.gemv_float(torch.randn(1, 40), torch.randn(8, 40))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm_cls,gemma", [(Gemma3RMSNorm, True), (LlamaRMSNorm, False)])
+def test_fused_rms_norm_matches_transformers(norm_cls, gemma, dtype):
+    torch.manual_seed(0)
+    norm = norm_cls(96, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+    norm = norm.to(dtype)
+    x = torch.randn(3, 5, 96).to(dtype)
+    fused = modules.FusedRMSNorm(norm, gemma)
+    torch.testing.assert_close(fused(x), norm(x), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
+def test_quantized_modules_take_the_gemv_path_for_few_rows_only():
+    torch.manual_seed(1)
+    w = torch.randn(48, 128)
+    w8, w4 = W8A8Linear(**int8_tensors(w, None)), W4A16Linear(**int4_tensors(w, None, 128), group=128)
+    for module, dtype in ((w8, torch.float32), (w4, torch.bfloat16)):
+        x = torch.randn(2, 3, 128).to(dtype)
+        aten = module(x)
+        assert modules.install(module) and module.gemv
+        assert _rel_err(module(x), aten.double()) < 1e-2  # both round to bf16 (w4a16) differently
+        many = torch.randn(1, 20, 128).to(dtype)  # more rows than MAX_ROWS: ATen's path, unchanged
+        module.gemv = False
+        expected = module(many)
+        module.gemv = True
+        torch.testing.assert_close(module(many), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_installed_kernels_keep_greedy_output_and_tie_the_head(arch):
+    model, tok = tiny_model(arch)
+    ids = tok("def add(a, b):", return_tensors="pt").input_ids
+    before = ENGINES["hf"](model, ids, 16, True, Sampling(), tok.pad_token_id)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    counts = modules.install(model)
+    assert counts["gemv_float32"] == linears  # every projection and the head
+    if arch in ("llama", "qwen2", "gemma3"):
+        assert counts["fused_rms_norm"] > 0
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.get_input_embeddings().weight
+    native = ENGINES["native"](model, ids, 16, True, Sampling(), tok.pad_token_id)
+    hf = ENGINES["hf"](model, ids, 16, True, Sampling(), tok.pad_token_id)
+    assert native.new_token_ids == hf.new_token_ids == before.new_token_ids
+
+
+def test_installed_kernels_verify_like_steps():
+    model, tok = tiny_model("gemma3")
+    model = model.to(torch.bfloat16)
+    modules.install(model)
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    tokens = [70, 71, 72, 73, 74]
+    with torch.inference_mode():
+        stepper, verifier = Decoder(model), Decoder(model)
+        stepper.prefill(ids)
+        verifier.prefill(ids)
+        steps = torch.stack([stepper.step(t) for t in tokens]).float()
+        block = verifier.verify(tokens).float()
+    assert (steps.argmax(-1) == block.argmax(-1)).all()
+    torch.testing.assert_close(block, steps, rtol=0.05, atol=0.05)
