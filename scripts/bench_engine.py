@@ -6,7 +6,8 @@
 
 1. One sweep (engine=hf,native x precisions, task=benchmark): time/token of each engine, the ratio,
    and decode_efficiency (roofline time/token / measured), read back from MLflow.
-2. In process, per precision: a one-token step on ATen's kernels and on quantspec's (engine.kernels),
+2. In process, per precision: a one-token step on ATen's kernels through transformers' forward, and
+   on quantspec's kernels and step path (engine.kernels, engine.step_path),
    and the cost of verifying k tokens in one forward relative to a one-token step, k = 1..8.
 3. llama.cpp on the same GGUF, when llama-cpp-python is installed (a reference, not a dependency),
    timed in turns with this engine at its fastest precision, so both see the same machine load.
@@ -119,12 +120,13 @@ def verify_costs(precisions: list[str], reps: int) -> str:
         aten_step = timer(decoder, 1)()
         if not use_quantspec_kernels(model, job):
             return "(quantspec kernels unavailable on this machine)"
-        decoder = Decoder(model)
+        decoder = Decoder(model, fast=job.engine.step_path == "quantspec")
         decoder.prefill(prompt)
         one = timer(decoder, 1)()
         rows.append([p, aten_step * 1000, one * 1000, aten_step / one]
                     + [timer(decoder, k)() / one for k in range(1, 9)])
-    return markdown_table(["precision", "step, ATen kernels (ms)", "step, quantspec kernels (ms)", "kernel speedup"]
+    return markdown_table(["precision", "step, ATen kernels, transformers' forward (ms)",
+                           "step, quantspec kernels and step path (ms)", "speedup"]
                           + [f"k={k}" for k in range(1, 9)], rows)
 
 
@@ -163,7 +165,8 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
         model, tokenizer, _, job = load_precision(p)
         use_quantspec_kernels(model, job)
         ids = tokenizer(prompt, return_tensors="pt").input_ids
-        ours[p] = lambda m=model, i=ids: per_token_ms(generate(m, i, tokens, True, Sampling(), None))
+        fast = job.engine.step_path == "quantspec"
+        ours[p] = lambda m=model, i=ids, f=fast: per_token_ms(generate(m, i, tokens, True, Sampling(), None, f))
     llama_run()
     for run in ours.values():
         run()  # warm-up

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from src.engine import STEP_PATHS
 from src.engine.common import Sampling
 
 ARCHS = ("llama", "opt", "qwen2", "gemma3")
@@ -167,11 +168,15 @@ class EngineConfig:
     kind: str
     attention: str = "sdpa"
     kernels: str = "aten"   # quantspec: decode-step matmuls through src/kernels where this CPU runs them
+    step_path: str = "transformers"   # quantspec: native steps through src.engine.fastpath where it covers
 
     def validate(self) -> None:
         _check_choice("engine.kind", self.kind, ENGINE_KINDS)
         _check_choice("engine.attention", self.attention, ATTENTIONS)
         _check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
+        _check_choice("engine.step_path", self.step_path, STEP_PATHS)
+        if self.step_path == "quantspec" and self.kind != "native":
+            raise ConfigError("engine.step_path=quantspec is the native engine's; use engine=native")
 
 
 @dataclass(frozen=True)

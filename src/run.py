@@ -109,7 +109,7 @@ def _execute(raw: dict, job, name: str) -> None:
     from src import environment, hardware
     from src.config import job_config_from_dict
     from src.corpus import load_text
-    from src.engine import ENGINES, roofline
+    from src.engine import engine_for, roofline
     from src.metrics import rows_csv, seed_table, summary_table
     from src.models import load_model
     from src.tasks import TASKS, TaskInputs
@@ -140,7 +140,7 @@ def _execute(raw: dict, job, name: str) -> None:
     model.set_attn_implementation(cfg.engine.attention)
     _install_kernels(cfg, model, placement, job)
     inputs = TaskInputs(model, loaded.tokenizer, cfg.task, cfg.model.code, cfg.sampling, loaded.max_context,
-                        corpus, ENGINES[cfg.engine.kind])
+                        corpus, engine_for(cfg.engine.kind, cfg.engine.step_path))
     result = TASKS[cfg.task.kind](inputs)
     if result.rows:  # a timed task: set its decode steps against the memory-bandwidth roofline
         bandwidth = roofline.host_bandwidth(cfg.cache_dir, placement.threads, env["cpu_model"])

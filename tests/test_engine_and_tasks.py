@@ -6,7 +6,8 @@ import torch
 from src.config import TaskConfig
 from src.corpus import SEED_PROMPTS, code_prompts, load_text
 from src.config import DatasetConfig
-from src.engine import ENGINES, Sampling
+from src.engine import ENGINES, Sampling, engine_for
+from src.engine import fastpath
 from src.engine.common import probabilities
 from src.engine.native import Decoder
 from src.tasks import TASKS, TaskInputs
@@ -100,14 +101,17 @@ def test_decode_uses_seed_prompts_or_code_prompts(llama):
     assert code_prompts()[0].startswith("from typing import List")
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_native_engine_matches_generate_token_for_token(arch, exact):
+def test_native_engine_matches_generate_token_for_token(arch, exact, fast):
     model, tok = tiny_model(arch)
+    # gemma3's sliding window is 32: the short prompt starts on the lean step path and leaves it
     for prompt in ("def add(a, b):", "x" * 40):
         ids = tok(prompt, return_tensors="pt").input_ids
         ref = ENGINES["hf"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
-        own = ENGINES["native"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
+        own = engine_for("native", "quantspec" if fast else "transformers")(model, ids, 24, exact, Sampling(),
+                                                                           tok.pad_token_id)
         assert own.new_token_ids == ref.new_token_ids
         assert len(own.token_times) == own.new_tokens and own.token_times == sorted(own.token_times)
 
@@ -129,8 +133,9 @@ def test_native_engine_stops_at_end_of_sequence_unless_exact(llama):
     assert free.new_tokens < 20 and forced.new_tokens == 20 and tok.eos_token_id not in forced.new_token_ids
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_verify_matches_steps_and_rollback_restores(arch):
+def test_verify_matches_steps_and_rollback_restores(arch, fast):
     model, tok = tiny_model(arch)
     ids = tok("def f(x):", return_tensors="pt").input_ids
     with torch.inference_mode():
@@ -138,7 +143,7 @@ def test_verify_matches_steps_and_rollback_restores(arch):
         stepper.prefill(ids)
         tokens = [70, 71, 72, 73, 74]
         step_logits = [stepper.step(t) for t in tokens]
-        verifier = Decoder(model)
+        verifier = Decoder(model, fast)
         verifier.prefill(ids)
         block = verifier.verify(tokens)
         torch.testing.assert_close(block, torch.stack(step_logits), rtol=1e-4, atol=1e-4)
@@ -157,3 +162,15 @@ def test_native_sampling_is_seeded_and_top_p_filters():
     a = ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
     assert a == ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
 
+
+
+def test_lean_step_path_covers_gemma3_within_its_window_only(monkeypatch):
+    model, tok = tiny_model("gemma3")
+    calls = []
+    original = fastpath.GemmaSteps.__call__
+    monkeypatch.setattr(fastpath.GemmaSteps, "__call__",
+                        lambda self, ids, *rest: calls.append(ids.shape[1]) or original(self, ids, *rest))
+    ids = tok("y" * 12, return_tensors="pt").input_ids  # 13 tokens with BOS; the window is 32
+    engine_for("native", "quantspec")(model, ids, 24, True, Sampling(), tok.pad_token_id)
+    assert calls and sum(calls) == model.config.sliding_window  # then transformers' forward took over
+    assert fastpath.for_model(tiny_model("llama")[0]) is None

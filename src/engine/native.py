@@ -13,17 +13,28 @@ import time
 import torch
 from transformers import DynamicCache
 
+from src.engine import fastpath
 from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
 
 
 class Decoder:
-    """One sequence's KV cache and the forward calls that extend it."""
+    """One sequence's KV cache and the forward calls that extend it.
 
-    def __init__(self, model):
+    `fast`: steps and verifications of at most MAX_FAST tokens through src.engine.fastpath where it
+    covers the model and the context (engine.step_path=quantspec); transformers' forward otherwise.
+    """
+
+    MAX_FAST = 16  # longer inputs (prefills) go through transformers' forward, where its overhead is small
+
+    def __init__(self, model, fast: bool = False):
         self.model = model
         self.cache = DynamicCache(config=model.config)
+        self.fast = fastpath.for_model(model) if fast else None
 
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        new = ids.shape[1]
+        if self.fast is not None and new <= self.MAX_FAST and self.fast.covers(self.length, new):
+            return self.fast(ids, self.cache, keep)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]
 
@@ -49,15 +60,16 @@ class Decoder:
 
 @torch.inference_mode()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
-             pad_token_id: int | None) -> Generation:
-    """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does."""
+             pad_token_id: int | None, fast: bool = False) -> Generation:
+    """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does;
+    `fast` takes steps through src.engine.fastpath where it covers the model (see Decoder)."""
     stop, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
 
     def pick(logits: torch.Tensor) -> int:
         return choose(ban(logits), sampling, generator)
 
-    decoder = Decoder(model)
+    decoder = Decoder(model, fast)
     input_ids = input_ids.to(model.device)
     start = time.perf_counter()
     token = pick(decoder.prefill(input_ids))
