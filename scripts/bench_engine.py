@@ -59,8 +59,8 @@ def engine_sweep(precisions: list[str], repeats: int, overrides: list[str]) -> s
     rows = [[p, get(p, "hf", "time_per_token_ms_median"), get(p, "native", "time_per_token_ms_median"),
              get(p, "hf", "time_per_token_ms_median") / get(p, "native", "time_per_token_ms_median"),
              hf_fp32 / get(p, "native", "time_per_token_ms_median"),
-             get(p, "native", "roofline_ms_median"), get(p, "native", "decode_efficiency"),
-             get(p, "hf", "decode_efficiency")] for p in precisions]
+             get(p, "native", "roofline_ms_median"), get(p, "native", "decode_efficiency_median"),
+             get(p, "hf", "decode_efficiency_median")] for p in precisions]
     return markdown_table(["precision", "hf ms/token", "native ms/token", "native speedup", "vs hf fp32",
                            "roofline ms/token", "efficiency (native)", "efficiency (hf)"], rows)
 

@@ -21,8 +21,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANT_METHODS = ("none", "smoothquant", "awq", "rtn")
 KERNELS = ("w8a8", "w8a16", "w4a16")
 INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel accepts
-DRAFT_KINDS = ("none",)
+DRAFT_KINDS = ("none", "prompt_lookup", "model")
+DRAFT_SCHEDULES = ("constant", "heuristic")
+MAX_DRAFT_K = 15  # a verification of k + 1 tokens stays on the engine's step path (Decoder.MAX_FAST)
 TASK_KINDS = ("decode", "benchmark", "perplexity", "quantize")
+DECODING_TASKS = ("decode", "benchmark")
 DATASET_SOURCES = ("humaneval", "hf", "textfile")
 TRACKING_KINDS = ("sqlite", "server")
 ENGINE_KINDS = ("hf", "native")
@@ -121,9 +124,31 @@ class PrecisionConfig:
 class DraftConfig:
     name: str
     kind: str = "none"
+    k: int = 4                        # proposals per verification step (the start, under a heuristic schedule)
+    schedule: str = "constant"        # constant | heuristic
+    k_max: int = 8                    # the heuristic schedule's ceiling
+    model: str | None = None          # kind=model: a conf/model name; null: the target model itself
+    precision: str | None = None      # kind=model: a conf/precision name; null: the target's precision
+    max_ngram: int = 3                # kind=prompt_lookup: the longest n-gram matched
+    min_ngram: int = 1
+    baseline: bool = True             # also time each example without the draft, for the speedup
+
+    @property
+    def active(self) -> bool:
+        return self.kind != "none"
 
     def validate(self) -> None:
         _check_choice("draft.kind", self.kind, DRAFT_KINDS)
+        _check_choice("draft.schedule", self.schedule, DRAFT_SCHEDULES)
+        if not 1 <= self.k <= MAX_DRAFT_K or not self.k <= self.k_max <= MAX_DRAFT_K:
+            raise ConfigError(f"draft.k={self.k} and draft.k_max={self.k_max} must satisfy 1 <= k <= k_max <= "
+                              f"{MAX_DRAFT_K}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ConfigError(f"draft.min_ngram={self.min_ngram} and draft.max_ngram={self.max_ngram} must satisfy "
+                              f"1 <= min_ngram <= max_ngram")
+        if self.kind == "model" and self.model is None and self.precision is None:
+            raise ConfigError(f"draft {self.name}: a self-draft needs draft.precision (e.g. w4a16), or name a "
+                              f"draft.model")
 
 
 @dataclass(frozen=True)
@@ -228,6 +253,8 @@ class JobConfig:
     tracking: TrackingConfig
     engine: EngineConfig = EngineConfig("native", "native", "sdpa")
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    draft_model: ModelConfig | None = None          # draft.kind=model: what drafts, at which precision
+    draft_precision: PrecisionConfig | None = None
     cache_dir: Path = Path("~/.cache/quantspec")
     experiment: str = "quantspec"
 
@@ -241,12 +268,28 @@ class JobConfig:
                               f"(or model.smoothquant_alpha)")
         if not p.quantized and self.task.kind == "quantize":
             raise ConfigError(f"task=quantize needs a quantized precision, not precision={p.name}")
+        if self.draft.active and self.engine.kind != "native":
+            raise ConfigError(f"draft={self.draft.name} runs on quantspec's engine; use engine=native")
+        if self.draft.kind == "model":
+            if self.draft_model is None or self.draft_precision is None:
+                raise ConfigError(f"draft={self.draft.name} has no resolved model and precision")
+            self.draft_model.validate()
+            self.draft_precision.validate()
+            dp = self.draft_precision
+            if dp.method == "smoothquant" and dp.alpha is None and self.draft_model.smoothquant_alpha is None:
+                raise ConfigError(f"draft model {self.draft_model.name} has no smoothquant_alpha; set it in "
+                                  f"conf/model/{self.draft_model.name}.yaml")
 
     def unsupported_reason(self) -> str | None:
         """Why this hardware cannot run this precision, or None. Not an error: the sweep records a skip."""
         if self.precision.name not in self.hardware.precisions:
             return (f"{self.hardware.name} has no {self.precision.name} kernels "
                     f"(it supports {', '.join(self.hardware.precisions)})")
+        if self.draft_precision is not None and self.draft_precision.name not in self.hardware.precisions:
+            return (f"{self.hardware.name} has no {self.draft_precision.name} kernels for the draft "
+                    f"(it supports {', '.join(self.hardware.precisions)})")
+        if self.draft.active and self.task.kind not in DECODING_TASKS:
+            return f"task {self.task.name} does not decode: draft {self.draft.name} would change nothing"
         return None
 
 
@@ -272,9 +315,13 @@ def _build(section: str, cls: type, raw: Mapping[str, Any]) -> Any:
     return cls(**values)
 
 
-def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
-    """Build and validate a JobConfig from a plain (resolved) dict of the composed config."""
+def job_config_from_dict(raw: Mapping[str, Any], draft: Mapping[str, Any] | None = None) -> JobConfig:
+    """Build and validate a JobConfig from a plain (resolved) dict of the composed config. `draft`:
+    the draft model's and precision's plain dicts (src.run.draft_parts), for draft.kind=model."""
     parts = {}
+    if draft:
+        parts["draft_model"] = _build("draft model", ModelConfig, draft["model"])
+        parts["draft_precision"] = _build("draft precision", PrecisionConfig, draft["precision"])
     for section, cls in _SECTIONS.items():
         if section not in raw and section in ("sampling", "engine"):
             continue  # the dataclass default stands

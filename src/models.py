@@ -170,3 +170,16 @@ def load_model(cfg: ModelConfig, cache_dir: Path) -> LoadedModel:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return LoadedModel(model.eval(), tokenizer, key, time.perf_counter() - start)
+
+
+def tokenizer_mismatch(target, draft) -> str | None:
+    """Why a draft's token ids would not mean the target's, or None: the vocabularies and the special
+    tokens must be the same (speculative decoding compares token ids)."""
+    if len(target) != len(draft):
+        return f"vocabularies of {len(draft)} and {len(target)} tokens"
+    for attr in ("bos_token_id", "eos_token_id"):
+        if getattr(target, attr) != getattr(draft, attr):
+            return f"{attr} {getattr(draft, attr)} against {getattr(target, attr)}"
+    if target.get_vocab() != draft.get_vocab():
+        return "the same size of vocabulary with different tokens"
+    return None

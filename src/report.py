@@ -26,7 +26,9 @@ from src.tracking import default_uri
 KEY_GROUPS = ("model", "hardware", "precision", "draft", "task", "engine")
 SUMMARY = (("prefill_ms_median", "prefill (ms)"), ("time_per_token_ms_median", "time/token (ms)"),
            ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"),
-           ("acceptance_rate", "acceptance"), ("decode_efficiency", "decode efficiency"))
+           ("decode_efficiency_median", "decode efficiency"), ("acceptance_rate_overall", "acceptance"),
+           ("speedup_vs_no_draft_median", "speedup vs no draft (measured)"),
+           ("expected_speedup", "expected speedup (Leviathan)"))
 
 
 @dataclass

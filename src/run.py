@@ -57,6 +57,31 @@ def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     return None
 
 
+def group_entry(group: str, name: str, where: str, conf_dir: Path = CONF_DIR) -> dict:
+    """conf/<group>/<name>.yaml over the files its defaults list names (e.g. _fields), as a plain dict:
+    a draft names its model and precision by their group entries."""
+    from src.config import ConfigError
+
+    path = conf_dir / group / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
+        raise ConfigError(f"{where}={name!r} is not in conf/{group}/; choose from: {', '.join(known)}")
+    node = OmegaConf.load(path)
+    defaults = node.pop("defaults", None) or []
+    bases = [OmegaConf.load(conf_dir / group / f"{d}.yaml") for d in defaults if isinstance(d, str) and d != "_self_"]
+    return OmegaConf.to_container(OmegaConf.merge(*bases, node), resolve=True)
+
+
+def draft_parts(raw: dict) -> dict:
+    """The draft model's and precision's configs: named entries, or the target's own where null."""
+    draft = raw.get("draft") or {}
+    if draft.get("kind") != "model":
+        return {}
+    return {"model": group_entry("model", draft["model"], "draft.model") if draft.get("model") else raw["model"],
+            "precision": (group_entry("precision", draft["precision"], "draft.precision")
+                          if draft.get("precision") else raw["precision"])}
+
+
 # --- one job ---------------------------------------------------------------------------------------
 
 def _sweep_info(hc):
@@ -114,7 +139,7 @@ def _execute(raw: dict, job, name: str) -> None:
     from src.models import load_model
     from src.tasks import TASKS, TaskInputs
 
-    cfg = job_config_from_dict(raw)
+    cfg = job_config_from_dict(raw, draft_parts(raw))
     job.log_text(OmegaConf.to_yaml(OmegaConf.create(raw)), "config.yaml")
     reason = cfg.unsupported_reason()
     if reason:
@@ -135,12 +160,17 @@ def _execute(raw: dict, job, name: str) -> None:
     loaded = load_model(cfg.model, cfg.cache_dir)
     job.log_metrics({"model_load_s": loaded.load_s})
     corpus = lambda: load_text(cfg.dataset)  # noqa: E731 - read only by the tasks and calibration that need it
-    model, quant_metrics = _prepare_precision(cfg, loaded, corpus, job)
+    model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, job)
     model = model.to(placement.device)
     model.set_attn_implementation(cfg.engine.attention)
     _install_kernels(cfg, model, placement, job)
+    plain = engine_for(cfg.engine.kind, cfg.engine.step_path)
+    drafter = _prepare_draft(cfg, loaded, corpus, placement, job) if cfg.draft.active else None
+    engine = plain if drafter is None else engine_for(cfg.engine.kind, cfg.engine.step_path, drafter,
+                                                      k=cfg.draft.k, schedule=cfg.draft.schedule,
+                                                      k_max=cfg.draft.k_max)
     inputs = TaskInputs(model, loaded.tokenizer, cfg.task, cfg.model.code, cfg.sampling, loaded.max_context,
-                        corpus, engine_for(cfg.engine.kind, cfg.engine.step_path))
+                        corpus, engine, baseline=plain if drafter is not None and cfg.draft.baseline else None)
     result = TASKS[cfg.task.kind](inputs)
     if result.rows:  # a timed task: set its decode steps against the memory-bandwidth roofline
         bandwidth = roofline.host_bandwidth(cfg.cache_dir, placement.threads, env["cpu_model"])
@@ -165,7 +195,29 @@ def _execute(raw: dict, job, name: str) -> None:
     print(f"\n{name} (executed on {placement.executed_on})\n{table}\n", flush=True)
 
 
-def _install_kernels(cfg, model, placement, job) -> None:
+def _prepare_draft(cfg, loaded, corpus, placement, job):
+    """The drafter for draft.kind: prompt lookup, or a draft model at its precision (quantized once,
+    through the same cache as targets) whose tokenizer must be the target's."""
+    from src.config import ConfigError
+    from src.engine.speculative import ModelDrafter, PromptLookup
+    from src.models import load_model, tokenizer_mismatch
+
+    if cfg.draft.kind == "prompt_lookup":
+        return PromptLookup(cfg.draft.max_ngram, cfg.draft.min_ngram)
+    draft_loaded = load_model(cfg.draft_model, cfg.cache_dir)
+    mismatch = tokenizer_mismatch(loaded.tokenizer, draft_loaded.tokenizer)
+    if mismatch:
+        raise ConfigError(f"draft model {cfg.draft_model.name} does not share {cfg.model.name}'s tokenizer "
+                          f"({mismatch}); pick a draft of the target's family")
+    job.log_metrics({"draft_model_load_s": draft_loaded.load_s})
+    model, _ = _prepare_precision(cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, job, "draft_")
+    model = model.to(placement.device)
+    model.set_attn_implementation(cfg.engine.attention)
+    _install_kernels(cfg, model, placement, job, tag=False)
+    return ModelDrafter(model, fast=cfg.engine.step_path == "quantspec")
+
+
+def _install_kernels(cfg, model, placement, job, tag: bool = True) -> None:
     """engine.kernels=quantspec: decode-step matmuls through src/kernels, or ATen's where they cannot run."""
     used, note = "aten", ""
     if cfg.engine.kernels == "quantspec":
@@ -176,28 +228,34 @@ def _install_kernels(cfg, model, placement, job) -> None:
             note = f"quantspec kernels are CPU kernels; {placement.device} keeps ATen's"
         elif kernels.load(cfg.cache_dir / "kernels"):
             used = "quantspec"
-            job.log_params({f"kernels.{kind}": count for kind, count in sorted(modules.install(model).items())})
+            counts = modules.install(model)
+            if tag:
+                job.log_params({f"kernels.{kind}": count for kind, count in sorted(counts.items())})
         else:
             note = f"quantspec kernels unavailable, ATen's used: {kernels.reason()}"
-    if note:
+    if note and tag:
         log.warning(note)
-    job.set_tags({"kernels": used, "kernels_note": note})
+    if tag:
+        job.set_tags({"kernels": used, "kernels_note": note})
 
 
-def _prepare_precision(cfg, loaded, corpus, job):
+def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, job, prefix: str = ""):
     """Cast to the precision's dtype, quantizing first (from the cache when it holds this key).
-    Returns the model and the quantization step's metrics (empty for a float precision)."""
+    Returns the model and the quantization step's metrics (empty for a float precision). `prefix`
+    names a draft's metrics and tags apart from the target's."""
     from src.quant.apply import prepare
 
-    model, report = prepare(loaded, cfg.model, cfg.precision, corpus, cfg.cache_dir)
+    model, report = prepare(loaded, model_cfg, precision, corpus, cfg.cache_dir)
     if report is None:
         return model, {}
-    log.info("%s %s in %.1f s (%s)", "quantized" if report.built else "loaded quantized weights",
-             cfg.precision.name, report.seconds, report.cache_dir)
-    job.log_metrics(report.metrics())
-    job.set_tags({"quant_cache": str(report.cache_dir), **({"smoothquant_alpha": str(report.alpha)}
-                                                           if report.alpha is not None else {})})
-    return model, report.metrics()
+    log.info("%s%s %s in %.1f s (%s)", prefix.replace("_", " "),
+             "quantized" if report.built else "loaded quantized weights", precision.name, report.seconds,
+             report.cache_dir)
+    metrics = {prefix + k: v for k, v in report.metrics().items()}
+    job.log_metrics(metrics)
+    job.set_tags({prefix + "quant_cache": str(report.cache_dir),
+                  **({prefix + "smoothquant_alpha": str(report.alpha)} if report.alpha is not None else {})})
+    return model, metrics
 
 
 # --- Hydra glue ------------------------------------------------------------------------------------

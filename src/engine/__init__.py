@@ -7,18 +7,23 @@ and timings out; never the config.
 
 from functools import partial
 
-from src.engine import hf, native
+from src.engine import hf, native, speculative
 from src.engine.common import Generation, Sampling
 
 ENGINES = {"hf": hf.generate, "native": native.generate}
 STEP_PATHS = ("quantspec", "transformers")
 
 
-def engine_for(kind: str, step_path: str = "transformers"):
-    """The engine function a task calls; native steps through the lean layer loop when asked."""
-    if kind == "native" and step_path == "quantspec":
-        return partial(native.generate, fast=True)
-    return ENGINES[kind]
+def engine_for(kind: str, step_path: str = "transformers", drafter=None, **draft):
+    """The engine function a task calls: (model, ids, max_new_tokens, exact, sampling, pad) -> Generation.
+    native steps through the lean layer loop when asked; with a drafter it decodes speculatively
+    (`draft`: k, schedule, k_max)."""
+    fast = kind == "native" and step_path == "quantspec"
+    if drafter is not None:
+        if kind != "native":
+            raise ValueError("speculative decoding runs on the native engine")
+        return partial(speculative.generate, drafter=drafter, fast=fast, **draft)
+    return partial(native.generate, fast=True) if fast else ENGINES[kind]
 
 
 __all__ = ["ENGINES", "STEP_PATHS", "Generation", "Sampling", "engine_for"]

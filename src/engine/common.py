@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,6 +23,7 @@ class Generation:
     start: float               # perf_counter at the call
     token_times: list[float]   # perf_counter when each new token existed
     end: float                 # perf_counter when the engine returned
+    spec: Any = None           # speculative decoding's SpecStats, when a drafter ran
 
     @property
     def new_tokens(self) -> int:

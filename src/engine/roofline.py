@@ -94,5 +94,5 @@ def efficiency(model: nn.Module, rows: list[Row], bandwidth_gbs: float) -> tuple
     """Per example and in summary: roofline time/token at the example's mean context, over measured."""
     ideal = [roofline_ms(model, r.prompt_tokens + r.new_tokens // 2, bandwidth_gbs) for r in rows]
     per_example = [i / r.time_per_token_ms if r.time_per_token_ms > 0 else math.nan for i, r in zip(ideal, rows)]
-    return per_example, {"decode_efficiency": median(per_example), "roofline_ms_median": median(ideal),
+    return per_example, {"decode_efficiency_median": median(per_example), "roofline_ms_median": median(ideal),
                          "bandwidth_gbs": bandwidth_gbs, "step_weight_mb": weight_bytes(model) / 2**20}

@@ -1,22 +1,29 @@
-"""Speculative decoding, greedy: a drafter proposes k tokens, the target verifies them in one forward.
+"""Speculative decoding: a drafter proposes k tokens, the target checks them all in one forward.
 
-The target keeps every proposed token up to its first disagreement, then adds its own next token, so
-each verify step yields 1..k+1 tokens and the output is exactly the target's greedy output. (The
-sampling accept/reject rule and the config wiring are issue 5's next steps.)
+Greedy: the target keeps every proposed token up to its first disagreement, then adds its own next
+token, so each step yields 1..k+1 tokens and the output is exactly the target's greedy output.
+Sampling: the rule of Leviathan et al. / Chen et al. (`accept_or_resample`): a proposal x drawn from
+the draft's q is kept with probability min(1, p(x)/q(x)); at the first rejection a token is drawn from
+norm(max(0, p - q)); if all k are kept a (k+1)-th is drawn from p. The output is distributed exactly
+as the target's own sampling (tested with a chi-square test).
 
-Drafters: `PromptLookup` (n-grams of the context itself, no model) and `ModelDrafter` (a smaller model,
-or the target at a lower precision, greedy over its own KV cache).
+Drafters: `PromptLookup` (n-grams of the context itself, no model; its q is a point mass) and
+`ModelDrafter` (a smaller model, or the target at a lower precision, over its own KV cache).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
-from src.engine.common import Generation, eos_ban, eos_ids
+from src.engine.common import Generation, Sampling, eos_ban, eos_ids, probabilities
 from src.engine.native import Decoder
+
+# A draft proposal: (tokens, the draft's distribution for each or None when it is a point mass)
+Proposal = tuple[list[int], list[torch.Tensor | None]]
 
 
 class PromptLookup:
@@ -25,25 +32,33 @@ class PromptLookup:
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, context: list[int], k: int) -> list[int]:
+    def start(self) -> None:
+        """Nothing to reset: it reads the context afresh."""
+
+    def propose(self, context: list[int], k: int, sample: Callable) -> Proposal:
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(context) <= n:
                 continue
             tail = context[-n:]
             for start in range(len(context) - n - 1, -1, -1):
                 if context[start:start + n] == tail:
-                    return context[start + n:start + n + k]
-        return []
+                    tokens = context[start + n:start + n + k]
+                    return tokens, [None] * len(tokens)
+        return [], []
 
     def accepted(self, context: list[int]) -> None:
-        """Nothing to keep in step: it reads the context afresh."""
+        """Nothing to keep in step."""
 
 
 class ModelDrafter:
-    """A draft model decoding greedily over its own cache, kept in step with the accepted context."""
+    """A draft model decoding over its own cache, kept in step with the accepted context."""
 
-    def __init__(self, model):
-        self.decoder = Decoder(model)
+    def __init__(self, model, fast: bool = False):
+        self.model, self.fast = model, fast
+        self.start()
+
+    def start(self) -> None:
+        self.decoder = Decoder(self.model, self.fast)
         self.fed = 0  # context tokens in the draft cache
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
@@ -51,21 +66,24 @@ class ModelDrafter:
         missing = context[self.fed:]
         self.fed = len(context)
         if self.decoder.length == 0:
-            return self.decoder.prefill(torch.tensor([missing], device=self.decoder.model.device))
+            return self.decoder.prefill(torch.tensor([missing], device=self.model.device))
         return self.decoder.verify(missing)[-1]
 
-    def propose(self, context: list[int], k: int) -> list[int]:
+    def propose(self, context: list[int], k: int, sample: Callable) -> Proposal:
+        """`sample(logits) -> (token, q or None)`: the draft picks as the target would (greedy or sampled)."""
         if k <= 0:
-            return []
+            return [], []
         logits = self._catch_up(context)
-        draft = []
+        tokens, dists = [], []
         for i in range(k):
-            draft.append(int(logits.argmax()))
+            token, q = sample(logits)
+            tokens.append(token)
+            dists.append(q)
             if i + 1 < k:
-                logits = self.decoder.step(draft[-1])
+                logits = self.decoder.step(token)
         # the last proposal was never fed; the others were, and count as fed until rolled back
-        self.fed += len(draft) - 1
-        return draft
+        self.fed += len(tokens) - 1
+        return tokens, dists
 
     def accepted(self, context: list[int]) -> None:
         """Drop the cached draft positions past the accepted context."""
@@ -75,6 +93,18 @@ class ModelDrafter:
             self.fed = len(context)
 
 
+class Schedule:
+    """Draft length per step. constant: always k. heuristic (transformers' assisted generation rule):
+    +2 after a step that kept every proposal, -1 after one that did not, within [1, k_max]."""
+
+    def __init__(self, k: int, kind: str = "constant", k_max: int = 8):
+        self.k, self.kind, self.k_max = k, kind, k_max
+
+    def update(self, proposed: int, kept: int) -> None:
+        if self.kind == "heuristic" and proposed:
+            self.k = min(self.k + 2, self.k_max) if kept == proposed else max(self.k - 1, 1)
+
+
 @dataclass
 class SpecStats:
     steps: int = 0
@@ -82,39 +112,84 @@ class SpecStats:
     accepted: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
-    per_step: list[int] = field(default_factory=list)
+    per_step: list[int] = field(default_factory=list)   # accepted proposals per step
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / self.steps if self.steps else float("nan")
+
+    @property
+    def mean_k(self) -> float:
+        return self.proposed / self.steps if self.steps else float("nan")
+
+
+def accept_or_resample(p: torch.Tensor, draft: list[int], q: list[torch.Tensor | None],
+                       generator: torch.Generator | None) -> tuple[int, int]:
+    """The sampling rule. p: [len(draft) + 1, V] target probabilities after each position; q[i] the
+    draft's distribution for draft[i] (None: a point mass). Returns (proposals kept, the next token)."""
+    for i, x in enumerate(draft):
+        p_x = float(p[i, x])
+        q_x = 1.0 if q[i] is None else float(q[i][x])
+        if q_x <= p_x or float(torch.rand((), generator=generator)) < p_x / q_x:
+            continue
+        residual = p[i].clone()
+        if q[i] is None:
+            residual[x] = 0.0
+        else:
+            residual = (residual - q[i]).clamp_(min=0.0)
+        if float(residual.sum()) <= 0:  # only when p == q up to rounding: any draw from p is right
+            residual = p[i]
+        return i, int(torch.multinomial(residual, 1, generator=generator))
+    return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=generator))
 
 
 @torch.inference_mode()
-def generate(model, drafter, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, k: int
-             ) -> tuple[Generation, SpecStats]:
-    """Greedy speculative decoding of one prompt; output identical to greedy decoding of `model`."""
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
+             pad_token_id: int | None, *, drafter, k: int, schedule: str = "constant", k_max: int = 8,
+             fast: bool = False) -> Generation:
+    """One prompt with a drafter; the same call shape as the other engines. Greedy output equals the
+    target's greedy output; sampled output follows the target's distribution. Stats in `.spec`."""
     stop, ban = eos_ids(model), eos_ban(model, exact)
+    generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
 
-    def pick(logits: torch.Tensor) -> torch.Tensor:
-        return ban(logits).argmax(dim=-1)
+    def sample(logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """A drafter's pick: greedy, or a draw from its own distribution (returned for the rule)."""
+        if not sampling.do_sample:
+            return int(ban(logits).float().argmax()), None
+        q = probabilities(ban(logits), sampling)
+        return int(torch.multinomial(q, 1, generator=generator)), q
 
-    stats = SpecStats()
-    target = Decoder(model)
+    def first(logits: torch.Tensor) -> int:
+        return sample(logits)[0]
+
+    stats, plan = SpecStats(), Schedule(k, schedule, k_max)
+    target = Decoder(model, fast)
+    drafter.start()
     prompt = input_ids[0].tolist()
     start = time.perf_counter()
-    token = int(pick(target.prefill(input_ids.to(model.device))))
+    token = first(target.prefill(input_ids.to(model.device)))
     tokens, times = [token], [time.perf_counter()]
     while len(tokens) < max_new_tokens and token not in stop:
         t0 = time.perf_counter()
-        draft = drafter.propose(prompt + tokens, min(k, max_new_tokens - len(tokens) - 1)) if k else []
+        room = min(plan.k, max_new_tokens - len(tokens) - 1)
+        draft, dists = drafter.propose(prompt + tokens, room, sample) if room > 0 else ([], [])
         t1 = time.perf_counter()
-        choices = pick(target.verify([token] + draft)).tolist()  # choices[i]: the target's token after position i
-        n = 0
-        while n < len(draft) and draft[n] == choices[n]:
-            n += 1
-        new = draft[:n] + [choices[n]]
-        target.rollback(len(draft) - n)
-        if not exact:  # end-of-sequence ends the generation where greedy decoding would
+        logits = ban(target.verify([token] + draft))  # row i: the target's view after position i
+        if sampling.do_sample:
+            kept, nxt = accept_or_resample(probabilities(logits, sampling), draft, dists, generator)
+        else:
+            choices = logits.float().argmax(dim=-1).tolist()
+            kept = 0
+            while kept < len(draft) and draft[kept] == choices[kept]:
+                kept += 1
+            nxt = choices[kept]
+        new = draft[:kept] + [nxt]
+        target.rollback(len(draft) - kept)
+        if not exact:  # end-of-sequence ends the generation where plain decoding would
             for i, t in enumerate(new):
                 if t in stop:
                     new = new[:i + 1]
@@ -124,11 +199,12 @@ def generate(model, drafter, input_ids: torch.Tensor, max_new_tokens: int, exact
         times += [now] * len(new)
         token = tokens[-1]
         drafter.accepted(prompt + tokens[:-1])
+        plan.update(len(draft), kept)
         stats.steps += 1
         stats.proposed += len(draft)
-        stats.accepted += n
-        stats.per_step.append(len(new))
+        stats.accepted += kept
+        stats.per_step.append(kept)
         stats.draft_s += t1 - t0
         stats.verify_s += now - t1
     tokens, times = tokens[:max_new_tokens], times[:max_new_tokens]
-    return Generation(input_ids.shape[1], tokens, start, times, time.perf_counter()), stats
+    return Generation(input_ids.shape[1], tokens, start, times, time.perf_counter(), spec=stats)

@@ -32,5 +32,4 @@ def run(inputs: TaskInputs) -> TaskResult:
         raise ValueError(f"no prompt length of task {task.name} fits the model's context of {inputs.max_context}")
     prompts = cut_prompts(inputs.tokenizer, inputs.corpus(), fits)
     examples = [Example(p, new_tokens, f"{n} tokens") for p, n in zip(prompts, fits)]
-    rows, _ = measure(inputs, examples, exact=task.exact_new_tokens)
-    return result(rows, notes=notes)
+    return result(measure(inputs, examples, exact=task.exact_new_tokens), notes=notes)

@@ -12,6 +12,7 @@ from src.config import TaskConfig
 from src.engine import Sampling
 from src.metrics import Row, summarize, timing_row
 from src.progress import progress
+from src.tasks import drafting
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ class TaskInputs:
     sampling: Sampling
     max_context: int
     corpus: Callable[[], str]   # lazy: the decode task never reads the dataset
-    generate: Callable          # the engine: one of src.engine.ENGINES
+    generate: Callable          # the engine: src.engine.engine_for(...)
+    baseline: Callable | None = None   # with a draft: the same engine without it, timed beside it
 
 
 @dataclass
@@ -54,27 +56,62 @@ def limit(examples: list, n: int | None) -> list:
     return examples if n is None else examples[:n]
 
 
-def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> tuple[list[Row], list[list[int]]]:
-    """Warm up apart from measurement, then time each example. Returns rows and the new token ids."""
+@dataclass
+class Measured:
+    rows: list[Row]
+    outputs: list[list[int]]                                       # each example's new token ids
+    series: dict[str, list[float]] = field(default_factory=dict)   # per example (draft metrics)
+    summary: dict[str, float] = field(default_factory=dict)        # over all examples (draft metrics)
+
+
+def _row(number: int, gen) -> Row:
+    return timing_row(number, gen.prompt_tokens, gen.start, gen.token_times[0], gen.end, gen.new_tokens)
+
+
+def _median_run(runs: list):
+    # Shared machines drift: with repeats, the run of median total time stands for the example.
+    return sorted(runs, key=lambda g: g.end - g.start)[len(runs) // 2]
+
+
+def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measured:
+    """Warm up apart from measurement, then time each example; with a draft, also without it, in turns."""
     if not examples:
         raise ValueError(f"task {inputs.task.name} has no examples to run")
     pad = inputs.tokenizer.pad_token_id
+    engines = [inputs.generate] + ([inputs.baseline] if inputs.baseline else [])
     for _ in range(inputs.task.warmup):
         first = examples[0]
-        inputs.generate(inputs.model, first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad)
-    rows, outputs = [], []
+        for engine in engines:
+            engine(inputs.model, first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad)
+    out = Measured([], [])
+    specs, baseline_ms, identical = [], [], []
     for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
-        # Shared machines drift: with repeats, the run of median total time stands for the example.
-        runs = sorted((inputs.generate(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, inputs.sampling, pad)
-                       for _ in range(inputs.task.repeats)), key=lambda g: g.end - g.start)
-        gen = runs[len(runs) // 2]
-        row = timing_row(number, gen.prompt_tokens, gen.start, gen.token_times[0], gen.end, gen.new_tokens)
+        runs: list[list] = [[] for _ in engines]
+        for _ in range(inputs.task.repeats):
+            for i, engine in enumerate(engines):
+                runs[i].append(engine(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, inputs.sampling, pad))
+        gen = _median_run(runs[0])
+        row = _row(number, gen)
         log.info("example %d/%d: %d prompt tokens, %d new, %.1f ms/token", number, len(examples),
                  row.prompt_tokens, row.new_tokens, row.time_per_token_ms)
-        rows.append(row)
-        outputs.append(gen.new_token_ids)
-    return rows, outputs
+        out.rows.append(row)
+        out.outputs.append(gen.new_token_ids)
+        if gen.spec is not None:
+            base = _row(number, _median_run(runs[1])) if inputs.baseline else None
+            for key, value in drafting.example_series(gen.spec, row.time_per_token_ms,
+                                                      base and base.time_per_token_ms).items():
+                out.series.setdefault(key, []).append(value)
+            specs.append(gen.spec)
+            if base is not None:
+                baseline_ms.append(base.time_per_token_ms)
+                identical.append(gen.new_token_ids == _median_run(runs[1]).new_token_ids)
+    if specs:
+        greedy = not inputs.sampling.do_sample
+        out.summary = drafting.summary(specs, [r.time_per_token_ms for r in out.rows], baseline_ms or None,
+                                       identical if identical and greedy else None)
+    return out
 
 
-def result(rows: list[Row], **kwargs) -> TaskResult:
-    return TaskResult(rows, summarize(rows), **kwargs)
+def result(measured: Measured, **kwargs) -> TaskResult:
+    summary = {**summarize(measured.rows), **measured.summary}
+    return TaskResult(measured.rows, summary, series=dict(measured.series), **kwargs)

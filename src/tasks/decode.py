@@ -17,8 +17,8 @@ def run(inputs: TaskInputs) -> TaskResult:
     texts = limit(prompts(inputs.code_model), inputs.task.limit)
     tok = inputs.tokenizer
     examples = [Example(tok(t, return_tensors="pt").input_ids, new_tokens, t) for t in texts]
-    rows, outputs = measure(inputs, examples, exact=inputs.task.exact_new_tokens)
+    measured = measure(inputs, examples, exact=inputs.task.exact_new_tokens)
     responses = [{"example": i, "prompt": ex.label, "response": tok.decode(ids, skip_special_tokens=True)}
-                 for i, (ex, ids) in enumerate(zip(examples, outputs), start=1)]
+                 for i, (ex, ids) in enumerate(zip(examples, measured.outputs), start=1)]
     text = "\n".join(json.dumps(r, ensure_ascii=False) for r in responses) + "\n"
-    return result(rows, artifacts={"responses.jsonl": text})
+    return result(measured, artifacts={"responses.jsonl": text})
