@@ -1,5 +1,6 @@
 """quantspec's own CPU kernels: small-batch matmuls (gemv.cpp) for decode steps and draft verification,
-and a one-call RMSNorm (norm.cpp).
+a one-call RMSNorm (norm.cpp), and attention for a few new queries whose rows do not depend on how
+many arrive together (attention.cpp).
 
 `load(directory)` compiles them once per machine and torch version into `directory` (~30 s), loads
 them as torch.ops.quantspec.*, and returns True. On a CPU without the instructions they use, or with
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("gemv.cpp", "norm.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("gemv.cpp", "norm.cpp", "attention.cpp")]
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni",
          "-mfma", "-fopenmp"]
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")
@@ -57,6 +58,11 @@ def load(directory: Path) -> bool:
             reason = f"could not build src/kernels ({last[-1] if last else type(err).__name__})"
     _state["ok"], _state["reason"] = reason is None, reason
     return reason is None
+
+
+def loaded() -> bool:
+    """True once load() has succeeded in this process."""
+    return bool(_state.get("ok"))
 
 
 def reason() -> str | None:

@@ -1,0 +1,64 @@
+#!/usr/bin/env python
+"""Every draft kind against the same target without a draft, in one sweep; why each pays or not.
+
+    .venv/bin/python scripts/bench_draft.py                          # gemma3-270m, bf16 target
+    .venv/bin/python scripts/bench_draft.py precision=w8a8 draft.k=3 # any extra Hydra overrides
+
+One sweep over draft=prompt_lookup,self_w4a16,self_w8a8 x task=decode,benchmark (greedy). Each job
+times every example with its draft and, in turns, without it (draft.baseline), so the measured
+speedup is side by side; it also logs the acceptance, the draft length k, the draft/target cost ratio
+c and Leviathan's expected speedup from them. Figures are read back from the MLflow store.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from src.metrics import markdown_table  # noqa: E402
+from src.sweeps import sweep_jobs  # noqa: E402
+from src.tracking import default_uri  # noqa: E402
+
+DRAFTS = ["prompt_lookup", "self_w4a16", "self_w8a8"]
+COLUMNS = [("baseline_time_per_token_ms_median", "no draft ms/token"), ("time_per_token_ms_median", "ms/token"),
+           ("speedup_vs_no_draft_median", "measured speedup"), ("expected_speedup", "expected (Leviathan)"),
+           ("acceptance_rate_overall", "acceptance"), ("alpha_estimated", "alpha"),
+           ("tokens_per_step_overall", "tokens/step"), ("draft_k_mean_overall", "k"),
+           ("draft_cost_ratio", "c"), ("draft_ms_per_step_overall", "draft ms/step"),
+           ("verify_ms_per_step_overall", "verify ms/step"), ("output_identical_fraction", "identical output")]
+
+
+def main(overrides: list[str]) -> int:
+    uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
+    sweep_dir = ROOT / "multirun" / f"bench-draft-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    target = next((o.split("=", 1)[1] for o in overrides if o.startswith("precision=")), "bf16")
+    cmd = [sys.executable, "-m", "src.run", "-m", f"draft={','.join(DRAFTS)}", "task=decode,benchmark",
+           f"precision={target}", f"hydra.sweep.dir={sweep_dir}",
+           *[o for o in overrides if not o.startswith("precision=")]]
+    print("running:", " ".join(cmd[1:]), flush=True)
+    done = subprocess.run(cmd, cwd=ROOT)
+    _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
+    rows = []
+    for j in sorted(jobs, key=lambda j: (j.choice("task"), DRAFTS.index(j.choice("draft")))):
+        if j.tags.get("outcome") != "finished":
+            rows.append([j.choice("task"), j.choice("draft"), j.tags.get("outcome", "?")] + [math.nan] * len(COLUMNS))
+            continue
+        rows.append([j.choice("task"), j.choice("draft"), "finished"]
+                    + [j.metrics.get(key, math.nan) for key, _ in COLUMNS])
+    table = markdown_table(["task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
+    print(f"\ntarget: precision={target}\n\n{table}")
+    out = ROOT / "reports" / f"{sweep_dir.name}.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(f"`{' '.join(cmd[2:])}`\n\n{table}\n")
+    print(f"\nwritten to {out.relative_to(ROOT)}")
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
