@@ -132,6 +132,7 @@ class DraftConfig:
     max_ngram: int = 3                # kind=prompt_lookup: the longest n-gram matched
     min_ngram: int = 1
     baseline: bool = True             # also time each example without the draft, for the speedup
+    vocab: int | None = None          # kind=model: the draft scores only the corpus's N most frequent tokens
 
     @property
     def active(self) -> bool:
@@ -146,6 +147,8 @@ class DraftConfig:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ConfigError(f"draft.min_ngram={self.min_ngram} and draft.max_ngram={self.max_ngram} must satisfy "
                               f"1 <= min_ngram <= max_ngram")
+        if self.vocab is not None and (self.kind != "model" or self.vocab < 1):
+            raise ConfigError(f"draft.vocab={self.vocab} needs a draft model (draft.kind=model) and at least 1 token")
         if self.kind == "model" and self.model is None and self.precision is None:
             raise ConfigError(f"draft {self.name}: a self-draft needs draft.precision (e.g. w4a16), or name a "
                               f"draft.model")

@@ -211,6 +211,10 @@ def _prepare_draft(cfg, loaded, corpus, placement, job):
                           f"({mismatch}); pick a draft of the target's family")
     job.log_metrics({"draft_model_load_s": draft_loaded.load_s})
     model, _ = _prepare_precision(cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, job, "draft_")
+    if cfg.draft.vocab:
+        from src.engine.subset_head import cut_head, frequent_tokens
+        kept = cut_head(model, frequent_tokens(draft_loaded.tokenizer, corpus(), cfg.draft.vocab))
+        job.log_metrics({"draft_vocab": kept})
     model = model.to(placement.device)
     model.set_attn_implementation(cfg.engine.attention)
     _install_kernels(cfg, model, placement, job, tag=False)

@@ -237,3 +237,29 @@ def test_a_draft_job_logs_acceptance_speedup_and_the_estimate(store):
                  "speedup_vs_no_draft", "baseline_time_per_token_ms"):
         assert sorted(p.step for p in client.get_metric_history(run.info.run_id, name)) == [1, 2], name
     assert "draft_quantize_s" in m or "draft_quant_load_s" in m
+
+
+def test_a_cut_down_draft_head_keeps_greedy_output_and_proposes_only_kept_tokens():
+    from src.engine.subset_head import SubsetHead, cut_head, frequent_tokens
+    from src.quant.linear import W8A8Linear, int8_tensors
+
+    model, tok = tiny_model("llama")
+    draft, _ = tiny_model("llama")
+    corpus = "def add(a, b):\n    return a + b\n" * 4 + "print(add(1, 2))\n" * 4
+    ids = frequent_tokens(tok, corpus, 12)
+    assert len(ids) <= 12 + 3 and tok.eos_token_id in ids.tolist()
+    cut_head(draft, ids)
+    prompt = tok("def add(a, b):", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logits = draft(prompt).logits[0, -1]
+    outside = torch.ones_like(logits, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isinf(logits[outside]).all() and torch.isfinite(logits[ids]).all()
+    ref = ENGINES["native"](model, prompt, 16, True, Sampling(), None).new_token_ids
+    gen = generate(model, prompt, 16, True, Sampling(), None, drafter=ModelDrafter(draft), k=3)
+    assert gen.new_token_ids == ref
+    # an int8 head is cut by rows too, to the same logits as the full one at the kept ids
+    w = torch.randn(40, 64)
+    full = W8A8Linear(**int8_tensors(w, None))
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(SubsetHead(full, torch.tensor([3, 7, 30]), 40)(x)[:, [3, 7, 30]], full(x)[:, [3, 7, 30]])

@@ -49,6 +49,10 @@ class _QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def _rows_bias(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
+    return None if bias is None else bias[ids]
+
+
 class W8A8Linear(_QuantLinear):
     """int8 weights per output channel x int8 activations per token, quantized at run time."""
 
@@ -61,6 +65,10 @@ class W8A8Linear(_QuantLinear):
         self.register_buffer("w_scale", _owned(w_scale, torch.float32), persistent=False)
         # Row sums undo the +128 that makes activations unsigned for VPDPBUSD (the gemv kernel).
         self.register_buffer("w_sum", self.w_q.sum(dim=1, dtype=torch.int32), persistent=False)
+
+    def select_rows(self, ids: torch.Tensor) -> "W8A8Linear":
+        """These output channels only (a draft's cut-down head)."""
+        return W8A8Linear(self.w_q[ids], self.w_scale[ids], _rows_bias(self.bias, ids))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
@@ -79,6 +87,10 @@ class W8A16Linear(_QuantLinear):
         super().__init__(w_q.shape[1], w_q.shape[0], None if bias is None else bias.to(dtype))
         self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
         self.register_buffer("w_scale", _owned(w_scale, dtype), persistent=False)  # the kernel's dtype is x's
+
+    def select_rows(self, ids: torch.Tensor) -> "W8A16Linear":
+        """These output channels only (a draft's cut-down head)."""
+        return W8A16Linear(self.w_q[ids], self.w_scale[ids], _rows_bias(self.bias, ids), dtype=self.w_scale.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
