@@ -258,6 +258,9 @@ def test_a_cut_down_draft_head_keeps_greedy_output_and_proposes_only_kept_tokens
     ref = ENGINES["native"](model, prompt, 16, True, Sampling(), None).new_token_ids
     gen = generate(model, prompt, 16, True, Sampling(), None, drafter=ModelDrafter(draft), k=3)
     assert gen.new_token_ids == ref
+    # the draft's head took in the prompt's tokens for that generation
+    head = draft.get_output_embeddings()
+    assert set(prompt[0].tolist()) <= set(head.ids.tolist()) and set(ids.tolist()) <= set(head.ids.tolist())
     # an int8 head is cut by rows too, to the same logits as the full one at the kept ids
     w = torch.randn(40, 64)
     full = W8A8Linear(**int8_tensors(w, None))

@@ -66,6 +66,9 @@ class ModelDrafter:
         missing = context[self.fed:]
         self.fed = len(context)
         if self.decoder.length == 0:
+            head = self.model.get_output_embeddings()
+            if hasattr(head, "focus"):  # a cut-down head (draft.vocab) keeps the prompt's tokens too
+                head.focus(context)
             return self.decoder.prefill(torch.tensor([missing], device=self.model.device))
         return self.decoder.verify(missing)[-1]
 

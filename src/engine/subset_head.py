@@ -40,13 +40,28 @@ def _rows(head: nn.Module, ids: torch.Tensor) -> nn.Module:
 
 
 class SubsetHead(nn.Module):
-    """Logits over the full vocabulary, computed for `ids` only; -inf everywhere else."""
+    """Logits over the full vocabulary, computed for `ids` only; -inf everywhere else.
+
+    `focus(prompt)` adds a prompt's own tokens to the kept ones (code repeats its identifiers, which a
+    corpus cannot know): the rows are cut again from the full head, once per generation.
+    """
 
     def __init__(self, head: nn.Module, ids: torch.Tensor, vocab_size: int):
         super().__init__()
-        self.head = _rows(head, ids)
-        self.register_buffer("ids", ids.to(torch.long), persistent=False)
-        self.vocab_size = vocab_size
+        self.full, self.base, self.vocab_size = head, ids.to(torch.long), vocab_size
+        self.accelerate = None  # set by src.kernels.modules.install: re-cut rows take the same kernels
+        self._cut(self.base)
+
+    def _cut(self, ids: torch.Tensor) -> None:
+        self.head = _rows(self.full, ids)
+        if self.accelerate is not None:
+            self.head = self.accelerate(self.head)
+        self.ids = ids
+
+    def focus(self, prompt: list[int]) -> None:
+        ids = torch.unique(torch.cat([self.base, torch.tensor(prompt, dtype=torch.long)]))
+        if not torch.equal(ids, self.ids):
+            self._cut(ids)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         kept = self.head(h)

@@ -64,10 +64,21 @@ def _fits(linear: nn.Linear) -> bool:
     return linear.weight.dtype in GEMV_DTYPES and linear.in_features % 32 == 0 and linear.weight.is_contiguous()
 
 
+def accelerated(module: nn.Module) -> nn.Module:
+    """One linear module on the gemv path: a GemvLinear for a float one, the flag for a quantized one."""
+    if isinstance(module, nn.Linear) and _fits(module):
+        return GemvLinear(module)
+    if isinstance(module, _QuantLinear) and module.GEMV_K_STEP and module.in_features % module.GEMV_K_STEP == 0:
+        module.gemv = True
+    return module
+
+
 def install(model: nn.Module) -> Counter:
     """Swap in place; returns how many modules of each kind now take the gemv path."""
     counts: Counter = Counter()
     for name, module in list(model.named_modules()):
+        if hasattr(module, "accelerate"):  # a draft's cut-down head: rows it cuts later go the same way
+            module.accelerate = accelerated
         if type(module).__name__ in NORMS and module.weight.dtype in GEMV_DTYPES:
             model.set_submodule(name, FusedRMSNorm(module, NORMS[type(module).__name__]))
             counts["fused_rms_norm"] += 1
