@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Every draft kind against the same target without a draft, in one sweep; why each pays or not.
 
-    .venv/bin/python scripts/bench_draft.py                          # gemma3-270m, bf16 target
+    .venv/bin/python scripts/bench_draft.py                          # gemma3-270m, bf16 and fp32 targets
     .venv/bin/python scripts/bench_draft.py precision=w8a8 draft.k=3 # any extra Hydra overrides
 
-One sweep over draft=prompt_lookup,self_w4a16,self_w8a8 x task=decode,benchmark (greedy). Each job
+One sweep over precision (the target) x draft=prompt_lookup,self_w4a16,self_w8a8,self_w8a8_vocab4k x
+task=decode,benchmark (greedy). Each job
 times every example with its draft and, in turns, without it (draft.baseline), so the measured
 speedup is side by side; it also logs the acceptance, the draft length k, the draft/target cost ratio
 c and Leviathan's expected speedup from them. Figures are read back from the MLflow store.
@@ -25,7 +26,7 @@ from src.metrics import markdown_table  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
 
-DRAFTS = ["prompt_lookup", "self_w4a16", "self_w8a8"]
+DRAFTS = ["prompt_lookup", "self_w4a16", "self_w8a8", "self_w8a8_vocab4k"]
 COLUMNS = [("baseline_time_per_token_ms_median", "no draft ms/token"), ("time_per_token_ms_median", "ms/token"),
            ("speedup_vs_no_draft_median", "measured speedup"), ("expected_speedup", "expected (Leviathan)"),
            ("acceptance_rate_overall", "acceptance"), ("alpha_estimated", "alpha"),
@@ -37,7 +38,7 @@ COLUMNS = [("baseline_time_per_token_ms_median", "no draft ms/token"), ("time_pe
 def main(overrides: list[str]) -> int:
     uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
     sweep_dir = ROOT / "multirun" / f"bench-draft-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    target = next((o.split("=", 1)[1] for o in overrides if o.startswith("precision=")), "bf16")
+    target = next((o.split("=", 1)[1] for o in overrides if o.startswith("precision=")), "bf16,fp32")
     cmd = [sys.executable, "-m", "src.run", "-m", f"draft={','.join(DRAFTS)}", "task=decode,benchmark",
            f"precision={target}", f"hydra.sweep.dir={sweep_dir}",
            *[o for o in overrides if not o.startswith("precision=")]]
@@ -45,14 +46,16 @@ def main(overrides: list[str]) -> int:
     done = subprocess.run(cmd, cwd=ROOT)
     _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
     rows = []
-    for j in sorted(jobs, key=lambda j: (j.choice("task"), DRAFTS.index(j.choice("draft")))):
+    order = lambda j: (j.choice("precision"), j.choice("task"),  # noqa: E731
+                       DRAFTS.index(j.choice("draft")) if j.choice("draft") in DRAFTS else len(DRAFTS))
+    for j in sorted(jobs, key=order):
+        key = [j.choice("precision"), j.choice("task"), j.choice("draft")]
         if j.tags.get("outcome") != "finished":
-            rows.append([j.choice("task"), j.choice("draft"), j.tags.get("outcome", "?")] + [math.nan] * len(COLUMNS))
+            rows.append(key + [j.tags.get("outcome", "?")] + [math.nan] * len(COLUMNS))
             continue
-        rows.append([j.choice("task"), j.choice("draft"), "finished"]
-                    + [j.metrics.get(key, math.nan) for key, _ in COLUMNS])
-    table = markdown_table(["task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
-    print(f"\ntarget: precision={target}\n\n{table}")
+        rows.append(key + ["finished"] + [j.metrics.get(k, math.nan) for k, _ in COLUMNS])
+    table = markdown_table(["target", "task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
+    print(f"\n{table}")
     out = ROOT / "reports" / f"{sweep_dir.name}.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text(f"`{' '.join(cmd[2:])}`\n\n{table}\n")

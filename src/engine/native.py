@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from src.engine import fastpath
+from src.kernels import MAX_ROWS
 from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
 
 
@@ -24,7 +25,7 @@ class Decoder:
     covers the model and the context (engine.step_path=quantspec); transformers' forward otherwise.
     """
 
-    MAX_FAST = 16  # longer inputs (prefills) go through transformers' forward, where its overhead is small
+    MAX_FAST = MAX_ROWS  # longer inputs (prefills) take transformers' forward, where its overhead is small
 
     def __init__(self, model, fast: bool = False):
         self.model = model

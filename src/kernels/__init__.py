@@ -20,8 +20,10 @@ SOURCES = [Path(__file__).with_name(name) for name in ("gemv.cpp", "norm.cpp", "
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni",
          "-mfma", "-fopenmp"]
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")
-# Above this many rows (a prefill chunk) ATen's blocked GEMMs win: these kernels re-read W per 6 rows.
-MAX_ROWS = 8
+# Up to this many rows (a step, a verification of up to 15 drafts) these kernels run; above it (a
+# prefill) ATen's blocked GEMMs win, as these re-read W per 6 rows. It must cover every verification:
+# a row's result must not depend on how many rows come together, or a draft could change greedy output.
+MAX_ROWS = 16
 
 _state: dict[str, object] = {}
 
