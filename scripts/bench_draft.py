@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from src.metrics import markdown_table  # noqa: E402
+from src.report import save_markdown  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
 
@@ -56,10 +57,7 @@ def main(overrides: list[str]) -> int:
         rows.append(key + ["finished"] + [j.metrics.get(k, math.nan) for k, _ in COLUMNS])
     table = markdown_table(["target", "task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
     print(f"\n{table}")
-    out = ROOT / "reports" / f"{sweep_dir.name}.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(f"`{' '.join(cmd[2:])}`\n\n{table}\n")
-    print(f"\nwritten to {out.relative_to(ROOT)}")
+    save_markdown(sweep_dir.name, f"`{' '.join(cmd[2:])}`\n\n{table}\n")
     return done.returncode
 
 

@@ -38,6 +38,7 @@ from src.kernels import modules  # noqa: E402
 from src.metrics import markdown_table  # noqa: E402
 from src.models import load_model  # noqa: E402
 from src.quant.apply import prepare  # noqa: E402
+from src.report import save_markdown  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 from src.tasks.benchmark import cut_prompts  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
@@ -200,10 +201,7 @@ def main() -> int:
     parts.append("## Against llama.cpp\n\n"
                  + llama_cpp_head_to_head([p for p in precisions if p not in ("fp32",)], 3 if args.quick else 7))
     print(parts[-1], flush=True)
-    out = ROOT / "reports" / f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("\n\n".join(parts) + "\n")
-    print(f"\nwritten to {out.relative_to(ROOT)}")
+    save_markdown(f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}", "\n\n".join(parts) + "\n")
     return 0
 
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from src.metrics import markdown_table  # noqa: E402
-from src.report import ratio  # noqa: E402
+from src.report import ratio, save_markdown  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
 
@@ -50,10 +50,7 @@ def main(overrides: list[str]) -> int:
     table = markdown_table(["precision", "time/token (ms)", "speedup vs fp32", "prefill (ms)", "prefill speedup",
                             "perplexity", "perplexity / fp32"], rows)
     print("\n" + table)
-    out = ROOT / "reports" / f"{sweep_dir.name}.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(f"`{' '.join(cmd[2:])}`\n\n{table}\n")
-    print(f"\nwritten to {out.relative_to(ROOT)}")
+    save_markdown(sweep_dir.name, f"`{' '.join(cmd[2:])}`\n\n{table}\n")
     return done.returncode
 
 

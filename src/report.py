@@ -122,6 +122,15 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
     return files
 
 
+def save_markdown(name: str, text: str) -> Path:
+    """A benchmark script's result, as reports/<name>.md under the project root (reports/ is not tracked)."""
+    out = PROJECT_ROOT / "reports" / f"{name}.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(text)
+    print(f"\nwritten to {out.relative_to(PROJECT_ROOT)}")
+    return out
+
+
 def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path) -> Report:
     parent_id, jobs = sweep_jobs(uri, experiment, sweep)
     client = MlflowClient(uri)

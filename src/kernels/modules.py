@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from src.kernels import MAX_ROWS
-from src.quant.linear import _QuantLinear
+from src.quant.linear import QuantLinear
 
 GEMV_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -68,7 +68,7 @@ def accelerated(module: nn.Module) -> nn.Module:
     """One linear module on the gemv path: a GemvLinear for a float one, the flag for a quantized one."""
     if isinstance(module, nn.Linear) and _fits(module):
         return GemvLinear(module)
-    if isinstance(module, _QuantLinear) and module.GEMV_K_STEP and module.in_features % module.GEMV_K_STEP == 0:
+    if isinstance(module, QuantLinear) and module.GEMV_K_STEP and module.in_features % module.GEMV_K_STEP == 0:
         module.gemv = True
     return module
 
@@ -82,10 +82,11 @@ def install(model: nn.Module) -> Counter:
         if type(module).__name__ in NORMS and module.weight.dtype in GEMV_DTYPES:
             model.set_submodule(name, FusedRMSNorm(module, NORMS[type(module).__name__]))
             counts["fused_rms_norm"] += 1
-        elif isinstance(module, nn.Linear) and _fits(module):
-            model.set_submodule(name, GemvLinear(module))
+            continue
+        fast = accelerated(module)
+        if fast is not module:
+            model.set_submodule(name, fast)
             counts[f"gemv_{str(module.weight.dtype).removeprefix('torch.')}"] += 1
-        elif isinstance(module, _QuantLinear) and module.GEMV_K_STEP and module.in_features % module.GEMV_K_STEP == 0:
-            module.gemv = True
+        elif getattr(module, "gemv", False):
             counts[f"gemv_{type(module).__name__}"] += 1
     return counts

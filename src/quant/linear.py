@@ -25,7 +25,7 @@ def _flat(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
     return x.reshape(-1, x.shape[-1]), x.shape[:-1]
 
 
-class _QuantLinear(nn.Module):
+class QuantLinear(nn.Module):
     """`gemv`: route calls of at most kernels.MAX_ROWS rows to quantspec's own kernels (set by
     src.kernels.modules.install once they are loaded; ATen's kernels otherwise, and for prefill)."""
 
@@ -53,7 +53,7 @@ def _rows_bias(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | N
     return None if bias is None else bias[ids]
 
 
-class W8A8Linear(_QuantLinear):
+class W8A8Linear(QuantLinear):
     """int8 weights per output channel x int8 activations per token, quantized at run time."""
 
     GEMV_K_STEP = 64
@@ -79,7 +79,7 @@ class W8A8Linear(_QuantLinear):
         return self._finish(y, x, lead)
 
 
-class W8A16Linear(_QuantLinear):
+class W8A16Linear(QuantLinear):
     """int8 weights per output channel, 16-bit activations: a weight-only int8 kernel."""
 
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
@@ -99,7 +99,7 @@ class W8A16Linear(_QuantLinear):
         return self._finish(y, x, lead)
 
 
-class W4A16Linear(_QuantLinear):
+class W4A16Linear(QuantLinear):
     """4-bit asymmetric weights in groups, bf16 activations: the CPU int4 kernel."""
 
     N_MULTIPLE = 16  # the kernel packs output channels in blocks of 16
