@@ -17,7 +17,7 @@ from src.engine.native import Decoder
 from src.kernels import modules
 from src.quant import qparams
 from src.quant.kernels import pack_w4
-from src.quant.linear import W4A16Linear, W8A8Linear, int4_tensors, int8_tensors
+from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, int4_tensors, int8_tensors
 from src.tiny import tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
@@ -57,6 +57,16 @@ def test_gemv_w8a8_matches_int8_reference(m, n, k):
     x_q, x_s = qparams.int8_per_token(x)
     ref = (x_q.double() @ w_q.double().t()) * x_s.double() * w_s.double()
     assert _rel_err(y, ref) < 1e-5  # the integer sums are exact; only the scaling rounds
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_gemv_w8a16_matches_int8_weight_reference(m, n, k):
+    torch.manual_seed(m + 2 * n)
+    x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
+    w_q, w_s = qparams.int8_per_channel(w)
+    y = torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
+    ref = x.double() @ (w_q.double() * w_s.double()[:, None]).t()
+    assert _rel_err(y, ref) < 8e-3  # int8 and bf16 are exact in registers; the sums are fp32
 
 
 @pytest.mark.parametrize("m,n,k", [s for s in SHAPES if s[2] % 128 == 0])
@@ -109,7 +119,8 @@ def test_quantized_modules_take_the_gemv_path_for_few_rows_only():
     torch.manual_seed(1)
     w = torch.randn(48, 128)
     w8, w4 = W8A8Linear(**int8_tensors(w, None)), W4A16Linear(**int4_tensors(w, None, 128), group=128)
-    for module, dtype in ((w8, torch.float32), (w4, torch.bfloat16)):
+    w816 = W8A16Linear(**int8_tensors(w, None))
+    for module, dtype in ((w8, torch.float32), (w4, torch.bfloat16), (w816, torch.bfloat16)):
         x = torch.randn(2, 3, 128).to(dtype)
         aten = module(x)
         assert modules.install(module) and module.gemv

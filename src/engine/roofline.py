@@ -69,6 +69,8 @@ def weight_bytes(model: nn.Module) -> int:
         if isinstance(module, nn.Embedding):
             total += module.weight.shape[1] * module.weight.element_size()
             total += sum(b.numel() * b.element_size() for b in module.buffers(recurse=False))
+        elif hasattr(module, "step_bytes"):  # quantized modules: the layout their kernel path reads
+            total += module.step_bytes()
         else:
             total += _buffer_bytes(module)
     return total

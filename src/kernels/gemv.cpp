@@ -2,6 +2,7 @@
 // step is 1, verifying k draft tokens is k), for each weight format a decode step reads:
 //   gemv_float  W fp32 (x fp32, FMA)          or W bf16 (x rounded to bf16, VDPBF16PS: 32 MACs/op)
 //   gemv_w8a8   W int8 per-row scale, x quantized per row to int8 here (VPDPBUSD: 64 MACs/op)
+//   gemv_w8a16  W int8 per-row scale made bf16 in registers (exact), x bf16 (VDPBF16PS)
 //   gemv_w4a16  W int4 in groups along K, dequantized to bf16 in registers through a 16-entry
 //               table per group (VPERMW), x bf16 (VDPBF16PS)
 // Every weight vector loaded is used for all M rows in registers, so verifying k tokens reads W once.
@@ -94,6 +95,26 @@ struct W8A8 {  // 64 per step: u8 activations (int8 + 128) x s8 weights into int
     const __m128i offset = _mm_slli_epi32(_mm_maskz_loadu_epi32(k, w_sum + n), 7);
     const __m128 ws = _mm_maskz_loadu_ps(k, w_scale + n);
     return _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(sums, offset)), ws), _mm_set1_ps(x_scale[m]));
+  }
+};
+
+struct W8A16 {  // 32 per step: int8 weights made bf16 in registers (exact: |q| <= 127), bf16 x
+  using Acc = __m512; using V = __m512bh; using State = NoState; static constexpr int kStep = 32;
+  const int8_t* w; const uint16_t* x; int64_t K; const float* w_scale;
+  int64_t span() const { return K; }
+  State begin(int64_t, int64_t) const { return {}; }
+  const void* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  V wv(const State&, int64_t n, int64_t k) const {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * K + k));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+    return _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0..15 from lo, 16..31 from hi
+  }
+  V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x + m * K + k); }
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc madd(Acc a, V w, V x) { return _mm512_dpbf16_ps(a, w, x); }
+  __m128 finish(__m128 sums, int64_t n, int, int lanes) const {
+    return _mm_mul_ps(sums, _mm_maskz_loadu_ps((1 << lanes) - 1, w_scale + n));
   }
 };
 
@@ -245,6 +266,15 @@ at::Tensor gemv_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   return run(f, M, w.size(0), x);
 }
 
+at::Tensor gemv_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+  const int64_t K = x.size(1);
+  check(x, w, W8A16::kStep, K);
+  TORCH_CHECK(w.scalar_type() == at::kChar && w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous(),
+              "quantspec gemv_w8a16: int8 weight, float32 scale");
+  at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  return run(W8A16{w.data_ptr<int8_t>(), bits(xb), K, w_scale.data_ptr<float>()}, x.size(0), w.size(0), x);
+}
+
 at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                       const at::Tensor& offset, int64_t group) {
   const int64_t K = x.size(1);
@@ -263,11 +293,13 @@ at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::T
 TORCH_LIBRARY(quantspec, m) {
   m.def("gemv_float(Tensor x, Tensor w) -> Tensor");
   m.def("gemv_w8a8(Tensor x, Tensor w, Tensor w_scale, Tensor w_sum) -> Tensor");
+  m.def("gemv_w8a16(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
   m.def("gemv_w4a16(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("gemv_float", gemv_float);
   m.impl("gemv_w8a8", gemv_w8a8);
+  m.impl("gemv_w8a16", gemv_w8a16);
   m.impl("gemv_w4a16", gemv_w4a16);
 }

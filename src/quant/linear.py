@@ -37,6 +37,16 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", bias, persistent=False)
 
+    # The buffers a one-token step reads, on ATen's path and on the gemv path (some modules hold both
+    # layouts, so counting every buffer would overstate the roofline).
+    STEP_BUFFERS: tuple[str, ...] = ()
+    GEMV_STEP_BUFFERS: tuple[str, ...] = ()
+
+    def step_bytes(self) -> int:
+        names = (self.GEMV_STEP_BUFFERS if self.gemv else self.STEP_BUFFERS) + ("bias",)
+        tensors = [getattr(self, n) for n in names if getattr(self, n, None) is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def _small(self, x2: torch.Tensor) -> bool:
         return self.gemv and x2.shape[0] <= MAX_ROWS
 
@@ -57,6 +67,8 @@ class W8A8Linear(QuantLinear):
     """int8 weights per output channel x int8 activations per token, quantized at run time."""
 
     GEMV_K_STEP = 64
+    STEP_BUFFERS = ("w_q", "w_scale")
+    GEMV_STEP_BUFFERS = ("w_q", "w_scale", "w_sum")
 
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(w_q.shape[1], w_q.shape[0], bias)
@@ -82,19 +94,25 @@ class W8A8Linear(QuantLinear):
 class W8A16Linear(QuantLinear):
     """int8 weights per output channel, 16-bit activations: a weight-only int8 kernel."""
 
+    GEMV_K_STEP = 32
+    STEP_BUFFERS = ("w_q", "w_scale")
+    GEMV_STEP_BUFFERS = ("w_q", "w_scale32")
+
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16):
         super().__init__(w_q.shape[1], w_q.shape[0], None if bias is None else bias.to(dtype))
         self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
-        self.register_buffer("w_scale", _owned(w_scale, dtype), persistent=False)  # the kernel's dtype is x's
+        self.register_buffer("w_scale", _owned(w_scale, dtype), persistent=False)  # ATen's kernel: x's dtype
+        self.register_buffer("w_scale32", _owned(w_scale, torch.float32), persistent=False)  # the gemv's
 
     def select_rows(self, ids: torch.Tensor) -> "W8A16Linear":
         """These output channels only (a draft's cut-down head)."""
-        return W8A16Linear(self.w_q[ids], self.w_scale[ids], _rows_bias(self.bias, ids), dtype=self.w_scale.dtype)
+        return W8A16Linear(self.w_q[ids], self.w_scale32[ids], _rows_bias(self.bias, ids), dtype=self.w_scale.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
-        # ATen's kernel is already near the read bandwidth for one row: no gemv path here.
+        if self._small(x2):
+            return self._finish(torch.ops.quantspec.gemv_w8a16(x2, self.w_q, self.w_scale32), x, lead)
         y = kernels.int8_weight_matmul(x2.to(self.w_scale.dtype), self.w_q, self.w_scale)
         return self._finish(y, x, lead)
 
@@ -104,6 +122,8 @@ class W4A16Linear(QuantLinear):
 
     N_MULTIPLE = 16  # the kernel packs output channels in blocks of 16
     GEMV_K_STEP = 32
+    STEP_BUFFERS = ("packed", "scales_zeros")
+    GEMV_STEP_BUFFERS = ("w4", "w4_scale", "w4_offset")
 
     def __init__(self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
                  bias: torch.Tensor | None = None):
