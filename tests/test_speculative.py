@@ -265,4 +265,4 @@ def test_a_cut_down_draft_head_keeps_greedy_output_and_proposes_only_kept_tokens
     w = torch.randn(40, 64)
     full = W8A8Linear(**int8_tensors(w, None))
     x = torch.randn(2, 64)
-    torch.testing.assert_close(SubsetHead(full, torch.tensor([3, 7, 30]), 40)(x)[:, [3, 7, 30]], full(x)[:, [3, 7, 30]])
+    torch.testing.assert_close(SubsetHead(full, torch.tensor([3, 7, 30]))(x)[:, [3, 7, 30]], full(x)[:, [3, 7, 30]])

@@ -46,9 +46,9 @@ class SubsetHead(nn.Module):
     corpus cannot know): the rows are cut again from the full head, once per generation.
     """
 
-    def __init__(self, head: nn.Module, ids: torch.Tensor, vocab_size: int):
+    def __init__(self, head: nn.Module, ids: torch.Tensor):
         super().__init__()
-        self.full, self.base, self.vocab_size = head, ids.to(torch.long), vocab_size
+        self.full, self.base, self.vocab_size = head, ids.to(torch.long), head.out_features
         self.accelerate = None  # set by src.kernels.modules.install: re-cut rows take the same kernels
         self._cut(self.base)
 
@@ -72,6 +72,5 @@ class SubsetHead(nn.Module):
 def cut_head(model: nn.Module, ids: torch.Tensor) -> int:
     """Replace the model's output head in place; returns how many tokens it keeps."""
     head = model.get_output_embeddings()
-    model.set_output_embeddings(SubsetHead(head, ids.to(next(model.parameters()).device), head.out_features
-                                           if hasattr(head, "out_features") else model.config.vocab_size))
+    model.set_output_embeddings(SubsetHead(head, ids.to(next(model.parameters()).device)))
     return len(ids)

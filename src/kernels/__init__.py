@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name(name) for name in ("gemv.cpp", "norm.cpp", "attention.cpp")]
+HEADERS = [Path(__file__).with_name("dispatch.h")]
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni",
          "-mfma", "-fopenmp"]
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")
@@ -47,7 +48,7 @@ def load(directory: Path) -> bool:
         reason = f"this CPU lacks {', '.join(missing)}"
     else:
         from torch.utils import cpp_extension
-        key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()
+        key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(FLAGS).encode()
                              + torch.__version__.encode())
         build = Path(directory).expanduser() / f"gemv-{key.hexdigest()[:16]}"
         build.mkdir(parents=True, exist_ok=True)

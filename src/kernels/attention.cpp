@@ -17,6 +17,8 @@
 #include <limits>
 #include <vector>
 
+#include "dispatch.h"
+
 namespace {
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -64,15 +66,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "quantspec attention: heads a multiple of KV heads, head dim a multiple of 16, Q <= L");
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   at::Tensor out = at::empty_like(qc);
-  if (q.scalar_type() == at::kFloat) {
-    attend(qc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(), out.data_ptr<float>(), H, KVH, Q, L, D,
-           float(scale));
-  } else if (q.scalar_type() == at::kBFloat16) {
-    attend(qc.data_ptr<c10::BFloat16>(), kc.data_ptr<c10::BFloat16>(), vc.data_ptr<c10::BFloat16>(),
-           out.data_ptr<c10::BFloat16>(), H, KVH, Q, L, D, float(scale));
-  } else {
-    TORCH_CHECK(false, "quantspec attention: float32 or bfloat16 only");
-  }
+  QUANTSPEC_DISPATCH_FLOAT_BF16(q.scalar_type(), "quantspec::decode_attention", [&] {
+    attend(qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), H,
+           KVH, Q, L, D, float(scale));
+  });
   return out;
 }
 

@@ -20,6 +20,8 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "dispatch.h"
+
 namespace {
 
 constexpr int kRows = 4;   // weight rows per block: 4 independent accumulator chains per x row
@@ -52,41 +54,40 @@ inline __m128i sum1(__m512i a) { return _mm_cvtsi32_si128(_mm512_reduce_add_epi3
 // Formats without per-group state scan all of K as one span.
 struct NoState {};
 
-struct F32 {  // 16 per step, plain FMA (the fp32 reference precision)
-  using Acc = __m512; using V = __m512; using State = NoState; static constexpr int kStep = 16;
-  const float* w; const float* x; int64_t K;
+// A row-major [N, K] weight of element W and activations [M, K] of element X, one span per row, sums
+// taken as they are (a format with per-row scales has its own finish).
+template <typename W, typename X>
+struct Dense {
+  using State = NoState;
+  const W* w; const X* x; int64_t K;
   int64_t span() const { return K; }
   State begin(int64_t, int64_t) const { return {}; }
-  const void* at(int64_t n, int64_t k) const { return w + n * K + k; }
-  V wv(const State&, int64_t n, int64_t k) const { return _mm512_loadu_ps(w + n * K + k); }
-  V xv(int m, int64_t k) const { return _mm512_loadu_ps(x + m * K + k); }
+  const W* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  const X* x_at(int m, int64_t k) const { return x + m * K + k; }
+  __m128 finish(__m128 sums, int64_t, int, int) const { return sums; }
+};
+
+struct F32 : Dense<float, float> {  // 16 per step, plain FMA (the fp32 reference precision)
+  using Acc = __m512; using V = __m512; static constexpr int kStep = 16;
+  V wv(const State&, int64_t n, int64_t k) const { return _mm512_loadu_ps(at(n, k)); }
+  V xv(int m, int64_t k) const { return _mm512_loadu_ps(x_at(m, k)); }
   static Acc zero() { return _mm512_setzero_ps(); }
   static Acc madd(Acc a, V w, V x) { return _mm512_fmadd_ps(w, x, a); }
-  __m128 finish(__m128 sums, int64_t, int, int) const { return sums; }
 };
 
-struct Bf16 {  // 32 per step: bf16 pairs multiplied and summed into fp32 lanes
-  using Acc = __m512; using V = __m512bh; using State = NoState; static constexpr int kStep = 32;
-  const uint16_t* w; const uint16_t* x; int64_t K;
-  int64_t span() const { return K; }
-  State begin(int64_t, int64_t) const { return {}; }
-  const void* at(int64_t n, int64_t k) const { return w + n * K + k; }
-  V wv(const State&, int64_t n, int64_t k) const { return (V)_mm512_loadu_si512(w + n * K + k); }
-  V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x + m * K + k); }
+struct Bf16 : Dense<uint16_t, uint16_t> {  // 32 per step: bf16 pairs multiplied and summed into fp32 lanes
+  using Acc = __m512; using V = __m512bh; static constexpr int kStep = 32;
+  V wv(const State&, int64_t n, int64_t k) const { return (V)_mm512_loadu_si512(at(n, k)); }
+  V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x_at(m, k)); }
   static Acc zero() { return _mm512_setzero_ps(); }
   static Acc madd(Acc a, V w, V x) { return _mm512_dpbf16_ps(a, w, x); }
-  __m128 finish(__m128 sums, int64_t, int, int) const { return sums; }
 };
 
-struct W8A8 {  // 64 per step: u8 activations (int8 + 128) x s8 weights into int32 lanes
-  using Acc = __m512i; using V = __m512i; using State = NoState; static constexpr int kStep = 64;
-  const int8_t* w; const uint8_t* x; int64_t K;
+struct W8A8 : Dense<int8_t, uint8_t> {  // 64 per step: u8 activations (int8 + 128) x s8 weights into int32 lanes
+  using Acc = __m512i; using V = __m512i; static constexpr int kStep = 64;
   const float* w_scale; const int32_t* w_sum; const float* x_scale;
-  int64_t span() const { return K; }
-  State begin(int64_t, int64_t) const { return {}; }
-  const void* at(int64_t n, int64_t k) const { return w + n * K + k; }
-  V wv(const State&, int64_t n, int64_t k) const { return _mm512_loadu_si512(w + n * K + k); }
-  V xv(int m, int64_t k) const { return _mm512_loadu_si512(x + m * K + k); }
+  V wv(const State&, int64_t n, int64_t k) const { return _mm512_loadu_si512(at(n, k)); }
+  V xv(int m, int64_t k) const { return _mm512_loadu_si512(x_at(m, k)); }
   static Acc zero() { return _mm512_setzero_si512(); }
   static Acc madd(Acc a, V w, V x) { return _mm512_dpbusd_epi32(a, x, w); }
   // sum (q + 128) w = sum q w + 128 sum w: the row sums undo the offset. `lanes` rows from n.
@@ -98,19 +99,16 @@ struct W8A8 {  // 64 per step: u8 activations (int8 + 128) x s8 weights into int
   }
 };
 
-struct W8A16 {  // 32 per step: int8 weights made bf16 in registers (exact: |q| <= 127), bf16 x
-  using Acc = __m512; using V = __m512bh; using State = NoState; static constexpr int kStep = 32;
-  const int8_t* w; const uint16_t* x; int64_t K; const float* w_scale;
-  int64_t span() const { return K; }
-  State begin(int64_t, int64_t) const { return {}; }
-  const void* at(int64_t n, int64_t k) const { return w + n * K + k; }
+struct W8A16 : Dense<int8_t, uint16_t> {  // 32 per step: int8 weights made bf16 in registers (exact: |q| <= 127)
+  using Acc = __m512; using V = __m512bh; static constexpr int kStep = 32;
+  const float* w_scale;
   V wv(const State&, int64_t n, int64_t k) const {
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * K + k));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k)));
     const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
     const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
     return _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0..15 from lo, 16..31 from hi
   }
-  V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x + m * K + k); }
+  V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x_at(m, k)); }
   static Acc zero() { return _mm512_setzero_ps(); }
   static Acc madd(Acc a, V w, V x) { return _mm512_dpbf16_ps(a, w, x); }
   __m128 finish(__m128 sums, int64_t n, int, int lanes) const {
@@ -163,7 +161,7 @@ inline void block(const F& f, int m0, int64_t n0, T* y, int64_t N) {
     for (int64_t k = k0; k < k0 + f.span(); k += F::kStep) {
       typename F::V wv[R];
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(static_cast<const char*>(f.at(n0 + r + kAhead, k)), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(f.at(n0 + r + kAhead, k)), _MM_HINT_T0);
         wv[r] = f.wv(state[r], n0 + r, k);
       }
       for (int m = 0; m < M; ++m) {
@@ -205,9 +203,7 @@ void gemv(const F& f, int64_t M, T* y, int64_t N) {
 template <typename F>
 at::Tensor run(const F& f, int64_t M, int64_t N, const at::Tensor& like) {
   at::Tensor y = at::empty({M, N}, like.options());
-  if (like.scalar_type() == at::kFloat) gemv(f, M, y.data_ptr<float>(), N);
-  else if (like.scalar_type() == at::kBFloat16) gemv(f, M, y.data_ptr<c10::BFloat16>(), N);
-  else TORCH_CHECK(false, "quantspec: x must be float32 or bfloat16");
+  QUANTSPEC_DISPATCH_FLOAT_BF16(like.scalar_type(), "quantspec gemv", [&] { gemv(f, M, y.data_ptr<scalar_t>(), N); });
   return y;
 }
 
@@ -224,12 +220,12 @@ at::Tensor gemv_float(const at::Tensor& x, const at::Tensor& w) {
   if (w.scalar_type() == at::kFloat) {
     check(x, w, F32::kStep, K);
     at::Tensor xf = x.to(at::kFloat).contiguous();
-    return run(F32{w.data_ptr<float>(), xf.data_ptr<float>(), K}, x.size(0), w.size(0), x);
+    return run(F32{{w.data_ptr<float>(), xf.data_ptr<float>(), K}}, x.size(0), w.size(0), x);
   }
   TORCH_CHECK(w.scalar_type() == at::kBFloat16, "quantspec: float weight must be float32 or bfloat16");
   check(x, w, Bf16::kStep, K);
   at::Tensor xb = x.to(at::kBFloat16).contiguous();
-  return run(Bf16{bits(w), bits(xb), K}, x.size(0), w.size(0), x);
+  return run(Bf16{{bits(w), bits(xb), K}}, x.size(0), w.size(0), x);
 }
 
 // x rows quantized as qparams.int8_per_token does: scale = max|x| / 127, q = round-half-even(x / scale).
@@ -261,7 +257,7 @@ at::Tensor gemv_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kByte));
   at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
   quantize_rows(xf, q.data_ptr<uint8_t>(), xs.data_ptr<float>());
-  W8A8 f{w.data_ptr<int8_t>(), q.data_ptr<uint8_t>(), K, w_scale.contiguous().data_ptr<float>(),
+  W8A8 f{{w.data_ptr<int8_t>(), q.data_ptr<uint8_t>(), K}, w_scale.contiguous().data_ptr<float>(),
          w_sum.contiguous().data_ptr<int32_t>(), xs.data_ptr<float>()};
   return run(f, M, w.size(0), x);
 }
@@ -272,7 +268,7 @@ at::Tensor gemv_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   TORCH_CHECK(w.scalar_type() == at::kChar && w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous(),
               "quantspec gemv_w8a16: int8 weight, float32 scale");
   at::Tensor xb = x.to(at::kBFloat16).contiguous();
-  return run(W8A16{w.data_ptr<int8_t>(), bits(xb), K, w_scale.data_ptr<float>()}, x.size(0), w.size(0), x);
+  return run(W8A16{{w.data_ptr<int8_t>(), bits(xb), K}, w_scale.data_ptr<float>()}, x.size(0), w.size(0), x);
 }
 
 at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,

@@ -10,6 +10,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "dispatch.h"
+
 #include <cmath>
 
 namespace {
@@ -38,14 +40,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, b
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
   at::Tensor y = at::empty_like(xc);
   const int64_t d = x.size(-1), rows = xc.numel() / d;
-  if (x.scalar_type() == at::kFloat) {
-    norm_rows(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), rows, d, eps, gemma);
-  } else if (x.scalar_type() == at::kBFloat16) {
-    norm_rows(xc.data_ptr<c10::BFloat16>(), wc.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>(), rows, d,
-              eps, gemma);
-  } else {
-    TORCH_CHECK(false, "quantspec rms_norm: float32 or bfloat16 only");
-  }
+  QUANTSPEC_DISPATCH_FLOAT_BF16(x.scalar_type(), "quantspec::rms_norm", [&] {
+    norm_rows(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, d, eps, gemma);
+  });
   return y;
 }
 

@@ -97,14 +97,15 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
         out.rows.append(row)
         out.outputs.append(gen.new_token_ids)
         if gen.spec is not None:
-            base = _row(number, _median_run(runs[1])) if inputs.baseline else None
+            plain = _median_run(runs[1]) if inputs.baseline else None
+            base = _row(number, plain) if plain else None
             for key, value in drafting.example_series(gen.spec, row.time_per_token_ms,
                                                       base and base.time_per_token_ms).items():
                 out.series.setdefault(key, []).append(value)
             specs.append(gen.spec)
             if base is not None:
                 baseline_ms.append(base.time_per_token_ms)
-                identical.append(gen.new_token_ids == _median_run(runs[1]).new_token_ids)
+                identical.append(gen.new_token_ids == plain.new_token_ids)
     if specs:
         greedy = not inputs.sampling.do_sample
         out.summary = drafting.summary(specs, [r.time_per_token_ms for r in out.rows], baseline_ms or None,
