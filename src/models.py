@@ -6,7 +6,6 @@ keyed by the GGUF's sha256), a hub id or local directory, or a tiny random model
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import logging
@@ -20,6 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from src.config import ModelConfig
+from src.locks import file_lock, sha256_file
+from src.paths import child
 from src.tiny import tiny_model
 
 log = logging.getLogger(__name__)
@@ -43,14 +44,6 @@ class LoadedModel:
     @property
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --- the converted-model cache -------------------------------------------------------------------
@@ -85,22 +78,24 @@ def verify_manifest(directory: Path) -> str | None:
 
 
 def build_cached(directory: Path, build, meta: dict) -> Path:
-    """Build into a temporary sibling and rename it into place, so no reader ever sees half a cache."""
-    reason = verify_manifest(directory) if directory.exists() else None
-    if directory.exists() and reason is None:
-        return directory
-    if directory.exists():
-        log.warning("cache %s is not trusted (%s); rebuilding it", directory, reason)
-        shutil.rmtree(directory)
-    tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        build(tmp)
-        write_manifest(tmp, meta)
-        os.replace(tmp, directory)
-    finally:
+    """Build into a temporary sibling and rename it into place, so no reader ever sees half a cache.
+    Under a lock: a second process wanting the same cache waits for the first build and uses it."""
+    with file_lock(directory.with_name(f".{directory.name}.lock"), f"cache {directory.name}"):
+        reason = verify_manifest(directory) if directory.exists() else None
+        if directory.exists() and reason is None:
+            return directory
+        if directory.exists():
+            log.warning("cache %s is not trusted (%s); rebuilding it", directory, reason)
+            shutil.rmtree(directory)
+        tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            build(tmp)
+            write_manifest(tmp, meta)
+            os.replace(tmp, directory)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
 
@@ -136,7 +131,7 @@ def _load_dir(directory: Path | str) -> tuple[PreTrainedModel, PreTrainedTokeniz
 
 def _load_gguf_package(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     gguf, sha = _gguf_path(cfg, cache_dir)
-    directory = cache_dir / "models" / f"{cfg.name}-{sha[:16]}"
+    directory = child(cache_dir / "models", f"{cfg.name}-{sha[:16]}")
     build_cached(directory, lambda out: _convert_gguf(gguf, out), {"gguf_sha256": sha, "model": cfg.name})
     model, tokenizer = _load_dir(directory)
     return model, tokenizer, f"gguf:{sha}"
@@ -146,6 +141,9 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     where = cfg.local_path or cfg.id
     if cfg.local_path and not Path(cfg.local_path).expanduser().is_dir():
         raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} is not a directory")
+    if cfg.local_path and not (Path(cfg.local_path).expanduser() / "config.json").is_file():
+        raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} has no config.json; it must "
+                               f"be a Hugging Face model directory (config.json, weights, tokenizer files)")
     try:
         model, tokenizer = _load_dir(Path(where).expanduser() if cfg.local_path else where)
     except OSError as err:

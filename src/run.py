@@ -23,7 +23,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from src import signals
 from src.environment import PROJECT_ROOT
+from src.signals import Stopped
 
 CONF_DIR = PROJECT_ROOT / "conf"
 GROUPS = ("model", "hardware", "precision", "draft", "task", "engine", "dataset", "tracking")
@@ -84,62 +86,105 @@ def draft_parts(raw: dict) -> dict:
 
 # --- one job ---------------------------------------------------------------------------------------
 
+class SweepAbort(BaseException):
+    """The sweep cannot go on (no tracking store): a BaseException, so Hydra does not run every other job
+    into the same wall first. The message is the one line the user sees."""
+
+
+_said: set[str] = set()
+_active: dict = {}   # the store and sweep of the job under way, for closing them when a signal stops us
+
+
+def fail_once(message: str) -> None:
+    """A config error repeats in every job of a sweep: say it once."""
+    if message not in _said:
+        _said.add(message)
+        fail_line(message)
+
+
 def _sweep_info(hc):
     from src.tracking import SweepInfo
     if hc.mode != RunMode.MULTIRUN:
         return None
     sweep_dir = Path(hc.sweep.dir).resolve()
-    # The default layout is multirun/<date>/<time>; a named sweep directory names itself.
+    # The default layout is multirun/<date>/<time>-<pid>; a named sweep directory names itself.
     name = f"{sweep_dir.parent.name} {sweep_dir.name}" if sweep_dir.parent.parent.name == "multirun" else sweep_dir.name
     # The sweep's own command line (hc.overrides.task is one job's share of it).
     return SweepInfo(str(sweep_dir), f"sweep {name}", " ".join(a for a in sys.argv[1:] if a not in ("-m", "--multirun")))
 
 
-def _tracking_uri(raw: dict) -> str:
-    from src.config import TrackingConfig, _build
-    from src.tracking import default_uri
-    tracking = _build("tracking", TrackingConfig, raw.get("tracking") or {})
-    tracking.validate()
-    return tracking.uri or default_uri()
+def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output_dir: Path | None = None) -> str:
+    """Run one composed job and record it. Returns its outcome: finished, skipped, failed or killed.
 
+    A config error is one line and no run. A job a previous attempt of the same sweep finished is kept,
+    not rerun (resume=false reruns it). Everything measured is journaled in `output_dir` as it is
+    logged, so a store that fails mid-job loses nothing."""
+    from src.config import ConfigError, job_config_from_dict
+    from src.journal import Journal
+    from src.tracking import JobRun, StoreUnreachable, default_uri, flatten, key_of, open_store
 
-def run_job(raw: dict, choices: dict[str, str], sweep) -> str:
-    """Run one composed job and record it. Returns its outcome: finished, skipped or failed."""
-    from src.tracking import Tracker, flatten
-
-    tracker = Tracker(_tracking_uri(raw), str(raw.get("experiment", "quantspec")))
-    parent = tracker.sweep_parent(sweep) if sweep else None
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
+    try:
+        cfg = job_config_from_dict(raw, draft_parts(raw))
+    except ConfigError as err:
+        fail_once(str(err))
+        _outcomes.append("failed")
+        return "failed"
+    uri = cfg.tracking.uri or default_uri()
+    registry = cfg.cache_dir / "journals"
+    try:
+        store = open_store(uri, cfg.experiment, registry, cfg.tracking.unreachable == "journal")
+    except StoreUnreachable as err:
+        raise SweepAbort(str(err)) from None
+    _active.update(store=store, sweep=sweep, job=None)
+    job_key = key_of(job_key or name)
+    if sweep and store and cfg.resume:
+        done = store.finished_job(sweep.sweep_id, job_key)
+        if done is not None:
+            print(f"quantspec: job {name} already finished in this sweep (run {done.info.run_id}); kept "
+                  f"(resume=false reruns it)", flush=True)
+            _outcomes.append("finished")
+            return "finished"
+    try:
+        journal = Journal(output_dir or Path("outputs") / "journals" / job_key, registry, uri)
+    except OSError as err:
+        log.warning("cannot write a journal (%s); results go to the store only", err)
+        journal = None
     params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
               **{f"choice.{k}": v for k, v in choices.items()}}
-    tags = {g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}
-    job = tracker.start_job(name, parent, params, tags)
+    job = JobRun(store, journal, uri, cfg.experiment)
+    _active["job"] = job
     try:
-        _execute(raw, job, name)
-    except KeyboardInterrupt as err:
-        job.fail(err)
+        job.start(name, sweep, params, {g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}, job_key)
+        _execute(cfg, raw, job, name)
+    except (KeyboardInterrupt, Stopped) as err:
+        signals.stopping()
+        job.kill(signals.describe(err)[0])
         raise
     except Exception as err:  # noqa: BLE001 - recorded in full (error.txt) and reported in one line
-        job.fail(err)
-        fail_line(f"job {name} failed: {err}")
-        return "failed"
+        fail_line(f"job {name} failed: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
+        try:
+            job.fail(err)
+        except StoreUnreachable as lost:
+            fail_line(f"job {name}: {lost}")
     finally:
         _outcomes.append(job.outcome or "failed")
-    return job.outcome
+        if job.where():
+            fail_line(f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
+                      f"{job.where()} and go to the store with the next run or `python -m src.sync`")
+    return job.outcome or "failed"
 
 
-def _execute(raw: dict, job, name: str) -> None:
+def _execute(cfg, raw: dict, job, name: str) -> None:
     import torch
 
     from src import environment, hardware
-    from src.config import job_config_from_dict
     from src.corpus import load_text
     from src.engine import engine_for, roofline
     from src.metrics import rows_csv, seed_table, summary_table
     from src.models import load_model
     from src.tasks import TASKS, TaskInputs
 
-    cfg = job_config_from_dict(raw, draft_parts(raw))
     job.log_text(OmegaConf.to_yaml(OmegaConf.create(raw)), "config.yaml")
     reason = cfg.unsupported_reason()
     if reason:
@@ -159,6 +204,7 @@ def _execute(raw: dict, job, name: str) -> None:
 
     loaded = load_model(cfg.model, cfg.cache_dir)
     job.log_metrics({"model_load_s": loaded.load_s})
+    check_context(cfg, loaded)
     corpus = lambda: load_text(cfg.dataset)  # noqa: E731 - read only by the tasks and calibration that need it
     model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, job)
     model = model.to(placement.device)
@@ -177,13 +223,15 @@ def _execute(raw: dict, job, name: str) -> None:
         result.series["decode_efficiency"], extra = roofline.efficiency(model, result.rows, bandwidth)
         result.summary.update(extra)
 
+    # The table first: whatever happens to the store below, the user has seen the measurements.
+    table = seed_table(result.rows) if result.rows else summary_table({**quant_metrics, **result.summary})
+    print(f"\n{name} (executed on {placement.executed_on})\n{table}\n", flush=True)
     for row in result.rows:
         job.log_metrics(row.metrics(), step=row.example)
     for metric, values in result.series.items():
         for step, value in enumerate(values, start=1):
             job.log_metrics({metric: value}, step=step)
     job.log_metrics(result.summary)
-    table = seed_table(result.rows) if result.rows else summary_table({**quant_metrics, **result.summary})
     if result.rows:
         job.log_text(table + "\n", "examples.md")
         job.log_text(rows_csv(result.rows), "examples.csv")
@@ -192,7 +240,31 @@ def _execute(raw: dict, job, name: str) -> None:
     for note in result.notes:
         log.warning(note)
     job.finish()
-    print(f"\n{name} (executed on {placement.executed_on})\n{table}\n", flush=True)
+
+
+def check_context(cfg, loaded) -> None:
+    """Refuse, before anything is quantized or timed, work that would run past the model's context."""
+    from src.config import ConfigError
+    from src.tasks.decode import prompts
+
+    task, new, max_context = cfg.task, cfg.task.new_tokens(cfg.model.code), loaded.max_context
+    if task.kind == "perplexity" and task.window > max_context:
+        raise ConfigError(f"task.window={task.window} exceeds {cfg.model.name}'s context of {max_context} tokens; "
+                          f"use task.window={max_context} or less")
+    if task.kind == "decode":
+        longest = max(len(loaded.tokenizer(p).input_ids) for p in prompts(cfg.model.code)[:task.limit])
+        if longest + new > max_context:
+            field = f"task.{'code_' if cfg.model.code else ''}max_new_tokens"
+            raise ConfigError(f"{field}={new} with a {longest}-token prompt exceeds {cfg.model.name}'s context of "
+                              f"{max_context} tokens; use {field}={max_context - longest} or less")
+    if task.kind == "benchmark":
+        dropped = [n for n in task.prompt_lengths if n + new > max_context]
+        if len(dropped) == len(task.prompt_lengths):
+            raise ConfigError(f"no prompt length of task {task.name} fits {cfg.model.name}'s context of {max_context} "
+                              f"tokens with {new} new tokens")
+        if dropped:  # said now, before the timing; the task drops them
+            log.warning("prompt lengths %s dropped: with %d new tokens they exceed the model's context of %d",
+                        dropped, new, max_context)
 
 
 def _prepare_draft(cfg, loaded, corpus, placement, job):
@@ -264,20 +336,36 @@ def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, job, prefix: s
 
 # --- Hydra glue ------------------------------------------------------------------------------------
 
+# Two sweeps started in the same second must not share a directory (and so a parent run): the default
+# sweep directory ends in the sweeping process's id. Cached: every job of the sweep sees one value.
+OmegaConf.register_new_resolver("quantspec_pid", lambda: str(os.getpid()), use_cache=True, replace=True)
+
+
+def _store_for(config: DictConfig):
+    from src.tracking import Store
+    return _active.get("store") or Store(_tracking_uri(config), str(config.experiment))
+
+
+def _tracking_uri(config: DictConfig) -> str:
+    from src.tracking import default_uri
+    return OmegaConf.select(config, "tracking.uri") or default_uri()
+
+
 class SweepCallback(Callback):
-    """Closes the sweep's parent run once every job has run, with its jobs' outcomes as tags."""
+    """Closes the sweep's parent run once every job has run, with the job counts the store holds."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from src.tracking import Tracker
+        counts = {o: _outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
         try:
-            uri = _tracking_uri({"tracking": OmegaConf.to_container(config.tracking, resolve=True)})
-            tracker = Tracker(uri, str(config.experiment))
-            tracker.close_sweep(str(Path(config.hydra.sweep.dir).resolve()), _outcomes)
-        except Exception as err:  # noqa: BLE001 - the jobs are recorded; a summary tag is not worth a crash
-            fail_line(f"could not close the sweep's parent run: {err}")
-        counts = {o: _outcomes.count(o) for o in ("finished", "skipped", "failed")}
+            store = _store_for(config)
+            parent = store.find_sweep(str(Path(config.hydra.sweep.dir).resolve()))
+            if parent is not None:
+                counts = store.close_sweep(parent.info.run_id)
+        except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
+            fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0]}); the next run will")
         print(f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
-              f"{counts['failed']} failed", flush=True)
+              f"{counts['failed']} failed" + (f", {counts['killed']} killed" if counts.get("killed") else ""),
+              flush=True)
 
 
 # An absolute path: Hydra resolves a relative one against the calling module, which differs between
@@ -288,11 +376,31 @@ def main(cfg: DictConfig) -> str:
     try:
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
-        fail_line(f"{err.full_key} must be set (e.g. {err.full_key}=...)")
+        fail_once(f"{err.full_key} must be set (e.g. {err.full_key}=...)")
         _outcomes.append("failed")
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
-    return run_job(raw, choices, _sweep_info(hc))
+    return run_job(raw, choices, _sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir))
+
+
+def _stopped(err: BaseException) -> int:
+    """A signal ended the process: close what is open, say so in one line, and return the exit code."""
+    signals.stopping()
+    reason, code = signals.describe(err)
+    store, sweep, job = _active.get("store"), _active.get("sweep"), _active.get("job")
+    said = f"quantspec: {reason}"
+    if job is not None and job.outcome == "killed":
+        said += f"; the job under way is recorded as killed"
+    if store is not None and sweep is not None:
+        try:
+            parent = store.find_sweep(sweep.sweep_id)
+            counts = store.close_sweep(parent.info.run_id, "KILLED", reason) if parent else {}
+            said += (f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
+                     f"resume with hydra.sweep.dir={sweep.sweep_id}")
+        except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
+            said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
+    print(said, file=sys.stderr, flush=True)
+    return code
 
 
 def cli() -> None:
@@ -303,11 +411,20 @@ def cli() -> None:
     # Library chatter would bury the tables; our own log lines stay at INFO.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from src.progress import watched
+    from src.tracking import bound_http_retries
     if not watched():  # transformers' own bars (GGUF conversion, weight loading) too
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
-    main()
-    sys.exit(1 if "failed" in _outcomes else 0)
+    bound_http_retries()
+    signals.install()
+    try:
+        main()
+    except (KeyboardInterrupt, Stopped) as err:
+        sys.exit(_stopped(err))
+    except SweepAbort as err:
+        fail_line(str(err))
+        sys.exit(2)
+    sys.exit(1 if {"failed", "killed"} & set(_outcomes) else 0)
 
 
 if __name__ == "__main__":

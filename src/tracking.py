@@ -1,14 +1,23 @@
-"""The MLflow run lifecycle: one parent run per sweep, one child run per job, and how a job ends.
+"""The MLflow run lifecycle: one parent run per sweep, one child run per job, and how each ends.
 
 Through MlflowClient rather than the fluent API: a sweep runs many jobs in one process, and explicit
-run ids keep one job's logging from leaking into the next. What this adds over MLflow itself: the
-sweep parent is found or created by its sweep id (so any launcher works), a job ends as finished,
-skipped or failed with its reason, and nothing already logged is lost when a job fails.
+run ids keep one job's logging from leaking into the next. What this adds over MLflow itself:
+- a sweep's parent is found or created by its sweep id (any launcher works), reopened when a sweep
+  is rerun into the same directory, and closed with its job counts read back from the store;
+- a job ends as finished, skipped, failed or killed, with its reason;
+- every record a job sends goes first to its local journal (src.journal): a store that fails
+  mid-job costs nothing measured, and the job goes on;
+- runs record their owner and a heartbeat, and a run left RUNNING by a process that is gone is ended
+  as interrupted by the next process that opens the store (src.owner).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
+import os
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -18,17 +27,38 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from src import journal, owner
 from src.environment import PROJECT_ROOT
+from src.locks import file_lock
 
-# Tag and metric names are a contract users query by (issue 2): fixed.
-ROLE, SWEEP_ID = "quantspec.role", "quantspec.sweep_id"
+log = logging.getLogger("quantspec")
+
+# Tag and metric names are a contract users query by: fixed.
+ROLE, SWEEP_ID, SWEEP_KEY, JOB_KEY = "quantspec.role", "quantspec.sweep_id", "quantspec.sweep_key", "quantspec.job_key"
+OWNER, HEARTBEAT, JOURNAL = "quantspec.owner", "quantspec.heartbeat", "quantspec.journal"
 OUTCOME, REASON = "outcome", "outcome_reason"
+OUTCOMES = ("finished", "skipped", "failed", "killed")
+STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed": RunStatus.FAILED,
+          "killed": RunStatus.KILLED}
 MAX_PARAM_CHARS = 6000      # MLflow's limit on a param value
 BATCH = 100                 # MLflow's limit on params (and tags) per log_batch call
+PROBE_TRIES, PROBE_TIMEOUT_S = 3, 2.0
+
+
+class StoreUnreachable(RuntimeError):
+    """The tracking store cannot be reached; the message is the one line the user sees."""
 
 
 def default_uri() -> str:
     return f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+def bound_http_retries() -> None:
+    """MLflow retries a lost server for minutes by default (7 retries, exponential backoff, 120 s
+    timeouts); a job has measurements to journal, not minutes to wait. Users' own settings win."""
+    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                        ("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.2"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")):
+        os.environ.setdefault(name, value)
 
 
 def artifact_location(uri: str) -> str | None:
@@ -50,18 +80,54 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     return flat
 
 
+def key_of(text: str) -> str:
+    """A filter-safe key for a user string (a sweep directory may hold quotes; a hex digest never does)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 @dataclass
 class SweepInfo:
     sweep_id: str        # the sweep directory: unique per sweep, and the same for all its jobs
     name: str
     overrides: str
 
+    def as_dict(self) -> dict:
+        return {"id": self.sweep_id, "name": self.name, "overrides": self.overrides}
 
-class Tracker:
+
+def probe(uri: str) -> None:
+    """Raise StoreUnreachable within a few seconds if a tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+    problem = ""
+    for attempt in range(PROBE_TRIES):
+        try:
+            if requests.get(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).ok:
+                return
+            problem = "it answered /health with an error"
+        except requests.RequestException as err:
+            problem = type(err).__name__
+        if attempt + 1 < PROBE_TRIES:
+            time.sleep(1)
+    raise StoreUnreachable(f"tracking server {uri} does not answer ({problem}); start it (README: A tracking "
+                           f"server), or run with tracking.unreachable=journal to record locally and sync later")
+
+
+class Store:
+    """One experiment in one tracking store."""
+
     def __init__(self, uri: str, experiment: str):
-        self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        self.experiment_id = self._experiment(experiment)
+        self.uri, self.experiment = uri, experiment
+        if uri.startswith("sqlite:///"):
+            # MLflow creates a new SQLite store's schema on first open; two first opens at once race.
+            db = Path(uri.removeprefix("sqlite:///"))
+            with file_lock(db.with_name(f".{db.name}.lock"), f"the tracking store {db.name}"):
+                self.client = MlflowClient(tracking_uri=uri)
+                self.experiment_id = self._experiment(experiment)
+        else:
+            self.client = MlflowClient(tracking_uri=uri)
+            self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -72,77 +138,280 @@ class Tracker:
         except MlflowException:  # another process created it between our look and our create
             return self.client.get_experiment_by_name(name).experiment_id
 
-    def _find_sweep(self, sweep_id: str):
-        runs = self.client.search_runs([self.experiment_id], max_results=1,
-                                       filter_string=f"tags.`{SWEEP_ID}` = '{sweep_id}' and tags.`{ROLE}` = 'sweep'")
+    def _search(self, filter_string: str, **kwargs):
+        return self.client.search_runs([self.experiment_id], filter_string=filter_string, **kwargs)
+
+    # --- sweeps ------------------------------------------------------------------------------------
+
+    def find_sweep(self, sweep_id: str):
+        runs = self._search(f"tags.`{SWEEP_KEY}` = '{key_of(sweep_id)}' and tags.`{ROLE}` = 'sweep'", max_results=1)
         return runs[0] if runs else None
 
-    def sweep_parent(self, sweep: SweepInfo) -> str:
-        found = self._find_sweep(sweep.sweep_id)
-        if found is not None:
-            return found.info.run_id
-        run = self.client.create_run(self.experiment_id, run_name=sweep.name,
-                                     tags={ROLE: "sweep", SWEEP_ID: sweep.sweep_id, "overrides": sweep.overrides})
-        return run.info.run_id
-
-    def close_sweep(self, sweep_id: str, outcomes: list[str]) -> None:
-        found = self._find_sweep(sweep_id)
+    def sweep_parent(self, sweep: dict) -> str:
+        """The sweep's parent run, created on first use; a parent a rerun finds ended is reopened."""
+        found = self.find_sweep(sweep["id"])
         if found is None:
-            return
+            return self.client.create_run(self.experiment_id, run_name=sweep["name"], tags={
+                ROLE: "sweep", SWEEP_ID: sweep["id"], SWEEP_KEY: key_of(sweep["id"]), "overrides": sweep["overrides"],
+                OWNER: owner.me(), HEARTBEAT: str(journal.now_ms())}).info.run_id
         run_id = found.info.run_id
-        for outcome in ("finished", "skipped", "failed"):
-            self.client.set_tag(run_id, f"jobs_{outcome}", str(outcomes.count(outcome)))
-        self.client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+        if found.info.status != "RUNNING" or found.data.tags.get(OWNER) != owner.me():
+            self.client.update_run(run_id, status="RUNNING")
+            self._tags(run_id, {OWNER: owner.me(), HEARTBEAT: str(journal.now_ms()), REASON: ""})
+        return run_id
 
-    def start_job(self, name: str, parent_id: str | None, params: dict[str, str], tags: dict[str, str]) -> "JobRun":
-        all_tags = {ROLE: "job", **tags}
-        if parent_id:
-            all_tags["mlflow.parentRunId"] = parent_id
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
-        job = JobRun(self.client, run.info.run_id)
-        job.log_params(params)
-        return job
+    def latest_jobs(self, parent_id: str) -> list:
+        """The sweep's job runs, the latest attempt of each job only (a resumed sweep reruns some)."""
+        runs = self._search(f"tags.mlflow.parentRunId = '{parent_id}'", order_by=["attributes.start_time ASC"],
+                            max_results=5000)
+        latest = {}
+        for run in runs:
+            latest[run.data.tags.get(JOB_KEY, run.info.run_id)] = run
+        return list(latest.values())
+
+    def finished_job(self, sweep_id: str, job_key: str):
+        """The FINISHED run of this job under this sweep, if a previous attempt got that far."""
+        parent = self.find_sweep(sweep_id)
+        if parent is None:
+            return None
+        runs = self._search(f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`{JOB_KEY}` = '{job_key}' "
+                            f"and attributes.status = 'FINISHED'", max_results=1)
+        return runs[0] if runs else None
+
+    def close_sweep(self, parent_id: str, status: str = "FINISHED", reason: str | None = None) -> dict[str, int]:
+        """End the parent with its counts as the store holds them (every job, whichever process ran it)."""
+        jobs = self.latest_jobs(parent_id)
+        counts = {o: sum(1 for r in jobs if r.data.tags.get(OUTCOME) == o) for o in OUTCOMES}
+        counts["running"] = sum(1 for r in jobs if r.info.status == "RUNNING")
+        self._tags(parent_id, {**{f"jobs_{o}": str(n) for o, n in counts.items()},
+                               **({REASON: reason} if reason else {})})
+        self.client.set_terminated(parent_id, status)
+        return counts
+
+    # --- records (the journal's ops) ---------------------------------------------------------------
+
+    def _tags(self, run_id: str, tags: dict[str, str]) -> None:
+        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        for i in range(0, len(items), BATCH):
+            self.client.log_batch(run_id, tags=items[i:i + BATCH])
+
+    def apply(self, record: dict, run_id: str | None) -> str:
+        """Carry out one journal record; returns the run's id (a start creates it)."""
+        op = record["op"]
+        if op == "start":
+            found = self._search(f"tags.`{JOURNAL}` = '{record['journal']}'", max_results=1)
+            if found:  # a replay after a crash between create and ack: the run exists already
+                return found[0].info.run_id
+            tags = {**record["tags"], JOURNAL: record["journal"]}
+            if record.get("sweep"):
+                tags["mlflow.parentRunId"] = self.sweep_parent(record["sweep"])
+            run_id = self.client.create_run(self.experiment_id, run_name=record["name"], start_time=record["time"],
+                                            tags=tags).info.run_id
+            op = "params"
+        if run_id is None:
+            raise ValueError(f"journal record {record['seq']} ({op}) has no run")
+        if op == "params":
+            items = [Param(k, v) for k, v in record["params"].items()]
+            for i in range(0, len(items), BATCH):
+                self.client.log_batch(run_id, params=items[i:i + BATCH])
+        elif op == "tags":
+            self._tags(run_id, record["tags"])
+        elif op == "metrics":
+            metrics = [Metric(k, v, t, s) for k, v, t, s in record["metrics"]]
+            for i in range(0, len(metrics), 1000):
+                self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
+        elif op == "text":
+            self.client.log_text(run_id, record["text"], record["name"])
+        elif op == "end":
+            self._tags(run_id, {OUTCOME: record["outcome"], REASON: record.get("reason") or ""})
+            self.client.set_terminated(run_id, RunStatus.to_string(STATUS[record["outcome"]]), end_time=record["time"])
+        return run_id
+
+    # --- what other processes left behind ----------------------------------------------------------
+
+    def sync(self, registry: Path) -> list[str]:
+        """Replay this store's pending journals; one line per journal replayed."""
+        lines = []
+        for pointer, path in journal.pending(registry, self.uri):
+            if not path.is_file():
+                pointer.unlink(missing_ok=True)
+                continue
+            if journal.start_of(path).get("experiment", self.experiment) != self.experiment:
+                continue  # another experiment's job: its own store object replays it
+            sent = journal.replay(path, self.apply)
+            if sent is not None:
+                pointer.unlink(missing_ok=True)
+                if sent:
+                    lines.append(f"replayed {sent} journaled record(s) of {path.parent} into {self.uri}")
+        return lines
+
+    def reap(self) -> list[str]:
+        """End runs left RUNNING by owners that are gone: jobs as failed (interrupted), then their sweeps."""
+        lines = []
+        running = self._search("attributes.status = 'RUNNING'", max_results=1000)
+        for run in sorted(running, key=lambda r: r.data.tags.get(ROLE) == "sweep"):  # jobs first
+            tags = run.data.tags
+            why = owner.gone(tags.get(OWNER), tags.get(HEARTBEAT))
+            if not why:
+                continue
+            reason = f"interrupted: {why} without ending the run"
+            if tags.get(ROLE) == "sweep":
+                counts = self.close_sweep(run.info.run_id, "FAILED", reason)
+                lines.append(f"{run.info.run_name} was left running ({why}); closed with "
+                             + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
+            else:
+                self._tags(run.info.run_id, {OUTCOME: "failed", REASON: reason})
+                self.client.set_terminated(run.info.run_id, "FAILED")
+                lines.append(f"job {run.info.run_name} was left running ({why}); marked failed")
+        return lines
+
+    def heartbeat(self, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            self.client.set_tag(run_id, HEARTBEAT, str(journal.now_ms()))
+
+
+_opened: dict[tuple[str, str], Store] = {}
+
+
+def open_store(uri: str, experiment: str, registry: Path, journal_if_unreachable: bool) -> Store | None:
+    """The store, after replaying its pending journals and ending what dead processes left RUNNING.
+    None when it cannot be reached and the job may journal instead; else StoreUnreachable, in seconds."""
+    try:
+        probe(uri)
+        store = Store(uri, experiment)
+    except (StoreUnreachable, MlflowException, OSError) as err:
+        # A store this process has already reached went away mid-sweep: the rest of the sweep journals.
+        if journal_if_unreachable or any(u == uri for u, _ in _opened):
+            log.warning("tracking store %s unreachable (%s); this job journals locally", uri, str(err).splitlines()[0])
+            return None
+        if isinstance(err, StoreUnreachable):
+            raise
+        raise StoreUnreachable(f"cannot open the tracking store {uri}: {str(err).splitlines()[0]}") from err
+    for line in store.sync(registry):
+        log.warning(line)
+    if (uri, experiment) not in _opened:  # once per process: a sweep's later jobs need not look again
+        for line in store.reap():
+            log.warning(line)
+    _opened[(uri, experiment)] = store
+    return store
 
 
 class JobRun:
-    def __init__(self, client: MlflowClient, run_id: str):
-        self.client = client
-        self.run_id = run_id
-        self.outcome: str | None = None   # finished, skipped or failed once the run has ended
+    """One job's run: every record journaled, then sent to the store while the store answers."""
+
+    def __init__(self, store: Store | None, journal_: journal.Journal | None, uri: str, experiment: str):
+        self.store = store
+        self.journal = journal_
+        self.uri, self.experiment = uri, experiment
+        self.run_id: str | None = None
+        self.parent_id: str | None = None
+        self.outcome: str | None = None       # finished, skipped, failed or killed once the run has ended
+        self.offline: str | None = None if store else "the store was unreachable at start"
+        self._beat: threading.Event | None = None
+
+    def _record(self, op: str, **fields) -> None:
+        record = {"op": op, "time": journal.now_ms(), **fields}
+        seq = None
+        if self.journal is not None:
+            try:
+                seq = self.journal.append(record)
+            except OSError as err:  # a full or read-only disk: the store may still hold everything
+                log.warning("journal %s unwritable (%s); results go to the store only", self.journal.path, err)
+                self._drop_journal()
+        if self.store is not None and self.offline is None:
+            try:
+                self.run_id = self.store.apply({**record, "seq": seq}, self.run_id)
+            except Exception as err:  # noqa: BLE001 - any store failure: stop talking to it, keep journaling
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                self.offline = f"{type(err).__name__}: {first.split(' with exception')[0]}"[:160]
+                where = f"journaling to {self.journal.path}" if self.journal else "and no journal is writable"
+                log.warning("tracking store failed (%s); the job goes on, %s", self.offline, where)
+            else:
+                if seq is not None:
+                    try:
+                        self.journal.ack(seq, self.run_id)
+                    except OSError:
+                        self._drop_journal()  # the store holds it; a journal that cannot ack is only noise
+                return
+        if self.journal is None:
+            raise StoreUnreachable(f"neither the tracking store ({self.offline}) nor a journal could record "
+                                   f"this job's results")
+
+    def _drop_journal(self) -> None:
+        try:
+            self.journal.close()  # stays listed for a replay only if it holds records the store lacks
+        except OSError:
+            pass
+        self.journal = None
+
+    def start(self, name: str, sweep: SweepInfo | None, params: dict[str, str], tags: dict[str, str],
+              job_key: str) -> None:
+        self._record("start", name=name, sweep=sweep.as_dict() if sweep else None, params=params,
+                     journal=self.journal.id if self.journal else key_of(f"{owner.me()}{time.time()}"),
+                     tags={ROLE: "job", JOB_KEY: job_key, OWNER: owner.me(), HEARTBEAT: str(journal.now_ms()), **tags},
+                     uri=self.uri, experiment=self.experiment)
+        if self.store is not None and self.offline is None:
+            self.parent_id = self.store.client.get_run(self.run_id).data.tags.get("mlflow.parentRunId")
+            self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
+        self._beat = threading.Event()
+        runs = [r for r in (self.run_id, self.parent_id) if r]
+
+        def beat():
+            while not self._beat.wait(owner.HEARTBEAT_S):
+                if self.offline:
+                    return
+                try:
+                    self.store.heartbeat(runs)
+                except Exception:  # noqa: BLE001 - the main thread's next record will notice and journal
+                    return
+
+        threading.Thread(target=beat, name="quantspec-heartbeat", daemon=True).start()
 
     def log_params(self, params: dict[str, str]) -> None:
-        items = [Param(k, v) for k, v in params.items()]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, params=items[i:i + BATCH])
+        self._record("params", params=params)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        items = [RunTag(k, str(v)) for k, v in tags.items()]
-        for i in range(0, len(items), BATCH):
-            self.client.log_batch(self.run_id, tags=items[i:i + BATCH])
+        self._record("tags", tags={k: str(v) for k, v in tags.items()})
 
     def log_metrics(self, values: dict[str, float], step: int = 0) -> None:
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for k, v in values.items() if not math.isnan(float(v))]
-        for i in range(0, len(metrics), 1000):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+        now = journal.now_ms()
+        metrics = [[k, float(v), now, step] for k, v in values.items() if not math.isnan(float(v))]
+        if metrics:
+            self._record("metrics", metrics=metrics)
 
     def log_text(self, text: str, name: str) -> None:
-        self.client.log_text(self.run_id, text, name)
+        self._record("text", text=text, name=name)
 
-    def _end(self, outcome: str, status: RunStatus, reason: str | None = None) -> None:
+    def _end(self, outcome: str, reason: str | None = None) -> None:
         self.outcome = outcome
-        self.set_tags({OUTCOME: outcome, **({REASON: reason[:5000]} if reason else {})})
-        self.client.set_terminated(self.run_id, RunStatus.to_string(status))
+        if self._beat is not None:
+            self._beat.set()
+        try:
+            self._record("end", outcome=outcome, reason=(reason or "")[:5000])
+        finally:
+            if self.journal is not None:
+                self.journal.close()
 
     def finish(self) -> None:
-        self._end("finished", RunStatus.FINISHED)
+        self._end("finished")
 
     def skip(self, reason: str) -> None:
         # KILLED, not FINISHED: a skipped job has no results, and status filters in the UI should show that.
-        self._end("skipped", RunStatus.KILLED, reason)
+        self._end("skipped", reason)
+
+    def kill(self, reason: str) -> None:
+        self._end("killed", reason)
 
     def fail(self, err: BaseException) -> None:
         try:
             self.log_text("".join(traceback.format_exception(err)), "error.txt")
         finally:
-            self._end("failed", RunStatus.FAILED, f"{type(err).__name__}: {err}")
+            self._end("failed", f"{type(err).__name__}: {err}")
+
+    def where(self) -> str | None:
+        """Where the results wait when the store did not take them all, else None."""
+        if self.offline and self.journal is not None:
+            return str(self.journal.path)
+        return None

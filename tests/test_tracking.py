@@ -1,20 +1,22 @@
 """MLflow logging against a temporary store: finished, skipped and failed jobs, and a whole sweep."""
 
 import math
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from src.run import run_job
-from src.tracking import Tracker, flatten
+from src.tracking import JobRun, Store, flatten
 from tests.conftest import compose_job, run_cli
 
 TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
 
 
-def job(store, extra):
+def job(store, extra, tmp_path=None):
     raw, choices = compose_job([*TINY, f"tracking.uri={store}", *extra])
-    return run_job(raw, choices, sweep=None)
+    out = Path(store.removeprefix("sqlite:///")).parent / "out"
+    return run_job(raw, choices, sweep=None, output_dir=out)
 
 
 def runs(store, filter_string=""):
@@ -74,9 +76,9 @@ def test_flatten_makes_dot_keys():
 
 def test_experiment_and_sweep_parent_are_found_not_duplicated(store):
     from src.tracking import SweepInfo
-    first, second = Tracker(store, "quantspec"), Tracker(store, "quantspec")
+    first, second = Store(store, "quantspec"), Store(store, "quantspec")
     assert first.experiment_id == second.experiment_id
-    sweep = SweepInfo("/tmp/sweep-x", "sweep x", "a=1")
+    sweep = SweepInfo("/tmp/sweep-x's", "sweep x", "a=1").as_dict()  # a quote in the id is harmless
     assert first.sweep_parent(sweep) == second.sweep_parent(sweep)
 
 
@@ -122,9 +124,8 @@ def test_unknown_model_exits_with_one_line():
 
 
 def test_nan_metrics_are_not_logged(store):
-    raw, _ = compose_job([f"tracking.uri={store}"])
-    tracker = Tracker(store, "quantspec")
-    run = tracker.start_job("x", None, {}, {})
+    run = JobRun(Store(store, "quantspec"), None, store, "quantspec")
+    run.start("x", None, {}, {}, "key")
     run.log_metrics({"a": 1.0, "b": math.nan})
     run.finish()
     _, (found,) = runs(store)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from src.locks import atomic_write_text
 from src.metrics import Row, median
 
 PROBE_MB = 1024          # far beyond the last-level cache, so the probe reads DRAM
@@ -52,7 +53,7 @@ def host_bandwidth(cache_dir: Path, threads: int, cpu_model: str) -> float:
     if key not in known:
         known[key] = probe_bandwidth(threads)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(known, indent=2))
+        atomic_write_text(path, json.dumps(known, indent=2))  # two jobs may probe at once
     return float(known[key])
 
 

@@ -1,0 +1,132 @@
+"""A job's local journal: every record it sends to the tracking store, written first to a JSON-lines
+file in its own output directory, then acknowledged once the store holds it.
+
+    {"seq": 3, "op": "metrics", "time": ..., "metrics": [[name, value, ms, step], ...]}
+    {"ack": 3, "run_id": "..."}
+
+Records the store did not acknowledge (it went away, or was never reachable) are replayed later by
+`python -m src.sync` or by the next job against the same store: each exactly once, because a replay
+appends its own acks. A pending journal is listed in `<cache>/journals/` until fully acknowledged, so
+the next run finds it wherever the job's output directory was. While a job runs it holds an flock on its
+journal, so nothing replays a journal that is still being written.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from src.locks import atomic_write_text
+
+log = logging.getLogger(__name__)
+FILE = "journal.jsonl"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Journal:
+    """The writing side: one per job, open and locked for the job's life."""
+
+    def __init__(self, directory: Path, registry: Path, uri: str):
+        self.path = directory / FILE
+        self.id = uuid.uuid4().hex
+        self.uri = uri
+        directory.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._seq = _read(self.path)[0][-1]["seq"] + 1 if self.path.stat().st_size else 0
+        self._unacked: set[int] = set()
+        self._pointer = registry / f"{self.id}.json"
+        registry.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self._pointer, json.dumps({"path": str(self.path.resolve()), "uri": uri}))
+
+    def append(self, record: dict) -> int:
+        seq = self._seq
+        self._write({"seq": seq, **record})
+        self._seq += 1
+        self._unacked.add(seq)
+        return seq
+
+    def ack(self, seq: int, run_id: str | None) -> None:
+        self._write({"ack": seq, "run_id": run_id})
+        self._unacked.discard(seq)
+
+    def _write(self, line: dict) -> None:
+        os.write(self._fd, (json.dumps(line, ensure_ascii=False) + "\n").encode())
+
+    @property
+    def pending(self) -> int:
+        return len(self._unacked)
+
+    def close(self) -> None:
+        """Unlist the journal once the store holds every record; keep it listed for a replay otherwise."""
+        try:
+            if not self._unacked:
+                self._pointer.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)
+
+
+def _read(path: Path) -> tuple[list[dict], dict[int, str | None]]:
+    """(records, {acknowledged seq: run id}). A torn last line (the writer was killed mid-write) is skipped."""
+    records, acks = [], {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "ack" in item:
+            acks[item["ack"]] = item.get("run_id")
+        elif "seq" in item:
+            records.append(item)
+    return records, acks
+
+
+def replay(path: Path, apply: Callable[[dict, str | None], str]) -> int | None:
+    """Send a journal's unacknowledged records through `apply(record, run_id) -> run_id`, acking each.
+    Returns how many were sent, or None when another process holds the journal (its job still runs)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        records, acks = _read(path)
+        run_id, sent = None, 0
+        for record in records:  # a rerun into the same directory appends a second job: each start resets
+            if record["seq"] in acks:
+                if record["op"] == "start":
+                    run_id = acks[record["seq"]]
+                continue
+            run_id = apply(record, None if record["op"] == "start" else run_id)
+            os.write(fd, (json.dumps({"ack": record["seq"], "run_id": run_id}) + "\n").encode())
+            sent += 1
+        return sent
+    finally:
+        os.close(fd)
+
+
+def pending(registry: Path, uri: str | None = None) -> list[tuple[Path, Path]]:
+    """(pointer, journal) for each listed journal (for `uri`, where given), oldest first."""
+    found = []
+    for pointer in sorted(registry.glob("*.json"), key=lambda p: p.stat().st_mtime) if registry.is_dir() else []:
+        try:
+            entry = json.loads(pointer.read_text())
+        except (json.JSONDecodeError, OSError):
+            continue
+        if uri is None or entry.get("uri") == uri:
+            found.append((pointer, Path(entry["path"])))
+    return found
+
+
+def start_of(path: Path) -> dict:
+    """A journal's first start record (which store and experiment it was written for), or {}."""
+    return next((r for r in _read(path)[0] if r.get("op") == "start"), {})

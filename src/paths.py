@@ -1,0 +1,23 @@
+"""Paths built from user strings (model names, run names, sweep ids) stay inside their folders."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def safe_component(text: str) -> str:
+    """One path component: separators and other odd characters become '_', and no leading dot, so
+    '..', '/x' or a hidden name can never be what a config or a run name turns into."""
+    cleaned = _UNSAFE.sub("_", text).lstrip(".")
+    return cleaned[:120] or "_"
+
+
+def child(parent: Path, name: str) -> Path:
+    """parent / safe_component(name), checked to resolve inside parent."""
+    path = parent / safe_component(name)
+    if not path.resolve().is_relative_to(parent.resolve()):
+        raise ValueError(f"{name!r} would leave {parent}")
+    return path

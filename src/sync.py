@@ -1,0 +1,66 @@
+"""Replay journaled results into their tracking stores: python -m src.sync [journal or folder ...]
+
+A job whose tracking store failed (or was unreachable, with tracking.unreachable=journal) kept every
+record in its journal (src.journal). With no arguments this replays the journals listed as pending
+under the cache (`$QUANTSPEC_CACHE/journals`, where every job lists its own); given journals or folders
+(e.g. a sweep directory), those. Each record reaches the store exactly once, however often this runs;
+the next job against the same store does the same by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from src import journal
+from src.tracking import Store, StoreUnreachable, bound_http_retries, probe
+
+
+def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
+    if not args:
+        registry = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "journals"
+        return journal.pending(registry)
+    found = []
+    for arg in map(Path, args):
+        paths = sorted(arg.rglob(journal.FILE)) if arg.is_dir() else [arg]
+        found += [(None, p) for p in paths]
+    return found
+
+
+def main(argv: list[str]) -> int:
+    bound_http_retries()
+    stores: dict[tuple[str, str], Store] = {}
+    failed = replayed = 0
+    for pointer, path in _journals(argv):
+        if not path.is_file():
+            if pointer is not None:
+                pointer.unlink(missing_ok=True)
+            continue
+        start = journal.start_of(path)
+        if not start.get("uri"):
+            continue
+        key = (start["uri"], start.get("experiment") or "quantspec")
+        try:
+            if key not in stores:
+                probe(key[0])
+                stores[key] = Store(*key)
+            sent = journal.replay(path, stores[key].apply)
+        except (StoreUnreachable, Exception) as err:  # noqa: BLE001 - one line per journal, then the next
+            print(f"quantspec: {path}: not replayed ({str(err).splitlines()[0]})", file=sys.stderr)
+            failed += 1
+            continue
+        if sent is None:
+            print(f"quantspec: {path}: its job is still running; skipped")
+            continue
+        if pointer is not None:
+            pointer.unlink(missing_ok=True)
+        replayed += bool(sent)
+        print(f"quantspec: {path}: {sent} record(s) replayed into {key[0]}" if sent else
+              f"quantspec: {path}: already in the store")
+    print(f"quantspec: sync done: {replayed} journal(s) replayed, {failed} not")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
