@@ -58,7 +58,11 @@ def load_text(cfg: DatasetConfig) -> str:
         path = Path(cfg.path).expanduser()
         if not path.is_file():
             raise DatasetUnavailable(f"dataset.path={cfg.path} is not a file")
-        return path.read_text(encoding="utf-8")
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise DatasetUnavailable(f"dataset.path={cfg.path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at "
+                                     f"offset {err.start}); convert it, e.g. iconv -f latin1 -t utf-8") from None
     if cfg.source == "hf":
         return _hf_text(cfg)
     raise ValueError(f"unknown dataset source {cfg.source!r}")

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from src.environment import PROJECT_ROOT
 from src.metrics import ROW_METRICS, Row, markdown_table, seed_table
+from src.paths import child
 from src.sweeps import JobRecord, sweep_jobs
 from src.tracking import default_uri
 
@@ -140,7 +141,7 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     summary = [[j.name, j.tags.get("outcome", "?"), *[j.metrics.get(k, math.nan) for k, _ in SUMMARY]] for j in jobs]
     speedups = speedup_rows(jobs, baseline)
     parent = client.get_run(parent_id)
-    out = out_root / parent.info.run_name.replace(" ", "_")
+    out = child(out_root, parent.info.run_name.replace(" ", "_"))  # a run name is anyone's string
     out.mkdir(parents=True, exist_ok=True)
     files = _plots(client, finished, rows_of, speedups, out)
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
@@ -167,7 +168,8 @@ def main(argv: list[str]) -> int:
         print(f"quantspec: no tracking store at {uri}; run a sweep first (python -m src.run -m ...)", file=sys.stderr)
         return 2
     try:
-        report = build(uri, cfg.experiment, cfg.sweep, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
+        sweep = str(Path(cfg.sweep).resolve()) if cfg.sweep else None  # sweeps are keyed by absolute directory
+        report = build(uri, cfg.experiment, sweep, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
     except LookupError as err:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2

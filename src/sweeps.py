@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from mlflow.tracking import MlflowClient
 
-from src.tracking import ROLE, SWEEP_ID
+from src.tracking import ROLE, SWEEP_KEY, key_of, latest_attempts
 
 
 @dataclass
@@ -26,7 +26,7 @@ def find_sweep(client: MlflowClient, experiment: str, sweep_id: str | None = Non
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise LookupError(f"no experiment {experiment!r} in {client.tracking_uri}; run a sweep first")
-    query = f"tags.`{ROLE}` = 'sweep'" + (f" and tags.`{SWEEP_ID}` = '{sweep_id}'" if sweep_id else "")
+    query = f"tags.`{ROLE}` = 'sweep'" + (f" and tags.`{SWEEP_KEY}` = '{key_of(sweep_id)}'" if sweep_id else "")
     runs = client.search_runs([exp.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"],
                               max_results=1)
     if not runs:
@@ -35,10 +35,10 @@ def find_sweep(client: MlflowClient, experiment: str, sweep_id: str | None = Non
 
 
 def sweep_jobs(uri: str, experiment: str = "quantspec", sweep_id: str | None = None) -> tuple[str, list[JobRecord]]:
-    """(parent run id, its job runs in start order)."""
+    """(parent run id, its job runs in start order: the latest attempt of each job)."""
     client = MlflowClient(uri)
     experiment_id, parent = find_sweep(client, experiment, sweep_id)
-    runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-                              order_by=["attributes.start_time ASC"], max_results=5000)
+    runs = latest_attempts(client.search_runs([experiment_id], max_results=5000,
+                                              filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"))
     return parent.info.run_id, [JobRecord(r.info.run_id, r.info.run_name, dict(r.data.tags), dict(r.data.metrics),
                                           dict(r.data.params)) for r in runs]

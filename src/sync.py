@@ -58,6 +58,9 @@ def main(argv: list[str]) -> int:
         replayed += bool(sent)
         print(f"quantspec: {path}: {sent} record(s) replayed into {key[0]}" if sent else
               f"quantspec: {path}: already in the store")
+    for store in stores.values():  # what a killed job left RUNNING there, now that its journal is in
+        for line in store.reap():
+            print(f"quantspec: {line}")
     print(f"quantspec: sync done: {replayed} journal(s) replayed, {failed} not")
     return 1 if failed else 0
 

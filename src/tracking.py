@@ -85,6 +85,16 @@ def key_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def latest_attempts(runs: list) -> list:
+    """One run per job, the latest attempt, in the order those ran (a resumed sweep reran some jobs)."""
+    latest = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        key = run.data.tags.get(JOB_KEY, run.info.run_id)
+        latest.pop(key, None)
+        latest[key] = run
+    return list(latest.values())
+
+
 @dataclass
 class SweepInfo:
     sweep_id: str        # the sweep directory: unique per sweep, and the same for all its jobs
@@ -162,12 +172,7 @@ class Store:
 
     def latest_jobs(self, parent_id: str) -> list:
         """The sweep's job runs, the latest attempt of each job only (a resumed sweep reruns some)."""
-        runs = self._search(f"tags.mlflow.parentRunId = '{parent_id}'", order_by=["attributes.start_time ASC"],
-                            max_results=5000)
-        latest = {}
-        for run in runs:
-            latest[run.data.tags.get(JOB_KEY, run.info.run_id)] = run
-        return list(latest.values())
+        return latest_attempts(self._search(f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000))
 
     def finished_job(self, sweep_id: str, job_key: str):
         """The FINISHED run of this job under this sweep, if a previous attempt got that far."""

@@ -30,9 +30,15 @@ def compose_job(overrides: list[str]) -> tuple[dict, dict]:
     return raw, choices
 
 
-def run_cli(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "src.run", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+def run_cli(args: list[str], timeout: int = 600, module: str = "src.run", cwd: Path = ROOT,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=cli_env(env))
+
+
+def cli_env(extra: dict | None = None) -> dict:
+    """The environment of a quantspec child process, importable from any working directory."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **(extra or {})}
 
 
 @pytest.fixture

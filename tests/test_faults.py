@@ -1,0 +1,292 @@
+"""Faults, with real processes: signals sent to a running sweep, a process killed outright, a tracking
+server killed mid-job, two sweeps racing on one store and one cache, kernel builds killed, raced and
+damaged, a full disk. Each test checks what the store holds afterwards and that nothing measured is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, cli_env, run_cli
+
+# aten kernels: a fresh cache per test must not rebuild src/kernels (the kernel tests below do that)
+QUICK = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0", "engine.kernels=aten"]
+SLOW = ["model=tiny-llama", "task.limit=3", "task.max_new_tokens=100", "task.repeats=25", "task.warmup=0",
+        "engine.kernels=aten"]   # long enough to be stopped in the middle
+
+
+def runs(uri: str) -> list:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("quantspec")
+    return client.search_runs([exp.experiment_id], max_results=1000) if exp else []
+
+
+def by_role(uri: str) -> tuple[list, list]:
+    found = runs(uri)
+    return ([r for r in found if r.data.tags.get("quantspec.role") == "sweep"],
+            [r for r in found if r.data.tags.get("quantspec.role") == "job"])
+
+
+def start(args: list[str], tmp_path: Path, name: str = "run", module: str = "src.run") -> subprocess.Popen:
+    out, err = (tmp_path / f"{name}.out").open("w"), (tmp_path / f"{name}.err").open("w")
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=out, stderr=err,
+                            env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}))
+
+
+def wait_for(path: Path, marker: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while marker not in path.read_text():
+        assert proc.poll() is None, f"process ended before {marker!r}: {path.read_text()[-2000:]}"
+        assert time.time() < deadline, f"no {marker!r} in {timeout} s"
+        time.sleep(0.1)
+
+
+def said(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("quantspec:")]
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {"QUANTSPEC_CACHE": str(tmp_path / "cache")}
+
+
+# --- signals ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig, code, words", [(signal.SIGTERM, 143, "stopped by SIGTERM"),
+                                              (signal.SIGINT, 130, "stopped by SIGINT (Ctrl-C)")])
+def test_a_signal_ends_the_job_and_the_sweep_as_killed_in_one_line(tmp_path, sig, code, words):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    proc = start(["-m", *SLOW, "precision=fp32,bf16", f"tracking.uri={uri}",
+                  f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    wait_for(tmp_path / "run.out", "example 1/", proc)
+    sent = time.time()
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == code
+    assert time.time() - sent < 10
+    err = (tmp_path / "run.err").read_text()
+    assert len(said(err)) == 1 and words in said(err)[0] and "Traceback" not in err
+    (parent,), (job,) = by_role(uri)
+    assert job.info.status == "KILLED" and job.data.tags["outcome"] == "killed"
+    assert job.data.tags["outcome_reason"] == words
+    assert parent.info.status == "KILLED" and parent.data.tags["jobs_killed"] == "1"
+    # what the job measured before the stop is kept: its config and environment
+    assert {"config.yaml", "environment.json"} <= {a.path for a in MlflowClient(uri).list_artifacts(job.info.run_id)}
+
+
+def test_a_killed_process_s_runs_are_ended_by_the_next_process(tmp_path, env):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    proc = start(["-m", *SLOW, "precision=fp32,bf16", f"tracking.uri={uri}",
+                  f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    wait_for(tmp_path / "run.out", "example 1/", proc)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait(timeout=30)
+    (parent,), (job,) = by_role(uri)
+    assert parent.info.status == job.info.status == "RUNNING"
+    out = run_cli([*QUICK, f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'next'}"], env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sweeps, jobs = by_role(uri)
+    left = next(j for j in jobs if j.info.run_id == job.info.run_id)
+    assert left.info.status == "FAILED" and left.data.tags["outcome"] == "failed"
+    assert "interrupted" in left.data.tags["outcome_reason"] and str(proc.pid) in left.data.tags["outcome_reason"]
+    assert sweeps[0].info.status == "FAILED" and sweeps[0].data.tags["jobs_failed"] == "1"
+    assert not [r for r in runs(uri) if r.info.status == "RUNNING"]
+
+
+# --- resume ----------------------------------------------------------------------------------------
+
+def test_rerunning_a_sweep_keeps_finished_jobs_and_reruns_the_rest(tmp_path, env):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    late, good = tmp_path / "late.txt", tmp_path / "good.txt"
+    good.write_text("def f(x):\n    return x * 2\n" * 50)
+    sweep = ["-m", *QUICK, "task=benchmark", "task.prompt_lengths=[8]", "dataset=textfile",
+             f"dataset.path={late},{good}", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    first = run_cli(sweep, env=env)
+    assert first.returncode == 1 and "1 finished, 0 skipped, 1 failed" in first.stdout
+    late.write_text(good.read_text())
+    second = run_cli(sweep, env=env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert len([line for line in said(second.stdout) if "already finished in this sweep" in line]) == 1
+    assert "2 finished, 0 skipped, 0 failed" in second.stdout
+    (parent,), jobs = by_role(uri)
+    assert len(jobs) == 3 and parent.data.tags["jobs_finished"] == "2" and parent.data.tags["jobs_failed"] == "0"
+    from src.sweeps import sweep_jobs
+    assert len(sweep_jobs(uri, sweep_id=str((tmp_path / "sweep").resolve()))[1]) == 2  # latest attempts only
+    forced = run_cli([*sweep, "resume=false"], env=env)
+    assert forced.returncode == 0 and "already finished" not in forced.stdout
+    assert len(by_role(uri)[1]) == 5 and by_role(uri)[0][0].data.tags["jobs_finished"] == "2"
+
+
+# --- a tracking server that goes away ---------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _server(tmp_path: Path, port: int) -> subprocess.Popen:
+    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    proc = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                             "--artifacts-destination", str(tmp_path / "artifacts")],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    import urllib.request
+    deadline = time.time() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return proc
+        except OSError:
+            assert time.time() < deadline and proc.poll() is None, "mlflow server did not start"
+            time.sleep(0.3)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)  # the server and its workers, as a crash would
+    proc.wait(timeout=30)
+
+
+def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_path, env):
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server_args = ["tracking=server", f"tracking.uri={uri}"]
+    # nothing answers: one line within seconds, and nothing run
+    began = time.time()
+    refused = run_cli([*QUICK, *server_args, f"hydra.run.dir={tmp_path / 'refused'}"], env=env)
+    assert refused.returncode == 2 and time.time() - began < 30
+    assert said(refused.stderr) == [said(refused.stderr)[0]] and "does not answer" in refused.stderr
+    # ... or, by choice, the job runs and journals
+    offline = run_cli([*QUICK, *server_args, "tracking.unreachable=journal", f"hydra.run.dir={tmp_path / 'offline'}"],
+                      env=env)
+    assert offline.returncode == 0, offline.stderr[-2000:]
+    assert "journaled in" in offline.stderr and (tmp_path / "offline" / "journal.jsonl").is_file()
+    # the server dies in the middle of a job: the job finishes, prints its table and journals
+    server = _server(tmp_path, port)
+    try:
+        proc = start([*SLOW, *server_args, f"hydra.run.dir={tmp_path / 'lost'}"], tmp_path, "lost")
+        wait_for(tmp_path / "lost.out", "example 1/", proc)
+        _stop(server)
+        killed = time.time()
+        assert proc.wait(timeout=120) == 0, (tmp_path / "lost.err").read_text()[-2000:]
+        assert time.time() - killed < 60
+        assert "decode (executed on cpu)" in (tmp_path / "lost.out").read_text()  # the table was printed
+        err = (tmp_path / "lost.err").read_text()
+        assert [line for line in said(err) if "journaled in" in line] and "Traceback" not in err
+        # the offline job's journal went in when the lost job opened the store, by itself
+        # back up: a sync replays the lost job's journal; a second sync sends nothing
+        server = _server(tmp_path, port)
+        synced = run_cli([], module="src.sync", env=env)
+        assert synced.returncode == 0, synced.stderr[-2000:]
+        assert "1 journal(s) replayed" in synced.stdout
+        again = run_cli([str(tmp_path / "offline"), str(tmp_path / "lost")], module="src.sync", env=env)
+        assert again.stdout.count("already in the store") == 2
+        _, jobs = by_role(uri)
+        assert len(jobs) == 2 and all(j.info.status == "FINISHED" for j in jobs)
+        client = MlflowClient(uri)
+        for job in jobs:
+            examples = int(job.data.metrics["examples"])
+            assert len(client.get_metric_history(job.info.run_id, "time_per_token_ms")) == examples
+            assert "examples.md" in {a.path for a in client.list_artifacts(job.info.run_id)}
+    finally:
+        if server.poll() is None:
+            _stop(server)
+
+
+# --- concurrency -----------------------------------------------------------------------------------
+
+def test_two_sweeps_at_once_share_neither_directory_nor_parent_and_build_once(tmp_path, env):
+    uri = f"sqlite:///{tmp_path / 'fresh.db'}"   # a new store: both processes create its schema at once
+    args = [sys.executable, "-m", "src.run", "-m", *QUICK, "precision=w8a8", f"tracking.uri={uri}"]
+    procs = [subprocess.Popen(args, cwd=tmp_path, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    assert len(list((tmp_path / "multirun").glob("*/*"))) == 2
+    parents, jobs = by_role(uri)
+    assert len(parents) == 2 and len(jobs) == 2 and all(j.data.tags["outcome"] == "finished" for j in jobs)
+    assert {j.data.tags["mlflow.parentRunId"] for j in jobs} == {p.info.run_id for p in parents}
+    built = [p.name for p in (tmp_path / "cache" / "quantized").iterdir() if not p.name.startswith(".")]
+    assert len(built) == 1, built   # one build, no temporary leftovers
+
+
+# --- the kernel library ----------------------------------------------------------------------------
+
+LOAD = "import sys; from pathlib import Path; from src import kernels; " \
+       "print('LOADED' if kernels.load(Path(sys.argv[1])) else kernels.reason())"
+
+
+def test_kernel_builds_killed_raced_and_damaged_all_end_in_a_working_library(tmp_path):
+    from src import kernels
+    if kernels._missing_cpu_flags():
+        pytest.skip(f"this CPU lacks {kernels._missing_cpu_flags()}")
+    where = tmp_path / "kernels"
+    load = lambda: subprocess.Popen([sys.executable, "-c", LOAD, str(where)], cwd=ROOT, env=cli_env(),  # noqa: E731
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = load()
+    deadline = time.time() + 60  # killed while compiling: torch's baton ("lock") is left behind
+    while not list(where.glob("gemv-*/lock")):
+        assert time.time() < deadline and first.poll() is None, "the build never started"
+        time.sleep(0.1)
+    time.sleep(1)
+    first.kill()
+    first.wait()
+    assert list(where.glob("gemv-*/lock"))
+    racing = [load(), load()]
+    for proc in racing:
+        out, err = proc.communicate(timeout=600)
+        assert out.strip() == "LOADED", err[-2000:]
+    (library,) = where.glob("gemv-*/quantspec_gemv.so")
+    with library.open("r+b") as f:   # truncated, as by a full disk or a killed copy
+        f.truncate(library.stat().st_size // 2)
+    out, err = load().communicate(timeout=600)
+    assert out.strip() == "LOADED" and "does not match its recorded sha256" in err
+    recorded = json.loads((library.parent / "library.json").read_text())["sha256"]
+    from src.locks import sha256_file
+    assert recorded == sha256_file(library)
+
+
+# --- a full disk -----------------------------------------------------------------------------------
+
+def _can_mount() -> bool:
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True) if shutil.which("unshare") else None
+    return bool(probe) and probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount(), reason="needs `unshare -m` and tmpfs mounts (root in a mount namespace)")
+def test_a_store_on_a_full_disk_loses_nothing(tmp_path):
+    full, uri = tmp_path / "full", f"sqlite:///{tmp_path / 'full' / 'm.db'}"
+    full.mkdir()
+    quick = " ".join(QUICK)
+    script = f"""
+set -u
+mount -t tmpfs -o size=8m tmpfs {full}
+{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / 'first'} >/dev/null 2>&1 || exit 3
+dd if=/dev/zero of={full}/fill bs=4k 2>/dev/null
+{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / 'second'} \
+    >{tmp_path / 'second.out'} 2>{tmp_path / 'second.err'}
+echo "rc=$?"
+rm {full}/fill
+{sys.executable} -m src.sync
+{sys.executable} -c "
+from mlflow.tracking import MlflowClient
+c = MlflowClient('{uri}'); e = c.get_experiment_by_name('quantspec')
+print('RUNS', [(r.info.status, int(r.data.metrics.get('examples', 0))) for r in c.search_runs([e.experiment_id])])"
+"""
+    out = subprocess.run(["unshare", "-m", "bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}))
+    assert "rc=0" in out.stdout, out.stdout + out.stderr + (tmp_path / "second.err").read_text()
+    assert "journaled in" in (tmp_path / "second.err").read_text()
+    assert "1 journal(s) replayed" in out.stdout
+    assert "RUNS [('FINISHED', 2), ('FINISHED', 2)]" in out.stdout
