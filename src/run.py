@@ -59,6 +59,36 @@ def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     return None
 
 
+def unknown_key(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One line naming an override of a group's field that the chosen entry does not have, or None.
+
+    Hydra's own message is five lines ending in a hint about HYDRA_FULL_ERROR."""
+    from src.config import ConfigError
+    chosen = {g: [v.strip() for v in m.group(2).split(",")] for a in args
+              if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS}
+    defaults = OmegaConf.load(conf_dir / "config.yaml").defaults
+    for entry in defaults:
+        if isinstance(entry, DictConfig):
+            for group, value in entry.items():
+                chosen.setdefault(str(group), [str(value)])
+    for arg in args:
+        match = re.fullmatch(r"(\w+)\.([\w.]+)=.*", arg)
+        if not match or match.group(1) not in GROUPS:
+            continue
+        group, path = match.groups()
+        for value in chosen.get(group, []):
+            try:
+                node = group_entry(group, value, group)
+            except ConfigError:
+                continue  # an unknown choice is unknown_choice's to report
+            for part in path.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    return (f"{group}.{path} is not a setting of {group} {value}; its settings: "
+                            f"{', '.join(sorted(node)) if isinstance(node, dict) else '(none below ' + part + ')'}")
+                node = node[part]
+    return None
+
+
 def group_entry(group: str, name: str, where: str, conf_dir: Path = CONF_DIR) -> dict:
     """conf/<group>/<name>.yaml over the files its defaults list names (e.g. _fields), as a plain dict:
     a draft names its model and precision by their group entries."""
@@ -404,7 +434,7 @@ def _stopped(err: BaseException) -> int:
 
 
 def cli() -> None:
-    problem = unknown_choice(sys.argv[1:])
+    problem = unknown_choice(sys.argv[1:]) or unknown_key(sys.argv[1:])
     if problem:
         fail_line(problem)
         sys.exit(2)
@@ -416,6 +446,8 @@ def cli() -> None:
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
     bound_http_retries()
+    for chatty in ("mlflow.store.db.utils", "alembic"):  # schema set-up notes on a store's first use
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     signals.install()
     try:
         main()

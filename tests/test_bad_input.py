@@ -1,0 +1,101 @@
+"""Bad input gets one line that says what to do, before any run is recorded where it is a config error;
+paths built from user strings stay in their folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src.run import run_job
+from tests.conftest import compose_job, run_cli
+
+QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]
+
+
+def one_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith("quantspec:")]
+    assert len(lines) == 1, text[-2000:]
+    assert "Traceback" not in text
+    return lines[0]
+
+
+@pytest.mark.parametrize("override, words", [
+    ("task.max_new_tokens=abc", "task.max_new_tokens='abc' must be an integer"),
+    ("hardware.threads=1.5", "hardware.threads=1.5 must be an integer (or null)"),
+    ("sampling.temperature=hot", "sampling.temperature='hot' must be a number"),
+    ("model.name=../../outside", "model.name='../../outside' must be letters, digits"),
+    ("model.source=gguf_package model.id=os", "model.id='os' is not a GGUF model package"),
+    ("task.foo=1", "task.foo is not a setting of task decode; its settings: code_max_new_tokens"),
+])
+def test_config_errors_are_one_line_and_record_no_run(tmp_path, override, words):
+    db = tmp_path / "m.db"
+    # a sweep of two jobs with the same mistake: still one line
+    out = run_cli(["-m", *QUICK, "precision=fp32,bf16", *override.split(), f"tracking.uri=sqlite:///{db}",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}"], env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode in (1, 2)
+    assert words in one_line(out.stderr)
+    assert not db.exists() or not MlflowClient(f"sqlite:///{db}").search_runs(
+        [MlflowClient(f"sqlite:///{db}").get_experiment_by_name("quantspec").experiment_id])
+    assert not (tmp_path.parent / "outside").exists()
+
+
+def test_empty_local_path_says_what_is_missing():
+    out = run_cli(["model=llama-2-7b", "model.local_path="])
+    assert "model.local_path is empty" in one_line(out.stderr)
+
+
+def _failed_reason(store: str, extra: list[str], capsys) -> str:
+    raw, choices = compose_job([*QUICK, f"tracking.uri={store}", *extra])
+    assert run_job(raw, choices, sweep=None, output_dir=Path(store.removeprefix("sqlite:///")).parent / "out") == "failed"
+    line = one_line(capsys.readouterr().err)
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["outcome_reason"].split(": ", 1)[1] in line
+    return line
+
+
+def test_a_text_file_that_is_not_utf8_names_the_file_and_the_problem(store, tmp_path, capsys):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("déjà vu, ça va\n".encode("latin-1") * 100)
+    line = _failed_reason(store, ["task=benchmark", "task.prompt_lengths=[8]", "dataset=textfile",
+                                  f"dataset.path={bad}"], capsys)
+    assert str(bad) in line and "is not UTF-8 text (byte 0xe9" in line
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["task.max_new_tokens=700"], "task.max_new_tokens=700 with a "),
+    (["task=perplexity", "task.window=2048"], "task.window=2048 exceeds tiny-llama's context of 512 tokens"),
+    (["task=benchmark", "task.prompt_lengths=[600]"], "no prompt length of task benchmark fits"),
+])
+def test_work_past_the_model_s_context_is_refused_before_timing(store, capsys, extra, words):
+    assert words in _failed_reason(store, extra, capsys)
+
+
+def test_a_sweep_directory_with_a_quote_works_and_reports(tmp_path):
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    here = tmp_path / "it's here"   # the working directory: the default sweep directory lies under it
+    here.mkdir()
+    out = run_cli(["-m", *QUICK, "precision=fp32,bf16", f"tracking.uri={store}"], cwd=here)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (sweep,) = here.glob("multirun/*/*")
+    from src.sweeps import sweep_jobs
+    assert len(sweep_jobs(store, sweep_id=str(sweep.resolve()))[1]) == 2
+    named = tmp_path / "it's named"
+    out = run_cli(["-m", *QUICK, f"tracking.uri={store}", f'hydra.sweep.dir="{named}"'])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(sweep_jobs(store, sweep_id=str(named))[1]) == 1
+
+
+def test_a_report_stays_in_its_folder_whatever_the_parent_is_named(tmp_path):
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+    out = run_cli(["-m", *QUICK, f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    from src import report
+    from src.sweeps import sweep_jobs
+    parent_id, _ = sweep_jobs(store)
+    MlflowClient(store).update_run(parent_id, name="x/../../../outside")
+    built = report.build(store, "quantspec", None, {"precision": "fp32"}, tmp_path / "reports")
+    assert built.files["report.md"].resolve().is_relative_to((tmp_path / "reports").resolve())
+    assert not (tmp_path.parent.parent / "outside").exists()
