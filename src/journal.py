@@ -42,7 +42,9 @@ class Journal:
         directory.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
-        self._seq = _read(self.path)[0][-1]["seq"] + 1 if self.path.stat().st_size else 0
+        _end_torn_line(self._fd, self.path)
+        records = _read(self.path)[0]
+        self._seq = records[-1]["seq"] + 1 if records else 0
         self._unacked: set[int] = set()
         self._pointer = registry / f"{self.id}.json"
         registry.mkdir(parents=True, exist_ok=True)
@@ -75,6 +77,17 @@ class Journal:
             os.close(self._fd)
 
 
+def _end_torn_line(fd: int, path: Path) -> None:
+    """A writer killed mid-line leaves no newline: start ours on a line of its own, or the first
+    ack would join the torn record and be lost with it."""
+    size = path.stat().st_size
+    if size:
+        with path.open("rb") as f:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                os.write(fd, b"\n")
+
+
 def _read(path: Path) -> tuple[list[dict], dict[int, str | None]]:
     """(records, {acknowledged seq: run id}). A torn last line (the writer was killed mid-write) is skipped."""
     records, acks = [], {}
@@ -99,6 +112,7 @@ def replay(path: Path, apply: Callable[[dict, str | None], str]) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
+        _end_torn_line(fd, path)
         records, acks = _read(path)
         run_id, sent = None, 0
         for record in records:  # a rerun into the same directory appends a second job: each start resets

@@ -1,0 +1,75 @@
+"""The journal's exactly-once replay, run owners, and build locks, without a sweep around them."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+from src import journal, owner
+from src.locks import file_lock
+from tests.conftest import ROOT, cli_env
+
+
+def test_replay_sends_only_what_the_store_lacks_and_each_start_opens_a_new_run(tmp_path):
+    j = journal.Journal(tmp_path / "job", tmp_path / "registry", "sqlite:///x.db")
+    first = j.append({"op": "start", "name": "a"})
+    j.ack(first, "run-1")
+    j.append({"op": "metrics", "metrics": [["m", 1.0, 0, 1]]})   # the store failed here
+    j.append({"op": "end", "outcome": "finished"})
+    j.close()
+    assert journal.pending(tmp_path / "registry") == [(next((tmp_path / "registry").iterdir()), j.path)]
+    again = journal.Journal(tmp_path / "job", tmp_path / "registry", "sqlite:///x.db")   # a rerun, same folder
+    again.append({"op": "start", "name": "b"})
+    again.close()
+    with j.path.open("a") as f:
+        f.write('{"seq": 99, "op": "tags", "ta')   # torn by a kill mid-write
+    applied = []
+
+    def apply(record, run_id):
+        applied.append((record["op"], run_id))
+        return run_id or f"run-{len(applied) + 1}"
+
+    assert journal.replay(j.path, apply) == 3
+    assert applied == [("metrics", "run-1"), ("end", "run-1"), ("start", None)]
+    assert journal.replay(j.path, apply) == 0   # exactly once
+
+
+def test_a_journal_in_use_is_not_replayed(tmp_path):
+    j = journal.Journal(tmp_path, tmp_path / "registry", "u")
+    j.append({"op": "start"})
+    assert journal.replay(j.path, lambda r, i: "x") is None
+    j.close()
+
+
+def test_owners_are_judged_by_process_here_and_by_heartbeat_elsewhere():
+    me = owner.me()
+    assert owner.gone(me, None) is None
+    host, boot, pid, start = me.split("|")
+    assert "has ended" in owner.gone(f"{host}|{boot}|{pid}|{int(start) + 1}", None)   # the pid was reused
+    assert "restarted" in owner.gone(f"{host}|another-boot|{pid}|{start}", None)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert "has ended" in owner.gone(f"{host}|{boot}|{dead.pid}|1", None)
+    elsewhere = f"not-{socket.gethostname()}|b|1|1"
+    now = time.time()
+    assert owner.gone(elsewhere, str(int((now - owner.STALE_S / 2) * 1000)), now) is None
+    assert "no heartbeat" in owner.gone(elsewhere, str(int((now - owner.STALE_S - 5) * 1000)), now)
+    assert owner.gone(None, None) is None   # runs from before owners were recorded are left alone
+
+
+def test_a_lock_whose_holder_died_is_taken_at_once(tmp_path):
+    path = tmp_path / "build.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from src.locks import file_lock\nwith file_lock(Path(sys.argv[1]), 'x'):\n"
+                               "    print('held', flush=True); time.sleep(600)", str(path)],
+                              cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    began = time.time()
+    with file_lock(path, "x"):
+        assert time.time() - began < 2
+    assert json.dumps(path.read_text())  # the lock names its last holder
