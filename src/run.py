@@ -189,7 +189,10 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         _execute(cfg, raw, job, name)
     except (KeyboardInterrupt, Stopped) as err:
         signals.stopping()
-        job.kill(signals.describe(err)[0])
+        try:
+            job.kill(signals.describe(err)[0])
+        except StoreUnreachable:
+            pass  # nothing can record it; the owner record lets the next run end it
         raise
     except Exception as err:  # noqa: BLE001 - recorded in full (error.txt) and reported in one line
         fail_line(f"job {name} failed: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
