@@ -84,6 +84,7 @@ class HardwareConfig:
     device: str
     precisions: tuple[str, ...]
     threads: int | None = None
+    resource: str = ""   # the Ray resource of the nodes that have this hardware, e.g. hw-stx
 
     def validate(self) -> None:
         _check_choice("hardware.device", self.device, DEVICES)

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -123,6 +124,9 @@ class SweepAbort(BaseException):
 
 _said: set[str] = set()
 _active: dict = {}   # the store and sweep of the job under way, for closing them when a signal stops us
+_sweep_counts: dict[str, int] = {}   # the sweep's job counts as the store holds them, for the exit code
+# Where a job runs: the Ray node and its host (src.cluster sets the node on a worker).
+NODE = {"node": "local", "node_host": socket.gethostname()}
 
 
 def fail_once(message: str) -> None:
@@ -143,7 +147,8 @@ def _sweep_info(hc):
     return SweepInfo(str(sweep_dir), f"sweep {name}", " ".join(a for a in sys.argv[1:] if a not in ("-m", "--multirun")))
 
 
-def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output_dir: Path | None = None) -> str:
+def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output_dir: Path | None = None,
+            preset: tuple[str, str] | None = None) -> str:
     """Run one composed job and record it. Returns its outcome: finished, skipped, failed or killed.
 
     A config error is one line and no run. A job a previous attempt of the same sweep finished is kept,
@@ -185,8 +190,11 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     job = JobRun(store, journal, uri, cfg.experiment)
     _active["job"] = job
     try:
-        job.start(name, sweep, params, {g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}, job_key)
-        _execute(cfg, raw, job, name)
+        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}, **NODE}, job_key)
+        if preset is not None:
+            _record_preset(job, name, *preset)
+        else:
+            _execute(cfg, raw, job, name)
     except (KeyboardInterrupt, Stopped) as err:
         signals.stopping()
         try:
@@ -206,6 +214,15 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
             fail_line(f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
                       f"{job.where()} and go to the store with the next run or `python -m src.sync`")
     return job.outcome or "failed"
+
+
+def _record_preset(job, name: str, outcome: str, reason: str) -> None:
+    if outcome == "skipped":
+        job.skip(reason)
+        print(f"quantspec: job {name} skipped: {reason}", flush=True)
+    else:
+        job.fail(RuntimeError(reason))
+        fail_line(f"job {name} failed: {reason}")
 
 
 def _execute(cfg, raw: dict, job, name: str) -> None:
@@ -394,6 +411,7 @@ class SweepCallback(Callback):
             parent = store.find_sweep(str(Path(config.hydra.sweep.dir).resolve()))
             if parent is not None:
                 counts = store.close_sweep(parent.info.run_id)
+                _sweep_counts.update(counts)
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
             fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0]}); the next run will")
         print(f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
@@ -401,10 +419,9 @@ class SweepCallback(Callback):
               flush=True)
 
 
-# An absolute path: Hydra resolves a relative one against the calling module, which differs between
-# `python -m src.run` and an import.
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> str:
+def task(cfg: DictConfig, preset: tuple[str, str] | None = None) -> str:
+    """One job, as Hydra's launchers call it (here, or on a Ray worker: src.cluster). `preset` records the
+    job with that (outcome, reason) without running it: a launcher that could not place it says why."""
     hc = HydraConfig.get()
     try:
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -413,7 +430,12 @@ def main(cfg: DictConfig) -> str:
         _outcomes.append("failed")
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
-    return run_job(raw, choices, _sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir))
+    return run_job(raw, choices, _sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset)
+
+
+# An absolute path: Hydra resolves a relative one against the calling module, which differs between
+# `python -m src.run` and an import.
+main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(task)
 
 
 def _stopped(err: BaseException) -> int:
@@ -459,7 +481,10 @@ def cli() -> None:
     except SweepAbort as err:
         fail_line(str(err))
         sys.exit(2)
-    sys.exit(1 if {"failed", "killed"} & set(_outcomes) else 0)
+    # A sweep's outcome is the store's (its jobs may have run in other processes, on other machines).
+    failed = (_sweep_counts.get("failed", 0) + _sweep_counts.get("killed", 0) if _sweep_counts
+              else len({"failed", "killed"} & set(_outcomes)))
+    sys.exit(1 if failed or "failed" in _outcomes else 0)
 
 
 if __name__ == "__main__":

@@ -183,6 +183,21 @@ class Store:
                             f"and attributes.status = 'FINISHED'", max_results=1)
         return runs[0] if runs else None
 
+    def end_job(self, sweep_id: str, job_key: str, outcome: str, reason: str) -> bool:
+        """End this sweep's RUNNING attempt of a job from outside it (its process or node is gone)."""
+        parent = self.find_sweep(sweep_id)
+        if parent is None:
+            return False
+        runs = self._search(f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`{JOB_KEY}` = '{job_key}' "
+                            f"and attributes.status = 'RUNNING'", max_results=1)
+        for run in runs:
+            self._end_run(run.info.run_id, outcome, reason)
+        return bool(runs)
+
+    def _end_run(self, run_id: str, outcome: str, reason: str, end_time: int | None = None) -> None:
+        self._tags(run_id, {OUTCOME: outcome, REASON: reason})
+        self.client.set_terminated(run_id, RunStatus.to_string(STATUS[outcome]), end_time=end_time)
+
     def close_sweep(self, parent_id: str, status: str = "FINISHED", reason: str | None = None) -> dict[str, int]:
         """End the parent with its counts as the store holds them (every job, whichever process ran it)."""
         jobs = self.latest_jobs(parent_id)
@@ -228,8 +243,7 @@ class Store:
         elif op == "text":
             self.client.log_text(run_id, record["text"], record["name"])
         elif op == "end":
-            self._tags(run_id, {OUTCOME: record["outcome"], REASON: record.get("reason") or ""})
-            self.client.set_terminated(run_id, RunStatus.to_string(STATUS[record["outcome"]]), end_time=record["time"])
+            self._end_run(run_id, record["outcome"], record.get("reason") or "", record["time"])
         return run_id
 
     # --- what other processes left behind ----------------------------------------------------------
@@ -265,8 +279,7 @@ class Store:
                 lines.append(f"{run.info.run_name} was left running ({why}); closed with "
                              + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
             else:
-                self._tags(run.info.run_id, {OUTCOME: "failed", REASON: reason})
-                self.client.set_terminated(run.info.run_id, "FAILED")
+                self._end_run(run.info.run_id, "failed", reason)
                 lines.append(f"job {run.info.run_name} was left running ({why}); marked failed")
         return lines
 

@@ -1,0 +1,149 @@
+"""A sweep across machines: each job runs as a Ray task on a node that has its hardware.
+
+Called by the `hydra/launcher=ray` plugin (hydra_plugins/quantspec_ray). A lab's machines join one Ray
+cluster, each advertising its hardware as a resource and one `bench-slot`:
+
+    ray start --address=HEAD:6379 --resources='{"hw-stx": 1, "bench-slot": 1}'
+
+Each job asks for its profile's resource (`hardware.resource`) and one slot, so it lands on a machine with
+that hardware and never beside another timed job. No live node with the resource: the job is recorded
+skipped at once, with the reason. A node lost while its job runs (or before it starts): the job is
+recorded failed with the reason, and the sweep goes on. Every node logs to one tracking server: a sweep
+on the cluster refuses a local SQLite store. Ray does the placing; nothing here queues or schedules.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+from pathlib import Path
+from typing import Sequence
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger("quantspec")
+WAIT_S = 2.0   # how often the driver looks for finished jobs and lost nodes
+
+
+def _abort(message: str):
+    from src.run import SweepAbort
+    return SweepAbort(message)
+
+
+def _connect(address: str) -> None:
+    import ray
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise _abort(f"no Ray cluster answers at address={address} ({str(err).strip().splitlines()[0][:120]}); "
+                     f"start one with `ray start --head --resources='{{\"hw-cpu\": 1, \"bench-slot\": 1}}'`, or "
+                     f"use hydra/launcher=basic") from None
+
+
+def offered() -> dict[str, str]:
+    """Each resource the cluster's live nodes advertise -> the id of one node offering it."""
+    import ray
+    found = {}
+    for node in ray.nodes():
+        if node.get("Alive"):
+            for resource in node.get("Resources", {}):
+                found.setdefault(resource, node["NodeID"])
+    return found
+
+
+def _check_store(cfg: DictConfig) -> None:
+    from src.tracking import StoreUnreachable, probe
+    uri = OmegaConf.select(cfg, "tracking.uri") or ""
+    if not uri.startswith(("http://", "https://")):
+        raise _abort("hydra/launcher=ray needs one tracking server for every node: start it with "
+                     "`bash scripts/tracking-server --host 0.0.0.0` and add tracking=server "
+                     "tracking.uri=http://HEAD:5000")
+    if OmegaConf.select(cfg, "tracking.unreachable") != "journal":
+        try:
+            probe(uri)
+        except StoreUnreachable as err:
+            raise _abort(str(err)) from None
+
+
+def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobReturn:
+    """The job, on the worker Ray chose: the same job code as the basic launcher runs."""
+    import ray
+
+    from src import run
+    run.NODE.update(node=ray.get_runtime_context().get_node_id(), node_host=socket.gethostname())
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    HydraConfig.instance().set_config(config)
+    return run_job(hydra_context=hydra_context, task_function=run.task, config=config,
+                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+
+def _here(launcher, config: DictConfig, outcome: str, reason: str) -> JobReturn:
+    """Record a job the cluster could not run, from the driver, through the same job code."""
+    from src import run
+    HydraConfig.instance().set_config(config)
+    return run_job(hydra_context=launcher.hydra_context, task_function=functools.partial(run.task, preset=(outcome, reason)),
+                   config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+
+def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
+    """A job whose node died: end the run its worker opened, or record one if it never got that far."""
+    from src.run import _sweep_info, fail_line
+    from src.tracking import Store, key_of
+    HydraConfig.instance().set_config(config)
+    hc = HydraConfig.get()
+    store = Store(OmegaConf.select(config, "tracking.uri"), str(config.experiment))
+    if store.end_job(_sweep_info(hc).sweep_id, key_of(hc.job.override_dirname), "failed", reason):
+        fail_line(f"job {' '.join(hc.overrides.task)} failed: {reason}")
+        return JobReturn(overrides=list(hc.overrides.task), cfg=config, hydra_cfg=config, working_dir=str(Path.cwd()),
+                         task_name=hc.job.name, status=JobStatus.COMPLETED, _return_value="failed")
+    return _here(launcher, config, "failed", reason)
+
+
+def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
+    import ray
+
+    setup_globals()
+    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+    _connect(launcher.address)
+    remote = ray.remote(_on_node)
+    returns: list[JobReturn | None] = [None] * len(job_overrides)
+    running: dict = {}   # ObjectRef -> (index, config, resource)
+    for index, overrides in enumerate(job_overrides):
+        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.id = f"ray_{initial_job_idx + index}"
+            config.hydra.job.num = initial_job_idx + index
+        if index == 0:
+            _check_store(config)
+        resource = OmegaConf.select(config, "hardware.resource") or f"hw-{config.hardware.name}"
+        log.info("\t#%d : %s -> %s", initial_job_idx + index, " ".join(filter_overrides(overrides)), resource)
+        if resource not in offered():
+            returns[index] = _here(launcher, config, "skipped", f"no node in the cluster offers {resource}")
+            continue
+        ref = remote.options(resources={resource: 1, launcher.slot: 1}, num_cpus=0, max_retries=0,
+                             name=f"quantspec job {initial_job_idx + index}").remote(
+            launcher.hydra_context, config, Singleton.get_state())
+        running[ref] = (index, config, resource)
+    while running:
+        done, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
+        for ref in done:
+            index, config, resource = running.pop(ref)
+            try:
+                returns[index] = ray.get(ref)
+            except ray.exceptions.RayError as err:  # the node or its worker died under the job
+                returns[index] = _lost(launcher, config, f"its node ({resource}) was lost: {type(err).__name__}")
+        live = offered()
+        for ref, (index, config, resource) in list(running.items()):
+            if resource not in live:  # waiting for a node that has gone: it will never run
+                ray.cancel(ref, force=True)
+                running.pop(ref)
+                returns[index] = _lost(launcher, config, f"the node offering {resource} left the cluster")
+    return [r for r in returns if r is not None]
