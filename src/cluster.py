@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import socket
 from pathlib import Path
 from typing import Sequence
@@ -34,12 +35,26 @@ def _abort(message: str):
     return SweepAbort(message)
 
 
+def _answers(address: str) -> bool:
+    """Whether HOST:PORT accepts a connection: Ray's own connect retries a dead address for minutes."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=3):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def _connect(address: str) -> None:
     import ray
     if ray.is_initialized():
         return
+    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    if target and target != "auto" and not target.startswith("ray://") and not _answers(target):
+        raise _abort(f"no Ray cluster answers at {target}; start one with `ray start --head --resources="
+                     f"'{{\"hw-cpu\": 1, \"bench-slot\": 1}}'`, or use hydra/launcher=basic")
     try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, configure_logging=False)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise _abort(f"no Ray cluster answers at address={address} ({str(err).strip().splitlines()[0][:120]}); "
                      f"start one with `ray start --head --resources='{{\"hw-cpu\": 1, \"bench-slot\": 1}}'`, or "
@@ -84,12 +99,25 @@ def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobRet
                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 
 
-def _here(launcher, config: DictConfig, outcome: str, reason: str) -> JobReturn:
-    """Record a job the cluster could not run, from the driver, through the same job code."""
+def _here(launcher, config: DictConfig, preset: tuple[str, str] | None) -> JobReturn:
+    """The job code, in the driver: to record a job the cluster cannot run (preset: outcome and reason),
+    or to let it say that a previous attempt of this sweep finished it."""
     from src import run
     HydraConfig.instance().set_config(config)
-    return run_job(hydra_context=launcher.hydra_context, task_function=functools.partial(run.task, preset=(outcome, reason)),
+    return run_job(hydra_context=launcher.hydra_context, task_function=functools.partial(run.task, preset=preset),
                    config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+
+def _finished_before(config: DictConfig) -> bool:
+    """Resume: a FINISHED attempt of this job in this sweep needs no node."""
+    from src.run import _sweep_info
+    from src.tracking import Store, key_of
+    if not config.get("resume", True):
+        return False
+    HydraConfig.instance().set_config(config)
+    hc = HydraConfig.get()
+    store = Store(OmegaConf.select(config, "tracking.uri"), str(config.experiment))
+    return store.finished_job(_sweep_info(hc).sweep_id, key_of(hc.job.override_dirname)) is not None
 
 
 def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
@@ -103,7 +131,7 @@ def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
         fail_line(f"job {' '.join(hc.overrides.task)} failed: {reason}")
         return JobReturn(overrides=list(hc.overrides.task), cfg=config, hydra_cfg=config, working_dir=str(Path.cwd()),
                          task_name=hc.job.name, status=JobStatus.COMPLETED, _return_value="failed")
-    return _here(launcher, config, "failed", reason)
+    return _here(launcher, config, ("failed", reason))
 
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
@@ -112,7 +140,6 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-    _connect(launcher.address)
     remote = ray.remote(_on_node)
     returns: list[JobReturn | None] = [None] * len(job_overrides)
     running: dict = {}   # ObjectRef -> (index, config, resource)
@@ -121,12 +148,16 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
         with open_dict(config):
             config.hydra.job.id = f"ray_{initial_job_idx + index}"
             config.hydra.job.num = initial_job_idx + index
-        if index == 0:
+        if index == 0:   # before anything runs: a store every node can reach, then the cluster
             _check_store(config)
+            _connect(launcher.address)
         resource = OmegaConf.select(config, "hardware.resource") or f"hw-{config.hardware.name}"
         log.info("\t#%d : %s -> %s", initial_job_idx + index, " ".join(filter_overrides(overrides)), resource)
+        if _finished_before(config):
+            returns[index] = _here(launcher, config, None)
+            continue
         if resource not in offered():
-            returns[index] = _here(launcher, config, "skipped", f"no node in the cluster offers {resource}")
+            returns[index] = _here(launcher, config, ("skipped", f"no node in the cluster offers {resource}"))
             continue
         ref = remote.options(resources={resource: 1, launcher.slot: 1}, num_cpus=0, max_retries=0,
                              name=f"quantspec job {initial_job_idx + index}").remote(
