@@ -31,6 +31,7 @@ from src.signals import Stopped
 CONF_DIR = PROJECT_ROOT / "conf"
 GROUPS = ("model", "hardware", "precision", "draft", "task", "engine", "dataset", "tracking")
 TAG_GROUPS = ("model", "hardware", "precision", "draft", "task")
+LAUNCHERS = ("basic", "ray")   # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)
 
 log = logging.getLogger("quantspec")
 _outcomes: list[str] = []  # one per job of this process, for the exit code and the sweep summary
@@ -48,6 +49,9 @@ def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     Hydra's own message for this is a dozen lines with a search path; users need the name and the options.
     """
     for arg in args:
+        launcher = re.fullmatch(r"hydra/launcher=(.*)", arg)
+        if launcher and launcher.group(1) not in LAUNCHERS:
+            return f"unknown hydra/launcher {launcher.group(1)!r}; choose from: {', '.join(LAUNCHERS)}"
         match = re.fullmatch(r"\+?(\w+)=([^()\[\]{}]*)", arg)
         if not match or match.group(1) not in GROUPS:
             continue
