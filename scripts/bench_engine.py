@@ -6,8 +6,8 @@
 
 1. One sweep (engine=hf,native x precisions, task=benchmark): time/token of each engine, the ratio,
    and decode_efficiency (roofline time/token / measured), read back from MLflow.
-2. In process, per precision: a one-token step on ATen's kernels through transformers' forward, and
-   on quantspec's kernels and step path (engine.kernels, engine.step_path),
+2. In process, per precision, jobs built as a sweep builds them (src.job.build): a one-token step on
+   ATen's kernels through transformers' forward, and on quantspec's kernels and step path,
    and the cost of verifying k tokens in one forward relative to a one-token step, k = 1..8.
 3. llama.cpp on the same GGUF, when llama-cpp-python is installed (a reference, not a dependency),
    timed in turns with this engine at its fastest precision, so both see the same machine load.
@@ -30,14 +30,11 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from src.config import job_config_from_dict  # noqa: E402
-from src.corpus import load_text  # noqa: E402
 from src import kernels  # noqa: E402
+from src.config import job_config_from_dict  # noqa: E402
 from src.engine.native import Decoder  # noqa: E402
-from src.kernels import modules  # noqa: E402
+from src.job import Job, build  # noqa: E402
 from src.metrics import markdown_table  # noqa: E402
-from src.models import load_model  # noqa: E402
-from src.quant.apply import prepare  # noqa: E402
 from src.report import save_markdown  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 from src.tasks.benchmark import cut_prompts  # noqa: E402
@@ -77,34 +74,20 @@ def _median_time(fn, n: int) -> float:
     return statistics.median(times)
 
 
-def load_precision(precision: str):
-    """(model on ATen's kernels, tokenizer, corpus, job config) as a job at this precision builds them."""
+def build_job(precision: str, *overrides: str) -> Job:
+    """The job a sweep at this precision builds (src.job.build), here in process to time its parts."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"precision={precision}"])
-    job = job_config_from_dict({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
-                                else cfg[k] for k in cfg})
-    torch.set_num_threads(job.hardware.threads or torch.get_num_threads())
-    loaded = load_model(job.model, job.cache_dir)
-    corpus = lambda: load_text(job.dataset)  # noqa: E731
-    model, _ = prepare(loaded, job.model, job.precision, corpus, job.cache_dir)
-    model.set_attn_implementation(job.engine.attention)
-    return model, loaded.tokenizer, corpus, job
-
-
-def use_quantspec_kernels(model, job) -> bool:
-    if not kernels.load(job.cache_dir / "kernels"):
-        print(f"quantspec kernels unavailable: {kernels.reason()}", flush=True)
-        return False
-    modules.install(model)
-    return True
+        cfg = compose("config", overrides=[f"precision={precision}", *overrides])
+    return build(job_config_from_dict({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
+                                       else cfg[k] for k in cfg}))
 
 
 @torch.inference_mode()
 def verify_costs(precisions: list[str], reps: int) -> str:
     rows = []
     for p in precisions:
-        model, tokenizer, corpus, job = load_precision(p)
-        prompt = cut_prompts(tokenizer, corpus(), [64])[0]
+        aten = build_job(p, "engine.kernels=aten", "engine.step_path=transformers")
+        prompt = cut_prompts(aten.loaded.tokenizer, aten.corpus(), [64])[0]
         tokens = prompt[0, 1:9].tolist()
 
         def timer(decoder, k):
@@ -116,12 +99,14 @@ def verify_costs(precisions: list[str], reps: int) -> str:
                 decoder.rollback(k)
             return lambda: _median_time(run, reps)
 
-        decoder = Decoder(model)
+        decoder = Decoder(aten.model)
         decoder.prefill(prompt)
         aten_step = timer(decoder, 1)()
-        if not use_quantspec_kernels(model, job):
-            return "(quantspec kernels unavailable on this machine)"
-        decoder = Decoder(model, fast=job.engine.step_path == "quantspec")
+        del aten, decoder
+        job = build_job(p)   # the defaults: quantspec's kernels and step path
+        if not kernels.loaded():
+            return f"(quantspec kernels unavailable on this machine: {kernels.reason()})"
+        decoder = Decoder(job.model, fast=job.cfg.engine.step_path == "quantspec")
         decoder.prefill(prompt)
         one = timer(decoder, 1)()
         rows.append([p, aten_step * 1000, one * 1000, aten_step / one]
@@ -149,7 +134,8 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
     from src.engine.common import Sampling
     from src.engine.native import generate
 
-    path = package.assemble(Path("~/.cache/quantspec/gguf").expanduser() / package.MODEL_NAME)
+    jobs = {p: build_job(p) for p in precisions}
+    path = package.assemble(next(iter(jobs.values())).cfg.cache_dir / "gguf" / package.MODEL_NAME)
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     prompt = "def fibonacci(n):\n    "
 
@@ -162,12 +148,10 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
         return (time.perf_counter() - first) / max(n - 1, 1) * 1000
 
     ours = {}
-    for p in precisions:
-        model, tokenizer, _, job = load_precision(p)
-        use_quantspec_kernels(model, job)
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        fast = job.engine.step_path == "quantspec"
-        ours[p] = lambda m=model, i=ids, f=fast: per_token_ms(generate(m, i, tokens, True, Sampling(), None, f))
+    for p, job in jobs.items():
+        ids = job.loaded.tokenizer(prompt, return_tensors="pt").input_ids
+        fast = job.cfg.engine.step_path == "quantspec"
+        ours[p] = lambda m=job.model, i=ids, f=fast: per_token_ms(generate(m, i, tokens, True, Sampling(), None, f))
     llama_run()
     for run in ours.values():
         run()  # warm-up

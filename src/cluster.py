@@ -31,7 +31,7 @@ WAIT_S = 2.0   # how often the driver looks for finished jobs and lost nodes
 
 
 def _abort(message: str):
-    from src.run import SweepAbort
+    from src.record import SweepAbort
     return SweepAbort(message)
 
 
@@ -90,8 +90,8 @@ def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobRet
     """The job, on the worker Ray chose: the same job code as the basic launcher runs."""
     import ray
 
-    from src import run
-    run.NODE.update(node=ray.get_runtime_context().get_node_id(), node_host=socket.gethostname())
+    from src import record, run
+    record.NODE.update(node=ray.get_runtime_context().get_node_id(), node_host=socket.gethostname())
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(config)
@@ -110,24 +110,25 @@ def _here(launcher, config: DictConfig, preset: tuple[str, str] | None) -> JobRe
 
 def _finished_before(config: DictConfig) -> bool:
     """Resume: a FINISHED attempt of this job in this sweep needs no node."""
-    from src.run import _sweep_info
+    from src.run import sweep_info
     from src.tracking import Store, key_of
     if not config.get("resume", True):
         return False
     HydraConfig.instance().set_config(config)
     hc = HydraConfig.get()
     store = Store(OmegaConf.select(config, "tracking.uri"), str(config.experiment))
-    return store.finished_job(_sweep_info(hc).sweep_id, key_of(hc.job.override_dirname)) is not None
+    return store.finished_job(sweep_info(hc).sweep_id, key_of(hc.job.override_dirname)) is not None
 
 
 def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
     """A job whose node died: end the run its worker opened, or record one if it never got that far."""
-    from src.run import _sweep_info, fail_line
+    from src.record import fail_line
+    from src.run import sweep_info
     from src.tracking import Store, key_of
     HydraConfig.instance().set_config(config)
     hc = HydraConfig.get()
     store = Store(OmegaConf.select(config, "tracking.uri"), str(config.experiment))
-    if store.end_job(_sweep_info(hc).sweep_id, key_of(hc.job.override_dirname), "failed", reason):
+    if store.end_job(sweep_info(hc).sweep_id, key_of(hc.job.override_dirname), "failed", reason):
         fail_line(f"job {' '.join(hc.overrides.task)} failed: {reason}")
         return JobReturn(overrides=list(hc.overrides.task), cfg=config, hydra_cfg=config, working_dir=str(Path.cwd()),
                          task_name=hc.job.name, status=JobStatus.COMPLETED, _return_value="failed")

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from src.engine import STEP_PATHS
-from src.engine.common import Sampling
 
 ARCHS = ("llama", "opt", "qwen2", "gemma3")
 MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
@@ -39,6 +37,8 @@ GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
 ENGINE_KINDS = ("hf", "native")
 ATTENTIONS = ("sdpa", "eager")
 KERNEL_CHOICES = ("quantspec", "aten")
+STEP_PATHS = ("quantspec", "transformers")
+HEAD = "lm_head"   # the output head's module name in every supported architecture
 
 
 class ConfigError(ValueError):
@@ -93,22 +93,45 @@ class HardwareConfig:
 
 
 @dataclass(frozen=True)
-class PrecisionConfig:
+class QuantSpec:
+    """What changes a precision's quantized weights (and so its cache key): the quantization library's
+    input (src.quant). The defaults live in conf/precision/_fields.yaml, nowhere else."""
+    method: str                     # none | smoothquant | awq | rtn
+    kernel: str | None              # which low-bit kernel the quantized linears run
+    group_size: int | None          # int4 groups along the input features
+    alpha: float | None             # SmoothQuant; null: the model's smoothquant_alpha
+    quantize_head: bool             # False keeps the output head in float
+    head_kernel: str | None         # the head's kernel where it differs from the layers' (w4a16 + w8a16 head)
+    awq_grid: int
+    awq_clip: bool
+    awq_search_tokens: int
+    awq_block_loss: bool
+    int8_linears: tuple[str, ...]   # decoder linears (name suffixes) kept at int8 under w4a16
+
+    def kernel_for(self, name: str) -> str:
+        if name == HEAD:
+            return self.head_kernel or self.kernel
+        if self.kernel == "w4a16" and name.endswith(self.int8_linears):
+            return "w8a16"
+        return self.kernel
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionConfig(QuantSpec):
+    """A precision: its quantization spec, embedded, plus what the job does around it."""
     name: str
     dtype: str                      # the float parts' dtype (norms, attention, embedding)
-    method: str = "none"
-    kernel: str | None = None       # which low-bit kernel the quantized linears run
-    group_size: int | None = None   # int4 groups along the input features
-    alpha: float | None = None      # SmoothQuant; null: the model's smoothquant_alpha
-    quantize_head: bool = True      # False keeps the output head in float
-    head_kernel: str | None = None  # the head's kernel where it differs from the layers' (w4a16 + w8a16 head)
-    awq_block_loss: bool = False
-    int8_linears: tuple[str, ...] = ()  # decoder linears (name suffixes) kept at int8 under w4a16
-    calib_samples: int = 16
-    calib_seq_len: int = 256
-    awq_grid: int = 20
-    awq_clip: bool = True
-    awq_search_tokens: int = 2048
+    calib_samples: int              # calibration windows from the dataset's second half...
+    calib_seq_len: int              # ...of this many tokens (their hash is part of the cache key)
+
+    def spec(self, model_alpha: float | None) -> QuantSpec:
+        """The spec alone, with SmoothQuant's alpha resolved against the model's."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(QuantSpec)}
+        if self.method == "smoothquant" and self.alpha is None:
+            fields["alpha"] = model_alpha
+        elif self.method != "smoothquant":
+            fields["alpha"] = None
+        return QuantSpec(**fields)
 
     @property
     def quantized(self) -> bool:
@@ -144,8 +167,6 @@ class DraftConfig:
     k: int = 4                        # proposals per verification step (the start, under a heuristic schedule)
     schedule: str = "constant"        # constant | heuristic
     k_max: int = 8                    # the heuristic schedule's ceiling
-    model: str | None = None          # kind=model: a conf/model name; null: the target model itself
-    precision: str | None = None      # kind=model: a conf/precision name; null: the target's precision
     max_ngram: int = 3                # kind=prompt_lookup: the longest n-gram matched
     min_ngram: int = 1
     baseline: bool = True             # also time each example without the draft, for the speedup
@@ -166,9 +187,6 @@ class DraftConfig:
                               f"1 <= min_ngram <= max_ngram")
         if self.vocab is not None and (self.kind != "model" or self.vocab < 1):
             raise ConfigError(f"draft.vocab={self.vocab} needs a draft model (draft.kind=model) and at least 1 token")
-        if self.kind == "model" and self.model is None and self.precision is None:
-            raise ConfigError(f"draft {self.name}: a self-draft needs draft.precision (e.g. w4a16), or name a "
-                              f"draft.model")
 
 
 @dataclass(frozen=True)
@@ -211,9 +229,9 @@ class TaskConfig:
 class EngineConfig:
     name: str
     kind: str
-    attention: str = "sdpa"
-    kernels: str = "aten"   # quantspec: decode-step matmuls through src/kernels where this CPU runs them
-    step_path: str = "transformers"   # quantspec: native steps through src.engine.fastpath where it covers
+    attention: str          # conf/engine/*.yaml hold the values (measured defaults) and say why
+    kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
+    step_path: str          # quantspec: native steps through src.engine.fastpath where it covers
 
     def validate(self) -> None:
         _check_choice("engine.kind", self.kind, ENGINE_KINDS)
@@ -241,8 +259,13 @@ class DatasetConfig:
             raise ConfigError("dataset.source=hf needs dataset.hf_id")
 
 
-class SamplingConfig(Sampling):
-    """The engine's sampling settings, as configured: the same fields, plus their validation."""
+@dataclass(frozen=True)
+class Sampling:
+    """How the engines choose tokens (src.engine takes this type; greedy by default, as the seeds were)."""
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
 
     def validate(self) -> None:
         if self.temperature <= 0:
@@ -273,8 +296,8 @@ class JobConfig:
     task: TaskConfig
     dataset: DatasetConfig
     tracking: TrackingConfig
-    engine: EngineConfig = EngineConfig("native", "native", "sdpa")
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    engine: EngineConfig
+    sampling: Sampling = field(default_factory=Sampling)
     draft_model: ModelConfig | None = None          # draft.kind=model: what drafts, at which precision
     draft_precision: PrecisionConfig | None = None
     cache_dir: Path = Path("~/.cache/quantspec")
@@ -319,7 +342,7 @@ class JobConfig:
 _SECTIONS = {
     "model": ModelConfig, "hardware": HardwareConfig, "precision": PrecisionConfig, "draft": DraftConfig,
     "task": TaskConfig, "dataset": DatasetConfig, "tracking": TrackingConfig, "engine": EngineConfig,
-    "sampling": SamplingConfig,
+    "sampling": Sampling,
 }
 
 
@@ -366,19 +389,29 @@ def _build(section: str, cls: type, raw: Mapping[str, Any]) -> Any:
     return cls(**values)
 
 
-def job_config_from_dict(raw: Mapping[str, Any], draft: Mapping[str, Any] | None = None) -> JobConfig:
-    """Build and validate a JobConfig from a plain (resolved) dict of the composed config. `draft`:
-    the draft model's and precision's plain dicts (src.run.draft_parts), for draft.kind=model."""
+def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
+    """Build and validate a JobConfig from a plain (resolved) dict of the composed config. A draft model's
+    model and precision are composed into the draft's section (draft.model, draft.precision); null there
+    means the target's own."""
     parts = {}
-    if draft:
-        parts["draft_model"] = _build("draft model", ModelConfig, draft["model"])
-        parts["draft_precision"] = _build("draft precision", PrecisionConfig, draft["precision"])
+    raw = dict(raw)
+    draft_model = draft_precision = None
+    if raw.get("draft"):
+        raw["draft"] = dict(raw["draft"])
+        draft_model, draft_precision = raw["draft"].pop("model", None), raw["draft"].pop("precision", None)
     for section, cls in _SECTIONS.items():
-        if section not in raw and section in ("sampling", "engine"):
-            continue  # the dataclass default stands
+        if section not in raw and section == "sampling":
+            continue  # greedy
         if section not in raw or raw[section] is None:
             raise ConfigError(f"the config has no '{section}' group; check conf/config.yaml's defaults")
         parts[section] = _build(section, cls, raw[section])
+    if parts["draft"].kind == "model":
+        if draft_model is None and draft_precision is None:
+            raise ConfigError(f"draft {parts['draft'].name}: a self-draft needs a precision of its own, e.g. "
+                              f"precision@draft.precision=w4a16 (or a model: +model@draft.model=...)")
+        parts["draft_model"] = _build("draft.model", ModelConfig, draft_model) if draft_model else parts["model"]
+        parts["draft_precision"] = (_build("draft.precision", PrecisionConfig, draft_precision)
+                                    if draft_precision else parts["precision"])
     resume = raw.get("resume", True)
     if not isinstance(resume, bool):
         raise ConfigError(f"resume={resume!r} must be true or false")

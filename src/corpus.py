@@ -6,7 +6,7 @@ from pathlib import Path
 
 from src.config import DatasetConfig
 
-# The seeds' ten general decode prompts, in their order (../shared/seed-prompts.md).
+# The seeds' ten general decode prompts, in their order (the seed documents' decode prompts).
 SEED_PROMPTS = (
     "What is the meaning of life?",
     "Tell me something you don't know.",

@@ -43,6 +43,8 @@ STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed":
 MAX_PARAM_CHARS = 6000      # MLflow's limit on a param value
 BATCH = 100                 # MLflow's limit on params (and tags) per log_batch call
 PROBE_TRIES, PROBE_TIMEOUT_S = 3, 2.0
+# Answers of a store that is up but refuses the request: raised, never journaled (a replay would fail too).
+REFUSED = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST"}
 
 
 class StoreUnreachable(RuntimeError):
@@ -257,7 +259,12 @@ class Store:
                 continue
             if journal.start_of(path).get("experiment", self.experiment) != self.experiment:
                 continue  # another experiment's job: its own store object replays it
-            sent = journal.replay(path, self.apply)
+            try:
+                sent = journal.replay(path, self.apply)
+            except Exception as err:  # noqa: BLE001 - one journal's trouble must not stop this job
+                lines.append(f"journal {path} not replayed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+                             f"python -m src.sync {path.parent} retries it")
+                continue
             if sent is not None:
                 pointer.unlink(missing_ok=True)
                 if sent:
@@ -339,11 +346,14 @@ class JobRun:
         if self.store is not None and self.offline is None:
             try:
                 self.run_id = self.store.apply({**record, "seq": seq}, self.run_id)
-            except Exception as err:  # noqa: BLE001 - any store failure: stop talking to it, keep journaling
-                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                self.offline = f"{type(err).__name__}: {first.split(' with exception')[0]}"[:160]
-                where = f"journaling to {self.journal.path}" if self.journal else "and no journal is writable"
-                log.warning("tracking store failed (%s); the job goes on, %s", self.offline, where)
+            except MlflowException as err:
+                if err.error_code in REFUSED:  # the store is up and says no: a bug to see, not an outage
+                    if seq is not None:
+                        self.journal.ack(seq, self.run_id)   # answered: a replay would only be refused again
+                    raise
+                self._go_offline(err)
+            except Exception as err:  # noqa: BLE001 - any other store failure: stop talking to it, keep journaling
+                self._go_offline(err)
             else:
                 if seq is not None:
                     try:
@@ -354,6 +364,12 @@ class JobRun:
         if self.journal is None:
             raise StoreUnreachable(f"neither the tracking store ({self.offline}) nor a journal could record "
                                    f"this job's results")
+
+    def _go_offline(self, err: Exception) -> None:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        self.offline = f"{type(err).__name__}: {first.split(' with exception')[0]}"[:160]
+        where = f"journaling to {self.journal.path}" if self.journal else "and no journal is writable"
+        log.warning("tracking store failed (%s); the job goes on, %s", self.offline, where)
 
     def _drop_journal(self) -> None:
         try:

@@ -44,3 +44,16 @@ def cli_env(extra: dict | None = None) -> dict:
 @pytest.fixture
 def store(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def quant_spec(method: str, kernel: str, **fields):
+    """A QuantSpec with conf/precision/_fields.yaml's defaults (the one place they live) under `fields`."""
+    import dataclasses
+
+    from src.config import QuantSpec
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF / "precision" / "_fields.yaml"))
+    names = {f.name for f in dataclasses.fields(QuantSpec)}
+    values = {k: v for k, v in defaults.items() if k in names}
+    values.update(method=method, kernel=kernel, **fields)
+    values["int8_linears"] = tuple(values["int8_linears"])
+    return QuantSpec(**values)

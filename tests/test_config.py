@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from src.config import ConfigError, job_config_from_dict
-from src.run import GROUPS, draft_parts, unknown_choice
+from src.overrides import GROUPS, unknown_choice, unknown_key
 from tests.conftest import CONF, compose_job
 
 # dataset=textfile has a mandatory path; it is checked on its own below.
@@ -22,7 +22,7 @@ def all_choices():
 @pytest.mark.parametrize("group,choice", list(all_choices()))
 def test_every_choice_composes_and_validates(group, choice):
     raw, choices = compose_job([f"{group}={choice}", *NEEDS.get((group, choice), [])])
-    job = job_config_from_dict(raw, draft_parts(raw))  # a draft names its model and precision
+    job = job_config_from_dict(raw)  # a draft's model and precision are composed into it
     assert choices[group] == choice
     part = getattr(job, group)
     assert getattr(part, "name", getattr(part, "kind", None)) == choice  # the file names its own choice

@@ -16,7 +16,7 @@ from src.engine import ENGINES, Sampling
 from src.engine.native import Decoder
 from src.kernels import modules
 from src.quant import qparams
-from src.quant.kernels import pack_w4
+from src.quant.aten_ops import pack_w4
 from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, int4_tensors, int8_tensors
 from src.tiny import tiny_model
 

@@ -1,4 +1,4 @@
-"""The seed tables' arithmetic (DESIGN.md measurement rules)."""
+"""The seed tables' arithmetic (the README's measurement rules)."""
 
 import math
 

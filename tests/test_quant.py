@@ -8,16 +8,17 @@ from src.quant import awq, calibrate, qparams, smoothquant
 from src.quant.apply import quantize_model
 from src.quant.arch import awq_groups, decoder_linears
 from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, build, int4_tensors, int8_tensors
-from src.quant.pipeline import QuantSpec, install, quantize
+from src.quant.pipeline import install, quantize
+from tests.conftest import quant_spec
 from src.quant import scaling
 from src.tiny import tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 SPECS = {
-    "w8a8": QuantSpec("smoothquant", "w8a8", alpha=0.5),
-    "w8a16": QuantSpec("smoothquant", "w8a16", alpha=0.5),
-    "w4a16": QuantSpec("awq", "w4a16", group_size=128, awq_grid=5, awq_search_tokens=256),
-    "rtn": QuantSpec("rtn", "w4a16", group_size=128),
+    "w8a8": quant_spec("smoothquant", "w8a8", alpha=0.5),
+    "w8a16": quant_spec("smoothquant", "w8a16", alpha=0.5),
+    "w4a16": quant_spec("awq", "w4a16", group_size=128, awq_grid=5, awq_search_tokens=256),
+    "rtn": quant_spec("rtn", "w4a16", group_size=128),
 }
 DTYPE = {"w8a8": torch.float32, "w8a16": torch.bfloat16, "w4a16": torch.bfloat16, "rtn": torch.bfloat16}
 
@@ -210,7 +211,7 @@ def test_cache_is_reused_and_a_corrupt_file_rebuilt(tmp_path):
 def test_cache_key_covers_every_parameter():
     from src.quant.cache import cache_key
     base = cache_key("src", SPECS["w4a16"], "h")
-    assert base != cache_key("src", QuantSpec("awq", "w4a16", group_size=64, awq_grid=5, awq_search_tokens=256), "h")
+    assert base != cache_key("src", quant_spec("awq", "w4a16", group_size=64, awq_grid=5, awq_search_tokens=256), "h")
     assert base != cache_key("src", SPECS["w4a16"], "other-calibration")
     assert base != cache_key("other-source", SPECS["w4a16"], "h")
     assert base == cache_key("src", SPECS["w4a16"], "h")
@@ -223,7 +224,7 @@ def test_every_decoder_linear_is_quantized():
 
 
 def test_mixed_kernels_follow_the_spec():
-    spec = QuantSpec("rtn", "w4a16", group_size=128, head_kernel="w8a16", int8_linears=("mlp.down_proj",))
+    spec = quant_spec("rtn", "w4a16", group_size=128, head_kernel="w8a16", int8_linears=("mlp.down_proj",))
     assert spec.kernel_for("lm_head") == "w8a16"
     assert spec.kernel_for("model.layers.0.mlp.down_proj") == "w8a16"
     assert spec.kernel_for("model.layers.0.mlp.up_proj") == "w4a16"

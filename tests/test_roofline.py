@@ -8,7 +8,8 @@ import torch
 
 from src.engine import roofline
 from src.metrics import Row
-from src.quant.pipeline import QuantSpec, install, quantize
+from src.quant.pipeline import install, quantize
+from tests.conftest import quant_spec
 from src.tiny import tiny_model
 
 
@@ -37,7 +38,7 @@ def test_a_quantized_module_counts_the_layout_its_step_reads_once():
 def test_quantized_modules_count_their_packed_buffers():
     model, _ = tiny_model("llama")
     before = roofline.weight_bytes(model)
-    install(model, quantize(model, "llama", QuantSpec("rtn", "w8a8"), None), torch.float32)
+    install(model, quantize(model, "llama", quant_spec("rtn", "w8a8"), None), torch.float32)
     after = roofline.weight_bytes(model)
     assert after < before / 2  # int8 weights: a quarter of fp32, plus scales and the float parts
 

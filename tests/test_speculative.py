@@ -4,6 +4,8 @@ differs, and measured against the same job without them."""
 
 import math
 
+from pathlib import Path
+
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -13,7 +15,8 @@ from src.config import ConfigError, job_config_from_dict
 from src.engine import ENGINES, Sampling, engine_for
 from src.engine.leviathan import alpha_from_accepted, expected_speedup, tokens_per_step
 from src.engine.speculative import ModelDrafter, PromptLookup, Schedule, accept_or_resample, generate
-from src.run import draft_parts, run_job
+from src.overrides import unknown_choice
+from src.record import run_job
 from src.tiny import byte_tokenizer, tiny_model
 from tests.conftest import compose_job
 
@@ -173,28 +176,29 @@ TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[16,32]", "ta
 
 def test_drafts_resolve_their_model_and_precision():
     raw, _ = compose_job([*TINY, "draft=self_w4a16"])
-    cfg = job_config_from_dict(raw, draft_parts(raw))
+    cfg = job_config_from_dict(raw)
     assert cfg.draft_model.name == "tiny-llama" and cfg.draft_precision.name == "w4a16"
     assert cfg.draft_precision.kernel == "w4a16" and cfg.draft.k == 4
-    raw, _ = compose_job([*TINY, "draft=self_w4a16", "draft.model=tiny-opt", "draft.precision=bf16"])
-    cfg = job_config_from_dict(raw, draft_parts(raw))
+    raw, _ = compose_job([*TINY, "draft=self_w4a16", "+model@draft.model=tiny-opt", "precision@draft.precision=bf16"])
+    cfg = job_config_from_dict(raw)
     assert cfg.draft_model.arch == "opt" and cfg.draft_precision.dtype == "bfloat16"
     raw, _ = compose_job([*TINY, "draft=prompt_lookup"])
-    assert job_config_from_dict(raw, draft_parts(raw)).draft_model is None
+    assert job_config_from_dict(raw).draft_model is None
 
 
 def test_bad_draft_settings_get_one_line():
-    raw, _ = compose_job([*TINY, "draft=self_w4a16", "draft.precision=w3a3"])
-    with pytest.raises(ConfigError, match=r"draft.precision='w3a3' is not in conf/precision/; choose from: .*w4a16"):
-        draft_parts(raw)
+    assert "unknown precision 'w3a3'" in unknown_choice(["draft=self_w4a16", "precision@draft.precision=w3a3"])
+    raw, _ = compose_job([*TINY, "draft=self_w4a16", "draft.precision.alpha=2.0"])
+    with pytest.raises(ConfigError, match=r"precision.alpha=2.0 must be in \[0, 1\]"):
+        job_config_from_dict(raw)
     raw, _ = compose_job([*TINY, "draft=prompt_lookup", "engine=hf"])
     with pytest.raises(ConfigError, match="use engine=native"):
-        job_config_from_dict(raw, draft_parts(raw))
+        job_config_from_dict(raw)
     raw, _ = compose_job([*TINY, "draft=prompt_lookup", "draft.k=0"])
     with pytest.raises(ConfigError, match="draft.k=0"):
-        job_config_from_dict(raw, draft_parts(raw))
+        job_config_from_dict(raw)
     raw, _ = compose_job([*TINY, "draft=prompt_lookup", "task=perplexity"])
-    assert "does not decode" in job_config_from_dict(raw, draft_parts(raw)).unsupported_reason()
+    assert "does not decode" in job_config_from_dict(raw).unsupported_reason()
 
 
 def test_tokenizer_mismatch_names_the_difference():
@@ -214,16 +218,16 @@ def test_a_draft_with_another_tokenizer_is_refused_with_one_line(store, monkeypa
         return model, tok
 
     monkeypatch.setattr(models, "tiny_model", with_extra_token)
-    raw, choices = compose_job([*TINY, "draft=self_w4a16", "draft.model=tiny-opt", "draft.precision=fp32",
+    raw, choices = compose_job([*TINY, "draft=self_w4a16", "+model@draft.model=tiny-opt", "precision@draft.precision=fp32",
                                 f"tracking.uri={store}"])
-    assert run_job(raw, choices, sweep=None) == "failed"
+    assert run_job(raw, choices, sweep=None, output_dir=Path(store.removeprefix('sqlite:///')).parent / 'out') == "failed"
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("quantspec:")]
     assert len(err) == 1 and "does not share tiny-llama's tokenizer (vocabularies of 260 and 259" in err[0]
 
 
 def test_a_draft_job_logs_acceptance_speedup_and_the_estimate(store):
     raw, choices = compose_job([*TINY, "draft=self_w8a8", "precision=bf16", f"tracking.uri={store}"])
-    assert run_job(raw, choices, sweep=None) == "finished"
+    assert run_job(raw, choices, sweep=None, output_dir=Path(store.removeprefix('sqlite:///')).parent / 'out') == "finished"
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
     m = run.data.metrics

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.run import run_job
+from src.record import run_job
 from src.tracking import JobRun, Store, flatten
 from tests.conftest import compose_job, run_cli
 

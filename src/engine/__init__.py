@@ -7,11 +7,11 @@ and timings out; never the config.
 
 from functools import partial
 
+from src.config import STEP_PATHS
 from src.engine import hf, native, speculative
 from src.engine.common import Generation, Sampling
 
 ENGINES = {"hf": hf.generate, "native": native.generate}
-STEP_PATHS = ("quantspec", "transformers")
 
 
 def engine_for(kind: str, step_path: str = "transformers", drafter=None, **draft):

@@ -7,13 +7,7 @@ from typing import Any
 
 import torch
 
-
-@dataclass(frozen=True)
-class Sampling:
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
+from src.config import Sampling  # the configured type itself: config is a leaf, so no cycle
 
 
 @dataclass

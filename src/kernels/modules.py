@@ -14,7 +14,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from src.kernels import MAX_ROWS
-from src.quant.linear import QuantLinear
 
 GEMV_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -68,7 +67,10 @@ def accelerated(module: nn.Module) -> nn.Module:
     """One linear module on the gemv path: a GemvLinear for a float one, the flag for a quantized one."""
     if isinstance(module, nn.Linear) and _fits(module):
         return GemvLinear(module)
-    if isinstance(module, QuantLinear) and module.GEMV_K_STEP and module.in_features % module.GEMV_K_STEP == 0:
+    # A quantized runtime module (src.quant.linear) says itself whether it has a gemv path: no import of
+    # src.quant here, so the two packages do not import each other.
+    step = getattr(module, "GEMV_K_STEP", None)
+    if step and module.in_features % step == 0:
         module.gemv = True
     return module
 

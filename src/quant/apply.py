@@ -5,7 +5,6 @@ Takes a float32 model and returns it quantized for its precision, with a report 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +13,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from src.config import ModelConfig, PrecisionConfig
+from src.config import ModelConfig, PrecisionConfig, QuantSpec
 from src.paths import child
 from src.quant import cache
 from src.quant.calibrate import calibration_ids, ids_hash
-from src.quant.pipeline import QuantSpec, install, quantize, quantized_bytes
+from src.quant.pipeline import install, quantize, quantized_bytes
 
 
 @dataclass
@@ -48,21 +47,12 @@ def quantize_model(model: nn.Module, tokenizer, arch: str, spec: QuantSpec, sour
     return model, QuantReport(directory, built, time.perf_counter() - start, quantized_bytes(weights), spec.alpha)
 
 
-def quant_spec(precision: PrecisionConfig, model: ModelConfig) -> QuantSpec:
-    """The precision's fields that change the weights, by name (a new field needs no edit here)."""
-    alpha = None
-    if precision.method == "smoothquant":
-        alpha = precision.alpha if precision.alpha is not None else model.smoothquant_alpha
-    fields = {f.name: getattr(precision, f.name) for f in dataclasses.fields(QuantSpec) if f.name != "alpha"}
-    return QuantSpec(**fields, alpha=alpha)
-
-
 def prepare(loaded, model_cfg: ModelConfig, precision: PrecisionConfig, corpus: Callable[[], str],
             cache_root: Path) -> tuple[nn.Module, QuantReport | None]:
     """A loaded float32 model, cast to the precision's dtype and quantized first where it asks."""
     dtype = getattr(torch, precision.dtype)
     if not precision.quantized:
         return loaded.model.to(dtype), None
-    return quantize_model(loaded.model, loaded.tokenizer, model_cfg.arch, quant_spec(precision, model_cfg),
+    return quantize_model(loaded.model, loaded.tokenizer, model_cfg.arch, precision.spec(model_cfg.smoothquant_alpha),
                           loaded.source_key, corpus, precision.calib_samples, precision.calib_seq_len, cache_root,
                           model_cfg.name, dtype)

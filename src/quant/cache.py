@@ -18,7 +18,8 @@ from typing import Callable
 from safetensors.torch import load_file, save_file
 
 from src.models import build_cached
-from src.quant.pipeline import QuantizedWeights, QuantSpec
+from src.config import QuantSpec
+from src.quant.pipeline import QuantizedWeights
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from src.kernels import MAX_ROWS
-from src.quant import kernels, qparams
+from src.quant import aten_ops, qparams
 
 
 def _owned(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -87,7 +87,7 @@ class W8A8Linear(QuantLinear):
         if self._small(x2):
             return self._finish(torch.ops.quantspec.gemv_w8a8(x2, self.w_q, self.w_scale, self.w_sum), x, lead)
         x_q, x_scale = qparams.int8_per_token(x2)
-        y = kernels.int8_int8_matmul(x_q, self.w_q.t()).float().mul_(x_scale).mul_(self.w_scale)
+        y = aten_ops.int8_int8_matmul(x_q, self.w_q.t()).float().mul_(x_scale).mul_(self.w_scale)
         return self._finish(y, x, lead)
 
 
@@ -113,7 +113,7 @@ class W8A16Linear(QuantLinear):
         x2, lead = _flat(x)
         if self._small(x2):
             return self._finish(torch.ops.quantspec.gemv_w8a16(x2, self.w_q, self.w_scale32), x, lead)
-        y = kernels.int8_weight_matmul(x2.to(self.w_scale.dtype), self.w_q, self.w_scale)
+        y = aten_ops.int8_weight_matmul(x2.to(self.w_scale.dtype), self.w_q, self.w_scale)
         return self._finish(y, x, lead)
 
 
@@ -135,13 +135,13 @@ class W4A16Linear(QuantLinear):
         if pad:
             q = torch.cat([q, q.new_zeros(pad, q.shape[1])])
             scale, zero = (torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (scale, zero))
-        self.register_buffer("packed", kernels.pack_int4(q), persistent=False)
+        self.register_buffer("packed", aten_ops.pack_int4(q), persistent=False)
         # [N, K/g] scale and zero -> the kernel's [K/g, N, 2]
         sz = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
         self.register_buffer("scales_zeros", sz, persistent=False)
         # The gemv kernel's own layout (unpadded): w = q * scale + offset, offset = zero - 8 * scale.
         n = self.out_features
-        self.register_buffer("w4", kernels.pack_w4(q[:n]), persistent=False)
+        self.register_buffer("w4", aten_ops.pack_w4(q[:n]), persistent=False)
         self.register_buffer("w4_scale", scale[:n].float().contiguous(), persistent=False)
         self.register_buffer("w4_offset", (zero[:n] - qparams.INT4_MID * scale[:n]).float().contiguous(),
                              persistent=False)
@@ -151,7 +151,7 @@ class W4A16Linear(QuantLinear):
         if self._small(x2):
             y = torch.ops.quantspec.gemv_w4a16(x2, self.w4, self.w4_scale, self.w4_offset, self.group)
             return self._finish(y, x, lead)
-        y = kernels.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group,
+        y = aten_ops.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group,
                                        self.scales_zeros)
         if y.shape[-1] != self.out_features:
             y = y[:, :self.out_features]

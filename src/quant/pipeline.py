@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from src.config import HEAD, QuantSpec
 from src.quant import awq as awq_pass
 from src.quant import smoothquant
 from src.quant.arch import decoder_linears
@@ -19,30 +20,6 @@ from src.quant.linear import build, int4_tensors, int8_tensors
 
 METHODS = ("smoothquant", "awq", "rtn")
 KERNELS = ("w8a8", "w8a16", "w4a16")
-HEAD = "lm_head"
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """Everything that changes the quantized weights (and so the cache key)."""
-    method: str
-    kernel: str
-    group_size: int | None = None
-    alpha: float | None = None
-    awq_grid: int = 20
-    awq_clip: bool = True
-    awq_search_tokens: int = 2048
-    awq_block_loss: bool = False
-    quantize_head: bool = True
-    head_kernel: str | None = None   # None: the layers' kernel
-    int8_linears: tuple[str, ...] = ()   # decoder linears (name suffixes) kept at int8 under a 4-bit kernel
-
-    def kernel_for(self, name: str) -> str:
-        if name == HEAD:
-            return self.head_kernel or self.kernel
-        if self.kernel == "w4a16" and name.endswith(self.int8_linears):
-            return "w8a16"
-        return self.kernel
 
 
 @dataclass

@@ -1,0 +1,189 @@
+"""A job from its typed config, free of Hydra and MLflow: `build(cfg, recorder) -> Job`, `Job.run()`.
+
+    job = build(cfg)            # place, load, quantize, install kernels, engine (+ draft): the slow part
+    result = job.run()          # the task, and its decode steps against the roofline
+
+The recorder receives what building measures and decides (model load time, quantization metrics, the
+kernels used, placement tags) as it happens; src.record passes the job's tracked run, a script passes
+nothing. src.run (Hydra) and scripts/ both build jobs here, so a job is assembled in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import nn
+
+from src import environment, hardware
+from src.config import ConfigError, JobConfig
+from src.corpus import load_text
+from src.engine import engine_for, roofline
+from src.hardware import Placement
+from src.models import LoadedModel, load_model, tokenizer_mismatch
+from src.tasks import TASKS, TaskInputs, TaskResult
+
+log = logging.getLogger("quantspec")
+
+
+class Recorder(Protocol):
+    def log_metrics(self, values: dict[str, float], step: int = 0) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log_params(self, params: dict[str, str]) -> None: ...
+    def log_text(self, text: str, name: str) -> None: ...
+
+
+class Discard:
+    """A recorder for scripts and tests: what building measures is dropped."""
+
+    def log_metrics(self, values, step=0): pass
+    def set_tags(self, tags): pass
+    def log_params(self, params): pass
+    def log_text(self, text, name): pass
+
+
+@dataclass
+class Job:
+    cfg: JobConfig
+    placement: Placement
+    env: dict
+    loaded: LoadedModel
+    model: nn.Module
+    corpus: Callable[[], str]
+    engine: Callable
+    baseline: Callable | None          # with a draft: the same engine without it, timed beside it
+    quant_metrics: dict[str, float]
+
+    def inputs(self) -> TaskInputs:
+        cfg = self.cfg
+        return TaskInputs(self.model, self.loaded.tokenizer, cfg.task, cfg.model.code, cfg.sampling,
+                          self.loaded.max_context, self.corpus, self.engine, baseline=self.baseline)
+
+    def run(self) -> TaskResult:
+        result = TASKS[self.cfg.task.kind](self.inputs())
+        if result.rows:  # a timed task: set its decode steps against the memory-bandwidth roofline
+            bandwidth = roofline.host_bandwidth(self.cfg.cache_dir, self.placement.threads, self.env["cpu_model"])
+            result.series["decode_efficiency"], extra = roofline.efficiency(self.model, result.rows, bandwidth)
+            result.summary.update(extra)
+        return result
+
+
+def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
+    """Everything before the task. The caller has checked cfg.unsupported_reason()."""
+    placement = hardware.resolve(cfg.hardware)
+    if placement.note:
+        log.warning(placement.note)
+    torch.set_num_threads(placement.threads)
+    env = environment.describe(placement.threads, placement.device)
+    recorder.set_tags({"executed_on": placement.executed_on, "placement_note": placement.note or "",
+                       "git_commit": env["git_commit"], "cpu_model": env["cpu_model"],
+                       "threads": str(placement.threads)})
+    recorder.log_text(json.dumps(env, indent=2), "environment.json")
+
+    loaded = load_model(cfg.model, cfg.cache_dir)
+    recorder.log_metrics({"model_load_s": loaded.load_s})
+    check_context(cfg, loaded)
+    corpus = lambda: load_text(cfg.dataset)  # noqa: E731 - read only by the tasks and calibration that need it
+    model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder)
+    model = model.to(placement.device)
+    model.set_attn_implementation(cfg.engine.attention)
+    _install_kernels(cfg, model, placement, recorder)
+    plain = engine_for(cfg.engine.kind, cfg.engine.step_path)
+    drafter = _prepare_draft(cfg, loaded, corpus, placement, recorder) if cfg.draft.active else None
+    engine = plain if drafter is None else engine_for(cfg.engine.kind, cfg.engine.step_path, drafter,
+                                                      k=cfg.draft.k, schedule=cfg.draft.schedule,
+                                                      k_max=cfg.draft.k_max)
+    baseline = plain if drafter is not None and cfg.draft.baseline else None
+    return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics)
+
+
+def check_context(cfg, loaded) -> None:
+    """Refuse, before anything is quantized or timed, work that would run past the model's context."""
+    from src.tasks.decode import prompts
+
+    task, new, max_context = cfg.task, cfg.task.new_tokens(cfg.model.code), loaded.max_context
+    if task.kind == "perplexity" and task.window > max_context:
+        raise ConfigError(f"task.window={task.window} exceeds {cfg.model.name}'s context of {max_context} tokens; "
+                          f"use task.window={max_context} or less")
+    if task.kind == "decode":
+        longest = max(len(loaded.tokenizer(p).input_ids) for p in prompts(cfg.model.code)[:task.limit])
+        if longest + new > max_context:
+            field = f"task.{'code_' if cfg.model.code else ''}max_new_tokens"
+            raise ConfigError(f"{field}={new} with a {longest}-token prompt exceeds {cfg.model.name}'s context of "
+                              f"{max_context} tokens; use {field}={max_context - longest} or less")
+    if task.kind == "benchmark":
+        dropped = [n for n in task.prompt_lengths if n + new > max_context]
+        if len(dropped) == len(task.prompt_lengths):
+            raise ConfigError(f"no prompt length of task {task.name} fits {cfg.model.name}'s context of {max_context} "
+                              f"tokens with {new} new tokens")
+        if dropped:  # said now, before the timing; the task drops them
+            log.warning("prompt lengths %s dropped: with %d new tokens they exceed the model's context of %d",
+                        dropped, new, max_context)
+
+
+def _prepare_draft(cfg, loaded, corpus, placement, recorder):
+    """The drafter for draft.kind: prompt lookup, or a draft model at its precision (quantized once,
+    through the same cache as targets) whose tokenizer must be the target's."""
+    from src.engine.speculative import ModelDrafter, PromptLookup
+
+    if cfg.draft.kind == "prompt_lookup":
+        return PromptLookup(cfg.draft.max_ngram, cfg.draft.min_ngram)
+    draft_loaded = load_model(cfg.draft_model, cfg.cache_dir)
+    mismatch = tokenizer_mismatch(loaded.tokenizer, draft_loaded.tokenizer)
+    if mismatch:
+        raise ConfigError(f"draft model {cfg.draft_model.name} does not share {cfg.model.name}'s tokenizer "
+                          f"({mismatch}); pick a draft of the target's family")
+    recorder.log_metrics({"draft_model_load_s": draft_loaded.load_s})
+    model, _ = _prepare_precision(cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, recorder, "draft_")
+    if cfg.draft.vocab:
+        from src.engine.subset_head import cut_head, frequent_tokens
+        kept = cut_head(model, frequent_tokens(draft_loaded.tokenizer, corpus(), cfg.draft.vocab))
+        recorder.log_metrics({"draft_vocab": kept})
+    model = model.to(placement.device)
+    model.set_attn_implementation(cfg.engine.attention)
+    _install_kernels(cfg, model, placement, recorder, tag=False)
+    return ModelDrafter(model, fast=cfg.engine.step_path == "quantspec")
+
+
+def _install_kernels(cfg, model, placement, recorder, tag: bool = True) -> None:
+    """engine.kernels=quantspec: decode-step matmuls through src/kernels, or ATen's where they cannot run."""
+    used, note = "aten", ""
+    if cfg.engine.kernels == "quantspec":
+        from src import kernels
+        from src.kernels import modules
+
+        if placement.device != "cpu":
+            note = f"quantspec kernels are CPU kernels; {placement.device} keeps ATen's"
+        elif kernels.load(cfg.cache_dir / "kernels"):
+            used = "quantspec"
+            counts = modules.install(model)
+            if tag:
+                recorder.log_params({f"kernels.{kind}": count for kind, count in sorted(counts.items())})
+        else:
+            note = f"quantspec kernels unavailable, ATen's used: {kernels.reason()}"
+    if note and tag:
+        log.warning(note)
+    if tag:
+        recorder.set_tags({"kernels": used, "kernels_note": note})
+
+
+def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, prefix: str = ""):
+    """Cast to the precision's dtype, quantizing first (from the cache when it holds this key).
+    Returns the model and the quantization step's metrics (empty for a float precision). `prefix`
+    names a draft's metrics and tags apart from the target's."""
+    from src.quant.apply import prepare
+
+    model, report = prepare(loaded, model_cfg, precision, corpus, cfg.cache_dir)
+    if report is None:
+        return model, {}
+    log.info("%s%s %s in %.1f s (%s)", prefix.replace("_", " "),
+             "quantized" if report.built else "loaded quantized weights", precision.name, report.seconds,
+             report.cache_dir)
+    metrics = {prefix + k: v for k, v in report.metrics().items()}
+    recorder.log_metrics(metrics)
+    recorder.set_tags({prefix + "quant_cache": str(report.cache_dir),
+                  **({prefix + "smoothquant_alpha": str(report.alpha)} if report.alpha is not None else {})})
+    return model, metrics

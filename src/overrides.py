@@ -1,0 +1,91 @@
+"""The command line, checked before Hydra composes it: unknown choices and unknown fields get one line
+(Hydra's own messages run to five lines and end in a hint about HYDRA_FULL_ERROR)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from src.environment import PROJECT_ROOT
+
+CONF_DIR = PROJECT_ROOT / "conf"
+GROUPS = ("model", "hardware", "precision", "draft", "task", "engine", "dataset", "tracking")
+LAUNCHERS = ("basic", "ray")   # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)
+
+
+def _known(group: str, conf_dir: Path) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One line naming an unknown group choice on the command line, or None.
+
+    Hydra's own message for this is a dozen lines with a search path; users need the name and the options.
+    """
+    for arg in args:
+        launcher = re.fullmatch(r"hydra/launcher=(.*)", arg)
+        if launcher and launcher.group(1) not in LAUNCHERS:
+            return f"unknown hydra/launcher {launcher.group(1)!r}; choose from: {', '.join(LAUNCHERS)}"
+        match = re.fullmatch(r"\+?(\w+)(?:@[\w.]+)?=([^()\[\]{}]*)", arg)   # also precision@draft.precision=
+        if not match or match.group(1) not in GROUPS:
+            continue
+        group, values = match.groups()
+        known = _known(group, conf_dir)
+        for value in (v.strip() for v in values.split(",")):
+            if value not in known:
+                return (f"unknown {group} {value!r}; choose from: {', '.join(known)} "
+                        f"(or add conf/{group}/{value}.yaml)")
+    return None
+
+
+def unknown_key(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One line naming an override of a group's field that the chosen entry does not have, or None.
+
+    Hydra's own message is five lines ending in a hint about HYDRA_FULL_ERROR."""
+    from src.config import ConfigError
+    chosen = {g: [v.strip() for v in m.group(2).split(",")] for a in args
+              if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS}
+    defaults = OmegaConf.load(conf_dir / "config.yaml").defaults
+    for entry in defaults:
+        if isinstance(entry, DictConfig):
+            for group, value in entry.items():
+                chosen.setdefault(str(group), [str(value)])
+    for arg in args:
+        match = re.fullmatch(r"(\w+)\.([\w.]+)=.*", arg)
+        if not match or match.group(1) not in GROUPS:
+            continue
+        group, path = match.groups()
+        for value in chosen.get(group, []):
+            try:
+                node = group_entry(group, value, group)
+            except ConfigError:
+                continue  # an unknown choice is unknown_choice's to report
+            for part in path.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    return (f"{group}.{path} is not a setting of {group} {value}; its settings: "
+                            f"{', '.join(sorted(node)) if isinstance(node, dict) else '(none below ' + part + ')'}")
+                node = node[part]
+    return None
+
+
+def group_entry(group: str, name: str, where: str, conf_dir: Path = CONF_DIR) -> dict:
+    """conf/<group>/<name>.yaml as Hydra composes it, as a plain dict: over the files its defaults list
+    names (e.g. _fields), with other groups' entries nested where it places them (a draft's
+    `/precision@precision: w8a8` becomes its `precision` field)."""
+    from src.config import ConfigError
+
+    path = conf_dir / group / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{where}={name!r} is not in conf/{group}/; choose from: {', '.join(_known(group, conf_dir))}")
+    node = OmegaConf.load(path)
+    parts = []
+    for entry in node.pop("defaults", None) or []:
+        if isinstance(entry, str) and entry != "_self_":
+            parts.append(OmegaConf.load(conf_dir / group / f"{entry}.yaml"))
+        elif isinstance(entry, DictConfig):
+            for key, value in entry.items():   # /other_group@field: choice
+                other, _, field = str(key).lstrip("/").partition("@")
+                parts.append(OmegaConf.create({field or other: group_entry(other, str(value), where, conf_dir)}))
+    return OmegaConf.to_container(OmegaConf.merge(*parts, node), resolve=True)

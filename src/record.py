@@ -1,0 +1,154 @@
+"""One job, tracked: a config error is one line and no run; otherwise the job's run is opened in the
+store (after a resume check), everything it measures is journaled and logged as it comes, and it ends
+finished, skipped, failed or killed. The job itself is src.job's; Hydra is src.run's.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from src import signals
+from src.signals import Stopped
+
+log = logging.getLogger("quantspec")
+TAG_GROUPS = ("model", "hardware", "precision", "draft", "task")
+
+
+def fail_line(message: str) -> None:
+    print(f"quantspec: {message}", file=sys.stderr, flush=True)
+
+
+class SweepAbort(BaseException):
+    """The sweep cannot go on (no tracking store): a BaseException, so Hydra does not run every other job
+    into the same wall first. The message is the one line the user sees."""
+
+
+outcomes: list[str] = []   # one per job of this process: the sweep's summary and the exit code
+said_once: set[str] = set()
+active: dict = {}   # the store and sweep of the job under way, for closing them when a signal stops us
+sweep_counts: dict[str, int] = {}   # the sweep's job counts as the store holds them, for the exit code
+# Where a job runs: the Ray node and its host (src.cluster sets the node on a worker).
+NODE = {"node": "local", "node_host": socket.gethostname()}
+
+
+def fail_once(message: str) -> None:
+    """A config error repeats in every job of a sweep: say it once."""
+    if message not in said_once:
+        said_once.add(message)
+        fail_line(message)
+
+
+def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output_dir: Path | None = None,
+            preset: tuple[str, str] | None = None) -> str:
+    """Run one composed job and record it. Returns its outcome: finished, skipped, failed or killed.
+
+    A config error is one line and no run. A job a previous attempt of the same sweep finished is kept,
+    not rerun (resume=false reruns it). Everything measured is journaled in `output_dir` as it is
+    logged, so a store that fails mid-job loses nothing."""
+    from src.config import ConfigError, job_config_from_dict
+    from src.journal import Journal
+    from src.tracking import JobRun, StoreUnreachable, default_uri, flatten, key_of, open_store
+
+    name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
+    try:
+        cfg = job_config_from_dict(raw)
+    except ConfigError as err:
+        fail_once(str(err))
+        outcomes.append("failed")
+        return "failed"
+    uri = cfg.tracking.uri or default_uri()
+    registry = cfg.cache_dir / "journals"
+    try:
+        store = open_store(uri, cfg.experiment, registry, cfg.tracking.unreachable == "journal")
+    except StoreUnreachable as err:
+        raise SweepAbort(str(err)) from None
+    active.update(store=store, sweep=sweep, job=None)
+    job_key = key_of(job_key or name)
+    if sweep and store and cfg.resume:
+        done = store.finished_job(sweep.sweep_id, job_key)
+        if done is not None:
+            print(f"quantspec: job {name} already finished in this sweep (run {done.info.run_id}); kept "
+                  f"(resume=false reruns it)", flush=True)
+            outcomes.append("finished")
+            return "finished"
+    try:
+        journal = Journal(output_dir or Path("outputs") / "journals" / job_key, registry, uri)
+    except OSError as err:
+        log.warning("cannot write a journal (%s); results go to the store only", err)
+        journal = None
+    params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
+              # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'
+              **{f"choice.{k.rpartition('@')[2]}": v for k, v in choices.items()}}
+    job = JobRun(store, journal, uri, cfg.experiment)
+    active["job"] = job
+    try:
+        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}, **NODE}, job_key)
+        if preset is not None:
+            _record_preset(job, name, *preset)
+        else:
+            _execute(cfg, raw, job, name)
+    except (KeyboardInterrupt, Stopped) as err:
+        signals.stopping()
+        try:
+            job.kill(signals.describe(err)[0])
+        except StoreUnreachable:
+            pass  # nothing can record it; the owner record lets the next run end it
+        raise
+    except Exception as err:  # noqa: BLE001 - recorded in full (error.txt) and reported in one line
+        fail_line(f"job {name} failed: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
+        try:
+            job.fail(err)
+        except StoreUnreachable as lost:
+            fail_line(f"job {name}: {lost}")
+    finally:
+        outcomes.append(job.outcome or "failed")
+        if job.where():
+            fail_line(f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
+                      f"{job.where()} and go to the store with the next run or `python -m src.sync`")
+    return job.outcome or "failed"
+
+
+def _record_preset(job, name: str, outcome: str, reason: str) -> None:
+    if outcome == "skipped":
+        job.skip(reason)
+        print(f"quantspec: job {name} skipped: {reason}", flush=True)
+    else:
+        job.fail(RuntimeError(reason))
+        fail_line(f"job {name} failed: {reason}")
+
+
+def _execute(cfg, raw: dict, run, name: str) -> None:
+    """Build the job, run its task, print its table, log what it measured, end the run."""
+    from src import job as jobs
+    from src.metrics import rows_csv, seed_table, summary_table
+
+    run.log_text(OmegaConf.to_yaml(OmegaConf.create(raw)), "config.yaml")
+    reason = cfg.unsupported_reason()
+    if reason:
+        run.skip(reason)
+        print(f"quantspec: job {name} skipped: {reason}", flush=True)
+        return
+    job = jobs.build(cfg, run)
+    result = job.run()
+    # The table first: whatever happens to the store below, the user has seen the measurements.
+    table = seed_table(result.rows) if result.rows else summary_table({**job.quant_metrics, **result.summary})
+    print(f"\n{name} (executed on {job.placement.executed_on})\n{table}\n", flush=True)
+    for row in result.rows:
+        run.log_metrics(row.metrics(), step=row.example)
+    for metric, values in result.series.items():
+        for step, value in enumerate(values, start=1):
+            run.log_metrics({metric: value}, step=step)
+    run.log_metrics(result.summary)
+    if result.rows:
+        run.log_text(table + "\n", "examples.md")
+        run.log_text(rows_csv(result.rows), "examples.csv")
+    for file_name, text in result.artifacts.items():
+        run.log_text(text, file_name)
+    for note in result.notes:
+        log.warning(note)
+    run.finish()

@@ -1,0 +1,29 @@
+"""A job built and run from its typed config alone: no Hydra run, no MLflow."""
+
+from src.config import job_config_from_dict
+from src.job import build
+from tests.conftest import compose_job
+
+
+class Kept:
+    """A recorder that keeps what building reports."""
+
+    def __init__(self):
+        self.tags, self.metrics, self.texts, self.params = {}, {}, {}, {}
+
+    def set_tags(self, tags): self.tags.update(tags)
+    def log_metrics(self, values, step=0): self.metrics.update(values)
+    def log_text(self, text, name): self.texts[name] = text
+    def log_params(self, params): self.params.update(params)
+
+
+def test_build_then_run_gives_rows_and_reports_what_it_decided(tmp_path):
+    raw, _ = compose_job(["model=tiny-llama", "precision=w8a8", "task.limit=2", "task.max_new_tokens=3",
+                          "task.warmup=0", "engine.kernels=aten", f"cache_dir={tmp_path}"])
+    kept = Kept()
+    job = build(job_config_from_dict(raw), kept)
+    assert kept.tags["executed_on"] == "cpu" and kept.tags["kernels"] == "aten"
+    assert "model_load_s" in kept.metrics and "quantize_s" in kept.metrics and "environment.json" in kept.texts
+    result = job.run()
+    assert [r.new_tokens for r in result.rows] == [3, 3]
+    assert len(result.series["decode_efficiency"]) == 2 and result.summary["examples"] == 2
