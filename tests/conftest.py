@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -57,3 +60,35 @@ def quant_spec(method: str, kernel: str, **fields):
     values.update(method=method, kernel=kernel, **fields)
     values["int8_linears"] = tuple(values["int8_linears"])
     return QuantSpec(**values)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    """Until `url`/health answers; bounded, so a server that never starts fails its test, not the suite."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            return
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail(f"{what} did not start")
+            time.sleep(0.3)
+
+
+def mlflow_server(where: Path, port: int) -> subprocess.Popen:
+    """A real `mlflow server` on loopback over a SQLite store in `where`, in its own process group
+    (so a test can kill it with its workers, as a crash would), answering when this returns."""
+    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    proc = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{where / 'server.db'}",
+                             "--artifacts-destination", str(where / "artifacts")],
+                            cwd=where, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_healthy(f"http://127.0.0.1:{port}", proc, "mlflow server")
+    return proc

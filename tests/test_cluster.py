@@ -16,13 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, cli_env, run_cli
+from tests.conftest import ROOT, cli_env, free_port, run_cli, wait_healthy
 
 RAY = Path(sys.executable).with_name("ray")
 QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]
@@ -44,12 +43,6 @@ pytestmark = [pytest.mark.skipif(NO_RAY is not None, reason=NO_RAY or ""),
                                                     "pip install -e '.[lab]'")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ray(*args: str) -> None:
     out = subprocess.run([str(RAY), *args], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
@@ -59,7 +52,7 @@ def _ray(*args: str) -> None:
 @pytest.fixture(scope="module")
 def cluster():
     """{'address', 'phx', 'stx'}: the cluster's address and its two nodes' ids."""
-    port = _free_port()
+    port = free_port()
     temp = tempfile.mkdtemp(prefix="qs-ray-")   # short: Ray's socket paths must fit in 107 bytes
     common = ["--num-cpus=1", "--disable-usage-stats"]
     try:
@@ -89,21 +82,12 @@ def server():
     """The tracking server as a lab starts it: scripts/tracking-server."""
     where = Path(tempfile.mkdtemp(prefix="qs-tracking-"))
     where.chmod(0o755)   # PostgreSQL runs as its own user (as root, the script hands it the data)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "tracking-server"), "--port", str(port), "--dir",
                              str(where)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=cli_env({"PYTHON": sys.executable}))
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{uri}/health", timeout=2)
-            break
-        except OSError:
-            if time.time() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail(f"the tracking server did not start: {proc.stdout.read()[-2000:]}")
-            time.sleep(0.5)
+    wait_healthy(uri, proc, "scripts/tracking-server")
     yield uri
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
@@ -150,7 +134,7 @@ def test_without_a_server_or_a_cluster_the_sweep_stops_in_one_line(server, tmp_p
     local = run_cli(["-m", *QUICK, "hydra/launcher=ray", "hardware=phx,stx"], cwd=tmp_path)
     assert local.returncode == 2 and "needs one tracking server for every node" in local.stderr
     nowhere = run_cli(["-m", *QUICK, "hydra/launcher=ray", "hardware=phx,stx", "tracking=server",
-                       f"tracking.uri={server}", f"hydra.launcher.address=127.0.0.1:{_free_port()}"], cwd=tmp_path)
+                       f"tracking.uri={server}", f"hydra.launcher.address=127.0.0.1:{free_port()}"], cwd=tmp_path)
     assert nowhere.returncode == 2 and "no Ray cluster answers at" in nowhere.stderr
     assert len([line for line in nowhere.stderr.splitlines() if line.startswith("quantspec:")]) == 1
 

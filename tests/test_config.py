@@ -106,3 +106,10 @@ def test_any_precision_field_overrides_in_a_sweep_of_float_and_quantized():
 def test_known_choices_and_plain_overrides_pass():
     assert unknown_choice(["-m", "hardware=phx,stx", "precision=fp32,bf16", "task.limit=2",
                            "model.local_path=/x"]) is None
+
+
+def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
+    assert unknown_key(["draft=self_w8a8", "draft.precision.alpha=0.6"]) is None
+    assert unknown_key(["draft=llama-160m", "draft.model.local_path=/x"]) is None
+    assert "task.foo is not a setting of task decode" in unknown_key(["task.foo=1"])
+    assert "draft.precision.alfa is not a setting" in unknown_key(["draft=self_w8a8", "draft.precision.alfa=1"])

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, cli_env, run_cli
+from tests.conftest import ROOT, cli_env, free_port, mlflow_server, run_cli
 
 # aten kernels: a fresh cache per test must not rebuild src/kernels (the kernel tests below do that)
 QUICK = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0", "engine.kernels=aten"]
@@ -129,36 +128,13 @@ def test_rerunning_a_sweep_keeps_finished_jobs_and_reruns_the_rest(tmp_path, env
 
 # --- a tracking server that goes away ---------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _server(tmp_path: Path, port: int) -> subprocess.Popen:
-    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
-    proc = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                             "--artifacts-destination", str(tmp_path / "artifacts")],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    import urllib.request
-    deadline = time.time() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return proc
-        except OSError:
-            assert time.time() < deadline and proc.poll() is None, "mlflow server did not start"
-            time.sleep(0.3)
-
-
 def _stop(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGKILL)  # the server and its workers, as a crash would
     proc.wait(timeout=30)
 
 
 def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_path, env):
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server_args = ["tracking=server", f"tracking.uri={uri}"]
     # nothing answers: one line within seconds, and nothing run
@@ -172,7 +148,7 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
     assert offline.returncode == 0, offline.stderr[-2000:]
     assert "journaled in" in offline.stderr and (tmp_path / "offline" / "journal.jsonl").is_file()
     # the server dies in the middle of a job: the job finishes, prints its table and journals
-    server = _server(tmp_path, port)
+    server = mlflow_server(tmp_path, port)
     try:
         proc = start([*SLOW, *server_args, f"hydra.run.dir={tmp_path / 'lost'}"], tmp_path, "lost")
         wait_for(tmp_path / "lost.out", "example 1/", proc)
@@ -185,7 +161,7 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         assert [line for line in said(err) if "journaled in" in line] and "Traceback" not in err
         # the offline job's journal went in when the lost job opened the store, by itself
         # back up: a sync replays the lost job's journal; a second sync sends nothing
-        server = _server(tmp_path, port)
+        server = mlflow_server(tmp_path, port)
         synced = run_cli([], module="src.sync", env=env)
         assert synced.returncode == 0, synced.stderr[-2000:]
         assert "1 journal(s) replayed" in synced.stdout

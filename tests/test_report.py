@@ -2,18 +2,13 @@
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from src import report
-from tests.conftest import ROOT, run_cli
+from tests.conftest import free_port, mlflow_server, run_cli
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 
@@ -79,12 +74,6 @@ def test_report_of_an_empty_store_is_one_line(tmp_path, capsys):
     assert len(lines) == 1 and "run a sweep first" in lines[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rest(url: str, payload: dict) -> dict:
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -92,23 +81,10 @@ def _rest(url: str, payload: dict) -> dict:
 
 
 def test_sweep_against_a_real_tracking_server(tmp_path):
-    port = _free_port()
-    mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
-    server = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                               "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-                               "--artifacts-destination", str(tmp_path / "artifacts")],
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    server = mlflow_server(tmp_path, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90  # bounded: a server that never answers fails the test, not the suite
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    pytest.fail("mlflow server did not start")
-                time.sleep(0.5)
         out = run_cli(["-m", *TINY, "precision=fp32,bf16", "tracking=server", f"tracking.uri={base}",
                        f"hydra.sweep.dir={tmp_path / 'sweep'}"])
         assert out.returncode == 0, out.stderr[-2000:]
