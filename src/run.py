@@ -76,7 +76,7 @@ class SweepCallback(Callback):
                 counts = store.close_sweep(parent.info.run_id)
                 record.sweep_counts.update(counts)
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
-            fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0]}); the next run will")
+            fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will")
         print(f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
               f"{counts['failed']} failed" + (f", {counts['killed']} killed" if counts.get("killed") else ""),
               flush=True)

@@ -159,17 +159,20 @@ class Store:
         runs = self._search(f"tags.`{SWEEP_KEY}` = '{key_of(sweep_id)}' and tags.`{ROLE}` = 'sweep'", max_results=1)
         return runs[0] if runs else None
 
-    def sweep_parent(self, sweep: dict) -> str:
-        """The sweep's parent run, created on first use; a parent a rerun finds ended is reopened."""
+    def sweep_parent(self, sweep: dict, who: str | None = None) -> str:
+        """The sweep's parent run, created on first use and owned by `who` (this process by default). This
+        process's own job reopens and claims a parent it finds ended (a rerun); a replayed journal
+        (`who`: its job's long-gone process) only finds it, so the reaper can still close it."""
         found = self.find_sweep(sweep["id"])
+        who = who or owner.me()
         if found is None:
             return self.client.create_run(self.experiment_id, run_name=sweep["name"], tags={
                 ROLE: "sweep", SWEEP_ID: sweep["id"], SWEEP_KEY: key_of(sweep["id"]), "overrides": sweep["overrides"],
-                OWNER: owner.me(), HEARTBEAT: str(journal.now_ms())}).info.run_id
+                OWNER: who, HEARTBEAT: str(journal.now_ms())}).info.run_id
         run_id = found.info.run_id
-        if found.info.status != "RUNNING" or found.data.tags.get(OWNER) != owner.me():
+        if who == owner.me() and (found.info.status != "RUNNING" or found.data.tags.get(OWNER) != who):
             self.client.update_run(run_id, status="RUNNING")
-            self._tags(run_id, {OWNER: owner.me(), HEARTBEAT: str(journal.now_ms()), REASON: ""})
+            self._tags(run_id, {OWNER: who, HEARTBEAT: str(journal.now_ms()), REASON: ""})
         return run_id
 
     def latest_jobs(self, parent_id: str) -> list:
@@ -226,7 +229,7 @@ class Store:
                 return found[0].info.run_id
             tags = {**record["tags"], JOURNAL: record["journal"]}
             if record.get("sweep"):
-                tags["mlflow.parentRunId"] = self.sweep_parent(record["sweep"])
+                tags["mlflow.parentRunId"] = self.sweep_parent(record["sweep"], record["tags"].get(OWNER))
             run_id = self.client.create_run(self.experiment_id, run_name=record["name"], start_time=record["time"],
                                             tags=tags).info.run_id
             op = "params"
@@ -282,7 +285,11 @@ class Store:
                 continue
             reason = f"interrupted: {why} without ending the run"
             if tags.get(ROLE) == "sweep":
-                counts = self.close_sweep(run.info.run_id, "FAILED", reason)
+                # Its jobs may all have ended (a store that was down when the sweep ended): then it is done.
+                jobs = self.latest_jobs(run.info.run_id)
+                done = jobs and all(j.data.tags.get(OUTCOME) in ("finished", "skipped") for j in jobs)
+                counts = self.close_sweep(run.info.run_id, "FINISHED" if done else "FAILED",
+                                          f"closed by a later process: {why}" if done else reason)
                 lines.append(f"{run.info.run_name} was left running ({why}); closed with "
                              + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
             else:

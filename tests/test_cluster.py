@@ -43,9 +43,12 @@ pytestmark = [pytest.mark.skipif(NO_RAY is not None, reason=NO_RAY or ""),
                                                     "pip install -e '.[lab]'")]
 
 
+CACHE = tempfile.mkdtemp(prefix="qs-cache-")   # the workers' (they take the env of `ray start`, not the driver's)
+
+
 def _ray(*args: str) -> None:
     out = subprocess.run([str(RAY), *args], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+                         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "QUANTSPEC_CACHE": CACHE})
     assert out.returncode == 0, out.stdout[-1500:] + out.stderr[-1500:]
 
 
@@ -75,6 +78,7 @@ def cluster():
     finally:
         subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
+        shutil.rmtree(CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

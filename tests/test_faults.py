@@ -150,7 +150,7 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
     # the server dies in the middle of a job: the job finishes, prints its table and journals
     server = mlflow_server(tmp_path, port)
     try:
-        proc = start([*SLOW, *server_args, f"hydra.run.dir={tmp_path / 'lost'}"], tmp_path, "lost")
+        proc = start(["-m", *SLOW, *server_args, f"hydra.sweep.dir={tmp_path / 'lost'}"], tmp_path, "lost")
         wait_for(tmp_path / "lost.out", "example 1/", proc)
         _stop(server)
         killed = time.time()
@@ -167,8 +167,10 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         assert "1 journal(s) replayed" in synced.stdout
         again = run_cli([str(tmp_path / "offline"), str(tmp_path / "lost")], module="src.sync", env=env)
         assert again.stdout.count("already in the store") == 2
-        _, jobs = by_role(uri)
+        (parent,), jobs = by_role(uri)
         assert len(jobs) == 2 and all(j.info.status == "FINISHED" for j in jobs)
+        # the sweep ended while the server was down: the sync closed its parent, with the store's counts
+        assert parent.info.status == "FINISHED" and parent.data.tags["jobs_finished"] == "1"
         client = MlflowClient(uri)
         for job in jobs:
             examples = int(job.data.metrics["examples"])
