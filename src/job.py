@@ -87,12 +87,11 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     recorder.log_metrics({"model_load_s": loaded.load_s})
     check_context(cfg, loaded)
     corpus = lambda: load_text(cfg.dataset)  # noqa: E731 - read only by the tasks and calibration that need it
-    model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder)
-    model = model.to(placement.device)
-    model.set_attn_implementation(cfg.engine.attention)
-    _install_kernels(cfg, model, placement, recorder)
+    gemv = _kernels(cfg, placement, recorder)   # chosen once: quantized modules are built for it
+    model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)
+    model = _place(cfg, model, placement, gemv, recorder)
     plain = engine_for(cfg.engine.kind, cfg.engine.step_path)
-    drafter = _prepare_draft(cfg, loaded, corpus, placement, recorder) if cfg.draft.active else None
+    drafter = _prepare_draft(cfg, loaded, corpus, placement, gemv, recorder) if cfg.draft.active else None
     engine = plain if drafter is None else engine_for(cfg.engine.kind, cfg.engine.step_path, drafter,
                                                       k=cfg.draft.k, schedule=cfg.draft.schedule,
                                                       k_max=cfg.draft.k_max)
@@ -124,7 +123,7 @@ def check_context(cfg, loaded) -> None:
                         dropped, new, max_context)
 
 
-def _prepare_draft(cfg, loaded, corpus, placement, recorder):
+def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
     """The drafter for draft.kind: prompt lookup, or a draft model at its precision (quantized once,
     through the same cache as targets) whose tokenizer must be the target's."""
     from src.engine.speculative import ModelDrafter, PromptLookup
@@ -137,46 +136,52 @@ def _prepare_draft(cfg, loaded, corpus, placement, recorder):
         raise ConfigError(f"draft model {cfg.draft_model.name} does not share {cfg.model.name}'s tokenizer "
                           f"({mismatch}); pick a draft of the target's family")
     recorder.log_metrics({"draft_model_load_s": draft_loaded.load_s})
-    model, _ = _prepare_precision(cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, recorder, "draft_")
+    model, _ = _prepare_precision(cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, recorder, gemv,
+                                  "draft_")
     if cfg.draft.vocab:
         from src.engine.subset_head import cut_head, frequent_tokens
         kept = cut_head(model, frequent_tokens(draft_loaded.tokenizer, corpus(), cfg.draft.vocab))
         recorder.log_metrics({"draft_vocab": kept})
-    model = model.to(placement.device)
-    model.set_attn_implementation(cfg.engine.attention)
-    _install_kernels(cfg, model, placement, recorder, tag=False)
+    model = _place(cfg, model, placement, gemv)
     return ModelDrafter(model, fast=cfg.engine.step_path == "quantspec")
 
 
-def _install_kernels(cfg, model, placement, recorder, tag: bool = True) -> None:
-    """engine.kernels=quantspec: decode-step matmuls through src/kernels, or ATen's where they cannot run."""
-    used, note = "aten", ""
+def _kernels(cfg, placement, recorder) -> bool:
+    """engine.kernels=quantspec: whether src/kernels run here (built on first use); else ATen's, said why."""
+    used, note = False, ""
     if cfg.engine.kernels == "quantspec":
         from src import kernels
-        from src.kernels import modules
-
         if placement.device != "cpu":
             note = f"quantspec kernels are CPU kernels; {placement.device} keeps ATen's"
         elif kernels.load(cfg.cache_dir / "kernels"):
-            used = "quantspec"
-            counts = modules.install(model)
-            if tag:
-                recorder.log_params({f"kernels.{kind}": count for kind, count in sorted(counts.items())})
+            used = True
         else:
             note = f"quantspec kernels unavailable, ATen's used: {kernels.reason()}"
-    if note and tag:
+    if note:
         log.warning(note)
-    if tag:
-        recorder.set_tags({"kernels": used, "kernels_note": note})
+    recorder.set_tags({"kernels": "quantspec" if used else "aten", "kernels_note": note})
+    return used
 
 
-def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, prefix: str = ""):
+def _place(cfg, model, placement, gemv: bool, recorder=None):
+    """On its device, with its attention, and (gemv) its float linears and norms on quantspec's kernels."""
+    model = model.to(placement.device)
+    model.set_attn_implementation(cfg.engine.attention)
+    if gemv:
+        from src.kernels import modules
+        counts = modules.install(model)
+        if recorder is not None:
+            recorder.log_params({f"kernels.{kind}": count for kind, count in sorted(counts.items())})
+    return model
+
+
+def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv: bool, prefix: str = ""):
     """Cast to the precision's dtype, quantizing first (from the cache when it holds this key).
     Returns the model and the quantization step's metrics (empty for a float precision). `prefix`
     names a draft's metrics and tags apart from the target's."""
     from src.quant.apply import prepare
 
-    model, report = prepare(loaded, model_cfg, precision, corpus, cfg.cache_dir)
+    model, report = prepare(loaded, model_cfg, precision, corpus, cfg.cache_dir, gemv)
     if report is None:
         return model, {}
     log.info("%s%s %s in %.1f s (%s)", prefix.replace("_", " "),

@@ -17,7 +17,7 @@ from src.engine.native import Decoder
 from src.kernels import modules
 from src.quant import qparams
 from src.quant.aten_ops import pack_w4
-from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, int4_tensors, int8_tensors
+from src.quant.linear import build, int4_tensors, int8_tensors
 from src.tiny import tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
@@ -115,21 +115,22 @@ def test_decode_attention_matches_causal_sdpa_and_each_row_stands_alone(dtype):
         assert torch.equal(alone[:, :, 0], out[:, :, i])
 
 
-def test_quantized_modules_take_the_gemv_path_for_few_rows_only():
+def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
     torch.manual_seed(1)
     w = torch.randn(48, 128)
-    w8, w4 = W8A8Linear(**int8_tensors(w, None)), W4A16Linear(**int4_tensors(w, None, 128), group=128)
-    w816 = W8A16Linear(**int8_tensors(w, None))
-    for module, dtype in ((w8, torch.float32), (w4, torch.bfloat16), (w816, torch.bfloat16)):
+    for kind, tensors, dtype in (("w8a8", int8_tensors(w, None), torch.float32),
+                                 ("w4a16", int4_tensors(w, None, 128), torch.bfloat16),
+                                 ("w8a16", int8_tensors(w, None), torch.bfloat16)):
+        aten, fast = (build(kind, tensors, 128, dtype, gemv) for gemv in (False, True))
+        assert type(fast).__name__.endswith("Gemv") and not type(aten).__name__.endswith("Gemv")
         x = torch.randn(2, 3, 128).to(dtype)
-        aten = module(x)
-        assert modules.install(module) and module.gemv
-        assert _rel_err(module(x), aten.double()) < 1e-2  # both round to bf16 (w4a16) differently
+        assert _rel_err(fast(x), aten(x).double()) < 1e-2  # both round to bf16 (w4a16) differently
         many = torch.randn(1, 20, 128).to(dtype)  # more rows than MAX_ROWS: ATen's path, unchanged
-        module.gemv = False
-        expected = module(many)
-        module.gemv = True
-        torch.testing.assert_close(module(many), expected, rtol=0, atol=0)
+        torch.testing.assert_close(fast(many), aten(many), rtol=0, atol=0)
+        cut = fast.select_rows(torch.tensor([0, 5])) if hasattr(fast, "select_rows") else None
+        assert cut is None or type(cut) is type(fast)   # a draft's cut head stays on the same kernels
+    assert type(build("w8a8", int8_tensors(torch.randn(8, 96), None), None, torch.float32, True)).__name__ \
+        == "W8A8Linear"   # K = 96 is no multiple of the w8a8 kernel's 64: ATen's
 
 
 @pytest.mark.parametrize("arch", ARCHS)

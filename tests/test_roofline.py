@@ -24,13 +24,13 @@ def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():
 
 
 def test_a_quantized_module_counts_the_layout_its_step_reads_once():
-    from src.quant.linear import W4A16Linear, int4_tensors
+    from src.quant.linear import build, int4_tensors
 
     n, k = 64, 256
-    module = W4A16Linear(**int4_tensors(torch.randn(n, k), None, 128), group=128)
+    tensors = int4_tensors(torch.randn(n, k), None, 128)
     groups = n * k // 128
-    for gemv in (False, True):  # it holds ATen's packed layout and the gemv's: a step reads one
-        module.gemv = gemv
+    for gemv in (False, True):  # the gemv module holds ATen's packed layout (prefill) and its own: a step reads one
+        module = build("w4a16", tensors, 128, torch.bfloat16, gemv)
         assert n * k // 2 <= module.step_bytes() <= n * k // 2 + groups * 8
         assert roofline.weight_bytes(module) == module.step_bytes()
 

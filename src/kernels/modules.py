@@ -1,7 +1,7 @@
 """Route a model's small-batch matmuls (decode steps, draft verification) to quantspec's kernels.
 
 `install(model)` swaps each float nn.Linear for a GemvLinear sharing its parameters (a tied head stays
-tied), switches the quantized runtime modules' gemv path on, and fuses the RMSNorms. Calls with more rows than
+tied) and fuses the RMSNorms; quantized linears were built with their gemv path (src.quant.linear). Calls with more rows than
 src.kernels.MAX_ROWS (prefill) keep ATen's kernels.
 """
 
@@ -64,14 +64,10 @@ def _fits(linear: nn.Linear) -> bool:
 
 
 def accelerated(module: nn.Module) -> nn.Module:
-    """One linear module on the gemv path: a GemvLinear for a float one, the flag for a quantized one."""
+    """A float linear module on the gemv path (a GemvLinear), or the module itself. Quantized modules
+    get theirs when they are built (src.quant.linear.build, gemv=True)."""
     if isinstance(module, nn.Linear) and _fits(module):
         return GemvLinear(module)
-    # A quantized runtime module (src.quant.linear) says itself whether it has a gemv path: no import of
-    # src.quant here, so the two packages do not import each other.
-    step = getattr(module, "GEMV_K_STEP", None)
-    if step and module.in_features % step == 0:
-        module.gemv = True
     return module
 
 
@@ -79,7 +75,7 @@ def install(model: nn.Module) -> Counter:
     """Swap in place; returns how many modules of each kind now take the gemv path."""
     counts: Counter = Counter()
     for name, module in list(model.named_modules()):
-        if hasattr(module, "accelerate"):  # a draft's cut-down head: rows it cuts later go the same way
+        if hasattr(module, "accelerate"):  # a draft's cut-down float head: rows it cuts later go the same way
             module.accelerate = accelerated
         if type(module).__name__ in NORMS and module.weight.dtype in GEMV_DTYPES:
             model.set_submodule(name, FusedRMSNorm(module, NORMS[type(module).__name__]))
@@ -89,6 +85,6 @@ def install(model: nn.Module) -> Counter:
         if fast is not module:
             model.set_submodule(name, fast)
             counts[f"gemv_{str(module.weight.dtype).removeprefix('torch.')}"] += 1
-        elif getattr(module, "gemv", False):
+        elif type(module).__name__.endswith("Gemv"):   # built so by src.quant.linear
             counts[f"gemv_{type(module).__name__}"] += 1
     return counts

@@ -35,7 +35,7 @@ class QuantReport:
 
 def quantize_model(model: nn.Module, tokenizer, arch: str, spec: QuantSpec, source_key: str,
                    corpus: Callable[[], str], calib_samples: int, calib_seq_len: int, cache_root: Path,
-                   label: str, dtype: torch.dtype) -> tuple[nn.Module, QuantReport]:
+                   label: str, dtype: torch.dtype, gemv: bool = False) -> tuple[nn.Module, QuantReport]:
     start = time.perf_counter()
     # RTN needs no data; hashing none keeps its key independent of the dataset.
     calib = None if spec.method == "rtn" else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
@@ -43,16 +43,17 @@ def quantize_model(model: nn.Module, tokenizer, arch: str, spec: QuantSpec, sour
     directory = child(cache_root / "quantized", f"{label}-{spec.kernel}-{spec.method}-{key[:16]}")
     weights, built = cache.load_or_build(directory, lambda: quantize(model, arch, spec, calib),
                                          {"source": source_key, "key": key})
-    model = install(model.to(dtype), weights, dtype)
+    model = install(model.to(dtype), weights, dtype, gemv)
     return model, QuantReport(directory, built, time.perf_counter() - start, quantized_bytes(weights), spec.alpha)
 
 
 def prepare(loaded, model_cfg: ModelConfig, precision: PrecisionConfig, corpus: Callable[[], str],
-            cache_root: Path) -> tuple[nn.Module, QuantReport | None]:
-    """A loaded float32 model, cast to the precision's dtype and quantized first where it asks."""
+            cache_root: Path, gemv: bool = False) -> tuple[nn.Module, QuantReport | None]:
+    """A loaded float32 model, cast to the precision's dtype and quantized first where it asks (its
+    quantized linears with quantspec's few-row kernels where `gemv`)."""
     dtype = getattr(torch, precision.dtype)
     if not precision.quantized:
         return loaded.model.to(dtype), None
     return quantize_model(loaded.model, loaded.tokenizer, model_cfg.arch, precision.spec(model_cfg.smoothquant_alpha),
                           loaded.source_key, corpus, precision.calib_samples, precision.calib_seq_len, cache_root,
-                          model_cfg.name, dtype)
+                          model_cfg.name, dtype, gemv)

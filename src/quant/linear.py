@@ -26,29 +26,22 @@ def _flat(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
 
 
 class QuantLinear(nn.Module):
-    """`gemv`: route calls of at most kernels.MAX_ROWS rows to quantspec's own kernels (set by
-    src.kernels.modules.install once they are loaded; ATen's kernels otherwise, and for prefill)."""
+    """A quantized linear on ATen's kernels. Its *Gemv subclass (below) adds quantspec's own kernel for
+    calls of at most MAX_ROWS rows (decode steps, draft verification); which of the two a model gets is
+    chosen once, when `build` makes it (src.quant.pipeline.install, gemv=True where src/kernels loaded)."""
 
-    gemv = False
-    GEMV_K_STEP: int | None = None   # K must be a multiple of this for the gemv kernel; None: no gemv path
+    # The buffers a one-token step reads (a Gemv module also holds ATen's layout, for prefill: counting
+    # every buffer would overstate the roofline).
+    STEP_BUFFERS: tuple[str, ...] = ()
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", bias, persistent=False)
 
-    # The buffers a one-token step reads, on ATen's path and on the gemv path (some modules hold both
-    # layouts, so counting every buffer would overstate the roofline).
-    STEP_BUFFERS: tuple[str, ...] = ()
-    GEMV_STEP_BUFFERS: tuple[str, ...] = ()
-
     def step_bytes(self) -> int:
-        names = (self.GEMV_STEP_BUFFERS if self.gemv else self.STEP_BUFFERS) + ("bias",)
-        tensors = [getattr(self, n) for n in names if getattr(self, n, None) is not None]
+        tensors = [getattr(self, n) for n in self.STEP_BUFFERS + ("bias",) if getattr(self, n, None) is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
-
-    def _small(self, x2: torch.Tensor) -> bool:
-        return self.gemv and x2.shape[0] <= MAX_ROWS
 
     def _finish(self, y: torch.Tensor, x: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
         if self.bias is not None:
@@ -66,26 +59,20 @@ def _rows_bias(bias: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | N
 class W8A8Linear(QuantLinear):
     """int8 weights per output channel x int8 activations per token, quantized at run time."""
 
-    GEMV_K_STEP = 64
     STEP_BUFFERS = ("w_q", "w_scale")
-    GEMV_STEP_BUFFERS = ("w_q", "w_scale", "w_sum")
 
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(w_q.shape[1], w_q.shape[0], bias)
         # Stored [N, K]; the kernel takes its transpose as a view (column-major B), no copy.
         self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
         self.register_buffer("w_scale", _owned(w_scale, torch.float32), persistent=False)
-        # Row sums undo the +128 that makes activations unsigned for VPDPBUSD (the gemv kernel).
-        self.register_buffer("w_sum", self.w_q.sum(dim=1, dtype=torch.int32), persistent=False)
 
     def select_rows(self, ids: torch.Tensor) -> "W8A8Linear":
-        """These output channels only (a draft's cut-down head)."""
-        return W8A8Linear(self.w_q[ids], self.w_scale[ids], _rows_bias(self.bias, ids))
+        """These output channels only (a draft's cut-down head), on the same kernels."""
+        return type(self)(self.w_q[ids], self.w_scale[ids], _rows_bias(self.bias, ids))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
-        if self._small(x2):
-            return self._finish(torch.ops.quantspec.gemv_w8a8(x2, self.w_q, self.w_scale, self.w_sum), x, lead)
         x_q, x_scale = qparams.int8_per_token(x2)
         y = aten_ops.int8_int8_matmul(x_q, self.w_q.t()).float().mul_(x_scale).mul_(self.w_scale)
         return self._finish(y, x, lead)
@@ -94,25 +81,22 @@ class W8A8Linear(QuantLinear):
 class W8A16Linear(QuantLinear):
     """int8 weights per output channel, 16-bit activations: a weight-only int8 kernel."""
 
-    GEMV_K_STEP = 32
     STEP_BUFFERS = ("w_q", "w_scale")
-    GEMV_STEP_BUFFERS = ("w_q", "w_scale32")
 
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.bfloat16):
         super().__init__(w_q.shape[1], w_q.shape[0], None if bias is None else bias.to(dtype))
         self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
         self.register_buffer("w_scale", _owned(w_scale, dtype), persistent=False)  # ATen's kernel: x's dtype
-        self.register_buffer("w_scale32", _owned(w_scale, torch.float32), persistent=False)  # the gemv's
+        # The exact (float32) scale: a cut-down head is rebuilt from it, not from its rounding.
+        self.register_buffer("w_scale32", _owned(w_scale, torch.float32), persistent=False)
 
     def select_rows(self, ids: torch.Tensor) -> "W8A16Linear":
-        """These output channels only (a draft's cut-down head)."""
-        return W8A16Linear(self.w_q[ids], self.w_scale32[ids], _rows_bias(self.bias, ids), dtype=self.w_scale.dtype)
+        """These output channels only (a draft's cut-down head), on the same kernels."""
+        return type(self)(self.w_q[ids], self.w_scale32[ids], _rows_bias(self.bias, ids), dtype=self.w_scale.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
-        if self._small(x2):
-            return self._finish(torch.ops.quantspec.gemv_w8a16(x2, self.w_q, self.w_scale32), x, lead)
         y = aten_ops.int8_weight_matmul(x2.to(self.w_scale.dtype), self.w_q, self.w_scale)
         return self._finish(y, x, lead)
 
@@ -121,9 +105,7 @@ class W4A16Linear(QuantLinear):
     """4-bit asymmetric weights in groups, bf16 activations: the CPU int4 kernel."""
 
     N_MULTIPLE = 16  # the kernel packs output channels in blocks of 16
-    GEMV_K_STEP = 32
     STEP_BUFFERS = ("packed", "scales_zeros")
-    GEMV_STEP_BUFFERS = ("w4", "w4_scale", "w4_offset")
 
     def __init__(self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
                  bias: torch.Tensor | None = None):
@@ -139,22 +121,63 @@ class W4A16Linear(QuantLinear):
         # [N, K/g] scale and zero -> the kernel's [K/g, N, 2]
         sz = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
         self.register_buffer("scales_zeros", sz, persistent=False)
-        # The gemv kernel's own layout (unpadded): w = q * scale + offset, offset = zero - 8 * scale.
-        n = self.out_features
-        self.register_buffer("w4", aten_ops.pack_w4(q[:n]), persistent=False)
-        self.register_buffer("w4_scale", scale[:n].float().contiguous(), persistent=False)
-        self.register_buffer("w4_offset", (zero[:n] - qparams.INT4_MID * scale[:n]).float().contiguous(),
-                             persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
-        if self._small(x2):
-            y = torch.ops.quantspec.gemv_w4a16(x2, self.w4, self.w4_scale, self.w4_offset, self.group)
-            return self._finish(y, x, lead)
         y = aten_ops.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group,
                                        self.scales_zeros)
         if y.shape[-1] != self.out_features:
             y = y[:, :self.out_features]
+        return self._finish(y, x, lead)
+
+
+# --- the same, with quantspec's kernels for a few rows (src/kernels; prefill stays on ATen's) -------
+
+class W8A8Gemv(W8A8Linear):
+    K_STEP = 64   # the kernel steps through K in 64s
+    STEP_BUFFERS = ("w_q", "w_scale", "w_sum")
+
+    def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__(w_q, w_scale, bias)
+        # Row sums undo the +128 that makes activations unsigned for VPDPBUSD.
+        self.register_buffer("w_sum", self.w_q.sum(dim=1, dtype=torch.int32), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        if x2.shape[0] > MAX_ROWS:
+            return super().forward(x)
+        return self._finish(torch.ops.quantspec.gemv_w8a8(x2, self.w_q, self.w_scale, self.w_sum), x, lead)
+
+
+class W8A16Gemv(W8A16Linear):
+    K_STEP = 32
+    STEP_BUFFERS = ("w_q", "w_scale32")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        if x2.shape[0] > MAX_ROWS:
+            return super().forward(x)
+        return self._finish(torch.ops.quantspec.gemv_w8a16(x2, self.w_q, self.w_scale32), x, lead)
+
+
+class W4A16Gemv(W4A16Linear):
+    K_STEP = 32
+    STEP_BUFFERS = ("w4", "w4_scale", "w4_offset")
+
+    def __init__(self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
+                 bias: torch.Tensor | None = None):
+        super().__init__(q4, scale, zero, group, bias)
+        # The gemv kernel's own layout (unpadded): w = q * scale + offset, offset = zero - 8 * scale.
+        q = qparams.unpack_nibbles(q4)
+        self.register_buffer("w4", aten_ops.pack_w4(q), persistent=False)
+        self.register_buffer("w4_scale", scale.float().contiguous(), persistent=False)
+        self.register_buffer("w4_offset", (zero - qparams.INT4_MID * scale).float().contiguous(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        if x2.shape[0] > MAX_ROWS:
+            return super().forward(x)
+        y = torch.ops.quantspec.gemv_w4a16(x2, self.w4, self.w4_scale, self.w4_offset, self.group)
         return self._finish(y, x, lead)
 
 
@@ -172,11 +195,20 @@ def int4_tensors(weight: torch.Tensor, bias: torch.Tensor | None, group: int,
             **({"bias": bias.detach().float()} if bias is not None else {})}
 
 
-def build(kind: str, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype) -> nn.Module:
+ATEN = {"w8a8": W8A8Linear, "w8a16": W8A16Linear, "w4a16": W4A16Linear}
+GEMV = {"w8a8": W8A8Gemv, "w8a16": W8A16Gemv, "w4a16": W4A16Gemv}
+
+
+def build(kind: str, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype,
+          gemv: bool = False) -> nn.Module:
+    """The runtime module for these portable tensors: on ATen's kernels, or (gemv, where its K fits the
+    kernel's step) with quantspec's for a few rows."""
+    if kind not in ATEN:
+        raise ValueError(f"unknown quantized kernel {kind!r}; known: {', '.join(ATEN)}")
+    k = t["w_q"].shape[1] if "w_q" in t else t["q4"].shape[1] * 2
+    cls = GEMV[kind] if gemv and k % GEMV[kind].K_STEP == 0 else ATEN[kind]
     if kind == "w8a8":
-        return W8A8Linear(t["w_q"], t["w_scale"], t.get("bias"))
+        return cls(t["w_q"], t["w_scale"], t.get("bias"))
     if kind == "w8a16":
-        return W8A16Linear(t["w_q"], t["w_scale"], t.get("bias"), dtype=dtype)
-    if kind == "w4a16":
-        return W4A16Linear(t["q4"], t["scale"], t["zero"], group, t.get("bias"))
-    raise ValueError(f"unknown quantized kernel {kind!r}; known: w8a8, w8a16, w4a16")
+        return cls(t["w_q"], t["w_scale"], t.get("bias"), dtype=dtype)
+    return cls(t["q4"], t["scale"], t["zero"], group, t.get("bias"))

@@ -64,12 +64,13 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
 
 
 @torch.no_grad()
-def install(model: nn.Module, weights: QuantizedWeights, dtype: torch.dtype) -> nn.Module:
-    """Copy the scaled float parameters in and swap each linear for its runtime module. Cast first."""
+def install(model: nn.Module, weights: QuantizedWeights, dtype: torch.dtype, gemv: bool = False) -> nn.Module:
+    """Copy the scaled float parameters in and swap each linear for its runtime module (with quantspec's
+    few-row kernels where `gemv`: they must be loaded). Cast first."""
     for name, value in weights.floats.items():
         model.get_parameter(name).copy_(value)
     for name, tensors in weights.layers.items():
-        model.set_submodule(name, build(weights.kernels[name], tensors, weights.group_size, dtype))
+        model.set_submodule(name, build(weights.kernels[name], tensors, weights.group_size, dtype, gemv))
     if HEAD in weights.layers:
         # The head had shared the embedding's weight (Gemma ties them); it now has its own, quantized.
         model.config.tie_word_embeddings = False
