@@ -20,7 +20,7 @@ MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANT_METHODS = ("none", "smoothquant", "awq", "rtn")
-KERNELS = ("w8a8", "w8a16", "w4a16")
+SCHEMES = ("w8a8", "w8a16", "w4a16")   # low-bit weights x activations (precision.scheme)
 INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel accepts
 DRAFT_KINDS = ("none", "prompt_lookup", "model")
 DRAFT_SCHEDULES = ("constant", "heuristic")
@@ -97,23 +97,23 @@ class QuantSpec:
     """What changes a precision's quantized weights (and so its cache key): the quantization library's
     input (src.quant). The defaults live in conf/precision/_fields.yaml, nowhere else."""
     method: str                     # none | smoothquant | awq | rtn
-    kernel: str | None              # which low-bit kernel the quantized linears run
+    scheme: str | None              # which low-bit scheme the quantized linears run (w8a8, w8a16, w4a16)
     group_size: int | None          # int4 groups along the input features
     alpha: float | None             # SmoothQuant; null: the model's smoothquant_alpha
     quantize_head: bool             # False keeps the output head in float
-    head_kernel: str | None         # the head's kernel where it differs from the layers' (w4a16 + w8a16 head)
+    head_scheme: str | None         # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
     awq_grid: int
     awq_clip: bool
     awq_search_tokens: int
     awq_block_loss: bool
     int8_linears: tuple[str, ...]   # decoder linears (name suffixes) kept at int8 under w4a16
 
-    def kernel_for(self, name: str) -> str:
+    def scheme_for(self, name: str) -> str:
         if name == HEAD:
-            return self.head_kernel or self.kernel
-        if self.kernel == "w4a16" and name.endswith(self.int8_linears):
+            return self.head_scheme or self.scheme
+        if self.scheme == "w4a16" and name.endswith(self.int8_linears):
             return "w8a16"
-        return self.kernel
+        return self.scheme
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,17 +142,17 @@ class PrecisionConfig(QuantSpec):
         _check_choice("precision.method", self.method, QUANT_METHODS)
         if not self.quantized:
             return
-        _check_choice("precision.kernel", self.kernel, KERNELS)
-        if self.head_kernel is not None:
-            _check_choice("precision.head_kernel", self.head_kernel, KERNELS)
-        if self.kernel == "w4a16":
+        _check_choice("precision.scheme", self.scheme, SCHEMES)
+        if self.head_scheme is not None:
+            _check_choice("precision.head_scheme", self.head_scheme, SCHEMES)
+        if self.scheme == "w4a16":
             if self.group_size not in INT4_GROUPS:
                 raise ConfigError(f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
                                   f"use one of: {', '.join(map(str, INT4_GROUPS))}")
             if self.method == "smoothquant":
                 raise ConfigError("precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w4a16")
         elif self.method == "awq":
-            raise ConfigError(f"precision.method=awq is for w4a16, not precision.kernel={self.kernel}")
+            raise ConfigError(f"precision.method=awq is for w4a16, not precision.scheme={self.scheme}")
         if self.alpha is not None and not 0 <= self.alpha <= 1:
             raise ConfigError(f"precision.alpha={self.alpha} must be in [0, 1]")
         for key in ("calib_samples", "calib_seq_len", "awq_grid", "awq_search_tokens"):

@@ -49,7 +49,7 @@ def store(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
-def quant_spec(method: str, kernel: str, **fields):
+def quant_spec(method: str, scheme: str, **fields):
     """A QuantSpec with conf/precision/_fields.yaml's defaults (the one place they live) under `fields`."""
     import dataclasses
 
@@ -57,7 +57,7 @@ def quant_spec(method: str, kernel: str, **fields):
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "precision" / "_fields.yaml"))
     names = {f.name for f in dataclasses.fields(QuantSpec)}
     values = {k: v for k, v in defaults.items() if k in names}
-    values.update(method=method, kernel=kernel, **fields)
+    values.update(method=method, scheme=scheme, **fields)
     values["int8_linears"] = tuple(values["int8_linears"])
     return QuantSpec(**values)
 

@@ -224,10 +224,10 @@ def test_every_decoder_linear_is_quantized():
 
 
 def test_mixed_kernels_follow_the_spec():
-    spec = quant_spec("rtn", "w4a16", group_size=128, head_kernel="w8a16", int8_linears=("mlp.down_proj",))
-    assert spec.kernel_for("lm_head") == "w8a16"
-    assert spec.kernel_for("model.layers.0.mlp.down_proj") == "w8a16"
-    assert spec.kernel_for("model.layers.0.mlp.up_proj") == "w4a16"
+    spec = quant_spec("rtn", "w4a16", group_size=128, head_scheme="w8a16", int8_linears=("mlp.down_proj",))
+    assert spec.scheme_for("lm_head") == "w8a16"
+    assert spec.scheme_for("model.layers.0.mlp.down_proj") == "w8a16"
+    assert spec.scheme_for("model.layers.0.mlp.up_proj") == "w4a16"
     model, tok = tiny_model("llama")
     install(model.to(torch.bfloat16), quantize(model.float(), "llama", spec, None), torch.bfloat16)
     assert isinstance(model.model.layers[1].mlp.down_proj, W8A16Linear)
@@ -238,7 +238,7 @@ def test_mixed_kernels_follow_the_spec():
 @pytest.mark.parametrize("override,expect", [
     ("precision.method=gptq", "precision.method='gptq' is not one of: none, smoothquant, awq, rtn"),
     ("precision.group_size=100", "precision.group_size=100 is not one the int4 kernel runs"),
-    ("precision.kernel=w3a16", "precision.kernel='w3a16' is not one of"),
+    ("precision.scheme=w3a16", "precision.scheme='w3a16' is not one of"),
 ])
 def test_bad_method_or_group_size_is_one_line(override, expect, store):
     from tests.conftest import run_cli

@@ -178,7 +178,7 @@ def test_drafts_resolve_their_model_and_precision():
     raw, _ = compose_job([*TINY, "draft=self_w4a16"])
     cfg = job_config_from_dict(raw)
     assert cfg.draft_model.name == "tiny-llama" and cfg.draft_precision.name == "w4a16"
-    assert cfg.draft_precision.kernel == "w4a16" and cfg.draft.k == 4
+    assert cfg.draft_precision.scheme == "w4a16" and cfg.draft.k == 4
     raw, _ = compose_job([*TINY, "draft=self_w4a16", "+model@draft.model=tiny-opt", "precision@draft.precision=bf16"])
     cfg = job_config_from_dict(raw)
     assert cfg.draft_model.arch == "opt" and cfg.draft_precision.dtype == "bfloat16"

@@ -40,7 +40,7 @@ def quantize_model(model: nn.Module, tokenizer, arch: str, spec: QuantSpec, sour
     # RTN needs no data; hashing none keeps its key independent of the dataset.
     calib = None if spec.method == "rtn" else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
     key = cache.cache_key(source_key, spec, "none" if calib is None else ids_hash(calib))
-    directory = child(cache_root / "quantized", f"{label}-{spec.kernel}-{spec.method}-{key[:16]}")
+    directory = child(cache_root / "quantized", f"{label}-{spec.scheme}-{spec.method}-{key[:16]}")
     weights, built = cache.load_or_build(directory, lambda: quantize(model, arch, spec, calib),
                                          {"source": source_key, "key": key})
     model = install(model.to(dtype), weights, dtype, gemv)

@@ -23,7 +23,7 @@ from src.quant.pipeline import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3   # 3: "kernels" renamed "schemes" (a format-2 cache is rebuilt)
 WEIGHTS, META = "quantized.safetensors", "quantized.json"
 
 
@@ -37,7 +37,7 @@ def save(directory: Path, weights: QuantizedWeights) -> None:
     tensors = {f"layer/{name}/{k}": t.contiguous() for name, ts in weights.layers.items() for k, t in ts.items()}
     tensors.update({f"float/{name}": t.contiguous() for name, t in weights.floats.items()})
     save_file(tensors, str(directory / WEIGHTS))
-    (directory / META).write_text(json.dumps({"format": FORMAT, "kernels": weights.kernels,
+    (directory / META).write_text(json.dumps({"format": FORMAT, "schemes": weights.schemes,
                                               "group_size": weights.group_size, "info": weights.info}, indent=2))
 
 
@@ -54,9 +54,9 @@ def load(directory: Path) -> QuantizedWeights:
         else:
             name, field = rest.rsplit("/", 1)
             layers.setdefault(name, {})[field] = tensor
-    if set(meta["kernels"]) != set(layers):
+    if set(meta["schemes"]) != set(layers):
         raise ValueError("quantized cache lists other layers than it holds")
-    return QuantizedWeights(meta["kernels"], meta["group_size"], layers, floats, meta.get("info", {}))
+    return QuantizedWeights(meta["schemes"], meta["group_size"], layers, floats, meta.get("info", {}))
 
 
 def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: dict) -> tuple[QuantizedWeights, bool]:

@@ -19,21 +19,20 @@ from src.quant.arch import decoder_linears
 from src.quant.linear import build, int4_tensors, int8_tensors
 
 METHODS = ("smoothquant", "awq", "rtn")
-KERNELS = ("w8a8", "w8a16", "w4a16")
 
 
 @dataclass
 class QuantizedWeights:
-    kernels: dict[str, str]                        # linear name -> the kernel it runs
+    schemes: dict[str, str]                        # linear name -> the scheme it runs (w8a8, ...)
     group_size: int | None
     layers: dict[str, dict[str, torch.Tensor]]     # linear name -> portable tensors
     floats: dict[str, torch.Tensor]                # float parameters the scaling changed
     info: dict = field(default_factory=dict)
 
 
-def _tensors(kernel: str, lin: nn.Linear, group: int | None, clip: torch.Tensor | None = None
+def _tensors(scheme: str, lin: nn.Linear, group: int | None, clip: torch.Tensor | None = None
              ) -> dict[str, torch.Tensor]:
-    if kernel == "w4a16":
+    if scheme == "w4a16":
         return int4_tensors(lin.weight.detach(), lin.bias, group, clip)
     return int8_tensors(lin.weight.detach(), lin.bias)
 
@@ -47,7 +46,7 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     if spec.method == "smoothquant":
         changed = smoothquant.smooth(model, arch, calibration, spec.alpha)
     elif spec.method == "awq":
-        int4 = {n for n in decoder_linears(model, arch) if spec.kernel_for(n) == "w4a16"}
+        int4 = {n for n in decoder_linears(model, arch) if spec.scheme_for(n) == "w4a16"}
         changed, clips = awq_pass.awq(model, arch, calibration, spec.group_size, spec.awq_grid, spec.awq_clip,
                                       spec.awq_search_tokens, spec.awq_block_loss, clip_only=int4)
     elif spec.method != "rtn":
@@ -55,11 +54,11 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     linears = decoder_linears(model, arch)
     if spec.quantize_head:
         linears[HEAD] = model.get_submodule(HEAD)
-    kernels = {name: spec.kernel_for(name) for name in linears}
-    layers = {name: _tensors(kernels[name], lin, spec.group_size, clips.get(name)) for name, lin in linears.items()}
+    schemes = {name: spec.scheme_for(name) for name in linears}
+    layers = {name: _tensors(schemes[name], lin, spec.group_size, clips.get(name)) for name, lin in linears.items()}
     quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
     floats = {name: model.get_parameter(name).detach().clone() for name in sorted(changed - quantized_params)}
-    return QuantizedWeights(kernels, spec.group_size, layers, floats,
+    return QuantizedWeights(schemes, spec.group_size, layers, floats,
                             {"quantize_s": time.perf_counter() - start, "layers": len(layers)})
 
 
@@ -70,7 +69,7 @@ def install(model: nn.Module, weights: QuantizedWeights, dtype: torch.dtype, gem
     for name, value in weights.floats.items():
         model.get_parameter(name).copy_(value)
     for name, tensors in weights.layers.items():
-        model.set_submodule(name, build(weights.kernels[name], tensors, weights.group_size, dtype, gemv))
+        model.set_submodule(name, build(weights.schemes[name], tensors, weights.group_size, dtype, gemv))
     if HEAD in weights.layers:
         # The head had shared the embedding's weight (Gemma ties them); it now has its own, quantized.
         model.config.tie_word_embeddings = False
