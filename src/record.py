@@ -43,6 +43,26 @@ def fail_once(message: str) -> None:
         fail_line(message)
 
 
+def stopped(err: BaseException) -> int:
+    """A signal ended the process: close what is open, say so in one line, and return the exit code."""
+    signals.stopping()
+    reason, code = signals.describe(err)
+    store, sweep, job = (active.get(k) for k in ("store", "sweep", "job"))
+    said = f"quantspec: {reason}"
+    if job is not None and job.outcome == "killed":
+        said += "; the job under way is recorded as killed"
+    if store is not None and sweep is not None:
+        try:
+            parent = store.find_sweep(sweep.sweep_id)
+            counts = store.close_sweep(parent.info.run_id, "KILLED", reason) if parent else {}
+            said += (f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
+                     f"resume with hydra.sweep.dir={sweep.sweep_id}")
+        except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
+            said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
+    print(said, file=sys.stderr, flush=True)
+    return code
+
+
 def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output_dir: Path | None = None,
             preset: tuple[str, str] | None = None) -> str:
     """Run one composed job and record it. Returns its outcome: finished, skipped, failed or killed.

@@ -82,26 +82,6 @@ class SweepCallback(Callback):
               flush=True)
 
 
-def _stopped(err: BaseException) -> int:
-    """A signal ended the process: close what is open, say so in one line, and return the exit code."""
-    signals.stopping()
-    reason, code = signals.describe(err)
-    store, sweep, job = (record.active.get(k) for k in ("store", "sweep", "job"))
-    said = f"quantspec: {reason}"
-    if job is not None and job.outcome == "killed":
-        said += "; the job under way is recorded as killed"
-    if store is not None and sweep is not None:
-        try:
-            parent = store.find_sweep(sweep.sweep_id)
-            counts = store.close_sweep(parent.info.run_id, "KILLED", reason) if parent else {}
-            said += (f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
-                     f"resume with hydra.sweep.dir={sweep.sweep_id}")
-        except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
-            said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
-    print(said, file=sys.stderr, flush=True)
-    return code
-
-
 def cli() -> None:
     problem = unknown_choice(sys.argv[1:]) or unknown_key(sys.argv[1:])
     if problem:
@@ -121,7 +101,7 @@ def cli() -> None:
     try:
         main()
     except (KeyboardInterrupt, Stopped) as err:
-        sys.exit(_stopped(err))
+        sys.exit(record.stopped(err))
     except SweepAbort as err:
         fail_line(str(err))
         sys.exit(2)
