@@ -166,3 +166,14 @@ def test_with_kernels_the_lean_path_verifies_exactly_like_steps(dtype):
         steps = torch.stack([stepper.step(t) for t in tokens])
         block = verifier.verify(tokens)
     assert torch.equal(block, steps)
+
+
+def test_a_cut_head_keeps_its_kernels_when_it_is_cut_again():
+    from src.engine.subset_head import cut_head
+    model, _ = tiny_model("llama")
+    cut_head(model, torch.tensor([1, 2, 3]))
+    modules.install(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head.head, modules.GemvLinear)
+    head.focus([5, 6])   # a prompt's own tokens: the rows are cut again, from the swapped full head
+    assert isinstance(head.head, modules.GemvLinear) and {5, 6} <= set(head.ids.tolist())

@@ -26,7 +26,7 @@ def frequent_tokens(tokenizer, corpus: str, n: int) -> torch.Tensor:
 
 def _rows(head: nn.Module, ids: torch.Tensor) -> nn.Module:
     """The head's output rows `ids`, as a module of the same kind."""
-    if hasattr(head, "select_rows"):            # quantized runtime modules
+    if hasattr(head, "select_rows"):            # quantized runtime modules and kernel modules: same kernels
         return head.select_rows(ids)
     weight = getattr(head, "weight", None)
     if weight is None or weight.dim() != 2:
@@ -49,13 +49,11 @@ class SubsetHead(nn.Module):
     def __init__(self, head: nn.Module, ids: torch.Tensor):
         super().__init__()
         self.full, self.base, self.vocab_size = head, ids.to(torch.long), head.out_features
-        self.accelerate = None  # set by src.kernels.modules.install: re-cut rows take the same kernels
         self._cut(self.base)
 
     def _cut(self, ids: torch.Tensor) -> None:
+        # Cut from the full head as it is now: rows of a head swapped for a kernel module take its kernels.
         self.head = _rows(self.full, ids)
-        if self.accelerate is not None:
-            self.head = self.accelerate(self.head)
         self.ids = ids
 
     def focus(self, prompt: list[int]) -> None:

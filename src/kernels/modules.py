@@ -35,6 +35,15 @@ class GemvLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    def select_rows(self, ids: torch.Tensor) -> "GemvLinear":
+        """These output rows only (a draft's cut-down head), on the same kernel."""
+        cut = nn.Linear(self.in_features, len(ids), bias=self.bias is not None, dtype=self.weight.dtype)
+        with torch.no_grad():
+            cut.weight.copy_(self.weight[ids])
+            if self.bias is not None:
+                cut.bias.copy_(self.bias[ids])
+        return GemvLinear(cut)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
@@ -75,8 +84,6 @@ def install(model: nn.Module) -> Counter:
     """Swap in place; returns how many modules of each kind now take the gemv path."""
     counts: Counter = Counter()
     for name, module in list(model.named_modules()):
-        if hasattr(module, "accelerate"):  # a draft's cut-down float head: rows it cuts later go the same way
-            module.accelerate = accelerated
         if type(module).__name__ in NORMS and module.weight.dtype in GEMV_DTYPES:
             model.set_submodule(name, FusedRMSNorm(module, NORMS[type(module).__name__]))
             counts["fused_rms_norm"] += 1
