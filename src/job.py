@@ -5,7 +5,7 @@
 
 The recorder receives what building measures and decides (model load time, quantization metrics, the
 kernels used, placement tags) as it happens; src.record passes the job's tracked run, a script passes
-nothing. src.run (Hydra) and scripts/ both build jobs here, so a job is assembled in one place.
+nothing. src.record (for src.run) and scripts/ both build jobs here, so a job is assembled in one place.
 """
 
 from __future__ import annotations
