@@ -40,6 +40,7 @@ class Report:
     summary: list[list]               # one row per job
     speedups: list[list]              # one row per job with a baseline
     files: dict[str, Path]
+    overview: str = ""                # the summary and speedup tables (the parent run's description)
 
 
 def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:
@@ -150,6 +151,7 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
              f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
              (markdown_table(["job", "baseline", "time/token speedup", "prefill speedup", "perplexity ratio"],
                              speedups) if speedups else "(no job has its baseline in this sweep)") + "\n"]
+    overview = "\n".join(parts[2:])
     parts += [f"![{name}]({name})\n" for name in files]
     for name, table in tables.items():
         parts += [f"## {name}\n", table + "\n"]
@@ -157,11 +159,48 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     (out / "summary.csv").write_text("\n".join(",".join(str(c) for c in row) for row in
                                                [["job", "outcome", *[k for k, _ in SUMMARY]], *summary]) + "\n")
     files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
-    return Report(parent_id, jobs, tables, summary, speedups, files)
+    return Report(parent_id, jobs, tables, summary, speedups, files, overview)
+
+
+def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path) -> Report:
+    """build(), then put it where the MLflow UI shows it: the files under the parent run's `report/`,
+    the comparison tables as the parent's description, and the sweep's headline metrics on the parent
+    (so the top-level chart view compares sweeps; children keep every per-job metric)."""
+    report = build(uri, experiment, sweep, baseline, out_root)
+    client = MlflowClient(uri)
+    for path in report.files.values():
+        client.log_artifact(report.parent_run_id, str(path), "report")
+    client.set_tag(report.parent_run_id, "mlflow.note.content", report.overview)
+    timed = [j for j in report.jobs if j.tags.get("outcome") == "finished" and j.metrics.get("time_per_token_ms_median")]
+    if timed:
+        best = min(timed, key=lambda j: j.metrics["time_per_token_ms_median"])
+        client.log_metric(report.parent_run_id, "best_time_per_token_ms", best.metrics["time_per_token_ms_median"])
+        client.set_tag(report.parent_run_id, "best_time_per_token_job", best.name)
+    gains = [r for r in report.speedups if r[0] != r[1] and not math.isnan(r[2])]
+    if gains:
+        top = max(gains, key=lambda r: r[2])
+        client.log_metric(report.parent_run_id, "best_speedup", top[2])
+        client.set_tag(report.parent_run_id, "best_speedup_job", top[0])
+    return report
+
+
+def settings(argv: list[str] = ()):
+    """conf/report.yaml under key=value overrides."""
+    return OmegaConf.merge(OmegaConf.load(PROJECT_ROOT / "conf" / "report.yaml"), OmegaConf.from_dotlist(list(argv)))
+
+
+def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
+    """A sweep's report, made and attached when it ends (report_at_end), with conf/report.yaml's baseline."""
+    cfg = settings()
+    try:
+        publish(uri, experiment, sweep_id, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
+    except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.report` can redo this
+        print(f"quantspec: the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+              f"run python -m src.report", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
-    cfg = OmegaConf.merge(OmegaConf.load(PROJECT_ROOT / "conf" / "report.yaml"), OmegaConf.from_dotlist(argv))
+    cfg = settings(argv)
     uri = cfg.tracking_uri or default_uri()
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         # opening would create an empty database: say what is missing instead
@@ -169,14 +208,11 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         sweep = str(Path(cfg.sweep).resolve()) if cfg.sweep else None  # sweeps are keyed by absolute directory
-        report = build(uri, cfg.experiment, sweep, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
+        report = (publish if cfg.attach else build)(uri, cfg.experiment, sweep, dict(cfg.baseline),
+                                                    PROJECT_ROOT / cfg.out)
     except LookupError as err:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2
-    if cfg.attach:
-        client = MlflowClient(uri)
-        for path in report.files.values():
-            client.log_artifact(report.parent_run_id, str(path), "report")
     print((report.files["report.md"]).read_text())
     print(f"written to {report.files['report.md'].parent}"
           + (" and attached to the sweep's parent run" if cfg.attach else ""))

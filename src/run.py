@@ -66,7 +66,7 @@ class SweepCallback(Callback):
     """Closes the sweep's parent run once every job has run, with the job counts the store holds."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from src.tracking import Store, default_uri
+        from src.tracking import SWEEP_ID, Store, default_uri
         counts = {o: record.outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
         try:
             store = record.active.get("store") or Store(OmegaConf.select(config, "tracking.uri") or default_uri(),
@@ -75,6 +75,9 @@ class SweepCallback(Callback):
             if parent is not None:
                 counts = store.close_sweep(parent.info.run_id)
                 record.sweep_counts.update(counts)
+                if config.get("report_at_end", True):
+                    from src import report
+                    report.at_sweep_end(store.uri, str(config.experiment), parent.data.tags[SWEEP_ID])
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
             fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will")
         print(f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "

@@ -43,6 +43,17 @@ STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed":
 MAX_PARAM_CHARS = 6000      # MLflow's limit on a param value
 BATCH = 100                 # MLflow's limit on params (and tags) per log_batch call
 PROBE_TRIES, PROBE_TIMEOUT_S = 3, 2.0
+# The experiment opens on its runs (model development, not MLflow's GenAI overview), with a description.
+EXPERIMENT_TAGS = {
+    "mlflow.experimentKind": "custom_model_development",
+    "mlflow.note.content": (
+        "quantspec sweeps of model x hardware x precision x draft x task. Each sweep is a parent run named "
+        "`sweep <date> <time>`: its description holds the sweep's comparison table (time/token, prefill, "
+        "tokens/s, speedup over the baseline, quality) and its `report/` artifacts the full report with plots. "
+        "Expand a sweep to see one child run per job, named by its axes (model·hardware·precision·draft·task). "
+        "To compare: select the child runs and press Compare, or open the Chart view; useful columns are "
+        "time_per_token_ms_median, prefill_ms_median, tokens_per_s_median, decode_efficiency_median, "
+        "perplexity, acceptance_rate_overall and speedup_vs_no_draft_median.")}
 # Answers of a store that is up but refuses the request: raised, never journaled (a replay would fail too).
 REFUSED = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST"}
 
@@ -144,9 +155,13 @@ class Store:
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            if EXPERIMENT_TAGS.keys() - found.tags.keys():   # made by an older quantspec
+                for key, value in EXPERIMENT_TAGS.items():
+                    self.client.set_experiment_tag(found.experiment_id, key, value)
             return found.experiment_id
         try:
-            return self.client.create_experiment(name, artifact_location=artifact_location(self.uri))
+            return self.client.create_experiment(name, artifact_location=artifact_location(self.uri),
+                                                 tags=EXPERIMENT_TAGS)
         except MlflowException:  # another process created it between our look and our create
             return self.client.get_experiment_by_name(name).experiment_id
 

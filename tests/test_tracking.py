@@ -102,18 +102,31 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
     assert sweep_jobs(store, sweep_id=str((tmp_path / "sweep").resolve()))[0] == parent_id
     finished = [j for j in jobs if j.tags["outcome"] == "finished"]
     assert all(j.metrics["time_per_token_ms_median"] > 0 for j in finished)
+    # what the MLflow UI shows on opening: runs (not the GenAI overview), the experiment's how-to, and on
+    # the parent the comparison table, the headline metrics and the report (made when the sweep ended)
+    exp = client.get_experiment_by_name("quantspec")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "Compare" in exp.tags["mlflow.note.content"]
+    parent = client.get_run(parent_id)
+    note = parent.data.tags["mlflow.note.content"]
+    assert "time/token (ms)" in note and all(j.name in note for j in jobs)
+    assert parent.data.metrics["best_time_per_token_ms"] == min(j.metrics["time_per_token_ms_median"] for j in finished)
+    assert parent.data.tags["best_time_per_token_job"] in {j.name for j in finished}
+    assert {"report/report.md", "report/summary.csv"} <= {a.path for a in client.list_artifacts(parent_id, "report")}
 
 
 def test_sweep_survives_a_failing_job_and_exits_nonzero(store, tmp_path):
     good = tmp_path / "corpus.txt"
     good.write_text("def f(x):\n    return x * 2\n" * 50)
-    out = run_cli(["-m", *TINY, "task=benchmark", "task.prompt_lengths=[8]", "dataset=textfile",
+    out = run_cli(["-m", *TINY, "task=benchmark", "task.prompt_lengths=[8]", "dataset=textfile", "report_at_end=false",
                    f"dataset.path={tmp_path / 'missing.txt'},{good}", f"tracking.uri={store}",
                    f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert out.returncode == 1
     assert "1 finished, 0 skipped, 1 failed" in out.stdout
     _, found = runs(store, "tags.`quantspec.role` = 'job'")
     assert sorted(r.data.tags["outcome"] for r in found) == ["failed", "finished"]
+    client, (parent,) = runs(store, "tags.`quantspec.role` = 'sweep'")
+    assert not client.list_artifacts(parent.info.run_id)   # report_at_end=false: no report
 
 
 def test_unknown_model_exits_with_one_line():
