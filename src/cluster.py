@@ -108,27 +108,34 @@ def _here(launcher, config: DictConfig, preset: tuple[str, str] | None) -> JobRe
                    config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 
 
-def _finished_before(config: DictConfig) -> bool:
-    """Resume: a FINISHED attempt of this job in this sweep needs no node."""
+_stores: dict = {}   # one Store per (uri, experiment) for the driver's lookups
+
+
+def _in_store(config: DictConfig):
+    """(the sweep's store, its sweep id, this job's key, Hydra's view of the job), as the job code names them."""
     from src.run import sweep_info
     from src.tracking import Store, key_of
-    if not config.get("resume", True):
-        return False
     HydraConfig.instance().set_config(config)
     hc = HydraConfig.get()
-    store = Store(OmegaConf.select(config, "tracking.uri"), str(config.experiment))
-    return store.finished_job(sweep_info(hc).sweep_id, key_of(hc.job.override_dirname)) is not None
+    where = (OmegaConf.select(config, "tracking.uri"), str(config.experiment))
+    if where not in _stores:
+        _stores[where] = Store(*where)
+    return _stores[where], sweep_info(hc).sweep_id, key_of(hc.job.override_dirname), hc
+
+
+def _finished_before(config: DictConfig) -> bool:
+    """Resume: a FINISHED attempt of this job in this sweep needs no node."""
+    if not config.get("resume", True):
+        return False
+    store, sweep_id, key, _ = _in_store(config)
+    return store.finished_job(sweep_id, key) is not None
 
 
 def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
     """A job whose node died: end the run its worker opened, or record one if it never got that far."""
     from src.record import fail_line
-    from src.run import sweep_info
-    from src.tracking import Store, key_of
-    HydraConfig.instance().set_config(config)
-    hc = HydraConfig.get()
-    store = Store(OmegaConf.select(config, "tracking.uri"), str(config.experiment))
-    if store.end_job(sweep_info(hc).sweep_id, key_of(hc.job.override_dirname), "failed", reason):
+    store, sweep_id, key, hc = _in_store(config)
+    if store.end_job(sweep_id, key, "failed", reason):
         fail_line(f"job {' '.join(hc.overrides.task)} failed: {reason}")
         return JobReturn(overrides=list(hc.overrides.task), cfg=config, hydra_cfg=config, working_dir=str(Path.cwd()),
                          task_name=hc.job.name, status=JobStatus.COMPLETED, _return_value="failed")

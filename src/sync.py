@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
             if key not in stores:
                 probe(key[0])
                 stores[key] = Store(*key)
-            sent = journal.replay(path, stores[key].apply)
+            sent = stores[key].replay(path, pointer)
         except (StoreUnreachable, Exception) as err:  # noqa: BLE001 - one line per journal, then the next
             print(f"quantspec: {path}: not replayed ({str(err).splitlines()[0]})", file=sys.stderr)
             failed += 1
@@ -53,8 +53,6 @@ def main(argv: list[str]) -> int:
         if sent is None:
             print(f"quantspec: {path}: its job is still running; skipped")
             continue
-        if pointer is not None:
-            pointer.unlink(missing_ok=True)
         replayed += bool(sent)
         print(f"quantspec: {path}: {sent} record(s) replayed into {key[0]}" if sent else
               f"quantspec: {path}: already in the store")

@@ -194,25 +194,25 @@ class Store:
         """The sweep's job runs, the latest attempt of each job only (a resumed sweep reruns some)."""
         return latest_attempts(self._search(f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000))
 
-    def finished_job(self, sweep_id: str, job_key: str):
-        """The FINISHED run of this job under this sweep, if a previous attempt got that far."""
+    def _attempt(self, sweep_id: str, job_key: str, status: str):
+        """This sweep's attempt of a job with that status, if there is one."""
         parent = self.find_sweep(sweep_id)
         if parent is None:
             return None
         runs = self._search(f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`{JOB_KEY}` = '{job_key}' "
-                            f"and attributes.status = 'FINISHED'", max_results=1)
+                            f"and attributes.status = '{status}'", max_results=1)
         return runs[0] if runs else None
+
+    def finished_job(self, sweep_id: str, job_key: str):
+        """The FINISHED run of this job under this sweep, if a previous attempt got that far."""
+        return self._attempt(sweep_id, job_key, "FINISHED")
 
     def end_job(self, sweep_id: str, job_key: str, outcome: str, reason: str) -> bool:
         """End this sweep's RUNNING attempt of a job from outside it (its process or node is gone)."""
-        parent = self.find_sweep(sweep_id)
-        if parent is None:
-            return False
-        runs = self._search(f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`{JOB_KEY}` = '{job_key}' "
-                            f"and attributes.status = 'RUNNING'", max_results=1)
-        for run in runs:
+        run = self._attempt(sweep_id, job_key, "RUNNING")
+        if run is not None:
             self._end_run(run.info.run_id, outcome, reason)
-        return bool(runs)
+        return run is not None
 
     def _end_run(self, run_id: str, outcome: str, reason: str, end_time: int | None = None) -> None:
         self._tags(run_id, {OUTCOME: outcome, REASON: reason})
@@ -278,16 +278,22 @@ class Store:
             if journal.start_of(path).get("experiment", self.experiment) != self.experiment:
                 continue  # another experiment's job: its own store object replays it
             try:
-                sent = journal.replay(path, self.apply)
+                sent = self.replay(path, pointer)
             except Exception as err:  # noqa: BLE001 - one journal's trouble must not stop this job
                 lines.append(f"journal {path} not replayed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
                              f"python -m src.sync {path.parent} retries it")
                 continue
-            if sent is not None:
-                pointer.unlink(missing_ok=True)
-                if sent:
-                    lines.append(f"replayed {sent} journaled record(s) of {path.parent} into {self.uri}")
+            if sent:
+                lines.append(f"replayed {sent} journaled record(s) of {path.parent} into {self.uri}")
         return lines
+
+    def replay(self, path: Path, pointer: Path | None = None) -> int | None:
+        """Send a journal's unacknowledged records here; its pending entry goes once they are all in.
+        None: its job still runs (it holds the journal)."""
+        sent = journal.replay(path, self.apply)
+        if sent is not None and pointer is not None:
+            pointer.unlink(missing_ok=True)
+        return sent
 
     def reap(self) -> list[str]:
         """End runs left RUNNING by owners that are gone: jobs as failed (interrupted), then their sweeps."""
