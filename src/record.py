@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from src import signals
+from src import signals, sysmetrics
 from src.signals import Stopped
 
 log = logging.getLogger("quantspec")
@@ -142,6 +142,17 @@ def _record_preset(job, name: str, outcome: str, reason: str) -> None:
         fail_line(f"job {name} failed: {reason}")
 
 
+def _flag_busy_host(run, others_cores: float | None, limit: float) -> None:
+    """A timing taken while other processes used the CPU is kept, tagged and said: noisy, not hidden."""
+    if others_cores is None:
+        return  # nothing timed, or too briefly to tell
+    busy = others_cores > limit
+    run.set_tags({"host_busy": str(busy).lower(), "host_busy_others_cores": f"{others_cores:.2f}"})
+    if busy:
+        log.warning("host busy: other processes used %.2f cores on average while this job was timed "
+                    "(tracking.busy_cores=%g); its timings are noisy", others_cores, limit)
+
+
 def _execute(cfg, raw: dict, run, name: str) -> None:
     """Build the job, run its task, print its table, log what it measured, end the run."""
     from src import job as jobs
@@ -153,8 +164,12 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         run.skip(reason)
         print(f"quantspec: job {name} skipped: {reason}", flush=True)
         return
-    job = jobs.build(cfg, run)
-    result = job.run()
+    sysmetrics.reset_peak_rss()
+    with sysmetrics.Sampler(lambda values, step: run.log_metrics(values, step=step), cfg.tracking.system_metrics_s):
+        job = jobs.build(cfg, run)
+        result = job.run()
+    result.summary["peak_rss_gb"] = sysmetrics.peak_rss_gb()
+    _flag_busy_host(run, result.summary.get("others_cpu_cores"), cfg.tracking.busy_cores)
     # The table first: whatever happens to the store below, the user has seen the measurements.
     table = seed_table(result.rows) if result.rows else summary_table({**job.quant_metrics, **result.summary})
     print(f"\n{name} (executed on {job.placement.executed_on})\n{table}\n", flush=True)

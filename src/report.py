@@ -18,11 +18,12 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from src import ui
 from src.environment import PROJECT_ROOT
 from src.metrics import ROW_METRICS, Row, markdown_table, seed_table
 from src.paths import child
 from src.sweeps import JobRecord, sweep_jobs
-from src.tracking import default_uri
+from src.tracking import SWEEP_KEY, default_uri
 
 KEY_GROUPS = ("model", "hardware", "precision", "draft", "task", "engine")
 SUMMARY = (("prefill_ms_median", "prefill (ms)"), ("time_per_token_ms_median", "time/token (ms)"),
@@ -41,6 +42,7 @@ class Report:
     speedups: list[list]              # one row per job with a baseline
     files: dict[str, Path]
     overview: str = ""                # the summary and speedup tables (the parent run's description)
+    view_url: str = ""                # where the MLflow UI shows the sweep's jobs side by side (publish)
 
 
 def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:
@@ -170,7 +172,16 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
     client = MlflowClient(uri)
     for path in report.files.values():
         client.log_artifact(report.parent_run_id, str(path), "report")
-    client.set_tag(report.parent_run_id, "mlflow.note.content", report.overview)
+    for job_name, base_name, time_speedup, *_ in report.speedups:   # a column of the sweep's view
+        if not math.isnan(time_speedup):
+            job = next(j for j in report.jobs if j.name == job_name)
+            client.log_metric(job.run_id, "speedup_vs_baseline", time_speedup)
+            job.metrics["speedup_vs_baseline"] = time_speedup
+    parent = client.get_run(report.parent_run_id)
+    report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id,
+                                      parent.data.tags.get(SWEEP_KEY, report.parent_run_id), report.jobs)
+    client.set_tag(report.parent_run_id, "mlflow.note.content",
+                   f"[The sweep's jobs side by side]({report.view_url})\n\n{report.overview}")
     timed = [j for j in report.jobs if j.tags.get("outcome") == "finished" and j.metrics.get("time_per_token_ms_median")]
     if timed:
         best = min(timed, key=lambda j: j.metrics["time_per_token_ms_median"])
@@ -193,7 +204,9 @@ def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
     """A sweep's report, made and attached when it ends (report_at_end), with conf/report.yaml's baseline."""
     cfg = settings()
     try:
-        publish(uri, experiment, sweep_id, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
+        report = publish(uri, experiment, sweep_id, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
+        print(f"quantspec: compare the sweep in the MLflow UI: {report.view_url}"
+              + ("" if uri.startswith("http") else f" (after: mlflow ui --backend-store-uri {uri})"), flush=True)
     except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.report` can redo this
         print(f"quantspec: the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
               f"run python -m src.report", file=sys.stderr)
@@ -215,7 +228,7 @@ def main(argv: list[str]) -> int:
         return 2
     print((report.files["report.md"]).read_text())
     print(f"written to {report.files['report.md'].parent}"
-          + (" and attached to the sweep's parent run" if cfg.attach else ""))
+          + (f" and attached to the sweep's parent run; compare in the MLflow UI: {report.view_url}" if cfg.attach else ""))
     return 0
 
 

@@ -23,11 +23,11 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from src import journal, owner
+from src import journal, owner, ui
 from src.environment import PROJECT_ROOT
 from src.locks import file_lock
 
@@ -43,17 +43,6 @@ STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed":
 MAX_PARAM_CHARS = 6000      # MLflow's limit on a param value
 BATCH = 100                 # MLflow's limit on params (and tags) per log_batch call
 PROBE_TRIES, PROBE_TIMEOUT_S = 3, 2.0
-# The experiment opens on its runs (model development, not MLflow's GenAI overview), with a description.
-EXPERIMENT_TAGS = {
-    "mlflow.experimentKind": "custom_model_development",
-    "mlflow.note.content": (
-        "quantspec sweeps of model x hardware x precision x draft x task. Each sweep is a parent run named "
-        "`sweep <date> <time>`: its description holds the sweep's comparison table (time/token, prefill, "
-        "tokens/s, speedup over the baseline, quality) and its `report/` artifacts the full report with plots. "
-        "Expand a sweep to see one child run per job, named by its axes (model·hardware·precision·draft·task). "
-        "To compare: select the child runs and press Compare, or open the Chart view; useful columns are "
-        "time_per_token_ms_median, prefill_ms_median, tokens_per_s_median, decode_efficiency_median, "
-        "perplexity, acceptance_rate_overall and speedup_vs_no_draft_median.")}
 # Answers of a store that is up but refuses the request: raised, never journaled (a replay would fail too).
 REFUSED = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST"}
 
@@ -154,16 +143,18 @@ class Store:
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
-        if found is not None:
-            if EXPERIMENT_TAGS.keys() - found.tags.keys():   # made by an older quantspec
-                for key, value in EXPERIMENT_TAGS.items():
-                    self.client.set_experiment_tag(found.experiment_id, key, value)
-            return found.experiment_id
-        try:
-            return self.client.create_experiment(name, artifact_location=artifact_location(self.uri),
-                                                 tags=EXPERIMENT_TAGS)
-        except MlflowException:  # another process created it between our look and our create
-            return self.client.get_experiment_by_name(name).experiment_id
+        if found is None:
+            try:
+                found = self.client.get_experiment(self.client.create_experiment(
+                    name, artifact_location=artifact_location(self.uri)))
+            except MlflowException:  # another process created it between our look and our create
+                found = self.client.get_experiment_by_name(name)
+        # How the experiment opens in the UI (its kind, its description): set by the first quantspec to
+        # open it, and again when a newer quantspec says it differently.
+        for key, value in ui.experiment_tags(found.experiment_id).items():
+            if found.tags.get(key) != value:
+                self.client.set_experiment_tag(found.experiment_id, key, value)
+        return found.experiment_id
 
     def _search(self, filter_string: str, **kwargs):
         return self.client.search_runs([self.experiment_id], filter_string=filter_string, **kwargs)
@@ -262,6 +253,16 @@ class Store:
                 self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
         elif op == "text":
             self.client.log_text(run_id, record["text"], record["name"])
+        elif op == "input":  # MLflow's dataset input: the UI's Dataset column and filter
+            used = [DatasetInput(Dataset(**record["dataset"]), [InputTag("mlflow.data.context", record["context"])])]
+            try:
+                self.client.log_inputs(run_id, used)
+            except MlflowException as err:
+                # Two jobs recording the same new dataset at once: MLflow creates it in one and refuses the
+                # other's create (a unique key); the second try finds it and links it.
+                if "UNIQUE" not in str(err) and "unique" not in str(err):
+                    raise
+                self.client.log_inputs(run_id, used)
         elif op == "end":
             self._end_run(run_id, record["outcome"], record.get("reason") or "", record["time"])
         return run_id
@@ -361,9 +362,13 @@ class JobRun:
         self.outcome: str | None = None       # finished, skipped, failed or killed once the run has ended
         self.offline: str | None = None if store else "the store was unreachable at start"
         self._beat: threading.Event | None = None
+        self._lock = threading.Lock()    # the system-metrics sampler records from its own thread
 
     def _record(self, op: str, **fields) -> None:
-        record = {"op": op, "time": journal.now_ms(), **fields}
+        with self._lock:
+            self._send({"op": op, "time": journal.now_ms(), **fields})
+
+    def _send(self, record: dict) -> None:
         seq = None
         if self.journal is not None:
             try:
@@ -445,6 +450,10 @@ class JobRun:
 
     def log_text(self, text: str, name: str) -> None:
         self._record("text", text=text, name=name)
+
+    def log_input(self, text, context: str) -> None:
+        """Text the job read (a src.corpus.TextInput), as an MLflow dataset input in `context`."""
+        self._record("input", dataset=text.as_dict(), context=context)
 
     def _end(self, outcome: str, reason: str | None = None) -> None:
         self.outcome = outcome

@@ -9,12 +9,13 @@ class Kept:
     """A recorder that keeps what building reports."""
 
     def __init__(self):
-        self.tags, self.metrics, self.texts, self.params = {}, {}, {}, {}
+        self.tags, self.metrics, self.texts, self.params, self.inputs = {}, {}, {}, {}, {}
 
     def set_tags(self, tags): self.tags.update(tags)
     def log_metrics(self, values, step=0): self.metrics.update(values)
     def log_text(self, text, name): self.texts[name] = text
     def log_params(self, params): self.params.update(params)
+    def log_input(self, text, context): self.inputs[text.name] = context
 
 
 def test_build_then_run_gives_rows_and_reports_what_it_decided(tmp_path):
@@ -26,4 +27,5 @@ def test_build_then_run_gives_rows_and_reports_what_it_decided(tmp_path):
     assert "model_load_s" in kept.metrics and "quantize_s" in kept.metrics and "environment.json" in kept.texts
     result = job.run()
     assert [r.new_tokens for r in result.rows] == [3, 3]
+    assert kept.inputs == {"humaneval": "calibration", "seed-prompts": "evaluation"}   # what it read, and what for
     assert len(result.series["decode_efficiency"]) == 2 and result.summary["examples"] == 2

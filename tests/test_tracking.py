@@ -106,7 +106,7 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
     # the parent the comparison table, the headline metrics and the report (made when the sweep ended)
     exp = client.get_experiment_by_name("quantspec")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert "Compare" in exp.tags["mlflow.note.content"]
+    assert "latest sweep, side by side" in exp.tags["mlflow.note.content"]
     parent = client.get_run(parent_id)
     note = parent.data.tags["mlflow.note.content"]
     assert "time/token (ms)" in note and all(j.name in note for j in jobs)

@@ -59,8 +59,11 @@ def load(directory: Path) -> QuantizedWeights:
     return QuantizedWeights(meta["schemes"], meta["group_size"], layers, floats, meta.get("info", {}))
 
 
-def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: dict) -> tuple[QuantizedWeights, bool]:
-    """(weights, built_now). A cache that verifies but will not parse is rebuilt once as well."""
+def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: dict,
+                  before_load: Callable[[], None] | None = None) -> tuple[QuantizedWeights, bool]:
+    """(weights, built_now). `before_load` runs just before a whole cache is read (the caller frees the
+    float weights it replaces, so a 7B model is never held twice). A cache that verifies but will not
+    parse is rebuilt once, where the float weights are still there to rebuild it from."""
     built = []
 
     def make(out: Path) -> None:
@@ -71,10 +74,15 @@ def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: 
     build_cached(directory, make, meta)
     if built:
         return built[0], True
+    if before_load is not None:
+        before_load()
     try:
         return load(directory), False
     except (ValueError, KeyError, OSError, json.JSONDecodeError) as err:
-        log.warning("quantized cache %s is unreadable (%s); rebuilding it", directory, err)
         shutil.rmtree(directory)
+        if before_load is not None:
+            raise RuntimeError(f"quantized cache {directory} is unreadable ({err}); removed: rerun the job to "
+                               f"rebuild it") from err
+        log.warning("quantized cache %s is unreadable (%s); rebuilding it", directory, err)
         build_cached(directory, make, meta)
         return built[0], True

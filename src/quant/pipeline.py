@@ -39,7 +39,8 @@ def _tensors(scheme: str, lin: nn.Linear, group: int | None, clip: torch.Tensor 
 
 @torch.no_grad()
 def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Tensor) -> QuantizedWeights:
-    """Quantize a float32 model. Mutates its float weights (scaling); `install` finishes the job."""
+    """Quantize a float model. Mutates its float weights (scaling) and frees each quantized linear's float
+    weight as it goes; `install` finishes the job."""
     start = time.perf_counter()
     changed: set[str] = set()
     clips: dict[str, torch.Tensor] = {}
@@ -55,11 +56,24 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     if spec.quantize_head:
         linears[HEAD] = model.get_submodule(HEAD)
     schemes = {name: spec.scheme_for(name) for name in linears}
-    layers = {name: _tensors(schemes[name], lin, spec.group_size, clips.get(name)) for name, lin in linears.items()}
+    layers = {}
+    for name, lin in linears.items():
+        layers[name] = _tensors(schemes[name], lin, spec.group_size, clips.get(name))
+        release(lin)   # its low-bit copy exists: freeing the float one keeps the peak at the float model's size
     quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
     floats = {name: model.get_parameter(name).detach().clone() for name in sorted(changed - quantized_params)}
     return QuantizedWeights(schemes, spec.group_size, layers, floats,
                             {"quantize_s": time.perf_counter() - start, "layers": len(layers)})
+
+
+def release(linear: nn.Module) -> None:
+    """Drop a float linear's weight (a tied head's stays with its embedding); `install` replaces the module."""
+    linear.weight = nn.Parameter(torch.empty(0, dtype=linear.weight.dtype), requires_grad=False)
+
+
+def release_quantized(model: nn.Module, names) -> None:
+    for name in names:
+        release(model.get_submodule(name))
 
 
 @torch.no_grad()

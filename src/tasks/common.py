@@ -12,6 +12,7 @@ from src.config import TaskConfig
 from src.engine import Sampling
 from src.metrics import Row, summarize, timing_row
 from src.progress import progress
+from src.sysmetrics import OthersCpu
 from src.tasks import drafting
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class TaskInputs:
     corpus: Callable[[], str]   # lazy: the decode task never reads the dataset
     generate: Callable          # the engine: src.engine.engine_for(...)
     baseline: Callable | None = None   # with a draft: the same engine without it, timed beside it
+    record_input: Callable = lambda text: None   # a task reading text the corpus did not give it says so
 
 
 @dataclass
@@ -85,11 +87,13 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
             engine(inputs.model, first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad)
     out = Measured([], [])
     specs, baseline_ms, identical = [], [], []
+    others = OthersCpu()   # what other processes took while we timed: a busy host is flagged, not hidden
     for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
         runs: list[list] = [[] for _ in engines]
-        for _ in range(inputs.task.repeats):
-            for i, engine in enumerate(engines):
-                runs[i].append(engine(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, inputs.sampling, pad))
+        with others:
+            for _ in range(inputs.task.repeats):
+                for i, engine in enumerate(engines):
+                    runs[i].append(engine(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, inputs.sampling, pad))
         gen = _median_run(runs[0])
         row = _row(number, gen)
         log.info("example %d/%d: %d prompt tokens, %d new, %.1f ms/token", number, len(examples),
@@ -110,6 +114,8 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
         greedy = not inputs.sampling.do_sample
         out.summary = drafting.summary(specs, [r.time_per_token_ms for r in out.rows], baseline_ms or None,
                                        identical if identical and greedy else None)
+    if others.cores() is not None:
+        out.summary["others_cpu_cores"] = others.cores()
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from src.corpus import SEED_PROMPTS, code_prompts
+from src.corpus import SEED_PROMPTS, code_prompts, prompts_input
 from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
 
 
@@ -15,6 +15,7 @@ def prompts(code_model: bool) -> list[str]:
 def run(inputs: TaskInputs) -> TaskResult:
     new_tokens = inputs.task.new_tokens(inputs.code_model)
     texts = limit(prompts(inputs.code_model), inputs.task.limit)
+    inputs.record_input(prompts_input(inputs.code_model, texts))
     tok = inputs.tokenizer
     examples = [Example(tok(t, return_tensors="pt").input_ids, new_tokens, t) for t in texts]
     measured = measure(inputs, examples, exact=inputs.task.exact_new_tokens)

@@ -1,0 +1,81 @@
+"""Will the job fit in memory? Said before anything is loaded, in one line, rather than by the kernel's
+OOM killer half an hour into a 7B build.
+
+The estimate follows how a job holds its weights: built in bf16 (random weights), cast for a float
+precision tensor by tensor, or quantized layer by layer, each float linear freed once its low-bit copy
+exists (src.quant.pipeline), so the float model is the peak; then a draft model, the KV cache of the
+longest example, calibration's logits, and the interpreter with torch and its libraries. Only random
+weights are estimated before loading (their shape ships with quantspec).
+"""
+
+from __future__ import annotations
+
+import psutil
+
+from src.config import ConfigError, JobConfig
+from src.engine.roofline import PROBE_MB
+
+GB = 2**30
+# python, torch, transformers, Hydra, MLflow: ~1.1 GB resident measured here; plus the bandwidth probe's
+# buffer (src.engine.roofline, 1 GB, on a host's first timed job)
+RUNTIME_BYTES = int(1.5 * GB) + PROBE_MB * 2**20
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def parameter_count(cfg: JobConfig) -> int | None:
+    """The model's parameters where its shape is known before loading (a shipped shape), else None."""
+    if cfg.model.weights != "random":
+        return None
+    from src.random_weights import NoShape, config_of, parameter_count as count
+    try:
+        return count(config_of(cfg.model.name))
+    except NoShape:
+        return None   # load_model says so in its own line
+
+
+def _kv_bytes(cfg: JobConfig) -> int:
+    from src.random_weights import config_of
+    shape = config_of(cfg.model.name)
+    heads = getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads
+    head_dim = getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
+    tokens = max(cfg.task.prompt_lengths or [512]) + cfg.task.new_tokens(cfg.model.code)
+    return 2 * shape.num_hidden_layers * tokens * heads * head_dim * 2
+
+
+def estimate_bytes(cfg: JobConfig) -> int | None:
+    params = parameter_count(cfg)
+    if params is None:
+        return None
+    built = params * 2                                   # bf16, as random weights are built
+    held = params * DTYPE_BYTES[cfg.precision.dtype] if not cfg.precision.quantized else built
+    draft = 0
+    if cfg.draft_model is not None and cfg.draft_model.name != cfg.model.name:
+        from src.random_weights import config_of, parameter_count as count
+        draft = count(config_of(cfg.draft_model.name)) * 2
+    elif cfg.draft_model is not None:                    # a self-draft: a second, quantized copy
+        draft = params
+    return max(built, held) + draft + _kv_bytes(cfg) + _calibration_bytes(cfg) + RUNTIME_BYTES
+
+
+def _calibration_bytes(cfg: JobConfig) -> int:
+    """A calibration forward's largest tensor: the logits of every window (float32), which at a
+    150k-token vocabulary outweigh a 0.5B model."""
+    precisions = [p for p in (cfg.precision, cfg.draft_precision) if p is not None and p.quantized and p.method != "rtn"]
+    if not precisions:
+        return 0
+    from src.random_weights import config_of
+    vocab = config_of(cfg.model.name).vocab_size
+    return max(p.calib_samples * p.calib_seq_len for p in precisions) * vocab * 4
+
+
+def check(cfg: JobConfig, available: int | None = None) -> int | None:
+    """The estimate in bytes (None where the shape is not known beforehand); ConfigError when it exceeds
+    the memory available now."""
+    need = estimate_bytes(cfg)
+    if need is None:
+        return None
+    available = psutil.virtual_memory().available if available is None else available
+    if need > available:
+        raise ConfigError(f"{cfg.model.name} at {cfg.precision.name} needs about {need / GB:.1f} GB of memory and "
+                          f"{available / GB:.1f} GB is available; free memory, or pick a smaller model or precision")
+    return need

@@ -1,0 +1,81 @@
+"""A model at its published shape with random weights (`model.weights=random`): time a 7B model offline.
+
+Decode time depends on the shapes (how many bytes each step reads, how many FLOPs each prefill does),
+not on the weights' values, so the seeds' 7B models can be timed where no hub is reachable. Their
+shapes ship as small JSON files in src/shapes/ (copied from each model's published config.json).
+What random weights cannot give is any quality figure: src.config refuses those.
+
+Built straight in bf16, with no initialisation pass: the parameters are allocated empty, then filled
+by copying one random block (a memory copy, about as fast as the RAM), so a 7B model takes seconds.
+The tokenizer is the byte-level one of the tiny models: its 259 ids are valid in every vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.initialization import no_init_weights
+
+from src.tiny import byte_tokenizer
+
+SHAPES = Path(__file__).parent / "shapes"
+SEED = 0
+STD = 0.02              # the published models' initializer_range
+BLOCK = 1 << 22         # random values copied, shifted, into every weight
+
+
+class NoShape(RuntimeError):
+    """No published shape is shipped for this model; the message lists those that are."""
+
+
+def shapes() -> list[str]:
+    return sorted(p.stem for p in SHAPES.glob("*.json"))
+
+
+def config_of(name: str):
+    path = SHAPES / f"{name}.json"
+    if not path.is_file():
+        raise NoShape(f"model.weights=random needs {name}'s published shape and none is shipped; shapes: "
+                      f"{', '.join(shapes())}")
+    spec = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_") and k != "architectures"}
+    return AutoConfig.for_model(spec.pop("model_type"), **spec)
+
+
+def parameter_count(config) -> int:
+    """Exact, from a model built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def fill(model: torch.nn.Module, seed: int = SEED) -> None:
+    """Norm scales 1, biases 0, every other weight N(0, STD): one random block copied with a different
+    shift into each tensor, so no two layers are alike and nothing is drawn 7 billion times."""
+    generator = torch.Generator().manual_seed(seed)
+    block = (torch.randn(2 * BLOCK, generator=generator) * STD)
+    shift = 0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.fill_(1.0 if "norm" in name and name.endswith("weight") else 0.0)
+                continue
+            source = block.to(param.dtype)
+            flat = param.view(-1)
+            for start in range(0, flat.numel(), BLOCK):
+                n = min(BLOCK, flat.numel() - start)
+                flat[start:start + n].copy_(source[shift:shift + n])
+                shift = (shift + 7919) % BLOCK
+
+
+def random_model(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = SEED):
+    """(model, tokenizer) for a shipped shape: parameters allocated uninitialised, then filled."""
+    config = config_of(name)
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    fill(model, seed)
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval(), byte_tokenizer()

@@ -1,0 +1,157 @@
+"""What the MLflow UI shows of a sweep, checked in a real browser (headless Chromium against a real
+`mlflow server`), and the records behind it: dataset inputs, system metrics, a busy host's flag."""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src import sysmetrics
+from src.config import DatasetConfig
+from src.corpus import Corpus, load_text, prompts_input
+from src.journal import Journal
+from src.record import _flag_busy_host
+from src.tracking import JobRun, Store
+from tests.conftest import ROOT, free_port, mlflow_server, run_cli
+
+SCREENSHOT = ROOT / "docs" / "mlflow-ui-sweep.png"   # the README shows it
+BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+def browse(url: str, *extra: str) -> str:
+    """The page's DOM after its scripts ran (Chromium's virtual time lets the app fetch and render), or
+    with --screenshot=PATH, the page as drawn."""
+    out = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                          "--disable-background-networking", "--no-first-run", "--window-size=1920,1000",
+                          "--virtual-time-budget=25000", *(extra or ["--dump-dom"]), url],
+                         capture_output=True, text=True, timeout=120)
+    return out.stdout
+
+
+def visible_text(dom: str) -> str:
+    dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no Chromium here (apt-get install chromium; scripts/setup does as root)")
+def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
+    port = free_port()
+    server = mlflow_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        out = run_cli(["-m", "model=tiny-llama", "precision=fp32,w8a8", "task=benchmark", "task.limit=2",
+                       "task.repeats=12", "tracking=server", f"tracking.uri={uri}", "tracking.system_metrics_s=1",
+                       f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+        assert out.returncode == 0, out.stderr[-2000:]
+        url = re.search(r"compare the sweep in the MLflow UI: (\S+)", out.stdout).group(1)
+        assert url.startswith(uri) and "viewStateShareKey=" in url
+
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name("quantspec")
+        jobs = client.search_runs([exp.experiment_id], "tags.`quantspec.role` = 'job'")
+        parent = client.get_run(jobs[0].data.tags["mlflow.parentRunId"])
+        # the records behind the view, through MLflow's client
+        assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+        assert "viewStateShareKey=latest" in exp.tags["mlflow.note.content"]
+        assert url in parent.data.tags["mlflow.note.content"] and "time/token (ms)" in parent.data.tags["mlflow.note.content"]
+        corpus_digest = hashlib.sha256(load_text(DatasetConfig("humaneval", "humaneval")).encode()).hexdigest()[:16]
+        for job in jobs:
+            (used,) = job.inputs.dataset_inputs
+            assert (used.dataset.name, used.dataset.digest) == ("humaneval", corpus_digest)
+            contexts = {"fp32": "evaluation", "w8a8": "calibration, evaluation"}
+            assert used.tags[0].value in (contexts[job.data.tags["precision"]], "evaluation")  # cached weights: no calibration
+            cpu = client.get_metric_history(job.info.run_id, "system/cpu_utilization_percentage")
+            assert cpu and all(0 <= m.value <= 100 for m in cpu)
+            assert job.data.metrics["system/process_rss_megabytes"] > 50
+            assert 0 < job.data.metrics["peak_rss_gb"] < 20
+            assert job.data.tags["host_busy"] in ("true", "false")
+        shown = min(jobs, key=lambda j: j.data.metrics["time_per_token_ms_median"])
+
+        # the page a user opens: the runs view of this sweep, its jobs and their figures without a click
+        text = visible_text(browse(url))
+        assert "Runs - Experiment" in text, text[:1500]
+        for job in jobs:
+            assert job.info.run_name.split("·")[2] in text and "tiny-llama" in text
+        assert f"{shown.data.metrics['time_per_token_ms_median']:.6f}"[:6] in text, text[:3000]
+        assert "speedup_vs_baseline" in text and "humaneval" in text
+        browse(url, f"--screenshot={SCREENSHOT}")
+        assert SCREENSHOT.stat().st_size > 20_000
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)   # the server and its uvicorn workers
+
+
+def test_a_host_busy_with_other_processes_is_flagged_not_hidden(caplog):
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        others = sysmetrics.OthersCpu()
+        with others:
+            time.sleep(1.5)   # we idle; the hog takes a core
+    finally:
+        hog.kill()
+    assert others.cores() > 0.5
+
+    class Tags:
+        tags = {}
+        def set_tags(self, tags): self.tags.update(tags)
+
+    run = Tags()
+    _flag_busy_host(run, others.cores(), 0.2)
+    assert run.tags["host_busy"] == "true" and float(run.tags["host_busy_others_cores"]) > 0.5
+    assert "host busy" in caplog.text and "noisy" in caplog.text
+    quiet = Tags()
+    _flag_busy_host(quiet, 0.01, 0.2)
+    assert quiet.tags == {"host_busy": "false", "host_busy_others_cores": "0.01"}
+    assert sysmetrics.OthersCpu().cores() is None   # never timed: no verdict
+
+
+def test_system_metrics_are_sampled_while_a_job_runs():
+    logged = []
+    with sysmetrics.Sampler(lambda values, step: logged.append((step, values)), 0.2):
+        time.sleep(0.7)
+    steps = [s for s, _ in logged]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 3   # the last one taken when stopping
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
+            "system/process_rss_megabytes", "system/others_cpu_cores"} <= logged[-1][1].keys()
+    sysmetrics.reset_peak_rss()
+    before = sysmetrics.peak_rss_gb()
+    block = bytearray(300 * 2**20)   # touched: resident
+    assert sysmetrics.peak_rss_gb() - before > 0.25
+    del block
+
+
+def test_each_text_a_job_reads_is_one_dataset_input_with_its_uses(tmp_path):
+    text_file = tmp_path / "corpus.txt"
+    text_file.write_text("one two three")
+    corpus = Corpus(DatasetConfig("mine", "textfile", path=str(text_file)))
+    assert corpus.used() == []   # nothing read yet: no input
+    corpus.reader("calibration")()
+    corpus.reader("evaluation")()
+    corpus.reader("evaluation")()
+    ((text, contexts),) = corpus.used()
+    assert contexts == "calibration, evaluation"
+    assert text.digest == hashlib.sha256(b"one two three").hexdigest()[:16]
+    assert json.loads(text.source)["uri"] == str(text_file.resolve()) and text.source_type == "local"
+    prompts = prompts_input(False, ["a", "b"])
+    assert prompts.name == "seed-prompts" and json.loads(prompts.profile)["texts"] == 2
+
+
+def test_a_journaled_dataset_input_reaches_the_store(tmp_path, store):
+    registry = tmp_path / "registry"
+    run = JobRun(None, Journal(tmp_path / "job", registry, store), store, "quantspec")   # store down at start
+    run.start("job", None, {}, {}, "k")
+    run.log_input(prompts_input(False, ["What is recursion?"]), "evaluation")
+    run.finish()
+    assert Store(store, "quantspec").sync(registry)
+    client = MlflowClient(store)
+    (found,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
+    (used,) = found.inputs.dataset_inputs
+    assert used.dataset.name == "seed-prompts" and used.tags[0].value == "evaluation"
