@@ -54,9 +54,10 @@ def sweep(model: str, drafts: list[str], quick: bool, extra: list[str]) -> tuple
     cmd = [sys.executable, "-m", "src.run", "-m", f"model={model}", "model.weights=random",
            f"precision={','.join(PRECISIONS)}", "task=benchmark", f"task.prompt_lengths={lengths}",
            f"task.max_new_tokens={16 if quick else 60}", f"hydra.sweep.dir={sweep_dir}",
-           # calibration of random weights calibrates nothing: the smallest that runs the real passes
+           # calibration of random weights calibrates nothing: the smallest that runs the real passes, and
+           # no AWQ clipping search (25 minutes at 7B here, to clip random numbers)
            "precision.calib_samples=4", "precision.calib_seq_len=128", "precision.awq_search_tokens=512",
-           "precision.awq_grid=10", *extra]
+           "precision.awq_grid=10", "precision.awq_clip=false", *extra]
     print("running:", " ".join(cmd[1:]), flush=True)
     code = subprocess.run(cmd, cwd=ROOT).returncode
     for draft in drafts:   # the assisted rows: the draft model at bf16 beside the target at w4a16
@@ -64,7 +65,7 @@ def sweep(model: str, drafts: list[str], quick: bool, extra: list[str]) -> tuple
                f"draft={draft}", "task=benchmark", f"task.prompt_lengths={lengths}",
                f"task.max_new_tokens={16 if quick else 60}", f"hydra.sweep.dir={sweep_dir}",
                "precision.calib_samples=4", "precision.calib_seq_len=128", "precision.awq_search_tokens=512",
-               "precision.awq_grid=10", *extra]
+               "precision.awq_grid=10", "precision.awq_clip=false", *extra]
         print("running:", " ".join(cmd[1:]), flush=True)
         code = max(code, subprocess.run(cmd, cwd=ROOT).returncode)
     return sweep_dir, code

@@ -10,6 +10,7 @@ nothing. src.record (for src.run) and scripts/ both build jobs here, so a job is
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from dataclasses import dataclass
@@ -105,6 +106,7 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
                        "threads": str(placement.threads)})
     recorder.log_text(json.dumps(env, indent=2), "environment.json")
 
+    gc.collect()   # a sweep's previous job (its model's reference cycles) is freed before this one is weighed
     need = memory.check(cfg)   # before loading: a job that cannot fit says so now, in one line
     recorder.set_tags({"weights": cfg.model.weights})
     if need is not None:

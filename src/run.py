@@ -11,6 +11,7 @@ a plain dict and typed dataclasses.
 from __future__ import annotations
 
 import logging
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -30,6 +31,17 @@ from src.signals import Stopped
 # Two sweeps started in the same second must not share a directory (and so a parent run): the default
 # sweep directory ends in the sweeping process's id. Cached: every job of the sweep sees one value.
 OmegaConf.register_new_resolver("quantspec_pid", lambda: str(os.getpid()), use_cache=True, replace=True)
+
+
+def short_dirname(name: str, limit: int = 120) -> str:
+    """A job's directory name from its overrides, cut (with a hash of the whole, so it stays unique)
+    where many overrides would pass the file system's 255-byte limit on a name."""
+    if len(name.encode()) <= limit:
+        return name
+    return f"{name.encode()[:limit - 17].decode(errors='ignore')}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+
+
+OmegaConf.register_new_resolver("quantspec_dirname", lambda name: short_dirname(str(name)), replace=True)
 
 
 def sweep_info(hc):

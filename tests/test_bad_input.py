@@ -99,3 +99,12 @@ def test_a_report_stays_in_its_folder_whatever_the_parent_is_named(tmp_path):
     built = report.build(store, "quantspec", None, {"precision": "fp32"}, tmp_path / "reports")
     assert built.files["report.md"].resolve().is_relative_to((tmp_path / "reports").resolve())
     assert not (tmp_path.parent.parent / "outside").exists()
+
+
+def test_a_job_with_many_overrides_gets_a_directory_name_the_file_system_takes():
+    from src.run import short_dirname
+    many = ",".join(f"precision.field_{i}=value_{i}" for i in range(30))   # ~700 bytes: over NAME_MAX
+    name = short_dirname(many)
+    assert len(name.encode()) <= 120 and name.startswith("precision.field_0=value_0")
+    assert short_dirname(many.replace("value_29", "other")) != name   # cut, yet still one name per job
+    assert short_dirname("precision=w8a8,task=decode") == "precision=w8a8,task=decode"

@@ -164,7 +164,7 @@ def test_native_sampling_is_seeded_and_top_p_filters():
 
 
 
-def test_lean_step_path_covers_gemma3_within_its_window_only(monkeypatch):
+def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_families(monkeypatch):
     model, tok = tiny_model("gemma3")
     calls = []
     original = fastpath.GemmaSteps.__call__
@@ -173,4 +173,10 @@ def test_lean_step_path_covers_gemma3_within_its_window_only(monkeypatch):
     ids = tok("y" * 12, return_tensors="pt").input_ids  # 13 tokens with BOS; the window is 32
     engine_for("native", "quantspec")(model, ids, 24, True, Sampling(), tok.pad_token_id)
     assert calls and sum(calls) == model.config.sliding_window  # then transformers' forward took over
-    assert fastpath.for_model(tiny_model("llama")[0]) is None
+    # the seeds' families have lean loops too, with no window to leave (their equality with generate
+    # is test_native_engine_matches_generate_token_for_token's)
+    assert [type(fastpath.for_model(tiny_model(a)[0])).__name__ for a in ("llama", "qwen2", "opt")] == [
+        "LlamaSteps", "LlamaSteps", "OptSteps"]
+    post_norm = tiny_model("opt")[0]
+    post_norm.config.do_layer_norm_before = False   # OPT-350m's layout: not covered, transformers' forward runs
+    assert fastpath.for_model(post_norm) is None

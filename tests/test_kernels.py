@@ -150,11 +150,12 @@ def test_installed_kernels_keep_greedy_output_and_tie_the_head(arch):
     assert native.new_token_ids == hf.new_token_ids == before.new_token_ids
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "llama", "qwen2", "opt"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_with_kernels_the_lean_path_verifies_exactly_like_steps(dtype):
+def test_with_kernels_the_lean_path_verifies_exactly_like_steps(dtype, arch):
     """Every op on the lean path treats rows alone: a k-token verification gives the same logits, bit for
     bit, as k one-token steps, so speculative decoding reproduces plain decoding even in bf16."""
-    model, tok = tiny_model("gemma3")
+    model, tok = tiny_model(arch)
     model = model.to(dtype)
     modules.install(model)
     ids = tok("def f(x):", return_tensors="pt").input_ids

@@ -6,8 +6,9 @@ kernels that was as much as the matmuls. For a few new tokens whose context fits
 windows no mask is needed beyond causality, so this loop calls the model's own submodules' forwards
 (the same parameters, kernels and KV cache) in the order transformers does, and nothing else.
 
-It covers Gemma 3 text models; for anything else, or a context that reaches a sliding window, the
-Decoder keeps transformers' forward. Its greedy output is tested equal to generate's.
+It covers Gemma 3 text models, Llama (Llama 2, CodeLlama), Qwen2 (Qwen1.5) and OPT; for anything
+else, or a context that reaches a sliding window, the Decoder keeps transformers' forward. Its greedy
+output is tested equal to generate's on a tiny model of each family.
 """
 
 from __future__ import annotations
@@ -17,34 +18,59 @@ from torch.nn import functional as F
 
 from src import kernels
 
-SUPPORTED = ("gemma3_text",)
 
+class Steps:
+    """One forward over [1, k] new tokens into the model's DynamicCache; the families differ in their
+    embeddings and layers (below)."""
 
-class GemmaSteps:
-    """One forward over [1, k] new tokens for a Gemma3ForCausalLM, into its DynamicCache."""
+    window: int | None = None   # a sliding window: beyond it, masks other than causality are needed
 
-    def __init__(self, model):
-        cfg = model.config
-        self.model, self.layers = model, list(model.model.layers)
-        self.types = list(cfg.layer_types)
-        self.window = cfg.sliding_window if "sliding_attention" in self.types else None
-        self.head_dim, self.scaling = cfg.head_dim, cfg.query_pre_attn_scalar ** -0.5
-        self.softcap = cfg.final_logit_softcapping
+    def __init__(self, model, head_dim: int, scaling: float):
+        self.model, self.head_dim, self.scaling = model, head_dim, scaling
         # quantspec's attention where the kernels are loaded: a query's output does not depend on how
         # many queries come together, so verifying a draft reproduces plain decoding exactly (in bf16
         # too); SDPA otherwise.
-        self.own_attention = kernels.loaded() and self.head_dim % 16 == 0
-
-    @staticmethod
-    def supports(model) -> bool:
-        cfg = model.config
-        return (cfg.model_type in SUPPORTED and cfg.attn_logit_softcapping is None
-                and not cfg.use_bidirectional_attention)
+        self.own_attention = kernels.loaded() and head_dim % 16 == 0
 
     def covers(self, cached: int, new: int) -> bool:
         """Within the sliding window, causality is the only mask (transformers masks key j from query i
         when i - j >= window, so every position must be < window)."""
         return self.window is None or cached + new <= self.window
+
+    @staticmethod
+    def _mask(past: int, k: int, device) -> torch.Tensor | None:
+        # transformers' causal mask for k new tokens: query i sees keys 0 .. past + i
+        return None if k == 1 else (torch.arange(past + k, device=device)[None, :]
+                                    <= torch.arange(past, past + k, device=device)[:, None])
+
+    def _attend(self, q, key, value, mask, scaling: float) -> torch.Tensor:
+        """[1, heads, k, head_dim] -> [1, k, heads * head_dim]."""
+        if self.own_attention:
+            out = torch.ops.quantspec.decode_attention(q, key, value, scaling)
+        else:
+            out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).reshape(1, q.shape[2], -1)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(1, x.shape[1], -1, self.head_dim).transpose(1, 2)
+
+
+class GemmaSteps(Steps):
+    """Gemma3ForCausalLM: sandwich norms, q/k norms, sliding and global layers, a soft-capped head."""
+
+    def __init__(self, model):
+        cfg = model.config
+        super().__init__(model, cfg.head_dim, cfg.query_pre_attn_scalar ** -0.5)
+        self.layers = list(model.model.layers)
+        self.types = list(cfg.layer_types)
+        self.window = cfg.sliding_window if "sliding_attention" in self.types else None
+        self.softcap = cfg.final_logit_softcapping
+
+    @staticmethod
+    def supports(model) -> bool:
+        cfg = model.config
+        return (cfg.model_type == "gemma3_text" and cfg.attn_logit_softcapping is None
+                and not cfg.use_bidirectional_attention)
 
     def __call__(self, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
         base = self.model.model
@@ -53,9 +79,7 @@ class GemmaSteps:
         h = base.embed_tokens(ids)
         positions = torch.arange(past, past + k, device=ids.device)[None]
         rope = {t: base.rotary_emb(h, positions, t) for t in set(self.types)}
-        # transformers' causal mask for k new tokens: query i sees keys 0 .. past + i
-        mask = None if k == 1 else (torch.arange(past + k, device=ids.device)[None, :]
-                                    <= torch.arange(past, past + k, device=ids.device)[:, None])
+        mask = self._mask(past, k, ids.device)
         for i, layer in enumerate(self.layers):
             h = self._layer(layer, h, rope[self.types[i]], cache, i, mask)
         h = base.norm.forward(h[:, -keep:])
@@ -66,23 +90,95 @@ class GemmaSteps:
 
     def _layer(self, layer, h, rope, cache, index, mask):
         attn, mlp = layer.self_attn, layer.mlp
-        shape = (1, h.shape[1], -1, self.head_dim)
         x = layer.input_layernorm.forward(h)
-        q = attn.q_norm.forward(attn.q_proj.forward(x).view(shape).transpose(1, 2))
-        key = attn.k_norm.forward(attn.k_proj.forward(x).view(shape).transpose(1, 2))
-        value = attn.v_proj.forward(x).view(shape).transpose(1, 2)
-        cos, sin = (t.unsqueeze(1) for t in rope)
-        q, key = q * cos + _rotate_half(q) * sin, key * cos + _rotate_half(key) * sin
-        key, value = cache.update(key, value, index)
-        if self.own_attention:
-            out = torch.ops.quantspec.decode_attention(q, key, value, self.scaling)
-        else:
-            out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=self.scaling, enable_gqa=True)
-        out = attn.o_proj.forward(out.transpose(1, 2).reshape(1, h.shape[1], -1))
+        q = attn.q_norm.forward(self._heads(attn.q_proj.forward(x)))
+        key = attn.k_norm.forward(self._heads(attn.k_proj.forward(x)))
+        q, key = _rope(q, key, rope)
+        key, value = cache.update(key, self._heads(attn.v_proj.forward(x)), index)
+        out = attn.o_proj.forward(self._attend(q, key, value, mask, self.scaling))
         h = h + layer.post_attention_layernorm.forward(out)
         x = layer.pre_feedforward_layernorm.forward(h)
         x = mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
         return h + layer.post_feedforward_layernorm.forward(x)
+
+
+class LlamaSteps(Steps):
+    """LlamaForCausalLM and Qwen2ForCausalLM (Qwen2's q/k/v biases live in its linears): pre-norm
+    layers, rotary positions, grouped-query attention, a gated MLP."""
+
+    FAMILIES = ("llama", "qwen2")
+
+    def __init__(self, model):
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        super().__init__(model, head_dim, head_dim ** -0.5)
+        self.layers = list(model.model.layers)
+        types = list(getattr(cfg, "layer_types", None) or [])
+        self.window = cfg.sliding_window if "sliding_attention" in types else None
+
+    @staticmethod
+    def supports(model) -> bool:
+        return model.config.model_type in LlamaSteps.FAMILIES
+
+    def __call__(self, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
+        base = self.model.model
+        k, past = ids.shape[1], cache.get_seq_length()
+        h = base.embed_tokens(ids)
+        rope = base.rotary_emb(h, torch.arange(past, past + k, device=ids.device)[None])
+        mask = self._mask(past, k, ids.device)
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            x = layer.input_layernorm.forward(h)
+            q, key = _rope(self._heads(attn.q_proj.forward(x)), self._heads(attn.k_proj.forward(x)), rope)
+            key, value = cache.update(key, self._heads(attn.v_proj.forward(x)), i)
+            h = h + attn.o_proj.forward(self._attend(q, key, value, mask, self.scaling))
+            x = layer.post_attention_layernorm.forward(h)
+            h = h + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
+        return self.model.lm_head.forward(base.norm.forward(h[:, -keep:]))[0]
+
+
+class OptSteps(Steps):
+    """OPTForCausalLM with layer norm before attention (every size but 350m): learned positions, q
+    scaled before attention (as OPT does, so the sums round alike), a ReLU MLP."""
+
+    def __init__(self, model):
+        cfg = model.config
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        super().__init__(model, head_dim, 1.0)
+        self.decoder = model.model.decoder
+        self.layers = list(self.decoder.layers)
+
+    @staticmethod
+    def supports(model) -> bool:
+        return model.config.model_type == "opt" and model.config.do_layer_norm_before
+
+    def __call__(self, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
+        dec = self.decoder
+        k, past = ids.shape[1], cache.get_seq_length()
+        h = dec.embed_tokens(ids)
+        if dec.project_in is not None:
+            h = dec.project_in.forward(h)
+        h = h + dec.embed_positions(None, past, position_ids=torch.arange(past, past + k, device=ids.device)[None])
+        mask = self._mask(past, k, ids.device)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.self_attn_layer_norm.forward(h)
+            q = self._heads(attn.q_proj.forward(x) * attn.scaling)
+            key, value = cache.update(self._heads(attn.k_proj.forward(x)), self._heads(attn.v_proj.forward(x)), i)
+            h = h + attn.out_proj.forward(self._attend(q, key, value, mask, 1.0))
+            x = layer.final_layer_norm.forward(h)
+            h = h + layer.fc2.forward(layer.activation_fn(layer.fc1.forward(x)))
+        h = h[:, -keep:]
+        if dec.final_layer_norm is not None:
+            h = dec.final_layer_norm.forward(h)
+        if dec.project_out is not None:
+            h = dec.project_out.forward(h)
+        return self.model.lm_head.forward(h)[0]
+
+
+def _rope(q: torch.Tensor, key: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = (t.unsqueeze(1) for t in rope)
+    return q * cos + _rotate_half(q) * sin, key * cos + _rotate_half(key) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -92,4 +188,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def for_model(model):
     """The lean loop for this model, or None where transformers' forward stays the only path."""
-    return GemmaSteps(model) if GemmaSteps.supports(model) else None
+    for steps in (GemmaSteps, LlamaSteps, OptSteps):
+        if steps.supports(model):
+            return steps(model)
+    return None
