@@ -59,13 +59,23 @@ def estimate_bytes(cfg: JobConfig) -> int | None:
 
 def _calibration_bytes(cfg: JobConfig) -> int:
     """A calibration forward's largest tensor: the logits of every window (float32), which at a
-    150k-token vocabulary outweigh a 0.5B model."""
+    150k-token vocabulary outweigh a 0.5B model. AWQ also keeps every linear's sampled inputs (in the model's dtype)
+    and, while it searches a group's scales, a few float32 copies of the group's weights (measured at
+    7B here: 17.5 GB peak against 13.5 GB of bf16 weights)."""
     precisions = [p for p in (cfg.precision, cfg.draft_precision) if p is not None and p.quantized and p.method != "rtn"]
     if not precisions:
         return 0
     from src.random_weights import config_of
-    vocab = config_of(cfg.model.name).vocab_size
-    return max(p.calib_samples * p.calib_seq_len for p in precisions) * vocab * 4
+    shape = config_of(cfg.model.name)
+    logits = max(p.calib_samples * p.calib_seq_len for p in precisions) * shape.vocab_size * 4
+    if not any(p.method == "awq" for p in precisions):
+        return logits
+    hidden = shape.hidden_size
+    inner = getattr(shape, "intermediate_size", None) or getattr(shape, "ffn_dim")
+    tokens = max(p.awq_search_tokens for p in precisions if p.method == "awq")
+    captured = tokens * shape.num_hidden_layers * (3 * hidden + inner) * 2   # bf16, as the model
+    search = 6 * 2 * inner * hidden * 4
+    return logits + captured + search
 
 
 def check(cfg: JobConfig, available: int | None = None) -> int | None:

@@ -48,7 +48,7 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
     uri = f"http://127.0.0.1:{port}"
     try:
         out = run_cli(["-m", "model=tiny-llama", "precision=fp32,w8a8", "task=benchmark", "task.limit=2",
-                       "task.repeats=12", "tracking=server", f"tracking.uri={uri}", "tracking.system_metrics_s=1",
+                       "task.repeats=30", "tracking=server", f"tracking.uri={uri}", "tracking.system_metrics_s=1",
                        f"hydra.sweep.dir={tmp_path / 'sweep'}"])
         assert out.returncode == 0, out.stderr[-2000:]
         url = re.search(r"compare the sweep in the MLflow UI: (\S+)", out.stdout).group(1)

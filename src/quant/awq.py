@@ -96,10 +96,12 @@ def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: in
 
     changed: set[str] = set()
     for g in progress(groups, "awq scales"):
-        x = inputs[g.names[0]]
+        kept = inputs.pop(g.names[0])
+        x = kept.float()
         s, r = search_scale(x, g.linears, group, grid, g.block if block_loss else None)
         changed.update(scaling.apply(g, s))
-        inputs[g.names[0]] = x / s  # what the scaled linears now see
+        if clip:   # what the scaled linears now see, for their clipping search; else freed as we go
+            inputs[g.names[0]] = (x / s).to(kept.dtype)
         log.debug("awq %s: r=%.2f", g.prev_name, r)
 
     clips: dict[str, torch.Tensor] = {}
@@ -108,5 +110,5 @@ def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: in
             # AWQ leaves q and k unclipped: attention scores are too sensitive to their range.
             if name.endswith(("q_proj", "k_proj")) or (clip_only is not None and name not in clip_only):
                 continue
-            clips[name] = search_clip(inputs[key_of[name]][:512], lin.weight, group)
+            clips[name] = search_clip(inputs[key_of[name]][:512].float(), lin.weight, group)
     return changed, clips

@@ -59,7 +59,8 @@ def input_absmax(model: nn.Module, linears: dict[str, nn.Module], batches: torch
 
 def capture_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor,
                    max_tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A fixed random subset of `max_tokens` input rows at each named linear (AWQ's search data)."""
+    """A fixed random subset of `max_tokens` input rows at each named linear (AWQ's search data), in the
+    model's dtype."""
     keep = torch.randperm(batches.numel(), generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values
     seen: dict[str, list[torch.Tensor]] = {n: [] for n in linears}
     offsets = {n: 0 for n in linears}
@@ -67,7 +68,8 @@ def capture_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: tor
     def observe(name, x):
         lo = offsets[name]
         offsets[name] += x.shape[0]
-        seen[name].append(x[keep[(keep >= lo) & (keep < lo + x.shape[0])] - lo].float().clone())
+        # kept in the model's dtype (a bf16 7B's inputs at 2048 tokens are 3 GB, not 6); callers upcast
+        seen[name].append(x[keep[(keep >= lo) & (keep < lo + x.shape[0])] - lo].clone())
 
     _observe_inputs(model, linears, batches, observe)
     return {n: torch.cat(xs) for n, xs in seen.items()}
