@@ -49,34 +49,31 @@ PRECISIONS = ("bf16", "w8a8", "w8a16", "w4a16")
 
 
 def sweep(model: str, drafts: list[str], quick: bool, extra: list[str]) -> tuple[Path, int]:
+    """The model's precisions, then one run per assisted row (the draft at bf16 beside the target at
+    w4a16), all into one sweep directory."""
     sweep_dir = ROOT / "multirun" / f"bench-seeds-{model}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     lengths = "[128,512]" if quick else "[4,8,16,32,64,128,256,512]"
-    cmd = [sys.executable, "-m", "src.run", "-m", f"model={model}", "model.weights=random",
-           f"precision={','.join(PRECISIONS)}", "task=benchmark", f"task.prompt_lengths={lengths}",
-           f"task.max_new_tokens={16 if quick else 60}", f"hydra.sweep.dir={sweep_dir}",
-           # calibration of random weights calibrates nothing: the smallest that runs the real passes, and
-           # no AWQ clipping search (25 minutes at 7B here, to clip random numbers)
-           "precision.calib_samples=4", "precision.calib_seq_len=128", "precision.awq_search_tokens=512",
-           "precision.awq_grid=10", "precision.awq_clip=false", *extra]
-    print("running:", " ".join(cmd[1:]), flush=True)
-    code = subprocess.run(cmd, cwd=ROOT).returncode
-    for draft in drafts:   # the assisted rows: the draft model at bf16 beside the target at w4a16
-        cmd = [sys.executable, "-m", "src.run", "-m", f"model={model}", "model.weights=random", "precision=w4a16",
-               f"draft={draft}", "task=benchmark", f"task.prompt_lengths={lengths}",
-               f"task.max_new_tokens={16 if quick else 60}", f"hydra.sweep.dir={sweep_dir}",
-               "precision.calib_samples=4", "precision.calib_seq_len=128", "precision.awq_search_tokens=512",
-               "precision.awq_grid=10", "precision.awq_clip=false", *extra]
+    base = [sys.executable, "-m", "src.run", "-m", f"model={model}", "model.weights=random", "task=benchmark",
+            f"task.prompt_lengths={lengths}", f"task.max_new_tokens={16 if quick else 60}",
+            f"hydra.sweep.dir={sweep_dir}",
+            # calibration of random weights calibrates nothing: the smallest that runs the real passes, and
+            # no AWQ clipping search (25 minutes at 7B here, to clip random numbers)
+            "precision.calib_samples=4", "precision.calib_seq_len=128", "precision.awq_search_tokens=512",
+            "precision.awq_grid=10", "precision.awq_clip=false", *extra]
+    code = 0
+    for variant in [[f"precision={','.join(PRECISIONS)}"], *[["precision=w4a16", f"draft={d}"] for d in drafts]]:
+        cmd = [*base, *variant]
         print("running:", " ".join(cmd[1:]), flush=True)
         code = max(code, subprocess.run(cmd, cwd=ROOT).returncode)
     return sweep_dir, code
 
 
 def per_length(uri: str, job, metric: str, tokens: int) -> float:
+    """The job's `metric` at the example of `tokens` prompt tokens (step = example number)."""
     from mlflow.tracking import MlflowClient
-    history = MlflowClient(uri).get_metric_history(job.run_id, "prompt_tokens")
-    step = next((m.step for m in history if int(m.value) == tokens), None)
-    values = {m.step: m.value for m in MlflowClient(uri).get_metric_history(job.run_id, metric)}
-    return values.get(step, math.nan)
+    client = MlflowClient(uri)
+    step = next((m.step for m in client.get_metric_history(job.run_id, "prompt_tokens") if int(m.value) == tokens), None)
+    return {m.step: m.value for m in client.get_metric_history(job.run_id, metric)}.get(step, math.nan)
 
 
 def main(argv: list[str]) -> int:

@@ -22,20 +22,18 @@ RUNTIME_BYTES = int(1.5 * GB) + PROBE_MB * 2**20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def parameter_count(cfg: JobConfig) -> int | None:
-    """The model's parameters where its shape is known before loading (a shipped shape), else None."""
+def _shape(cfg: JobConfig):
+    """The model's published shape where it is known before loading (random weights), else None."""
     if cfg.model.weights != "random":
         return None
-    from src.random_weights import NoShape, config_of, parameter_count as count
+    from src.random_weights import NoShape, config_of
     try:
-        return count(config_of(cfg.model.name))
+        return config_of(cfg.model.name)
     except NoShape:
         return None   # load_model says so in its own line
 
 
-def _kv_bytes(cfg: JobConfig) -> int:
-    from src.random_weights import config_of
-    shape = config_of(cfg.model.name)
+def _kv_bytes(cfg: JobConfig, shape) -> int:
     heads = getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads
     head_dim = getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
     tokens = max(cfg.task.prompt_lengths or [512]) + cfg.task.new_tokens(cfg.model.code)
@@ -43,21 +41,22 @@ def _kv_bytes(cfg: JobConfig) -> int:
 
 
 def estimate_bytes(cfg: JobConfig) -> int | None:
-    params = parameter_count(cfg)
-    if params is None:
+    from src.random_weights import config_of, parameter_count
+    shape = _shape(cfg)
+    if shape is None:
         return None
+    params = parameter_count(shape)
     built = params * 2                                   # bf16, as random weights are built
     held = params * DTYPE_BYTES[cfg.precision.dtype] if not cfg.precision.quantized else built
     draft = 0
     if cfg.draft_model is not None and cfg.draft_model.name != cfg.model.name:
-        from src.random_weights import config_of, parameter_count as count
-        draft = count(config_of(cfg.draft_model.name)) * 2
+        draft = parameter_count(config_of(cfg.draft_model.name)) * 2
     elif cfg.draft_model is not None:                    # a self-draft: a second, quantized copy
         draft = params
-    return max(built, held) + draft + _kv_bytes(cfg) + _calibration_bytes(cfg) + RUNTIME_BYTES
+    return max(built, held) + draft + _kv_bytes(cfg, shape) + _calibration_bytes(cfg, shape) + RUNTIME_BYTES
 
 
-def _calibration_bytes(cfg: JobConfig) -> int:
+def _calibration_bytes(cfg: JobConfig, shape) -> int:
     """A calibration forward's largest tensor: the logits of every window (float32), which at a
     150k-token vocabulary outweigh a 0.5B model. AWQ also keeps every linear's sampled inputs (in the model's dtype)
     and, while it searches a group's scales, a few float32 copies of the group's weights (measured at
@@ -65,8 +64,6 @@ def _calibration_bytes(cfg: JobConfig) -> int:
     precisions = [p for p in (cfg.precision, cfg.draft_precision) if p is not None and p.quantized and p.method != "rtn"]
     if not precisions:
         return 0
-    from src.random_weights import config_of
-    shape = config_of(cfg.model.name)
     logits = max(p.calib_samples * p.calib_seq_len for p in precisions) * shape.vocab_size * 4
     if not any(p.method == "awq" for p in precisions):
         return logits
