@@ -43,12 +43,12 @@ class Steps:
         return None if k == 1 else (torch.arange(past + k, device=device)[None, :]
                                     <= torch.arange(past, past + k, device=device)[:, None])
 
-    def _attend(self, q, key, value, mask, scaling: float) -> torch.Tensor:
-        """[1, heads, k, head_dim] -> [1, k, heads * head_dim]."""
+    def _attend(self, q, key, value, mask) -> torch.Tensor:
+        """[1, heads, k, head_dim] -> [1, k, heads * head_dim], scores scaled by self.scaling."""
         if self.own_attention:
-            out = torch.ops.quantspec.decode_attention(q, key, value, scaling)
+            out = torch.ops.quantspec.decode_attention(q, key, value, self.scaling)
         else:
-            out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling, enable_gqa=True)
+            out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=self.scaling, enable_gqa=True)
         return out.transpose(1, 2).reshape(1, q.shape[2], -1)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +95,7 @@ class GemmaSteps(Steps):
         key = attn.k_norm.forward(self._heads(attn.k_proj.forward(x)))
         q, key = _rope(q, key, rope)
         key, value = cache.update(key, self._heads(attn.v_proj.forward(x)), index)
-        out = attn.o_proj.forward(self._attend(q, key, value, mask, self.scaling))
+        out = attn.o_proj.forward(self._attend(q, key, value, mask))
         h = h + layer.post_attention_layernorm.forward(out)
         x = layer.pre_feedforward_layernorm.forward(h)
         x = mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
@@ -131,7 +131,7 @@ class LlamaSteps(Steps):
             x = layer.input_layernorm.forward(h)
             q, key = _rope(self._heads(attn.q_proj.forward(x)), self._heads(attn.k_proj.forward(x)), rope)
             key, value = cache.update(key, self._heads(attn.v_proj.forward(x)), i)
-            h = h + attn.o_proj.forward(self._attend(q, key, value, mask, self.scaling))
+            h = h + attn.o_proj.forward(self._attend(q, key, value, mask))
             x = layer.post_attention_layernorm.forward(h)
             h = h + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
         return self.model.lm_head.forward(base.norm.forward(h[:, -keep:]))[0]
@@ -144,7 +144,7 @@ class OptSteps(Steps):
     def __init__(self, model):
         cfg = model.config
         head_dim = cfg.hidden_size // cfg.num_attention_heads
-        super().__init__(model, head_dim, 1.0)
+        super().__init__(model, head_dim, 1.0)   # q is scaled before attention, as OPT does
         self.decoder = model.model.decoder
         self.layers = list(self.decoder.layers)
 
@@ -165,7 +165,7 @@ class OptSteps(Steps):
             x = layer.self_attn_layer_norm.forward(h)
             q = self._heads(attn.q_proj.forward(x) * attn.scaling)
             key, value = cache.update(self._heads(attn.k_proj.forward(x)), self._heads(attn.v_proj.forward(x)), i)
-            h = h + attn.out_proj.forward(self._attend(q, key, value, mask, 1.0))
+            h = h + attn.out_proj.forward(self._attend(q, key, value, mask))
             x = layer.final_layer_norm.forward(h)
             h = h + layer.fc2.forward(layer.activation_fn(layer.fc1.forward(x)))
         h = h[:, -keep:]

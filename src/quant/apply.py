@@ -17,8 +17,6 @@ from src.config import ModelConfig, PrecisionConfig, QuantSpec
 from src.paths import child
 from src.quant import cache
 from src.quant.calibrate import calibration_ids, ids_hash
-from src.config import HEAD
-from src.quant.arch import decoder_linears
 from src.quant.pipeline import install, quantize, quantized_bytes, release_quantized
 
 
@@ -43,10 +41,9 @@ def quantize_model(model: nn.Module, tokenizer, arch: str, spec: QuantSpec, sour
     calib = None if spec.method == "rtn" else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
     key = cache.cache_key(source_key, spec, "none" if calib is None else ids_hash(calib))
     directory = child(cache_root / "quantized", f"{label}-{spec.scheme}-{spec.method}-{key[:16]}")
-    names = list(decoder_linears(model, arch)) + ([HEAD] if spec.quantize_head else [])
     weights, built = cache.load_or_build(directory, lambda: quantize(model, arch, spec, calib),
                                          {"source": source_key, "key": key},
-                                         before_load=lambda: release_quantized(model, names))
+                                         before_load=lambda: release_quantized(model, arch, spec))
     model = install(model.to(dtype), weights, dtype, gemv)
     return model, QuantReport(directory, built, time.perf_counter() - start, quantized_bytes(weights), spec.alpha)
 

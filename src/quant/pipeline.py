@@ -52,9 +52,7 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
                                       spec.awq_search_tokens, spec.awq_block_loss, clip_only=int4)
     elif spec.method != "rtn":
         raise ValueError(f"unknown quantization method {spec.method!r}; known: {', '.join(METHODS)}")
-    linears = decoder_linears(model, arch)
-    if spec.quantize_head:
-        linears[HEAD] = model.get_submodule(HEAD)
+    linears = quantized_linears(model, arch, spec)
     schemes = {name: spec.scheme_for(name) for name in linears}
     layers = {}
     for name, lin in linears.items():
@@ -71,9 +69,18 @@ def release(linear: nn.Module) -> None:
     linear.weight = nn.Parameter(torch.empty(0, dtype=linear.weight.dtype), requires_grad=False)
 
 
-def release_quantized(model: nn.Module, names) -> None:
-    for name in names:
-        release(model.get_submodule(name))
+def quantized_linears(model: nn.Module, arch: str, spec: QuantSpec) -> dict[str, nn.Module]:
+    """The linears a spec replaces: the decoder's, and the output head unless it stays float."""
+    linears = decoder_linears(model, arch)
+    if spec.quantize_head:
+        linears[HEAD] = model.get_submodule(HEAD)
+    return linears
+
+
+def release_quantized(model: nn.Module, arch: str, spec: QuantSpec) -> None:
+    """Free every float linear the spec's quantized weights replace (before they are read from a cache)."""
+    for linear in quantized_linears(model, arch, spec).values():
+        release(linear)
 
 
 @torch.no_grad()
