@@ -69,14 +69,14 @@ def test_gemv_w8a16_matches_int8_weight_reference(m, n, k):
     assert _rel_err(y, ref) < 8e-3  # int8 and bf16 are exact in registers; the sums are fp32
 
 
-@pytest.mark.parametrize("m,n,k", [s for s in SHAPES if s[2] % 128 == 0])
-def test_gemv_w4a16_matches_dequantized_reference(m, n, k):
+@pytest.mark.parametrize("m,n,k,group", [(*s, 128) for s in SHAPES if s[2] % 128 == 0] + [(3, 20, 512, 256)])
+def test_gemv_w4a16_matches_dequantized_reference(m, n, k, group):
     torch.manual_seed(m * 3 + n)
     x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
-    q, scale, zero = qparams.int4_groups(w, 128)
+    q, scale, zero = qparams.int4_groups(w, group)
     offset = (zero - qparams.INT4_MID * scale).contiguous()
-    y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 128)
-    ref = x.double() @ qparams.int4_dequant(q, scale, zero, 128).double().t()
+    y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, group)
+    ref = x.double() @ qparams.int4_dequant(q, scale, zero, group).double().t()
     assert _rel_err(y, ref) < 1e-2  # dequantized weights are rounded to bf16 in registers
 
 
@@ -131,6 +131,8 @@ def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
         assert cut is None or type(cut) is type(fast)   # a draft's cut head stays on the same kernels
     assert type(build("w8a8", int8_tensors(torch.randn(8, 96), None), None, torch.float32, True)).__name__ \
         == "W8A8Linear"   # K = 96 is no multiple of the w8a8 kernel's 64: ATen's
+    assert type(build("w4a16", int4_tensors(w, None, 64), 64, torch.bfloat16, True)).__name__ \
+        == "W4A16Linear"  # groups of 64 split the int4 kernel's 128-value loads: ATen's
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -3,8 +3,8 @@
 //   gemv_float  W fp32 (x fp32, FMA)          or W bf16 (x rounded to bf16, VDPBF16PS: 32 MACs/op)
 //   gemv_w8a8   W int8 per-row scale, x quantized per row to int8 here (VPDPBUSD: 64 MACs/op)
 //   gemv_w8a16  W int8 per-row scale made bf16 in registers (exact), x bf16 (VDPBF16PS)
-//   gemv_w4a16  W int4 in groups along K, dequantized to bf16 in registers through a 16-entry
-//               table per group (VPERMW), x bf16 (VDPBF16PS)
+//   gemv_w4a16  W int4 in groups (of 128 or a multiple) along K, dequantized to bf16 in registers
+//               through a 16-entry table per group (VPERMW), x bf16 (VDPBF16PS)
 // Every weight vector loaded is used for all M rows in registers, so verifying k tokens reads W once.
 //
 // Why our own: a decode step is memory bound, and on this project's 2-core AVX-512 host ATen's bf16
@@ -59,6 +59,7 @@ struct NoState {};
 template <typename W, typename X>
 struct Dense {
   using State = NoState;
+  static constexpr int kSub = 1;  // one load per step
   const W* w; const X* x; int64_t K;
   int64_t span() const { return K; }
   State begin(int64_t, int64_t) const { return {}; }
@@ -116,32 +117,46 @@ struct W8A16 : Dense<int8_t, uint16_t> {  // 32 per step: int8 weights made bf16
   }
 };
 
-// int4: 32 values per 16 bytes, byte j holding value j (low nibble) and value j + 16 (high nibble),
-// the layout `pack_w4` makes at load. A group's 16 possible weights, q * scale + offset, go into one
-// register as bf16; VPERMW looks each nibble up in it.
+// int4: 128 values per 64 bytes, 16-bit lane i holding values i, i + 32, i + 64 and i + 96 in its four
+// nibbles, the layout `pack_w4` makes at load. A group's 16 possible weights, q * scale + offset, go
+// into one register as bf16, twice (entries 0..15 and 16..31); VPERMW looks up each lane's low 5 bits,
+// so shifting the lane by 0, 4, 8 or 12 selects a nibble with no masking. One shuffle per 32 weights
+// (the previous 32-value layout widened and split bytes first: three) left the kernel compute bound
+// at 16 GB/s on a 2-core host whose read probe gives 30.
 struct W4 {
-  using Acc = __m512; using V = __m512bh; using State = __m512i; static constexpr int kStep = 32;
+  using Acc = __m512; using V = __m512bh; using State = __m512i;
+  static constexpr int kStep = 32, kSub = 4;  // 4 steps of 32 per 64-byte load
   const uint8_t* w; const uint16_t* x; int64_t K; const float* scale; const float* offset; int64_t group;
-  int64_t span() const { return group; }
+  int64_t span() const { return group; }  // a multiple of 128
   State begin(int64_t n, int64_t k) const {
     const int64_t g = n * (K / group) + k / group;
     const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 v = _mm512_fmadd_ps(q, _mm512_set1_ps(scale[g]), _mm512_set1_ps(offset[g]));
-    return (__m512i)_mm512_cvtne2ps_pbh(v, v);  // entries 0..15 (and again 16..31)
+    return (__m512i)_mm512_cvtne2ps_pbh(v, v);  // entries 0..15 and again 16..31
   }
   const void* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
-  V wv(const State& table, int64_t n, int64_t k) const {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + n * (K / 2) + k / 2));
-    const __m256i v = _mm256_cvtepu8_epi16(b);
-    const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi16(0xF)), hi = _mm256_srli_epi16(v, 4);
-    const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-    return (V)_mm512_permutexvar_epi16(idx, table);
+  // Step u (0..3) of the 128 values from k: nibble u of every lane.
+  V wv(const State& table, int64_t n, int64_t k, int u) const {
+    __m512i v = _mm512_loadu_si512(at(n, k));
+    switch (u) {  // immediates: the caller's loop over u is unrolled
+      case 1: v = _mm512_srli_epi16(v, 4); break;
+      case 2: v = _mm512_srli_epi16(v, 8); break;
+      case 3: v = _mm512_srli_epi16(v, 12); break;
+      default: break;
+    }
+    return (V)_mm512_permutexvar_epi16(v, table);
   }
   V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x + m * K + k); }
   static Acc zero() { return _mm512_setzero_ps(); }
   static Acc madd(Acc a, V w, V x) { return _mm512_dpbf16_ps(a, w, x); }
   __m128 finish(__m128 sums, int64_t, int, int) const { return sums; }
 };
+
+// A format with kSub > 1 loads once per kSub steps and hands out one step's weights at a time.
+template <typename F>
+inline typename F::V weights(const F& f, const typename F::State& s, int64_t n, int64_t k, int u) {
+  if constexpr (F::kSub > 1) return f.wv(s, n, k, u); else return f.wv(s, n, k);
+}
 
 template <typename T> inline void put(T* y, __m128 v, int lanes) {
   alignas(16) float f[4];
@@ -158,15 +173,17 @@ inline void block(const F& f, int m0, int64_t n0, T* y, int64_t N) {
   for (int64_t k0 = 0; k0 < f.K; k0 += f.span()) {
     typename F::State state[R];
     for (int r = 0; r < R; ++r) state[r] = f.begin(n0 + r, k0);
-    for (int64_t k = k0; k < k0 + f.span(); k += F::kStep) {
-      typename F::V wv[R];
-      for (int r = 0; r < R; ++r) {
-        _mm_prefetch(reinterpret_cast<const char*>(f.at(n0 + r + kAhead, k)), _MM_HINT_T0);
-        wv[r] = f.wv(state[r], n0 + r, k);
-      }
-      for (int m = 0; m < M; ++m) {
-        const typename F::V xv = f.xv(m0 + m, k);
-        for (int r = 0; r < R; ++r) acc[m][r] = F::madd(acc[m][r], wv[r], xv);
+    constexpr int U = F::kSub;
+    for (int64_t k = k0; k < k0 + f.span(); k += F::kStep * U) {
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(f.at(n0 + r + kAhead, k)), _MM_HINT_T0);
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) {
+        typename F::V wv[R];
+        for (int r = 0; r < R; ++r) wv[r] = weights(f, state[r], n0 + r, k, u);
+        for (int m = 0; m < M; ++m) {
+          const typename F::V xv = f.xv(m0 + m, k + u * F::kStep);
+          for (int r = 0; r < R; ++r) acc[m][r] = F::madd(acc[m][r], wv[r], xv);
+        }
       }
     }
   }
@@ -274,9 +291,9 @@ at::Tensor gemv_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                       const at::Tensor& offset, int64_t group) {
   const int64_t K = x.size(1);
-  check(x, packed, W4::kStep, K / 2);
-  TORCH_CHECK(packed.scalar_type() == at::kByte && group % 32 == 0 && K % group == 0,
-              "quantspec gemv_w4a16: uint8 packed weight, group a multiple of 32 dividing K");
+  check(x, packed, W4::kStep * W4::kSub, K / 2);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && group % 128 == 0 && K % group == 0,
+              "quantspec gemv_w4a16: uint8 packed weight, group a multiple of 128 dividing K");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
               offset.is_contiguous(), "quantspec gemv_w4a16: float32 scale and offset [N, K / group]");
   at::Tensor xb = x.to(at::kBFloat16).contiguous();

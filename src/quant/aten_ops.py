@@ -29,11 +29,12 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 
 
 def pack_w4(q: torch.Tensor) -> torch.Tensor:
-    """[N, K] values 0..15 -> quantspec's gemv layout: per 32 values, byte j = value j | value j+16 << 4
-    (the kernel widens 16 bytes and splits the nibbles into two ready halves)."""
+    """[N, K] values 0..15 -> quantspec's gemv layout: per 128 values, 64 bytes whose 16-bit lane i
+    holds values i, i+32, i+64, i+96 in its four nibbles (the kernel shifts a lane to pick one)."""
     n, k = q.shape
-    b = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
-    return (b[:, :, 0] | b[:, :, 1] << 4).reshape(n, k // 2).contiguous()
+    b = q.to(torch.uint8).reshape(n, k // 128, 4, 32)
+    lanes = torch.stack([b[:, :, 0] | b[:, :, 1] << 4, b[:, :, 2] | b[:, :, 3] << 4], dim=-1)  # bytes 2i, 2i+1
+    return lanes.reshape(n, k // 2).contiguous()
 
 
 def int4_weight_matmul(x: torch.Tensor, packed: torch.Tensor, group: int, scales_zeros: torch.Tensor) -> torch.Tensor:

@@ -169,7 +169,7 @@ class W8A16Gemv(W8A16Linear):
 
 
 class W4A16Gemv(W4A16Linear):
-    K_STEP = 32
+    K_STEP = 128  # 128 values per 64-byte load; groups must be whole multiples of it
     STEP_BUFFERS = ("w4", "w4_scale", "w4_offset")
 
     def __init__(self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
@@ -214,7 +214,9 @@ def build(kind: str, t: dict[str, torch.Tensor], group: int | None, dtype: torch
     if kind not in ATEN:
         raise ValueError(f"unknown quantized kernel {kind!r}; known: {', '.join(ATEN)}")
     k = t["w_q"].shape[1] if "w_q" in t else t["q4"].shape[1] * 2
-    cls = GEMV[kind] if gemv and k % GEMV[kind].K_STEP == 0 else ATEN[kind]
+    step = GEMV[kind].K_STEP
+    fits = k % step == 0 and (kind != "w4a16" or group % step == 0)
+    cls = GEMV[kind] if gemv and fits else ATEN[kind]
     if kind == "w8a8":
         return cls(t["w_q"], t["w_scale"], t.get("bias"))
     if kind == "w8a16":
