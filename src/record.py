@@ -186,4 +186,6 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         run.log_text(text, file_name)
     for note in result.notes:
         log.warning(note)
+    if result.notes:   # kept with the run, not only on the console
+        run.log_text("\n".join(result.notes) + "\n", "notes.txt")
     run.finish()

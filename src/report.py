@@ -27,7 +27,7 @@ from src.tracking import SWEEP_KEY, default_uri
 
 KEY_GROUPS = ("model", "hardware", "precision", "draft", "task", "engine")
 SUMMARY = (("prefill_ms_median", "prefill (ms)"), ("time_per_token_ms_median", "time/token (ms)"),
-           ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"),
+           ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"), ("pass_at_1", "pass@1"),
            ("decode_efficiency_median", "decode efficiency"), ("acceptance_rate_overall", "acceptance"),
            ("speedup_vs_no_draft_median", "speedup vs no draft (measured)"),
            ("expected_speedup", "expected speedup (Leviathan)"))
@@ -79,6 +79,20 @@ def speedup_rows(jobs: list[JobRecord], baseline: dict[str, str]) -> list[list]:
                      ratio(b.get("prefill_ms_median"), m.get("prefill_ms_median")),
                      ratio(m.get("perplexity"), b.get("perplexity"))])
     return rows
+
+
+def draft_quality_lines(jobs: list[JobRecord]) -> list[str]:
+    """For each job that coded with a draft: its pass@1 against the same completions made without it."""
+    lines = []
+    for job in jobs:
+        m = job.metrics
+        if "pass_at_1_no_draft" not in m or "pass_at_1" not in m:
+            continue
+        same = m.get("completions_identical_to_no_draft", math.nan)
+        verdict = "equal" if m["pass_at_1"] == m["pass_at_1_no_draft"] else "different"
+        lines.append(f"- {job.name}: pass@1 {m['pass_at_1']:.3f} with the draft, {m['pass_at_1_no_draft']:.3f} "
+                     f"without ({verdict}; {same:.0%} of the completions identical)")
+    return lines
 
 
 def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[Row]], speedups: list[list],
@@ -153,6 +167,9 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
              f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
              (markdown_table(["job", "baseline", "time/token speedup", "prefill speedup", "perplexity ratio"],
                              speedups) if speedups else "(no job has its baseline in this sweep)") + "\n"]
+    drafted = draft_quality_lines(jobs)
+    if drafted:
+        parts += ["## pass@1 with and without the draft\n", "\n".join(drafted) + "\n"]
     overview = "\n".join(parts[2:])
     parts += [f"![{name}]({name})\n" for name in files]
     for name, table in tables.items():

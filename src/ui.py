@@ -21,7 +21,7 @@ SQLITE_UI = "http://127.0.0.1:5000"   # where `mlflow ui` serves a SQLite store 
 # peak memory, others' CPU) are a click away under Columns.
 METRIC_COLUMNS = ("time_per_token_ms_median", "speedup_vs_baseline", "prefill_ms_median", "tokens_per_s_median",
                   "perplexity", "pass_at_1", "acceptance_rate_overall", "speedup_vs_no_draft_median")
-TAG_COLUMNS = ("host_busy",)
+TAG_COLUMNS = ("host_busy", "sandbox")
 ATTRIBUTE_COLUMNS = ("Dataset",)
 
 

@@ -7,6 +7,7 @@ that step: the first reading closes prefill, the rest are decode steps.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -15,18 +16,21 @@ from src.engine.common import Generation, Sampling
 
 
 class _StepClock(StoppingCriteria):
-    def __init__(self) -> None:
+    def __init__(self, prompt_tokens: int, stop: Callable[[list[int]], bool] | None) -> None:
         self.times: list[float] = []
+        self.prompt_tokens, self.stop = prompt_tokens, stop
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        done = bool(self.stop and self.stop(input_ids[0, self.prompt_tokens:].tolist()))
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
 @torch.inference_mode()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
-             pad_token_id: int | None) -> Generation:
-    """One prompt (batch of 1). `exact` forbids stopping at end-of-sequence, so benchmark runs compare."""
+             pad_token_id: int | None, stop: Callable[[list[int]], bool] | None = None) -> Generation:
+    """One prompt (batch of 1). `exact` forbids stopping at end-of-sequence, so benchmark runs compare;
+    `stop`, given the new tokens so far, ends the generation when true."""
     input_ids = input_ids.to(model.device)
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sampling.do_sample, pad_token_id=pad_token_id)
     if sampling.do_sample:
@@ -37,7 +41,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, s
         kwargs.update(temperature=None, top_p=None, top_k=None)
     if exact:
         kwargs["min_new_tokens"] = max_new_tokens
-    clock = _StepClock()
+    clock = _StepClock(input_ids.shape[1], stop)
     attention_mask = torch.ones_like(input_ids)
     start = time.perf_counter()
     out = model.generate(input_ids, attention_mask=attention_mask, stopping_criteria=StoppingCriteriaList([clock]),

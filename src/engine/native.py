@@ -9,6 +9,7 @@ rejected positions from the cache. Greedy output is token-for-token that of tran
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
@@ -61,10 +62,12 @@ class Decoder:
 
 @torch.inference_mode()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
-             pad_token_id: int | None, fast: bool = False) -> Generation:
+             pad_token_id: int | None, fast: bool = False, stop: Callable[[list[int]], bool] | None = None
+             ) -> Generation:
     """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does;
-    `fast` takes steps through src.engine.fastpath where it covers the model (see Decoder)."""
-    stop, ban = eos_ids(model), eos_ban(model, exact)
+    `fast` takes steps through src.engine.fastpath where it covers the model (see Decoder); `stop`, given
+    the new tokens so far, ends the generation when true (a task's stop sequences)."""
+    eos, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
 
     def pick(logits: torch.Tensor) -> int:
@@ -75,7 +78,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, s
     start = time.perf_counter()
     token = pick(decoder.prefill(input_ids))
     tokens, times = [token], [time.perf_counter()]
-    while len(tokens) < max_new_tokens and token not in stop:
+    while len(tokens) < max_new_tokens and token not in eos and not (stop and stop(tokens)):
         token = pick(decoder.step(token))
         tokens.append(token)
         times.append(time.perf_counter())

@@ -153,10 +153,10 @@ def accept_or_resample(p: torch.Tensor, draft: list[int], q: list[torch.Tensor |
 @torch.inference_mode()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
              pad_token_id: int | None, *, drafter, k: int, schedule: str = "constant", k_max: int = 8,
-             fast: bool = False) -> Generation:
+             fast: bool = False, stop: Callable[[list[int]], bool] | None = None) -> Generation:
     """One prompt with a drafter; the same call shape as the other engines. Greedy output equals the
     target's greedy output; sampled output follows the target's distribution. Stats in `.spec`."""
-    stop, ban = eos_ids(model), eos_ban(model, exact)
+    eos, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
 
     def sample(logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
@@ -176,7 +176,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, s
     start = time.perf_counter()
     token = first(target.prefill(input_ids.to(model.device)))
     tokens, times = [token], [time.perf_counter()]
-    while len(tokens) < max_new_tokens and token not in stop:
+    while len(tokens) < max_new_tokens and token not in eos and not (stop and stop(tokens)):
         t0 = time.perf_counter()
         room = min(plan.k, max_new_tokens - len(tokens) - 1)
         draft, dists = drafter.propose(prompt + tokens, room, sample) if room > 0 else ([], [])
@@ -192,11 +192,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, s
             nxt = choices[kept]
         new = draft[:kept] + [nxt]
         target.rollback(len(draft) - kept)
-        if not exact:  # end-of-sequence ends the generation where plain decoding would
-            for i, t in enumerate(new):
-                if t in stop:
-                    new = new[:i + 1]
-                    break
+        # End-of-sequence or a stop sequence ends the generation where plain decoding would.
+        for i, t in enumerate(new):
+            if (not exact and t in eos) or (stop and i < len(new) - 1 and stop(tokens + new[:i + 1])):
+                new = new[:i + 1]
+                break
         now = time.perf_counter()
         tokens += new
         times += [now] * len(new)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -37,6 +38,8 @@ class Example:
     prompt_ids: torch.Tensor    # shape (1, prompt_tokens)
     max_new_tokens: int
     label: str
+    stop: Callable[[list[int]], bool] | None = None   # new tokens so far -> end here (stop sequences)
+    sample: int = 0             # the n-th sample of one prompt: drawn with sampling.seed + n
 
 
 @dataclass
@@ -62,6 +65,7 @@ def limit(examples: list, n: int | None) -> list:
 class Measured:
     rows: list[Row]
     outputs: list[list[int]]                                       # each example's new token ids
+    baseline_outputs: list[list[int]] = field(default_factory=list)  # with a draft: the same without it
     series: dict[str, list[float]] = field(default_factory=dict)   # per example (draft metrics)
     summary: dict[str, float] = field(default_factory=dict)        # over all examples (draft metrics)
 
@@ -85,6 +89,8 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
         first = examples[0]
         for engine in engines:
             engine(inputs.model, first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad)
+    sampling_of = lambda ex: (inputs.sampling if not ex.sample else  # noqa: E731
+                              dataclasses.replace(inputs.sampling, seed=inputs.sampling.seed + ex.sample))
     out = Measured([], [])
     specs, baseline_ms, identical = [], [], []
     others = OthersCpu()   # what other processes took while we timed: a busy host is flagged, not hidden
@@ -93,7 +99,8 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
         with others:
             for _ in range(inputs.task.repeats):
                 for i, engine in enumerate(engines):
-                    runs[i].append(engine(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, inputs.sampling, pad))
+                    runs[i].append(engine(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, sampling_of(ex), pad,
+                                          stop=ex.stop))
         gen = _median_run(runs[0])
         row = _row(number, gen)
         log.info("example %d/%d: %d prompt tokens, %d new, %.1f ms/token", number, len(examples),
@@ -108,6 +115,7 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
                 out.series.setdefault(key, []).append(value)
             specs.append(gen.spec)
             if base is not None:
+                out.baseline_outputs.append(plain.new_token_ids)
                 baseline_ms.append(base.time_per_token_ms)
                 identical.append(gen.new_token_ids == plain.new_token_ids)
     if specs:
