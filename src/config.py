@@ -109,6 +109,7 @@ class QuantSpec:
     awq_grid: int
     awq_clip: bool
     awq_search_tokens: int
+    awq_search_rows: int | None     # output channels sampled per scale search (null: all)
     awq_block_loss: bool
     int8_linears: tuple[str, ...]   # decoder linears (name suffixes) kept at int8 under w4a16
 
@@ -159,6 +160,8 @@ class PrecisionConfig(QuantSpec):
             raise ConfigError(f"precision.method=awq is for w4a16, not precision.scheme={self.scheme}")
         if self.alpha is not None and not 0 <= self.alpha <= 1:
             raise ConfigError(f"precision.alpha={self.alpha} must be in [0, 1]")
+        if self.awq_search_rows is not None and self.awq_search_rows < 1:
+            raise ConfigError(f"precision.awq_search_rows={self.awq_search_rows} must be at least 1 (or null: all)")
         for key in ("calib_samples", "calib_seq_len", "awq_grid", "awq_search_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")

@@ -74,7 +74,9 @@ def _calibration_bytes(cfg: JobConfig, shape) -> int:
     inner = getattr(shape, "intermediate_size", None) or getattr(shape, "ffn_dim")
     tokens = max(p.awq_search_tokens for p in precisions if p.method == "awq")
     captured = tokens * shape.num_hidden_layers * (3 * hidden + inner) * 2   # bf16, as the model
-    search = 6 * 2 * inner * hidden * 4
+    # while a group's scales are searched: float32 copies of its (sampled) rows, and its outputs
+    rows = [p.awq_search_rows or 2 * inner for p in precisions if p.method == "awq"]
+    search = 6 * min(max(rows), 2 * inner) * inner * 4 + 3 * tokens * 2 * inner * 4
     return logits + captured + search
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,8 +18,18 @@ from src.corpus import humaneval_problems
 from src.tasks.benchmark_code import STOP, StopAt, pass_at_k, program, score, truncate
 from tests.conftest import ROOT, run_cli
 
-HAVE_BWRAP = shutil.which("bwrap") is not None
-needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap is not installed (scripts/setup installs it as root)")
+
+
+def _bwrap_problem() -> str | None:
+    try:
+        sandbox.check("bwrap")
+    except sandbox.SandboxUnavailable as err:
+        return str(err)
+    return None
+
+
+BWRAP_PROBLEM = _bwrap_problem()   # scripts/setup installs bubblewrap as root; a host may still forbid it
+needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bubblewrap cannot run here: {BWRAP_PROBLEM}")
 LIMITS = sandbox.Limits(timeout_s=3.0, memory_mb=512)
 PROBLEMS = humaneval_problems()[:6]
 
@@ -189,3 +198,22 @@ def test_random_weights_and_greedy_samples_are_refused(store):
     assert out.returncode != 0 and "pass@1 would mean nothing" in out.stderr
     out = run_cli(["model=tiny-llama", "task=benchmark_code", "task.samples=5", f"tracking.uri={store}"])
     assert out.returncode != 0 and "sampling.do_sample=true" in out.stderr
+
+
+def test_samples_are_drawn_apart_and_scored_as_pass_at_k():
+    from src.config import TaskConfig
+    from src.engine import ENGINES, Sampling
+    from src.tasks import TASKS, TaskInputs
+    from src.tiny import TINY_CONTEXT, tiny_model
+
+    model, tok = tiny_model("llama")
+    task = TaskConfig(name="benchmark_code", kind="benchmark_code", max_new_tokens=6, code_max_new_tokens=6,
+                      exact_new_tokens=False, limit=1, warmup=0, samples=3, sandbox="rlimit")
+    sampling = Sampling(do_sample=True, temperature=1.5, seed=3)
+    res = TASKS["benchmark_code"](TaskInputs(model, tok, task, True, sampling, TINY_CONTEXT, corpus=lambda: "",
+                                             generate=ENGINES["native"]))
+    lines = [json.loads(x) for x in res.artifacts["completions.jsonl"].splitlines()]
+    assert [x["sample"] for x in lines] == [0, 1, 2] and len(res.rows) == 3
+    assert len({x["completion"] for x in lines}) > 1          # seeds 3, 4, 5: not one draw three times
+    assert "pass_at_1" in res.summary and "pass_at_10" not in res.summary   # k only up to the samples
+    assert res.summary["passed"] + res.summary["failed"] + res.summary["timed_out"] == 3

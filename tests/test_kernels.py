@@ -80,6 +80,21 @@ def test_gemv_w4a16_matches_dequantized_reference(m, n, k, group):
     assert _rel_err(y, ref) < 1e-2  # dequantized weights are rounded to bf16 in registers
 
 
+def test_int4_weight_unpacks_to_bf16_exactly_as_the_gemv_sees_it():
+    torch.manual_seed(5)
+    w = torch.randn(24, 512)
+    q, scale, zero = qparams.int4_groups(w, 256)
+    offset = (zero - qparams.INT4_MID * scale).contiguous()
+    dense = torch.ops.quantspec.dequant_w4a16(pack_w4(q), scale.contiguous(), offset, 256)
+    # q * scale + offset rounded once to float32 (the kernel's FMA; exact in float64 first), then to bf16
+    ref = (q.double().reshape(24, 2, 256) * scale.double()[..., None] + offset.double()[..., None]).reshape(24, 512)
+    assert dense.dtype == torch.bfloat16 and torch.equal(dense, ref.float().bfloat16())
+    x = torch.zeros(1, 512).bfloat16()
+    x[0, 300] = 1   # one input channel: the gemv returns that column of the weight, as bf16 made it
+    torch.testing.assert_close(torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 256)[0],
+                               dense[:, 300], rtol=0, atol=0)
+
+
 def test_gemv_rejects_a_k_it_cannot_step_through():
     with pytest.raises(RuntimeError, match="multiple of"):
         torch.ops.quantspec.gemv_float(torch.randn(1, 40), torch.randn(8, 40))
@@ -125,8 +140,12 @@ def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
         assert type(fast).__name__.endswith("Gemv") and not type(aten).__name__.endswith("Gemv")
         x = torch.randn(2, 3, 128).to(dtype)
         assert _rel_err(fast(x), aten(x).double()) < 1e-2  # both round to bf16 (w4a16) differently
-        many = torch.randn(1, 20, 128).to(dtype)  # more rows than MAX_ROWS: ATen's path, unchanged
-        torch.testing.assert_close(fast(many), aten(many), rtol=0, atol=0)
+        many = torch.randn(1, 20, 128).to(dtype)  # more rows than MAX_ROWS: a prefill
+        if kind == "w4a16":   # the weight unpacked to bf16 as the gemv does, one GEMM: no ATen int4 copy kept
+            assert not hasattr(fast, "packed")
+            assert _rel_err(fast(many), aten(many).double()) < 1e-2
+        else:                 # ATen's path, unchanged
+            torch.testing.assert_close(fast(many), aten(many), rtol=0, atol=0)
         cut = fast.select_rows(torch.tensor([0, 5])) if hasattr(fast, "select_rows") else None
         assert cut is None or type(cut) is type(fast)   # a draft's cut head stays on the same kernels
     assert type(build("w8a8", int8_tensors(torch.randn(8, 96), None), None, torch.float32, True)).__name__ \

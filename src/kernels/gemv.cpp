@@ -301,9 +301,38 @@ at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::T
   return run(f, x.size(0), packed.size(0), x);
 }
 
+// The whole int4 weight as bf16 [N, K], unpacked exactly as the kernel above unpacks it in registers:
+// a prefill's many rows then take one bf16 GEMM (ATen's int4 kernel, whose time grows with the rows,
+// took 8.6 s for 128 rows of Llama-2-7B).
+at::Tensor dequant_w4a16(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset, int64_t group) {
+  const int64_t N = packed.size(0), K = packed.size(1) * 2;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && K % 128 == 0 && group % 128 == 0 &&
+              K % group == 0, "quantspec dequant_w4a16: contiguous uint8 packed weight, K and group multiples of 128");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
+              offset.is_contiguous(), "quantspec dequant_w4a16: float32 scale and offset [N, K / group]");
+  at::Tensor out = at::empty({N, K}, packed.options().dtype(at::kBFloat16));
+  const W4 f{packed.data_ptr<uint8_t>(), nullptr, K, scale.data_ptr<float>(), offset.data_ptr<float>(), group};
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t k0 = 0; k0 < K; k0 += group) {
+        const __m512i table = f.begin(n, k0);
+        for (int64_t k = k0; k < k0 + group; k += 128) {
+          uint16_t* row = o + n * K + k;
+          _mm512_storeu_si512(row, (__m512i)f.wv(table, n, k, 0));
+          _mm512_storeu_si512(row + 32, (__m512i)f.wv(table, n, k, 1));
+          _mm512_storeu_si512(row + 64, (__m512i)f.wv(table, n, k, 2));
+          _mm512_storeu_si512(row + 96, (__m512i)f.wv(table, n, k, 3));
+        }
+      }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(quantspec, m) {
+  m.def("dequant_w4a16(Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
   m.def("gemv_float(Tensor x, Tensor w) -> Tensor");
   m.def("gemv_w8a8(Tensor x, Tensor w, Tensor w_scale, Tensor w_sum) -> Tensor");
   m.def("gemv_w8a16(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
@@ -315,4 +344,5 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("gemv_w8a8", gemv_w8a8);
   m.impl("gemv_w8a16", gemv_w8a16);
   m.impl("gemv_w4a16", gemv_w4a16);
+  m.impl("dequant_w4a16", dequant_w4a16);
 }

@@ -22,20 +22,29 @@ log = logging.getLogger(__name__)
 
 
 def search_scale(x: torch.Tensor, linears: list[nn.Linear], group: int, grid: int,
-                 block: nn.Module | None = None) -> tuple[torch.Tensor, float]:
+                 block: nn.Module | None = None, rows: int | None = None, seed: int = 0) -> tuple[torch.Tensor, float]:
     """The best s for one group of linears sharing input x, and its exponent r.
 
     The loss is the MSE of `block(x)` when a block is given (the MLP: errors seen through its
     nonlinearity and output projection), else of the linears' concatenated outputs. On gemma3-270m
     the linears' outputs chose better scales (perplexity 5.39 against 5.54), so that is the default.
     (AutoAWQ's duo scaling, mean|x|^r / mean|w|^(1-r), measured worse still: 5.91.)
+
+    `rows`: the output loss is a mean over output channels, and s scales input channels only, so a
+    fixed random sample of `rows` output channels estimates it without bias (4-bit groups run along
+    the input features: a sampled row is quantized exactly as in the whole). At 7B this makes the search
+    ~40x cheaper (Llama-2-7B's gate+up group has 22016 rows).
     """
-    originals = [lin.weight.detach().clone() for lin in linears]
-    w = torch.cat([o.float() for o in originals])
     if block is None:
+        w = torch.cat([lin.weight.detach() for lin in linears])
+        if rows is not None and w.shape[0] > rows:
+            keep = torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(seed))[:rows].sort().values
+            w = w[keep]
+        w = w.float()
         ref = x @ w.T
         output = lambda s: x @ (fake_int4_weight(w * s, group) / s).T  # noqa: E731
     else:
+        originals = [lin.weight.detach().clone() for lin in linears]
         ref = block(x)
 
         def output(s):
@@ -83,8 +92,8 @@ def search_clip(x: torch.Tensor, w: torch.Tensor, group: int, grid: int = 20, mi
 
 @torch.no_grad()
 def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: int, clip: bool,
-        search_tokens: int, block_loss: bool = False, clip_only: set[str] | None = None
-        ) -> tuple[set[str], dict[str, torch.Tensor]]:
+        search_tokens: int, block_loss: bool = False, clip_only: set[str] | None = None,
+        search_rows: int | None = None) -> tuple[set[str], dict[str, torch.Tensor]]:
     """Scale the float model in place. Returns the float parameters changed and per-linear clips."""
     groups = awq_groups(model, arch)
     linears = decoder_linears(model, arch)
@@ -95,10 +104,10 @@ def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: in
     inputs = calibrate.capture_inputs(model, {k: linears[k] for k in set(key_of.values())}, batches, search_tokens)
 
     changed: set[str] = set()
-    for g in progress(groups, "awq scales"):
+    for i, g in enumerate(progress(groups, "awq scales")):
         kept = inputs.pop(g.names[0])
         x = kept.float()
-        s, r = search_scale(x, g.linears, group, grid, g.block if block_loss else None)
+        s, r = search_scale(x, g.linears, group, grid, g.block if block_loss else None, search_rows, seed=i)
         changed.update(scaling.apply(g, s))
         if clip:   # what the scaled linears now see, for their clipping search; else freed as we go
             inputs[g.names[0]] = (x / s).to(kept.dtype)

@@ -49,7 +49,8 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     elif spec.method == "awq":
         int4 = {n for n in decoder_linears(model, arch) if spec.scheme_for(n) == "w4a16"}
         changed, clips = awq_pass.awq(model, arch, calibration, spec.group_size, spec.awq_grid, spec.awq_clip,
-                                      spec.awq_search_tokens, spec.awq_block_loss, clip_only=int4)
+                                      spec.awq_search_tokens, spec.awq_block_loss, clip_only=int4,
+                                      search_rows=spec.awq_search_rows)
     elif spec.method != "rtn":
         raise ValueError(f"unknown quantization method {spec.method!r}; known: {', '.join(METHODS)}")
     linears = quantized_linears(model, arch, spec)
