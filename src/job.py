@@ -10,7 +10,6 @@ nothing. src.record (for src.run) and scripts/ both build jobs here, so a job is
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 from dataclasses import dataclass
@@ -106,7 +105,7 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
                        "threads": str(placement.threads)})
     recorder.log_text(json.dumps(env, indent=2), "environment.json")
 
-    gc.collect()   # a sweep's previous job (its model's reference cycles) is freed before this one is weighed
+    memory.release_freed()   # a sweep's previous job is freed, and its memory returned, before this one is weighed
     need = memory.check(cfg)   # before loading: a job that cannot fit says so now, in one line
     _check_sandbox(cfg.task)
     recorder.set_tags({"weights": cfg.model.weights,
@@ -142,27 +141,22 @@ def _check_sandbox(task) -> None:
 
 def check_context(cfg, loaded) -> None:
     """Refuse, before anything is quantized or timed, work that would run past the model's context."""
+    from src.corpus import humaneval_problems
     from src.tasks.decode import prompts
 
     task, new, max_context = cfg.task, cfg.task.new_tokens(cfg.model.code), loaded.max_context
     if task.kind == "perplexity" and task.window > max_context:
         raise ConfigError(f"task.window={task.window} exceeds {cfg.model.name}'s context of {max_context} tokens; "
                           f"use task.window={max_context} or less")
-    if task.kind == "decode":
-        longest = max(len(loaded.tokenizer(p).input_ids) for p in prompts(cfg.model.code)[:task.limit])
+    fixed = {"decode": lambda: prompts(cfg.model.code),   # the tasks whose prompts are given, not cut to length
+             "benchmark_code": lambda: [p["prompt"] for p in humaneval_problems()]}
+    if task.kind in fixed:
+        longest = max(len(loaded.tokenizer(p).input_ids) for p in fixed[task.kind]()[:task.limit])
         if longest + new > max_context:
             field = f"task.{'code_' if cfg.model.code else ''}max_new_tokens"
             raise ConfigError(f"{field}={new} with a {longest}-token prompt exceeds {cfg.model.name}'s context of "
-                              f"{max_context} tokens; use {field}={max_context - longest} or less")
-    if task.kind == "benchmark_code":
-        from src.corpus import humaneval_problems
-
-        longest = max(len(loaded.tokenizer(p["prompt"]).input_ids) for p in humaneval_problems()[:task.limit])
-        if longest + new > max_context:
-            field = f"task.{'code_' if cfg.model.code else ''}max_new_tokens"
-            raise ConfigError(f"{field}={new} with a {longest}-token HumanEval prompt exceeds {cfg.model.name}'s "
-                              f"context of {max_context} tokens; use {field}={max(1, max_context - longest)} or "
-                              f"less, or a smaller task.limit")
+                              f"{max_context} tokens; use {field}={max(1, max_context - longest)} or less, or a "
+                              f"smaller task.limit")
     if task.kind == "benchmark":
         dropped = [n for n in task.prompt_lengths if n + new > max_context]
         if len(dropped) == len(task.prompt_lengths):

@@ -10,6 +10,10 @@ weights are estimated before loading (their shape ships with quantspec).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
+
 import psutil
 
 from src.config import ConfigError, JobConfig
@@ -78,6 +82,20 @@ def _calibration_bytes(cfg: JobConfig, shape) -> int:
     rows = [p.awq_search_rows or 2 * inner for p in precisions if p.method == "awq"]
     search = 6 * min(max(rows), 2 * inner) * inner * 4 + 3 * tokens * 2 * inner * 4
     return logits + captured + search
+
+
+def release_freed() -> None:
+    """Free what a sweep's previous job left: its objects (reference cycles), then the C heap's free
+    pages, which glibc keeps for reuse and the OS counts as used. Measured after a Llama-2-7B w8a16 job:
+    2.1 GB still resident after gc.collect(), returned by malloc_trim; across a sweep's jobs 7 GB were
+    kept and the fourth job was refused with 15.3 GB "available"."""
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        try:
+            ctypes.CDLL(libc).malloc_trim(0)
+        except (OSError, AttributeError):   # not glibc: nothing to trim this way
+            pass
 
 
 def check(cfg: JobConfig, available: int | None = None) -> int | None:

@@ -29,6 +29,7 @@ class SweepAbort(BaseException):
 
 
 outcomes: list[str] = []   # one per job of this process: the sweep's summary and the exit code
+refused: list[str] = []    # jobs whose config was refused before any run existed (the store cannot count them)
 said_once: set[str] = set()
 active: dict = {}   # the store and sweep of the job under way, for closing them when a signal stops us
 sweep_counts: dict[str, int] = {}   # the sweep's job counts as the store holds them, for the exit code
@@ -80,6 +81,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     except ConfigError as err:
         fail_once(str(err))
         outcomes.append("failed")
+        refused.append(name)
         return "failed"
     uri = cfg.tracking.uri or default_uri()
     registry = cfg.cache_dir / "journals"

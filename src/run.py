@@ -64,6 +64,7 @@ def task(cfg: DictConfig, preset: tuple[str, str] | None = None) -> str:
     except MissingMandatoryValue as err:
         fail_once(f"{err.full_key} must be set (e.g. {err.full_key}=...)")
         record.outcomes.append("failed")
+        record.refused.append(hc.job.override_dirname)
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
     return record.run_job(raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset)
@@ -93,7 +94,8 @@ class SweepCallback(Callback):
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
             fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will")
         print(f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
-              f"{counts['failed']} failed" + (f", {counts['killed']} killed" if counts.get("killed") else ""),
+              f"{counts['failed']} failed" + (f", {counts['killed']} killed" if counts.get("killed") else "")
+              + (f"; {len(record.refused)} refused by their config before a run (said above)" if record.refused else ""),
               flush=True)
 
 

@@ -108,3 +108,12 @@ def test_a_job_with_many_overrides_gets_a_directory_name_the_file_system_takes()
     assert len(name.encode()) <= 120 and name.startswith("precision.field_0=value_0")
     assert short_dirname(many.replace("value_29", "other")) != name   # cut, yet still one name per job
     assert short_dirname("precision=w8a8,task=decode") == "precision=w8a8,task=decode"
+
+
+def test_a_sweep_counts_the_jobs_its_config_refused(store, tmp_path):
+    # temperature 0 is refused in one line and gets no run; the store cannot count it, the summary does
+    out = run_cli(["-m", *QUICK, "sampling.do_sample=true", "sampling.temperature=1.0,0", f"tracking.uri={store}",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", "report_at_end=false"])
+    assert out.returncode == 1
+    assert "sampling.temperature=0" in out.stderr and "must be above 0" in out.stderr
+    assert "sweep done: 1 finished, 0 skipped, 0 failed; 1 refused by their config before a run" in out.stdout

@@ -134,6 +134,20 @@ def test_awq_search_beats_round_to_nearest_on_outlier_channels():
     assert mse(qparams.fake_int4_weight(w * s, 128) / s) < 0.9 * mse(qparams.fake_int4_weight(w, 128))
 
 
+def test_awq_search_on_sampled_output_channels_picks_what_all_of_them_pick():
+    torch.manual_seed(0)
+    x = torch.randn(512, 256)
+    x[:, :4] *= 30
+    lin = torch.nn.Linear(256, 1024, bias=False)
+    w = lin.weight.detach().clone()
+    s_all, r_all = awq.search_scale(x, [lin], group=128, grid=20)
+    s_some, r_some = awq.search_scale(x, [lin], group=128, grid=20, rows=256, seed=3)
+    assert torch.equal(lin.weight, w)
+    assert abs(r_some - r_all) <= 0.05   # a 256-row sample ranks the grid as the 1024 rows do
+    assert awq.search_scale(x, [lin], 128, 20, rows=256, seed=3)[1] == r_some   # a fixed sample
+    assert torch.equal(awq.search_scale(x, [lin], 128, 20, rows=4096)[0], s_all)  # rows >= N: all of them
+
+
 def test_block_loss_scores_through_the_block_and_restores_it():
     torch.manual_seed(0)
     model, _ = tiny_model("llama")
