@@ -76,9 +76,14 @@ class Outcome:
 
 
 def bwrap_command() -> list[str]:
+    # The private tmpfs hides the host's /tmp: an interpreter installed there (a checkout in /tmp, as CI
+    # clones one) is bound back, read-only, or the sandbox could not start its own Python.
+    python = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable))}
+    hidden = sorted(p for p in python if p == "/tmp" or p.startswith("/tmp/"))
     return ["bwrap", "--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY, "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--dev", "/dev",
-            "--proc", "/proc", "--chdir", "/tmp", "--"]
+            "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--tmpfs", "/tmp",
+            *[arg for p in hidden for arg in ("--ro-bind", p, p)],
+            "--dev", "/dev", "--proc", "/proc", "--chdir", "/tmp", "--"]
 
 
 def check(kind: str) -> None:
@@ -93,8 +98,9 @@ def check(kind: str) -> None:
                                  "without network isolation")
     probe = run("pass", "bwrap", Limits(timeout_s=10))
     if not probe.passed:
-        raise SandboxUnavailable(f"bubblewrap cannot run here ({probe.detail or probe.status}): user namespaces may "
-                                 f"be off (sysctl kernel.unprivileged_userns_clone=1), or set task.sandbox=rlimit")
+        raise SandboxUnavailable(f"bubblewrap cannot run here ({probe.detail or probe.status}); where user "
+                                 f"namespaces are off, sysctl kernel.unprivileged_userns_clone=1, or set "
+                                 f"task.sandbox=rlimit")
 
 
 def run(program: str, kind: str, limits: Limits) -> Outcome:

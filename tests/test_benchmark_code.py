@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -70,8 +71,10 @@ def test_sandbox_passes_canonical_solutions_and_contains_harmful_completions(tmp
 
 @needs_bwrap
 def test_sandbox_cannot_write_outside_its_private_tmpfs():
-    # the repository: writable by the job (pytest's tmp_path is under /tmp, which the sandbox replaces)
-    target, shared = ROOT / f".escaped-{uuid.uuid4().hex}", f"/tmp/quantspec-{uuid.uuid4().hex}"
+    # the home directory: writable by the job and outside /tmp, which the sandbox replaces (pytest's
+    # tmp_path, and a checkout cloned there, lie under it)
+    target, shared = Path.home() / f".quantspec-escaped-{uuid.uuid4().hex}", f"/tmp/quantspec-{uuid.uuid4().hex}"
+    assert not str(target).startswith("/tmp/")
     out = sandbox.run(f"open({str(target)!r}, 'w').write('x')\n", "bwrap", LIMITS)
     escaped = target.exists()
     target.unlink(missing_ok=True)
