@@ -80,7 +80,7 @@ def test_gemv_w4a16_matches_dequantized_reference(m, n, k, group):
     assert _rel_err(y, ref) < 1e-2  # dequantized weights are rounded to bf16 in registers
 
 
-def test_int4_weight_unpacks_to_bf16_exactly_as_the_gemv_sees_it():
+def test_int4_weight_unpacks_to_bf16_for_prefill_and_the_gemv_reads_it_unrounded():
     torch.manual_seed(5)
     w = torch.randn(24, 512)
     q, scale, zero = qparams.int4_groups(w, 256)
@@ -89,10 +89,42 @@ def test_int4_weight_unpacks_to_bf16_exactly_as_the_gemv_sees_it():
     # q * scale + offset rounded once to float32 (the kernel's FMA; exact in float64 first), then to bf16
     ref = (q.double().reshape(24, 2, 256) * scale.double()[..., None] + offset.double()[..., None]).reshape(24, 512)
     assert dense.dtype == torch.bfloat16 and torch.equal(dense, ref.float().bfloat16())
-    x = torch.zeros(1, 512).bfloat16()
-    x[0, 300] = 1   # one input channel: the gemv returns that column of the weight, as bf16 made it
+    x = torch.zeros(1, 512)
+    x[0, 300] = 1   # one input channel: the gemv returns that column of the weight, in float32
     torch.testing.assert_close(torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 256)[0],
-                               dense[:, 300], rtol=0, atol=0)
+                               ref[:, 300].float(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["w8a16", "w4a16"])
+def test_16_bit_activations_are_as_precise_as_float32_not_bf16(kind):
+    # x quantized per row to int16 in the kernel: against a float64 reference with x as given (float32),
+    # the error is far below what rounding x to bf16 would cost (~2^-9 of the largest term).
+    torch.manual_seed(11)
+    x, w = torch.randn(3, 1024) * torch.logspace(-2, 1, 1024), torch.randn(40, 1024)
+    if kind == "w8a16":
+        w_q, w_s = qparams.int8_per_channel(w)
+        y = torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
+        dense = w_q.double() * w_s.double()[:, None]
+    else:
+        q, scale, zero = qparams.int4_groups(w, 128)
+        y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(),
+                                           (zero - qparams.INT4_MID * scale).contiguous(), 128)
+        dense = qparams.int4_dequant(q, scale, zero, 128).double()
+    assert y.dtype == torch.float32
+    assert _rel_err(y, x.double() @ dense.t()) < 2e-4
+    assert _rel_err(x.bfloat16().double() @ dense.t(), x.double() @ dense.t()) > 5e-4   # what bf16 x would cost
+
+
+def test_16_bit_activation_sums_cannot_overflow():
+    # The worst case for int32 sums: every weight at 127 and every activation at the int16 limit, over a
+    # K of many 4096-value spans (the kernel folds its int32 sums into fp32 once per span).
+    k = 16384
+    x, w_q = torch.full((1, k), 3.0), torch.full((8, k), 127, dtype=torch.int8)
+    y = torch.ops.quantspec.gemv_w8a16(x, w_q, torch.full((8,), 0.5))
+    torch.testing.assert_close(y, torch.full((1, 8), 3.0 * 127 * 0.5 * k), rtol=1e-5, atol=0)  # fp32 rounding only
+    q = torch.full((8, k), 15, dtype=torch.uint8)
+    y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), torch.full((8, k // 128), 0.5), torch.zeros(8, k // 128), 128)
+    torch.testing.assert_close(y, torch.full((1, 8), 3.0 * 15 * 0.5 * k), rtol=1e-5, atol=0)  # fp32 rounding only
 
 
 def test_gemv_rejects_a_k_it_cannot_step_through():

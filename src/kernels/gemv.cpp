@@ -2,15 +2,19 @@
 // step is 1, verifying k draft tokens is k), for each weight format a decode step reads:
 //   gemv_float  W fp32 (x fp32, FMA)          or W bf16 (x rounded to bf16, VDPBF16PS: 32 MACs/op)
 //   gemv_w8a8   W int8 per-row scale, x quantized per row to int8 here (VPDPBUSD: 64 MACs/op)
-//   gemv_w8a16  W int8 per-row scale made bf16 in registers (exact), x bf16 (VDPBF16PS)
-//   gemv_w4a16  W int4 in groups (of 128 or a multiple) along K, dequantized to bf16 in registers
-//               through a 16-entry table per group (VPERMW), x bf16 (VDPBF16PS)
+//   gemv_w8a16  W int8 per-row scale, x quantized per row to int16 here (VPDPWSSD: 32 MACs/op)
+//   gemv_w4a16  W int4 in groups (of 128 or a multiple) along K, scale and offset per group, x int16
+//               (VPDPWSSD on the nibbles themselves; each group's sum scaled in fp32)
+// and dequant_w4a16, the int4 weight unpacked to bf16 for a prefill's GEMM.
 // Every weight vector loaded is used for all M rows in registers, so verifying k tokens reads W once.
 //
 // Why our own: a decode step is memory bound, and on this project's 2-core AVX-512 host ATen's bf16
 // GEMV reached ~19 GB/s on Gemma 3's 262144 x 640 head against a ~38 GB/s read probe; conversions
 // per element (int8 -> fp32, bf16 -> fp32) made a plain FMA loop compute bound at 13-23 GB/s. The dot
-// product instructions take the weights as they are stored.
+// product instructions take the weights as they are stored. For the 16-bit activation formats, int16
+// instead of bf16 activations halved the instructions per weight (bf16 needed the weights converted:
+// int8 -> int32 -> fp32 -> bf16, or a table lookup per 32 int4 values): from cache 28 -> 54 G int8 and
+// 44 -> 90 G int4 weights/s on Llama-2-7B's 11008 x 4096, from memory 24.5 -> 27 and 18.4 -> 21.8 GB/s.
 //
 // Registered as torch.ops.quantspec.*: no pybind11, so it compiles in seconds.
 
@@ -19,6 +23,9 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <type_traits>
 
 #include "dispatch.h"
 
@@ -100,56 +107,91 @@ struct W8A8 : Dense<int8_t, uint8_t> {  // 64 per step: u8 activations (int8 + 1
   }
 };
 
-struct W8A16 : Dense<int8_t, uint16_t> {  // 32 per step: int8 weights made bf16 in registers (exact: |q| <= 127)
-  using Acc = __m512; using V = __m512bh; static constexpr int kStep = 32;
-  const float* w_scale;
-  V wv(const State&, int64_t n, int64_t k) const {
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k)));
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
-    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
-    return _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0..15 from lo, 16..31 from hi
-  }
-  V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x_at(m, k)); }
-  static Acc zero() { return _mm512_setzero_ps(); }
-  static Acc madd(Acc a, V w, V x) { return _mm512_dpbf16_ps(a, w, x); }
-  __m128 finish(__m128 sums, int64_t n, int, int lanes) const {
-    return _mm_mul_ps(sums, _mm_maskz_loadu_ps((1 << lanes) - 1, w_scale + n));
-  }
-};
-
-// int4: 128 values per 64 bytes, 16-bit lane i holding values i, i + 32, i + 64 and i + 96 in its four
-// nibbles, the layout `pack_w4` makes at load. A group's 16 possible weights, q * scale + offset, go
-// into one register as bf16, twice (entries 0..15 and 16..31); VPERMW looks up each lane's low 5 bits,
-// so shifting the lane by 0, 4, 8 or 12 selects a nibble with no masking. One shuffle per 32 weights
-// (the previous 32-value layout widened and split bytes first: three) left the kernel compute bound
-// at 16 GB/s on a 2-core host whose read probe gives 30.
-struct W4 {
-  using Acc = __m512; using V = __m512bh; using State = __m512i;
-  static constexpr int kStep = 32, kSub = 4;  // 4 steps of 32 per 64-byte load
-  const uint8_t* w; const uint16_t* x; int64_t K; const float* scale; const float* offset; int64_t group;
-  int64_t span() const { return group; }  // a multiple of 128
-  State begin(int64_t n, int64_t k) const {
+// int4, unpacked to bf16 for a prefill's GEMM (dequant_w4a16): 128 values per 64 bytes, 16-bit lane i
+// holding values i, i + 32, i + 64 and i + 96 in its four nibbles, the layout `pack_w4` makes at load.
+// A group's 16 possible weights, q * scale + offset, go into one register as bf16, twice (entries
+// 0..15 and 16..31); VPERMW looks up each lane's low 5 bits, so shifting the lane by 0, 4, 8 or 12
+// selects a nibble with no masking.
+struct W4Unpack {
+  using State = __m512i;
+  const uint8_t* w; int64_t K; const float* scale; const float* offset; int64_t group;
+  State table(int64_t n, int64_t k) const {
     const int64_t g = n * (K / group) + k / group;
     const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 v = _mm512_fmadd_ps(q, _mm512_set1_ps(scale[g]), _mm512_set1_ps(offset[g]));
     return (__m512i)_mm512_cvtne2ps_pbh(v, v);  // entries 0..15 and again 16..31
   }
-  const void* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
-  // Step u (0..3) of the 128 values from k: nibble u of every lane.
-  V wv(const State& table, int64_t n, int64_t k, int u) const {
-    __m512i v = _mm512_loadu_si512(at(n, k));
-    switch (u) {  // immediates: the caller's loop over u is unrolled
-      case 1: v = _mm512_srli_epi16(v, 4); break;
-      case 2: v = _mm512_srli_epi16(v, 8); break;
-      case 3: v = _mm512_srli_epi16(v, 12); break;
-      default: break;
-    }
-    return (V)_mm512_permutexvar_epi16(v, table);
+  // Values k + 32u .. k + 32u + 31 (u = 0..3) of row n as bf16.
+  __m512i bf16(const State& table, int64_t n, int64_t k, int u) const {
+    const __m512i v = _mm512_loadu_si512(w + n * (K / 2) + k / 2);
+    return _mm512_permutexvar_epi16(_mm512_srlv_epi16(v, _mm512_set1_epi16(4 * u)), table);
   }
-  V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x + m * K + k); }
-  static Acc zero() { return _mm512_setzero_ps(); }
-  static Acc madd(Acc a, V w, V x) { return _mm512_dpbf16_ps(a, w, x); }
-  __m128 finish(__m128 sums, int64_t, int, int) const { return sums; }
+};
+
+// --- 16-bit integer activations -----------------------------------------------------------------
+// x quantized per row to int16 (scale = max|x| / 32767: for every element within 2^-8 of the row's
+// largest at least bf16's precision, and never a rounding of the weight), then VPDPWSSD: 32 int16 pairs
+// multiplied and summed into int32 lanes, one instruction per 32 weights, as VDPBF16PS, but the weights
+// need no conversion to bf16 (w8a16: one sign extension; w4a16: a shift and a mask, no table lookup).
+// The int32 lanes are folded into fp32 once per span: per int4 group (its scale) or every 4096 values
+// (int8: 127 * 32767 * 2 per instruction per lane, 128 of them stay below 2^31).
+struct Int16X {
+  using Acc = __m512i; using V = __m512i; static constexpr int kStep = 32; static constexpr bool kFolds = true;
+  const int16_t* x; int64_t K; const float* x_scale;
+  V xv(int m, int64_t k) const { return _mm512_loadu_si512(x + m * K + k); }
+  static Acc zero() { return _mm512_setzero_si512(); }
+  static Acc madd(Acc a, V w, V x) { return _mm512_dpwssd_epi32(a, w, x); }
+};
+
+struct W8A16 : Int16X {  // 32 per step: int8 weights sign-extended to int16
+  using State = NoState; static constexpr int kSub = 1;
+  const int8_t* w; const float* w_scale;
+  int64_t span() const { return std::min<int64_t>(K, 4096); }
+  State begin(int64_t, int64_t) const { return {}; }
+  const int8_t* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  V wv(const State&, int64_t n, int64_t k) const {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k))));
+  }
+  static __m512 fold(__m512 sum, Acc a, const State&) { return _mm512_add_ps(sum, _mm512_cvtepi32_ps(a)); }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    return _mm_mul_ps(_mm_mul_ps(sums, _mm_maskz_loadu_ps((1 << lanes) - 1, w_scale + n)), _mm_set1_ps(x_scale[m]));
+  }
+};
+
+// int4 in pack_w4's layout (see W4Unpack above): nibble u of each 16-bit lane, masked, is the weight q (0..15)
+// as an int16. w = q * scale + offset per group: the int32 sum of q * x is scaled once per group, and
+// the offsets meet the group sums of x (x_group) in `finish`.
+struct W4A16 : Int16X {
+  using State = float; static constexpr int kSub = 4;  // 4 steps of 32 per 64-byte load
+  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
+  int64_t span() const { return group; }
+  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
+  const void* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
+  V wv(const State&, int64_t n, int64_t k, int u) const {
+    const __m512i v = _mm512_loadu_si512(at(n, k)), low = _mm512_set1_epi16(0xF);
+    switch (u) {
+      case 1: return _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      case 2: return _mm512_and_si512(_mm512_srli_epi16(v, 8), low);
+      case 3: return _mm512_srli_epi16(v, 12);
+      default: return _mm512_and_si512(v, low);
+    }
+  }
+  static __m512 fold(__m512 sum, Acc a, const State& s) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(s), sum);
+  }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    const int64_t G = K / group;
+    alignas(16) float off[4] = {0, 0, 0, 0};
+    for (int r = 0; r < lanes; ++r) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t g = 0; g < G; g += 16) {
+        const __mmask16 k = G - g >= 16 ? 0xFFFF : (1 << (G - g)) - 1;
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, offset + (n + r) * G + g), _mm512_maskz_loadu_ps(k, x_group + m * G + g), acc);
+      }
+      off[r] = _mm512_reduce_add_ps(acc);
+    }
+    return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale[m]));
+  }
 };
 
 // A format with kSub > 1 loads once per kSub steps and hands out one step's weights at a time.
@@ -164,17 +206,31 @@ template <typename T> inline void put(T* y, __m128 v, int lanes) {
   for (int i = 0; i < lanes; ++i) y[i] = static_cast<T>(f[i]);
 }
 
-// R weight rows from n0 against M rows of x, into y [M, N].
+template <typename F, typename = void> struct Folds { static constexpr bool value = false; };
+template <typename F> struct Folds<F, std::void_t<decltype(F::kFolds)>> { static constexpr bool value = F::kFolds; };
+
+// R weight rows from n0 against M rows of x, into y [M, N]. A folding format's int32 sums start afresh
+// each span and are folded into fp32 sums at its end.
 template <int M, int R, typename F, typename T>
 inline void block(const F& f, int m0, int64_t n0, T* y, int64_t N) {
+  constexpr bool folds = Folds<F>::value;
+  using Sum = std::conditional_t<folds, __m512, typename F::Acc>;
+  Sum sum[M][R];
   typename F::Acc acc[M][R];
   for (int m = 0; m < M; ++m)
-    for (int r = 0; r < R; ++r) acc[m][r] = F::zero();
+    for (int r = 0; r < R; ++r) {
+      if constexpr (folds) sum[m][r] = _mm512_setzero_ps(); else sum[m][r] = F::zero();
+    }
   for (int64_t k0 = 0; k0 < f.K; k0 += f.span()) {
+    const int64_t k1 = std::min(k0 + f.span(), f.K);
     typename F::State state[R];
     for (int r = 0; r < R; ++r) state[r] = f.begin(n0 + r, k0);
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < R; ++r) {
+        if constexpr (folds) acc[m][r] = F::zero(); else acc[m][r] = sum[m][r];
+      }
     constexpr int U = F::kSub;
-    for (int64_t k = k0; k < k0 + f.span(); k += F::kStep * U) {
+    for (int64_t k = k0; k < k1; k += F::kStep * U) {
       for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(f.at(n0 + r + kAhead, k)), _MM_HINT_T0);
 #pragma GCC unroll 4
       for (int u = 0; u < U; ++u) {
@@ -186,10 +242,14 @@ inline void block(const F& f, int m0, int64_t n0, T* y, int64_t N) {
         }
       }
     }
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < R; ++r) {
+        if constexpr (folds) sum[m][r] = F::fold(sum[m][r], acc[m][r], state[r]); else sum[m][r] = acc[m][r];
+      }
   }
   for (int m = 0; m < M; ++m) {
-    if constexpr (R == 4) put(y + (m0 + m) * N + n0, f.finish(sum4(acc[m]), n0, m0 + m, 4), 4);
-    else put(y + (m0 + m) * N + n0, f.finish(sum1(acc[m][0]), n0, m0 + m, 1), 1);
+    if constexpr (R == 4) put(y + (m0 + m) * N + n0, f.finish(sum4(sum[m]), n0, m0 + m, 4), 4);
+    else put(y + (m0 + m) * N + n0, f.finish(sum1(sum[m][0]), n0, m0 + m, 1), 1);
   }
 }
 
@@ -265,6 +325,34 @@ void quantize_rows(const at::Tensor& xf, uint8_t* q, float* scales) {
   }
 }
 
+// x rows quantized to int16: scale = max|x| / 32767, q = round-half-even(x / scale). With `group`,
+// also each group's sum of q (for the int4 offsets), as float.
+void quantize_rows16(const at::Tensor& xf, int16_t* q, float* scales, int64_t group, float* group_sums) {
+  const int64_t M = xf.size(0), K = xf.size(1);
+  const float* x = xf.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * K;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+    const float scale = std::max(_mm512_reduce_max_ps(amax), 1e-30f) / 32767.f;
+    scales[m] = scale;
+    const __m512 inv = _mm512_set1_ps(1.f / scale);
+    __m512i gsum = _mm512_setzero_si512();
+    for (int64_t k = 0; k < K; k += 16) {
+      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + k), inv));  // MXCSR: nearest-even
+      v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(32767)), _mm512_set1_epi32(-32767));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + m * K + k), _mm512_cvtepi32_epi16(v));
+      if (group_sums) {
+        gsum = _mm512_add_epi32(gsum, v);
+        if ((k + 16) % group == 0) {
+          group_sums[m * (K / group) + k / group] = static_cast<float>(_mm512_reduce_add_epi32(gsum));
+          gsum = _mm512_setzero_si512();
+        }
+      }
+    }
+  }
+}
+
 at::Tensor gemv_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, const at::Tensor& w_sum) {
   const int64_t M = x.size(0), K = x.size(1);
   check(x, w, W8A8::kStep, K);
@@ -280,25 +368,38 @@ at::Tensor gemv_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 }
 
 at::Tensor gemv_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
-  const int64_t K = x.size(1);
+  const int64_t M = x.size(0), K = x.size(1);
   check(x, w, W8A16::kStep, K);
   TORCH_CHECK(w.scalar_type() == at::kChar && w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous(),
               "quantspec gemv_w8a16: int8 weight, float32 scale");
-  at::Tensor xb = x.to(at::kBFloat16).contiguous();
-  return run(W8A16{{w.data_ptr<int8_t>(), bits(xb), K}, w_scale.data_ptr<float>()}, x.size(0), w.size(0), x);
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kShort));
+  at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+  quantize_rows16(xf, q.data_ptr<int16_t>(), xs.data_ptr<float>(), 0, nullptr);
+  W8A16 f;
+  f.x = q.data_ptr<int16_t>(); f.K = K; f.x_scale = xs.data_ptr<float>();
+  f.w = w.data_ptr<int8_t>(); f.w_scale = w_scale.data_ptr<float>();
+  return run(f, M, w.size(0), x);
 }
 
 at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                       const at::Tensor& offset, int64_t group) {
-  const int64_t K = x.size(1);
-  check(x, packed, W4::kStep * W4::kSub, K / 2);
+  const int64_t M = x.size(0), K = x.size(1);
+  check(x, packed, W4A16::kStep * W4A16::kSub, K / 2);
   TORCH_CHECK(packed.scalar_type() == at::kByte && group % 128 == 0 && K % group == 0,
               "quantspec gemv_w4a16: uint8 packed weight, group a multiple of 128 dividing K");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
               offset.is_contiguous(), "quantspec gemv_w4a16: float32 scale and offset [N, K / group]");
-  at::Tensor xb = x.to(at::kBFloat16).contiguous();
-  W4 f{packed.data_ptr<uint8_t>(), bits(xb), K, scale.data_ptr<float>(), offset.data_ptr<float>(), group};
-  return run(f, x.size(0), packed.size(0), x);
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kShort));
+  at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+  at::Tensor sums = at::empty({M, K / group}, x.options().dtype(at::kFloat));
+  quantize_rows16(xf, q.data_ptr<int16_t>(), xs.data_ptr<float>(), group, sums.data_ptr<float>());
+  W4A16 f;
+  f.x = q.data_ptr<int16_t>(); f.K = K; f.x_scale = xs.data_ptr<float>();
+  f.w = packed.data_ptr<uint8_t>(); f.scale = scale.data_ptr<float>(); f.offset = offset.data_ptr<float>();
+  f.x_group = sums.data_ptr<float>(); f.group = group;
+  return run(f, M, packed.size(0), x);
 }
 
 // The whole int4 weight as bf16 [N, K], unpacked exactly as the kernel above unpacks it in registers:
@@ -311,19 +412,14 @@ at::Tensor dequant_w4a16(const at::Tensor& packed, const at::Tensor& scale, cons
   TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
               offset.is_contiguous(), "quantspec dequant_w4a16: float32 scale and offset [N, K / group]");
   at::Tensor out = at::empty({N, K}, packed.options().dtype(at::kBFloat16));
-  const W4 f{packed.data_ptr<uint8_t>(), nullptr, K, scale.data_ptr<float>(), offset.data_ptr<float>(), group};
+  const W4Unpack f{packed.data_ptr<uint8_t>(), K, scale.data_ptr<float>(), offset.data_ptr<float>(), group};
   uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<c10::BFloat16>());
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t k0 = 0; k0 < K; k0 += group) {
-        const __m512i table = f.begin(n, k0);
-        for (int64_t k = k0; k < k0 + group; k += 128) {
-          uint16_t* row = o + n * K + k;
-          _mm512_storeu_si512(row, (__m512i)f.wv(table, n, k, 0));
-          _mm512_storeu_si512(row + 32, (__m512i)f.wv(table, n, k, 1));
-          _mm512_storeu_si512(row + 64, (__m512i)f.wv(table, n, k, 2));
-          _mm512_storeu_si512(row + 96, (__m512i)f.wv(table, n, k, 3));
-        }
+        const __m512i table = f.table(n, k0);
+        for (int64_t k = k0; k < k0 + group; k += 128)
+          for (int u = 0; u < 4; ++u) _mm512_storeu_si512(o + n * K + k + 32 * u, f.bf16(table, n, k, u));
       }
   });
   return out;
