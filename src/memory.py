@@ -17,6 +17,7 @@ import gc
 import psutil
 
 from src.config import ConfigError, JobConfig
+from src.engine import kvcache
 from src.engine.roofline import PROBE_MB
 
 GB = 2**30
@@ -41,6 +42,7 @@ def _kv_bytes(cfg: JobConfig, shape) -> int:
     heads = getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads
     head_dim = getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
     tokens = max(cfg.task.prompt_lengths or [512]) + cfg.task.new_tokens(cfg.model.code)
+    tokens += max(kvcache.MIN_GROWTH, int(tokens * kvcache.GROWTH))   # the cache's room to grow
     return 2 * shape.num_hidden_layers * tokens * heads * head_dim * 2
 
 

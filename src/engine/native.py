@@ -12,9 +12,8 @@ import time
 from typing import Callable
 
 import torch
-from transformers import DynamicCache
-
 from src.engine import fastpath
+from src.engine.kvcache import growing_cache
 from src.kernels import MAX_ROWS
 from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
 
@@ -30,7 +29,7 @@ class Decoder:
 
     def __init__(self, model, fast: bool = False):
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config)
         self.fast = fastpath.for_model(model) if fast else None
 
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:

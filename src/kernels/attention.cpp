@@ -4,7 +4,9 @@
 // and in bf16 the rounding differences flipped near-tied greedy choices: speculative decoding then
 // did not reproduce plain decoding's output. Also lighter than SDPA's dispatch for one query.
 //
-//   q [1, H, Q, D], k/v [1, KVH, L, D] (the cache, new keys last), H a multiple of KVH (GQA).
+//   q [1, H, Q, D], k/v [1, KVH, L, D] (the cache, new keys last), H a multiple of KVH (GQA). k and v
+//   may be views of a longer buffer (src/engine/kvcache.py): rows of D contiguous values, heads any
+//   stride apart, read in place.
 //   Query i sees keys 0 .. L - Q + i (causal, bottom-right aligned). fp32 softmax and sums.
 
 #include <ATen/ATen.h>
@@ -28,15 +30,15 @@ inline __m512 load16(const c10::BFloat16* p) {
 }
 
 template <typename T>
-void attend(const T* q, const T* k, const T* v, T* out, int64_t H, int64_t KVH, int64_t Q, int64_t L, int64_t D,
-            float scale) {
+void attend(const T* q, const T* k, const T* v, int64_t head_stride, T* out, int64_t H, int64_t KVH, int64_t Q,
+            int64_t L, int64_t D, float scale) {
   const int64_t group = H / KVH;
   at::parallel_for(0, H * Q, 1, [&](int64_t b, int64_t e) {
     std::vector<float> qf(D), acc(D), scores(L);
     for (int64_t item = b; item < e; ++item) {
       const int64_t h = item / Q, i = item % Q, n = L - Q + i + 1;
-      const T* kh = k + (h / group) * L * D;
-      const T* vh = v + (h / group) * L * D;
+      const T* kh = k + (h / group) * head_stride;
+      const T* vh = v + (h / group) * head_stride;
       for (int64_t d = 0; d < D; ++d) qf[d] = float(q[item * D + d]);
       float best = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
@@ -64,11 +66,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t H = q.size(1), Q = q.size(2), D = q.size(3), KVH = k.size(1), L = k.size(2);
   TORCH_CHECK(H % KVH == 0 && D % 16 == 0 && Q <= L && k.sizes() == v.sizes() && k.size(3) == D,
               "quantspec attention: heads a multiple of KV heads, head dim a multiple of 16, Q <= L");
-  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  // The cache's own memory where its rows are contiguous and k, v share a layout; a copy otherwise.
+  const bool in_place = k.stride(3) == 1 && k.stride(2) == D && k.strides() == v.strides();
+  const at::Tensor qc = q.contiguous(), kc = in_place ? k : k.contiguous(), vc = in_place ? v : v.contiguous();
   at::Tensor out = at::empty_like(qc);
   QUANTSPEC_DISPATCH_FLOAT_BF16(q.scalar_type(), "quantspec::decode_attention", [&] {
-    attend(qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), H,
-           KVH, Q, L, D, float(scale));
+    attend(qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), kc.stride(1),
+           out.data_ptr<scalar_t>(), H, KVH, Q, L, D, float(scale));
   });
   return out;
 }
