@@ -145,7 +145,7 @@ def ours(precision: str, lengths: list[int], store: str, extra: list[str]) -> di
             for step, t in history["prompt_tokens"].items()}
 
 
-def llama_cpp(path: Path, lengths: list[int], threads: int) -> dict[int, tuple[float, float]]:
+def llama_cpp_times(path: Path, lengths: list[int], threads: int) -> dict[int, tuple[float, float]]:
     import llama_cpp as lc
 
     llm = lc.Llama(model_path=str(path), n_ctx=max(lengths) + TOKENS + 8, n_batch=512, n_ubatch=512,
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
             print(f"writing {path} (random {mix} blocks at {MODEL}'s shape)", flush=True)
             write_gguf(path, mix)
         q = ours(precision, args.lengths, store, extra)
-        ref = llama_cpp(path, args.lengths, threads)
+        ref = llama_cpp_times(path, args.lengths, threads)
         for n in args.lengths:
             (qp, qt), (rp, rt) = q.get(n, (math.nan, math.nan)), ref[n]
             rows.append([n, f"quantspec {precision}", qp, qt, f"llama.cpp {mix}", rp, rt, qp / rp, qt / rt])

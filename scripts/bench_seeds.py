@@ -4,6 +4,7 @@ run on this machine, beside the figures the seed documents report for the PHX, H
 
     .venv/bin/python scripts/bench_seeds.py                         # every row (hours on 2 cores)
     .venv/bin/python scripts/bench_seeds.py --models llama-2-7b --quick task.repeats=1
+    .venv/bin/python scripts/bench_seeds.py --quick --resume         # finish an interrupted run
 
 One sweep per model (its precisions, and its assisted-generation rows, which are timed for cost only:
 random weights agree by chance). --quick times two prompt lengths and 16 new tokens instead of the
@@ -48,10 +49,12 @@ SEEDS = [
 PRECISIONS = ("bf16", "w8a8", "w8a16", "w4a16")
 
 
-def sweep(model: str, drafts: list[str], quick: bool, extra: list[str]) -> tuple[Path, int]:
+def sweep(model: str, drafts: list[str], quick: bool, resume: bool, extra: list[str]) -> tuple[Path, int]:
     """The model's precisions, then one run per assisted row (the draft at bf16 beside the target at
-    w4a16), all into one sweep directory."""
-    sweep_dir = ROOT / "multirun" / f"bench-seeds-{model}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    w4a16), all into one sweep directory: with `resume`, the model's latest one, whose finished jobs are
+    skipped (a sweep resumes in its own directory)."""
+    earlier = sorted((ROOT / "multirun").glob(f"bench-seeds-{model}-*")) if resume else []
+    sweep_dir = earlier[-1] if earlier else ROOT / "multirun" / f"bench-seeds-{model}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     lengths = "[128,512]" if quick else "[4,8,16,32,64,128,256,512]"
     base = [sys.executable, "-m", "src.run", "-m", f"model={model}", "model.weights=random", "task=benchmark",
             f"task.prompt_lengths={lengths}", f"task.max_new_tokens={16 if quick else 60}",
@@ -80,12 +83,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=sorted({s[0] for s in SEEDS}))
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--resume", action="store_true", help="go on with each model's latest sweep")
     args, extra = parser.parse_known_args(argv)
     uri = next((o.split("=", 1)[1] for o in extra if o.startswith("tracking.uri=")), default_uri())
     rows, code = [], 0
     for model in args.models:
         drafts = sorted({s[2] for s in SEEDS if s[0] == model and s[2] != "none"})
-        sweep_dir, rc = sweep(model, drafts, args.quick, extra)
+        sweep_dir, rc = sweep(model, drafts, args.quick, args.resume, extra)
         code = max(code, rc)
         _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
         done = {(j.choice("precision"), j.choice("draft")): j for j in jobs if j.tags.get("outcome") == "finished"}

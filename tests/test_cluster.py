@@ -159,7 +159,8 @@ def test_a_node_lost_mid_job_fails_that_job_and_the_sweep_goes_on(cluster, serve
         os.kill(int(pid), signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-3000:] + err[-3000:]
-    assert "1 finished, 0 skipped, 1 failed" in out
+    summary = [line for line in (out + err).splitlines() if "quantspec:" in line]
+    assert "1 finished, 0 skipped, 1 failed" in out, "\n".join(summary[-20:])
     _, parent, jobs = _jobs(server, sweep)
     by_hw = {j.data.tags["hardware"]: j for j in jobs}
     assert by_hw["phx"].info.status == "FINISHED"
