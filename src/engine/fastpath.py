@@ -30,7 +30,7 @@ class Steps:
         # quantspec's attention where the kernels are loaded: a query's output does not depend on how
         # many queries come together, so verifying a draft reproduces plain decoding exactly (in bf16
         # too); SDPA otherwise.
-        self.own_attention = kernels.loaded() and head_dim % 16 == 0
+        self.own_attention = kernels.loaded() and head_dim in (16, 32, 64, 128, 256)
 
     def covers(self, cached: int, new: int) -> bool:
         """Within the sliding window, causality is the only mask (transformers masks key j from query i
