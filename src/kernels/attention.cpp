@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dispatch.h"
+#include "simd.h"
 
 namespace {
 
@@ -45,16 +46,6 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   return _mm512_scalef_ps(p, n);
-}
-
-// Four sums at once (lane i: the sum of a[i]'s lanes), a transposing add tree instead of 4 reductions.
-inline __m128 sum4(const __m512* a) {
-  const __m512 x = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
-  const __m512 y = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
-  const __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))),
-                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
 // DB = head dim / 16: the query and the output row stay in DB registers each. Every step below depends

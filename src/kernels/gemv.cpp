@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "dispatch.h"
+#include "simd.h"
 
 namespace {
 
@@ -38,23 +39,6 @@ constexpr int kMaxM = 6;   // x rows per pass: 6 x 4 accumulators + 4 weight reg
 constexpr int kAhead = kRows;
 
 // --- formats: how to load a weight register and a matching x register, and finish a sum ----------
-// Sums of 4 accumulators, one per lane of the result: a transposing add tree instead of 4 reductions
-// (with K = 640 a row is only 10-40 steps, so 4 separate reductions cost as much as the dot products).
-inline __m128 sum4(const __m512* a) {
-  const __m512 x = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
-  const __m512 y = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
-  const __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))),
-                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-inline __m128i sum4(const __m512i* a) {
-  const __m512i x = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
-  const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
-  const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y));
-  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
 inline __m128 sum1(__m512 a) { return _mm_set_ss(_mm512_reduce_add_ps(a)); }
 inline __m128i sum1(__m512i a) { return _mm_cvtsi32_si128(_mm512_reduce_add_epi32(a)); }
 
@@ -305,15 +289,20 @@ at::Tensor gemv_float(const at::Tensor& x, const at::Tensor& w) {
   return run(Bf16{{bits(w), bits(xb), K}}, x.size(0), w.size(0), x);
 }
 
+// A row's quantization scale: max|x| (at least `floor`) over the integer range `qmax`. K: a multiple of 16.
+inline float row_scale(const float* row, int64_t K, float qmax, float floor) {
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+  return std::max(_mm512_reduce_max_ps(amax), floor) / qmax;
+}
+
 // x rows quantized as qparams.int8_per_token does: scale = max|x| / 127, q = round-half-even(x / scale).
 void quantize_rows(const at::Tensor& xf, uint8_t* q, float* scales) {
   const int64_t M = xf.size(0), K = xf.size(1);
   const float* x = xf.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + m * K;
-    __m512 amax = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
-    const float scale = std::max(_mm512_reduce_max_ps(amax), 1e-8f) / 127.f;
+    const float scale = row_scale(row, K, 127.f, 1e-8f);
     scales[m] = scale;
     const __m512 s = _mm512_set1_ps(scale);
     for (int64_t k = 0; k < K; k += 16) {
@@ -332,9 +321,7 @@ void quantize_rows16(const at::Tensor& xf, int16_t* q, float* scales, int64_t gr
   const float* x = xf.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) {
     const float* row = x + m * K;
-    __m512 amax = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
-    const float scale = std::max(_mm512_reduce_max_ps(amax), 1e-30f) / 32767.f;
+    const float scale = row_scale(row, K, 32767.f, 1e-30f);
     scales[m] = scale;
     const __m512 inv = _mm512_set1_ps(1.f / scale);
     __m512i gsum = _mm512_setzero_si512();
