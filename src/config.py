@@ -39,6 +39,9 @@ GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
 ENGINE_KINDS = ("hf", "native")
 ATTENTIONS = ("sdpa", "eager")
 KERNEL_CHOICES = ("quantspec", "aten")
+# quantspec's kernel variants (src/kernels/variants.py names them; a test keeps the two lists equal): auto
+# takes the best this CPU runs; a name forces one, refused in one line where the CPU lacks it.
+ISA_CHOICES = ("auto", "avx512", "avx2", "neon_dotprod", "neon", "reference")
 STEP_PATHS = ("quantspec", "transformers")
 HEAD = "lm_head"   # the output head's module name in every supported architecture
 
@@ -251,12 +254,14 @@ class EngineConfig:
     attention: str          # conf/engine/*.yaml hold the values (measured defaults) and say why
     kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
     step_path: str          # quantspec: native steps through src.engine.fastpath where it covers
+    isa: str = "auto"       # which variant of src/kernels runs (engine.kernels=quantspec)
 
     def validate(self) -> None:
         _check_choice("engine.kind", self.kind, ENGINE_KINDS)
         _check_choice("engine.attention", self.attention, ATTENTIONS)
         _check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
         _check_choice("engine.step_path", self.step_path, STEP_PATHS)
+        _check_choice("engine.isa", self.isa, ISA_CHOICES)
         if self.step_path == "quantspec" and self.kind != "native":
             raise ConfigError("engine.step_path=quantspec is the native engine's; use engine=native")
 

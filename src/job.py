@@ -99,6 +99,7 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     if placement.note:
         log.warning(placement.note)
     torch.set_num_threads(placement.threads)
+    _check_isa(cfg)
     env = environment.describe(placement.threads, placement.device)
     recorder.set_tags({"executed_on": placement.executed_on, "placement_note": placement.note or "",
                        "git_commit": env["git_commit"], "cpu_model": env["cpu_model"],
@@ -191,20 +192,39 @@ def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
     return ModelDrafter(model, fast=cfg.engine.step_path == "quantspec")
 
 
+def _check_isa(cfg) -> None:
+    """engine.isa forced to a variant this CPU cannot run: one line, before anything loads."""
+    if cfg.engine.kernels == "quantspec" and cfg.engine.isa != "auto":
+        from src import kernels
+        try:
+            kernels.candidates(cfg.engine.isa)
+        except kernels.IsaUnavailable as err:
+            raise ConfigError(str(err)) from None
+
+
 def _kernels(cfg, placement, recorder) -> bool:
-    """engine.kernels=quantspec: whether src/kernels run here (built on first use); else ATen's, said why."""
-    used, note = False, ""
+    """engine.kernels=quantspec: whether src/kernels run here (built on first use), and which variant.
+    What ran is recorded either way: tag `kernels` is quantspec, aten (asked for, or not a CPU job) or
+    fallback (asked for quantspec's and ATen's ran: the precision's times are then ATen's, said in one
+    line and marked wherever the run's numbers are shown); param executed.kernels names the variant."""
+    used, note, fallback = False, "", False
     if cfg.engine.kernels == "quantspec":
         from src import kernels
         if placement.device != "cpu":
             note = f"quantspec kernels are CPU kernels; {placement.device} keeps ATen's"
-        elif kernels.load(cfg.cache_dir / "kernels"):
+        elif kernels.load(cfg.cache_dir / "kernels", cfg.engine.isa):
             used = True
         else:
-            note = f"quantspec kernels unavailable, ATen's used: {kernels.reason()}"
+            fallback = True
+            note = (f"quantspec kernels unavailable ({kernels.reason()}): ATen's kernels run, so this job's "
+                    f"{cfg.precision.name} times are ATen's, not the precision's")
     if note:
         log.warning(note)
-    recorder.set_tags({"kernels": "quantspec" if used else "aten", "kernels_note": note})
+    variant = kernels.variant() if used else None
+    executed = f"quantspec/{variant}" if used else ("aten (fallback)" if fallback else "aten")
+    recorder.set_tags({"kernels": "quantspec" if used else ("fallback" if fallback else "aten"),
+                       "kernels_isa": variant or "", "kernels_note": note})
+    recorder.log_params({"executed.kernels": executed})
     return used
 
 

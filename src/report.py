@@ -74,11 +74,34 @@ def speedup_rows(jobs: list[JobRecord], baseline: dict[str, str]) -> list[list]:
         if job.tags.get("outcome") != "finished" or base is None:
             continue
         m, b = job.metrics, base.metrics
-        rows.append([job.name, base.name,
+        mark = lambda j: j.name + (" (FALLBACK)" if fallback(j) else "")  # noqa: E731
+        rows.append([mark(job), mark(base),
                      ratio(b.get("time_per_token_ms_median"), m.get("time_per_token_ms_median")),
                      ratio(b.get("prefill_ms_median"), m.get("prefill_ms_median")),
                      ratio(m.get("perplexity"), b.get("perplexity"))])
     return rows
+
+
+def kernels_of(job: JobRecord) -> str:
+    """The kernels that ran: quantspec's variant, ATen's as asked, or ATen's in place of quantspec's."""
+    kind, isa = job.tags.get("kernels", "?"), job.tags.get("kernels_isa")
+    if kind == "quantspec" and isa:
+        return f"quantspec/{isa}"
+    return "ATen (FALLBACK)" if kind == "fallback" else kind
+
+
+def fallback(job: JobRecord) -> bool:
+    return job.tags.get("kernels") == "fallback"
+
+
+def fallback_lines(jobs: list[JobRecord]) -> list[str]:
+    """Said above the tables: a fallback job's times are ATen's, not its precision's."""
+    fell = [j for j in jobs if fallback(j)]
+    if not fell:
+        return []
+    return [f"**Kernels fell back**: {', '.join(j.name for j in fell)} ran on ATen's kernels because quantspec's "
+            f"could not run here ({fell[0].tags.get('kernels_note', '?')}). Their times are ATen's, not their "
+            f"precisions'; rows marked FALLBACK, and no headline metric uses them.\n"]
 
 
 def draft_quality_lines(jobs: list[JobRecord]) -> list[str]:
@@ -155,7 +178,8 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     finished = [j for j in jobs if j.tags.get("outcome") == "finished"]
     rows_of = {j.name: job_rows(client, j) for j in finished}
     tables = {name: seed_table(rows) for name, rows in rows_of.items() if rows}
-    summary = [[j.name, j.tags.get("outcome", "?"), *[j.metrics.get(k, math.nan) for k, _ in SUMMARY]] for j in jobs]
+    summary = [[j.name, j.tags.get("outcome", "?"), kernels_of(j), *[j.metrics.get(k, math.nan) for k, _ in SUMMARY]]
+               for j in jobs]
     speedups = speedup_rows(jobs, baseline)
     parent = client.get_run(parent_id)
     out = child(out_root, parent.info.run_name.replace(" ", "_"))  # a run name is anyone's string
@@ -163,7 +187,8 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     files = _plots(client, finished, rows_of, speedups, out)
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
     parts = [f"# {parent.info.run_name}\n", f"`{parent.data.tags.get('overrides', '')}`\n",
-             "## Summary\n", markdown_table(["job", "outcome", *[h for _, h in SUMMARY]], summary) + "\n",
+             *fallback_lines(jobs),
+             "## Summary\n", markdown_table(["job", "outcome", "kernels", *[h for _, h in SUMMARY]], summary) + "\n",
              f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
              (markdown_table(["job", "baseline", "time/token speedup", "prefill speedup", "perplexity ratio"],
                              speedups) if speedups else "(no job has its baseline in this sweep)") + "\n"]
@@ -176,7 +201,7 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
         parts += [f"## {name}\n", table + "\n"]
     (out / "report.md").write_text("\n".join(parts))
     (out / "summary.csv").write_text("\n".join(",".join(str(c) for c in row) for row in
-                                               [["job", "outcome", *[k for k, _ in SUMMARY]], *summary]) + "\n")
+                                               [["job", "outcome", "kernels", *[k for k, _ in SUMMARY]], *summary]) + "\n")
     files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
     return Report(parent_id, jobs, tables, summary, speedups, files, overview)
 
@@ -191,7 +216,7 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
         client.log_artifact(report.parent_run_id, str(path), "report")
     for job_name, base_name, time_speedup, *_ in report.speedups:   # a column of the sweep's view
         if not math.isnan(time_speedup):
-            job = next(j for j in report.jobs if j.name == job_name)
+            job = next(j for j in report.jobs if j.name == job_name.removesuffix(" (FALLBACK)"))
             client.log_metric(job.run_id, "speedup_vs_baseline", time_speedup)
             job.metrics["speedup_vs_baseline"] = time_speedup
     parent = client.get_run(report.parent_run_id)
@@ -199,12 +224,13 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
                                       parent.data.tags.get(SWEEP_KEY, report.parent_run_id), report.jobs)
     client.set_tag(report.parent_run_id, "mlflow.note.content",
                    f"[The sweep's jobs side by side]({report.view_url})\n\n{report.overview}")
-    timed = [j for j in report.jobs if j.tags.get("outcome") == "finished" and j.metrics.get("time_per_token_ms_median")]
+    timed = [j for j in report.jobs if j.tags.get("outcome") == "finished" and j.metrics.get("time_per_token_ms_median")
+             and not fallback(j)]
     if timed:
         best = min(timed, key=lambda j: j.metrics["time_per_token_ms_median"])
         client.log_metric(report.parent_run_id, "best_time_per_token_ms", best.metrics["time_per_token_ms_median"])
         client.set_tag(report.parent_run_id, "best_time_per_token_job", best.name)
-    gains = [r for r in report.speedups if r[0] != r[1] and not math.isnan(r[2])]
+    gains = [r for r in report.speedups if r[0] != r[1] and not math.isnan(r[2]) and "(FALLBACK)" not in r[0] + r[1]]
     if gains:
         top = max(gains, key=lambda r: r[2])
         client.log_metric(report.parent_run_id, "best_speedup", top[2])

@@ -1,6 +1,7 @@
-"""quantspec's own kernels (src/kernels): each against a float64 reference, and installed in tiny models.
-
-Skipped, with the reason, on a machine whose CPU lacks AVX-512 BF16/VNNI or has no compiler.
+"""quantspec's own kernels (src/kernels): every test runs once per kernel variant of this architecture
+(avx512, avx2, reference on x86-64), each against a float64 reference, against the reference variant,
+and installed in tiny models. A variant is skipped only where this CPU lacks its instructions; one that
+cannot be built fails.
 """
 
 import os
@@ -12,6 +13,7 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from src import kernels
+from src.kernels import variants
 from src.engine import ENGINES, Sampling
 from src.engine.native import Decoder
 from src.kernels import modules
@@ -23,11 +25,24 @@ from src.tiny import tiny_model
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def built():
-    # The runtime's own build directory: CI compiles once for the tests and the main command.
-    if not kernels.load(Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")) / "kernels"):
-        pytest.skip(f"quantspec kernels unavailable here: {kernels.reason()}")
+# The runtime's own build directory: CI compiles once for the tests and the main command.
+CACHE = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")) / "kernels"
+HOST_VARIANTS = [v.name for v in variants.for_arch()]
+
+
+def use(name: str) -> str:
+    lacks = variants.missing(variants.by_name(name), variants.cpu_features())
+    if lacks:
+        pytest.skip(f"this CPU lacks {', '.join(lacks)}: the {name} kernels cannot run here")
+    if not kernels.load(CACHE, name):
+        pytest.fail(f"the {name} kernels could not be built: {kernels.reason()}")
+    assert torch.ops.quantspec.variant() == name
+    return name
+
+
+@pytest.fixture(autouse=True, params=HOST_VARIANTS)
+def isa(request):
+    return use(request.param)
 
 
 def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -231,3 +246,99 @@ def test_a_cut_head_keeps_its_kernels_when_it_is_cut_again():
     assert isinstance(head.head, modules.GemvLinear)
     head.focus([5, 6])   # a prompt's own tokens: the rows are cut again, from the swapped full head
     assert isinstance(head.head, modules.GemvLinear) and {5, 6} <= set(head.ids.tolist())
+
+
+# --- every variant against the reference variant, and the invariants each must keep -----------------
+
+def _ops(kind: str, m: int, seed: int = 0):
+    """One op of each kind with its inputs (m rows), as a function of x alone."""
+    g = torch.Generator().manual_seed(seed)
+    k, n = 1024, 45   # 45: a tail of rows past the blocks of 4
+    x = torch.randn(m, k, generator=g) * torch.logspace(-1, 1, k)
+    w = torch.randn(n, k, generator=g)
+    if kind in ("f32", "bf16"):
+        dtype = torch.float32 if kind == "f32" else torch.bfloat16
+        wt = w.to(dtype)
+        return x.to(dtype), lambda x: torch.ops.quantspec.gemv_float(x, wt)
+    if kind in ("w8a8", "w8a16"):
+        w_q, w_s = qparams.int8_per_channel(w)
+        if kind == "w8a8":
+            return x, lambda x: torch.ops.quantspec.gemv_w8a8(x, w_q, w_s, w_q.sum(1, dtype=torch.int32))
+        return x, lambda x: torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
+    q, scale, zero = qparams.int4_groups(w, 128)
+    packed, offset = pack_w4(q), (zero - qparams.INT4_MID * scale).contiguous()
+    return x, lambda x: torch.ops.quantspec.gemv_w4a16(x, packed, scale.contiguous(), offset, 128)
+
+
+GEMVS = ["f32", "bf16", "w8a8", "w8a16", "w4a16"]
+# The integer formats' sums are exact on every variant: w8a8's one int32 sum is scaled in the same order
+# everywhere (bit for bit); the 16-bit formats fold partial sums into fp32 at variant-specific points.
+BOUND = {"f32": 1e-6, "bf16": 1e-6, "w8a8": 0.0, "w8a16": 1e-6, "w4a16": 1e-6}
+
+
+@pytest.mark.parametrize("kind", GEMVS)
+def test_each_variant_agrees_with_the_reference_variant(isa, kind):
+    x, op = _ops(kind, 3)
+    y = op(x)
+    use("reference")
+    ref = op(x)
+    err = float((y.double() - ref.double()).abs().max() / ref.double().abs().max())
+    assert err <= BOUND[kind], f"{isa} vs reference: {err}"
+
+
+@pytest.mark.parametrize("kind", GEMVS)
+def test_a_rows_result_does_not_depend_on_how_many_rows_come_together(kind):
+    x, op = _ops(kind, kernels.MAX_ROWS, seed=3)
+    together = op(x)
+    for m in range(1, kernels.MAX_ROWS + 1):   # every row count a step or a verification can bring
+        assert torch.equal(op(x[:m]), together[:m]), f"{m} rows"
+    for i in range(kernels.MAX_ROWS):
+        assert torch.equal(op(x[i:i + 1])[0], together[i]), f"row {i} alone"
+
+
+def test_the_int4_unpacking_and_the_norms_are_bit_for_bit_the_reference_variants(isa):
+    torch.manual_seed(2)
+    q, scale, zero = qparams.int4_groups(torch.randn(36, 768), 256)
+    args = (pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 256)
+    x, w = torch.randn(5, 640).bfloat16(), torch.randn(640).bfloat16()
+    ours = [torch.ops.quantspec.dequant_w4a16(*args)] + [torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for g in (True, False)]
+    use("reference")
+    theirs = [torch.ops.quantspec.dequant_w4a16(*args)] + [torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for g in (True, False)]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [16, 64, 256])
+def test_attention_agrees_with_the_reference_variant(isa, dtype, dim):
+    torch.manual_seed(dim)
+    q = torch.randn(1, 4, 3, dim).to(dtype)
+    k, v = (torch.randn(1, 1, 37, dim).to(dtype) for _ in range(2))
+    out = torch.ops.quantspec.decode_attention(q, k, v, dim ** -0.5)
+    use("reference")
+    ref = torch.ops.quantspec.decode_attention(q, k, v, dim ** -0.5)
+    assert _rel_err(out, ref.double()) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_w8a8_integer_sums_at_their_worst_case():
+    # Every product at 127 * 127 (AVX2's VPMADDUBSW pairs reach 2 * 127 * 127, below int16's limit; an
+    # unsigned x + 128 would saturate), of both signs, over a long K: exact int32 sums, fp32 scaling only.
+    k = 16384
+    w_q = torch.full((8, k), 127, dtype=torch.int8)
+    w_q[1::2] = -127
+    for sign in (1.0, -1.0):
+        x = torch.full((1, k), sign * 2.0)
+        y = torch.ops.quantspec.gemv_w8a8(x, w_q, torch.full((8,), 0.5), w_q.sum(1, dtype=torch.int32))
+        expect = torch.tensor([sign * (1 if r % 2 == 0 else -1) * 127 * 127 * k * 0.5 * (2.0 / 127) for r in range(8)])
+        torch.testing.assert_close(y[0], expect, rtol=1e-6, atol=0)
+
+
+def test_forcing_a_variant_this_cpu_lacks_is_one_line():
+    avx2_only = {"avx2", "fma", "f16c", "sse4_2"}
+    with pytest.raises(kernels.IsaUnavailable, match=r"^engine.isa=avx512: this CPU lacks avx512f.*choose engine.isa=auto "
+                                                     r"or one of: avx2, reference$"):
+        kernels.candidates("avx512", avx2_only, "x86_64")
+    assert [v.name for v in kernels.candidates("auto", avx2_only, "x86_64")] == ["avx2", "reference"]
+    assert [v.name for v in kernels.candidates("auto", {"asimd", "asimddp"}, "aarch64")] == ["neon_dotprod", "neon",
+                                                                                                "reference"]
+    with pytest.raises(kernels.IsaUnavailable, match="no kernel variant"):
+        kernels.candidates("sse9", avx2_only, "x86_64")

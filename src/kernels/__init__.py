@@ -1,10 +1,14 @@
-"""quantspec's own CPU kernels: small-batch matmuls (gemv.cpp) for decode steps and draft verification,
-a one-call RMSNorm (norm.cpp), and attention for a few new queries whose rows do not depend on how
-many arrive together (attention.cpp).
+"""quantspec's own CPU kernels: small-batch matmuls for decode steps and draft verification (fp32, bf16,
+w8a8, w8a16, w4a16), the int4 unpacking for prefill, RMSNorm, and attention for a few new queries whose
+rows do not depend on how many arrive together.
 
-`load(directory)` compiles them once per machine and torch version into `directory` (~30 s), loads
-them as torch.ops.quantspec.*, and returns True. On a CPU without the instructions they use, or with
-no compiler, it returns False and `reason()` says why: callers keep ATen's kernels.
+One library, several ISA variants (src/kernels/variants.py: avx512, avx2, neon_dotprod, neon, reference),
+each a plain shared library compiled from core/ with its own flags, behind one torch binding
+(binding.cpp, torch.ops.quantspec.*). `load(directory, isa)` builds what it needs once per machine and
+torch version into `directory`, picks the best variant this CPU runs (or the one `isa` names), and
+returns True; `variant()` names the one in use. With no compiler it returns False and `reason()` says
+why: callers keep ATen's kernels and must say so. Forcing a variant this CPU cannot run raises
+IsaUnavailable, one line.
 """
 
 from __future__ import annotations
@@ -19,78 +23,139 @@ from pathlib import Path
 
 import torch
 
+from src.kernels import variants
 from src.locks import atomic_write_text, file_lock, sha256_file
 
 log = logging.getLogger(__name__)
-NAME = "quantspec_gemv"
-RECORD = "library.json"   # the built library's sha256, checked before every load
-
-SOURCES = [Path(__file__).with_name(name) for name in ("gemv.cpp", "norm.cpp", "attention.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("dispatch.h", "simd.h")]
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni",
-         "-mfma", "-fopenmp"]
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")
+BINDING = "quantspec_kernels"
+RECORD = "library.json"   # a built library's sha256, checked before every load
+HERE = Path(__file__).parent
 # Up to this many rows (a step, a verification of up to 15 drafts) these kernels run; above it (a
-# prefill) ATen's blocked GEMMs win, as these re-read W per 6 rows. It must cover every verification:
+# prefill) ATen's blocked GEMMs win, as these re-read W per few rows. It must cover every verification:
 # a row's result must not depend on how many rows come together, or a draft could change greedy output.
 MAX_ROWS = 16
 
 _state: dict[str, object] = {}
 
 
-def _missing_cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return [f"/proc/cpuinfo (on {platform.system()})"]
-    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
-    return [f for f in CPU_FLAGS if f not in flags]
+class IsaUnavailable(ValueError):
+    """engine.isa names a variant this machine cannot run."""
 
 
-def load(directory: Path) -> bool:
-    """Build or load the kernels. The first answer is kept for the process."""
-    if "ok" in _state:
-        return bool(_state["ok"])
-    reason = None
-    missing = _missing_cpu_flags()
-    if missing:
-        reason = f"this CPU lacks {', '.join(missing)}"
-    else:
-        key = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + " ".join(FLAGS).encode()
-                             + torch.__version__.encode())
-        build = Path(directory).expanduser() / f"gemv-{key.hexdigest()[:16]}"
+def _key(*parts: bytes) -> str:
+    return hashlib.sha256(b"".join(parts) + torch.__version__.encode()).hexdigest()[:16]
+
+
+def candidates(isa: str, features: set[str] | None = None, arch: str | None = None) -> list[variants.Variant]:
+    """The variants to try for engine.isa, best first: every one this CPU runs for `auto`, else the one
+    named (IsaUnavailable, one line, if this CPU lacks what it needs)."""
+    features = variants.cpu_features() if features is None else features
+    runnable = [v for v in variants.for_arch(arch) if not variants.missing(v, features, arch)]
+    if isa == "auto":
+        return runnable
+    if isa not in variants.NAMES:
+        raise IsaUnavailable(f"engine.isa={isa!r} is no kernel variant; choose auto or one of: "
+                             f"{', '.join(variants.NAMES)}")
+    lacks = variants.missing(variants.by_name(isa), features, arch)
+    if lacks:
+        raise IsaUnavailable(f"engine.isa={isa}: this CPU lacks {', '.join(lacks)}; choose engine.isa=auto or one "
+                             f"of: {', '.join(v.name for v in runnable)}")
+    return [variants.by_name(isa)]
+
+
+def load(directory: Path, isa: str = "auto") -> bool:
+    """Build (once) and load the binding and the variant for `isa`. True when a variant is in use."""
+    chosen = candidates(isa)   # IsaUnavailable goes to the caller: a config error, not a slower run
+    directory = Path(directory).expanduser()
+    if not _state.get("binding"):
+        reason = _load_binding(directory)
+        if reason:
+            _state.update(ok=False, reason=reason, variant=None)
+            return False
+        _state["binding"] = True
+    skipped = []
+    for variant in chosen:
         try:
-            with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):
-                _build_and_load(build)
-        except Exception as err:  # no compiler or no ninja: a slower run, not a failed one
-            last = str(err).strip().splitlines()
-            reason = f"could not build src/kernels ({last[-1] if last else type(err).__name__})"
-    _state["ok"], _state["reason"] = reason is None, reason
-    return reason is None
+            path = _built_variant(variant, directory)
+        except Exception as err:  # an old compiler without these flags: the next variant down
+            skipped.append(f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}")
+            continue
+        name = torch.ops.quantspec.use_variant(str(path))
+        _state.update(ok=True, reason="; ".join(skipped) or None, variant=name)
+        if skipped:
+            log.warning("kernel variants not built here (%s); %s runs", "; ".join(skipped), name)
+        return True
+    _state.update(ok=False, reason="; ".join(skipped) or "no kernel variant for this CPU", variant=None)
+    return False
+
+
+def _load_binding(directory: Path) -> str | None:
+    """The torch binding (no ISA code): built with torch's extension builder. None, or why it failed."""
+    if variants.compiler() is None:
+        return "no C++ compiler (install g++ or set CXX)"
+    sources = [HERE / "binding.cpp", HERE / "core" / "api.h"]
+    build = directory / f"binding-{_key(*(p.read_bytes() for p in sources))}"
+    try:
+        with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):
+            _build_and_load(build)
+    except Exception as err:  # no compiler or no ninja: a slower run, not a failed one
+        last = str(err).strip().splitlines()
+        return f"could not build src/kernels ({last[-1] if last else type(err).__name__})"
+    return None
 
 
 def _build_and_load(build: Path) -> None:
-    """Load the library only if its bytes are those recorded when it was built: a truncated or damaged
+    """Load the binding only if its bytes are those recorded when it was built: a truncated or damaged
     .so can crash the process inside dlopen, before any Python error could say why. Anything else is
     wiped and built again (the caller holds the build lock)."""
-    library, record = build / f"{NAME}.so", build / RECORD
-    if library.is_file() and record.is_file():
-        try:
-            recorded = json.loads(record.read_text()).get("sha256")
-        except json.JSONDecodeError:
-            recorded = None
-        if recorded == sha256_file(library):
-            torch.ops.load_library(str(library))
-            return
-        log.warning("kernel library %s does not match its recorded sha256; rebuilding it", library)
+    library = build / f"{BINDING}.so"
+    if _recorded(library):
+        torch.ops.load_library(str(library))
+        return
     # Also clears torch's own build baton ("lock"), which a build killed midway leaves behind forever.
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
     from torch.utils import cpp_extension
-    cpp_extension.load(name=NAME, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                       extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False,
+    cpp_extension.load(name=BINDING, sources=[str(HERE / "binding.cpp")], extra_cflags=["-O2"],
+                       build_directory=str(build), is_python_module=False,
                        verbose=bool(os.environ.get("QUANTSPEC_VERBOSE_BUILD")))
-    atomic_write_text(record, json.dumps({"sha256": sha256_file(library), "torch": torch.__version__}))
+    _record(library)
+
+
+def _recorded(library: Path) -> bool:
+    record = library.with_name(RECORD)
+    if not (library.is_file() and record.is_file()):
+        return False
+    try:
+        recorded = json.loads(record.read_text()).get("sha256")
+    except json.JSONDecodeError:
+        recorded = None
+    if recorded != sha256_file(library):
+        log.warning("kernel library %s does not match its recorded sha256; rebuilding it", library)
+        return False
+    return True
+
+
+def _record(library: Path) -> None:
+    atomic_write_text(library.with_name(RECORD), json.dumps({"sha256": sha256_file(library), "torch": torch.__version__}))
+
+
+def _built_variant(variant: variants.Variant, directory: Path) -> Path:
+    """The variant's library, compiled once (a few seconds) into its own folder, checked like the binding."""
+    cxx = variants.compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler")
+    key = _key(*(p.read_bytes() for p in variants.sources()), " ".join(variants.COMMON_FLAGS + list(variant.flags)).encode(),
+               cxx.encode())
+    build = directory / f"{variant.name}-{key}"
+    library = build / f"qs_{variant.name}.so"
+    with file_lock(build.with_name(f".{build.name}.lock"), f"the {variant.name} kernels"):
+        if not _recorded(library):
+            shutil.rmtree(build, ignore_errors=True)
+            build.mkdir(parents=True)
+            variants.compile_variant(variant, library, cxx)
+            _record(library)
+    return library
 
 
 def loaded() -> bool:
@@ -99,4 +164,14 @@ def loaded() -> bool:
 
 
 def reason() -> str | None:
+    """Why load() returned False (or which variants could not be built)."""
     return _state.get("reason")  # type: ignore[return-value]
+
+
+def variant() -> str | None:
+    """The variant in use ('avx512', 'avx2', ..., 'reference'), or None."""
+    return _state.get("variant") if _state.get("ok") else None  # type: ignore[return-value]
+
+
+def machine() -> str:
+    return platform.machine()

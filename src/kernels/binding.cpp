@@ -1,0 +1,227 @@
+// The torch side of quantspec's kernels: torch.ops.quantspec.* check their tensors, split the work across
+// ATen's threads, and call the kernel variant chosen for this CPU (core/api.h), loaded with dlopen by
+// use_variant(path). The variants know nothing of torch; this file knows nothing of any ISA.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <dlfcn.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "core/api.h"
+
+namespace {
+
+const qs_kernels* g_kernels = nullptr;   // the variant in use (one per process: use_variant switches it)
+std::map<std::string, const qs_kernels*> g_loaded;
+std::mutex g_mutex;
+
+std::string use_variant(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto found = g_loaded.find(path);
+  if (found == g_loaded.end()) {
+    // RTLD_LOCAL: each variant keeps its own copies of inline code, compiled for its own ISA.
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    TORCH_CHECK(handle, "quantspec: cannot load kernel variant ", path, ": ", dlerror());
+    auto get = reinterpret_cast<const qs_kernels* (*)()>(dlsym(handle, "qs_kernels_get"));
+    TORCH_CHECK(get, "quantspec: ", path, " is no kernel variant (no qs_kernels_get)");
+    const qs_kernels* table = get();
+    TORCH_CHECK(table->abi == QS_ABI, "quantspec: ", path, " has kernel ABI ", table->abi, ", expected ", QS_ABI);
+    found = g_loaded.emplace(path, table).first;
+  }
+  g_kernels = found->second;
+  return g_kernels->name;
+}
+
+std::string variant() { return g_kernels ? g_kernels->name : ""; }
+
+const qs_kernels& k() {
+  TORCH_CHECK(g_kernels, "quantspec: no kernel variant loaded (src.kernels.load chooses one)");
+  return *g_kernels;
+}
+
+const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>()); }
+uint16_t* bits_out(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>()); }
+
+void check(const at::Tensor& x, const at::Tensor& w, int64_t step, int64_t w_cols) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && w.is_contiguous(), "quantspec: x [M, K], weight contiguous [N, K]");
+  TORCH_CHECK(x.size(1) % step == 0, "quantspec: K = ", x.size(1), " must be a multiple of ", step);
+  TORCH_CHECK(w.size(1) == w_cols, "quantspec: weight has ", w.size(1), " columns, expected ", w_cols);
+}
+
+// y [M, N] by slices of output rows across threads: whole blocks of 4 (a row's sum then never depends
+// on where a thread's slice starts), each thread's slice in pieces of ~256 KB of weights so that a
+// second pass over x's rows (more rows than a variant keeps in registers) re-reads W from cache.
+template <typename Call>
+at::Tensor columns(int64_t M, int64_t N, int64_t row_bytes, const at::Tensor& like, Call call) {
+  at::Tensor y = at::empty({M, N}, like.options().dtype(at::kFloat));
+  float* out = y.data_ptr<float>();
+  const int64_t blocks = (N + 3) / 4;
+  const int64_t piece = std::max<int64_t>(1, (256 << 10) / std::max<int64_t>(1, 4 * row_bytes));
+  at::parallel_for(0, blocks, 32, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; b += piece) call(4 * b, std::min(4 * std::min(b + piece, b1), N), out);
+  });
+  return like.scalar_type() == at::kFloat ? y : y.to(like.scalar_type());
+}
+
+at::Tensor gemv_float(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "quantspec: x float32 or bfloat16");
+  if (w.scalar_type() == at::kFloat) {
+    check(x, w, 16, K);
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+    const float *xp = xf.data_ptr<float>(), *wp = w.data_ptr<float>();
+    return columns(M, N, 4 * K, x, [&](int64_t n0, int64_t n1, float* y) { k().gemv_f32(xp, wp, M, K, N, n0, n1, y); });
+  }
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16, "quantspec: float weight must be float32 or bfloat16");
+  check(x, w, 32, K);
+  const at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  const uint16_t *xp = bits(xb), *wp = bits(w);
+  return columns(M, N, 2 * K, x, [&](int64_t n0, int64_t n1, float* y) { k().gemv_bf16(xp, wp, M, K, N, n0, n1, y); });
+}
+
+at::Tensor gemv_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, const at::Tensor& w_sum) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check(x, w, 64, K);
+  TORCH_CHECK(w.scalar_type() == at::kChar && w_scale.scalar_type() == at::kFloat && w_sum.scalar_type() == at::kInt &&
+              w_scale.is_contiguous() && w_sum.is_contiguous(),
+              "quantspec gemv_w8a8: int8 weight (|w| <= 127), float32 scale, int32 row sums");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor q = at::empty({M, K * k().x8_bytes}, x.options().dtype(at::kByte));
+  at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+  k().quantize_x8(xf.data_ptr<float>(), M, K, q.data_ptr<uint8_t>(), xs.data_ptr<float>());
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const float *xsp = xs.data_ptr<float>(), *wsp = w_scale.data_ptr<float>();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const int32_t* sp = w_sum.data_ptr<int32_t>();
+  return columns(M, N, K, x, [&](int64_t n0, int64_t n1, float* y) {
+    k().gemv_w8a8(qp, xsp, wp, wsp, sp, M, K, N, n0, n1, y);
+  });
+}
+
+at::Tensor gemv_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check(x, w, 32, K);
+  TORCH_CHECK(w.scalar_type() == at::kChar && w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous(),
+              "quantspec gemv_w8a16: int8 weight, float32 scale");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kShort));
+  at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+  k().quantize_x16(xf.data_ptr<float>(), M, K, 0, q.data_ptr<int16_t>(), xs.data_ptr<float>(), nullptr);
+  const int16_t* qp = q.data_ptr<int16_t>();
+  const float *xsp = xs.data_ptr<float>(), *wsp = w_scale.data_ptr<float>();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  return columns(M, N, K, x, [&](int64_t n0, int64_t n1, float* y) { k().gemv_w8a16(qp, xsp, wp, wsp, M, K, N, n0, n1, y); });
+}
+
+at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
+                      int64_t group) {
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0);
+  check(x, packed, 128, K / 2);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && group % 128 == 0 && K % group == 0,
+              "quantspec gemv_w4a16: uint8 packed weight, group a multiple of 128 dividing K");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
+              offset.is_contiguous(), "quantspec gemv_w4a16: float32 scale and offset [N, K / group]");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kShort));
+  at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+  at::Tensor sums = at::empty({M, K / group}, x.options().dtype(at::kFloat));
+  k().quantize_x16(xf.data_ptr<float>(), M, K, group, q.data_ptr<int16_t>(), xs.data_ptr<float>(), sums.data_ptr<float>());
+  const int16_t* qp = q.data_ptr<int16_t>();
+  const float *xsp = xs.data_ptr<float>(), *gp = sums.data_ptr<float>(), *sp = scale.data_ptr<float>(),
+              *op = offset.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  return columns(M, N, K / 2, x, [&](int64_t n0, int64_t n1, float* y) {
+    k().gemv_w4a16(qp, xsp, gp, wp, sp, op, group, M, K, N, n0, n1, y);
+  });
+}
+
+// The whole int4 weight as bf16 [N, K], for a prefill's GEMM.
+at::Tensor dequant_w4a16(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset, int64_t group) {
+  const int64_t N = packed.size(0), K = packed.size(1) * 2;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && K % 128 == 0 && group % 128 == 0 &&
+              K % group == 0, "quantspec dequant_w4a16: contiguous uint8 packed weight, K and group multiples of 128");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
+              offset.is_contiguous(), "quantspec dequant_w4a16: float32 scale and offset [N, K / group]");
+  at::Tensor out = at::empty({N, K}, packed.options().dtype(at::kBFloat16));
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float *sp = scale.data_ptr<float>(), *op = offset.data_ptr<float>();
+  uint16_t* o = bits_out(out);
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { k().dequant_w4a16(wp, sp, op, group, K, n0, n1, o); });
+  return out;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool gemma) {
+  TORCH_CHECK(x.size(-1) == weight.numel(), "quantspec rms_norm: weight size differs from the last dim");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "quantspec rms_norm: x and weight dtypes differ");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "quantspec rms_norm: float32 or bfloat16");
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  const int64_t d = x.size(-1), rows = xc.numel() / d;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    if (bf16) k().rms_norm_bf16(bits(xc), bits(wc), d, float(eps), gemma, r0, r1, bits_out(y));
+    else k().rms_norm_f32(xc.data_ptr<float>(), wc.data_ptr<float>(), d, float(eps), gemma, r0, r1, y.data_ptr<float>());
+  });
+  return y;
+}
+
+// q [1, H, Q, D], k/v [1, KVH, L, D] (the cache, new keys last; views of a longer buffer are read in place
+// where rows of D are contiguous). Query i sees keys 0 .. L - Q + i. Each query on its own: a query's
+// output is bit for bit the same alone (a decode step) or among k others (verifying a draft), which
+// SDPA's kernels (different for 1 and k queries) do not give in bf16.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, double scale) {
+  TORCH_CHECK(q.dim() == 4 && key.dim() == 4 && value.dim() == 4 && q.size(0) == 1, "quantspec attention: [1, H, Q, D]");
+  TORCH_CHECK(q.scalar_type() == key.scalar_type() && key.scalar_type() == value.scalar_type() &&
+              (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "quantspec attention: one dtype for q, k and v, float32 or bfloat16");
+  const int64_t H = q.size(1), Q = q.size(2), D = q.size(3), KVH = key.size(1), L = key.size(2);
+  TORCH_CHECK(H % KVH == 0 && Q <= L && key.sizes() == value.sizes() && key.size(3) == D,
+              "quantspec attention: heads a multiple of KV heads, Q <= L");
+  TORCH_CHECK(D == 16 || D == 32 || D == 64 || D == 128 || D == 256,
+              "quantspec attention: head dim ", D, " is not 16, 32, 64, 128 or 256");
+  const bool in_place = key.stride(3) == 1 && key.stride(2) == D && key.strides() == value.strides();
+  const at::Tensor qc = q.contiguous(), kc = in_place ? key : key.contiguous(), vc = in_place ? value : value.contiguous();
+  at::Tensor out = at::empty_like(qc);
+  const int64_t hs = kc.stride(1);
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, H * Q, 1, [&](int64_t i0, int64_t i1) {
+    if (bf16) k().attention_bf16(bits(qc), bits(kc), bits(vc), hs, H, KVH, Q, L, D, float(scale), i0, i1, bits_out(out));
+    else k().attention_f32(qc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(), hs, H, KVH, Q, L, D,
+                           float(scale), i0, i1, out.data_ptr<float>());
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(quantspec, m) {
+  m.def("use_variant(str path) -> str");
+  m.def("variant() -> str");
+  m.def("dequant_w4a16(Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
+  m.def("gemv_float(Tensor x, Tensor w) -> Tensor");
+  m.def("gemv_w8a8(Tensor x, Tensor w, Tensor w_scale, Tensor w_sum) -> Tensor");
+  m.def("gemv_w8a16(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
+  m.def("gemv_w4a16(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, bool gemma) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
+  m.impl("gemv_float", gemv_float);
+  m.impl("gemv_w8a8", gemv_w8a8);
+  m.impl("gemv_w8a16", gemv_w8a16);
+  m.impl("gemv_w4a16", gemv_w4a16);
+  m.impl("dequant_w4a16", dequant_w4a16);
+  m.impl("rms_norm", rms_norm);
+  m.impl("decode_attention", decode_attention);
+}
+
+TORCH_LIBRARY_IMPL(quantspec, CatchAll, m) {
+  m.impl("use_variant", use_variant);
+  m.impl("variant", variant);
+}

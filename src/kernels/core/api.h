@@ -1,0 +1,73 @@
+// The one interface every kernel variant exports: a table of plain C functions over raw buffers, no torch
+// and no STL across the boundary, so each variant is its own shared library built with its own ISA
+// flags (variants in one library would share inline template copies compiled for the widest ISA: an
+// AVX-512 std::min picked by the linker for the AVX2 code), and the same code is testable under an
+// emulator without torch (selftest.cpp).
+//
+// Conventions, for every variant:
+//   matrices are row-major; y is float32 [M, N]; a gemv fills the columns n0 <= n < n1 of all M rows
+//   (the caller splits N across threads); n0 is a multiple of 4.
+//   bf16 values travel as their uint16 bits.
+//   Row independence: each row of y depends on that row of x alone, never on M (a draft's verification
+//   of k tokens must give the logits of k single steps, bit for bit).
+#pragma once
+
+#include <stdint.h>
+
+#define QS_ABI 1
+
+extern "C" {
+
+typedef struct qs_kernels {
+  int abi;             // QS_ABI
+  const char* name;    // the variant: "avx512", "avx2", "neon_dotprod", "neon", "reference"
+  int x8_bytes;        // bytes per element of quantize_x8's output (its encoding is the variant's own)
+
+  void (*gemv_f32)(const float* x, const float* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+                   float* y);
+  // x and w bf16
+  void (*gemv_bf16)(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, int64_t n0,
+                    int64_t n1, float* y);
+
+  // w8a8: x rows quantized to int8 (scale = max|x| / 127, round half to even, |q| <= 127), written in the
+  // variant's encoding; then int32 dot products with int8 weights, scaled by w_scale[n] * x_scale[m].
+  void (*quantize_x8)(const float* x, int64_t M, int64_t K, uint8_t* q, float* x_scale);
+  void (*gemv_w8a8)(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale,
+                    const int32_t* w_sum, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y);
+
+  // w8a16, w4a16: x rows quantized to int16 (scale = max|x| / 32767, round half to even); with group > 0
+  // also each group's sum of q, as float [M, K / group].
+  void (*quantize_x16)(const float* x, int64_t M, int64_t K, int64_t group, int16_t* q, float* x_scale,
+                       float* group_sums);
+  void (*gemv_w8a16)(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M,
+                     int64_t K, int64_t N, int64_t n0, int64_t n1, float* y);
+  // int4 weights packed per 128 values into 64 bytes whose 16-bit lane i holds values i, i+32, i+64, i+96
+  // in its four nibbles; w = q * scale + offset per group of `group` (a multiple of 128) along K.
+  void (*gemv_w4a16)(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w,
+                     const float* scale, const float* offset, int64_t group, int64_t M, int64_t K, int64_t N,
+                     int64_t n0, int64_t n1, float* y);
+  // Rows n0..n1 of the int4 weight as bf16 [N, K]: fp32 q * scale + offset (one fused multiply-add),
+  // rounded to nearest even.
+  void (*dequant_w4a16)(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K,
+                        int64_t n0, int64_t n1, uint16_t* out);
+
+  // RMSNorm of rows r0..r1 (gemma: y = x r (1 + w); else y = w * round(x r)), r = 1 / sqrt(mean(x^2) + eps).
+  void (*rms_norm_f32)(const float* x, const float* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1,
+                       float* y);
+  void (*rms_norm_bf16)(const uint16_t* x, const uint16_t* w, int64_t d, float eps, int gemma, int64_t r0,
+                        int64_t r1, uint16_t* y);
+
+  // Attention of queries q [H, Q, D] over k, v [KVH, L, D] (heads head_stride elements apart, rows of D
+  // contiguous), query i seeing keys 0 .. L - Q + i; items i0..i1 of the H * Q (head, query) pairs.
+  void (*attention_f32)(const float* q, const float* k, const float* v, int64_t head_stride, int64_t H,
+                        int64_t KVH, int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1,
+                        float* out);
+  void (*attention_bf16)(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t head_stride, int64_t H,
+                         int64_t KVH, int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1,
+                         uint16_t* out);
+} qs_kernels;
+
+// Each variant library exports this one symbol.
+__attribute__((visibility("default"))) const qs_kernels* qs_kernels_get(void);
+
+}  // extern "C"

@@ -1,0 +1,374 @@
+// The AVX2 variant (AVX2, FMA, F16C): most x86-64 CPUs without AVX-512 (Intel since Haswell, 12th-gen
+// and later laptops and desktops, AMD before Zen 4). The same blocking as avx512.cpp at 256 bits: 4 weight
+// rows at a time, every weight register used for up to 2 rows of x (16 registers: 8 accumulators, 4
+// weights, x and temporaries), W read once per 2 rows from memory and again from cache.
+//
+// AVX2 has no bf16 or byte dot product with 32-bit accumulation:
+//   bf16    the weights widened to fp32 (a shift of the zero-extended bits) and FMA;
+//   w8a8    VPMADDUBSW (u8 x s8 pairs into saturating int16) on |x| and w carrying x's sign (VPSIGNB):
+//           |products| <= 127 * 127, so a pair never saturates (an unsigned x + 128 would), then
+//           VPMADDWD by ones into int32;
+//   w8a16   int8 weights sign-extended to int16, VPMADDWD with the int16 activations; the int32 lanes
+//           folded into fp32 every 2048 values (2 * 127 * 32767 per lane per step, 128 steps < 2^31);
+//   w4a16   the nibbles as int16 by a shift and a mask, VPMADDWD, each group's sum scaled in fp32.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "api.h"
+#include "common.h"
+
+namespace {
+
+using namespace qs;
+
+constexpr int kRows = 4;   // weight rows per block
+constexpr int kMaxM = 2;   // x rows per pass: 2 x 4 accumulators + 4 weights + x + temporaries fit in 16
+constexpr int kAhead = kRows;
+
+// Four sums at once (lane i: the sum of a[i]'s 8 lanes).
+inline __m128 sum4(const __m256* a) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+inline __m128i sum4(const __m256i* a) {
+  const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+  return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+inline float hsum(__m256 a) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+inline __m128 sum1(__m256 a) { return _mm_set_ss(hsum(a)); }
+inline __m128i sum1(__m256i a) {
+  const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+  return _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+}
+
+inline __m256 widen_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+struct NoState {};
+
+template <typename W, typename X>
+struct Dense {
+  using State = NoState;
+  static constexpr int kSub = 1;
+  const W* w; const X* x; int64_t K;
+  int64_t span() const { return K; }
+  State begin(int64_t, int64_t) const { return {}; }
+  const W* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  const X* x_at(int m, int64_t k) const { return x + m * K + k; }
+  __m128 finish(__m128 sums, int64_t, int, int) const { return sums; }
+};
+
+struct F32 : Dense<float, float> {
+  using Acc = __m256; using V = __m256; static constexpr int kStep = 8;
+  using Sum = Acc; static Sum sum_zero() { return zero(); }
+  V wv(const State&, int64_t n, int64_t k) const { return _mm256_loadu_ps(at(n, k)); }
+  V xv(int m, int64_t k) const { return _mm256_loadu_ps(x_at(m, k)); }
+  static Acc zero() { return _mm256_setzero_ps(); }
+  static Acc madd(Acc a, V w, V x) { return _mm256_fmadd_ps(w, x, a); }
+};
+
+// x as fp32 (widened once per call by gemv_bf16: bf16 is exact in fp32), weights widened per load.
+struct Bf16 : Dense<uint16_t, float> {
+  using Acc = __m256; using V = __m256; static constexpr int kStep = 8;
+  using Sum = Acc; static Sum sum_zero() { return zero(); }
+  V wv(const State&, int64_t n, int64_t k) const { return widen_bf16(at(n, k)); }
+  V xv(int m, int64_t k) const { return _mm256_loadu_ps(x_at(m, k)); }
+  static Acc zero() { return _mm256_setzero_ps(); }
+  static Acc madd(Acc a, V w, V x) { return _mm256_fmadd_ps(w, x, a); }
+};
+
+struct W8A8 : Dense<int8_t, int8_t> {  // 32 per step
+  using Acc = __m256i; using V = __m256i; static constexpr int kStep = 32;
+  using Sum = Acc; static Sum sum_zero() { return zero(); }
+  const float* w_scale; const float* x_scale;
+  V wv(const State&, int64_t n, int64_t k) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k))); }
+  V xv(int m, int64_t k) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_at(m, k))); }
+  static Acc zero() { return _mm256_setzero_si256(); }
+  static Acc madd(Acc a, V w, V x) {
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x));
+    return _mm256_add_epi32(a, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  __m128 finish(__m128i sums, int64_t n, int m, int lanes) const {
+    alignas(16) float ws[4] = {0, 0, 0, 0};
+    for (int i = 0; i < lanes; ++i) ws[i] = w_scale[n + i];
+    return _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_load_ps(ws)), _mm_set1_ps(x_scale[m]));
+  }
+};
+
+struct Int16X {
+  using Acc = __m256i; using V = __m256i; static constexpr int kStep = 16; static constexpr bool kFolds = true;
+  using Sum = __m256; static Sum sum_zero() { return _mm256_setzero_ps(); }
+  const int16_t* x; int64_t K; const float* x_scale;
+  V xv(int m, int64_t k) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + k)); }
+  static Acc zero() { return _mm256_setzero_si256(); }
+  static Acc madd(Acc a, V w, V x) { return _mm256_add_epi32(a, _mm256_madd_epi16(w, x)); }
+};
+
+struct W8A16 : Int16X {
+  using State = NoState; static constexpr int kSub = 1;
+  const int8_t* w; const float* w_scale;
+  int64_t span() const { return std::min<int64_t>(K, 2048); }
+  State begin(int64_t, int64_t) const { return {}; }
+  const int8_t* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  V wv(const State&, int64_t n, int64_t k) const {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at(n, k))));
+  }
+  static __m256 fold(__m256 sum, Acc a, const State&) { return _mm256_add_ps(sum, _mm256_cvtepi32_ps(a)); }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    alignas(16) float ws[4] = {0, 0, 0, 0};
+    for (int i = 0; i < lanes; ++i) ws[i] = w_scale[n + i];
+    return _mm_mul_ps(_mm_mul_ps(sums, _mm_load_ps(ws)), _mm_set1_ps(x_scale[m]));
+  }
+};
+
+// Per 64 bytes (128 values): half h (32 bytes) holds lanes 16h..16h+15, whose nibble u are values
+// 32u + 16h + 0..15: step s = 2u + h covers values 16s..16s+15, as x is laid out.
+struct W4A16 : Int16X {
+  using State = float; static constexpr int kSub = 8;
+  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
+  int64_t span() const { return group; }
+  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
+  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k) + 32 * (s & 1)));
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (s >> 1))), _mm256_set1_epi16(0xF));
+  }
+  static __m256 fold(__m256 sum, Acc a, const State& s) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(s), sum);
+  }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    const int64_t G = K / group;
+    alignas(16) float off[4] = {0, 0, 0, 0};
+    for (int r = 0; r < lanes; ++r) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < G; ++g) acc = std::fma(offset[(n + r) * G + g], x_group[m * G + g], acc);
+      off[r] = acc;
+    }
+    return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale[m]));
+  }
+};
+
+inline void put(float* y, __m128 v, int lanes) {
+  if (lanes == 4) _mm_storeu_ps(y, v); else _mm_store_ss(y, v);
+}
+
+}  // namespace
+
+#include "blocking.h"
+
+namespace {
+
+using namespace qs;
+
+void gemv_f32(const float* x, const float* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(F32{{w, x, K}}, M, N, n0, n1, y);
+}
+void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+               float* y) {
+  std::vector<float> xf(M * K);
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = bf16_to_f32(x[i]);
+  gemv(Bf16{{w, xf.data(), K}}, M, N, n0, n1, y);
+}
+
+// The quantizers in common.h's scalar arithmetic (identical to the SIMD ones by construction): a few
+// microseconds a row against the weights' milliseconds.
+void quantize_x8(const float* x, int64_t M, int64_t K, uint8_t* q, float* x_scale) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 127.f, kX8Floor);
+    x_scale[m] = scale;
+    for (int64_t k = 0; k < K; ++k) q[m * K + k] = uint8_t(int8_t(quant8(x[m * K + k], scale)));
+  }
+}
+
+void quantize_x16(const float* x, int64_t M, int64_t K, int64_t group, int16_t* q, float* x_scale, float* group_sums) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 32767.f, kX16Floor), inv = 1.f / scale;
+    x_scale[m] = scale;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t v = quant16(x[m * K + k], inv);
+      q[m * K + k] = int16_t(v);
+      sum += v;
+      if (group > 0 && (k + 1) % group == 0) {
+        group_sums[m * (K / group) + k / group] = float(sum);
+        sum = 0;
+      }
+    }
+  }
+}
+
+void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t*,
+               int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  W8A8 f{{w, reinterpret_cast<const int8_t*>(xq), K}, w_scale, x_scale};
+  gemv(f, M, N, n0, n1, y);
+}
+
+void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M, int64_t K,
+                int64_t N, int64_t n0, int64_t n1, float* y) {
+  W8A16 f;
+  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.w_scale = w_scale;
+  gemv(f, M, N, n0, n1, y);
+}
+
+void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  W4A16 f;
+  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.scale = scale; f.offset = offset; f.x_group = group_sums;
+  f.group = group;
+  gemv(f, M, N, n0, n1, y);
+}
+
+// A group's 16 possible bf16 values as two byte tables (low and high bytes), looked up with VPSHUFB by
+// each 16-bit lane's nibble: the same values, bit for bit, as the other variants' fp32 FMA then rounding.
+void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  const int64_t G = K / group;
+  const __m256i low = _mm256_set1_epi16(0xF), byte = _mm256_set1_epi16(0xFF);
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t g = 0; g < G; ++g) {
+      alignas(16) uint8_t lo[16], hi[16];
+      for (int q = 0; q < 16; ++q) {
+        const uint16_t b = f32_to_bf16(std::fma(float(q), scale[n * G + g], offset[n * G + g]));
+        lo[q] = uint8_t(b & 0xFF);
+        hi[q] = uint8_t(b >> 8);
+      }
+      const __m256i tlo = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(lo)));
+      const __m256i thi = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(hi)));
+      for (int64_t k = g * group; k < (g + 1) * group; k += 128)
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * (K / 2) + k / 2 + 32 * h));
+          for (int u = 0; u < 4; ++u) {
+            const __m256i idx = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * u)), low);
+            const __m256i b = _mm256_or_si256(_mm256_and_si256(_mm256_shuffle_epi8(tlo, idx), byte),
+                                              _mm256_slli_epi16(_mm256_shuffle_epi8(thi, idx), 8));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + n * K + k + 32 * u + 16 * h), b);
+          }
+        }
+    }
+}
+
+void rms_norm_f32(const float* x, const float* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1, float* y) {
+  rms_norm(x, w, d, eps, gemma, r0, r1, y);
+}
+void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1,
+                   uint16_t* y) {
+  rms_norm(x, w, d, eps, gemma, r0, r1, y);
+}
+
+// --- attention for a few queries: each query row on its own, in a fixed order ------------------------
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return widen_bf16(p); }
+
+// e^x for x <= 0, 8 at a time: Cephes' expf polynomial, times 2^n built in the exponent bits (n >= -126
+// for x >= -87, so 2^n is a normal float).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// DB = head dim / 8. The value rows are summed a block of up to 8 registers of the output at a time (a
+// 256-dim head would need 32 accumulators, twice the register file).
+template <int DB, typename T>
+void attend(const T* q, const T* k, const T* v, int64_t head_stride, T* out, int64_t H, int64_t KVH, int64_t Q,
+            int64_t L, float scale, int64_t i0, int64_t i1) {
+  constexpr int64_t D = DB * 8;
+  constexpr int kBlock = DB < 8 ? DB : 8;
+  const int64_t group = H / KVH;
+  std::vector<float> scores(L + 8);
+  alignas(32) float qf[D];
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t item = i0; item < i1; ++item) {
+    const int64_t h = item / Q, i = item % Q, n = L - Q + i + 1;
+    const T* kh = k + (h / group) * head_stride;
+    const T* vh = v + (h / group) * head_stride;
+    for (int64_t d = 0; d < D; ++d) qf[d] = load(q + item * D, d);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {   // four keys at a time
+      __m256 s[4];
+      for (int r = 0; r < 4; ++r) {
+        s[r] = _mm256_mul_ps(_mm256_load_ps(qf), load8(kh + (j + r) * D));
+        for (int d = 1; d < DB; ++d) s[r] = _mm256_fmadd_ps(_mm256_load_ps(qf + 8 * d), load8(kh + (j + r) * D + 8 * d), s[r]);
+      }
+      _mm_storeu_ps(&scores[j], _mm_mul_ps(sum4(s), _mm_set1_ps(scale)));
+    }
+    for (; j < n; ++j) {
+      __m256 s = _mm256_mul_ps(_mm256_load_ps(qf), load8(kh + j * D));
+      for (int d = 1; d < DB; ++d) s = _mm256_fmadd_ps(_mm256_load_ps(qf + 8 * d), load8(kh + j * D + 8 * d), s);
+      scores[j] = hsum(s) * scale;
+    }
+    float best = -std::numeric_limits<float>::infinity();
+    for (j = 0; j < n; ++j) best = std::max(best, scores[j]);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j < n; j += 8) {   // lanes past n: zero, whatever the buffer held
+      const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(n - j)), iota));
+      const __m256 p = _mm256_and_ps(keep, exp8(_mm256_sub_ps(_mm256_loadu_ps(&scores[j]), _mm256_set1_ps(best))));
+      _mm256_storeu_ps(&scores[j], p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    const __m256 total = _mm256_set1_ps(hsum(sum));
+    for (int d0 = 0; d0 < DB; d0 += kBlock) {
+      __m256 acc[kBlock];
+      for (int d = 0; d < kBlock; ++d) acc[d] = _mm256_setzero_ps();
+      for (j = 0; j < n; ++j) {
+        const __m256 p = _mm256_set1_ps(scores[j]);
+        for (int d = 0; d < kBlock; ++d) acc[d] = _mm256_fmadd_ps(p, load8(vh + j * D + 8 * (d0 + d)), acc[d]);
+      }
+      alignas(32) float row[8];
+      for (int d = 0; d < kBlock; ++d) {
+        _mm256_store_ps(row, _mm256_div_ps(acc[d], total));
+        for (int l = 0; l < 8; ++l) store(out + item * D + 8 * (d0 + d), l, row[l]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q, int64_t L, int64_t D,
+               float scale, int64_t i0, int64_t i1, T* out) {
+  switch (D) {
+    case 16: attend<2>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 32: attend<4>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 64: attend<8>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 128: attend<16>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    default: attend<32>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+  }
+}
+void attention_f32(const float* q, const float* k, const float* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q,
+                   int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, float* out) {
+  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
+}
+void attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t hs, int64_t H, int64_t KVH,
+                    int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, uint16_t* out) {
+  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
+}
+
+const qs_kernels table = {QS_ABI, "avx2", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
+                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm_f32, rms_norm_bf16, attention_f32,
+                          attention_bf16};
+
+}  // namespace
+
+extern "C" const qs_kernels* qs_kernels_get(void) { return &table; }

@@ -1,0 +1,412 @@
+// The AVX-512 variant (F, BW, VL, DQ, BF16, VNNI): small-batch matmuls y[M, N] = x[M, K] @ W[N, K]^T
+// for a few rows M (a decode step is 1, verifying k draft tokens is k), for each weight format a
+// decode step reads:
+//   gemv_f32    W fp32, FMA                        gemv_bf16  W bf16, VDPBF16PS (32 MACs/op)
+//   gemv_w8a8   W int8, x int8 as u8 + 128 (VPDPBUSD: 64 MACs/op)
+//   gemv_w8a16  W int8, x int16 (VPDPWSSD: 32 MACs/op)
+//   gemv_w4a16  W int4 in groups, x int16 (VPDPWSSD on the nibbles; each group's sum scaled in fp32)
+// dequant_w4a16 (int4 unpacked to bf16 for a prefill's GEMM) and attention for a few queries.
+// Every weight vector loaded is used for all M rows in registers, so verifying k tokens reads W once.
+//
+// Why our own: a decode step is memory bound, and on this project's 2-core AVX-512 host ATen's bf16
+// GEMV reached ~19 GB/s on Gemma 3's 262144 x 640 head against a ~38 GB/s read probe; conversions
+// per element (int8 -> fp32, bf16 -> fp32) made a plain FMA loop compute bound at 13-23 GB/s. The dot
+// product instructions take the weights as they are stored. For the 16-bit activation formats, int16
+// instead of bf16 activations halved the instructions per weight (bf16 needed the weights converted:
+// int8 -> int32 -> fp32 -> bf16, or a table lookup per 32 int4 values): from cache 28 -> 54 G int8 and
+// 44 -> 90 G int4 weights/s on Llama-2-7B's 11008 x 4096, from memory 24.5 -> 27 and 18.4 -> 21.8 GB/s.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "api.h"
+#include "common.h"
+
+namespace {
+
+using namespace qs;
+
+// Four sums at once (lane i: the sum of a[i]'s 16 lanes): a transposing add tree instead of 4 reductions
+// (a row of K = 640 is only 10-40 steps, so 4 separate reductions cost as much as the dot products).
+inline __m128 sum4(const __m512* a) {
+  const __m512 x = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+  const __m512 y = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+  const __m512 s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+inline __m128i sum4(const __m512i* a) {
+  const __m512i x = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
+  const __m512i y = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
+  const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y));
+  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+constexpr int kRows = 4;   // weight rows per block: 4 independent accumulator chains per x row
+constexpr int kMaxM = 6;   // x rows per pass: 6 x 4 accumulators + 4 weight registers fit in 32
+// Prefetch the next block's weights while this one is summed: on the head the hardware prefetcher
+// alone left bf16 at 19-26 GB/s, with it 25-45 (a noisy host; 4 and 8 rows ahead measured alike).
+constexpr int kAhead = kRows;
+
+// --- formats: how to load a weight register and a matching x register, and finish a sum ----------
+inline __m128 sum1(__m512 a) { return _mm_set_ss(_mm512_reduce_add_ps(a)); }
+inline __m128i sum1(__m512i a) { return _mm_cvtsi32_si128(_mm512_reduce_add_epi32(a)); }
+
+// Formats without per-group state scan all of K as one span.
+struct NoState {};
+
+// A row-major [N, K] weight of element W and activations [M, K] of element X, one span per row, sums
+// taken as they are (a format with per-row scales has its own finish).
+template <typename W, typename X>
+struct Dense {
+  using State = NoState;
+  static constexpr int kSub = 1;  // one load per step
+  const W* w; const X* x; int64_t K;
+  int64_t span() const { return K; }
+  State begin(int64_t, int64_t) const { return {}; }
+  const W* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  const X* x_at(int m, int64_t k) const { return x + m * K + k; }
+  __m128 finish(__m128 sums, int64_t, int, int) const { return sums; }
+};
+
+struct F32 : Dense<float, float> {  // 16 per step, plain FMA (the fp32 reference precision)
+  using Acc = __m512; using V = __m512; static constexpr int kStep = 16;
+  using Sum = Acc; static Sum sum_zero() { return zero(); }
+  V wv(const State&, int64_t n, int64_t k) const { return _mm512_loadu_ps(at(n, k)); }
+  V xv(int m, int64_t k) const { return _mm512_loadu_ps(x_at(m, k)); }
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc madd(Acc a, V w, V x) { return _mm512_fmadd_ps(w, x, a); }
+};
+
+struct Bf16 : Dense<uint16_t, uint16_t> {  // 32 per step: bf16 pairs multiplied and summed into fp32 lanes
+  using Acc = __m512; using V = __m512bh; static constexpr int kStep = 32;
+  using Sum = Acc; static Sum sum_zero() { return zero(); }
+  V wv(const State&, int64_t n, int64_t k) const { return (V)_mm512_loadu_si512(at(n, k)); }
+  V xv(int m, int64_t k) const { return (V)_mm512_loadu_si512(x_at(m, k)); }
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static Acc madd(Acc a, V w, V x) { return _mm512_dpbf16_ps(a, w, x); }
+};
+
+struct W8A8 : Dense<int8_t, uint8_t> {  // 64 per step: u8 activations (int8 + 128) x s8 weights into int32 lanes
+  using Acc = __m512i; using V = __m512i; static constexpr int kStep = 64;
+  using Sum = Acc; static Sum sum_zero() { return zero(); }
+  const float* w_scale; const int32_t* w_sum; const float* x_scale;
+  V wv(const State&, int64_t n, int64_t k) const { return _mm512_loadu_si512(at(n, k)); }
+  V xv(int m, int64_t k) const { return _mm512_loadu_si512(x_at(m, k)); }
+  static Acc zero() { return _mm512_setzero_si512(); }
+  static Acc madd(Acc a, V w, V x) { return _mm512_dpbusd_epi32(a, x, w); }
+  // sum (q + 128) w = sum q w + 128 sum w: the row sums undo the offset. `lanes` rows from n.
+  __m128 finish(__m128i sums, int64_t n, int m, int lanes) const {
+    const __mmask8 k = (1 << lanes) - 1;
+    const __m128i offset = _mm_slli_epi32(_mm_maskz_loadu_epi32(k, w_sum + n), 7);
+    const __m128 ws = _mm_maskz_loadu_ps(k, w_scale + n);
+    return _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(sums, offset)), ws), _mm_set1_ps(x_scale[m]));
+  }
+};
+
+// int4, unpacked to bf16 for a prefill's GEMM (dequant_w4a16): 128 values per 64 bytes, 16-bit lane i
+// holding values i, i + 32, i + 64 and i + 96 in its four nibbles, the layout `pack_w4` makes at load.
+// A group's 16 possible weights, q * scale + offset, go into one register as bf16, twice (entries
+// 0..15 and 16..31); VPERMW looks up each lane's low 5 bits, so shifting the lane by 0, 4, 8 or 12
+// selects a nibble with no masking.
+struct W4Unpack {
+  using State = __m512i;
+  const uint8_t* w; int64_t K; const float* scale; const float* offset; int64_t group;
+  State table(int64_t n, int64_t k) const {
+    const int64_t g = n * (K / group) + k / group;
+    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 v = _mm512_fmadd_ps(q, _mm512_set1_ps(scale[g]), _mm512_set1_ps(offset[g]));
+    return (__m512i)_mm512_cvtne2ps_pbh(v, v);  // entries 0..15 and again 16..31
+  }
+  // Values k + 32u .. k + 32u + 31 (u = 0..3) of row n as bf16.
+  __m512i bf16(const State& table, int64_t n, int64_t k, int u) const {
+    const __m512i v = _mm512_loadu_si512(w + n * (K / 2) + k / 2);
+    return _mm512_permutexvar_epi16(_mm512_srlv_epi16(v, _mm512_set1_epi16(4 * u)), table);
+  }
+};
+
+// --- 16-bit integer activations -----------------------------------------------------------------
+// x quantized per row to int16 (scale = max|x| / 32767: for every element within 2^-8 of the row's
+// largest at least bf16's precision, and never a rounding of the weight), then VPDPWSSD: 32 int16 pairs
+// multiplied and summed into int32 lanes, one instruction per 32 weights, as VDPBF16PS, but the weights
+// need no conversion to bf16 (w8a16: one sign extension; w4a16: a shift and a mask, no table lookup).
+// The int32 lanes are folded into fp32 once per span: per int4 group (its scale) or every 4096 values
+// (int8: 127 * 32767 * 2 per instruction per lane, 128 of them stay below 2^31).
+struct Int16X {
+  using Acc = __m512i; using V = __m512i; static constexpr int kStep = 32; static constexpr bool kFolds = true;
+  using Sum = __m512; static Sum sum_zero() { return _mm512_setzero_ps(); }
+  const int16_t* x; int64_t K; const float* x_scale;
+  V xv(int m, int64_t k) const { return _mm512_loadu_si512(x + m * K + k); }
+  static Acc zero() { return _mm512_setzero_si512(); }
+  static Acc madd(Acc a, V w, V x) { return _mm512_dpwssd_epi32(a, w, x); }
+};
+
+struct W8A16 : Int16X {  // 32 per step: int8 weights sign-extended to int16
+  using State = NoState; static constexpr int kSub = 1;
+  const int8_t* w; const float* w_scale;
+  int64_t span() const { return std::min<int64_t>(K, 4096); }
+  State begin(int64_t, int64_t) const { return {}; }
+  const int8_t* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  V wv(const State&, int64_t n, int64_t k) const {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k))));
+  }
+  static __m512 fold(__m512 sum, Acc a, const State&) { return _mm512_add_ps(sum, _mm512_cvtepi32_ps(a)); }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    return _mm_mul_ps(_mm_mul_ps(sums, _mm_maskz_loadu_ps((1 << lanes) - 1, w_scale + n)), _mm_set1_ps(x_scale[m]));
+  }
+};
+
+// int4 in pack_w4's layout (see W4Unpack above): nibble u of each 16-bit lane, masked, is the weight q (0..15)
+// as an int16. w = q * scale + offset per group: the int32 sum of q * x is scaled once per group, and
+// the offsets meet the group sums of x (x_group) in `finish`.
+struct W4A16 : Int16X {
+  using State = float; static constexpr int kSub = 4;  // 4 steps of 32 per 64-byte load
+  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
+  int64_t span() const { return group; }
+  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
+  const void* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
+  V wv(const State&, int64_t n, int64_t k, int u) const {
+    const __m512i v = _mm512_loadu_si512(at(n, k)), low = _mm512_set1_epi16(0xF);
+    switch (u) {
+      case 1: return _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      case 2: return _mm512_and_si512(_mm512_srli_epi16(v, 8), low);
+      case 3: return _mm512_srli_epi16(v, 12);
+      default: return _mm512_and_si512(v, low);
+    }
+  }
+  static __m512 fold(__m512 sum, Acc a, const State& s) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(s), sum);
+  }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    const int64_t G = K / group;
+    alignas(16) float off[4] = {0, 0, 0, 0};
+    for (int r = 0; r < lanes; ++r) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t g = 0; g < G; g += 16) {
+        const __mmask16 k = G - g >= 16 ? 0xFFFF : (1 << (G - g)) - 1;
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, offset + (n + r) * G + g), _mm512_maskz_loadu_ps(k, x_group + m * G + g), acc);
+      }
+      off[r] = _mm512_reduce_add_ps(acc);
+    }
+    return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale[m]));
+  }
+};
+
+// A format with kSub > 1 loads once per kSub steps and hands out one step's weights at a time.
+inline void put(float* y, __m128 v, int lanes) {
+  if (lanes == 4) _mm_storeu_ps(y, v); else _mm_store_ss(y, v);
+}
+
+}  // namespace
+
+#include "blocking.h"
+
+namespace {
+
+using namespace qs;
+
+void gemv_f32(const float* x, const float* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(F32{{w, x, K}}, M, N, n0, n1, y);
+}
+void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+               float* y) {
+  gemv(Bf16{{w, x, K}}, M, N, n0, n1, y);
+}
+
+// A row's quantization scale: max|x| (at least `floor`) over the integer range `qmax`. K: a multiple of 16.
+inline float simd_row_scale(const float* row, int64_t K, float qmax, float floor) {
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+  return std::max(_mm512_reduce_max_ps(amax), floor) / qmax;
+}
+
+// q = round-half-even(x / scale) as common.h's quant8, stored as q + 128 (unsigned, for VPDPBUSD).
+void quantize_x8(const float* x, int64_t M, int64_t K, uint8_t* q, float* scales) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * K;
+    const float scale = simd_row_scale(row, K, 127.f, kX8Floor);
+    scales[m] = scale;
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t k = 0; k < K; k += 16) {
+      __m512i v = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(row + k), s));  // MXCSR: nearest-even
+      v = _mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127)),
+                           _mm512_set1_epi32(128));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + m * K + k), _mm512_cvtepi32_epi8(v));
+    }
+  }
+}
+
+void quantize_x16(const float* x, int64_t M, int64_t K, int64_t group, int16_t* q, float* scales, float* group_sums) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * K;
+    const float scale = simd_row_scale(row, K, 32767.f, kX16Floor);
+    scales[m] = scale;
+    const __m512 inv = _mm512_set1_ps(1.f / scale);
+    __m512i gsum = _mm512_setzero_si512();
+    for (int64_t k = 0; k < K; k += 16) {
+      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + k), inv));  // MXCSR: nearest-even
+      v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(32767)), _mm512_set1_epi32(-32767));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + m * K + k), _mm512_cvtepi32_epi16(v));
+      if (group > 0) {
+        gsum = _mm512_add_epi32(gsum, v);
+        if ((k + 16) % group == 0) {
+          group_sums[m * (K / group) + k / group] = static_cast<float>(_mm512_reduce_add_epi32(gsum));
+          gsum = _mm512_setzero_si512();
+        }
+      }
+    }
+  }
+}
+
+void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t* w_sum,
+               int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W8A8{{w, xq, K}, w_scale, w_sum, x_scale}, M, N, n0, n1, y);
+}
+
+void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M, int64_t K,
+                int64_t N, int64_t n0, int64_t n1, float* y) {
+  W8A16 f;
+  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.w_scale = w_scale;
+  gemv(f, M, N, n0, n1, y);
+}
+
+void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  W4A16 f;
+  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.scale = scale; f.offset = offset; f.x_group = group_sums;
+  f.group = group;
+  gemv(f, M, N, n0, n1, y);
+}
+
+void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  const W4Unpack f{w, K, scale, offset, group};
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t k0 = 0; k0 < K; k0 += group) {
+      const __m512i table = f.table(n, k0);
+      for (int64_t k = k0; k < k0 + group; k += 128)
+        for (int u = 0; u < 4; ++u) _mm512_storeu_si512(o + n * K + k + 32 * u, f.bf16(table, n, k, u));
+    }
+}
+
+void rms_norm_f32(const float* x, const float* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1, float* y) {
+  rms_norm(x, w, d, eps, gemma, r0, r1, y);
+}
+void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1,
+                   uint16_t* y) {
+  rms_norm(x, w, d, eps, gemma, r0, r1, y);
+}
+
+// --- attention for a few queries: each query row on its own, in a fixed order ------------------------
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+// e^x for x <= 0 (scores less their maximum), 16 at a time: Cephes' expf polynomial (within 2 ulp) and
+// a scale by 2^n. std::exp one score at a time was most of a step's attention at 4000 tokens of context.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// DB = head dim / 16: the query and the output row stay in DB registers each. Every step below depends
+// only on the query's own position (n), never on how many queries came together.
+template <int DB, typename T>
+void attend(const T* q, const T* k, const T* v, int64_t head_stride, T* out, int64_t H, int64_t KVH, int64_t Q,
+            int64_t L, float scale, int64_t i0, int64_t i1) {
+  constexpr int64_t D = DB * 16;
+  const int64_t group = H / KVH;
+  std::vector<float> scores(L + 16);
+  for (int64_t item = i0; item < i1; ++item) {
+    const int64_t h = item / Q, i = item % Q, n = L - Q + i + 1;
+    const T* kh = k + (h / group) * head_stride;
+    const T* vh = v + (h / group) * head_stride;
+    __m512 qv[DB];
+    for (int d = 0; d < DB; ++d) qv[d] = load16(q + item * D + 16 * d);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {   // four keys at a time
+      __m512 s[4];
+      for (int r = 0; r < 4; ++r) {
+        s[r] = _mm512_mul_ps(qv[0], load16(kh + (j + r) * D));
+        for (int d = 1; d < DB; ++d) s[r] = _mm512_fmadd_ps(qv[d], load16(kh + (j + r) * D + 16 * d), s[r]);
+      }
+      _mm_storeu_ps(&scores[j], _mm_mul_ps(sum4(s), _mm_set1_ps(scale)));
+    }
+    for (; j < n; ++j) {
+      __m512 s = _mm512_mul_ps(qv[0], load16(kh + j * D));
+      for (int d = 1; d < DB; ++d) s = _mm512_fmadd_ps(qv[d], load16(kh + j * D + 16 * d), s);
+      scores[j] = _mm512_reduce_add_ps(s) * scale;
+    }
+    __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (j = 0; j < n; j += 16) {
+      const __mmask16 m = n - j >= 16 ? 0xFFFF : (1 << (n - j)) - 1;
+      top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, &scores[j]));
+    }
+    const __m512 best = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = _mm512_setzero_ps();
+    for (j = 0; j < n; j += 16) {
+      const __mmask16 m = n - j >= 16 ? 0xFFFF : (1 << (n - j)) - 1;
+      const __m512 p = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, &scores[j]), best)));
+      _mm512_mask_storeu_ps(&scores[j], m, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
+    __m512 acc[DB];
+    for (int d = 0; d < DB; ++d) acc[d] = _mm512_setzero_ps();
+    for (j = 0; j < n; ++j) {   // each value row once, into DB accumulators
+      const __m512 p = _mm512_set1_ps(scores[j]);
+      for (int d = 0; d < DB; ++d) acc[d] = _mm512_fmadd_ps(p, load16(vh + j * D + 16 * d), acc[d]);
+    }
+    alignas(64) float row[16];
+    for (int d = 0; d < DB; ++d) {
+      _mm512_store_ps(row, _mm512_div_ps(acc[d], total));
+      for (int l = 0; l < 16; ++l) store(out + item * D + 16 * d, l, row[l]);
+    }
+  }
+}
+
+template <typename T>
+void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q, int64_t L, int64_t D,
+               float scale, int64_t i0, int64_t i1, T* out) {
+  switch (D) {  // the head dims of the models quantspec runs (tiny ones included); the binding checks D
+    case 16: attend<1>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 32: attend<2>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 64: attend<4>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 128: attend<8>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    default: attend<16>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+  }
+}
+void attention_f32(const float* q, const float* k, const float* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q,
+                   int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, float* out) {
+  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
+}
+void attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t hs, int64_t H, int64_t KVH,
+                    int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, uint16_t* out) {
+  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
+}
+
+const qs_kernels table = {QS_ABI, "avx512", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
+                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm_f32, rms_norm_bf16, attention_f32,
+                          attention_bf16};
+
+}  // namespace
+
+extern "C" const qs_kernels* qs_kernels_get(void) { return &table; }

@@ -1,0 +1,73 @@
+// Scalar pieces every variant shares: bf16 conversion as c10::BFloat16 does it, the activation
+// quantizers' arithmetic, and RMSNorm (plain loops: each variant compiles them with its own flags;
+// -ffp-contract=off keeps them the same arithmetic on every variant).
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#include <cmath>
+
+namespace qs {
+
+inline float bf16_to_f32(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even; NaN stays a (quiet) NaN: torch's own conversion.
+inline uint16_t f32_to_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+inline void store(uint16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
+
+// A row's quantization scale: max|x| (at least `floor`) over the integer range.
+inline float row_scale(const float* row, int64_t K, float qmax, float floor) {
+  float amax = 0.f;
+  for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(row[k]));
+  return std::fmax(amax, floor) / qmax;
+}
+
+// The quantizers' scales and roundings (the SIMD variants compute the same, lane by lane): int8 divides
+// by the scale, int16 multiplies by its inverse; both round half to even.
+constexpr float kX8Floor = 1e-8f, kX16Floor = 1e-30f;
+inline int32_t quant8(float x, float scale) {
+  const float q = std::nearbyint(x / scale);
+  return int32_t(std::fmin(std::fmax(q, -127.f), 127.f));
+}
+inline int32_t quant16(float x, float inv) {
+  const float q = std::nearbyint(x * inv);
+  return int32_t(std::fmin(std::fmax(q, -32767.f), 32767.f));
+}
+
+// The two RMSNorm conventions (Gemma3RMSNorm; LlamaRMSNorm and Qwen2RMSNorm), in T's precision.
+template <typename T>
+void rms_norm(const T* x, const T* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1, T* y) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* xr = x + r * d;
+    T* yr = y + r * d;
+    float ss = 0.f;
+    for (int64_t i = 0; i < d; ++i) ss += load(xr, i) * load(xr, i);
+    const float inv = 1.f / std::sqrt(ss / float(d) + eps);
+    if (gemma) {
+      for (int64_t i = 0; i < d; ++i) store(yr, i, load(xr, i) * inv * (1.f + load(w, i)));
+    } else {  // x r rounded to T first, then times the weight
+      for (int64_t i = 0; i < d; ++i) {
+        T rounded;
+        store(&rounded, 0, load(xr, i) * inv);
+        store(yr, i, load(&rounded, 0) * load(w, i));
+      }
+    }
+  }
+}
+
+}  // namespace qs

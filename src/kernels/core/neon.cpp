@@ -1,0 +1,349 @@
+// The Arm64 variant: NEON (every AArch64 CPU), with SDOT where compiled for armv8.2-a+dotprod (Apple M1
+// and later, Snapdragon X, Graviton 2 and later). The same blocking as the x86 variants at 128 bits:
+//   f32     FMA                 bf16    weights widened to fp32 by a shift (SHLL), FMA
+//   w8a8    SDOT: signed int8 x int8 into int32 lanes, 16 MACs per instruction; without it, SMULL
+//           into int16 pairs (|products| <= 127 * 127) and SADALP into int32
+//   w8a16   int8 weights widened to int16, SMLAL into int32, folded into fp32 every 1024 values
+//   w4a16   the nibbles as int16 by a shift and a mask, SMLAL, each group's sum scaled in fp32
+// Its speed cannot be measured on this project's machines; its arithmetic is checked under qemu against
+// the reference variant (core/selftest.cpp, tests/test_kernels_arm.py).
+#include <arm_neon.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "api.h"
+#include "common.h"
+
+namespace {
+
+using namespace qs;
+
+constexpr int kRows = 4;
+constexpr int kMaxM = 4;   // 32 registers: 4 x 4 accumulators, 4 weights, x
+constexpr int kAhead = kRows;
+
+inline float32x4_t sum4(const float32x4_t* a) { return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])); }
+inline int32x4_t sum4(const int32x4_t* a) { return vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3])); }
+inline float32x4_t sum1(float32x4_t a) { return vsetq_lane_f32(vaddvq_f32(a), vdupq_n_f32(0.f), 0); }
+inline int32x4_t sum1(int32x4_t a) { return vsetq_lane_s32(vaddvq_s32(a), vdupq_n_s32(0), 0); }
+inline void put(float* y, float32x4_t v, int lanes) {
+  if (lanes == 4) vst1q_f32(y, v); else vst1q_lane_f32(y, v, 0);
+}
+inline float32x4_t lanes4(const float* p, int lanes) {   // up to 4 values, zeros after
+  float v[4] = {0, 0, 0, 0};
+  for (int i = 0; i < lanes; ++i) v[i] = p[i];
+  return vld1q_f32(v);
+}
+
+struct NoState {};
+
+template <typename W, typename X>
+struct Dense {
+  using State = NoState;
+  const W* w; const X* x; int64_t K;
+  int64_t span() const { return K; }
+  State begin(int64_t, int64_t) const { return {}; }
+  const W* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  const X* x_at(int m, int64_t k) const { return x + m * K + k; }
+  float32x4_t finish(float32x4_t sums, int64_t, int, int) const { return sums; }
+};
+
+struct F32 : Dense<float, float> {
+  using Acc = float32x4_t; using V = float32x4_t; using Sum = Acc;
+  static constexpr int kStep = 4, kSub = 1;
+  V wv(const State&, int64_t n, int64_t k) const { return vld1q_f32(at(n, k)); }
+  V xv(int m, int64_t k) const { return vld1q_f32(x_at(m, k)); }
+  static Acc zero() { return vdupq_n_f32(0.f); }
+  static Sum sum_zero() { return zero(); }
+  static Acc madd(Acc a, V w, V x) { return vfmaq_f32(a, w, x); }
+};
+
+struct Bf16 : Dense<uint16_t, float> {   // x widened to fp32 once per call (bf16 is exact in fp32)
+  using Acc = float32x4_t; using V = float32x4_t; using Sum = Acc;
+  static constexpr int kStep = 4, kSub = 2;
+  V wv(const State&, int64_t n, int64_t k, int u) const {
+    const uint16x8_t v = vld1q_u16(at(n, k));
+    return vreinterpretq_f32_u32(u ? vshll_high_n_u16(v, 16) : vshll_n_u16(vget_low_u16(v), 16));
+  }
+  V xv(int m, int64_t k) const { return vld1q_f32(x_at(m, k)); }
+  static Acc zero() { return vdupq_n_f32(0.f); }
+  static Sum sum_zero() { return zero(); }
+  static Acc madd(Acc a, V w, V x) { return vfmaq_f32(a, w, x); }
+};
+
+struct W8A8 : Dense<int8_t, int8_t> {
+  using Acc = int32x4_t; using V = int8x16_t; using Sum = Acc;
+  static constexpr int kStep = 16, kSub = 1;
+  const float* w_scale; const float* x_scale;
+  V wv(const State&, int64_t n, int64_t k) const { return vld1q_s8(at(n, k)); }
+  V xv(int m, int64_t k) const { return vld1q_s8(x_at(m, k)); }
+  static Acc zero() { return vdupq_n_s32(0); }
+  static Sum sum_zero() { return zero(); }
+  static Acc madd(Acc a, V w, V x) {
+#ifdef __ARM_FEATURE_DOTPROD
+    return vdotq_s32(a, w, x);
+#else
+    a = vpadalq_s16(a, vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+    return vpadalq_s16(a, vmull_high_s8(w, x));
+#endif
+  }
+  float32x4_t finish(int32x4_t sums, int64_t n, int m, int lanes) const {
+    return vmulq_n_f32(vmulq_f32(vcvtq_f32_s32(sums), lanes4(w_scale + n, lanes)), x_scale[m]);
+  }
+};
+
+struct Int16X {
+  using Acc = int32x4_t; using V = int16x8_t; using Sum = float32x4_t;
+  static constexpr int kStep = 8; static constexpr bool kFolds = true;
+  const int16_t* x; int64_t K; const float* x_scale;
+  V xv(int m, int64_t k) const { return vld1q_s16(x + m * K + k); }
+  static Acc zero() { return vdupq_n_s32(0); }
+  static Sum sum_zero() { return vdupq_n_f32(0.f); }
+  static Acc madd(Acc a, V w, V x) { return vmlal_high_s16(vmlal_s16(a, vget_low_s16(w), vget_low_s16(x)), w, x); }
+};
+
+struct W8A16 : Int16X {
+  using State = NoState; static constexpr int kSub = 1;
+  const int8_t* w; const float* w_scale;
+  int64_t span() const { return std::min<int64_t>(K, 1024); }   // 2 * 127 * 32767 per lane per step
+  State begin(int64_t, int64_t) const { return {}; }
+  const int8_t* at(int64_t n, int64_t k) const { return w + n * K + k; }
+  V wv(const State&, int64_t n, int64_t k) const { return vmovl_s8(vld1_s8(at(n, k))); }
+  static Sum fold(Sum sum, Acc a, const State&) { return vaddq_f32(sum, vcvtq_f32_s32(a)); }
+  float32x4_t finish(float32x4_t sums, int64_t n, int m, int lanes) const {
+    return vmulq_n_f32(vmulq_f32(sums, lanes4(w_scale + n, lanes)), x_scale[m]);
+  }
+};
+
+// Per 64 bytes (128 values): 16-byte quarter c holds lanes 8c..8c+7, whose nibble u are values
+// 32u + 8c + 0..7: step s = 4u + c covers values 8s..8s+7, as x is laid out.
+struct W4A16 : Int16X {
+  using State = float; static constexpr int kSub = 16;
+  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
+  int64_t span() const { return group; }
+  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
+  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const uint16x8_t v = vld1q_u16(reinterpret_cast<const uint16_t*>(at(n, k) + 16 * (s & 3)));
+    return vreinterpretq_s16_u16(vandq_u16(vshlq_u16(v, vdupq_n_s16(int16_t(-4 * (s >> 2)))), vdupq_n_u16(0xF)));
+  }
+  static Sum fold(Sum sum, Acc a, const State& s) { return vfmaq_n_f32(sum, vcvtq_f32_s32(a), s); }
+  float32x4_t finish(float32x4_t sums, int64_t n, int m, int lanes) const {
+    const int64_t G = K / group;
+    float off[4] = {0, 0, 0, 0};
+    for (int r = 0; r < lanes; ++r) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < G; ++g) acc = std::fma(offset[(n + r) * G + g], x_group[m * G + g], acc);
+      off[r] = acc;
+    }
+    return vmulq_n_f32(vaddq_f32(sums, vld1q_f32(off)), x_scale[m]);
+  }
+};
+
+}  // namespace
+
+#include "blocking.h"
+
+namespace {
+
+using namespace qs;
+
+void gemv_f32(const float* x, const float* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(F32{{w, x, K}}, M, N, n0, n1, y);
+}
+void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+               float* y) {
+  std::vector<float> xf(M * K);
+  for (int64_t i = 0; i < M * K; ++i) xf[i] = bf16_to_f32(x[i]);
+  gemv(Bf16{{w, xf.data(), K}}, M, N, n0, n1, y);
+}
+
+void quantize_x8(const float* x, int64_t M, int64_t K, uint8_t* q, float* x_scale) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 127.f, kX8Floor);
+    x_scale[m] = scale;
+    for (int64_t k = 0; k < K; ++k) q[m * K + k] = uint8_t(int8_t(quant8(x[m * K + k], scale)));
+  }
+}
+
+void quantize_x16(const float* x, int64_t M, int64_t K, int64_t group, int16_t* q, float* x_scale, float* group_sums) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 32767.f, kX16Floor), inv = 1.f / scale;
+    x_scale[m] = scale;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t v = quant16(x[m * K + k], inv);
+      q[m * K + k] = int16_t(v);
+      sum += v;
+      if (group > 0 && (k + 1) % group == 0) {
+        group_sums[m * (K / group) + k / group] = float(sum);
+        sum = 0;
+      }
+    }
+  }
+}
+
+void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t*,
+               int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W8A8{{w, reinterpret_cast<const int8_t*>(xq), K}, w_scale, x_scale}, M, N, n0, n1, y);
+}
+
+void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M, int64_t K,
+                int64_t N, int64_t n0, int64_t n1, float* y) {
+  W8A16 f;
+  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.w_scale = w_scale;
+  gemv(f, M, N, n0, n1, y);
+}
+
+void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  W4A16 f;
+  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.scale = scale; f.offset = offset; f.x_group = group_sums;
+  f.group = group;
+  gemv(f, M, N, n0, n1, y);
+}
+
+// A group's 16 bf16 values as low- and high-byte tables, looked up with TBL by each lane's nibble.
+void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  const int64_t G = K / group;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t g = 0; g < G; ++g) {
+      uint8_t lo[16], hi[16];
+      for (int q = 0; q < 16; ++q) {
+        const uint16_t b = f32_to_bf16(std::fma(float(q), scale[n * G + g], offset[n * G + g]));
+        lo[q] = uint8_t(b & 0xFF);
+        hi[q] = uint8_t(b >> 8);
+      }
+      const uint8x16_t tlo = vld1q_u8(lo), thi = vld1q_u8(hi);
+      for (int64_t k = g * group; k < (g + 1) * group; k += 128)
+        for (int c = 0; c < 4; ++c) {
+          const uint16x8_t v = vld1q_u16(reinterpret_cast<const uint16_t*>(w + n * (K / 2) + k / 2 + 16 * c));
+          for (int u = 0; u < 4; ++u) {
+            const uint8x16_t idx = vreinterpretq_u8_u16(vandq_u16(vshlq_u16(v, vdupq_n_s16(int16_t(-4 * u))), vdupq_n_u16(0xF)));
+            const uint16x8_t l = vandq_u16(vreinterpretq_u16_u8(vqtbl1q_u8(tlo, idx)), vdupq_n_u16(0xFF));
+            const uint16x8_t h = vshlq_n_u16(vreinterpretq_u16_u8(vqtbl1q_u8(thi, idx)), 8);
+            vst1q_u16(o + n * K + k + 32 * u + 8 * c, vorrq_u16(l, h));
+          }
+        }
+    }
+}
+
+void rms_norm_f32(const float* x, const float* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1, float* y) {
+  rms_norm(x, w, d, eps, gemma, r0, r1, y);
+}
+void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1,
+                   uint16_t* y) {
+  rms_norm(x, w, d, eps, gemma, r0, r1, y);
+}
+
+// --- attention for a few queries: each query row on its own, in a fixed order ------------------------
+inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
+inline float32x4_t load4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+
+// e^x for x <= 0, 4 at a time: Cephes' expf polynomial times 2^n built in the exponent bits.
+inline float32x4_t exp4(float32x4_t x) {
+  x = vmaxq_f32(x, vdupq_n_f32(-87.f));
+  const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+  float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.f)), p, vmulq_f32(r, r));
+  const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+template <int DB, typename T>   // DB = head dim / 4; the output summed 8 registers at a time
+void attend(const T* q, const T* k, const T* v, int64_t head_stride, T* out, int64_t H, int64_t KVH, int64_t Q,
+            int64_t L, float scale, int64_t i0, int64_t i1) {
+  constexpr int64_t D = DB * 4;
+  constexpr int kBlock = DB < 8 ? DB : 8;
+  const int64_t group = H / KVH;
+  std::vector<float> scores(L + 4);
+  float qf[D];
+  for (int64_t item = i0; item < i1; ++item) {
+    const int64_t h = item / Q, i = item % Q, n = L - Q + i + 1;
+    const T* kh = k + (h / group) * head_stride;
+    const T* vh = v + (h / group) * head_stride;
+    for (int64_t d = 0; d < D; ++d) qf[d] = load(q + item * D, d);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      float32x4_t s[4];
+      for (int r = 0; r < 4; ++r) {
+        s[r] = vmulq_f32(vld1q_f32(qf), load4(kh + (j + r) * D));
+        for (int d = 1; d < DB; ++d) s[r] = vfmaq_f32(s[r], vld1q_f32(qf + 4 * d), load4(kh + (j + r) * D + 4 * d));
+      }
+      vst1q_f32(&scores[j], vmulq_n_f32(sum4(s), scale));
+    }
+    for (; j < n; ++j) {
+      float32x4_t s = vmulq_f32(vld1q_f32(qf), load4(kh + j * D));
+      for (int d = 1; d < DB; ++d) s = vfmaq_f32(s, vld1q_f32(qf + 4 * d), load4(kh + j * D + 4 * d));
+      scores[j] = vaddvq_f32(s) * scale;
+    }
+    float best = -std::numeric_limits<float>::infinity();
+    for (j = 0; j < n; ++j) best = std::max(best, scores[j]);
+    float32x4_t sum = vdupq_n_f32(0.f);
+    const int32x4_t iota = {0, 1, 2, 3};
+    for (j = 0; j < n; j += 4) {   // lanes past n: zero, whatever the buffer held
+      const uint32x4_t keep = vcltq_s32(iota, vdupq_n_s32(int32_t(n - j)));
+      const float32x4_t p = vreinterpretq_f32_u32(
+          vandq_u32(keep, vreinterpretq_u32_f32(exp4(vsubq_f32(vld1q_f32(&scores[j]), vdupq_n_f32(best))))));
+      vst1q_f32(&scores[j], p);
+      sum = vaddq_f32(sum, p);
+    }
+    const float total = vaddvq_f32(sum);
+    for (int d0 = 0; d0 < DB; d0 += kBlock) {
+      float32x4_t acc[kBlock];
+      for (int d = 0; d < kBlock; ++d) acc[d] = vdupq_n_f32(0.f);
+      for (j = 0; j < n; ++j)
+        for (int d = 0; d < kBlock; ++d) acc[d] = vfmaq_n_f32(acc[d], load4(vh + j * D + 4 * (d0 + d)), scores[j]);
+      for (int d = 0; d < kBlock; ++d) {
+        float row[4];
+        vst1q_f32(row, vdivq_f32(acc[d], vdupq_n_f32(total)));
+        for (int l = 0; l < 4; ++l) store(out + item * D + 4 * (d0 + d), l, row[l]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q, int64_t L, int64_t D,
+               float scale, int64_t i0, int64_t i1, T* out) {
+  switch (D) {
+    case 16: attend<4>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 32: attend<8>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 64: attend<16>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    case 128: attend<32>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+    default: attend<64>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
+  }
+}
+void attention_f32(const float* q, const float* k, const float* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q,
+                   int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, float* out) {
+  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
+}
+void attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t hs, int64_t H, int64_t KVH,
+                    int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, uint16_t* out) {
+  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
+}
+
+#ifdef __ARM_FEATURE_DOTPROD
+constexpr const char* kName = "neon_dotprod";
+#else
+constexpr const char* kName = "neon";
+#endif
+
+const qs_kernels table = {QS_ABI, kName, 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
+                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm_f32, rms_norm_bf16, attention_f32,
+                          attention_bf16};
+
+}  // namespace
+
+extern "C" const qs_kernels* qs_kernels_get(void) { return &table; }

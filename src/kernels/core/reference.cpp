@@ -1,0 +1,158 @@
+// The portable variant: plain C++ loops, one output at a time, sums in the order written. It is what
+// every SIMD variant is checked against, and what runs where no SIMD variant fits (another architecture,
+// an old CPU): slower than ATen's kernels there, but it keeps the quantized formats real.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "api.h"
+#include "common.h"
+
+namespace {
+
+using namespace qs;
+
+template <typename T>
+void gemv_float(const T* x, const T* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      float s = 0.f;
+      for (int64_t k = 0; k < K; ++k) s += load(x + m * K, k) * load(w + n * K, k);
+      y[m * N + n] = s;
+    }
+}
+void gemv_f32(const float* x, const float* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv_float(x, w, M, K, N, n0, n1, y);
+}
+void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+               float* y) {
+  gemv_float(x, w, M, K, N, n0, n1, y);
+}
+
+void quantize_x8(const float* x, int64_t M, int64_t K, uint8_t* q, float* x_scale) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 127.f, kX8Floor);
+    x_scale[m] = scale;
+    for (int64_t k = 0; k < K; ++k) q[m * K + k] = uint8_t(int8_t(quant8(x[m * K + k], scale)));
+  }
+}
+
+void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t*,
+               int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      int32_t s = 0;
+      for (int64_t k = 0; k < K; ++k) s += int32_t(int8_t(xq[m * K + k])) * int32_t(w[n * K + k]);
+      y[m * N + n] = float(s) * w_scale[n] * x_scale[m];
+    }
+}
+
+void quantize_x16(const float* x, int64_t M, int64_t K, int64_t group, int16_t* q, float* x_scale,
+                  float* group_sums) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 32767.f, kX16Floor), inv = 1.f / scale;
+    x_scale[m] = scale;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t v = quant16(x[m * K + k], inv);
+      q[m * K + k] = int16_t(v);
+      sum += v;
+      if (group > 0 && (k + 1) % group == 0) {
+        group_sums[m * (K / group) + k / group] = float(sum);
+        sum = 0;
+      }
+    }
+  }
+}
+
+// The integer sums are exact in int64 here; the SIMD variants fold int32 partial sums into fp32.
+void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M,
+                int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      int64_t s = 0;
+      for (int64_t k = 0; k < K; ++k) s += int64_t(xq[m * K + k]) * w[n * K + k];
+      y[m * N + n] = float(s) * w_scale[n] * x_scale[m];
+    }
+}
+
+// Value k of row n in the packed int4 layout (api.h).
+inline int nibble(const uint8_t* w, int64_t K, int64_t n, int64_t k) {
+  const int64_t block = k / 128, i = k % 32, u = (k % 128) / 32;
+  const uint8_t* lane = w + n * (K / 2) + block * 64 + 2 * i;
+  const uint16_t bits = uint16_t(lane[0] | (lane[1] << 8));
+  return (bits >> (4 * u)) & 0xF;
+}
+
+void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w,
+                const float* scale, const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0,
+                int64_t n1, float* y) {
+  const int64_t G = K / group;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      double s = 0;   // sum over groups of scale * sum(q x) + offset * sum(x)
+      for (int64_t g = 0; g < G; ++g) {
+        int64_t d = 0;
+        for (int64_t k = g * group; k < (g + 1) * group; ++k) d += int64_t(nibble(w, K, n, k)) * xq[m * K + k];
+        s += double(scale[n * G + g]) * double(d) + double(offset[n * G + g]) * double(group_sums[m * G + g]);
+      }
+      y[m * N + n] = float(s * x_scale[m]);
+    }
+}
+
+void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* out) {
+  const int64_t G = K / group;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      out[n * K + k] = f32_to_bf16(std::fma(float(nibble(w, K, n, k)), scale[n * G + k / group], offset[n * G + k / group]));
+}
+
+void rms_norm_f32(const float* x, const float* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1, float* y) {
+  rms_norm(x, w, d, eps, gemma, r0, r1, y);
+}
+void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1,
+                   uint16_t* y) {
+  rms_norm(x, w, d, eps, gemma, r0, r1, y);
+}
+
+template <typename T>
+void attention(const T* q, const T* k, const T* v, int64_t head_stride, int64_t H, int64_t KVH, int64_t Q, int64_t L,
+               int64_t D, float scale, int64_t i0, int64_t i1, T* out) {
+  const int64_t group = H / KVH;
+  std::vector<float> p(L), acc(D);
+  for (int64_t item = i0; item < i1; ++item) {
+    const int64_t h = item / Q, i = item % Q, n = L - Q + i + 1;
+    const T* kh = k + (h / group) * head_stride;
+    const T* vh = v + (h / group) * head_stride;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      float s = 0.f;
+      for (int64_t d = 0; d < D; ++d) s += load(q + item * D, d) * load(kh + j * D, d);
+      p[j] = s * scale;
+      top = std::fmax(top, p[j]);
+    }
+    float total = 0.f;
+    for (int64_t j = 0; j < n; ++j) total += (p[j] = std::exp(p[j] - top));
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * load(vh + j * D, d);
+    for (int64_t d = 0; d < D; ++d) store(out + item * D, d, acc[d] / total);
+  }
+}
+void attention_f32(const float* q, const float* k, const float* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q,
+                   int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, float* out) {
+  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
+}
+void attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t hs, int64_t H, int64_t KVH,
+                    int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, uint16_t* out) {
+  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
+}
+
+const qs_kernels table = {QS_ABI, "reference", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
+                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm_f32, rms_norm_bf16, attention_f32,
+                          attention_bf16};
+
+}  // namespace
+
+extern "C" const qs_kernels* qs_kernels_get(void) { return &table; }

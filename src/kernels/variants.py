@@ -1,0 +1,104 @@
+"""The kernel variants: which ISA each targets, the flags it is compiled with, the CPU features it needs,
+and how one is built (a plain shared library from core/, no torch: core/api.h says why).
+
+Best first per architecture; `reference` (portable C++) fits every CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+CORE = Path(__file__).with_name("core")
+# Every variant is compiled with these: -ffp-contract=off keeps the scalar parts (norms, the quantizers)
+# the same arithmetic on every variant; hidden visibility exports qs_kernels_get alone.
+COMMON_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+                "-ffp-contract=off", "-Wno-ignored-attributes"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    arch: str                   # platform.machine() of the CPUs it runs on
+    source: str                 # under core/
+    flags: tuple[str, ...]      # ISA flags
+    features: tuple[str, ...]   # /proc/cpuinfo flags (x86) or Features (Arm) it needs
+
+
+VARIANTS = (
+    Variant("avx512", "x86_64", "avx512.cpp",
+            ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", "-mfma"),
+            ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")),
+    Variant("avx2", "x86_64", "avx2.cpp", ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
+    Variant("neon_dotprod", "aarch64", "neon.cpp", ("-march=armv8.2-a+dotprod",), ("asimd", "asimddp")),
+    Variant("neon", "aarch64", "neon.cpp", ("-march=armv8-a",), ("asimd",)),
+    Variant("reference", "", "reference.cpp", (), ()),
+)
+NAMES = tuple(v.name for v in VARIANTS)
+
+
+def by_name(name: str) -> Variant:
+    for v in VARIANTS:
+        if v.name == name:
+            return v
+    raise KeyError(name)
+
+
+def for_arch(arch: str | None = None) -> list[Variant]:
+    """The variants for this architecture (or `arch`), best first; `reference` last."""
+    arch = arch or platform.machine()
+    return [v for v in VARIANTS if v.arch in (arch, "")]
+
+
+def cpu_features(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags as Linux reports them (the kernel clears those the OS does not enable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def missing(variant: Variant, features: set[str], arch: str | None = None) -> list[str]:
+    """What this CPU lacks to run `variant` (empty: it runs here)."""
+    arch = arch or platform.machine()
+    if variant.arch not in (arch, ""):
+        return [f"{variant.arch} (this CPU is {arch})"]
+    return [f for f in variant.features if f not in features]
+
+
+def compiler() -> str | None:
+    """The C++ compiler: $CXX, else c++ or g++ on PATH."""
+    for name in (os.environ.get("CXX"), "c++", "g++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def sources() -> list[Path]:
+    return sorted(CORE.glob("*.h")) + sorted(CORE.glob("*.cpp"))
+
+
+def compile_variant(variant: Variant, out: Path, cxx: str, extra: tuple[str, ...] = ()) -> None:
+    """Compile one variant to the shared library `out`; raises with the compiler's last line on failure."""
+    cmd = [cxx, *COMMON_FLAGS, *variant.flags, *extra, str(CORE / variant.source), "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or ["?"]
+        raise RuntimeError(f"{cxx} could not compile the {variant.name} kernels: {lines[0].strip()}")
+
+
+def compile_selftest(out: Path, cxx: str) -> None:
+    """core/selftest.cpp (a variant against the reference variant, no torch) as the program `out`."""
+    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", str(CORE / "selftest.cpp"), "-o", str(out), "-ldl"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{cxx} could not compile the kernel self-test: {done.stderr.strip()[-300:]}")
