@@ -30,7 +30,8 @@ def test_report_numbers_are_the_runs_own(sweep):
     assert len(rep.jobs) == 3 and len(rep.summary) == 3
     for row in rep.summary:
         job = by_name[row[0]]
-        assert row[3] == job.metrics["time_per_token_ms_median"] and row[2] == job.metrics["prefill_ms_median"]
+        assert row[4] == job.metrics["time_per_token_ms_median"] and row[3] == job.metrics["prefill_ms_median"]
+        assert row[2] == f"quantspec/{job.tags['kernels_isa']}" and job.tags["kernels"] == "quantspec"
     # each seed table holds the per-example metric histories
     for name, job in by_name.items():
         history = {m.step: m.value for m in client.get_metric_history(job.run_id, "time_per_token_ms")}
@@ -65,6 +66,25 @@ def test_report_writes_plots_and_attaches_them_to_the_parent(sweep):
     parent_id, _ = report.sweep_jobs(store)
     attached = {a.path for a in client.list_artifacts(parent_id, "report")}
     assert "report/report.md" in attached and "report/speedup.png" in attached
+
+
+def test_a_job_whose_kernels_fell_back_is_said_marked_and_kept_out_of_the_headlines(tmp_path):
+    # No compiler on PATH and an empty cache: quantspec's kernels cannot be built, ATen's run.
+    store, empty = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "bin"
+    empty.mkdir()
+    out = run_cli(["-m", *TINY, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
+                  env={"PATH": str(empty), "CXX": "", "QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = [line for line in (out.stdout + out.stderr).splitlines() if "quantspec kernels unavailable" in line]
+    assert len(said) == 2 and all("times are ATen's, not the precision's" in line for line in said), said
+    rep = report.publish(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
+    assert {j.tags["kernels"] for j in rep.jobs} == {"fallback"}
+    assert {j.params["executed.kernels"] for j in rep.jobs} == {"aten (fallback)"}
+    assert {row[2] for row in rep.summary} == {"ATen (FALLBACK)"}
+    assert "Kernels fell back" in rep.overview and all("(FALLBACK)" in r[0] for r in rep.speedups)
+    parent = MlflowClient(store).get_run(rep.parent_run_id)
+    assert "Kernels fell back" in parent.data.tags["mlflow.note.content"]
+    assert "best_speedup" not in parent.data.metrics and "best_time_per_token_ms" not in parent.data.metrics
 
 
 def test_report_of_an_empty_store_is_one_line(tmp_path, capsys):

@@ -1,0 +1,131 @@
+#!/usr/bin/env python
+"""quantspec's kernel variants against each other and against ATen, op by op, timed in turns.
+
+    .venv/bin/python scripts/bench_kernels.py                       # every variant this CPU runs, 3 rounds
+    .venv/bin/python scripts/bench_kernels.py --aten-isa avx2       # ATen, oneDNN and MKL held to AVX2, as on
+                                                                    # an AVX2-only host
+    .venv/bin/python scripts/bench_kernels.py --shapes llama --rows 1 4
+
+Each round times every (shape, format, rows) on each variant and on ATen's kernel for the same weights,
+one after the other in this process (a variant is switched in place), so all see the same machine
+load; the table gives each median over rounds, its min-max, the GB/s of weights read, and the ratio of
+ATen's time to the variant's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ATEN_ISA = {  # what held torch's own kernels to an ISA: ATen's dispatch, oneDNN's GEMMs and MKL's
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
+
+SHAPES = {   # (name, N, K): a decode step's weights
+    "gemma": [("gemma3-270m head", 262144, 640), ("gemma3-270m mlp up", 2048, 640), ("gemma3-270m mlp down", 640, 2048)],
+    "llama": [("llama-2-7b mlp up", 11008, 4096), ("llama-2-7b mlp down", 4096, 11008)],
+}
+FORMATS = ("fp32", "bf16", "w8a8", "w8a16", "w4a16")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10, help="calls per timing (the median is kept)")
+    ap.add_argument("--shapes", nargs="+", default=["gemma", "llama"], choices=sorted(SHAPES))
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    ap.add_argument("--rows", nargs="+", type=int, default=[1])
+    ap.add_argument("--variants", nargs="+", default=None, help="default: every variant this CPU runs")
+    ap.add_argument("--aten-isa", choices=sorted(ATEN_ISA), default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.aten_isa:   # before torch is imported: its libraries read these once
+        os.environ.update(ATEN_ISA[args.aten_isa])
+
+    import torch
+    from src import kernels
+    from src.kernels import variants
+    from src.metrics import markdown_table
+    from src.quant import aten_ops, qparams
+    from src.quant.linear import build, int4_tensors, int8_tensors
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cache = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "kernels"
+    names = args.variants or [v.name for v in kernels.candidates("auto") if v.name != "reference"]
+    for name in names:
+        if not kernels.load(cache, name):
+            print(f"quantspec: the {name} kernels cannot run here: {kernels.reason()}", file=sys.stderr)
+            return 1
+
+    def timed(fn, x) -> float:
+        fn(x)
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            fn(x)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    cases = []
+    for group in args.shapes:
+        for label, n, k in SHAPES[group]:
+            torch.manual_seed(0)
+            w = torch.randn(n, k) * 0.02
+            for fmt in args.formats:
+                if fmt in ("fp32", "bf16"):
+                    dtype = torch.float32 if fmt == "fp32" else torch.bfloat16
+                    wt = w.to(dtype).contiguous()
+                    ours = lambda x, wt=wt: torch.ops.quantspec.gemv_float(x, wt)  # noqa: E731
+                    aten = lambda x, wt=wt: torch.nn.functional.linear(x, wt)  # noqa: E731
+                    nbytes = wt.numel() * wt.element_size()
+                else:
+                    kind = fmt
+                    dtype = torch.float32 if fmt == "w8a8" else torch.bfloat16
+                    t = int8_tensors(w, None) if fmt != "w4a16" else int4_tensors(w, None, 128)
+                    fast, slow = build(kind, t, 128, dtype, gemv=True), build(kind, t, 128, dtype, gemv=False)
+                    ours, aten = fast, slow
+                    nbytes = fast.step_bytes()
+                for rows in args.rows:
+                    x = torch.randn(rows, k).to(dtype)
+                    cases.append((label, fmt, rows, nbytes, ours, aten, x))
+            del w
+    results: dict[tuple, dict[str, list[float]]] = {}
+    for r in range(args.rounds):
+        for label, fmt, rows, nbytes, ours, aten, x in cases:
+            got = results.setdefault((label, fmt, rows, nbytes), {})
+            for name in names:   # in turns: each variant, then ATen, on the same case
+                kernels.load(cache, name)
+                got.setdefault(name, []).append(timed(ours, x))
+            got.setdefault("aten", []).append(timed(aten, x))
+        print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
+
+    head = ["shape", "format", "rows"]
+    for name in names:
+        head += [f"{name} ms (min-max)", f"{name} GB/s", f"ATen / {name}"]
+    head += ["ATen ms"]
+    table = []
+    for (label, fmt, rows, nbytes), got in results.items():
+        row = [label, fmt, rows]
+        aten_ms = statistics.median(got["aten"]) * 1e3
+        for name in names:
+            ms = [t * 1e3 for t in got[name]]
+            med = statistics.median(ms)
+            row += [f"{med:.3f} ({min(ms):.3f}-{max(ms):.3f})", f"{nbytes / med / 1e6:.1f}", f"{aten_ms / med:.2f}x"]
+        row.append(f"{aten_ms:.3f}")
+        table.append(row)
+    cpu = " ".join(sorted(f for f in variants.cpu_features() if f.startswith(("avx512", "avx2", "avx_vnni", "fma"))))
+    print(f"threads {torch.get_num_threads()}, ATen held to {args.aten_isa or 'this CPU'}; CPU flags: {cpu}")
+    print(markdown_table(head, table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
