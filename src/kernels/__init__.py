@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
 from pathlib import Path
 
@@ -93,7 +92,7 @@ def _load_binding(directory: Path) -> str | None:
     """The torch binding (no ISA code): built with torch's extension builder. None, or why it failed."""
     if variants.compiler() is None:
         return "no C++ compiler (install g++ or set CXX)"
-    sources = [HERE / "binding.cpp", HERE / "core" / "api.h"]
+    sources = [HERE / "binding.cpp", HERE / "core" / "api.h", Path(__file__)]   # this file: the build's flags
     build = directory / f"binding-{_key(*(p.read_bytes() for p in sources))}"
     try:
         with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):
@@ -116,8 +115,9 @@ def _build_and_load(build: Path) -> None:
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
     from torch.utils import cpp_extension
-    cpp_extension.load(name=BINDING, sources=[str(HERE / "binding.cpp")], extra_cflags=["-O2"],
-                       build_directory=str(build), is_python_module=False,
+    # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every call runs on one thread.
+    cpp_extension.load(name=BINDING, sources=[str(HERE / "binding.cpp")], extra_cflags=["-O2", "-fopenmp"],
+                       extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False,
                        verbose=bool(os.environ.get("QUANTSPEC_VERBOSE_BUILD")))
     _record(library)
 
@@ -172,6 +172,3 @@ def variant() -> str | None:
     """The variant in use ('avx512', 'avx2', ..., 'reference'), or None."""
     return _state.get("variant") if _state.get("ok") else None  # type: ignore[return-value]
 
-
-def machine() -> str:
-    return platform.machine()
