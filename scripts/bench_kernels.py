@@ -24,9 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-ATEN_ISA = {  # what held torch's own kernels to an ISA: ATen's dispatch, oneDNN's GEMMs and MKL's
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-}
+from src.kernels.variants import ATEN_ISA  # noqa: E402 - imports no torch
 
 SHAPES = {   # (name, N, K): a decode step's weights
     "gemma": [("gemma3-270m head", 262144, 640), ("gemma3-270m mlp up", 2048, 640), ("gemma3-270m mlp down", 640, 2048)],

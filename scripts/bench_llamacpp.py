@@ -3,16 +3,23 @@
 
     .venv/bin/python scripts/bench_llamacpp.py                 # w8a8 and w4a16, 3 rounds
     .venv/bin/python scripts/bench_llamacpp.py --precisions w8a8 --rounds 5
+    .venv/bin/python scripts/bench_llamacpp.py --isa avx2 --aten-isa avx2     # as on an AVX2-only host
 
 Each round runs `python -m src.run precision=<p> task=decode` for each precision (a whole job, as a user runs it: its
 time/token is the median over the ten seed prompts, read back from its MLflow run) and then llama.cpp
 (llama-cpp-python, a reference, not a dependency) on the same ten prompts with the same 30 greedy
 tokens, timed alike (per token after the first), so both see the same machine load.
+
+--isa forces quantspec's kernel variant (engine.isa); --aten-isa holds the jobs' ATen, oneDNN and MKL to
+that ISA (scripts/bench_kernels.py says how), so with --isa avx2 --aten-isa avx2 an AVX-512 host runs the
+whole users' path as an AVX2-only host would. llama.cpp's ISA is the one it was built for (its
+system info is printed): build it with -DGGML_AVX512=OFF for the AVX2 comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from src.corpus import SEED_PROMPTS  # noqa: E402
+from src.kernels.variants import ATEN_ISA  # noqa: E402
 from src.metrics import markdown_table  # noqa: E402
 from src.report import save_markdown  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
@@ -31,11 +39,11 @@ from src.sweeps import sweep_jobs  # noqa: E402
 TOKENS = 30   # the decode task's max_new_tokens
 
 
-def ours(precision: str, store: str, n: str) -> float:
+def ours(precision: str, store: str, n: str, isa: str, env: dict) -> float:
     sweep_dir = Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
-    subprocess.run([sys.executable, "-m", "src.run", "-m", f"precision={precision}", "task=decode",
+    subprocess.run([sys.executable, "-m", "src.run", "-m", f"precision={precision}", "task=decode", f"engine.isa={isa}",
                     f"tracking.uri={store}", f"hydra.sweep.dir={sweep_dir}/{n}", "report_at_end=false"],
-                   cwd=ROOT, check=True, capture_output=True)
+                   cwd=ROOT, check=True, capture_output=True, env={**os.environ, **env})
     _, (job,) = sweep_jobs(store, sweep_id=str((sweep_dir / str(n)).resolve()))
     return job.metrics["time_per_token_ms_median"]
 
@@ -74,7 +82,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precisions", nargs="+", default=["w8a8", "w4a16"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--isa", default="auto", help="engine.isa for the quantspec jobs")
+    parser.add_argument("--aten-isa", choices=sorted(ATEN_ISA), default=None)
     args = parser.parse_args(argv)
+    env = ATEN_ISA[args.aten_isa] if args.aten_isa else {}
     llama_cpp = import_llama_cpp()
     if llama_cpp is None:
         return 2
@@ -85,13 +96,14 @@ def main(argv: list[str]) -> int:
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-llamacpp-store-')}/mlflow.db"
     llama_cpp_ms(llm)   # warm-up; each quantspec job warms up by itself
-    ours_names = {p: f"quantspec {p} (python -m src.run task=decode)" for p in args.precisions}
+    print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
+    ours_names = {p: f"quantspec {p} (engine.isa={args.isa}, ATen {args.aten_isa or 'native'})" for p in args.precisions}
     reference = f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF)"
     times: dict[str, list[float]] = {**{name: [] for name in ours_names.values()}, reference: []}
     for n in range(args.rounds):
         said = []
         for p, name in ours_names.items():
-            times[name].append(ours(p, store, f"{n}-{p}"))
+            times[name].append(ours(p, store, f"{n}-{p}", args.isa, env))
             said.append(f"quantspec {p} {times[name][-1]:.1f}")
         times[reference].append(llama_cpp_ms(llm))
         print(f"round {n + 1}: {', '.join(said)}, llama.cpp {times[reference][-1]:.1f} ms/token", flush=True)
@@ -101,7 +113,8 @@ def main(argv: list[str]) -> int:
     print("\n" + table)
     save_markdown(f"bench-llamacpp-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
                   f"{args.rounds} rounds in turns, ten seed prompts, {TOKENS} greedy tokens, "
-                  f"{torch.get_num_threads()} threads\n\n{table}\n")
+                  f"{torch.get_num_threads()} threads, engine.isa={args.isa}, ATen held to {args.aten_isa or 'native'}"
+                  f"\n\n{table}\n")
     return 0
 
 

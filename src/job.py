@@ -253,6 +253,12 @@ def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv
              "quantized" if report.built else "loaded quantized weights", precision.name, report.seconds,
              report.cache_dir)
     metrics = {prefix + k: v for k, v in report.metrics().items()}
+    from src.quant import prefill
+    if prefill.w8a8_linears(model):   # their many-row path: whichever this host runs faster
+        path, seconds = prefill.choose(cfg.cache_dir, environment.cpu_model(), torch.get_num_threads())
+        prefill.install(model, path)
+        recorder.log_params({f"executed.{prefix}int8_gemm": path})
+        metrics.update({f"{prefix}int8_gemm_probe_ms_{p}": s * 1e3 for p, s in seconds.items()})
     recorder.log_metrics(metrics)
     recorder.set_tags({prefix + "quant_cache": str(report.cache_dir),
                   **({prefix + "smoothquant_alpha": str(report.alpha)} if report.alpha is not None else {})})

@@ -20,8 +20,6 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
 from src.kernels import variants
 from src.locks import atomic_write_text, file_lock, sha256_file
 
@@ -42,6 +40,7 @@ class IsaUnavailable(ValueError):
 
 
 def _key(*parts: bytes) -> str:
+    import torch   # here, not at import: scripts set the ISA environment torch reads before loading it
     return hashlib.sha256(b"".join(parts) + torch.__version__.encode()).hexdigest()[:16]
 
 
@@ -79,6 +78,7 @@ def load(directory: Path, isa: str = "auto") -> bool:
         except Exception as err:  # an old compiler without these flags: the next variant down
             skipped.append(f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}")
             continue
+        import torch
         name = torch.ops.quantspec.use_variant(str(path))
         _state.update(ok=True, reason="; ".join(skipped) or None, variant=name)
         if skipped:
@@ -107,6 +107,7 @@ def _build_and_load(build: Path) -> None:
     """Load the binding only if its bytes are those recorded when it was built: a truncated or damaged
     .so can crash the process inside dlopen, before any Python error could say why. Anything else is
     wiped and built again (the caller holds the build lock)."""
+    import torch
     library = build / f"{BINDING}.so"
     if _recorded(library):
         torch.ops.load_library(str(library))
@@ -137,6 +138,7 @@ def _recorded(library: Path) -> bool:
 
 
 def _record(library: Path) -> None:
+    import torch
     atomic_write_text(library.with_name(RECORD), json.dumps({"sha256": sha256_file(library), "torch": torch.__version__}))
 
 

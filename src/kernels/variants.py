@@ -40,6 +40,13 @@ VARIANTS = (
 )
 NAMES = tuple(v.name for v in VARIANTS)
 
+# The environment that holds torch's own kernels to an ISA (ATen's dispatch, oneDNN's and MKL's GEMMs),
+# read once when torch loads: with engine.isa=avx2, an AVX-512 host then runs a job as an AVX2-only host
+# would (the benchmarks use it; oneDNN's verbose log confirms "isa:Intel AVX2").
+ATEN_ISA = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
+
 
 def by_name(name: str) -> Variant:
     for v in VARIANTS:

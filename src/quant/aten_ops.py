@@ -13,11 +13,6 @@ import torch
 INT4_INNER_K_TILES = 2
 
 
-def int8_int8_matmul(x_q: torch.Tensor, w_q_t: torch.Tensor) -> torch.Tensor:
-    """int8 [M, K] @ int8 [K, N] -> int32 [M, N] (w8a8)."""
-    return torch._int_mm(x_q, w_q_t)
-
-
 def int8_weight_matmul(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """16-bit [M, K] @ (int8 [N, K] * scale [N]).T -> [M, N] in x's dtype (w8a16)."""
     return torch._weight_int8pack_mm(x, w_q, scale)

@@ -11,6 +11,7 @@ from torch import nn
 
 from src.kernels import MAX_ROWS
 from src.quant import aten_ops, qparams
+from src.quant.prefill import int8_gemm
 
 
 def _owned(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -60,6 +61,7 @@ class W8A8Linear(QuantLinear):
     """int8 weights per output channel x int8 activations per token, quantized at run time."""
 
     STEP_BUFFERS = ("w_q", "w_scale")
+    prefill = "int_mm"   # the many-row path (src.quant.prefill: measured per host and set by the job)
 
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(w_q.shape[1], w_q.shape[0], bias)
@@ -74,7 +76,7 @@ class W8A8Linear(QuantLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
         x_q, x_scale = qparams.int8_per_token(x2)
-        y = aten_ops.int8_int8_matmul(x_q, self.w_q.t()).float().mul_(x_scale).mul_(self.w_scale)
+        y = int8_gemm(x_q, self.w_q, self.prefill).mul_(x_scale).mul_(self.w_scale)
         return self._finish(y, x, lead)
 
 
