@@ -28,6 +28,7 @@ def one_line(text: str) -> str:
     ("model.name=../../outside", "model.name='../../outside' must be letters, digits"),
     ("model.source=gguf_package model.id=os", "model.id='os' is not a GGUF model package"),
     ("task.foo=1", "task.foo is not a setting of task decode; its settings: code_max_new_tokens"),
+    ("engine.isa=sse9", "engine.isa='sse9' is not one of: auto, avx512, avx2, neon_dotprod, neon, reference"),
 ])
 def test_config_errors_are_one_line_and_record_no_run(tmp_path, override, words):
     db = tmp_path / "m.db"
@@ -54,6 +55,16 @@ def _failed_reason(store: str, extra: list[str], capsys) -> str:
     (run,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
     assert run.info.status == "FAILED" and run.data.tags["outcome_reason"].split(": ", 1)[1] in line
     return line
+
+
+def test_forcing_a_kernel_variant_this_cpu_lacks_fails_the_job_in_one_line(store, capsys):
+    import platform
+    other = "neon" if platform.machine() == "x86_64" else "avx512"
+    raw, choices = compose_job([q for q in QUICK if not q.startswith("engine.")] +
+                               [f"tracking.uri={store}", "engine.kernels=quantspec", f"engine.isa={other}"])
+    assert run_job(raw, choices, sweep=None, output_dir=Path(store.removeprefix("sqlite:///")).parent / "out") == "failed"
+    line = one_line(capsys.readouterr().err)
+    assert f"engine.isa={other}: this CPU lacks" in line and "choose engine.isa=auto or one of:" in line
 
 
 def test_a_text_file_that_is_not_utf8_names_the_file_and_the_problem(store, tmp_path, capsys):

@@ -113,3 +113,9 @@ def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
     assert unknown_key(["draft=llama-160m", "draft.model.local_path=/x"]) is None
     assert "task.foo is not a setting of task decode" in unknown_key(["task.foo=1"])
     assert "draft.precision.alfa is not a setting" in unknown_key(["draft=self_w8a8", "draft.precision.alfa=1"])
+
+
+def test_engine_isa_choices_are_the_kernel_variants():
+    from src.config import ISA_CHOICES
+    from src.kernels.variants import NAMES
+    assert ISA_CHOICES == ("auto", *NAMES)

@@ -14,6 +14,13 @@
 
 namespace qs {
 
+// Besides the next block's rows into L1, the bytes kFarBytes ahead into L2. Rows are contiguous, so short
+// rows (Gemma 3's head: 262144 x 640) cross a 4 KB page every few rows, where the hardware's L2 streamer
+// stops and starts again; prefetches into L1 alone are capped by its few fill buffers. Measured on the
+// head, in turns: AVX2 w8a8 9.7 -> 4.8 ms, bf16 16.9 -> 7.9 ms; AVX-512 w8a8 9.2 -> 6.1 ms (4 and 8 KB
+// ahead gained less, 32 KB the same); no loss on Llama-2-7B's long rows.
+constexpr int kFarBytes = 16384;
+
 template <typename F, typename = void> struct Folds { static constexpr bool value = false; };
 template <typename F> struct Folds<F, std::void_t<decltype(F::kFolds)>> { static constexpr bool value = F::kFolds; };
 
@@ -44,6 +51,7 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
     for (int64_t k = k0; k < k1; k += F::kStep * U) {
       // A prefetch past the last row is harmless: prefetches never fault.
       for (int r = 0; r < R; ++r) __builtin_prefetch(f.at(n0 + r + kAhead, k), 0, 3);
+      for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(f.at(n0 + r, k)) + kFarBytes, 0, 2);
 #pragma GCC unroll 8
       for (int u = 0; u < U; ++u) {
         typename F::V wv[R];
