@@ -294,13 +294,6 @@ void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, in
     }
 }
 
-void rms_norm_f32(const float* x, const float* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1, float* y) {
-  rms_norm(x, w, d, eps, gemma, r0, r1, y);
-}
-void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1,
-                   uint16_t* y) {
-  rms_norm(x, w, d, eps, gemma, r0, r1, y);
-}
 
 // --- attention for a few queries: each query row on its own, in a fixed order ------------------------
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -394,18 +387,10 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
     default: attend<16>(q, k, v, hs, out, H, KVH, Q, L, scale, i0, i1); break;
   }
 }
-void attention_f32(const float* q, const float* k, const float* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q,
-                   int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, float* out) {
-  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
-}
-void attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t hs, int64_t H, int64_t KVH,
-                    int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, uint16_t* out) {
-  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
-}
 
 const qs_kernels table = {QS_ABI, "avx512", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm_f32, rms_norm_bf16, attention_f32,
-                          attention_bf16};
+                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          attention<float>, attention<uint16_t>};
 
 }  // namespace
 

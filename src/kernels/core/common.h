@@ -49,6 +49,34 @@ inline int32_t quant16(float x, float inv) {
   return int32_t(std::fmin(std::fmax(q, -32767.f), 32767.f));
 }
 
+// The quantizers in scalar code, for the variants whose SIMD versions would gain little (a few
+// microseconds a row against the weights' milliseconds). int8 is stored as its two's-complement byte.
+inline void quantize_x8(const float* x, int64_t M, int64_t K, uint8_t* q, float* x_scale) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 127.f, kX8Floor);
+    x_scale[m] = scale;
+    for (int64_t k = 0; k < K; ++k) q[m * K + k] = uint8_t(int8_t(quant8(x[m * K + k], scale)));
+  }
+}
+
+inline void quantize_x16(const float* x, int64_t M, int64_t K, int64_t group, int16_t* q, float* x_scale,
+                         float* group_sums) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 32767.f, kX16Floor), inv = 1.f / scale;
+    x_scale[m] = scale;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t v = quant16(x[m * K + k], inv);
+      q[m * K + k] = int16_t(v);
+      sum += v;
+      if (group > 0 && (k + 1) % group == 0) {
+        group_sums[m * (K / group) + k / group] = float(sum);
+        sum = 0;
+      }
+    }
+  }
+}
+
 // The two RMSNorm conventions (Gemma3RMSNorm; LlamaRMSNorm and Qwen2RMSNorm), in T's precision.
 template <typename T>
 void rms_norm(const T* x, const T* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1, T* y) {

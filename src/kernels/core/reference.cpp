@@ -29,14 +29,6 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64
   gemv_float(x, w, M, K, N, n0, n1, y);
 }
 
-void quantize_x8(const float* x, int64_t M, int64_t K, uint8_t* q, float* x_scale) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float scale = row_scale(x + m * K, K, 127.f, kX8Floor);
-    x_scale[m] = scale;
-    for (int64_t k = 0; k < K; ++k) q[m * K + k] = uint8_t(int8_t(quant8(x[m * K + k], scale)));
-  }
-}
-
 void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t*,
                int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   for (int64_t m = 0; m < M; ++m)
@@ -45,24 +37,6 @@ void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const f
       for (int64_t k = 0; k < K; ++k) s += int32_t(int8_t(xq[m * K + k])) * int32_t(w[n * K + k]);
       y[m * N + n] = float(s) * w_scale[n] * x_scale[m];
     }
-}
-
-void quantize_x16(const float* x, int64_t M, int64_t K, int64_t group, int16_t* q, float* x_scale,
-                  float* group_sums) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float scale = row_scale(x + m * K, K, 32767.f, kX16Floor), inv = 1.f / scale;
-    x_scale[m] = scale;
-    int32_t sum = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      const int32_t v = quant16(x[m * K + k], inv);
-      q[m * K + k] = int16_t(v);
-      sum += v;
-      if (group > 0 && (k + 1) % group == 0) {
-        group_sums[m * (K / group) + k / group] = float(sum);
-        sum = 0;
-      }
-    }
-  }
 }
 
 // The integer sums are exact in int64 here; the SIMD variants fold int32 partial sums into fp32.
@@ -108,13 +82,6 @@ void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, in
       out[n * K + k] = f32_to_bf16(std::fma(float(nibble(w, K, n, k)), scale[n * G + k / group], offset[n * G + k / group]));
 }
 
-void rms_norm_f32(const float* x, const float* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1, float* y) {
-  rms_norm(x, w, d, eps, gemma, r0, r1, y);
-}
-void rms_norm_bf16(const uint16_t* x, const uint16_t* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1,
-                   uint16_t* y) {
-  rms_norm(x, w, d, eps, gemma, r0, r1, y);
-}
 
 template <typename T>
 void attention(const T* q, const T* k, const T* v, int64_t head_stride, int64_t H, int64_t KVH, int64_t Q, int64_t L,
@@ -140,18 +107,10 @@ void attention(const T* q, const T* k, const T* v, int64_t head_stride, int64_t 
     for (int64_t d = 0; d < D; ++d) store(out + item * D, d, acc[d] / total);
   }
 }
-void attention_f32(const float* q, const float* k, const float* v, int64_t hs, int64_t H, int64_t KVH, int64_t Q,
-                   int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, float* out) {
-  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
-}
-void attention_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t hs, int64_t H, int64_t KVH,
-                    int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1, uint16_t* out) {
-  attention(q, k, v, hs, H, KVH, Q, L, D, scale, i0, i1, out);
-}
 
 const qs_kernels table = {QS_ABI, "reference", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm_f32, rms_norm_bf16, attention_f32,
-                          attention_bf16};
+                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          attention<float>, attention<uint16_t>};
 
 }  // namespace
 
