@@ -147,7 +147,7 @@ def _built_variant(variant: variants.Variant, directory: Path) -> Path:
     cxx = variants.compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler")
-    key = _key(*(p.read_bytes() for p in variants.sources()), " ".join(variants.COMMON_FLAGS + list(variant.flags)).encode(),
+    key = _key(*(p.read_bytes() for p in variants.sources(variant)), " ".join(variants.COMMON_FLAGS + list(variant.flags)).encode(),
                cxx.encode())
     build = directory / f"{variant.name}-{key}"
     library = build / f"qs_{variant.name}.so"

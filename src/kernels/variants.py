@@ -90,22 +90,26 @@ def compiler() -> str | None:
     return None
 
 
-def sources() -> list[Path]:
-    return sorted(CORE.glob("*.h")) + sorted(CORE.glob("*.cpp"))
+def sources(variant: Variant) -> list[Path]:
+    """What a variant's library is built from: the shared headers and its own source."""
+    return sorted(CORE.glob("*.h")) + [CORE / variant.source]
 
 
-def compile_variant(variant: Variant, out: Path, cxx: str, extra: tuple[str, ...] = ()) -> None:
-    """Compile one variant to the shared library `out`; raises with the compiler's last line on failure."""
-    cmd = [cxx, *COMMON_FLAGS, *variant.flags, *extra, str(CORE / variant.source), "-o", str(out)]
+def _compile(cmd: list[str], what: str) -> None:
+    """Run a compile; raises with the compiler's first error line on failure."""
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or ["?"]
-        raise RuntimeError(f"{cxx} could not compile the {variant.name} kernels: {lines[0].strip()}")
+        raise RuntimeError(f"{cmd[0]} could not compile {what}: {lines[0].strip()}")
+
+
+def compile_variant(variant: Variant, out: Path, cxx: str) -> None:
+    """Compile one variant to the shared library `out`."""
+    _compile([cxx, *COMMON_FLAGS, *variant.flags, str(CORE / variant.source), "-o", str(out)],
+             f"the {variant.name} kernels")
 
 
 def compile_selftest(out: Path, cxx: str) -> None:
     """core/selftest.cpp (a variant against the reference variant, no torch) as the program `out`."""
-    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", str(CORE / "selftest.cpp"), "-o", str(out), "-ldl"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{cxx} could not compile the kernel self-test: {done.stderr.strip()[-300:]}")
+    _compile([cxx, "-O2", "-std=c++17", "-ffp-contract=off", str(CORE / "selftest.cpp"), "-o", str(out), "-ldl"],
+             "the kernel self-test")

@@ -78,12 +78,12 @@ struct F32 : Dense<float, float> {
   static Acc madd(Acc a, V w, V x) { return _mm256_fmadd_ps(w, x, a); }
 };
 
-// x as fp32 (widened once per call by gemv_bf16: bf16 is exact in fp32), weights widened per load.
-struct Bf16 : Dense<uint16_t, float> {
+// x and the weights widened to fp32 as they are loaded (bf16 is exact in fp32): no copy of x per call.
+struct Bf16 : Dense<uint16_t, uint16_t> {
   using Acc = __m256; using V = __m256; static constexpr int kStep = 8;
   using Sum = Acc; static Sum sum_zero() { return zero(); }
   V wv(const State&, int64_t n, int64_t k) const { return widen_bf16(at(n, k)); }
-  V xv(int m, int64_t k) const { return _mm256_loadu_ps(x_at(m, k)); }
+  V xv(int m, int64_t k) const { return widen_bf16(x_at(m, k)); }
   static Acc zero() { return _mm256_setzero_ps(); }
   static Acc madd(Acc a, V w, V x) { return _mm256_fmadd_ps(w, x, a); }
 };
@@ -176,9 +176,7 @@ void gemv_f32(const float* x, const float* w, int64_t M, int64_t K, int64_t N, i
 }
 void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
                float* y) {
-  std::vector<float> xf(M * K);
-  for (int64_t i = 0; i < M * K; ++i) xf[i] = bf16_to_f32(x[i]);
-  gemv(Bf16{{w, xf.data(), K}}, M, N, n0, n1, y);
+  gemv(Bf16{{w, x, K}}, M, N, n0, n1, y);
 }
 
 void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t*,
@@ -189,17 +187,12 @@ void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const f
 
 void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M, int64_t K,
                 int64_t N, int64_t n0, int64_t n1, float* y) {
-  W8A16 f;
-  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.w_scale = w_scale;
-  gemv(f, M, N, n0, n1, y);
+  gemv(W8A16{{xq, K, x_scale}, w, w_scale}, M, N, n0, n1, y);
 }
 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  W4A16 f;
-  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.scale = scale; f.offset = offset; f.x_group = group_sums;
-  f.group = group;
-  gemv(f, M, N, n0, n1, y);
+  gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
 // A group's 16 possible bf16 values as two byte tables (low and high bytes), looked up with VPSHUFB by

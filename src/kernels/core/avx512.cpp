@@ -270,17 +270,12 @@ void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const f
 
 void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M, int64_t K,
                 int64_t N, int64_t n0, int64_t n1, float* y) {
-  W8A16 f;
-  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.w_scale = w_scale;
-  gemv(f, M, N, n0, n1, y);
+  gemv(W8A16{{xq, K, x_scale}, w, w_scale}, M, N, n0, n1, y);
 }
 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  W4A16 f;
-  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.scale = scale; f.offset = offset; f.x_group = group_sums;
-  f.group = group;
-  gemv(f, M, N, n0, n1, y);
+  gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
 void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,

@@ -61,14 +61,14 @@ struct F32 : Dense<float, float> {
   static Acc madd(Acc a, V w, V x) { return vfmaq_f32(a, w, x); }
 };
 
-struct Bf16 : Dense<uint16_t, float> {   // x widened to fp32 once per call (bf16 is exact in fp32)
+struct Bf16 : Dense<uint16_t, uint16_t> {   // x and weights widened to fp32 as loaded (bf16 is exact in fp32)
   using Acc = float32x4_t; using V = float32x4_t; using Sum = Acc;
   static constexpr int kStep = 4, kSub = 2;
   V wv(const State&, int64_t n, int64_t k, int u) const {
     const uint16x8_t v = vld1q_u16(at(n, k));
     return vreinterpretq_f32_u32(u ? vshll_high_n_u16(v, 16) : vshll_n_u16(vget_low_u16(v), 16));
   }
-  V xv(int m, int64_t k) const { return vld1q_f32(x_at(m, k)); }
+  V xv(int m, int64_t k) const { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(x_at(m, k)), 16)); }
   static Acc zero() { return vdupq_n_f32(0.f); }
   static Sum sum_zero() { return zero(); }
   static Acc madd(Acc a, V w, V x) { return vfmaq_f32(a, w, x); }
@@ -156,9 +156,7 @@ void gemv_f32(const float* x, const float* w, int64_t M, int64_t K, int64_t N, i
 }
 void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
                float* y) {
-  std::vector<float> xf(M * K);
-  for (int64_t i = 0; i < M * K; ++i) xf[i] = bf16_to_f32(x[i]);
-  gemv(Bf16{{w, xf.data(), K}}, M, N, n0, n1, y);
+  gemv(Bf16{{w, x, K}}, M, N, n0, n1, y);
 }
 
 void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t*,
@@ -168,17 +166,12 @@ void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const f
 
 void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M, int64_t K,
                 int64_t N, int64_t n0, int64_t n1, float* y) {
-  W8A16 f;
-  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.w_scale = w_scale;
-  gemv(f, M, N, n0, n1, y);
+  gemv(W8A16{{xq, K, x_scale}, w, w_scale}, M, N, n0, n1, y);
 }
 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  W4A16 f;
-  f.x = xq; f.K = K; f.x_scale = x_scale; f.w = w; f.scale = scale; f.offset = offset; f.x_group = group_sums;
-  f.group = group;
-  gemv(f, M, N, n0, n1, y);
+  gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
 // A group's 16 bf16 values as low- and high-byte tables, looked up with TBL by each lane's nibble.
