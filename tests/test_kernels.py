@@ -342,3 +342,46 @@ def test_forcing_a_variant_this_cpu_lacks_is_one_line():
                                                                                                 "reference"]
     with pytest.raises(kernels.IsaUnavailable, match="no kernel variant"):
         kernels.candidates("sse9", avx2_only, "x86_64")
+
+
+def _projections(kind: str, sizes: list[int], k: int = 256):
+    torch.manual_seed(3)
+    ws = [torch.randn(n, k) for n in sizes]
+    if kind in ("f32", "bf16"):
+        dtype = torch.float32 if kind == "f32" else torch.bfloat16
+        return [modules.GemvLinear(torch.nn.Linear(k, n, bias=False).to(dtype).requires_grad_(False).apply(
+            lambda m, w=w: m.weight.copy_(w))) for n, w in zip(sizes, ws)], dtype
+    dtype = torch.float32 if kind == "w8a8" else torch.bfloat16
+    tensors = [int4_tensors(w, None, 128) if kind == "w4a16" else int8_tensors(w, None) for w in ws]
+    return [build(kind, t, 128, dtype, True) for t in tensors], dtype
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16", "w8a8", "w8a16", "w4a16"])
+def test_fused_projections_give_each_part_bit_for_bit_and_hold_no_second_copy(kind):
+    from src.engine.fused import Projection
+    parts, dtype = _projections(kind, [64, 32, 32])
+    x = torch.randn(3, 256).to(dtype)
+    alone = [p(x) for p in parts]
+    projection = Projection(parts)
+    assert projection.kernel_calls == 1
+    for y, ref in zip(projection(x), alone):
+        assert torch.equal(y, ref)
+    fused = projection.calls[0][0]
+    for p in parts:   # the parts read views of the fused tensors, and still work alone (a prefill's calls)
+        for name, t in p.named_buffers() if kind not in ("f32", "bf16") else p.named_parameters():
+            assert t.untyped_storage().data_ptr() == getattr(fused, name).untyped_storage().data_ptr()
+    many = torch.randn(20, 256).to(dtype)
+    assert [tuple(y.shape) for y in projection(many)] == [(20, 64), (20, 32), (20, 32)]
+    for y, p in zip(projection(x), parts):
+        assert torch.equal(y, p(x))
+
+
+def test_projections_of_mixed_kinds_fuse_the_runs_that_share_one():
+    from src.engine.fused import Projection
+    (q, k), _ = _projections("w4a16", [64, 32])
+    (v,), _ = _projections("w8a16", [32])
+    projection = Projection([q, k, v])   # w4a16's q and k, with v kept at 8 bits
+    assert projection.kernel_calls == 2 and projection.calls[1][0] is v
+    x = torch.randn(1, 256).to(torch.bfloat16)
+    refs = [q(x), k(x), v(x)]
+    assert all(torch.equal(a, b) for a, b in zip(projection(x), refs))

@@ -4,7 +4,9 @@ transformers' forward spends ~6 ms of Python per step on an 18-layer model (deco
 builders, config lookups, ~300 module calls) before any arithmetic: on Gemma 3 270M with quantspec's
 kernels that was as much as the matmuls. For a few new tokens whose context fits the attention
 windows no mask is needed beyond causality, so this loop calls the model's own submodules' forwards
-(the same parameters, kernels and KV cache) in the order transformers does, and nothing else.
+(the same parameters, kernels and KV cache) in the order transformers does, and nothing else. The
+linears that read one input (q/k/v, gate/up) take one kernel call where their kinds allow
+(src.engine.fused), and rotary positions take four tensor ops instead of nine.
 
 It covers Gemma 3 text models, Llama (Llama 2, CodeLlama), Qwen2 (Qwen1.5) and OPT; for anything
 else, or a context that reaches a sliding window, the Decoder keeps transformers' forward. Its greedy
@@ -17,6 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from src import kernels
+from src.engine.fused import Projection
 
 
 class Steps:
@@ -62,6 +65,8 @@ class GemmaSteps(Steps):
         cfg = model.config
         super().__init__(model, cfg.head_dim, cfg.query_pre_attn_scalar ** -0.5)
         self.layers = list(model.model.layers)
+        self.attn_in = [Projection([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in self.layers)]
+        self.mlp_in = [Projection([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in self.layers]
         self.types = list(cfg.layer_types)
         self.window = cfg.sliding_window if "sliding_attention" in self.types else None
         self.softcap = cfg.final_logit_softcapping
@@ -78,27 +83,25 @@ class GemmaSteps(Steps):
         past = cache.get_seq_length()
         h = base.embed_tokens(ids)
         positions = torch.arange(past, past + k, device=ids.device)[None]
-        rope = {t: base.rotary_emb(h, positions, t) for t in set(self.types)}
+        rope = {t: _signed(base.rotary_emb(h, positions, t)) for t in set(self.types)}
         mask = self._mask(past, k, ids.device)
         for i, layer in enumerate(self.layers):
-            h = self._layer(layer, h, rope[self.types[i]], cache, i, mask)
+            h = self._layer(i, layer, h, rope[self.types[i]], cache, mask)
         h = base.norm.forward(h[:, -keep:])
         logits = self.model.lm_head.forward(h)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits[0]
 
-    def _layer(self, layer, h, rope, cache, index, mask):
+    def _layer(self, i, layer, h, rope, cache, mask):
         attn, mlp = layer.self_attn, layer.mlp
-        x = layer.input_layernorm.forward(h)
-        q = attn.q_norm.forward(self._heads(attn.q_proj.forward(x)))
-        key = attn.k_norm.forward(self._heads(attn.k_proj.forward(x)))
-        q, key = _rope(q, key, rope)
-        key, value = cache.update(key, self._heads(attn.v_proj.forward(x)), index)
+        q, key, value = self.attn_in[i](layer.input_layernorm.forward(h))
+        q, key = _rope(attn.q_norm.forward(self._heads(q)), attn.k_norm.forward(self._heads(key)), rope)
+        key, value = cache.update(key, self._heads(value), i)
         out = attn.o_proj.forward(self._attend(q, key, value, mask))
         h = h + layer.post_attention_layernorm.forward(out)
-        x = layer.pre_feedforward_layernorm.forward(h)
-        x = mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
+        gate, up = self.mlp_in[i](layer.pre_feedforward_layernorm.forward(h))
+        x = mlp.down_proj.forward(mlp.act_fn(gate) * up)
         return h + layer.post_feedforward_layernorm.forward(x)
 
 
@@ -113,6 +116,8 @@ class LlamaSteps(Steps):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         super().__init__(model, head_dim, head_dim ** -0.5)
         self.layers = list(model.model.layers)
+        self.attn_in = [Projection([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in self.layers)]
+        self.mlp_in = [Projection([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in self.layers]
         types = list(getattr(cfg, "layer_types", None) or [])
         self.window = cfg.sliding_window if "sliding_attention" in types else None
 
@@ -124,16 +129,16 @@ class LlamaSteps(Steps):
         base = self.model.model
         k, past = ids.shape[1], cache.get_seq_length()
         h = base.embed_tokens(ids)
-        rope = base.rotary_emb(h, torch.arange(past, past + k, device=ids.device)[None])
+        rope = _signed(base.rotary_emb(h, torch.arange(past, past + k, device=ids.device)[None]))
         mask = self._mask(past, k, ids.device)
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            x = layer.input_layernorm.forward(h)
-            q, key = _rope(self._heads(attn.q_proj.forward(x)), self._heads(attn.k_proj.forward(x)), rope)
-            key, value = cache.update(key, self._heads(attn.v_proj.forward(x)), i)
+            q, key, value = self.attn_in[i](layer.input_layernorm.forward(h))
+            q, key = _rope(self._heads(q), self._heads(key), rope)
+            key, value = cache.update(key, self._heads(value), i)
             h = h + attn.o_proj.forward(self._attend(q, key, value, mask))
-            x = layer.post_attention_layernorm.forward(h)
-            h = h + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
+            gate, up = self.mlp_in[i](layer.post_attention_layernorm.forward(h))
+            h = h + mlp.down_proj.forward(mlp.act_fn(gate) * up)
         return self.model.lm_head.forward(base.norm.forward(h[:, -keep:]))[0]
 
 
@@ -176,19 +181,27 @@ class OptSteps(Steps):
         return self.model.lm_head.forward(h)[0]
 
 
+def _signed(rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [1, k, D] from the model's rotary embedding -> [1, 1, k, D] each, sin's first half
+    negated: transformers' x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1), is then
+    x * cos + roll(x, D / 2) * sin', with the same products (a negation is exact), once per step."""
+    cos, sin = rope
+    half = sin.shape[-1] // 2
+    return cos.unsqueeze(1), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+
+
 def _rope(q: torch.Tensor, key: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = (t.unsqueeze(1) for t in rope)
-    return q * cos + _rotate_half(q) * sin, key * cos + _rotate_half(key) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    cos, sin = rope
+    half = q.shape[-1] // 2
+    return q * cos + q.roll(half, -1) * sin, key * cos + key.roll(half, -1) * sin
 
 
 def for_model(model):
-    """The lean loop for this model, or None where transformers' forward stays the only path."""
-    for steps in (GemmaSteps, LlamaSteps, OptSteps):
-        if steps.supports(model):
-            return steps(model)
-    return None
+    """The lean loop for this model, or None where transformers' forward stays the only path. Built once
+    per model and kept on it: building fuses linears (src.engine.fused), a copy of their weights."""
+    steps = model.__dict__.get("_quantspec_steps")
+    if steps is None:
+        family = next((s for s in (GemmaSteps, LlamaSteps, OptSteps) if s.supports(model)), None)
+        steps = family(model) if family else False
+        model.__dict__["_quantspec_steps"] = steps
+    return steps or None

@@ -92,7 +92,8 @@ def _load_binding(directory: Path) -> str | None:
     """The torch binding (no ISA code): built with torch's extension builder. None, or why it failed."""
     if variants.compiler() is None:
         return "no C++ compiler (install g++ or set CXX)"
-    sources = [HERE / "binding.cpp", HERE / "core" / "api.h", Path(__file__)]   # this file: the build's flags
+    sources = [HERE / "binding.cpp", HERE / "core" / "api.h", HERE / "core" / "common.h",
+               Path(__file__)]   # this file: the build's flags
     build = directory / f"binding-{_key(*(p.read_bytes() for p in sources))}"
     try:
         with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/api.h"
+#include "core/common.h"
 
 namespace {
 
@@ -56,16 +57,27 @@ void check(const at::Tensor& x, const at::Tensor& w, int64_t step, int64_t w_col
 // y [M, N] by slices of output rows across threads: whole blocks of 4 (a row's sum then never depends
 // on where a thread's slice starts), each thread's slice in pieces of ~256 KB of weights so that a
 // second pass over x's rows (more rows than a variant keeps in registers) re-reads W from cache.
+// A bf16 caller gets bf16 y, each piece rounded while it is in cache (torch's rounding, qs::f32_to_bf16)
+// rather than by a separate pass and op call after.
 template <typename Call>
 at::Tensor columns(int64_t M, int64_t N, int64_t row_bytes, const at::Tensor& like, Call call) {
   at::Tensor y = at::empty({M, N}, like.options().dtype(at::kFloat));
+  const bool bf16 = like.scalar_type() == at::kBFloat16;
+  at::Tensor yb = bf16 ? at::empty({M, N}, like.options().dtype(at::kBFloat16)) : y;
   float* out = y.data_ptr<float>();
+  uint16_t* outb = bf16 ? bits_out(yb) : nullptr;
   const int64_t blocks = (N + 3) / 4;
   const int64_t piece = std::max<int64_t>(1, (256 << 10) / std::max<int64_t>(1, 4 * row_bytes));
   at::parallel_for(0, blocks, 32, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; b += piece) call(4 * b, std::min(4 * std::min(b + piece, b1), N), out);
+    for (int64_t b = b0; b < b1; b += piece) {
+      const int64_t n0 = 4 * b, n1 = std::min(4 * std::min(b + piece, b1), N);
+      call(n0, n1, out);
+      if (bf16)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = n0; n < n1; ++n) outb[m * N + n] = qs::f32_to_bf16(out[m * N + n]);
+    }
   });
-  return like.scalar_type() == at::kFloat ? y : y.to(like.scalar_type());
+  return bf16 || like.scalar_type() == at::kFloat ? yb : y.to(like.scalar_type());
 }
 
 at::Tensor gemv_float(const at::Tensor& x, const at::Tensor& w) {
