@@ -59,12 +59,14 @@ class Job:
     baseline: Callable | None          # with a draft: the same engine without it, timed beside it
     quant_metrics: dict[str, float]
     recorder: Recorder
+    on_row: Callable = lambda row, total: None   # each measured row, as it comes (src.record logs it)
 
     def inputs(self) -> TaskInputs:
         cfg = self.cfg
         return TaskInputs(self.model, self.loaded.tokenizer, cfg.task, cfg.model.code, cfg.sampling,
                           self.loaded.max_context, self.corpus.reader("evaluation"), self.engine,
-                          baseline=self.baseline, record_input=lambda text: self.corpus.note(text, "evaluation"))
+                          baseline=self.baseline, record_input=lambda text: self.corpus.note(text, "evaluation"),
+                          on_row=self.on_row)
 
     def run(self) -> TaskResult:
         result = TASKS[self.cfg.task.kind](self.inputs())

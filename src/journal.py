@@ -2,13 +2,17 @@
 file in its own output directory, then acknowledged once the store holds it.
 
     {"seq": 3, "op": "metrics", "time": ..., "metrics": [[name, value, ms, step], ...]}
-    {"ack": 3, "run_id": "..."}
+    {"ack": 3, "run_id": "..."}                      # the store answered that it holds record 3
+    {"refused": 4, "run_id": "...", "reason": "..."}  # the store is up and said no to record 4
 
-Records the store did not acknowledge (it went away, or was never reachable) are replayed later by
-`python -m src.sync` or by the next job against the same store: each exactly once, because a replay
-appends its own acks. A pending journal is listed in `<cache>/journals/` until fully acknowledged, so
-the next run finds it wherever the job's output directory was. While a job runs it holds an flock on its
-journal, so nothing replays a journal that is still being written.
+An ack is written only after the store has taken the record; a refusal is kept as a refusal with its
+reason, never as delivered. Records with neither (the store went away, or was never reachable) are
+replayed later by `python -m src.sync` or by the next job against the same store: each exactly once,
+because a replay appends its own acks. A replay first asks the store whether it still holds the job's
+run: one that lost it (deleted, or a server restarted on a fresh backend) gets the whole job again, its
+run created anew with its original times. A pending journal is listed in `<cache>/journals/` until
+settled, so the next run finds it wherever the job's output directory was. While a job runs it holds an
+flock on its journal, so nothing replays a journal that is still being written.
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ class Journal:
         self._write({"ack": seq, "run_id": run_id})
         self._unacked.discard(seq)
 
+    def refuse(self, seq: int, run_id: str | None, reason: str) -> None:
+        """The store answered and will not take this record: settled, but not delivered."""
+        self._write({"refused": seq, "run_id": run_id, "reason": reason[:500]})
+        self._unacked.discard(seq)
+
     def _write(self, line: dict) -> None:
         os.write(self._fd, (json.dumps(line, ensure_ascii=False) + "\n").encode())
 
@@ -88,24 +97,37 @@ def _end_torn_line(fd: int, path: Path) -> None:
                 os.write(fd, b"\n")
 
 
-def _read(path: Path) -> tuple[list[dict], dict[int, str | None]]:
-    """(records, {acknowledged seq: run id}). A torn last line (the writer was killed mid-write) is skipped."""
-    records, acks = [], {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+def _read(path: Path) -> tuple[list[dict], dict[int, str | None], dict[int, str]]:
+    """(records, {acknowledged seq: run id}, {refused seq: reason}). A torn line (the writer was killed
+    mid-write) is skipped."""
+    records, acks, refused = [], {}, {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             item = json.loads(line)
         except json.JSONDecodeError:
             continue
         if "ack" in item:
             acks[item["ack"]] = item.get("run_id")
+        elif "refused" in item:
+            refused[item["refused"]] = item.get("reason", "")
         elif "seq" in item:
             records.append(item)
-    return records, acks
+    return records, acks, refused
 
 
-def replay(path: Path, apply: Callable[[dict, str | None], str]) -> int | None:
-    """Send a journal's unacknowledged records through `apply(record, run_id) -> run_id`, acking each.
-    Returns how many were sent, or None when another process holds the journal (its job still runs)."""
+def unsettled(path: Path) -> int:
+    """How many of a journal's records the store has neither acknowledged nor refused."""
+    records, acks, refused = _read(path)
+    return sum(1 for r in records if r["seq"] not in acks and r["seq"] not in refused)
+
+
+def replay(path: Path, apply: Callable[[dict, str | None], str], holds: Callable[[str], bool] = lambda run_id: True,
+           refusal: Callable[[Exception], str | None] = lambda err: None) -> tuple[int, int] | None:
+    """Send a journal's undelivered records through `apply(record, run_id) -> run_id`, acking each.
+    `holds(run_id)` says whether the store still has a job's run: where it does not, the job's records
+    are all sent again (its start creates the run anew). `refusal(err)` turns the store's refusal of one
+    record into its reason (the record is marked refused and the replay goes on), or None to raise.
+    Returns (sent, refused), or None when another process holds the journal (its job still runs)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         try:
@@ -113,17 +135,28 @@ def replay(path: Path, apply: Callable[[dict, str | None], str]) -> int | None:
         except BlockingIOError:
             return None
         _end_torn_line(fd, path)
-        records, acks = _read(path)
-        run_id, sent = None, 0
+        records, acks, refused = _read(path)
+        run_id, lost, sent, said_no = None, False, 0, 0
         for record in records:  # a rerun into the same directory appends a second job: each start resets
-            if record["seq"] in acks:
-                if record["op"] == "start":
-                    run_id = acks[record["seq"]]
+            seq, start = record["seq"], record["op"] == "start"
+            if start:
+                lost = seq in acks and acks[seq] is not None and not holds(acks[seq])
+            if seq in refused or (seq in acks and not lost):
+                if start:
+                    run_id = acks.get(seq)
                 continue
-            run_id = apply(record, None if record["op"] == "start" else run_id)
-            os.write(fd, (json.dumps({"ack": record["seq"], "run_id": run_id}) + "\n").encode())
+            try:
+                run_id = apply(record, None if start else run_id)
+            except Exception as err:  # noqa: BLE001 - a refusal is recorded and the rest goes on
+                reason = refusal(err)
+                if reason is None:
+                    raise
+                os.write(fd, (json.dumps({"refused": seq, "run_id": run_id, "reason": reason[:500]}) + "\n").encode())
+                said_no += 1
+                continue
+            os.write(fd, (json.dumps({"ack": seq, "run_id": run_id}) + "\n").encode())
             sent += 1
-        return sent
+        return sent, said_no
     finally:
         os.close(fd)
 
@@ -144,3 +177,15 @@ def pending(registry: Path, uri: str | None = None) -> list[tuple[Path, Path]]:
 def start_of(path: Path) -> dict:
     """A journal's first start record (which store and experiment it was written for), or {}."""
     return next((r for r in _read(path)[0] if r.get("op") == "start"), {})
+
+
+def run_ids(path: Path) -> list[str]:
+    """The runs a journal's jobs have in the store, as its latest acks say."""
+    records, acks, _ = _read(path)
+    return [acks[r["seq"]] for r in records if r.get("op") == "start" and acks.get(r["seq"])]
+
+
+def missing_line(path: Path) -> str:
+    """What to say of a listed journal that is not where its job wrote it."""
+    return (f"journal {path} is listed as pending but is gone (its directory moved or was deleted); "
+            f"if it moved, python -m src.sync <its new folder> replays it")

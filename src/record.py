@@ -117,14 +117,14 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     except (KeyboardInterrupt, Stopped) as err:
         signals.stopping()
         try:
-            job.kill(signals.describe(err)[0])
+            job.kill(signals.describe(err)[0] + _so_far(job))
         except StoreUnreachable:
             pass  # nothing can record it; the owner record lets the next run end it
         raise
     except Exception as err:  # noqa: BLE001 - recorded in full (error.txt) and reported in one line
         fail_line(f"job {name} failed: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")
         try:
-            job.fail(err)
+            job.fail(err, _so_far(job))
         except StoreUnreachable as lost:
             fail_line(f"job {name}: {lost}")
     finally:
@@ -133,6 +133,12 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
             fail_line(f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
                       f"{job.where()} and go to the store with the next run or `python -m src.sync`")
     return job.outcome or "failed"
+
+
+def _so_far(job) -> str:
+    """What a job that stopped early had measured (its rows are in the store or journal already)."""
+    done, total = getattr(job, "measured", (0, 0))
+    return f"; stopped after {done} of {total} examples (their rows are kept)" if total else ""
 
 
 def _record_preset(job, name: str, outcome: str, reason: str) -> None:
@@ -167,8 +173,17 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         print(f"quantspec: job {name} skipped: {reason}", flush=True)
         return
     sysmetrics.reset_peak_rss()
+    logged: set[int] = set()
+
+    def keep(row, total: int) -> None:
+        """Each example's row to the journal and store as it is measured: a job stopped later keeps it."""
+        run.log_metrics(row.metrics(), step=row.example)
+        logged.add(row.example)
+        run.measured = (len(logged), total)
+
     with sysmetrics.Sampler(lambda values, step: run.log_metrics(values, step=step), cfg.tracking.system_metrics_s):
         job = jobs.build(cfg, run)
+        job.on_row = keep
         result = job.run()
     result.summary["peak_rss_gb"] = sysmetrics.peak_rss_gb()
     _flag_busy_host(run, result.summary.get("others_cpu_cores"), cfg.tracking.busy_cores)
@@ -176,7 +191,8 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
     table = seed_table(result.rows) if result.rows else summary_table({**job.quant_metrics, **result.summary})
     print(f"\n{name} (executed on {job.placement.executed_on})\n{table}\n", flush=True)
     for row in result.rows:
-        run.log_metrics(row.metrics(), step=row.example)
+        if row.example not in logged:   # tasks that measure outside src.tasks.common.measure
+            run.log_metrics(row.metrics(), step=row.example)
     for metric, values in result.series.items():
         for step, value in enumerate(values, start=1):
             run.log_metrics({metric: value}, step=step)

@@ -4,7 +4,12 @@ A job whose tracking store failed (or was unreachable, with tracking.unreachable
 record in its journal (src.journal). With no arguments this replays the journals listed as pending
 under the cache (`$QUANTSPEC_CACHE/journals`, where every job lists its own); given journals or folders
 (e.g. a sweep directory), those. Each record reaches the store exactly once, however often this runs;
-the next job against the same store does the same by itself.
+a store that lost a job's run (deleted, or a server on a fresh backend) gets the job anew. The next job
+against the same store does the same by itself.
+
+A journal leaves the list once the store holds all it can take. One whose store cannot be opened stays
+listed while it has records to deliver (exit 1); one with nothing left to deliver is unlisted. Exit 0
+when nothing is pending.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import sys
 from pathlib import Path
 
 from src import journal
-from src.tracking import Store, StoreUnreachable, bound_http_retries, probe
+from src.tracking import Store, bound_http_retries, probe
 
 
 def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
@@ -34,8 +39,10 @@ def main(argv: list[str]) -> int:
     failed = replayed = 0
     for pointer, path in _journals(argv):
         if not path.is_file():
+            print(f"quantspec: {journal.missing_line(path)}", file=sys.stderr)
             if pointer is not None:
                 pointer.unlink(missing_ok=True)
+            failed += 1
             continue
         start = journal.start_of(path)
         if not start.get("uri"):
@@ -46,8 +53,15 @@ def main(argv: list[str]) -> int:
                 probe(key[0])
                 stores[key] = Store(*key)
             sent = stores[key].replay(path, pointer)
-        except (StoreUnreachable, Exception) as err:  # noqa: BLE001 - one line per journal, then the next
-            print(f"quantspec: {path}: not replayed ({str(err).splitlines()[0]})", file=sys.stderr)
+        except Exception as err:  # noqa: BLE001 - one line per journal, then the next
+            first = str(err).strip().splitlines()[0].split(" with exception")[0][:200] if str(err).strip() else ""
+            if journal.unsettled(path) == 0 and pointer is not None:
+                pointer.unlink(missing_ok=True)   # delivered before; nothing left to send
+                print(f"quantspec: {path}: delivered before; {key[0]} cannot be opened now "
+                      f"({type(err).__name__}: {first}), so it stays unchecked and is unlisted")
+                continue
+            print(f"quantspec: {path}: not replayed ({type(err).__name__}: {first}); "
+                  f"fix the store and run python -m src.sync again", file=sys.stderr)
             failed += 1
             continue
         if sent is None:
@@ -57,11 +71,14 @@ def main(argv: list[str]) -> int:
         print(f"quantspec: {path}: {sent} record(s) replayed into {key[0]}" if sent else
               f"quantspec: {path}: already in the store")
     for store in stores.values():  # what a killed job left RUNNING there, now that its journal is in
-        for line in store.reap():
+        try:
+            lines = store.reap()
+        except Exception as err:  # noqa: BLE001
+            lines = [f"could not check {store.uri} for runs left running ({type(err).__name__})"]
+        for line in lines:
             print(f"quantspec: {line}")
     print(f"quantspec: sync done: {replayed} journal(s) replayed, {failed} not")
     return 1 if failed else 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -43,8 +43,12 @@ STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed":
 MAX_PARAM_CHARS = 6000      # MLflow's limit on a param value
 BATCH = 100                 # MLflow's limit on params (and tags) per log_batch call
 PROBE_TRIES, PROBE_TIMEOUT_S = 3, 2.0
-# Answers of a store that is up but refuses the request: raised, never journaled (a replay would fail too).
-REFUSED = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST"}
+# Answers of a store that is up but refuses the request: recorded as refused in the journal (a replay
+# would be refused again), never as delivered, and raised.
+REFUSED = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"}
+# The store no longer has the run (deleted, or a server restarted on a fresh backend): an outage for this
+# job, whose journal replays it whole into a store that lacks it (src.journal.replay).
+LOST = "RESOURCE_DOES_NOT_EXIST"
 
 
 class StoreUnreachable(RuntimeError):
@@ -210,12 +214,12 @@ class Store:
         self.client.set_terminated(run_id, RunStatus.to_string(STATUS[outcome]), end_time=end_time)
 
     def close_sweep(self, parent_id: str, status: str = "FINISHED", reason: str | None = None) -> dict[str, int]:
-        """End the parent with its counts as the store holds them (every job, whichever process ran it)."""
+        """End the parent with its counts as the store holds them (every job, whichever process ran it),
+        and this close's reason (none clears an earlier one: a sweep reaped, then resumed and finished)."""
         jobs = self.latest_jobs(parent_id)
         counts = {o: sum(1 for r in jobs if r.data.tags.get(OUTCOME) == o) for o in OUTCOMES}
         counts["running"] = sum(1 for r in jobs if r.info.status == "RUNNING")
-        self._tags(parent_id, {**{f"jobs_{o}": str(n) for o, n in counts.items()},
-                               **({REASON: reason} if reason else {})})
+        self._tags(parent_id, {**{f"jobs_{o}": str(n) for o, n in counts.items()}, REASON: reason or ""})
         self.client.set_terminated(parent_id, status)
         return counts
 
@@ -274,6 +278,7 @@ class Store:
         lines = []
         for pointer, path in journal.pending(registry, self.uri):
             if not path.is_file():
+                lines.append(journal.missing_line(path))
                 pointer.unlink(missing_ok=True)
                 continue
             if journal.start_of(path).get("experiment", self.experiment) != self.experiment:
@@ -289,12 +294,42 @@ class Store:
         return lines
 
     def replay(self, path: Path, pointer: Path | None = None) -> int | None:
-        """Send a journal's unacknowledged records here; its pending entry goes once they are all in.
+        """Send a journal's undelivered records here (all of a job's, where this store lost its run); its
+        pending entry goes once they are all settled, and the sweeps it touched recount their jobs.
         None: its job still runs (it holds the journal)."""
-        sent = journal.replay(path, self.apply)
-        if sent is not None and pointer is not None:
+        done = journal.replay(path, self.apply, self.holds, refusal)
+        if done is None:
+            return None
+        sent, refused = done
+        if refused:
+            log.warning("%d record(s) of %s refused by %s (reasons in the journal)", refused, path, self.uri)
+        if pointer is not None:
             pointer.unlink(missing_ok=True)
+        if sent:
+            self.recount(journal.run_ids(path))
         return sent
+
+    def holds(self, run_id: str) -> bool:
+        try:
+            self.client.get_run(run_id)
+        except MlflowException as err:
+            if err.error_code == LOST:
+                return False
+            raise
+        return True
+
+    def recount(self, run_ids: list[str]) -> None:
+        """Ended sweeps whose jobs were replayed: their job counts as the store now holds them."""
+        parents = set()
+        for run_id in run_ids:
+            try:
+                parents.add(self.client.get_run(run_id).data.tags.get("mlflow.parentRunId"))
+            except MlflowException:
+                continue
+        for parent_id in parents - {None}:
+            parent = self.client.get_run(parent_id)
+            if parent.info.status != "RUNNING":   # a running sweep counts when it closes
+                self.close_sweep(parent_id, parent.info.status)
 
     def reap(self) -> list[str]:
         """End runs left RUNNING by owners that are gone: jobs as failed (interrupted), then their sweeps."""
@@ -350,6 +385,14 @@ def open_store(uri: str, experiment: str, registry: Path, journal_if_unreachable
     return store
 
 
+def refusal(err: Exception) -> str | None:
+    """The reason a store that is up refused a record (MLflow's error code and first line), or None
+    for any other failure."""
+    if isinstance(err, MlflowException) and err.error_code in REFUSED:
+        return f"{err.error_code}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:500]
+    return None
+
+
 class JobRun:
     """One job's run: every record journaled, then sent to the store while the store answers."""
 
@@ -360,6 +403,7 @@ class JobRun:
         self.run_id: str | None = None
         self.parent_id: str | None = None
         self.outcome: str | None = None       # finished, skipped, failed or killed once the run has ended
+        self.measured = (0, 0)                # examples measured and logged so far, of how many
         self.offline: str | None = None if store else "the store was unreachable at start"
         self._beat: threading.Event | None = None
         self._lock = threading.Lock()    # the system-metrics sampler records from its own thread
@@ -382,9 +426,9 @@ class JobRun:
             except MlflowException as err:
                 if err.error_code in REFUSED:  # the store is up and says no: a bug to see, not an outage
                     if seq is not None:
-                        self.journal.ack(seq, self.run_id)   # answered: a replay would only be refused again
+                        self.journal.refuse(seq, self.run_id, refusal(err))   # settled, never delivered
                     raise
-                self._go_offline(err)
+                self._go_offline(err)   # LOST among them: the journal keeps it for a store that has the run
             except Exception as err:  # noqa: BLE001 - any other store failure: stop talking to it, keep journaling
                 self._go_offline(err)
             else:
@@ -475,11 +519,11 @@ class JobRun:
     def kill(self, reason: str) -> None:
         self._end("killed", reason)
 
-    def fail(self, err: BaseException) -> None:
+    def fail(self, err: BaseException, note: str = "") -> None:
         try:
             self.log_text("".join(traceback.format_exception(err)), "error.txt")
         finally:
-            self._end("failed", f"{type(err).__name__}: {err}")
+            self._end("failed", f"{type(err).__name__}: {err}"[:2000] + note)
 
     def where(self) -> str | None:
         """Where the results wait when the store did not take them all, else None."""

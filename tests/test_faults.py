@@ -77,10 +77,14 @@ def test_a_signal_ends_the_job_and_the_sweep_as_killed_in_one_line(tmp_path, sig
     assert len(said(err)) == 1 and words in said(err)[0] and "Traceback" not in err
     (parent,), (job,) = by_role(uri)
     assert job.info.status == "KILLED" and job.data.tags["outcome"] == "killed"
-    assert job.data.tags["outcome_reason"] == words
+    reason = job.data.tags["outcome_reason"]
+    assert reason.startswith(f"{words}; stopped after ") and reason.endswith(" of 3 examples (their rows are kept)")
     assert parent.info.status == "KILLED" and parent.data.tags["jobs_killed"] == "1"
-    # what the job measured before the stop is kept: its config and environment
-    assert {"config.yaml", "environment.json"} <= {a.path for a in MlflowClient(uri).list_artifacts(job.info.run_id)}
+    # what the job measured before the stop is kept: its config and environment, and each example it finished
+    client = MlflowClient(uri)
+    assert {"config.yaml", "environment.json"} <= {a.path for a in client.list_artifacts(job.info.run_id)}
+    done = int(reason.split("stopped after ")[1].split()[0])
+    assert done >= 1 and len(client.get_metric_history(job.info.run_id, "time_per_token_ms")) == done
 
 
 def test_a_killed_process_s_runs_are_ended_by_the_next_process(tmp_path, env):

@@ -32,9 +32,9 @@ def test_replay_sends_only_what_the_store_lacks_and_each_start_opens_a_new_run(t
         applied.append((record["op"], run_id))
         return run_id or f"run-{len(applied) + 1}"
 
-    assert journal.replay(j.path, apply) == 3
+    assert journal.replay(j.path, apply) == (3, 0)
     assert applied == [("metrics", "run-1"), ("end", "run-1"), ("start", None)]
-    assert journal.replay(j.path, apply) == 0   # exactly once
+    assert journal.replay(j.path, apply) == (0, 0)   # exactly once
 
 
 def test_a_journal_in_use_is_not_replayed(tmp_path):

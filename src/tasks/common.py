@@ -31,6 +31,7 @@ class TaskInputs:
     generate: Callable          # the engine: src.engine.engine_for(...)
     baseline: Callable | None = None   # with a draft: the same engine without it, timed beside it
     record_input: Callable = lambda text: None   # a task reading text the corpus did not give it says so
+    on_row: Callable = lambda row, total: None   # each example's row as it is measured (kept if the job stops)
 
 
 @dataclass
@@ -103,6 +104,7 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
                                           stop=ex.stop))
         gen = _median_run(runs[0])
         row = _row(number, gen)
+        inputs.on_row(row, len(examples))   # journaled before it is said: "example n/" means it is kept
         log.info("example %d/%d: %d prompt tokens, %d new, %.1f ms/token", number, len(examples),
                  row.prompt_tokens, row.new_tokens, row.time_per_token_ms)
         out.rows.append(row)
