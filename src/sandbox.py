@@ -1,16 +1,22 @@
 """Run untrusted Python (a model's completion with its tests) in a separate, limited process.
 
-- `bwrap` (default): bubblewrap with every namespace unshared (no network), the host's root mounted
-  read-only, a private tmpfs on /tmp as the working directory, a fresh /proc and /dev, all
-  capabilities dropped, running as nobody (65534) inside its user namespace, killed with its parent.
-- `rlimit`: a plain subprocess in a temporary directory with the same resource limits and a new session,
-  for hosts where bubblewrap cannot run; it can reach the network and write where the job can, so
-  runs made with it are tagged `sandbox=rlimit`.
+- `bwrap` (default): bubblewrap with every namespace unshared (no network, its own process ids), only
+  what the interpreter needs mounted read-only (/usr, the system libraries, Python's own install), a
+  fresh /proc and /dev, and a private, size-capped tmpfs as /tmp and working directory. The program runs
+  as a real unprivileged user with no capabilities, so file permissions apply as they would to that
+  user outside: started as root, bubblewrap mounts what is needed and the program becomes uid 65534
+  (nobody) on the host; started as anyone else, it runs as that user inside a user namespace, able to
+  read nothing of theirs beyond the mounts above. Ending the sandbox ends its whole process namespace.
+- `rlimit`: for hosts where bubblewrap cannot run. A small supervisor (a subreaper: every orphan of the
+  program, however it detached, becomes its child) runs the program as nobody where it was started as
+  root, and at its end or at the time limit kills every process left below it, also those that called
+  setsid. It can reach the network and write where its user can, so runs made with it are tagged
+  `sandbox=rlimit`.
 
 Either way the program runs under `python -I` (no environment variables, no user site, no working
-directory on the path) with RLIMIT_AS (memory), RLIMIT_CPU and RLIMIT_FSIZE set inside the child
-before any of its code runs, and a wall-clock limit enforced here by killing the child's whole process
-group. Nothing is ever executed in the calling process.
+directory on the path) with RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (each file) and RLIMIT_NPROC
+(processes) set before any of its code runs, and a wall-clock limit. Nothing is ever executed in the
+calling process, and what a failure prints is cut to DETAIL_CHARS before it is kept.
 """
 
 from __future__ import annotations
@@ -23,19 +29,45 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 KINDS = ("bwrap", "rlimit")
-NOBODY = "65534"
-OUTPUT_BYTES = 1 << 20   # RLIMIT_FSIZE: what the child may write to its captured stderr (and its tmpfs files)
+NOBODY = 65534
+OUTPUT_BYTES = 1 << 20   # RLIMIT_FSIZE: what the child may write to any one file (its captured stderr too)
+TMPFS_BYTES = 16 << 20   # bwrap: all it may write, together (its /tmp)
+PROCESSES = 32           # RLIMIT_NPROC: processes beyond those its user already has
+SUPERVISED = 4 * PROCESSES   # rlimit's supervisor: more processes on the host than when it started
+DETAIL_CHARS = 200       # of a failure's last line, kept in artifacts
+TIMED_OUT = 124          # the supervisor's exit status at the wall-clock limit
+TOO_MANY = 123           # ... and where the program had more than PROCESSES processes
 
-# Runs first in the child: the limits, then the program (read from stdin) as __main__. A failure's last
-# line is the exception's type and message, as a traceback's last line reads.
+# Runs first in the child: under bwrap the size-capped /tmp and the drop of every privilege that took,
+# then the limits, then the program (read from stdin) as __main__. A failure's last line is the
+# exception's type and message, as a traceback's last line reads.
 _RUNNER = """
-import resource, sys
-memory, cpu, fsize = (int(a) for a in sys.argv[1:4])
-resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+import os, resource, sys
+memory, cpu, fsize, nproc, tmpfs = (int(a) for a in sys.argv[1:6])
+if tmpfs:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 6, b'size=%d,mode=1777' % tmpfs) != 0:  # MS_NOSUID | MS_NODEV
+        sys.stderr.write('sandbox: cannot mount /tmp (errno %d)\\n' % ctypes.get_errno())
+        os._exit(125)
+    os.chdir('/tmp')
+    for cap in range(64):   # the bounding set first (it needs CAP_SETPCAP): nothing to regain on exec
+        libc.prctl(24, cap, 0, 0, 0)   # PR_CAPBSET_DROP; past the last capability: EINVAL, ignored
+    if sys.argv[6] == 'setuid':   # bubblewrap as root: nobody for real, so file permissions apply
+        os.setgroups([])
+        os.setgid({NOBODY})
+        os.setuid({NOBODY})
+    header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    if libc.prctl(47, 4, 0, 0, 0) != 0 or libc.capset(header, data) != 0:   # ambient, then every other set
+        os._exit(125)
+for kind, n in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, fsize),
+                (resource.RLIMIT_NPROC, nproc)):
+    hard = resource.getrlimit(kind)[1]
+    n = n if hard == resource.RLIM_INFINITY else min(n, hard)   # lowered, never raised
+    resource.setrlimit(kind, (n, n))
 source = sys.stdin.read()
 sys.stdin = open('/dev/null')
 try:
@@ -43,9 +75,83 @@ try:
 except BaseException as err:
     sys.stderr.write('\\n%s: %s\\n' % (type(err).__name__, err) if str(err) else '\\n%s\\n' % type(err).__name__)
     sys.stderr.flush()
-    import os
     os._exit(1)
-"""
+""".replace("{NOBODY}", str(NOBODY))
+
+# The rlimit kind's supervisor (trusted code): a subreaper that runs the program, ends it at the time
+# limit, then stops and kills every process left below it (a fork bomb cannot outrun a stopped tree).
+_SUPERVISOR = """
+import ctypes, os, signal, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+timeout, drop = float(sys.argv[1]), sys.argv[2] == '1'
+ids = dict(user={NOBODY}, group={NOBODY}, extra_groups=[]) if drop else {}
+baseline = len(os.listdir('/proc'))
+child = subprocess.Popen(sys.argv[4:], start_new_session=True, **ids)   # its own group, stopped in one call
+
+def below(pid):
+    found = []
+    try:
+        for tid in os.listdir('/proc/%d/task' % pid):
+            with open('/proc/%d/task/%s/children' % (pid, tid)) as f:
+                found += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return found + [q for p in found for q in below(p)]
+
+# The time limit, and a process count kept here as well as by RLIMIT_NPROC (which exempts root: a
+# program that could not become nobody): how many more processes the host has, one cheap look.
+deadline, limit, code = time.monotonic() + timeout, int(sys.argv[3]), None
+while code is None:
+    try:
+        code = child.wait(timeout=0.02)
+        code = 128 - code if code < 0 else code
+    except subprocess.TimeoutExpired:
+        if time.monotonic() > deadline:
+            code = {TIMED_OUT}
+        elif len(os.listdir('/proc')) - baseline > limit:
+            code = {TOO_MANY}
+
+def state(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rpartition(') ')[2][:1]
+    except OSError:
+        return 'X'
+
+def kill(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+try:
+    os.killpg(child.pid, signal.SIGSTOP)
+except OSError:
+    pass
+for _ in range(1000):   # stopped processes cannot fork: stop the tree until nothing in it runs
+    running = [p for p in below(os.getpid()) if state(p) not in 'TtZX']
+    if not running:
+        break
+    kill(running, signal.SIGSTOP)
+try:
+    os.killpg(child.pid, signal.SIGKILL)
+except OSError:
+    pass
+for _ in range(1000):
+    tree = below(os.getpid())
+    if not tree:
+        break
+    kill(tree, signal.SIGKILL)
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    time.sleep(0.005)
+sys.exit(code)
+""".replace("{NOBODY}", str(NOBODY)).replace("{TIMED_OUT}", str(TIMED_OUT)).replace(
+    "{TOO_MANY}", str(TOO_MANY))
 
 
 class SandboxUnavailable(RuntimeError):
@@ -75,15 +181,60 @@ class Outcome:
         return self.status if not self.detail else f"{self.status}: {self.detail}"
 
 
-def bwrap_command() -> list[str]:
-    # The private tmpfs hides the host's /tmp: an interpreter installed there (a checkout in /tmp, as CI
-    # clones one) is bound back, read-only, or the sandbox could not start its own Python.
-    python = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable))}
-    hidden = sorted(p for p in python if p == "/tmp" or p.startswith("/tmp/"))
-    return ["bwrap", "--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY, "--die-with-parent",
-            "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--tmpfs", "/tmp",
-            *[arg for p in hidden for arg in ("--ro-bind", p, p)],
-            "--dev", "/dev", "--proc", "/proc", "--chdir", "/tmp", "--"]
+def interpreter() -> tuple[str, str]:
+    """(the base Python executable, its install prefix): the sandbox runs `python -I`, which needs
+    neither a virtual environment nor any site-packages."""
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    return exe, os.path.realpath(sys.base_prefix)
+
+
+def bwrap_command(as_root: bool | None = None) -> list[str]:
+    as_root = os.geteuid() == 0 if as_root is None else as_root
+    if as_root:   # bubblewrap's own namespaces, no user namespace: the program becomes nobody on the host
+        cmd = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+               "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_SETUID",
+               "--cap-add", "CAP_SETGID"]
+    else:
+        # root of its own user namespace, to mount its /tmp; the runner then gives up every capability
+        cmd = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
+               "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
+    cmd += ["--die-with-parent", "--new-session"]
+    for path in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(path):   # merged /usr: /lib -> usr/lib
+            cmd += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            cmd += ["--ro-bind", path, path]
+    prefix = interpreter()[1]
+    if not prefix.startswith("/usr/"):   # a Python of its own (pyenv, conda, a build in /opt or /tmp)
+        # its parents made traversable (bubblewrap would copy a 0700 home's mode), holding nothing else
+        for parent in reversed(Path(prefix).parents[:-1]):
+            cmd += ["--perms", "0755", "--dir", str(parent)]
+        cmd += ["--ro-bind", prefix, prefix]
+    return cmd + ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--dir", "/tmp", "--dev", "/dev",
+                  "--proc", "/proc", "--chdir", "/", "--"]
+
+
+def _processes(uid: int) -> int:
+    """How many processes `uid` has now (RLIMIT_NPROC counts them all, host-wide)."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                count += entry.stat().st_uid == uid
+            except OSError:
+                pass
+    return count
+
+
+def _others_can_run(exe: str, prefix: str) -> bool:
+    """Whether an unprivileged user can run this interpreter (pyenv under root's 0700 home cannot)."""
+    for path in (exe, prefix, *Path(prefix).parents):
+        try:
+            if not os.stat(path).st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def check(kind: str) -> None:
@@ -105,30 +256,43 @@ def check(kind: str) -> None:
 
 def run(program: str, kind: str, limits: Limits) -> Outcome:
     """Run `program` to its end, its failure, or its limit."""
-    runner = [sys.executable, "-I", "-c", _RUNNER, str(limits.memory_mb << 20), str(limits.cpu_seconds()),
-              str(OUTPUT_BYTES)]
+    exe, prefix = interpreter()
+    root = os.geteuid() == 0
+    drop = root and (kind == "bwrap" or _others_can_run(exe, prefix))   # rlimit: only where nobody can run it
+    nproc = _processes(NOBODY if drop else os.getuid()) + PROCESSES
+    runner = [exe, "-I", "-c", _RUNNER, str(limits.memory_mb << 20), str(limits.cpu_seconds()), str(OUTPUT_BYTES),
+              str(nproc), str(TMPFS_BYTES if kind == "bwrap" else 0), "setuid" if root else "caps"]
+    if kind == "bwrap":
+        cmd, wait_s = bwrap_command(root) + runner, limits.timeout_s
+    else:   # the supervisor keeps the time limit; this waits a little longer, in case it is itself stuck
+        cmd, wait_s = ([exe, "-I", "-c", _SUPERVISOR, str(limits.timeout_s), str(int(drop)), str(SUPERVISED), *runner],
+                       limits.timeout_s + 10)
     with tempfile.TemporaryDirectory(prefix="quantspec-sandbox-") as home, \
             tempfile.TemporaryFile(dir=home) as err:
-        cmd = bwrap_command() + runner if kind == "bwrap" else runner
+        os.chmod(home, 0o755)   # the rlimit kind's program, as nobody, starts in it
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
                                     cwd=home, start_new_session=True, env={"PATH": os.defpath})
         except OSError as e:
-            return Outcome("failed", f"the sandbox did not start: {e}")
+            return Outcome("failed", f"the sandbox did not start: {e}"[:DETAIL_CHARS])
         try:
             try:
                 proc.stdin.write(program.encode())
                 proc.stdin.close()
             except BrokenPipeError:
                 pass  # it ended before reading all of it: its status says why
-            code = proc.wait(timeout=limits.timeout_s)
+            code = proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             _kill(proc)
             return Outcome("timed out", f"over {limits.timeout_s:g} s")
         if code == 0:
             return Outcome("passed", "")
-        # A signal ends it: negative from a plain child, 128 + the signal through bubblewrap.
-        sig = -code if code < 0 else code - 128 if kind == "bwrap" and code > 128 else 0
+        if kind == "rlimit" and code == TIMED_OUT:
+            return Outcome("timed out", f"over {limits.timeout_s:g} s")
+        if kind == "rlimit" and code == TOO_MANY:
+            return Outcome("failed", f"started more than {SUPERVISED} processes")
+        # A signal ends it: 128 + the signal through bubblewrap or the supervisor.
+        sig = -code if code < 0 else code - 128 if code > 128 else 0
         if sig == signal.SIGXCPU:
             return Outcome("timed out", f"over {limits.cpu_seconds()} CPU s")
         if sig == signal.SIGXFSZ:
@@ -138,7 +302,7 @@ def run(program: str, kind: str, limits: Limits) -> Outcome:
                            else f"exit status {code}")
         err.seek(0)
         tail = err.read()[-4096:].decode(errors="replace").strip().splitlines()
-        return Outcome("failed", tail[-1][:300] if tail else f"exit status {code}")
+        return Outcome("failed", tail[-1][:DETAIL_CHARS] if tail else f"exit status {code}")
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -1,0 +1,113 @@
+"""The sandbox against a hostile program, with real processes: files only root may read, a fork bomb, a
+flood of files, children that detach with setsid. Each case is checked on the host afterwards (what
+is left running, what was written)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from src import sandbox
+from tests.test_benchmark_code import needs_bwrap
+
+LIMITS = sandbox.Limits(timeout_s=4.0, memory_mb=512)
+KINDS = [pytest.param("bwrap", marks=needs_bwrap), "rlimit"]
+
+
+def named(marker: str) -> str:
+    """Program lines naming its process (and every child it forks) `marker`, for pgrep to find."""
+    return f"import ctypes\nctypes.CDLL(None).prctl(15, {marker.encode()!r}, 0, 0, 0)\n"   # PR_SET_NAME
+
+
+def left_running(marker: str) -> list[str]:
+    time.sleep(0.3)
+    return subprocess.run(["pgrep", "-x", marker], capture_output=True, text=True).stdout.split()
+
+
+def test_left_running_sees_a_named_process():   # the check below cannot pass by seeing nothing
+    marker = f"qs{uuid.uuid4().hex[:10]}"
+    proc = subprocess.Popen([sys.executable, "-c", named(marker) + "import time\ntime.sleep(30)\n"])
+    try:
+        deadline = time.time() + 10
+        while not left_running(marker):
+            assert time.time() < deadline
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@needs_bwrap
+def test_bwrap_reads_nothing_its_user_could_not_and_says_little(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET " * 100)
+    secret.chmod(0o600)
+    store = tmp_path / "mlflow.db"
+    store.write_text("rows")
+    store.chmod(0o600)
+    for path in (secret, store, "/etc/shadow", "/root/.bashrc"):
+        out = sandbox.run(f"raise SystemExit(open({str(path)!r}).read())\n", "bwrap", LIMITS)
+        assert out.status == "failed" and "TOP-SECRET" not in out.detail and "rows" not in out.detail
+        assert "No such file" in out.detail or "Permission denied" in out.detail, out.detail
+    if os.geteuid() == 0:   # started as root: the program is nobody on the host, with no capabilities
+        check = ("import os\nassert os.getuid() == os.geteuid() == 65534\n"
+                 "caps = [l for l in open('/proc/self/status') if l.startswith('Cap')]\n"
+                 "assert all(l.split()[1] == '0000000000000000' for l in caps), caps\n")
+        assert sandbox.run(check, "bwrap", LIMITS).passed
+    long = sandbox.run("raise ValueError('x' * 5000)\n", "bwrap", LIMITS)
+    assert len(long.detail) <= sandbox.DETAIL_CHARS
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_fork_bomb_is_capped_and_nothing_of_it_survives(kind):
+    marker = f"qs{uuid.uuid4().hex[:10]}"
+    bomb = named(marker) + "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n" \
+                           "        time.sleep(0.01)\n"
+    began = time.monotonic()
+    out = sandbox.run(bomb, kind, LIMITS)
+    # the kernel's RLIMIT_NPROC makes forks fail until the time limit; where the program stayed root
+    # (rlimit, an interpreter nobody may run), the supervisor's own count ends it
+    assert out.status == "timed out" or out.detail == f"started more than {sandbox.SUPERVISED} processes", out
+    assert time.monotonic() - began < LIMITS.timeout_s + 10
+    assert left_running(marker) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_child_that_detaches_with_setsid_is_killed_at_the_limit(kind):
+    marker = f"qs{uuid.uuid4().hex[:10]}"
+    program = (named(marker) + "import os, time\n"
+               "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(120)\n    os._exit(0)\n"
+               "time.sleep(0.5)\n")   # the parent ends at once: the sandbox's end, not its time limit
+    out = sandbox.run(program, kind, LIMITS)
+    assert out.passed, out
+    assert left_running(marker) == []
+
+
+@needs_bwrap
+def test_bwrap_caps_what_a_program_writes_in_all():
+    flood = "for i in range(2048):\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))\n"
+    before = os.statvfs("/dev/shm")
+    out = sandbox.run(flood, "bwrap", LIMITS)
+    assert out.status == "failed" and "No space left on device" in out.detail
+    after = os.statvfs("/dev/shm")
+    assert (before.f_bfree - after.f_bfree) * after.f_frsize < (64 << 20)   # nothing of it left on the host
+
+
+@needs_bwrap
+def test_bwrap_in_a_user_namespace_gives_up_its_mount_capability():
+    """The path taken when quantspec is not root: root of its own user namespace, which mounts the capped
+    /tmp and then gives up every capability, also across exec."""
+    exe, _ = sandbox.interpreter()
+    cmd = sandbox.bwrap_command(as_root=False) + [exe, "-I", "-c", sandbox._RUNNER, str(512 << 20), "4",
+                                                  str(1 << 20), "1000", str(1 << 20), "caps"]
+    status = subprocess.run(cmd, input=b"import os\nos.execv('/bin/cat', ['cat', '/proc/self/status'])\n",
+                            capture_output=True, timeout=30)
+    caps = [line.split() for line in status.stdout.decode().splitlines() if line.startswith("Cap")]
+    assert len(caps) == 5 and all(value == "0000000000000000" for _, value in caps), status
+    full = subprocess.run(cmd, input=b"open('a', 'wb').write(b'x' * 900000)\nopen('b', 'wb').write(b'x' * 900000)\n",
+                          capture_output=True, timeout=30)
+    assert b"No space left on device" in full.stderr
