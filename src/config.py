@@ -7,6 +7,7 @@ values and the value received, so a bad sweep fails with one line a user can act
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -44,6 +45,10 @@ KERNEL_CHOICES = ("quantspec", "aten")
 ISA_CHOICES = ("auto", "avx512", "avx2", "neon_dotprod", "neon", "reference")
 STEP_PATHS = ("quantspec", "transformers")
 HEAD = "lm_head"   # the output head's module name in every supported architecture
+
+
+MIN_TEMPERATURE = 1e-3
+MAX_EXPERIMENT_CHARS = 200
 
 
 class ConfigError(ValueError):
@@ -274,9 +279,12 @@ class DatasetConfig:
     hf_id: str | None = None
     hf_subset: str | None = None
     split: str | None = None
+    max_mb: int = 64        # a text file larger than this is refused before it is read (it is read whole)
 
     def validate(self) -> None:
         _check_choice("dataset.source", self.source, DATASET_SOURCES)
+        if self.max_mb < 1:
+            raise ConfigError(f"dataset.max_mb={self.max_mb} must be at least 1")
         if self.source == "textfile" and not self.path:
             raise ConfigError("dataset=textfile needs dataset.path=/path/to/corpus.txt")
         if self.source == "hf" and not self.hf_id:
@@ -292,10 +300,14 @@ class Sampling:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.temperature <= 0:
-            raise ConfigError(f"sampling.temperature={self.temperature} must be above 0")
-        if not 0 < self.top_p <= 1:
+        # logits / temperature must stay finite: NaN, infinities and denormals fail here, not mid-job
+        if not math.isfinite(self.temperature) or self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"sampling.temperature={self.temperature} must be a finite number of at least "
+                              f"{MIN_TEMPERATURE} (greedy decoding is sampling.do_sample=false)")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             raise ConfigError(f"sampling.top_p={self.top_p} must be in (0, 1]")
+        if not 0 <= self.seed < 2 ** 63:
+            raise ConfigError(f"sampling.seed={self.seed} must be in [0, 2**63) (torch's generator takes a 64-bit seed)")
 
 
 @dataclass(frozen=True)
@@ -336,6 +348,13 @@ class JobConfig:
         for part in (self.model, self.hardware, self.precision, self.draft, self.task, self.dataset,
                      self.tracking, self.engine, self.sampling):
             part.validate()
+        name = self.experiment
+        if not name.strip() or len(name) > MAX_EXPERIMENT_CHARS or not name.isprintable():
+            raise ConfigError(f"experiment={name[:40]!r}{'...' if len(name) > 40 else ''} must be 1 to "
+                              f"{MAX_EXPERIMENT_CHARS} printable characters (it names the MLflow experiment)")
+        if self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise ConfigError(f"cache_dir={self.cache_dir} is a file, not a directory; point QUANTSPEC_CACHE "
+                              f"(or cache_dir=) at a directory")
         p = self.precision
         if p.method == "smoothquant" and p.alpha is None and self.model.smoothquant_alpha is None:
             raise ConfigError(f"model {self.model.name} has no smoothquant_alpha; set precision.alpha=0.5 "

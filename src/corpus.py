@@ -107,6 +107,10 @@ def load_text(cfg: DatasetConfig) -> str:
         path = Path(cfg.path).expanduser()
         if not path.is_file():
             raise DatasetUnavailable(f"dataset.path={cfg.path} is not a file")
+        size = path.stat().st_size
+        if size > cfg.max_mb << 20:   # read whole: a corpus is calibration and evaluation text, not a data lake
+            raise DatasetUnavailable(f"dataset.path={cfg.path} is {size / (1 << 20):.0f} MB, over dataset.max_mb="
+                                     f"{cfg.max_mb}; cut it (head -c {cfg.max_mb}M) or raise dataset.max_mb")
         try:
             return path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:

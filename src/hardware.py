@@ -7,6 +7,7 @@ placement carries a note that goes to the console and to the run's tags, never s
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 import torch
 
 from src.config import HardwareConfig
+
+log = logging.getLogger("quantspec")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ def npu_present() -> bool:
 
 def resolve(hw: HardwareConfig) -> Placement:
     threads = hw.threads or host_threads()
+    if threads > host_threads():   # allowed (a deliberate oversubscription test), never silent
+        log.warning("hardware.threads=%d is more than the %d cores this process may use: threads will take turns "
+                    "on cores and every timing suffers; null uses each core once", threads, host_threads())
     if hw.device == "cpu":
         return Placement("cpu", threads)
     if hw.device == "cuda":

@@ -39,6 +39,22 @@ def file_lock(path: Path, what: str) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def hold(path: Path) -> int | str:
+    """Take an exclusive lock on `path` for the rest of this process (the descriptor is returned and
+    left open); or, where another live process holds it, who that is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        return holder
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+    return fd
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never half of it."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -144,9 +144,18 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     if cfg.local_path and not (Path(cfg.local_path).expanduser() / "config.json").is_file():
         raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} has no config.json; it must "
                                f"be a Hugging Face model directory (config.json, weights, tokenizer files)")
+    if cfg.local_path:
+        try:
+            json.loads((Path(cfg.local_path).expanduser() / "config.json").read_text())
+        except (ValueError, OSError) as err:
+            raise ModelUnavailable(f"model {cfg.name}: {cfg.local_path}/config.json cannot be read as JSON "
+                                   f"({str(err).splitlines()[0][:120]}); restore it from the model's source") from None
     try:
         model, tokenizer = _load_dir(Path(where).expanduser() if cfg.local_path else where)
     except OSError as err:
+        if cfg.local_path:
+            raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} could not be loaded "
+                                   f"({str(err).splitlines()[0][:160]})") from err
         raise ModelUnavailable(
             f"model {cfg.name}: cannot load {where!r} (no local copy and the hub is unreachable); download it "
             f"where the hub is reachable and run with model.local_path=/path/to/{cfg.name}") from err

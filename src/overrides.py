@@ -19,6 +19,25 @@ def _known(group: str, conf_dir: Path) -> list[str]:
     return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
+def unparsable(args: list[str]) -> str | None:
+    """The first override Hydra's grammar cannot read, in one line (Hydra's own error is a multi-line
+    report with a link), or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        try:
+            parser.parse_override(arg)
+        except (OverrideParseException, HydraException) as err:
+            shown = arg if len(arg) <= 60 else arg[:57] + "..."
+            why = str(err).strip().splitlines()[0][:80]
+            return (f"cannot read the override {shown!r} ({why}); quote values that hold spaces, non-ASCII or "
+                    f"special characters, e.g. key='a value'")
+    return None
+
+
 def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     """One line naming an unknown group choice on the command line, or None.
 

@@ -73,7 +73,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     logged, so a store that fails mid-job loses nothing."""
     from src.config import ConfigError, job_config_from_dict
     from src.journal import Journal
-    from src.tracking import JobRun, StoreUnreachable, default_uri, flatten, key_of, open_store
+    from src.tracking import CONFIG_HASH, JobRun, StoreUnreachable, default_uri, flatten, key_of, open_store
 
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
     try:
@@ -91,21 +91,26 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         raise SweepAbort(str(err)) from None
     active.update(store=store, sweep=sweep, job=None)
     job_key = key_of(job_key or name)
+    params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
+              # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'
+              **{f"choice.{k.rpartition('@')[2]}": v for k, v in choices.items()}}
+    params[CONFIG_HASH] = config_hash(raw)
     if sweep and store and cfg.resume:
         done = store.finished_job(sweep.sweep_id, job_key)
         if done is not None:
-            print(f"quantspec: job {name} already finished in this sweep (run {done.info.run_id}); kept "
-                  f"(resume=false reruns it)", flush=True)
-            outcomes.append("finished")
-            return "finished"
+            changed = _changed(done.data.params, params)
+            if not changed:
+                print(f"quantspec: job {name} already finished in this sweep (run {done.info.run_id}); kept "
+                      f"(resume=false reruns it)", flush=True)
+                outcomes.append("finished")
+                return "finished"
+            print(f"quantspec: job {name} finished in this sweep (run {done.info.run_id}) with another config "
+                  f"({changed}); rerunning it", flush=True)
     try:
         journal = Journal(output_dir or Path("outputs") / "journals" / job_key, registry, uri)
     except OSError as err:
         log.warning("cannot write a journal (%s); results go to the store only", err)
         journal = None
-    params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
-              # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'
-              **{f"choice.{k.rpartition('@')[2]}": v for k, v in choices.items()}}
     job = JobRun(store, journal, uri, cfg.experiment)
     active["job"] = job
     try:
@@ -133,6 +138,31 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
             fail_line(f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
                       f"{job.where()} and go to the store with the next run or `python -m src.sync`")
     return job.outcome or "failed"
+
+
+# Settings that change where a job is recorded or whether it runs again, not what it measures.
+NOT_HASHED = ("hydra", "resume", "report_at_end", "tracking")
+
+
+def config_hash(raw: dict) -> str:
+    """The job's resolved config, as one digest: a resumed sweep reruns a job whose config changed."""
+    import hashlib
+    import json
+    kept = {k: v for k, v in raw.items() if k not in NOT_HASHED}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _changed(old: dict[str, str], new: dict[str, str]) -> str:
+    """Why a finished run's config differs from this job's ('' if it does not): the values that moved."""
+    from src.tracking import CONFIG_HASH
+    if old.get(CONFIG_HASH) == new[CONFIG_HASH]:
+        return ""
+    if CONFIG_HASH not in old:
+        return "its run predates config hashes"
+    moved = sorted(k for k in set(old) | set(new) if k != CONFIG_HASH and not k.startswith(NOT_HASHED)
+                   and old.get(k) != new.get(k))
+    shown = ", ".join(f"{k}: {old.get(k, '-')} -> {new.get(k, '-')}" for k in moved[:3])
+    return shown + (f" and {len(moved) - 3} more" if len(moved) > 3 else "") if moved else "its config hash differs"
 
 
 def _so_far(job) -> str:

@@ -182,7 +182,8 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
                for j in jobs]
     speedups = speedup_rows(jobs, baseline)
     parent = client.get_run(parent_id)
-    out = child(out_root, parent.info.run_name.replace(" ", "_"))  # a run name is anyone's string
+    # a run name is anyone's string, and two sweep directories may share a base name: the sweep's key too
+    out = child(out_root, f"{parent.info.run_name.replace(' ', '_')}-{parent.data.tags.get(SWEEP_KEY, parent_id)[:8]}")
     out.mkdir(parents=True, exist_ok=True)
     files = _plots(client, finished, rows_of, speedups, out)
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())

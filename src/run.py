@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from src import record, signals
-from src.overrides import CONF_DIR, unknown_choice, unknown_key
+from src.overrides import CONF_DIR, unknown_choice, unknown_key, unparsable
 from src.record import SweepAbort, fail_line, fail_once
 from src.signals import Stopped
 
@@ -34,11 +34,17 @@ OmegaConf.register_new_resolver("quantspec_pid", lambda: str(os.getpid()), use_c
 
 
 def short_dirname(name: str, limit: int = 120) -> str:
-    """A job's directory name from its overrides, cut (with a hash of the whole, so it stays unique)
-    where many overrides would pass the file system's 255-byte limit on a name."""
-    if len(name.encode()) <= limit:
-        return name
-    return f"{name.encode()[:limit - 17].decode(errors='ignore')}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+    """A job's directory name from its overrides: one path component whatever the user wrote (a '/' or a
+    control character becomes '_', so `experiment=../../x` stays inside the sweep directory), cut (with a
+    hash of the whole, so it stays unique) where many overrides would pass the file system's 255-byte
+    limit on a name, and also marked with that hash wherever a character was replaced."""
+    safe = "".join("_" if c in "/\\" or not c.isprintable() else c for c in name)
+    if safe in ("", ".", ".."):
+        safe = f"_{safe}"
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    if len(safe.encode()) <= limit:
+        return safe if safe == name else f"{safe}-{digest}"
+    return f"{safe.encode()[:limit - 17].decode(errors='ignore')}-{digest}"
 
 
 OmegaConf.register_new_resolver("quantspec_dirname", lambda name: short_dirname(str(name)), replace=True)
@@ -75,12 +81,30 @@ def task(cfg: DictConfig, preset: tuple[str, str] | None = None) -> str:
 main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(task)
 
 
+SWEEP_LOCK = ".quantspec-sweep.lock"
+
+
 class SweepCallback(Callback):
-    """Closes the sweep's parent run once every job has run, with the job counts the store holds."""
+    """Holds the sweep directory for this process while its jobs run (a second process into the same
+    directory refuses in one line), and closes the sweep's parent run once every job has run, with the
+    job counts the store holds."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from src.locks import hold
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        held = hold(sweep_dir / SWEEP_LOCK)
+        if isinstance(held, str):
+            raise SweepAbort(f"the sweep directory {sweep_dir} is in use by {held}; wait for it to end (then "
+                             f"rerunning into it resumes the sweep) or choose another hydra.sweep.dir")
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         from src.tracking import SWEEP_ID, Store, default_uri
         counts = {o: record.outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
+        if record.outcomes and len(record.refused) == len(record.outcomes):
+            # every job was refused by its config (said above): no run exists, nothing to close or report
+            print(f"quantspec: sweep done: all {len(record.refused)} jobs refused by their config before a run "
+                  f"(said above)", flush=True)
+            return
         try:
             store = record.active.get("store") or Store(OmegaConf.select(config, "tracking.uri") or default_uri(),
                                                         str(config.experiment))
@@ -100,7 +124,7 @@ class SweepCallback(Callback):
 
 
 def cli() -> None:
-    problem = unknown_choice(sys.argv[1:]) or unknown_key(sys.argv[1:])
+    problem = unparsable(sys.argv[1:]) or unknown_choice(sys.argv[1:]) or unknown_key(sys.argv[1:])
     if problem:
         fail_line(problem)
         sys.exit(2)

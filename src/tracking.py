@@ -37,6 +37,7 @@ log = logging.getLogger("quantspec")
 ROLE, SWEEP_ID, SWEEP_KEY, JOB_KEY = "quantspec.role", "quantspec.sweep_id", "quantspec.sweep_key", "quantspec.job_key"
 OWNER, HEARTBEAT, JOURNAL = "quantspec.owner", "quantspec.heartbeat", "quantspec.journal"
 OUTCOME, REASON = "outcome", "outcome_reason"
+CONFIG_HASH = "config_hash"   # a param: the digest of the job's resolved config (src.record.config_hash)
 OUTCOMES = ("finished", "skipped", "failed", "killed")
 STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed": RunStatus.FAILED,
           "killed": RunStatus.KILLED}

@@ -29,6 +29,14 @@ def one_line(text: str) -> str:
     ("model.source=gguf_package model.id=os", "model.id='os' is not a GGUF model package"),
     ("task.foo=1", "task.foo is not a setting of task decode; its settings: code_max_new_tokens"),
     ("engine.isa=sse9", "engine.isa='sse9' is not one of: auto, avx512, avx2, neon_dotprod, neon, reference"),
+    ("sampling.do_sample=true sampling.temperature=nan", "sampling.temperature=nan must be a finite number"),
+    ("sampling.do_sample=true sampling.temperature=1e-320", "sampling.temperature=1e-320 must be a finite number"),
+    ("sampling.seed=100000000000000000000000", "sampling.seed=100000000000000000000000 must be in [0, 2**63)"),
+    ("sampling.seed=1e23", "sampling.seed=1e+23 must be an integer"),
+    ("experiment=", "experiment='' must be 1 to 200 printable characters"),
+    ("experiment='" + "é" * 300 + "'", "must be 1 to 200 printable characters"),
+    ("experiment=" + "é" * 300, "cannot read the override 'experiment=ééé"),
+    ("dataset.max_mb=0", "dataset.max_mb=0 must be at least 1"),
 ])
 def test_config_errors_are_one_line_and_record_no_run(tmp_path, override, words):
     db = tmp_path / "m.db"
@@ -126,5 +134,41 @@ def test_a_sweep_counts_the_jobs_its_config_refused(store, tmp_path):
     out = run_cli(["-m", *QUICK, "sampling.do_sample=true", "sampling.temperature=1.0,0", f"tracking.uri={store}",
                    f"hydra.sweep.dir={tmp_path / 'sweep'}", "report_at_end=false"])
     assert out.returncode == 1
-    assert "sampling.temperature=0" in out.stderr and "must be above 0" in out.stderr
+    assert "sampling.temperature=0" in out.stderr and "must be a finite number of at least 0.001" in out.stderr
     assert "sweep done: 1 finished, 0 skipped, 0 failed; 1 refused by their config before a run" in out.stdout
+
+
+def test_user_strings_in_overrides_stay_inside_the_sweep_directory(tmp_path):
+    sweep = tmp_path / "deep" / "sweep"
+    out = run_cli(["-m", *QUICK, "experiment=../../../escaped,plain", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+                   f"hydra.sweep.dir={sweep}", "report_at_end=false"], env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 2 and "experiment=.._.._.._escaped," in jobs[0] and "/" not in jobs[0], jobs
+    assert not (tmp_path / "escaped").exists() and not list(tmp_path.glob("**/escaped*"))
+
+
+def test_inputs_past_their_limits_are_said_in_one_line(tmp_path, store):
+    env = {"QUANTSPEC_CACHE": str(tmp_path / "cache")}
+    big = tmp_path / "big.txt"
+    big.write_text("def f(x):\n    return x\n" * 100_000)   # 2.3 MB
+    out = run_cli([*QUICK, "task=benchmark", "task.prompt_lengths=[8]", "dataset=textfile", f"dataset.path={big}",
+                   "dataset.max_mb=1", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'big'}"], env=env)
+    assert out.returncode == 1 and "over dataset.max_mb=1; cut it" in one_line(out.stderr)
+    # a cache that is a file, not a directory: refused before any run
+    cache = tmp_path / "cache-file"
+    cache.write_text("x")
+    out = run_cli([*QUICK, f"tracking.uri={store}"], env={"QUANTSPEC_CACHE": str(cache)})
+    assert out.returncode == 1 and f"cache_dir={cache} is a file" in one_line(out.stderr)
+    # a local model whose config.json is damaged: said so, not "the hub is unreachable"
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{not json")
+    out = run_cli([*QUICK, "model=llama-2-7b", f"model.local_path={model}", "model.weights=real",
+                   f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'model-run'}"], env=env)
+    line = one_line(out.stderr)
+    assert "config.json cannot be read as JSON" in line and "hub" not in line
+    # more threads than cores: runs, and says so in one line
+    out = run_cli([*QUICK, "hardware.threads=1000", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 't'}"],
+                  env=env)
+    assert out.returncode == 0 and "hardware.threads=1000 is more than the" in out.stdout + out.stderr
