@@ -132,6 +132,9 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
             job.fail(err, _so_far(job))
         except StoreUnreachable as lost:
             fail_line(f"job {name}: {lost}")
+        except Exception as refused:  # noqa: BLE001 - the store refused the failure's record: say so, go on
+            from src.tracking import first_line
+            fail_line(f"job {name}: the store refused its failure record ({first_line(refused)})")
     finally:
         outcomes.append(job.outcome or "failed")
         if job.where():

@@ -131,13 +131,12 @@ def cli() -> None:
     # Library chatter would bury the tables; our own log lines stay at INFO.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from src.progress import watched
-    from src.tracking import bound_http_retries
+    from src.tracking import bound_http_retries, quiet_store_logs
     if not watched():  # transformers' own bars (GGUF conversion, weight loading) too
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
     bound_http_retries()
-    for chatty in ("mlflow.store.db.utils", "alembic"):  # schema set-up notes on a store's first use
-        logging.getLogger(chatty).setLevel(logging.WARNING)
+    quiet_store_logs()
     signals.install()
     try:
         main()

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from src import journal
-from src.tracking import Store, bound_http_retries, probe
+from src.tracking import Store, bound_http_retries, probe, quiet_store_logs
 
 
 def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
@@ -35,6 +35,7 @@ def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
 
 def main(argv: list[str]) -> int:
     bound_http_retries()
+    quiet_store_logs()
     stores: dict[tuple[str, str], Store] = {}
     failed = replayed = 0
     for pointer, path in _journals(argv):

@@ -56,8 +56,25 @@ class StoreUnreachable(RuntimeError):
     """The tracking store cannot be reached; the message is the one line the user sees."""
 
 
+def first_line(err: BaseException) -> str:
+    """An exception in one short line: its type and its message's first line (MLflow and SQLAlchemy put
+    the SQL, the parameters and a link after it)."""
+    text = str(err).strip()
+    first = text.splitlines()[0].split(" with exception")[0] if text else ""
+    return f"{type(err).__name__}: {first}"[:200]
+
+
 def default_uri() -> str:
     return f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+
+
+def quiet_store_logs() -> None:
+    """MLflow logs each database error with two full tracebacks (mlflow.store.db.utils) before raising it;
+    every such failure is said here in one line (journaled, or refused), so its own log stays quiet. Its
+    schema notes on a store's first use too."""
+    import logging as logging_
+    logging_.getLogger("mlflow.store.db.utils").setLevel(logging_.CRITICAL)
+    logging_.getLogger("alembic").setLevel(logging_.WARNING)
 
 
 def bound_http_retries() -> None:
@@ -369,14 +386,15 @@ def open_store(uri: str, experiment: str, registry: Path, journal_if_unreachable
     try:
         probe(uri)
         store = Store(uri, experiment)
-    except (StoreUnreachable, MlflowException, OSError) as err:
+    except Exception as err:  # noqa: BLE001 - MLflow, SQLAlchemy, the OS: whatever it is, one line
         # A store this process has already reached went away mid-sweep: the rest of the sweep journals.
         if journal_if_unreachable or any(u == uri for u, _ in _opened):
-            log.warning("tracking store %s unreachable (%s); this job journals locally", uri, str(err).splitlines()[0])
+            log.warning("tracking store %s unreachable (%s); this job journals locally", uri, first_line(err))
             return None
         if isinstance(err, StoreUnreachable):
             raise
-        raise StoreUnreachable(f"cannot open the tracking store {uri}: {str(err).splitlines()[0]}") from err
+        raise StoreUnreachable(f"cannot open the tracking store {uri} ({first_line(err)}); fix or move it, or point "
+                               f"tracking.uri at another store") from None
     for line in store.sync(registry):
         log.warning(line)
     if (uri, experiment) not in _opened:  # once per process: a sweep's later jobs need not look again
@@ -389,9 +407,16 @@ def open_store(uri: str, experiment: str, registry: Path, journal_if_unreachable
 def refusal(err: Exception) -> str | None:
     """The reason a store that is up refused a record (MLflow's error code and first line), or None
     for any other failure."""
-    if isinstance(err, MlflowException) and err.error_code in REFUSED:
+    if isinstance(err, MlflowException) and err.error_code in REFUSED and not _database_error(err):
         return f"{err.error_code}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:500]
     return None
+
+
+def _database_error(err: MlflowException) -> bool:
+    """MLflow answers a broken database (garbage over its file, a full or read-only disk) with BAD_REQUEST
+    too; that is an outage to journal through, not a refusal of the record."""
+    from sqlalchemy.exc import SQLAlchemyError
+    return isinstance(err.__cause__, SQLAlchemyError) or str(err).lstrip().startswith("(sqlite3.")
 
 
 class JobRun:
@@ -425,7 +450,7 @@ class JobRun:
             try:
                 self.run_id = self.store.apply({**record, "seq": seq}, self.run_id)
             except MlflowException as err:
-                if err.error_code in REFUSED:  # the store is up and says no: a bug to see, not an outage
+                if refusal(err):  # the store is up and says no: a bug to see, not an outage
                     if seq is not None:
                         self.journal.refuse(seq, self.run_id, refusal(err))   # settled, never delivered
                     raise

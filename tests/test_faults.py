@@ -247,6 +247,8 @@ def _can_mount() -> bool:
 
 @pytest.mark.skipif(not _can_mount(), reason="needs `unshare -m` and tmpfs mounts (root in a mount namespace)")
 def test_a_store_on_a_full_disk_loses_nothing(tmp_path):
+    """The store's disk fills: a single job and then a whole sweep journal in one line each, no traceback;
+    after the sync the store holds every job and the sweep's counts are the store's."""
     full, uri = tmp_path / "full", f"sqlite:///{tmp_path / 'full' / 'm.db'}"
     full.mkdir()
     quick = " ".join(QUICK)
@@ -258,16 +260,144 @@ dd if=/dev/zero of={full}/fill bs=4k 2>/dev/null
 {sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / 'second'} \
     >{tmp_path / 'second.out'} 2>{tmp_path / 'second.err'}
 echo "rc=$?"
+{sys.executable} -m src.run -m {quick} precision=fp32,bf16 tracking.uri={uri} hydra.sweep.dir={tmp_path / 'sweep'} \
+    >{tmp_path / 'sweep.out'} 2>{tmp_path / 'sweep.err'}
+echo "sweep rc=$?"
 rm {full}/fill
 {sys.executable} -m src.sync
+{sys.executable} -m src.sync {tmp_path / 'sweep'}
 {sys.executable} -c "
 from mlflow.tracking import MlflowClient
 c = MlflowClient('{uri}'); e = c.get_experiment_by_name('quantspec')
-print('RUNS', [(r.info.status, int(r.data.metrics.get('examples', 0))) for r in c.search_runs([e.experiment_id])])"
+runs = c.search_runs([e.experiment_id])
+print('RUNS', sorted((r.info.status, int(r.data.metrics.get('examples', 0))) for r in runs
+                     if r.data.tags.get('quantspec.role') == 'job'))
+print('SWEEPS', [(r.info.status, r.data.tags.get('jobs_finished'), r.data.tags.get('jobs_running')) for r in runs
+                 if r.data.tags.get('quantspec.role') == 'sweep'])"
 """
     out = subprocess.run(["unshare", "-m", "bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600, env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}))
+                         timeout=900, env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}))
     assert "rc=0" in out.stdout, out.stdout + out.stderr + (tmp_path / "second.err").read_text()
     assert "journaled in" in (tmp_path / "second.err").read_text()
-    assert "1 journal(s) replayed" in out.stdout
-    assert "RUNS [('FINISHED', 2), ('FINISHED', 2)]" in out.stdout
+    sweep_err = (tmp_path / "sweep.err").read_text()
+    assert "Traceback" not in sweep_err and "Traceback" not in (tmp_path / "second.err").read_text(), sweep_err
+    assert len([line for line in sweep_err.splitlines() if "journaled in" in line]) == 2
+    assert "RUNS [('FINISHED', 2), ('FINISHED', 2), ('FINISHED', 2), ('FINISHED', 2)]" in out.stdout, out.stdout
+    assert "SWEEPS [('FINISHED', '2', '0')]" in out.stdout, out.stdout + out.stderr
+
+
+# --- second round: a journal that never lies, resume by config, one process per sweep, store trouble ---
+
+def _metric_counts(uri: str) -> list[tuple[str, int]]:
+    client = MlflowClient(uri)
+    return sorted((j.data.tags.get("outcome", "?"), len(client.get_metric_history(j.info.run_id, "time_per_token_ms")))
+                  for j in by_role(uri)[1])
+
+
+def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp_path, env):
+    """The store forgets the run mid-job: nothing is marked delivered that it does not hold, and a sync
+    recreates the job there, whole, exactly once."""
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    server = mlflow_server(first, port)
+    try:
+        proc = start([*SLOW, "task.limit=2", "tracking=server", f"tracking.uri={uri}",
+                      f"hydra.run.dir={tmp_path / 'job'}"], tmp_path, "job")
+        wait_for(tmp_path / "job.out", "example 1/", proc)
+        _stop(server)
+        server = mlflow_server(second, port)    # the same address, an empty backend
+        assert proc.wait(timeout=300) == 0, (tmp_path / "job.err").read_text()[-2000:]
+        err = (tmp_path / "job.err").read_text()
+        assert "journaled in" in err and "Traceback" not in err
+        synced = run_cli([], module="src.sync", env=env)
+        assert synced.returncode == 0 and "1 journal(s) replayed" in synced.stdout, synced.stdout + synced.stderr
+        assert _metric_counts(uri) == [("finished", 2)]
+        again = run_cli([str(tmp_path / "job")], module="src.sync", env=env)
+        assert again.returncode == 0 and "already in the store" in again.stdout
+        assert _metric_counts(uri) == [("finished", 2)]
+        nothing = run_cli([], module="src.sync", env=env)   # nothing pending: exit 0
+        assert nothing.returncode == 0 and "0 journal(s) replayed, 0 not" in nothing.stdout
+    finally:
+        _stop(server)
+
+
+def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
+    db = tmp_path / "m.db"
+    uri = f"sqlite:///{db}"
+    sweep = tmp_path / "sweep"
+    proc = start(["-m", *SLOW, "task.limit=2", "precision=fp32,bf16", f"tracking.uri={uri}",
+                  f"hydra.sweep.dir={sweep}", "report_at_end=false"], tmp_path)
+    wait_for(tmp_path / "run.out", "example 1/", proc)
+    db.unlink()
+    assert proc.wait(timeout=300) in (0, 1)
+    assert "Traceback" not in (tmp_path / "run.err").read_text()
+    synced = run_cli([str(sweep)], module="src.sync", env=env)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
+    (parent,), _ = by_role(uri)
+    assert parent.data.tags["jobs_finished"] == "2"
+    again = run_cli([str(sweep)], module="src.sync", env=env)
+    assert again.returncode == 0 and again.stdout.count("already in the store") == 2
+    assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
+
+
+def test_a_job_whose_config_changed_is_rerun_on_resume(tmp_path, env):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    sweep = ["-m", *QUICK, "precision=fp32,bf16", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+             "report_at_end=false"]
+    assert run_cli(sweep, env=env).returncode == 0
+    kept = run_cli(sweep, env=env)
+    assert kept.stdout.count("already finished in this sweep") == 2
+    # the composed config moves without any override changing (here through the environment)
+    moved = run_cli(sweep, env={**env, "QUANTSPEC_CACHE": str(tmp_path / "other-cache")})
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    reruns = [line for line in said(moved.stdout) if "with another config" in line]
+    assert len(reruns) == 2 and all("cache_dir: " in line and "rerunning it" in line for line in reruns)
+    (parent,), jobs = by_role(uri)
+    assert len(jobs) == 4 and len({j.data.params["config_hash"] for j in jobs}) == 4   # 2 jobs x 2 configs
+
+
+def test_a_second_process_into_a_running_sweep_refuses_in_one_line(tmp_path, env):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    args = ["-m", *SLOW, "precision=fp32,bf16", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = start(args, tmp_path)
+    try:
+        wait_for(tmp_path / "run.out", "example 1/", proc)
+        began = time.time()
+        second = run_cli(args, env=env)
+        assert second.returncode == 2 and time.time() - began < 30
+        line = said(second.stderr)
+        assert len(line) == 1 and f"is in use by pid {proc.pid}" in line[0] and "Traceback" not in second.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    # once the first has ended, the directory is free again: a rerun resumes it
+    resumed = run_cli([*args[:1], *QUICK, "precision=fp32,bf16", *args[-2:], "report_at_end=false"], env=env)
+    assert "is in use" not in resumed.stderr
+
+
+def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, env):
+    db = tmp_path / "m.db"
+    db.write_bytes(b"not a database " * 1000)
+    uri = f"sqlite:///{db}"
+    began = time.time()
+    out = run_cli([*QUICK, f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'first'}"], env=env)
+    assert out.returncode == 2 and time.time() - began < 60
+    assert len(said(out.stderr)) == 1 and "cannot open the tracking store" in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    db.unlink()
+    sweep = tmp_path / "sweep"
+    proc = start(["-m", *SLOW, "task.limit=2", "precision=fp32,bf16", f"tracking.uri={uri}",
+                  f"hydra.sweep.dir={sweep}", "report_at_end=false"], tmp_path)
+    wait_for(tmp_path / "run.out", "example 1/", proc)
+    db.write_bytes(b"garbage " * 100_000)    # over the store, mid-job
+    proc.wait(timeout=300)
+    err = (tmp_path / "run.err").read_text()
+    assert "Traceback" not in err and "journaled in" in err, err[-3000:]
+    db.unlink()
+    synced = run_cli([str(sweep)], module="src.sync", env=env)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
