@@ -87,8 +87,10 @@ def build_cached(directory: Path, build, meta: dict) -> Path:
         if directory.exists():
             log.warning("cache %s is not trusted (%s); rebuilding it", directory, reason)
             shutil.rmtree(directory)
+        # Builders hold the lock while they build: any other temporary sibling is a killed builder's.
+        for stale in directory.parent.glob(f"{directory.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
             build(tmp)

@@ -401,3 +401,23 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
     synced = run_cli([str(sweep)], module="src.sync", env=env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
+
+
+def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    out = run_cli([*QUICK, "tracking=server", f"tracking.uri={uri}", "tracking.unreachable=journal",
+                   f"hydra.run.dir={tmp_path / 'job'}"], env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (tmp_path / "job").rename(tmp_path / "moved")
+    server = mlflow_server(tmp_path, port)
+    try:
+        lost = run_cli([], module="src.sync", env=env)
+        assert lost.returncode == 1 and "is listed as pending but is gone" in lost.stderr
+        assert "python -m src.sync <its new folder>" in lost.stderr
+        found = run_cli([str(tmp_path / "moved")], module="src.sync", env=env)
+        assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout
+        assert _metric_counts(uri) == [("finished", 2)]
+        assert run_cli([], module="src.sync", env=env).returncode == 0   # nothing listed any more
+    finally:
+        _stop(server)

@@ -73,3 +73,51 @@ def test_a_lock_whose_holder_died_is_taken_at_once(tmp_path):
     with file_lock(path, "x"):
         assert time.time() - began < 2
     assert json.dumps(path.read_text())  # the lock names its last holder
+
+
+def test_a_refused_record_is_journaled_as_refused_never_as_delivered(tmp_path):
+    import pytest
+    from mlflow.exceptions import MlflowException
+
+    from src.tracking import JobRun, Store
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    store = Store(uri, "quantspec")
+    j = journal.Journal(tmp_path / "job", tmp_path / "registry", uri)
+    run = JobRun(store, j, uri, "quantspec")
+    run.start("job", None, {"a": "1"}, {}, "key")
+    with pytest.raises(MlflowException):
+        run.log_params({"a": "2"})   # MLflow refuses to change a param's value
+    run.finish()
+    lines = [json.loads(line) for line in j.path.read_text().splitlines()]
+    refused = [line for line in lines if "refused" in line]
+    assert len(refused) == 1 and "INVALID_PARAMETER_VALUE" in refused[0]["reason"]
+    assert not any(line.get("ack") == refused[0]["refused"] for line in lines)
+    assert journal.unsettled(j.path) == 0 and journal.pending(tmp_path / "registry") == []
+    # a replay neither resends it nor fails on it
+    assert journal.replay(j.path, lambda r, i: pytest.fail(f"resent {r}")) == (0, 0)
+
+
+def test_a_replay_into_a_store_that_lost_the_run_sends_the_whole_job_once(tmp_path):
+    j = journal.Journal(tmp_path / "job", tmp_path / "registry", "sqlite:///x.db")
+    for op in ("start", "metrics", "end"):
+        j.ack(j.append({"op": op}), "old-run")
+    j.close()
+    applied = []
+
+    def apply(record, run_id):
+        applied.append((record["op"], run_id))
+        return run_id or "new-run"
+
+    holds = lambda run_id: run_id == "new-run"   # noqa: E731 - the store has only what this replay made
+    assert journal.replay(j.path, apply, holds) == (3, 0)
+    assert applied == [("start", None), ("metrics", "new-run"), ("end", "new-run")]
+    assert journal.replay(j.path, apply, holds) == (0, 0) and journal.run_ids(j.path) == ["new-run"]
+
+
+def test_closing_a_sweep_again_clears_an_earlier_reason(tmp_path):
+    from src.tracking import REASON, Store
+    store = Store(f"sqlite:///{tmp_path / 'm.db'}", "quantspec")
+    parent = store.sweep_parent({"id": "/sweep", "name": "sweep", "overrides": ""})
+    store.close_sweep(parent, "FAILED", "interrupted: its process has ended")
+    store.close_sweep(parent)   # the same sweep, resumed and finished
+    assert store.client.get_run(parent).data.tags[REASON] == ""

@@ -82,3 +82,26 @@ def test_missing_gguf_package_is_named(tmp_path):
     cfg = ModelConfig("x", "gemma3", "gguf_package", "no_such_gguf_package")
     with pytest.raises(ModelUnavailable, match="pip install no-such-gguf-package"):
         load_model(cfg, tmp_path)
+
+
+def test_a_builder_killed_mid_build_leaves_nothing_behind_after_the_next_build(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from tests.conftest import ROOT, cli_env
+    d = tmp_path / "model"
+    code = (f"import time\nfrom pathlib import Path\nfrom src.models import build_cached\n"
+            f"def build(out):\n    (out / 'half.bin').write_bytes(b'x' * 1000)\n    time.sleep(60)\n"
+            f"build_cached(Path({str(d)!r}), build, {{'key': 'k'}})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=cli_env())
+    deadline = time.time() + 60
+    while not list(tmp_path.glob("model.tmp-*/half.bin")):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)   # no handler runs: its temporary directory stays
+    proc.wait()
+    assert list(tmp_path.glob("model.tmp-*"))
+    build_cached(d, write_files, {"key": "k"})
+    assert verify_manifest(d) is None and not list(tmp_path.glob("model.tmp-*"))
