@@ -132,9 +132,9 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
             job.fail(err, _so_far(job))
         except StoreUnreachable as lost:
             fail_line(f"job {name}: {lost}")
-        except Exception as refused:  # noqa: BLE001 - the store refused the failure's record: say so, go on
+        except Exception as answer:  # noqa: BLE001 - the store refused the failure's record: say so, go on
             from src.tracking import first_line
-            fail_line(f"job {name}: the store refused its failure record ({first_line(refused)})")
+            fail_line(f"job {name}: the store refused its failure record ({first_line(answer)})")
     finally:
         outcomes.append(job.outcome or "failed")
         if job.where():
@@ -143,8 +143,9 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     return job.outcome or "failed"
 
 
-# Settings that change where a job is recorded or whether it runs again, not what it measures.
-NOT_HASHED = ("hydra", "resume", "report_at_end", "tracking")
+# Settings that change where a job is recorded, where its builds are cached (each machine of a lab has
+# its own cache) or whether it runs again: not what it measures.
+NOT_HASHED = ("hydra", "resume", "report_at_end", "tracking", "cache_dir")
 
 
 def config_hash(raw: dict) -> str:
@@ -162,8 +163,8 @@ def _changed(old: dict[str, str], new: dict[str, str]) -> str:
         return ""
     if CONFIG_HASH not in old:
         return "its run predates config hashes"
-    moved = sorted(k for k in set(old) | set(new) if k != CONFIG_HASH and not k.startswith(NOT_HASHED)
-                   and old.get(k) != new.get(k))
+    # the composed config's own keys only: a run also holds what its job logged (executed.*, ...)
+    moved = sorted(k for k in new if k != CONFIG_HASH and not k.startswith(NOT_HASHED) and old.get(k) != new[k])
     shown = ", ".join(f"{k}: {old.get(k, '-')} -> {new.get(k, '-')}" for k in moved[:3])
     return shown + (f" and {len(moved) - 3} more" if len(moved) > 3 else "") if moved else "its config hash differs"
 

@@ -36,7 +36,7 @@ NOBODY = 65534
 OUTPUT_BYTES = 1 << 20   # RLIMIT_FSIZE: what the child may write to any one file (its captured stderr too)
 TMPFS_BYTES = 16 << 20   # bwrap: all it may write, together (its /tmp)
 PROCESSES = 32           # RLIMIT_NPROC: processes beyond those its user already has
-SUPERVISED = 4 * PROCESSES   # rlimit's supervisor: more processes on the host than when it started
+SUPERVISED = 4 * PROCESSES   # rlimit's supervisor: processes below it
 DETAIL_CHARS = 200       # of a failure's last line, kept in artifacts
 TIMED_OUT = 124          # the supervisor's exit status at the wall-clock limit
 TOO_MANY = 123           # ... and where the program had more than PROCESSES processes
@@ -67,7 +67,9 @@ for kind, n in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resou
                 (resource.RLIMIT_NPROC, nproc)):
     hard = resource.getrlimit(kind)[1]
     n = n if hard == resource.RLIM_INFINITY else min(n, hard)   # lowered, never raised
-    resource.setrlimit(kind, (n, n))
+    # CPU: SIGXCPU at the limit, SIGKILL a second later (equal limits send SIGKILL first: no verdict)
+    roomy = hard == resource.RLIM_INFINITY or n + 1 <= hard
+    resource.setrlimit(kind, (n, n + 1 if kind == resource.RLIMIT_CPU and roomy else n))
 source = sys.stdin.read()
 sys.stdin = open('/dev/null')
 try:
@@ -85,7 +87,6 @@ import ctypes, os, signal, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 timeout, drop = float(sys.argv[1]), sys.argv[2] == '1'
 ids = dict(user={NOBODY}, group={NOBODY}, extra_groups=[]) if drop else {}
-baseline = len(os.listdir('/proc'))
 child = subprocess.Popen(sys.argv[4:], start_new_session=True, **ids)   # its own group, stopped in one call
 
 def below(pid):
@@ -99,7 +100,7 @@ def below(pid):
     return found + [q for p in found for q in below(p)]
 
 # The time limit, and a process count kept here as well as by RLIMIT_NPROC (which exempts root: a
-# program that could not become nobody): how many more processes the host has, one cheap look.
+# program that could not become nobody), looked at every 20 ms.
 deadline, limit, code = time.monotonic() + timeout, int(sys.argv[3]), None
 while code is None:
     try:
@@ -108,7 +109,7 @@ while code is None:
     except subprocess.TimeoutExpired:
         if time.monotonic() > deadline:
             code = {TIMED_OUT}
-        elif len(os.listdir('/proc')) - baseline > limit:
+        elif len(below(os.getpid())) > limit:
             code = {TOO_MANY}
 
 def state(pid):

@@ -130,7 +130,7 @@ def test_each_job_runs_on_a_node_with_its_hardware_and_lands_in_one_store(cluste
     again = run_cli([a for a in args if a != "hardware=phx,stx,hpt"] + ["hardware=phx,stx"], cwd=tmp_path,
                     env={"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert again.stdout.count("already finished in this sweep") == 2
+    assert again.stdout.count("already finished in this sweep") == 2, [l.split("another config")[1][:400] for l in (again.stdout + again.stderr).splitlines() if "another config" in l]
     assert len(_jobs(server, sweep)[2]) == 3
 
 

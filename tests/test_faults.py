@@ -351,13 +351,20 @@ def test_a_job_whose_config_changed_is_rerun_on_resume(tmp_path, env):
     assert run_cli(sweep, env=env).returncode == 0
     kept = run_cli(sweep, env=env)
     assert kept.stdout.count("already finished in this sweep") == 2
-    # the composed config moves without any override changing (here through the environment)
-    moved = run_cli(sweep, env={**env, "QUANTSPEC_CACHE": str(tmp_path / "other-cache")})
+    # conf/task/decode.yaml edited, the command line unchanged: a copy of conf/ with one default moved
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    decode = conf / "task" / "decode.yaml"
+    decode.write_text(decode.read_text() + "\nrepeats: 2\n")
+    moved = run_cli(["--config-path", str(conf), *sweep], env=env)
     assert moved.returncode == 0, moved.stderr[-2000:]
     reruns = [line for line in said(moved.stdout) if "with another config" in line]
-    assert len(reruns) == 2 and all("cache_dir: " in line and "rerunning it" in line for line in reruns)
+    assert len(reruns) == 2 and all("(task.repeats: 1 -> 2); rerunning it" in line for line in reruns), reruns
     (parent,), jobs = by_role(uri)
     assert len(jobs) == 4 and len({j.data.params["config_hash"] for j in jobs}) == 4   # 2 jobs x 2 configs
+    # the cache moving (another machine's, or QUANTSPEC_CACHE) is no change to what a job measures
+    elsewhere = run_cli(["--config-path", str(conf), *sweep], env={**env, "QUANTSPEC_CACHE": str(tmp_path / "c2")})
+    assert elsewhere.stdout.count("already finished in this sweep") == 2
 
 
 def test_a_second_process_into_a_running_sweep_refuses_in_one_line(tmp_path, env):
