@@ -248,7 +248,8 @@ def _can_mount() -> bool:
 @pytest.mark.skipif(not _can_mount(), reason="needs `unshare -m` and tmpfs mounts (root in a mount namespace)")
 def test_a_store_on_a_full_disk_loses_nothing(tmp_path):
     """The store's disk fills: a single job and then a whole sweep journal in one line each, no traceback;
-    after the sync the store holds every job and the sweep's counts are the store's."""
+    after the sync the store holds every job and the sweep's counts are the store's. Then the store's
+    file system turns read-only: one line."""
     full, uri = tmp_path / "full", f"sqlite:///{tmp_path / 'full' / 'm.db'}"
     full.mkdir()
     quick = " ".join(QUICK)
@@ -266,6 +267,11 @@ echo "sweep rc=$?"
 rm {full}/fill
 {sys.executable} -m src.sync
 {sys.executable} -m src.sync {tmp_path / 'sweep'}
+mount -o remount,ro {full}
+{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / 'ro'} \
+    >{tmp_path / 'ro.out'} 2>{tmp_path / 'ro.err'}
+echo "ro rc=$?"
+mount -o remount,rw {full}
 {sys.executable} -c "
 from mlflow.tracking import MlflowClient
 c = MlflowClient('{uri}'); e = c.get_experiment_by_name('quantspec')
@@ -284,6 +290,9 @@ print('SWEEPS', [(r.info.status, r.data.tags.get('jobs_finished'), r.data.tags.g
     assert len([line for line in sweep_err.splitlines() if "journaled in" in line]) == 2
     assert "RUNS [('FINISHED', 2), ('FINISHED', 2), ('FINISHED', 2), ('FINISHED', 2)]" in out.stdout, out.stdout
     assert "SWEEPS [('FINISHED', '2', '0')]" in out.stdout, out.stdout + out.stderr
+    # a read-only store: one line, no traceback (at start it cannot be opened for writing)
+    ro = (tmp_path / "ro.err").read_text() + (tmp_path / "ro.out").read_text()
+    assert "Traceback" not in ro and len(said((tmp_path / "ro.err").read_text())) == 1, ro[-3000:]
 
 
 # --- second round: a journal that never lies, resume by config, one process per sweep, store trouble ---
