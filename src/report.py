@@ -2,10 +2,12 @@
 
     python -m src.report                          # the latest sweep in the default store
     python -m src.report sweep=/abs/multirun/... baseline.precision=bf16 tracking_uri=http://127.0.0.1:5000
+    python -m src.report --help                   # this, and the settings; touches nothing
 
 Reads the runs back from the tracking store (the report's numbers are the runs' own metrics), writes
 report.md, summary.csv and PNG plots, and attaches them to the sweep's parent run so the MLflow UI
-shows them beside the runs. Settings: conf/report.yaml, overridable as key=value.
+shows them beside the runs; rerun, it replaces the files and adds no metric points. Settings:
+conf/report.yaml, overridable as key=value; a key it does not have is refused in one line.
 """
 
 from __future__ import annotations
@@ -218,9 +220,10 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
     for job_name, base_name, time_speedup, *_ in report.speedups:   # a column of the sweep's view
         if not math.isnan(time_speedup):
             job = next(j for j in report.jobs if j.name == job_name.removesuffix(" (FALLBACK)"))
-            client.log_metric(job.run_id, "speedup_vs_baseline", time_speedup)
+            _set_metric(client, job.run_id, "speedup_vs_baseline", time_speedup, job.metrics.get("speedup_vs_baseline"))
             job.metrics["speedup_vs_baseline"] = time_speedup
     parent = client.get_run(report.parent_run_id)
+    held = parent.data.metrics
     report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id,
                                       parent.data.tags.get(SWEEP_KEY, report.parent_run_id), report.jobs)
     client.set_tag(report.parent_run_id, "mlflow.note.content",
@@ -229,19 +232,49 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
              and not fallback(j)]
     if timed:
         best = min(timed, key=lambda j: j.metrics["time_per_token_ms_median"])
-        client.log_metric(report.parent_run_id, "best_time_per_token_ms", best.metrics["time_per_token_ms_median"])
+        _set_metric(client, report.parent_run_id, "best_time_per_token_ms", best.metrics["time_per_token_ms_median"],
+                    held.get("best_time_per_token_ms"))
         client.set_tag(report.parent_run_id, "best_time_per_token_job", best.name)
     gains = [r for r in report.speedups if r[0] != r[1] and not math.isnan(r[2]) and "(FALLBACK)" not in r[0] + r[1]]
     if gains:
         top = max(gains, key=lambda r: r[2])
-        client.log_metric(report.parent_run_id, "best_speedup", top[2])
+        _set_metric(client, report.parent_run_id, "best_speedup", top[2], held.get("best_speedup"))
         client.set_tag(report.parent_run_id, "best_speedup_job", top[0])
     return report
 
 
+SETTINGS = PROJECT_ROOT / "conf" / "report.yaml"
+BASELINE_KEYS = ("model", "hardware", "precision", "draft", "task", "engine")
+
+
+class SettingError(ValueError):
+    """A report setting that is not one; the message is the one line the user sees."""
+
+
 def settings(argv: list[str] = ()):
-    """conf/report.yaml under key=value overrides."""
-    return OmegaConf.merge(OmegaConf.load(PROJECT_ROOT / "conf" / "report.yaml"), OmegaConf.from_dotlist(list(argv)))
+    """conf/report.yaml under key=value overrides; a key it does not have is refused, naming those it has."""
+    base = OmegaConf.load(SETTINGS)
+    for arg in argv:
+        key, eq, _ = arg.partition("=")
+        top, _, sub = key.partition(".")
+        if not eq or not key:
+            raise SettingError(f"{arg!r} is not key=value; settings: {', '.join(base)} (python -m src.report --help)")
+        if top not in base or (top == "baseline" and sub not in BASELINE_KEYS) or (top != "baseline" and sub):
+            raise SettingError(f"{key} is not a report setting; settings: {', '.join(base)}, and baseline.<"
+                               f"{'|'.join(BASELINE_KEYS)}> (python -m src.report --help)")
+    return OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
+
+
+def usage() -> str:
+    """This module's docstring and its settings with their defaults and comments (conf/report.yaml)."""
+    return f"{__doc__.strip()}\n\nSettings (conf/report.yaml):\n\n" + "\n".join(
+        f"    {line}" for line in SETTINGS.read_text().splitlines() if line.strip() and not line.startswith("#"))
+
+
+def _set_metric(client: MlflowClient, run_id: str, key: str, value: float, current: float | None) -> None:
+    """Log a metric unless the run holds that value already: rerunning the report adds no points."""
+    if current is None or not math.isclose(current, value, rel_tol=1e-9, abs_tol=0.0):
+        client.log_metric(run_id, key, value)
 
 
 def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
@@ -257,7 +290,14 @@ def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    cfg = settings(argv)
+    if {"-h", "--help"} & set(argv):
+        print(usage())
+        return 0
+    try:
+        cfg = settings(argv)
+    except SettingError as err:
+        print(f"quantspec: {err}", file=sys.stderr)
+        return 2
     uri = cfg.tracking_uri or default_uri()
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         # opening would create an empty database: say what is missing instead

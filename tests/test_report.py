@@ -123,3 +123,28 @@ def test_sweep_against_a_real_tracking_server(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_rerun_of_the_report_adds_no_metric_points(sweep):
+    store, tmp = sweep
+    client = MlflowClient(store)
+    for _ in range(2):
+        rep = report.publish(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp / "again")
+    parent = rep.parent_run_id
+    assert len(client.get_metric_history(parent, "best_speedup")) == 1
+    assert len(client.get_metric_history(parent, "best_time_per_token_ms")) == 1
+    assert all(len(client.get_metric_history(j.run_id, "speedup_vs_baseline")) == 1 for j in rep.jobs)
+
+
+def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path):
+    store = tmp_path / "absent.db"
+    helped = run_cli(["--help", f"tracking_uri=sqlite:///{store}"], module="src.report")
+    assert helped.returncode == 0 and "python -m src.report" in helped.stdout and "baseline:" in helped.stdout
+    assert not store.exists() and not (tmp_path / "reports").exists()
+    for arg, words in (("baselin.precision=bf16", "baselin.precision is not a report setting"),
+                       ("baseline.precison=bf16", "baseline.precison is not a report setting"),
+                       ("sweep", "'sweep' is not key=value")):
+        out = run_cli([arg, f"tracking_uri=sqlite:///{store}"], module="src.report")
+        lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
+        assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
+        assert "Traceback" not in out.stderr and not store.exists()
