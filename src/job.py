@@ -107,6 +107,7 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
                        "git_commit": env["git_commit"], "cpu_model": env["cpu_model"],
                        "threads": str(placement.threads)})
     recorder.log_text(json.dumps(env, indent=2), "environment.json")
+    _record_executed(cfg, placement, env, recorder)
 
     memory.release_freed()   # a sweep's previous job is freed, and its memory returned, before this one is weighed
     need = memory.check(cfg)   # before loading: a job that cannot fit says so now, in one line
@@ -129,6 +130,19 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
                                                       k_max=cfg.draft.k_max)
     baseline = plain if drafter is not None and cfg.draft.baseline else None
     return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics, recorder)
+
+
+def _record_executed(cfg, placement, env: dict, recorder) -> None:
+    """What runs, beside what was asked (the `hardware.*` params are the profile's): params executed.*,
+    and tag `ran_on`, which says where a profile's accelerator was not what ran ("phx profile, ran on
+    host CPU (AMD EPYC)"). executed.kernels follows once the kernels are chosen (_kernels)."""
+    import transformers
+    where = f"host CPU ({env['cpu_model']})" if placement.device == "cpu" else placement.device
+    runtime = (f"quantspec native engine, torch {torch.__version__}" if cfg.engine.kind == "native"
+               else f"transformers {transformers.__version__} generate, torch {torch.__version__}")
+    recorder.log_params({"executed.device": placement.device, "executed.cpu": env["cpu_model"],
+                         "executed.threads": str(placement.threads), "executed.runtime": runtime})
+    recorder.set_tags({"ran_on": f"{cfg.hardware.name} profile, ran on {where}" if placement.note else where})
 
 
 def _check_sandbox(task) -> None:

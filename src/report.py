@@ -180,8 +180,8 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     finished = [j for j in jobs if j.tags.get("outcome") == "finished"]
     rows_of = {j.name: job_rows(client, j) for j in finished}
     tables = {name: seed_table(rows) for name, rows in rows_of.items() if rows}
-    summary = [[j.name, j.tags.get("outcome", "?"), kernels_of(j), *[j.metrics.get(k, math.nan) for k, _ in SUMMARY]]
-               for j in jobs]
+    summary = [[j.name, j.tags.get("outcome", "?"), j.tags.get("ran_on", "?"), kernels_of(j),
+                *[j.metrics.get(k, math.nan) for k, _ in SUMMARY]] for j in jobs]
     speedups = speedup_rows(jobs, baseline)
     parent = client.get_run(parent_id)
     # a run name is anyone's string, and two sweep directories may share a base name: the sweep's key too
@@ -191,7 +191,8 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
     parts = [f"# {parent.info.run_name}\n", f"`{parent.data.tags.get('overrides', '')}`\n",
              *fallback_lines(jobs),
-             "## Summary\n", markdown_table(["job", "outcome", "kernels", *[h for _, h in SUMMARY]], summary) + "\n",
+             "## Summary\n", markdown_table(["job", "outcome", "ran on", "kernels", *[h for _, h in SUMMARY]], summary)
+             + "\n",
              f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
              (markdown_table(["job", "baseline", "time/token speedup", "prefill speedup", "perplexity ratio"],
                              speedups) if speedups else "(no job has its baseline in this sweep)") + "\n"]
@@ -204,7 +205,8 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
         parts += [f"## {name}\n", table + "\n"]
     (out / "report.md").write_text("\n".join(parts))
     (out / "summary.csv").write_text("\n".join(",".join(str(c) for c in row) for row in
-                                               [["job", "outcome", "kernels", *[k for k, _ in SUMMARY]], *summary]) + "\n")
+                                               [["job", "outcome", "ran_on", "kernels", *[k for k, _ in SUMMARY]],
+                                                *summary]) + "\n")
     files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
     return Report(parent_id, jobs, tables, summary, speedups, files, overview)
 

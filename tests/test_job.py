@@ -29,3 +29,14 @@ def test_build_then_run_gives_rows_and_reports_what_it_decided(tmp_path):
     assert [r.new_tokens for r in result.rows] == [3, 3]
     assert kept.inputs == {"humaneval": "calibration", "seed-prompts": "evaluation"}   # what it read, and what for
     assert len(result.series["decode_efficiency"]) == 2 and result.summary["examples"] == 2
+
+
+def test_a_profile_that_ran_elsewhere_says_what_executed(tmp_path):
+    raw, _ = compose_job(["model=tiny-llama", "hardware=phx", "task.limit=1", "task.max_new_tokens=2",
+                          "task.warmup=0", "engine=hf", "engine.kernels=aten", f"cache_dir={tmp_path}"])
+    kept = Kept()
+    build(job_config_from_dict(raw), kept)
+    assert raw["hardware"]["device"] == "npu"   # what the phx profile asks for
+    assert kept.params["executed.device"] == "cpu" and kept.params["executed.kernels"] == "aten"
+    assert kept.tags["ran_on"] == f"phx profile, ran on host CPU ({kept.params['executed.cpu']})"
+    assert kept.params["executed.runtime"].startswith("transformers ") and "generate" in kept.params["executed.runtime"]

@@ -30,8 +30,12 @@ def test_report_numbers_are_the_runs_own(sweep):
     assert len(rep.jobs) == 3 and len(rep.summary) == 3
     for row in rep.summary:
         job = by_name[row[0]]
-        assert row[4] == job.metrics["time_per_token_ms_median"] and row[3] == job.metrics["prefill_ms_median"]
-        assert row[2] == f"quantspec/{job.tags['kernels_isa']}" and job.tags["kernels"] == "quantspec"
+        assert row[5] == job.metrics["time_per_token_ms_median"] and row[4] == job.metrics["prefill_ms_median"]
+        assert row[3] == f"quantspec/{job.tags['kernels_isa']}" and job.tags["kernels"] == "quantspec"
+        # what ran, beside what was asked: the cpu profile on the host's CPU, as params and in the row
+        assert row[2] == f"host CPU ({job.params['executed.cpu']})" == job.tags["ran_on"]
+        assert job.params["executed.device"] == "cpu" and int(job.params["executed.threads"]) >= 1
+        assert job.params["executed.runtime"].startswith("quantspec native engine, torch ")
     # each seed table holds the per-example metric histories
     for name, job in by_name.items():
         history = {m.step: m.value for m in client.get_metric_history(job.run_id, "time_per_token_ms")}
@@ -80,7 +84,7 @@ def test_a_job_whose_kernels_fell_back_is_said_marked_and_kept_out_of_the_headli
     rep = report.publish(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
     assert {j.tags["kernels"] for j in rep.jobs} == {"fallback"}
     assert {j.params["executed.kernels"] for j in rep.jobs} == {"aten (fallback)"}
-    assert {row[2] for row in rep.summary} == {"ATen (FALLBACK)"}
+    assert {row[3] for row in rep.summary} == {"ATen (FALLBACK)"}
     assert "Kernels fell back" in rep.overview and all("(FALLBACK)" in r[0] for r in rep.speedups)
     parent = MlflowClient(store).get_run(rep.parent_run_id)
     assert "Kernels fell back" in parent.data.tags["mlflow.note.content"]
