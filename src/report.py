@@ -120,8 +120,32 @@ def draft_quality_lines(jobs: list[JobRecord]) -> list[str]:
     return lines
 
 
+def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: str, label: str, out: Path):
+    """Tasks whose prompts have no fixed lengths (decode, benchmark_code): each job's median over its
+    examples, whiskers from its fastest to its slowest example. None where no such job has rows."""
+    drawn = [(j.name, [getattr(r, metric) for r in rows_of.get(j.name) or []]) for j in jobs
+             if j.choice("task") not in ("benchmark", "benchmark_long")]
+    drawn = [(name, [v for v in values if not math.isnan(v)]) for name, values in drawn]
+    drawn = [(name, sorted(values)) for name, values in drawn if values]
+    if not drawn:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(drawn) + 1.5))
+    medians = [v[len(v) // 2] for _, v in drawn]
+    low = [m - v[0] for m, (_, v) in zip(medians, drawn)]
+    high = [v[-1] - m for m, (_, v) in zip(medians, drawn)]
+    ax.barh([name for name, _ in drawn], medians, xerr=[low, high], color="tab:blue", capsize=3)
+    ax.set_xlabel(f"{label}: median over the examples, fastest to slowest")
+    ax.set_title(f"{label} by job")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    path = out / f"{metric}_by_job.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[Row]], speedups: list[list],
-           out: Path) -> dict[str, Path]:
+           out: Path, base_text: str = "the baseline") -> dict[str, Path]:
     import matplotlib
     matplotlib.use("Agg")  # files only: no display on servers or in CI
     import matplotlib.pyplot as plt
@@ -149,12 +173,18 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
             fig.savefig(path, dpi=110)
             files[path.name] = path
         plt.close(fig)
+        path = _by_job(plt, jobs, rows_of, metric, label, out)
+        if path is not None:
+            files[path.name] = path
     finite = [r for r in speedups if not math.isnan(r[2]) and r[0] != r[1]]  # not the baselines themselves
     if finite:
         fig, ax = plt.subplots(figsize=(7, 0.45 * len(finite) + 1.5))
         ax.barh([r[0] for r in finite], [r[2] for r in finite], color="tab:blue")
         ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel("time/token speedup over the baseline")
+        ax.set_xlabel(f"time/token speedup over {base_text}")
+        ax.set_title("speedup over the baseline: the job that differs only in " + ", ".join(
+            sorted({k.split("=")[0] for k in base_text.split(", ")})) + " (same model, hardware, task, engine)",
+            fontsize=9)
         for y, r in enumerate(finite):
             ax.text(r[2], y, f" {r[2]:.2f}×", va="center", fontsize=8)
         fig.tight_layout()
@@ -174,6 +204,13 @@ def save_markdown(name: str, text: str) -> Path:
     return out
 
 
+def _drop_empty(rows: list[list], headers: list[str]) -> tuple[list[list], list[str]]:
+    """The summary without the metric columns no job has (all NaN: perplexity in a timing sweep)."""
+    keep = [i for i, h in enumerate(headers) if i < 4 or any(
+        not (isinstance(r[i], float) and math.isnan(r[i])) for r in rows)]
+    return [[r[i] for i in keep] for r in rows], [headers[i] for i in keep]
+
+
 def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path) -> Report:
     parent_id, jobs = sweep_jobs(uri, experiment, sweep)
     client = MlflowClient(uri)
@@ -187,12 +224,12 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     # a run name is anyone's string, and two sweep directories may share a base name: the sweep's key too
     out = child(out_root, f"{parent.info.run_name.replace(' ', '_')}-{parent.data.tags.get(SWEEP_KEY, parent_id)[:8]}")
     out.mkdir(parents=True, exist_ok=True)
-    files = _plots(client, finished, rows_of, speedups, out)
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
+    files = _plots(client, finished, rows_of, speedups, out, base_text)
+    summary, headers = _drop_empty(summary, ["job", "outcome", "ran on", "kernels", *[h for _, h in SUMMARY]])
     parts = [f"# {parent.info.run_name}\n", f"`{parent.data.tags.get('overrides', '')}`\n",
              *fallback_lines(jobs),
-             "## Summary\n", markdown_table(["job", "outcome", "ran on", "kernels", *[h for _, h in SUMMARY]], summary)
-             + "\n",
+             "## Summary\n", markdown_table(headers, summary) + "\n",
              f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
              (markdown_table(["job", "baseline", "time/token speedup", "prefill speedup", "perplexity ratio"],
                              speedups) if speedups else "(no job has its baseline in this sweep)") + "\n"]
@@ -205,8 +242,7 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
         parts += [f"## {name}\n", table + "\n"]
     (out / "report.md").write_text("\n".join(parts))
     (out / "summary.csv").write_text("\n".join(",".join(str(c) for c in row) for row in
-                                               [["job", "outcome", "ran_on", "kernels", *[k for k, _ in SUMMARY]],
-                                                *summary]) + "\n")
+                                               [headers, *summary]) + "\n")
     files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
     return Report(parent_id, jobs, tables, summary, speedups, files, overview)
 

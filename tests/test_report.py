@@ -152,3 +152,16 @@ def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path
         lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
         assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
         assert "Traceback" not in out.stderr and not store.exists()
+
+
+def test_a_decode_sweep_gets_its_plots_and_no_empty_columns(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(["-m", "model=tiny-llama", "task.limit=3", "task.max_new_tokens=4", "task.warmup=0",
+                   "precision=fp32,bf16", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}",
+                   "report_at_end=false"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
+    assert {"time_per_token_ms_by_job.png", "prefill_ms_by_job.png", "speedup.png"} <= set(rep.files)
+    table = rep.files["report.md"].read_text().split("## Summary")[1].split("##")[0]
+    assert "time/token (ms)" in table and "perplexity" not in table and "pass@1" not in table
+    assert all(not (isinstance(c, float) and math.isnan(c)) for row in rep.summary for c in row[4:])
