@@ -264,8 +264,10 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
     held = parent.data.metrics
     report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id,
                                       parent.data.tags.get(SWEEP_KEY, report.parent_run_id), report.jobs)
+    # relative: the link holds on whatever host and port serve the UI
     client.set_tag(report.parent_run_id, "mlflow.note.content",
-                   f"[The sweep's jobs side by side]({report.view_url})\n\n{report.overview}")
+                   f"[The sweep's jobs side by side]({ui.view_path(parent.info.experiment_id, parent.data.tags.get(SWEEP_KEY, report.parent_run_id))})"
+                   f"\n\n{report.overview}")
     timed = [j for j in report.jobs if j.tags.get("outcome") == "finished" and j.metrics.get("time_per_token_ms_median")
              and not fallback(j)]
     if timed:

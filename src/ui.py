@@ -55,11 +55,18 @@ def view_state(parent_run_id: str, metrics: set[str], tags: set[str]) -> dict:
             "selectedColumns": columns}
 
 
-def view_url(tracking_uri: str, experiment_id: str, key: str) -> str:
-    """The page of the view: on the store's own server, or where `mlflow ui` serves a SQLite store."""
-    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else SQLITE_UI
+def view_path(experiment_id: str, key: str) -> str:
+    """The view's address within whatever serves the MLflow UI (a link in a description is relative:
+    it works on any host and port)."""
     # workflowType: open the model-training runs list, not MLflow's GenAI overview
-    return f"{base}/#/experiments/{experiment_id}/runs?viewStateShareKey={quote(key)}&workflowType=machine_learning"
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={quote(key)}&workflowType=machine_learning"
+
+
+def view_url(tracking_uri: str, experiment_id: str, key: str) -> str:
+    """The page of the view: on the store's own server, or where `mlflow ui` serves a SQLite store by
+    default (it may serve it elsewhere: view_path is the part that holds everywhere)."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else SQLITE_UI
+    return f"{base}/{view_path(experiment_id, key)}"
 
 
 def publish_view(client, experiment_id: str, parent_run_id: str, sweep_key: str, jobs: list) -> str:

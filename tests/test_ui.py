@@ -61,7 +61,8 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         # the records behind the view, through MLflow's client
         assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
         assert "viewStateShareKey=latest" in exp.tags["mlflow.note.content"]
-        assert url in parent.data.tags["mlflow.note.content"] and "time/token (ms)" in parent.data.tags["mlflow.note.content"]
+        note = parent.data.tags["mlflow.note.content"]   # its link relative: any host and port serving the UI
+        assert f"]({url.removeprefix(uri + '/')})" in note and "time/token (ms)" in note and "127.0.0.1" not in note
         corpus_digest = hashlib.sha256(load_text(DatasetConfig("humaneval", "humaneval")).encode()).hexdigest()[:16]
         for job in jobs:
             (used,) = job.inputs.dataset_inputs
