@@ -42,8 +42,8 @@ HARMFUL = {
     "sleeps": "    import time\n    time.sleep(60)\n",
     "hungry": "    x = bytearray(8 << 30)\n    return x\n",
     "network": "    import socket\n    socket.create_connection(('1.1.1.1', 53), timeout=2)\n",
-    "forks": "    import os, time\n    for _ in range(20):\n        if os.fork() == 0:\n            time.sleep(120)\n"
-             "    time.sleep(120)\n",
+    "forks": "    import ctypes, os, time\n    ctypes.CDLL(None).prctl(15, b'qsforkedchild', 0, 0, 0)\n"   # its name
+             "    for _ in range(20):\n        if os.fork() == 0:\n            time.sleep(120)\n    time.sleep(120)\n",
 }
 
 
@@ -65,7 +65,8 @@ def test_sandbox_passes_canonical_solutions_and_contains_harmful_completions(tmp
     assert got["hungry"].status == "failed" and got["hungry"].detail == "MemoryError"
     assert got["network"].status == "failed" and "Network is unreachable" in got["network"].detail
     time.sleep(0.5)
-    leftover = subprocess.run(["pgrep", "-f", "time.sleep\\(120\\)"], capture_output=True, text=True).stdout.split()
+    # by process name (the program's source is not on any command line; tests/test_sandbox.py checks pgrep -x)
+    leftover = subprocess.run(["pgrep", "-x", "qsforkedchild"], capture_output=True, text=True).stdout.split()
     assert not leftover, "a forked child outlived its sandbox"
 
 
