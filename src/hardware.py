@@ -41,10 +41,11 @@ def npu_present() -> bool:
 
 
 def resolve(hw: HardwareConfig) -> Placement:
-    threads = hw.threads or host_threads()
-    if threads > host_threads():   # allowed (a deliberate oversubscription test), never silent
+    cores = host_threads()
+    threads = hw.threads or cores
+    if threads > cores:   # allowed (a deliberate oversubscription test), never silent
         log.warning("hardware.threads=%d is more than the %d cores this process may use: threads will take turns "
-                    "on cores and every timing suffers; null uses each core once", threads, host_threads())
+                    "on cores and every timing suffers; null uses each core once", threads, cores)
     if hw.device == "cpu":
         return Placement("cpu", threads)
     if hw.device == "cuda":

@@ -71,7 +71,7 @@ class Journal:
         self._unacked.discard(seq)
 
     def _write(self, line: dict) -> None:
-        os.write(self._fd, (json.dumps(line, ensure_ascii=False) + "\n").encode())
+        _append(self._fd, line)
 
     @property
     def pending(self) -> int:
@@ -84,6 +84,11 @@ class Journal:
                 self._pointer.unlink(missing_ok=True)
         finally:
             os.close(self._fd)
+
+
+def _append(fd: int, line: dict) -> None:
+    """One JSON line, in one write (O_APPEND: whole lines, whoever else appends)."""
+    os.write(fd, (json.dumps(line, ensure_ascii=False) + "\n").encode())
 
 
 def _end_torn_line(fd: int, path: Path) -> None:
@@ -151,10 +156,10 @@ def replay(path: Path, apply: Callable[[dict, str | None], str], holds: Callable
                 reason = refusal(err)
                 if reason is None:
                     raise
-                os.write(fd, (json.dumps({"refused": seq, "run_id": run_id, "reason": reason[:500]}) + "\n").encode())
+                _append(fd, {"refused": seq, "run_id": run_id, "reason": reason[:500]})
                 said_no += 1
                 continue
-            os.write(fd, (json.dumps({"ack": seq, "run_id": run_id}) + "\n").encode())
+            _append(fd, {"ack": seq, "run_id": run_id})
             sent += 1
         return sent, said_no
     finally:

@@ -19,21 +19,34 @@ from typing import Iterator
 log = logging.getLogger(__name__)
 
 
+def _try_lock(path: Path) -> tuple[int, str | None]:
+    """(the open lock file, None) once this process holds its exclusive lock and has written itself in
+    as the holder; or (the open file, who holds it) where another live process does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return fd, os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    _claim(fd)
+    return fd, None
+
+
+def _claim(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+
+
 @contextlib.contextmanager
 def file_lock(path: Path, what: str) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created if missing) for the block; `what` names the work in the
     one line printed while another live process holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd, holder = _try_lock(path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        if holder is not None:
             log.warning("waiting for %s (%s is building it)", what, holder)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+            _claim(fd)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
@@ -42,16 +55,10 @@ def file_lock(path: Path, what: str) -> Iterator[None]:
 def hold(path: Path) -> int | str:
     """Take an exclusive lock on `path` for the rest of this process (the descriptor is returned and
     left open); or, where another live process holds it, who that is."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    fd, holder = _try_lock(path)
+    if holder is not None:
         os.close(fd)
         return holder
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
     return fd
 
 

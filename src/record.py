@@ -73,7 +73,8 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     logged, so a store that fails mid-job loses nothing."""
     from src.config import ConfigError, job_config_from_dict
     from src.journal import Journal
-    from src.tracking import CONFIG_HASH, JobRun, StoreUnreachable, default_uri, flatten, key_of, open_store
+    from src.tracking import (CONFIG_HASH, JobRun, StoreUnreachable, default_uri, first_line, flatten, key_of,
+                              open_store)
 
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
     try:
@@ -133,7 +134,6 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         except StoreUnreachable as lost:
             fail_line(f"job {name}: {lost}")
         except Exception as answer:  # noqa: BLE001 - the store refused the failure's record: say so, go on
-            from src.tracking import first_line
             fail_line(f"job {name}: the store refused its failure record ({first_line(answer)})")
     finally:
         outcomes.append(job.outcome or "failed")
@@ -171,7 +171,7 @@ def _changed(old: dict[str, str], new: dict[str, str]) -> str:
 
 def _so_far(job) -> str:
     """What a job that stopped early had measured (its rows are in the store or journal already)."""
-    done, total = getattr(job, "measured", (0, 0))
+    done, total = job.measured
     return f"; stopped after {done} of {total} examples (their rows are kept)" if total else ""
 
 

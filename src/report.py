@@ -24,6 +24,7 @@ from src import ui
 from src.environment import PROJECT_ROOT
 from src.metrics import ROW_METRICS, Row, markdown_table, seed_table
 from src.paths import child
+from src.record import TAG_GROUPS
 from src.sweeps import JobRecord, sweep_jobs
 from src.tracking import SWEEP_KEY, default_uri
 
@@ -261,13 +262,11 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
             _set_metric(client, job.run_id, "speedup_vs_baseline", time_speedup, job.metrics.get("speedup_vs_baseline"))
             job.metrics["speedup_vs_baseline"] = time_speedup
     parent = client.get_run(report.parent_run_id)
-    held = parent.data.metrics
-    report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id,
-                                      parent.data.tags.get(SWEEP_KEY, report.parent_run_id), report.jobs)
+    held, key = parent.data.metrics, parent.data.tags.get(SWEEP_KEY, report.parent_run_id)
+    report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id, key, report.jobs)
     # relative: the link holds on whatever host and port serve the UI
     client.set_tag(report.parent_run_id, "mlflow.note.content",
-                   f"[The sweep's jobs side by side]({ui.view_path(parent.info.experiment_id, parent.data.tags.get(SWEEP_KEY, report.parent_run_id))})"
-                   f"\n\n{report.overview}")
+                   f"[The sweep's jobs side by side]({ui.view_path(parent.info.experiment_id, key)})\n\n{report.overview}")
     timed = [j for j in report.jobs if j.tags.get("outcome") == "finished" and j.metrics.get("time_per_token_ms_median")
              and not fallback(j)]
     if timed:
@@ -284,7 +283,7 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
 
 
 SETTINGS = PROJECT_ROOT / "conf" / "report.yaml"
-BASELINE_KEYS = ("model", "hardware", "precision", "draft", "task", "engine")
+BASELINE_KEYS = (*TAG_GROUPS, "engine")   # the choices a job is tagged with
 
 
 class SettingError(ValueError):

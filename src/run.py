@@ -10,7 +10,6 @@ a plain dict and typed dataclasses.
 
 from __future__ import annotations
 
-import logging
 import hashlib
 import os
 import sys

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from src import journal
-from src.tracking import Store, bound_http_retries, probe, quiet_store_logs
+from src.tracking import Store, bound_http_retries, first_line, probe, quiet_store_logs
 
 
 def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
@@ -55,13 +55,12 @@ def main(argv: list[str]) -> int:
                 stores[key] = Store(*key)
             sent = stores[key].replay(path, pointer)
         except Exception as err:  # noqa: BLE001 - one line per journal, then the next
-            first = str(err).strip().splitlines()[0].split(" with exception")[0][:200] if str(err).strip() else ""
             if journal.unsettled(path) == 0 and pointer is not None:
                 pointer.unlink(missing_ok=True)   # delivered before; nothing left to send
                 print(f"quantspec: {path}: delivered before; {key[0]} cannot be opened now "
-                      f"({type(err).__name__}: {first}), so it stays unchecked and is unlisted")
+                      f"({first_line(err)}), so it stays unchecked and is unlisted")
                 continue
-            print(f"quantspec: {path}: not replayed ({type(err).__name__}: {first}); "
+            print(f"quantspec: {path}: not replayed ({first_line(err)}); "
                   f"fix the store and run python -m src.sync again", file=sys.stderr)
             failed += 1
             continue

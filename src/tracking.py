@@ -450,9 +450,10 @@ class JobRun:
             try:
                 self.run_id = self.store.apply({**record, "seq": seq}, self.run_id)
             except MlflowException as err:
-                if refusal(err):  # the store is up and says no: a bug to see, not an outage
+                reason = refusal(err)
+                if reason:  # the store is up and says no: a bug to see, not an outage
                     if seq is not None:
-                        self.journal.refuse(seq, self.run_id, refusal(err))   # settled, never delivered
+                        self.journal.refuse(seq, self.run_id, reason)   # settled, never delivered
                     raise
                 self._go_offline(err)   # LOST among them: the journal keeps it for a store that has the run
             except Exception as err:  # noqa: BLE001 - any other store failure: stop talking to it, keep journaling
@@ -469,8 +470,7 @@ class JobRun:
                                    f"this job's results")
 
     def _go_offline(self, err: Exception) -> None:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        self.offline = f"{type(err).__name__}: {first.split(' with exception')[0]}"[:160]
+        self.offline = first_line(err)[:160]
         where = f"journaling to {self.journal.path}" if self.journal else "and no journal is writable"
         log.warning("tracking store failed (%s); the job goes on, %s", self.offline, where)
 
