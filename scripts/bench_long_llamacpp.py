@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from src.metrics import markdown_table  # noqa: E402
+from src.metrics import EXAMPLE, markdown_table  # noqa: E402
 from src.report import save_markdown  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 
@@ -142,7 +142,7 @@ def ours(precision: str, lengths: list[int], store: str, extra: list[str]) -> di
                     "report_at_end=false", *extra], cwd=ROOT, check=True)
     _, (job,) = sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))
     client = MlflowClient(store)
-    history = {m: {h.step: h.value for h in client.get_metric_history(job.run_id, m)}
+    history = {m: {h.step: h.value for h in client.get_metric_history(job.run_id, EXAMPLE + m)}
                for m in ("prompt_tokens", "prefill_ms", "time_per_token_ms")}
     return {int(t): (history["prefill_ms"].get(step, math.nan), history["time_per_token_ms"].get(step, math.nan))
             for step, t in history["prompt_tokens"].items()}

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from src.metrics import markdown_table  # noqa: E402
+from src.metrics import EXAMPLE, markdown_table  # noqa: E402
 from src.report import save_markdown  # noqa: E402
 from src.sweeps import sweep_jobs  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
@@ -75,8 +75,9 @@ def per_length(uri: str, job, metric: str, tokens: int) -> float:
     """The job's `metric` at the example of `tokens` prompt tokens (step = example number)."""
     from mlflow.tracking import MlflowClient
     client = MlflowClient(uri)
-    step = next((m.step for m in client.get_metric_history(job.run_id, "prompt_tokens") if int(m.value) == tokens), None)
-    return {m.step: m.value for m in client.get_metric_history(job.run_id, metric)}.get(step, math.nan)
+    step = next((m.step for m in client.get_metric_history(job.run_id, f"{EXAMPLE}prompt_tokens")
+                 if int(m.value) == tokens), None)
+    return {m.step: m.value for m in client.get_metric_history(job.run_id, EXAMPLE + metric)}.get(step, math.nan)
 
 
 def main(argv: list[str]) -> int:

@@ -10,8 +10,11 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-# Metric names are a contract users query by: they must not change.
+# Metric names are a contract users query by: they must not change. Each example's values are series
+# (step = example) under their own prefix, so that the UI's columns (a metric's latest value) show the
+# summaries only: MLflow would show a series' last example as if it summarized the job.
 ROW_METRICS = ("prompt_tokens", "new_tokens", "total_time_s", "prefill_ms", "time_per_token_ms", "tokens_per_s")
+EXAMPLE = "example/"
 SEED_HEADERS = ("Example#", "Prompt Length (tokens)", "New Tokens Generated", "Total Time (s)",
                 "Prefill Phase (ms)", "Time/Token (ms)", "Tokens/Sec")
 
@@ -27,7 +30,7 @@ class Row:
     tokens_per_s: float
 
     def metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items() if k in ROW_METRICS}
+        return {EXAMPLE + k: float(v) for k, v in asdict(self).items() if k in ROW_METRICS}
 
 
 def timing_row(example: int, prompt_tokens: int, start: float, first_token: float, end: float,

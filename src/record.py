@@ -73,10 +73,14 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     logged, so a store that fails mid-job loses nothing."""
     from src.config import ConfigError, job_config_from_dict
     from src.journal import Journal
-    from src.tracking import (CONFIG_HASH, JobRun, StoreUnreachable, default_uri, first_line, flatten, key_of,
+    from src import rounds
+    from src.rounds import ROUND
+    from src.tracking import (CONFIG_HASH, CONFIG_KEY, JobRun, StoreUnreachable, default_uri, first_line, flatten, key_of,
                               open_store)
 
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
+    if raw.get("round", 1) != 1:   # src.rounds: a later round of the same job, its own run
+        name += f" round {raw['round']}"
     try:
         cfg = job_config_from_dict(raw)
     except ConfigError as err:
@@ -91,7 +95,8 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     except StoreUnreachable as err:
         raise SweepAbort(str(err)) from None
     active.update(store=store, sweep=sweep, job=None)
-    job_key = key_of(job_key or name)
+    # the job across its rounds (src.rounds), and this round of it (every round is its own run)
+    config_key, job_key = key_of(rounds.config_key(job_key) or name), key_of(job_key or name)
     params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
               # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'
               **{f"choice.{k.rpartition('@')[2]}": v for k, v in choices.items()}}
@@ -115,7 +120,8 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     job = JobRun(store, journal, uri, cfg.experiment)
     active["job"] = job
     try:
-        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}, **NODE}, job_key)
+        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}, **NODE,
+                                        ROUND: str(raw.get(ROUND, 1)), CONFIG_KEY: config_key}, job_key)
         if preset is not None:
             _record_preset(job, name, *preset)
         else:
@@ -145,7 +151,8 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
 
 # Settings that change where a job is recorded, where its builds are cached (each machine of a lab has
 # its own cache) or whether it runs again: not what it measures.
-NOT_HASHED = ("hydra", "resume", "report_at_end", "tracking", "cache_dir")
+# How many rounds a sweep asks for does not change what one round measures.
+NOT_HASHED = ("hydra", "resume", "report_at_end", "tracking", "cache_dir", "rounds", "busy_reruns")
 
 
 def config_hash(raw: dict) -> str:
@@ -198,7 +205,7 @@ def _flag_busy_host(run, others_cores: float | None, limit: float) -> None:
 def _execute(cfg, raw: dict, run, name: str) -> None:
     """Build the job, run its task, print its table, log what it measured, end the run."""
     from src import job as jobs
-    from src.metrics import rows_csv, seed_table, summary_table
+    from src.metrics import EXAMPLE, rows_csv, seed_table, summary_table
 
     run.log_text(OmegaConf.to_yaml(OmegaConf.create(raw)), "config.yaml")
     reason = cfg.unsupported_reason()
@@ -227,9 +234,10 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
     for row in result.rows:
         if row.example not in logged:   # tasks that measure outside src.tasks.common.measure
             run.log_metrics(row.metrics(), step=row.example)
-    for metric, values in result.series.items():
+    for metric, values in result.series.items():   # per example, unless the task named its own prefix
+        name = metric if "/" in metric else EXAMPLE + metric
         for step, value in enumerate(values, start=1):
-            run.log_metrics({metric: value}, step=step)
+            run.log_metrics({name: value}, step=step)
     run.log_metrics(result.summary)
     if result.rows:
         run.log_text(table + "\n", "examples.md")

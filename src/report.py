@@ -21,15 +21,15 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from src import ui
+from src.compare import Config, Speedup, configs, speedups
 from src.environment import PROJECT_ROOT
-from src.metrics import ROW_METRICS, Row, markdown_table, seed_table
+from src.metrics import EXAMPLE, ROW_METRICS, Row, markdown_table, seed_table
 from src.paths import child
 from src.record import TAG_GROUPS
 from src.sweeps import JobRecord, sweep_jobs
 from src.tracking import SWEEP_KEY, default_uri
 
-KEY_GROUPS = ("model", "hardware", "precision", "draft", "task", "engine")
-SUMMARY = (("prefill_ms_median", "prefill (ms)"), ("time_per_token_ms_median", "time/token (ms)"),
+SUMMARY = (("time_per_token_ms_median", "time/token (ms)"), ("prefill_ms_median", "prefill (ms)"),
            ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"), ("pass_at_1", "pass@1"),
            ("decode_efficiency_median", "decode efficiency"), ("acceptance_rate_overall", "acceptance"),
            ("speedup_vs_no_draft_median", "speedup vs no draft (measured)"),
@@ -39,10 +39,11 @@ SUMMARY = (("prefill_ms_median", "prefill (ms)"), ("time_per_token_ms_median", "
 @dataclass
 class Report:
     parent_run_id: str
-    jobs: list[JobRecord]
-    tables: dict[str, str]            # job name -> its seed table
+    jobs: list[JobRecord]             # every run: each round of each job
+    configs: list[Config]             # the jobs across their rounds
+    tables: dict[str, str]            # run name -> its seed table
     summary: list[list]               # one row per job
-    speedups: list[list]              # one row per job with a baseline
+    speedups: list[Speedup]           # one per job with a baseline
     files: dict[str, Path]
     overview: str = ""                # the summary and speedup tables (the parent run's description)
     view_url: str = ""                # where the MLflow UI shows the sweep's jobs side by side (publish)
@@ -50,39 +51,16 @@ class Report:
 
 def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:
     """Per-example rows rebuilt from the run's metric histories (step = example number)."""
-    history = {m: {p.step: p.value for p in client.get_metric_history(job.run_id, m)} for m in ROW_METRICS}
+    history = {m: {p.step: p.value for p in client.get_metric_history(job.run_id, EXAMPLE + m)} for m in ROW_METRICS}
     steps = sorted(history["prompt_tokens"])
     get = lambda m, s: history[m].get(s, math.nan)  # noqa: E731 - NaN: never logged (one-token example)
     return [Row(s, int(get("prompt_tokens", s)), int(get("new_tokens", s)), get("total_time_s", s),
                 get("prefill_ms", s), get("time_per_token_ms", s), get("tokens_per_s", s)) for s in steps]
 
 
-def baseline_of(job: JobRecord, jobs: list[JobRecord], baseline: dict[str, str]) -> JobRecord | None:
-    want = {g: baseline.get(g, job.choice(g)) for g in KEY_GROUPS}
-    for other in jobs:
-        if other.tags.get("outcome") == "finished" and all(other.choice(g) == v for g, v in want.items()):
-            return other
-    return None
-
-
 def ratio(a: float | None, b: float | None) -> float:
     """a / b where both were measured, else NaN."""
     return a / b if a and b and not (math.isnan(a) or math.isnan(b)) else math.nan
-
-
-def speedup_rows(jobs: list[JobRecord], baseline: dict[str, str]) -> list[list]:
-    rows = []
-    for job in jobs:
-        base = baseline_of(job, jobs, baseline)
-        if job.tags.get("outcome") != "finished" or base is None:
-            continue
-        m, b = job.metrics, base.metrics
-        mark = lambda j: j.name + (" (FALLBACK)" if fallback(j) else "")  # noqa: E731
-        rows.append([mark(job), mark(base),
-                     ratio(b.get("time_per_token_ms_median"), m.get("time_per_token_ms_median")),
-                     ratio(b.get("prefill_ms_median"), m.get("prefill_ms_median")),
-                     ratio(m.get("perplexity"), b.get("perplexity"))])
-    return rows
 
 
 def kernels_of(job: JobRecord) -> str:
@@ -145,7 +123,7 @@ def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: s
     return path
 
 
-def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[Row]], speedups: list[list],
+def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[Row]], speedups: list[Speedup],
            out: Path, base_text: str = "the baseline") -> dict[str, Path]:
     import matplotlib
     matplotlib.use("Agg")  # files only: no display on servers or in CI
@@ -177,17 +155,21 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
         path = _by_job(plt, jobs, rows_of, metric, label, out)
         if path is not None:
             files[path.name] = path
-    finite = [r for r in speedups if not math.isnan(r[2]) and r[0] != r[1]]  # not the baselines themselves
-    if finite:
-        fig, ax = plt.subplots(figsize=(7, 0.45 * len(finite) + 1.5))
-        ax.barh([r[0] for r in finite], [r[2] for r in finite], color="tab:blue")
+    drawn = [u for u in speedups if not u.is_baseline and not math.isnan(u.time.median)]
+    if drawn:
+        fig, ax = plt.subplots(figsize=(7, 0.45 * len(drawn) + 1.5))
+        medians = [u.time.median for u in drawn]
+        ax.barh([u.job.name for u in drawn], medians, color="tab:blue", capsize=3,
+                xerr=[[u.time.median - u.time.low for u in drawn], [u.time.high - u.time.median for u in drawn]])
         ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel(f"time/token speedup over {base_text}")
+        rounds = max(u.time.used for u in drawn)
+        ax.set_xlabel(f"time/token speedup over {base_text}" + (
+            f": median of the per-round ratios, whiskers their min–max ({rounds} rounds)" if rounds > 1 else ""))
         ax.set_title("speedup over the baseline: the job that differs only in " + ", ".join(
             sorted({k.split("=")[0] for k in base_text.split(", ")})) + " (same model, hardware, task, engine)",
             fontsize=9)
-        for y, r in enumerate(finite):
-            ax.text(r[2], y, f" {r[2]:.2f}×", va="center", fontsize=8)
+        for y, u in enumerate(drawn):
+            ax.text(u.time.high, y, f" {u.time.text('×')}", va="center", fontsize=7)
         fig.tight_layout()
         path = out / "speedup.png"
         fig.savefig(path, dpi=110)
@@ -205,35 +187,64 @@ def save_markdown(name: str, text: str) -> Path:
     return out
 
 
-def _drop_empty(rows: list[list], headers: list[str]) -> tuple[list[list], list[str]]:
+def _drop_empty(rows: list[list], headers: list[str], fixed: int = 4) -> tuple[list[list], list[str]]:
     """The summary without the metric columns no job has (all NaN: perplexity in a timing sweep)."""
-    keep = [i for i, h in enumerate(headers) if i < 4 or any(
+    keep = [i for i, h in enumerate(headers) if i < fixed or any(
         not (isinstance(r[i], float) and math.isnan(r[i])) for r in rows)]
     return [[r[i] for i in keep] for r in rows], [headers[i] for i in keep]
+
+
+def summary_rows(groups: list[Config]) -> tuple[list[list], list[str]]:
+    """One row per job: what ran, and each metric as the median over its rounds (time/token with its
+    min–max where there were several)."""
+    several = any(len(c.runs) > 1 for c in groups)
+    rows = []
+    for c in groups:
+        time = c.spread("time_per_token_ms_median")
+        values = [_sig3(c.spread(k).median) for k, _ in SUMMARY]
+        if several:   # the rounds, and time/token's range beside its median
+            values = [f"{len(c.finished())}" + (f" ({len(c.busy_rounds())} busy)" if c.busy_rounds() else ""),
+                      values[0], f"{time.low:.3g}–{time.high:.3g}" if time.used > 1 else math.nan, *values[1:]]
+        rows.append([c.name, c.outcome, c.shown.tags.get("ran_on", "?"), kernels_of(c.shown), *values])
+    names = [h for _, h in SUMMARY]
+    headers = ["job", "outcome", "ran on", "kernels",
+               *(["rounds", names[0], "time/token min–max (ms)", *names[1:]] if several else names)]
+    return _drop_empty(rows, headers, fixed=4 + several)
+
+
+def speedup_table(gains: list[Speedup]) -> str:
+    rows = [[u.job.name + (" (FALLBACK)" if fallback(u.job.shown) else ""),
+             u.base.name + (" (FALLBACK)" if fallback(u.base.shown) else ""),
+             *(["(the baseline)", "-", "-", "-"] if u.is_baseline else
+               [_sig3(u.time.median), f"{u.time.low:.3g}–{u.time.high:.3g}" if u.time.used > 1 else "-", u.time.used,
+                u.time.caveat().strip(" []") or "-"]),
+             _sig3(u.prefill.median), _sig3(u.perplexity_ratio)] for u in gains]
+    rows, headers = _drop_empty(rows, ["job", "baseline", "time/token speedup", "range (min–max)", "rounds", "busy",
+                                       "prefill speedup", "perplexity ratio"], fixed=6)
+    return markdown_table(headers, rows)
 
 
 def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path) -> Report:
     parent_id, jobs = sweep_jobs(uri, experiment, sweep)
     client = MlflowClient(uri)
+    groups = configs(jobs)
     finished = [j for j in jobs if j.tags.get("outcome") == "finished"]
     rows_of = {j.name: job_rows(client, j) for j in finished}
     tables = {name: seed_table(rows) for name, rows in rows_of.items() if rows}
-    summary = [[j.name, j.tags.get("outcome", "?"), j.tags.get("ran_on", "?"), kernels_of(j),
-                *[j.metrics.get(k, math.nan) for k, _ in SUMMARY]] for j in jobs]
-    speedups = speedup_rows(jobs, baseline)
+    gains = speedups(groups, baseline)
     parent = client.get_run(parent_id)
     # a run name is anyone's string, and two sweep directories may share a base name: the sweep's key too
     out = child(out_root, f"{parent.info.run_name.replace(' ', '_')}-{parent.data.tags.get(SWEEP_KEY, parent_id)[:8]}")
     out.mkdir(parents=True, exist_ok=True)
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
-    files = _plots(client, finished, rows_of, speedups, out, base_text)
-    summary, headers = _drop_empty(summary, ["job", "outcome", "ran on", "kernels", *[h for _, h in SUMMARY]])
+    files = _plots(client, finished, rows_of, gains, out, base_text)
+    summary, headers = summary_rows(groups)
+    rounds = max((len(c.runs) for c in groups), default=1)
     parts = [f"# {parent.info.run_name}\n", f"`{parent.data.tags.get('overrides', '')}`\n",
-             *fallback_lines(jobs),
+             *fallback_lines(jobs), *rounds_lines(groups, rounds),
              "## Summary\n", markdown_table(headers, summary) + "\n",
              f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
-             (markdown_table(["job", "baseline", "time/token speedup", "prefill speedup", "perplexity ratio"],
-                             speedups) if speedups else "(no job has its baseline in this sweep)") + "\n"]
+             (speedup_table(gains) if gains else "(no job has its baseline in this sweep)") + "\n"]
     drafted = draft_quality_lines(jobs)
     if drafted:
         parts += ["## pass@1 with and without the draft\n", "\n".join(drafted) + "\n"]
@@ -245,41 +256,122 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     (out / "summary.csv").write_text("\n".join(",".join(str(c) for c in row) for row in
                                                [headers, *summary]) + "\n")
     files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
-    return Report(parent_id, jobs, tables, summary, speedups, files, overview)
+    return Report(parent_id, jobs, groups, tables, summary, gains, files, overview)
+
+
+def rounds_lines(groups: list[Config], rounds: int) -> list[str]:
+    """How the figures were taken: rounds, and the busy rounds left out (said where the numbers are)."""
+    if rounds <= 1:
+        busy = [c.name for c in groups if c.busy_rounds()]
+        return [f"**Busy host**: {', '.join(busy)} ran while other processes used the CPU (host_busy); "
+                f"their times are noisy. More rounds (rounds=3) measure each job again in turns.\n"] if busy else []
+    left = sorted({r for c in groups for r in c.busy_rounds()})
+    return [f"Measured in {rounds} interleaved rounds (each job once per round, in a rotated order); each "
+            f"figure is the median over the rounds, each speedup the median of the per-round ratios, with "
+            f"their min–max. " + (f"Busy rounds ({', '.join(map(str, left))}: another process used the CPU) "
+                                 f"are left out of every figure that has a quiet round.\n" if left else
+                                 "No round was busy.\n")]
 
 
 def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path) -> Report:
     """build(), then put it where the MLflow UI shows it: the files under the parent run's `report/`,
-    the comparison tables as the parent's description, and the sweep's headline metrics on the parent
-    (so the top-level chart view compares sweeps; children keep every per-job metric)."""
+    the comparison tables as the parent's description, each job's figures (over its rounds) on the run
+    that stands for it in the sweep's view, and the sweep's headline metrics on the parent (so the
+    top-level chart view compares sweeps; the runs keep every per-round and per-example metric)."""
     report = build(uri, experiment, sweep, baseline, out_root)
     client = MlflowClient(uri)
     for path in report.files.values():
         client.log_artifact(report.parent_run_id, str(path), "report")
-    for job_name, base_name, time_speedup, *_ in report.speedups:   # a column of the sweep's view
-        if not math.isnan(time_speedup):
-            job = next(j for j in report.jobs if j.name == job_name.removesuffix(" (FALLBACK)"))
-            _set_metric(client, job.run_id, "speedup_vs_baseline", time_speedup, job.metrics.get("speedup_vs_baseline"))
-            job.metrics["speedup_vs_baseline"] = time_speedup
+    gains = {u.job.key: u for u in report.speedups}
+    for config in report.configs:
+        _publish_job(client, config, gains.get(config.key), baseline)
+    shown = {c.shown.run_id for c in report.configs}
+    for job in report.jobs:   # an earlier attempt that stood for its job no longer does
+        if job.tags.get(ui.SHOWN) == "true" and job.run_id not in shown:
+            client.set_tag(job.run_id, ui.SHOWN, "false")
     parent = client.get_run(report.parent_run_id)
     held, key = parent.data.metrics, parent.data.tags.get(SWEEP_KEY, report.parent_run_id)
-    report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id, key, report.jobs)
+    shown_runs = [client.get_run(c.shown.run_id) for c in report.configs]
+    report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id, key, shown_runs)
     # relative: the link holds on whatever host and port serve the UI
     client.set_tag(report.parent_run_id, "mlflow.note.content",
                    f"[The sweep's jobs side by side]({ui.view_path(parent.info.experiment_id, key)})\n\n{report.overview}")
-    timed = [j for j in report.jobs if j.tags.get("outcome") == "finished" and j.metrics.get("time_per_token_ms_median")
-             and not fallback(j)]
+    timed = [(c, c.spread("time_per_token_ms_median")) for c in report.configs if not fallback(c.shown)]
+    timed = [(c, t) for c, t in timed if not math.isnan(t.median)]
     if timed:
-        best = min(timed, key=lambda j: j.metrics["time_per_token_ms_median"])
-        _set_metric(client, report.parent_run_id, "best_time_per_token_ms", best.metrics["time_per_token_ms_median"],
-                    held.get("best_time_per_token_ms"))
+        best, time = min(timed, key=lambda ct: ct[1].median)
+        _set_metric(client, report.parent_run_id, "best_time_per_token_ms", time.median, held.get("best_time_per_token_ms"))
         client.set_tag(report.parent_run_id, "best_time_per_token_job", best.name)
-    gains = [r for r in report.speedups if r[0] != r[1] and not math.isnan(r[2]) and "(FALLBACK)" not in r[0] + r[1]]
-    if gains:
-        top = max(gains, key=lambda r: r[2])
-        _set_metric(client, report.parent_run_id, "best_speedup", top[2], held.get("best_speedup"))
-        client.set_tag(report.parent_run_id, "best_speedup_job", top[0])
+    real = [u for u in report.speedups if not u.is_baseline and not math.isnan(u.time.median)
+            and not fallback(u.job.shown) and not fallback(u.base.shown)]
+    if real:
+        top = max(real, key=lambda u: u.time.median)
+        for name, value in (("best_speedup", top.time.median), ("best_speedup_low", top.time.low),
+                            ("best_speedup_high", top.time.high)):
+            _set_metric(client, report.parent_run_id, name, value, held.get(name))
+        client.set_tag(report.parent_run_id, "best_speedup_job", top.job.name)
+        client.set_tag(report.parent_run_id, "best_speedup_rounds", f"{top.time.used}{top.time.caveat()}")
     return report
+
+
+def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, baseline: dict[str, str]) -> None:
+    """The job's figures over its rounds, on the run that stands for it in the view (ui.VIEW_METRICS,
+    3 significant digits: the UI shows a metric unrounded), with each round's as a series, and a
+    description that says what ran and how sure the speedup is."""
+    run = config.shown
+    held = client.get_run(run.run_id).data.metrics
+    figures = {"decode_ms_per_token": config.spread("time_per_token_ms_median"),
+               "prefill_ms": config.spread("prefill_ms_median"), "tokens_per_s": config.spread("tokens_per_s_median")}
+    if gain is not None and not gain.is_baseline:
+        figures["decode_speedup"] = gain.time
+    for name, figure in figures.items():
+        if not math.isnan(figure.median):
+            _set_metric(client, run.run_id, name, _sig3(figure.median), held.get(name))
+    if gain is not None and not gain.is_baseline and len(config.runs) > 1:
+        _set_metric(client, run.run_id, "decode_speedup_low", _sig3(gain.time.low), held.get("decode_speedup_low"))
+        _set_metric(client, run.run_id, "decode_speedup_high", _sig3(gain.time.high), held.get("decode_speedup_high"))
+    finished = config.finished()
+    per_round = {"round/decode_ms_per_token": {r: j.metrics.get("time_per_token_ms_median") for r, j in finished.items()}}
+    if gain is not None and not gain.is_baseline:
+        theirs = gain.base.finished()
+        per_round["round/decode_speedup"] = {
+            r: ratio(theirs[r].metrics.get("time_per_token_ms_median"), j.metrics.get("time_per_token_ms_median"))
+            for r, j in finished.items() if r in theirs}
+    if len(config.runs) > 1:
+        for name, values in per_round.items():
+            _set_series(client, run.run_id, name, values)
+    tags = {ui.SHOWN: "true", "mlflow.note.content": describe(config, gain, baseline)}
+    if len(config.runs) > 1:
+        tags["busy_rounds"] = f"{len(config.busy_rounds())} of {len(finished)}"
+    for k, v in tags.items():
+        if run.tags.get(k) != v:
+            client.set_tag(run.run_id, k, v)
+
+
+def describe(config: Config, gain: Speedup | None, baseline: dict[str, str]) -> str:
+    """One line for the view's Description column: precision, hardware as executed, draft, speedup."""
+    run = config.shown
+    draft = config.choice("draft")
+    text = (f"{config.choice('precision')} · {run.tags.get('ran_on', config.choice('hardware'))} · "
+            f"{'no draft' if draft == 'none' else 'draft ' + draft}")
+    if gain is not None and not gain.is_baseline and not math.isnan(gain.time.median):
+        text += f" · {gain.time.text('×')} over {gain.base.choice('precision')}"
+    elif gain is not None and gain.is_baseline:
+        text += f" · the baseline ({', '.join(f'{k}={v}' for k, v in baseline.items())})"
+    return text
+
+
+def _sig3(value: float) -> float:
+    """Three significant digits: what a timing on a shared host can tell (NaN stays NaN)."""
+    return float(f"{value:.3g}")
+
+
+def _set_series(client: MlflowClient, run_id: str, key: str, values: dict[int, float | None]) -> None:
+    """Log a step series, each step once: rerunning the report adds no points."""
+    held = {m.step for m in client.get_metric_history(run_id, key)}
+    for step, value in sorted(values.items()):
+        if step not in held and value is not None and not math.isnan(value):
+            client.log_metric(run_id, key, value, step=step)
 
 
 SETTINGS = PROJECT_ROOT / "conf" / "report.yaml"

@@ -37,6 +37,7 @@ log = logging.getLogger("quantspec")
 ROLE, SWEEP_ID, SWEEP_KEY, JOB_KEY = "quantspec.role", "quantspec.sweep_id", "quantspec.sweep_key", "quantspec.job_key"
 OWNER, HEARTBEAT, JOURNAL = "quantspec.owner", "quantspec.heartbeat", "quantspec.journal"
 OUTCOME, REASON = "outcome", "outcome_reason"
+CONFIG_KEY = "quantspec.config_key"   # a job's identity across a sweep's rounds (src.rounds)
 CONFIG_HASH = "config_hash"   # a param: the digest of the job's resolved config (src.record.config_hash)
 OUTCOMES = ("finished", "skipped", "failed", "killed")
 STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed": RunStatus.FAILED,
@@ -215,6 +216,13 @@ class Store:
         runs = self._search(f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`{JOB_KEY}` = '{job_key}' "
                             f"and attributes.status = '{status}'", max_results=1)
         return runs[0] if runs else None
+
+    def busy_round(self, sweep_id: str, r: int) -> bool:
+        """Whether a job of the sweep's round r (src.rounds) was timed on a busy host."""
+        parent = self.find_sweep(sweep_id)
+        return parent is not None and bool(self._search(
+            f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`round` = '{r}' and tags.host_busy = 'true'",
+            max_results=1))
 
     def finished_job(self, sweep_id: str, job_key: str):
         """The FINISHED run of this job under this sweep, if a previous attempt got that far."""

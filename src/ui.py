@@ -16,13 +16,20 @@ from urllib.parse import quote
 VIEW_TAG = "mlflow.sharedViewState."
 LATEST = "latest"
 SQLITE_UI = "http://127.0.0.1:5000"   # where `mlflow ui` serves a SQLite store by default
-# The columns that compare jobs, each only where a job of the sweep logged it. The UI lists metric
-# columns alphabetically and a laptop screen holds about six beside the dataset: the rest (efficiency,
-# peak memory, others' CPU) are a click away under Columns.
-METRIC_COLUMNS = ("time_per_token_ms_median", "speedup_vs_baseline", "prefill_ms_median", "tokens_per_s_median",
-                  "perplexity", "pass_at_1", "acceptance_rate_overall", "speedup_vs_no_draft_median")
-TAG_COLUMNS = ("host_busy", "sandbox")
-ATTRIBUTE_COLUMNS = ("Dataset",)
+SHOWN = "quantspec.shown"             # 'true' on the one run that stands for a job (its rounds) in the view
+# What MLflow's runs table cannot be told (its source, experimentPage.column-utils.tsx): it lays out
+# attribute columns first (Run Name, Created and Duration always; Description, Dataset where selected),
+# then metrics, then params, then tags, each group in alphabetical order, and columns cannot be moved.
+# So what a job is (precision, hardware as it ran, draft) is its run's description (an attribute
+# column, before the metrics), and the figures' names sort in the order they are read: time per
+# token, speedup and its range, prefill, tokens/s.
+VIEW_METRICS = ("decode_ms_per_token", "decode_speedup", "decode_speedup_low", "decode_speedup_high",
+                "prefill_ms", "tokens_per_s", "perplexity", "pass_at_1", "acceptance_rate_overall",
+                "speedup_vs_no_draft_median")
+TAG_COLUMNS = ("host_busy", "busy_rounds", "sandbox")
+SORT = "decode_ms_per_token"
+CHARTS = (("decode_ms_per_token", "BAR"), ("decode_speedup", "BAR"), ("decode_ms_per_token", "SCATTER"),
+          ("decode_speedup", "SCATTER"))
 
 
 def experiment_tags(experiment_id: str) -> dict[str, str]:
@@ -42,17 +49,36 @@ def experiment_tags(experiment_id: str) -> dict[str, str]:
             "each run's System metrics.")}
 
 
-def view_state(parent_run_id: str, metrics: set[str], tags: set[str]) -> dict:
-    """The view of one sweep: its jobs only (a filter, which also lists them flat rather than nested
-    under the parent), ordered by time/token, with the comparison columns the jobs have."""
-    columns = [f"attributes.`{name}`" for name in ATTRIBUTE_COLUMNS]
-    columns += [f"metrics.`{name}`" for name in METRIC_COLUMNS if name in metrics]
-    columns += [f"tags.`{name}`" for name in TAG_COLUMNS if name in tags]
-    ordered = "time_per_token_ms_median" in metrics
-    return {"searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
-            "orderByKey": "metrics.`time_per_token_ms_median`" if ordered else "attributes.start_time",
+def view_state(parent_run_id: str, runs: list) -> dict:
+    """The view of one sweep: the run that stands for each of its jobs (a filter, which also lists them
+    flat rather than nested under the parent), fastest first, with the columns that tell them apart
+    (one identical on every row says nothing), and charts of time per token and speedup: one bar per
+    job, and the same by precision."""
+    def differs(values: list) -> bool:
+        return len(runs) < 2 or len({str(v) for v in values}) > 1
+
+    columns = ["attributes.`Description`"] if differs([r.data.tags.get("mlflow.note.content") for r in runs]) else []
+    columns += [f"metrics.`{name}`" for name in VIEW_METRICS
+                if any(name in r.data.metrics for r in runs)
+                and (name == SORT or differs([r.data.metrics.get(name) for r in runs]))]
+    columns += [f"tags.`{name}`" for name in TAG_COLUMNS
+                if any(name in r.data.tags for r in runs) and differs([r.data.tags.get(name) for r in runs])]
+    ordered = any(SORT in r.data.metrics for r in runs)
+    section = "quantspec"
+    charts = [{"uuid": f"quantspec-{kind.lower()}-{metric}", "type": kind, "metricSectionId": section,
+               "deleted": False, "isGenerated": False, "runsCountToCompare": 100,
+               **({"metricKey": metric, "displayName": metric} if kind == "BAR" else
+                  {"xaxis": {"key": "choice.precision", "type": "PARAM"}, "yaxis": {"key": metric, "type": "METRIC"},
+                   "displayName": f"{metric} by precision"})}
+              for metric, kind in CHARTS if any(metric in r.data.metrics for r in runs)]
+    return {"searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`{SHOWN}` = 'true'",
+            "orderByKey": f"metrics.`{SORT}`" if ordered else "attributes.start_time",
             "orderByAsc": ordered,
-            "selectedColumns": columns}
+            "selectedColumns": columns,
+            "compareRunCharts": charts,
+            "compareRunSections": [{"uuid": section, "name": "time per token and speedup", "display": True,
+                                    "isReordered": False, "deleted": False, "isExpanded": True}],
+            "isAccordionReordered": False}
 
 
 def view_path(experiment_id: str, key: str) -> str:
@@ -69,11 +95,10 @@ def view_url(tracking_uri: str, experiment_id: str, key: str) -> str:
     return f"{base}/{view_path(experiment_id, key)}"
 
 
-def publish_view(client, experiment_id: str, parent_run_id: str, sweep_key: str, jobs: list) -> str:
-    """Store the sweep's view under its key and as the latest; returns the address of the sweep's view."""
-    metrics = {name for job in jobs for name in job.metrics}
-    tags = {name for job in jobs for name in job.tags}
-    state = json.dumps(view_state(parent_run_id, metrics, tags))
+def publish_view(client, experiment_id: str, parent_run_id: str, sweep_key: str, runs: list) -> str:
+    """Store the sweep's view under its key and as the latest; returns the address of the sweep's view.
+    `runs`: the MLflow runs that stand for the sweep's jobs."""
+    state = json.dumps(view_state(parent_run_id, runs))
     for key in (sweep_key, LATEST):
         client.set_experiment_tag(experiment_id, VIEW_TAG + key, state)
     return view_url(client.tracking_uri, experiment_id, sweep_key)

@@ -26,11 +26,11 @@ SCREENSHOT = ROOT / "docs" / "mlflow-ui-sweep.png"   # the README shows it
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 
 
-def browse(url: str, *extra: str) -> str:
+def browse(url: str, *extra: str, width: int = 1920) -> str:
     """The page's DOM after its scripts ran (Chromium's virtual time lets the app fetch and render), or
     with --screenshot=PATH, the page as drawn."""
     out = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                          "--disable-background-networking", "--no-first-run", "--window-size=1920,1000",
+                          "--disable-background-networking", "--no-first-run", f"--window-size={width},1000",
                           "--virtual-time-budget=25000", *(extra or ["--dump-dom"]), url],
                          capture_output=True, text=True, timeout=120)
     return out.stdout
@@ -48,23 +48,27 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
     uri = f"http://127.0.0.1:{port}"
     try:
         out = run_cli(["-m", "model=tiny-llama", "precision=fp32,w8a8", "task=benchmark", "task.limit=2",
-                       "task.repeats=30", "tracking=server", f"tracking.uri={uri}", "tracking.system_metrics_s=1",
-                       f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+                       "task.repeats=30", "rounds=2", "tracking.busy_cores=64", "tracking=server", f"tracking.uri={uri}",
+                       "tracking.system_metrics_s=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
         assert out.returncode == 0, out.stderr[-2000:]
         url = re.search(r"compare the sweep in the MLflow UI: (\S+)", out.stdout).group(1)
-        assert url.startswith(uri) and "viewStateShareKey=" in url
+        assert url.startswith(uri) and "viewStateShareKey=" in url and "workflowType=machine_learning" in url
 
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name("quantspec")
-        jobs = client.search_runs([exp.experiment_id], "tags.`quantspec.role` = 'job'")
+        runs = client.search_runs([exp.experiment_id], "tags.`quantspec.role` = 'job'")
+        assert sorted(r.data.tags["round"] for r in runs) == ["1", "1", "2", "2"]
+        jobs = [r for r in runs if r.data.tags.get("quantspec.shown") == "true"]   # one per job: its round 1
+        assert sorted(j.data.tags["precision"] for j in jobs) == ["fp32", "w8a8"]
         parent = client.get_run(jobs[0].data.tags["mlflow.parentRunId"])
         # the records behind the view, through MLflow's client
         assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
         assert "viewStateShareKey=latest" in exp.tags["mlflow.note.content"]
         note = parent.data.tags["mlflow.note.content"]   # its link relative: any host and port serving the UI
         assert f"]({url.removeprefix(uri + '/')})" in note and "time/token (ms)" in note and "127.0.0.1" not in note
+        assert {"best_speedup", "best_speedup_low", "best_speedup_high"} <= set(parent.data.metrics)
         corpus_digest = hashlib.sha256(load_text(DatasetConfig("humaneval", "humaneval")).encode()).hexdigest()[:16]
-        for job in jobs:
+        for job in runs:
             (used,) = job.inputs.dataset_inputs
             assert (used.dataset.name, used.dataset.digest) == ("humaneval", corpus_digest)
             contexts = {"fp32": "evaluation", "w8a8": "calibration, evaluation"}
@@ -74,15 +78,28 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             assert job.data.metrics["system/process_rss_megabytes"] > 50
             assert 0 < job.data.metrics["peak_rss_gb"] < 20
             assert job.data.tags["host_busy"] in ("true", "false")
-        shown = min(jobs, key=lambda j: j.data.metrics["time_per_token_ms_median"])
+        w8a8 = next(j for j in jobs if j.data.tags["precision"] == "w8a8")
+        m = w8a8.data.metrics
+        assert m["decode_speedup_low"] <= m["decode_speedup"] <= m["decode_speedup_high"]
+        assert all(len(f"{m[k]:g}".replace(".", "").lstrip("0")) <= 3 for k in ("decode_ms_per_token", "decode_speedup"))
+        assert sorted(p.step for p in client.get_metric_history(w8a8.info.run_id, "round/decode_speedup")) == [1, 2]
 
-        # the page a user opens: the runs view of this sweep, its jobs and their figures without a click
-        text = visible_text(browse(url))
+        # the page a user opens: the runs view of this sweep, one row per job, its columns in reading order
+        dom = browse(url, width=2560)   # the grid draws only the columns in view: all of them, here
+        text = visible_text(dom)
         assert "Runs - Experiment" in text, text[:1500]
-        for job in jobs:
-            assert job.info.run_name.split("·")[2] in text and "tiny-llama" in text
-        assert f"{shown.data.metrics['time_per_token_ms_median']:.6f}"[:6] in text, text[:3000]
-        assert "speedup_vs_baseline" in text and "humaneval" in text
+        # the columns drawn, left to right (MLflow names each header cell by its column)
+        columns = [c.split("`")[1] if "`" in c else c for c in re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', dom)]
+        columns = [c for c in columns if not re.fullmatch(r"\d+(_\d+)?|metrics_\d+|tags_\d+", c)]  # column groups
+        wanted = ["Run Name", "Description", "decode_ms_per_token", "decode_speedup", "decode_speedup_high",
+                  "decode_speedup_low", "prefill_ms", "tokens_per_s"]
+        assert [c for c in columns if c in wanted] == wanted, columns
+        assert "Dataset" not in columns and "host_busy" not in columns   # the same on every row: no column
+        assert text.count("round 2") == 0 and all(j.info.run_name in text for j in jobs)
+        assert f"{m['decode_ms_per_token']:g}" in text and f"{m['decode_speedup']:g}" in text
+        # the description (precision, hardware as it ran, draft; MLflow cuts it at ~50 characters)
+        assert "w8a8 · host CPU (" in text and ") · no draft" in text, text[text.find("Description"):][:1500]
+        assert "rounds) over fp32" in w8a8.data.tags["mlflow.note.content"]
         browse(url, f"--screenshot={SCREENSHOT}")
         assert SCREENSHOT.stat().st_size > 20_000
     finally:

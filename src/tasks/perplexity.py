@@ -39,4 +39,4 @@ def run(inputs: TaskInputs) -> TaskResult:
     summary = {"perplexity": math.exp(total / tokens), "perplexity_window": float(task.window),
                "perplexity_windows": float(count), "perplexity_tokens": float(tokens),
                "perplexity_eval_s": time.perf_counter() - start}
-    return TaskResult([], summary, series={"window_nll": per_window}, notes=notes)
+    return TaskResult([], summary, series={"window/nll": per_window}, notes=notes)

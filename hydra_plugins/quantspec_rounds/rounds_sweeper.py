@@ -1,0 +1,30 @@
+"""`hydra/sweeper=rounds` (quantspec's default): Hydra's basic sweeper, run in interleaved rounds.
+
+Hydra finds sweepers in the `hydra_plugins` namespace; this file only registers the choice and hands
+the work to src.rounds.
+"""
+
+# No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules, where
+# dataclasses cannot resolve string annotations.
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
+
+from src.rounds import Rounds
+
+
+@dataclass
+class RoundsSweeperConf:
+    _target_: str = "hydra_plugins.quantspec_rounds.rounds_sweeper.RoundsSweeper"
+    max_batch_size: Optional[int] = None
+    params: Optional[Dict[str, str]] = field(default_factory=dict)
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="rounds", node=RoundsSweeperConf, provider="quantspec")
+
+
+class RoundsSweeper(Rounds, BasicSweeper):
+    def basic_sweep(self, arguments):
+        return BasicSweeper.sweep(self, arguments)

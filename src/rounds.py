@@ -1,0 +1,103 @@
+"""Interleaved rounds: `rounds=N` measures each job of a sweep N times, round by round, so that every
+speedup is a ratio of two jobs timed under the same conditions (the same round), repeated.
+
+Round r runs every job once, in the sweep's order rotated by r - 1: over N rounds of N jobs each job
+takes every position once, so whatever drifts along a round (the page cache, the clock, a neighbour's
+load) does not favour one job. Each round of a job is its own run (its own journal, resume and
+outcome): round 1 is the job as a sweep without rounds runs it (override_dirname unchanged), later
+rounds add `round=r`. Every round loads its model afresh in the same process; the first round of a
+quantized precision quantizes and caches it (safetensors + JSON), later rounds load that cache, and
+every round warms up before it times (task.warmup), so no round is timed cold.
+
+A round in which any job was timed on a busy host (host_busy: tracking.busy_cores) is measured again as
+a whole round, up to `busy_reruns` more rounds in all; the report leaves out every ratio taken while
+either of its jobs was busy and says so (src.compare).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+log = logging.getLogger("quantspec")
+
+ROUND = "round"    # the job's round: a config key the sweeper sets, a tag and a param of each run
+
+
+def schedule(jobs: list[list[str]], rounds: int, first: int = 1) -> list[list[list[str]]]:
+    """Rounds `first`..`first + rounds - 1` of `jobs` (each a job's overrides): round r rotated by r - 1,
+    round 1 as given, later rounds with `round=r` added."""
+    out = []
+    for r in range(first, first + rounds):
+        shift = (r - 1) % len(jobs) if jobs else 0
+        order = jobs[shift:] + jobs[:shift]
+        out.append([list(job) if r == 1 else [*job, f"{ROUND}={r}"] for job in order])
+    return out
+
+
+def config_key(override_dirname: str) -> str:
+    """A job's identity across its rounds: its override_dirname without the `round=r` item."""
+    return ",".join(item for item in override_dirname.split(",") if not item.startswith(f"{ROUND}=")) \
+        if override_dirname else ""
+
+
+class Rounds:
+    """The work of the `rounds` sweeper (hydra_plugins.quantspec_rounds): Hydra's basic sweeper (the
+    cartesian product of the sweep's overrides), run `rounds` times."""
+
+    def sweep(self, arguments: list[str]):
+        from src.record import SweepAbort
+        rounds, reruns = self.config.get("rounds", 1), self.config.get("busy_reruns", 0)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides([*self._parse_config(), *arguments])
+        for o in overrides:
+            if o.get_key_element() in ("rounds", "busy_reruns", ROUND) and o.is_sweep_override():
+                raise SweepAbort(f"{o.get_key_element()} takes one value, not a sweep ({o.input_line}); "
+                                 f"e.g. rounds=3")
+            if o.get_key_element() == ROUND and rounds > 1:
+                raise SweepAbort(f"round is set by the sweep's rounds={rounds}; leave {o.input_line} out")
+        if not (isinstance(rounds, int) and rounds >= 1 and isinstance(reruns, int) and reruns >= 0):
+            raise SweepAbort(f"rounds must be a whole number >= 1 and busy_reruns one >= 0 (got rounds={rounds}, "
+                             f"busy_reruns={reruns}); e.g. rounds=3")
+        if rounds == 1:
+            return self.basic_sweep(arguments)
+        jobs = [job for batch in self.split_arguments(overrides, None) for job in batch]
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")   # as Hydra's own sweeper does
+        returns, index, done, busy = [], 0, 0, 0
+        while True:
+            r = done + 1
+            (batch,) = schedule(jobs, 1, first=r)
+            log.info("round %d of %d%s: %d jobs", r, rounds, " (re-measuring busy rounds)" if r > rounds else "",
+                     len(batch))
+            returns.append(self.launcher.launch(batch, initial_job_idx=index))
+            index += len(batch)
+            done += 1
+            busy += self._busy(r)
+            if done - busy >= rounds:
+                break
+            if done >= rounds + reruns:
+                if busy:
+                    print(f"quantspec: {busy} of {done} rounds ran on a busy host (host_busy) and busy_reruns={reruns} "
+                          f"are spent; the report leaves busy rounds out where it can and marks the rest", flush=True)
+                break
+            if done >= rounds:
+                print(f"quantspec: {busy} of {done} rounds ran on a busy host (host_busy); measuring round {r + 1} "
+                      f"({r + 1 - rounds} of at most {reruns} more)", flush=True)
+        return returns
+
+    def _busy(self, r: int) -> bool:
+        """Whether a job of round r was timed on a busy host, as the store holds it (any launcher)."""
+        from src import record
+        from src.tracking import Store, default_uri
+        try:
+            store = record.active.get("store") or Store(OmegaConf.select(self.config, "tracking.uri") or default_uri(),
+                                                        str(self.config.experiment))
+            return store.busy_round(str(Path(self.config.hydra.sweep.dir).resolve()), r)
+        except Exception as err:  # noqa: BLE001 - no store to ask (journaling): measure no extra round
+            log.warning("cannot tell whether round %d was busy (%s); no extra round", r, type(err).__name__)
+            return False
