@@ -266,7 +266,9 @@ def rounds_lines(groups: list[Config], rounds: int) -> list[str]:
         return [f"**Busy host**: {', '.join(busy)} ran while other processes used the CPU (host_busy); "
                 f"their times are noisy. More rounds (rounds=3) measure each job again in turns.\n"] if busy else []
     left = sorted({r for c in groups for r in c.busy_rounds()})
-    return [f"Measured in {rounds} interleaved rounds (each job once per round, in a rotated order); each "
+    asked = groups[0].shown.params.get("rounds", str(rounds))
+    extra = f" (rounds={asked}, and {rounds - int(asked)} more for busy rounds)" if asked.isdigit() and int(asked) < rounds else ""
+    return [f"Measured in {rounds} interleaved rounds{extra} (each job once per round, in a rotated order); each "
             f"figure is the median over the rounds, each speedup the median of the per-round ratios, with "
             f"their min–max. " + (f"Busy rounds ({', '.join(map(str, left))}: another process used the CPU) "
                                  f"are left out of every figure that has a quiet round.\n" if left else
@@ -355,7 +357,7 @@ def describe(config: Config, gain: Speedup | None, baseline: dict[str, str]) -> 
     text = (f"{config.choice('precision')} · {run.tags.get('ran_on', config.choice('hardware'))} · "
             f"{'no draft' if draft == 'none' else 'draft ' + draft}")
     if gain is not None and not gain.is_baseline and not math.isnan(gain.time.median):
-        text += f" · {gain.time.text('×')} over {gain.base.choice('precision')}"
+        text += f" · {gain.time.text('×', what=' over ' + gain.base.choice('precision'))}"
     elif gain is not None and gain.is_baseline:
         text += f" · the baseline ({', '.join(f'{k}={v}' for k, v in baseline.items())})"
     return text
@@ -408,13 +410,20 @@ def _set_metric(client: MlflowClient, run_id: str, key: str, value: float, curre
         client.log_metric(run_id, key, value)
 
 
+def ui_line(uri: str, view: str) -> str:
+    """Where to look: the server's own address, or for a SQLite store the view's path on whatever address
+    `mlflow ui` serves it (it chooses its host and port: nothing here assumes one)."""
+    if uri.startswith(("http://", "https://")):
+        return view
+    return f"{view} on the address `mlflow ui --backend-store-uri {uri}` serves (http://127.0.0.1:5000 unless told)"
+
+
 def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
     """A sweep's report, made and attached when it ends (report_at_end), with conf/report.yaml's baseline."""
     cfg = settings()
     try:
         report = publish(uri, experiment, sweep_id, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
-        print(f"quantspec: compare the sweep in the MLflow UI: {report.view_url}"
-              + ("" if uri.startswith("http") else f" (after: mlflow ui --backend-store-uri {uri})"), flush=True)
+        print(f"quantspec: compare the sweep in the MLflow UI: {ui_line(uri, report.view_url)}", flush=True)
     except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.report` can redo this
         print(f"quantspec: the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
               f"run python -m src.report", file=sys.stderr)
@@ -443,7 +452,8 @@ def main(argv: list[str]) -> int:
         return 2
     print((report.files["report.md"]).read_text())
     print(f"written to {report.files['report.md'].parent}"
-          + (f" and attached to the sweep's parent run; compare in the MLflow UI: {report.view_url}" if cfg.attach else ""))
+          + (f" and attached to the sweep's parent run; compare in the MLflow UI: {ui_line(uri, report.view_url)}"
+             if cfg.attach else ""))
     return 0
 
 

@@ -72,7 +72,7 @@ class Rounds:
         while True:
             r = done + 1
             (batch,) = schedule(jobs, 1, first=r)
-            log.info("round %d of %d%s: %d jobs", r, rounds, " (re-measuring busy rounds)" if r > rounds else "",
+            log.info("round %d %s: %d jobs", r, f"of {rounds}" if r <= rounds else "(measured again: busy rounds)",
                      len(batch))
             returns.append(self.launcher.launch(batch, initial_job_idx=index))
             index += len(batch)

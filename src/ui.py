@@ -2,10 +2,10 @@
 
 MLflow's runs list nests a sweep's jobs under a collapsed parent row and shows no metric column until
 the user picks some. Each sweep therefore gets a view, stored the way MLflow's own "share view" button
-stores one (an experiment tag `mlflow.sharedViewState.<key>` holding the view as JSON): the sweep's
-jobs, flat, fastest first, with the columns that compare them. `view_url` is the address that opens
-it; the latest sweep's view is also kept under the key `latest`, so one fixed address always shows
-the newest sweep.
+stores one (an experiment tag `mlflow.sharedViewState.<key>` holding the view as JSON): one row per job
+(the run that stands for it over its rounds), fastest first, with the columns that tell the jobs apart
+and preset charts. `view_path` is the address of the view within the UI; the latest sweep's view is
+also kept under the key `latest`, so one fixed address always shows the newest sweep.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from urllib.parse import quote
 
 VIEW_TAG = "mlflow.sharedViewState."
 LATEST = "latest"
-SQLITE_UI = "http://127.0.0.1:5000"   # where `mlflow ui` serves a SQLite store by default
 SHOWN = "quantspec.shown"             # 'true' on the one run that stands for a job (its rounds) in the view
 # What MLflow's runs table cannot be told (its source, experimentPage.column-utils.tsx): it lays out
 # attribute columns first (Run Name, Created and Duration always; Description, Dataset where selected),
@@ -40,8 +39,9 @@ def experiment_tags(experiment_id: str) -> dict[str, str]:
         "mlflow.experimentKind": "custom_model_development",
         "mlflow.note.content": (
             f"quantspec sweeps of model x hardware x precision x draft x task. **[The latest sweep, side by side]"
-            f"({latest})**: its jobs, fastest first, with time/token, speedup over the baseline, prefill, tokens/s, "
-            "quality and dataset. Every sweep ends by printing the address of its own view, and its parent run "
+            f"({latest})**: one row per job, fastest first, with what ran, time/token, speedup over the baseline "
+            "with its range over rounds, prefill, tokens/s and quality. Every sweep ends by printing the address "
+            "of its own view, and its parent run "
             "(named `sweep <date> <time>`) links it too; the parent's description holds the sweep's comparison "
             "table and its `report/` artifacts the full report with plots. Each job is a child run named by its "
             "axes (model·hardware·precision·draft·task); more columns (decode_efficiency_median, peak_rss_gb, "
@@ -89,14 +89,16 @@ def view_path(experiment_id: str, key: str) -> str:
 
 
 def view_url(tracking_uri: str, experiment_id: str, key: str) -> str:
-    """The page of the view: on the store's own server, or where `mlflow ui` serves a SQLite store by
-    default (it may serve it elsewhere: view_path is the part that holds everywhere)."""
-    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else SQLITE_UI
-    return f"{base}/{view_path(experiment_id, key)}"
+    """The page of the view: on the store's own server; for a SQLite store, the path within whatever
+    serves it (`mlflow ui` picks its own host and port)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/{view_path(experiment_id, key)}"
+    return view_path(experiment_id, key)
 
 
 def publish_view(client, experiment_id: str, parent_run_id: str, sweep_key: str, runs: list) -> str:
-    """Store the sweep's view under its key and as the latest; returns the address of the sweep's view.
+    """Store the sweep's view under its key and as the latest; returns the address of the sweep's view
+    (view_url).
     `runs`: the MLflow runs that stand for the sweep's jobs."""
     state = json.dumps(view_state(parent_run_id, runs))
     for key in (sweep_key, LATEST):

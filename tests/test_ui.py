@@ -99,7 +99,7 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         assert f"{m['decode_ms_per_token']:g}" in text and f"{m['decode_speedup']:g}" in text
         # the description (precision, hardware as it ran, draft; MLflow cuts it at ~50 characters)
         assert "w8a8 · host CPU (" in text and ") · no draft" in text, text[text.find("Description"):][:1500]
-        assert "rounds) over fp32" in w8a8.data.tags["mlflow.note.content"]
+        assert re.search(r"· [\d.]+× over fp32 \([\d.]+–[\d.]+×, 2 rounds\)", w8a8.data.tags["mlflow.note.content"])
         browse(url, f"--screenshot={SCREENSHOT}")
         assert SCREENSHOT.stat().st_size > 20_000
     finally:
