@@ -100,6 +100,9 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         # the description (precision, hardware as it ran, draft; MLflow cuts it at ~50 characters)
         assert "w8a8 · host CPU (" in text and ") · no draft" in text, text[text.find("Description"):][:1500]
         assert re.search(r"· [\d.]+× over fp32 \([\d.]+–[\d.]+×, 2 rounds\)", w8a8.data.tags["mlflow.note.content"])
+        # the chart view opens on the preset charts: time/token and speedup, per job and by precision
+        charts = visible_text(browse(url + "&compareRunsMode=CHART"))
+        assert re.search(r"time per token and speedup \(4\) .*example \(", charts), charts[:2000]
         browse(url, f"--screenshot={SCREENSHOT}")
         assert SCREENSHOT.stat().st_size > 20_000
     finally:
