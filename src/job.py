@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -74,7 +75,9 @@ class Job:
             self.recorder.log_input(text, contexts)
         if self.cfg.model.weights == "random":
             _drop_quality(result)
-        if result.rows:  # a timed task: set its decode steps against the memory-bandwidth roofline
+        if result.rows and self.cfg.engine.kind != "ort_genai":
+            # a timed task on torch's weights: set its decode steps against the memory-bandwidth roofline
+            # (another runtime holds weights of its own, whose bytes per step are not the torch model's)
             bandwidth = roofline.host_bandwidth(self.cfg.cache_dir, self.placement.threads, self.env["cpu_model"])
             result.series["decode_efficiency"], extra = roofline.efficiency(self.model, result.rows, bandwidth)
             result.summary.update(extra)
@@ -120,6 +123,9 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     recorder.log_metrics({"model_load_s": loaded.load_s})
     check_context(cfg, loaded)
     corpus = Corpus(cfg.dataset)   # read only by the tasks and calibration that need it
+    if cfg.engine.kind == "ort_genai":   # the runtime quantizes and runs its own export of the weights
+        return Job(cfg, placement, env, loaded, loaded.model, corpus, _ort_genai(cfg, loaded, placement, recorder),
+                   None, {}, recorder)
     gemv = _kernels(cfg, placement, recorder)   # chosen once: quantized modules are built for it
     model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)
     model = _place(cfg, model, placement, gemv, recorder)
@@ -132,14 +138,37 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics, recorder)
 
 
+def _ort_genai(cfg, loaded, placement, recorder):
+    """engine=ort_genai: the job's weights exported by ONNX Runtime GenAI's builder at the precision (cached),
+    run on the provider the hardware profile names where it is here, else on the CPU provider, said."""
+    from src.engine import ort_genai
+    provider = ort_genai.PROVIDERS.get(placement.device, "cpu")
+    if cfg.hardware.device == "npu":
+        log.warning("%s profile: the Ryzen AI provider is not in this onnxruntime-genai; the CPU provider runs",
+                    cfg.hardware.name)
+    started = time.perf_counter()
+    folder = ort_genai.export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, provider,
+                              cfg.cache_dir)
+    window = int(getattr(loaded.model.config, "sliding_window", 0) or 0)
+    engine = ort_genai.OrtGenAI(folder, provider, window)
+    recorder.log_metrics({"export_s": time.perf_counter() - started})
+    recorder.log_params({"executed.kernels": f"onnxruntime-genai/{provider}"})
+    recorder.set_tags({"kernels": "onnxruntime", "kernels_isa": "", "kernels_note": "", "ort_export": str(folder)})
+    return engine
+
+
 def _record_executed(cfg, placement, env: dict, recorder) -> None:
     """What runs, beside what was asked (the `hardware.*` params are the profile's): params executed.*,
     and tag `ran_on`, which says where a profile's accelerator was not what ran ("phx profile, ran on
     host CPU (AMD EPYC)"). executed.kernels follows once the kernels are chosen (_kernels)."""
     import transformers
     where = f"host CPU ({env['cpu_model']})" if placement.device == "cpu" else placement.device
-    runtime = (f"quantspec native engine, torch {torch.__version__}" if cfg.engine.kind == "native"
-               else f"transformers {transformers.__version__} generate, torch {torch.__version__}")
+    if cfg.engine.kind == "ort_genai":
+        from src.engine import ort_genai
+        runtime = ort_genai.runtime_name(cfg.precision.name, ort_genai.PROVIDERS.get(placement.device, "cpu"))
+    else:
+        runtime = (f"quantspec native engine, torch {torch.__version__}" if cfg.engine.kind == "native"
+                   else f"transformers {transformers.__version__} generate, torch {torch.__version__}")
     recorder.log_params({"executed.device": placement.device, "executed.cpu": env["cpu_model"],
                          "executed.threads": str(placement.threads), "executed.runtime": runtime})
     recorder.set_tags({"ran_on": f"{cfg.hardware.name} profile, ran on {where}" if placement.note else where})

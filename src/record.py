@@ -79,6 +79,8 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
                               open_store)
 
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
+    if choices.get("engine", "native") != "native":   # another runtime's job is named by it too
+        name += f"·{choices['engine']}"
     if raw.get("round", 1) != 1:   # src.rounds: a later round of the same job, its own run
         name += f" round {raw['round']}"
     try:

@@ -354,7 +354,9 @@ def describe(config: Config, gain: Speedup | None, baseline: dict[str, str]) -> 
     """One line for the view's Description column: precision, hardware as executed, draft, speedup."""
     run = config.shown
     draft = config.choice("draft")
-    text = (f"{config.choice('precision')} · {run.tags.get('ran_on', config.choice('hardware'))} · "
+    engine = config.choice("engine")
+    text = (f"{config.choice('precision')}{'' if engine in ('native', '?') else ' on ' + engine} · "
+            f"{run.tags.get('ran_on', config.choice('hardware'))} · "
             f"{'no draft' if draft == 'none' else 'draft ' + draft}")
     if gain is not None and not gain.is_baseline and not math.isnan(gain.time.median):
         text += f" · {gain.time.text('×', what=' over ' + gain.base.choice('precision'))}"

@@ -1,0 +1,139 @@
+"""`engine=ort_genai`: ONNX Runtime GenAI, the runtime AMD's Ryzen AI software uses to reach the NPU.
+
+The job's model (whatever src.models loaded: a cached conversion of the default model, a seed shape with
+random weights, a tiny test model) is written once as a Hugging Face folder, and ONNX Runtime GenAI's own
+model builder exports it, quantizing as the precision asks (its int4 and int8 are weight-only
+`MatMulNBits`, round-to-nearest in blocks of 32, quantized by the builder: not quantspec's AWQ or
+SmoothQuant). The export is cached under `<cache_dir>/ort_genai/<model>-<precision>-<provider>/` (ONNX +
+its genai_config.json + a JSON manifest). Generation steps the runtime's own Generator one token at a
+time, so each token is timestamped when it exists, as every engine's are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from src.engine.common import Generation, Sampling
+
+log = logging.getLogger("quantspec")
+
+# quantspec's precision -> the builder's. Weight-only int8/int4 are what the builder offers on the CPU
+# provider; bf16 runs only on CUDA there, and it quantizes no activations (w8a8).
+PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4", "rtn": "int4"}
+# The hardware profile's device -> the execution provider the builder targets and the runtime uses.
+PROVIDERS = {"cpu": "cpu", "npu": "cpu", "cuda": "cuda"}
+EXPORT_VERSION = 1   # bump when the export's own steps change, so caches rebuild
+
+
+def available() -> str | None:
+    """Why the runtime cannot run here, or None."""
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        return "onnxruntime-genai is not installed (pip install -e '.[ort]'; scripts/setup does)"
+    return None
+
+
+def unsupported(precision: str, draft_active: bool, task_kind: str, device: str) -> str | None:
+    """Why this engine cannot run that job (a skip with its reason), or None."""
+    if precision not in PRECISIONS:
+        return (f"engine ort_genai has no {precision}: its model builder offers weight-only int8/int4 and fp32 on "
+                f"the CPU provider ({', '.join(PRECISIONS)})")
+    if draft_active:
+        return "engine ort_genai decodes without a draft here (quantspec's drafts run on engine=native)"
+    if task_kind == "perplexity":
+        return "engine ort_genai: perplexity needs every position's logits, which its Generator does not expose"
+    return available()
+
+
+def runtime_name(precision: str, provider: str) -> str:
+    import onnxruntime
+    import onnxruntime_genai
+    quant = {"int4": "int4 MatMulNBits", "int8": "int8 MatMulNBits", "fp32": "fp32"}[PRECISIONS[precision]]
+    return (f"onnxruntime-genai {onnxruntime_genai.__version__} (onnxruntime {onnxruntime.__version__}), "
+            f"{provider} provider, {quant} (the builder's)")
+
+
+def export(model, tokenizer, source_key: str, precision: str, provider: str, cache_dir: Path) -> Path:
+    """The model as ONNX Runtime GenAI runs it: built once per (weights, precision, provider), then cached."""
+    import onnxruntime_genai
+    key = f"{source_key}-{PRECISIONS[precision]}-{provider}"
+    out = Path(cache_dir) / "ort_genai" / key
+    manifest = out / "quantspec-export.json"
+    want = {"version": EXPORT_VERSION, "builder": onnxruntime_genai.__version__, "source": source_key,
+            "precision": PRECISIONS[precision], "provider": provider}
+    if manifest.is_file() and json.loads(manifest.read_text()) == want:
+        return out
+    work = out.with_name(f".{key}.{os.getpid()}.tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    hf_dir = work / "hf"
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    tokenizer.save_pretrained(hf_dir)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "src.engine.ort_genai_build", "-i", str(hf_dir), "-o",
+                           str(work / "model"), "-p", PRECISIONS[precision], "-e", provider, "-c",
+                           str(work / "cache")], capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(f"ONNX Runtime GenAI's model builder failed: {tail[0] if tail else done.returncode}")
+    log.info("exported to ONNX Runtime GenAI (%s, %s provider) in %.1f s", PRECISIONS[precision], provider,
+             time.perf_counter() - started)
+    shutil.rmtree(out, ignore_errors=True)
+    (work / "model").rename(out)
+    shutil.rmtree(work, ignore_errors=True)
+    manifest.write_text(json.dumps(want, indent=1))
+    return out
+
+
+@dataclass
+class OrtGenAI:
+    """The engine: called as every engine is (the torch model is ignored: the runtime holds its own)."""
+    folder: Path
+    provider: str
+    window: int = 0   # a sliding window: the runtime wants its KV cache at least this long
+
+    def __post_init__(self):
+        import onnxruntime_genai as og
+        config = og.Config(str(self.folder))
+        if self.provider != "cpu":
+            config.clear_providers()
+            config.append_provider(self.provider)
+        self.model = og.Model(config)
+        genai = json.loads((self.folder / "genai_config.json").read_text())
+        self.context = int(genai["model"].get("context_length", 0) or 0)
+
+    def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
+                 pad_token_id: int | None, stop=None) -> Generation:
+        import onnxruntime_genai as og
+        ids = input_ids[0].tolist()
+        params = og.GeneratorParams(self.model)
+        length = max(len(ids) + max_new_tokens, self.window)
+        if self.context:
+            length = min(length, self.context)
+        options = dict(max_length=length, do_sample=sampling.do_sample)
+        if sampling.do_sample:
+            options.update(temperature=sampling.temperature, top_p=sampling.top_p, random_seed=sampling.seed)
+        if exact:   # as min_new_tokens does for the other engines: no end-of-sequence before the last token
+            options["min_length"] = len(ids) + max_new_tokens
+        params.set_search_options(**options)
+        generator = og.Generator(self.model, params)
+        start = time.perf_counter()
+        generator.append_tokens(ids)
+        new, times = [], []
+        while len(new) < max_new_tokens and not generator.is_done():
+            generator.generate_next_token()
+            times.append(time.perf_counter())
+            new.append(int(generator.get_next_tokens()[0]))
+            if stop is not None and stop(new):
+                break
+        end = time.perf_counter()
+        return Generation(len(ids), new, start, times, end)

@@ -1,0 +1,52 @@
+"""engine=ort_genai: ONNX Runtime GenAI runs the job's own weights, exported by its model builder at the
+precision, through the same tasks, timing and records as every engine; what it cannot run is a skip."""
+
+import json
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from src.engine import ort_genai
+from src.engine.common import Sampling
+from src.tiny import tiny_model
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.skipif(ort_genai.available() is not None, reason=str(ort_genai.available()))
+
+
+def test_the_export_greedy_decodes_as_torch_does_and_is_cached(tmp_path):
+    model, tok = tiny_model("llama")
+    folder = ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path)
+    manifest = json.loads((folder / "quantspec-export.json").read_text())
+    assert manifest["precision"] == "fp32" and (folder / "genai_config.json").is_file()
+    engine = ort_genai.OrtGenAI(folder, "cpu")
+    ids = tok("hello world", return_tensors="pt").input_ids
+    gen = engine(None, ids, 12, True, Sampling(), tok.pad_token_id)
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert gen.new_token_ids == ref[0, ids.shape[1]:].tolist()   # the same weights, the same greedy tokens
+    assert gen.new_tokens == 12 and len(gen.token_times) == 12 and gen.start < gen.token_times[0] <= gen.end
+    before = (folder / "model.onnx").stat().st_mtime_ns
+    assert ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path) == folder
+    assert (folder / "model.onnx").stat().st_mtime_ns == before   # cached, not rebuilt
+
+
+def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(["-m", "model=tiny-llama", "engine=native,ort_genai", "precision=fp32,w4a16,bf16", "task=benchmark",
+                   "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0", f"tracking.uri={store}",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}"], env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "sweep done: 5 finished, 1 skipped" in out.stdout
+    assert "skipped: engine ort_genai has no bf16" in out.stdout
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id],
+                              "tags.`quantspec.role` = 'job' and tags.engine = 'ort_genai'")
+    done = [r for r in runs if r.data.tags["outcome"] == "finished"]
+    assert sorted(r.data.tags["precision"] for r in done) == ["fp32", "w4a16"]
+    for run in done:
+        assert run.data.params["executed.runtime"].startswith("onnxruntime-genai 0.18")
+        assert run.data.tags["kernels"] == "onnxruntime" and run.info.run_name.endswith("·ort_genai")
+        assert run.data.metrics["time_per_token_ms_median"] > 0 and run.data.metrics["export_s"] > 0
+    assert "int4 MatMulNBits" in next(r for r in done if r.data.tags["precision"] == "w4a16").data.params["executed.runtime"]
