@@ -49,8 +49,6 @@ def unsupported(precision: str, draft_active: bool, task_kind: str, device: str)
                 f"the CPU provider ({', '.join(PRECISIONS)})")
     if draft_active:
         return "engine ort_genai decodes without a draft here (quantspec's drafts run on engine=native)"
-    if task_kind == "perplexity":
-        return "engine ort_genai: perplexity needs every position's logits, which its Generator does not expose"
     return available()
 
 
@@ -110,6 +108,21 @@ class OrtGenAI:
         self.model = og.Model(config)
         genai = json.loads((self.folder / "genai_config.json").read_text())
         self.context = int(genai["model"].get("context_length", 0) or 0)
+
+    def window_nll(self, ids) -> float:
+        """Summed negative log-likelihood of ids[1:] given their prefixes, from the runtime's own logits for
+        every position of one prompt (as src.tasks.perplexity computes it for torch models)."""
+        import numpy as np
+        import onnxruntime_genai as og
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(max_length=max(len(ids), self.window) if not self.context
+                                  else min(max(len(ids), self.window), self.context))
+        generator = og.Generator(self.model, params)
+        generator.append_tokens(ids.tolist())
+        logits = np.asarray(generator.get_output("logits"), dtype=np.float64)[0, :-1]
+        logits -= logits.max(axis=-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+        return float(-logp[np.arange(len(ids) - 1), ids[1:].numpy()].sum())
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
                  pad_token_id: int | None, stop=None) -> Generation:
