@@ -37,7 +37,7 @@ UNREACHABLE = ("fail", "journal")
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # model.id of a gguf_package is imported: only the shipped GGUF packages' namespace, never any module.
 GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
-ENGINE_KINDS = ("hf", "native", "ort_genai")
+ENGINE_KINDS = ("hf", "native", "ort_genai", "openvino")   # the last two: src/engine/runtimes.py
 ATTENTIONS = ("sdpa", "eager")
 KERNEL_CHOICES = ("quantspec", "aten", "runtime")   # runtime: another runtime's own (ort_genai)
 # quantspec's kernel variants (src/kernels/variants.py names them; a test keeps the two lists equal): auto
@@ -269,9 +269,10 @@ class EngineConfig:
         _check_choice("engine.isa", self.isa, ISA_CHOICES)
         if self.step_path == "quantspec" and self.kind != "native":
             raise ConfigError("engine.step_path=quantspec is the native engine's; use engine=native")
-        if (self.kernels == "runtime") != (self.kind == "ort_genai"):
-            raise ConfigError("engine.kernels=runtime is the kernels of a runtime of its own (engine=ort_genai), "
-                              "which runs no other")
+        from src.engine.runtimes import RUNTIMES
+        if (self.kernels == "runtime") != (self.kind in RUNTIMES):
+            raise ConfigError(f"engine.kernels=runtime is the kernels of another runtime ({', '.join(RUNTIMES)}), "
+                              f"and such a runtime runs no other")
 
 
 @dataclass(frozen=True)
@@ -398,10 +399,9 @@ class JobConfig:
                     f"(it supports {', '.join(self.hardware.precisions)})")
         if self.draft.active and self.task.kind not in DECODING_TASKS:
             return f"task {self.task.name} does not decode: draft {self.draft.name} would change nothing"
-        if self.engine.kind == "ort_genai":
-            from src.engine.ort_genai import unsupported
-            return unsupported(self.precision.name, self.draft.active, self.task.kind, self.hardware.device)
-        return None
+        from src.engine.runtimes import runtime
+        other = runtime(self.engine.kind)
+        return other.unsupported(self) if other is not None else None
 
 
 _SECTIONS = {

@@ -22,7 +22,7 @@ from torch import nn
 from src import environment, hardware, memory
 from src.config import ConfigError, JobConfig
 from src.corpus import Corpus, TextInput
-from src.engine import engine_for, roofline
+from src.engine import engine_for, roofline, runtimes
 from src.hardware import Placement
 from src.models import LoadedModel, load_model, tokenizer_mismatch
 from src.tasks import TASKS, TaskInputs, TaskResult
@@ -75,7 +75,7 @@ class Job:
             self.recorder.log_input(text, contexts)
         if self.cfg.model.weights == "random":
             _drop_quality(result)
-        if result.rows and self.cfg.engine.kind != "ort_genai":
+        if result.rows and runtimes.runtime(self.cfg.engine.kind) is None:
             # a timed task on torch's weights: set its decode steps against the memory-bandwidth roofline
             # (another runtime holds weights of its own, whose bytes per step are not the torch model's)
             bandwidth = roofline.host_bandwidth(self.cfg.cache_dir, self.placement.threads, self.env["cpu_model"])
@@ -123,9 +123,10 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     recorder.log_metrics({"model_load_s": loaded.load_s})
     check_context(cfg, loaded)
     corpus = Corpus(cfg.dataset)   # read only by the tasks and calibration that need it
-    if cfg.engine.kind == "ort_genai":   # the runtime quantizes and runs its own export of the weights
-        return Job(cfg, placement, env, loaded, loaded.model, corpus, _ort_genai(cfg, loaded, placement, recorder),
-                   None, {}, recorder)
+    other = runtimes.runtime(cfg.engine.kind)
+    if other is not None:   # another runtime: it quantizes and runs its own export of the weights
+        return Job(cfg, placement, env, loaded, loaded.model, corpus,
+                   other.build(cfg, loaded, placement, corpus, recorder), None, {}, recorder)
     gemv = _kernels(cfg, placement, recorder)   # chosen once: quantized modules are built for it
     model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)
     model = _place(cfg, model, placement, gemv, recorder)
@@ -138,34 +139,15 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics, recorder)
 
 
-def _ort_genai(cfg, loaded, placement, recorder):
-    """engine=ort_genai: the job's weights exported by ONNX Runtime GenAI's builder at the precision (cached),
-    run on the provider the hardware profile names where it is here, else on the CPU provider, said."""
-    from src.engine import ort_genai
-    provider = ort_genai.PROVIDERS.get(placement.device, "cpu")
-    if cfg.hardware.device == "npu":
-        log.warning("%s profile: the Ryzen AI provider is not in this onnxruntime-genai; the CPU provider runs",
-                    cfg.hardware.name)
-    started = time.perf_counter()
-    folder = ort_genai.export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, provider,
-                              cfg.cache_dir)
-    window = int(getattr(loaded.model.config, "sliding_window", 0) or 0)
-    engine = ort_genai.OrtGenAI(folder, provider, window)
-    recorder.log_metrics({"export_s": time.perf_counter() - started})
-    recorder.log_params({"executed.kernels": f"onnxruntime-genai/{provider}"})
-    recorder.set_tags({"kernels": "onnxruntime", "kernels_isa": "", "kernels_note": "", "ort_export": str(folder)})
-    return engine
-
-
 def _record_executed(cfg, placement, env: dict, recorder) -> None:
     """What runs, beside what was asked (the `hardware.*` params are the profile's): params executed.*,
     and tag `ran_on`, which says where a profile's accelerator was not what ran ("phx profile, ran on
     host CPU (AMD EPYC)"). executed.kernels follows once the kernels are chosen (_kernels)."""
     import transformers
     where = f"host CPU ({env['cpu_model']})" if placement.device == "cpu" else placement.device
-    if cfg.engine.kind == "ort_genai":
-        from src.engine import ort_genai
-        runtime = ort_genai.runtime_name(cfg.precision.name, ort_genai.PROVIDERS.get(placement.device, "cpu"))
+    other = runtimes.runtime(cfg.engine.kind)
+    if other is not None:
+        runtime = other.runtime_name(cfg, placement.device)
     else:
         runtime = (f"quantspec native engine, torch {torch.__version__}" if cfg.engine.kind == "native"
                    else f"transformers {transformers.__version__} generate, torch {torch.__version__}")

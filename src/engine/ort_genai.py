@@ -42,8 +42,9 @@ def available() -> str | None:
     return None
 
 
-def unsupported(precision: str, draft_active: bool, task_kind: str, device: str) -> str | None:
+def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
+    precision, draft_active = cfg.precision.name, cfg.draft.active
     if precision not in PRECISIONS:
         return (f"engine ort_genai has no {precision}: its model builder offers weight-only int8/int4 and fp32 on "
                 f"the CPU provider ({', '.join(PRECISIONS)})")
@@ -52,9 +53,10 @@ def unsupported(precision: str, draft_active: bool, task_kind: str, device: str)
     return available()
 
 
-def runtime_name(precision: str, provider: str) -> str:
+def runtime_name(cfg, device: str) -> str:
     import onnxruntime
     import onnxruntime_genai
+    precision, provider = cfg.precision.name, PROVIDERS.get(device, "cpu")
     quant = {"int4": "int4 MatMulNBits", "int8": "int8 MatMulNBits", "fp32": "fp32"}[PRECISIONS[precision]]
     return (f"onnxruntime-genai {onnxruntime_genai.__version__} (onnxruntime {onnxruntime.__version__}), "
             f"{provider} provider, {quant} (the builder's)")
@@ -90,6 +92,21 @@ def export(model, tokenizer, source_key: str, precision: str, provider: str, cac
     shutil.rmtree(work, ignore_errors=True)
     manifest.write_text(json.dumps(want, indent=1))
     return out
+
+
+def build(cfg, loaded, placement, corpus, recorder):
+    """The job's weights exported at the precision (cached), run on the provider the hardware profile names
+    where it is here, else on the CPU provider, said."""
+    provider = PROVIDERS.get(placement.device, "cpu")
+    if cfg.hardware.device == "npu":
+        log.warning("%s profile: the Ryzen AI provider is not in this onnxruntime-genai; the CPU provider runs",
+                    cfg.hardware.name)
+    started = time.perf_counter()
+    folder = export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, provider, cfg.cache_dir)
+    recorder.log_metrics({"export_s": time.perf_counter() - started})
+    recorder.log_params({"executed.kernels": f"onnxruntime-genai/{provider}"})
+    recorder.set_tags({"kernels": "onnxruntime", "kernels_isa": "", "kernels_note": "", "export": str(folder)})
+    return OrtGenAI(folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0))
 
 
 @dataclass

@@ -1,0 +1,184 @@
+"""`engine=openvino` (named apart from the `openvino` package it imports): OpenVINO, Intel's runtime, with the model exported and compressed by optimum-intel
+(optimum's OpenVINO integration) and NNCF.
+
+optimum-intel 2.2 accepts transformers >= 4.51, < 5.6 and its exporter refuses what this project runs
+(transformers 5.23), so the export runs in a virtual environment of its own (`.venv-ov`, made by
+scripts/setup: torch, transformers 5.0, optimum-intel, NNCF) on the job's model written once as a
+Hugging Face folder; only OpenVINO itself runs in the job. Each precision is mapped to NNCF's weight
+compression (`src/engine/openvino_export.py`): w8a16 is int8 weights (asymmetric, per channel), w4a16
+int4 (asymmetric, groups of 128) with NNCF's AWQ on quantspec's calibration texts, fp32 none. The export
+is cached under `<cache_dir>/openvino/<model>-<precision>/` with a JSON manifest.
+
+Generation is a loop of quantspec's own over OpenVINO's stateful model (prefill, then one token per
+inference, the KV cache held as the model's state), so each token is timestamped when it exists and
+greedy decoding is the same argmax every engine takes; perplexity scores a window from its logits for
+every position.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from src.engine.common import Generation, Sampling
+
+log = logging.getLogger("quantspec")
+
+PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4_awq"}
+EXPORT_VERSION = 1
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def export_python() -> Path:
+    """The interpreter of the export's own environment (QUANTSPEC_OV_PYTHON, else .venv-ov)."""
+    return Path(os.environ.get("QUANTSPEC_OV_PYTHON") or ROOT / ".venv-ov" / "bin" / "python")
+
+
+def available() -> str | None:
+    """Why this engine cannot run here, or None."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return "openvino is not installed (pip install -e '.[ov]'; scripts/setup does)"
+    if not export_python().is_file():
+        return (f"no optimum-intel environment for the export at {export_python()} (scripts/setup makes .venv-ov, "
+                f"or set QUANTSPEC_OV_PYTHON)")
+    return None
+
+
+def unsupported(cfg) -> str | None:
+    """Why this engine cannot run that job (a skip with its reason), or None."""
+    precision, draft_active = cfg.precision.name, cfg.draft.active
+    if precision not in PRECISIONS:
+        why = {"w8a8": "int8 activations need NNCF's full quantization, which is not wired here",
+               "bf16": "OpenVINO keeps fp32 weights and picks bf16 for activations itself"}.get(
+            precision, "no NNCF mapping for it")
+        return f"engine openvino has no {precision} ({why}); it runs {', '.join(PRECISIONS)}"
+    if draft_active:
+        return "engine openvino decodes without a draft here (quantspec's drafts run on engine=native)"
+    return available()
+
+
+def runtime_name(cfg, device: str) -> str:
+    import openvino
+    precision = cfg.precision.name
+    method = {"fp32": "fp32", "int8": "NNCF int8 weights (asym, per channel)",
+              "int4_awq": "NNCF int4 weights (asym, group 128) with AWQ"}[PRECISIONS[precision]]
+    activations = "fp32" if precision == "fp32" else "the CPU's default (bf16 where it has it)"
+    return (f"openvino {openvino.__version__.split('-')[0]} CPU, exported by optimum-intel, {method}, "
+            f"{activations} activations")
+
+
+def export(model, tokenizer, source_key: str, precision: str, calibration: list[str], cache_dir: Path) -> Path:
+    key = f"{source_key}-{PRECISIONS[precision]}"
+    out = Path(cache_dir) / "openvino" / key
+    manifest = out / "quantspec-export.json"
+    want = {"version": EXPORT_VERSION, "source": source_key, "precision": PRECISIONS[precision],
+            "calibration": len(calibration)}
+    if manifest.is_file() and json.loads(manifest.read_text()) == want:
+        return out
+    work = out.with_name(f".{key}.{os.getpid()}.tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    model.save_pretrained(work / "hf", safe_serialization=True)
+    tokenizer.save_pretrained(work / "hf")
+    (work / "calibration.json").write_text(json.dumps(calibration))
+    started = time.perf_counter()
+    done = subprocess.run([str(export_python()), str(ROOT / "src" / "engine" / "openvino_export.py"),
+                           str(work / "hf"), str(work / "model"), PRECISIONS[precision], str(work / "calibration.json")],
+                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if done.returncode != 0:
+        tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(f"the OpenVINO export failed: {tail[0] if tail else done.returncode}")
+    log.info("exported to OpenVINO (%s) in %.1f s", PRECISIONS[precision], time.perf_counter() - started)
+    shutil.rmtree(out, ignore_errors=True)
+    (work / "model").rename(out)
+    shutil.rmtree(work, ignore_errors=True)
+    manifest.write_text(json.dumps(want, indent=1))
+    return out
+
+
+def build(cfg, loaded, placement, corpus, recorder):
+    """The job's weights exported and compressed at the precision (cached; w4a16's AWQ calibrated on the
+    job's calibration texts), compiled for the CPU."""
+    from src.engine.common import eos_ids
+    texts = []
+    if PRECISIONS[cfg.precision.name] == "int4_awq":   # 16 pieces of the corpus quantspec's AWQ calibrates on
+        text = corpus.reader("calibration")()
+        texts = [piece for piece in (text[i * 2000:(i + 1) * 2000] for i in range(16)) if piece.strip()]
+    started = time.perf_counter()
+    folder = export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, texts, cfg.cache_dir)
+    recorder.log_metrics({"export_s": time.perf_counter() - started})
+    recorder.log_params({"executed.kernels": "openvino/CPU"})
+    recorder.set_tags({"kernels": "openvino", "kernels_isa": "", "kernels_note": "", "export": str(folder)})
+    return OpenVINO(folder, tuple(sorted(eos_ids(loaded.model))), f32=cfg.precision.name == "fp32")
+
+
+@dataclass
+class OpenVINO:
+    """The engine: called as every engine is (the torch model is ignored: OpenVINO holds its own)."""
+    folder: Path
+    eos: tuple[int, ...] = ()
+    f32: bool = True   # fp32 activations (OpenVINO runs bf16 on CPUs that have it unless told)
+
+    def __post_init__(self):
+        import openvino as ov
+        config = {"INFERENCE_PRECISION_HINT": "f32"} if self.f32 else {}
+        self.compiled = ov.Core().compile_model(str(self.folder / "openvino_model.xml"), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+
+    def _infer(self, ids: list[int], past: int) -> np.ndarray:
+        """Logits of `ids` appended to the `past` positions the request's state holds."""
+        n = len(ids)
+        self.request.infer({"input_ids": np.array([ids], dtype=np.int64),
+                            "attention_mask": np.ones((1, past + n), dtype=np.int64),
+                            "position_ids": np.arange(past, past + n, dtype=np.int64)[None],
+                            "beam_idx": np.zeros(1, dtype=np.int32)})
+        return self.request.get_tensor("logits").data[0]
+
+    def window_nll(self, ids) -> float:
+        """Summed negative log-likelihood of ids[1:] given their prefixes, from OpenVINO's logits."""
+        self.request.reset_state()
+        logits = self._infer(ids.tolist(), 0)[:-1].astype(np.float64)
+        logits -= logits.max(axis=-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+        return float(-logp[np.arange(len(ids) - 1), ids[1:].numpy()].sum())
+
+    def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
+                 pad_token_id: int | None, stop=None) -> Generation:
+        ids = input_ids[0].tolist()
+        rng = np.random.default_rng(sampling.seed)
+        self.request.reset_state()
+        new, times = [], []
+        start = time.perf_counter()
+        logits, past = self._infer(ids, 0)[-1], 0
+        past = len(ids)
+        while True:
+            if exact and self.eos:   # as min_new_tokens does for the other engines
+                logits = logits.copy()
+                logits[list(self.eos)] = -np.inf
+            token = int(np.argmax(logits)) if not sampling.do_sample else _sample(logits, sampling, rng)
+            times.append(time.perf_counter())
+            new.append(token)
+            if len(new) >= max_new_tokens or (token in self.eos and not exact) or (stop is not None and stop(new)):
+                break
+            logits = self._infer([token], past)[-1]
+            past += 1
+        return Generation(len(ids), new, start, times, time.perf_counter())
+
+
+def _sample(logits: np.ndarray, sampling: Sampling, rng) -> int:
+    z = logits.astype(np.float64) / max(sampling.temperature, 1e-6)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    keep = order[: int(np.searchsorted(np.cumsum(p[order]), sampling.top_p) + 1)]
+    return int(rng.choice(keep, p=p[keep] / p[keep].sum()))
