@@ -48,3 +48,15 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
     assert "NNCF int4 weights (asym, group 128) with AWQ" in by["w4a16"].data.params["executed.runtime"]
     assert by["fp32"].data.params["executed.runtime"].startswith("openvino 2026")
     assert all(r.data.metrics["time_per_token_ms_median"] > 0 and r.data.tags["kernels"] == "openvino" for r in runs)
+
+
+def test_perplexity_on_openvino_matches_torch_on_the_same_fp32_weights(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(["-m", "model=tiny-llama", "engine=native,openvino", "precision=fp32", "task=perplexity",
+                   "task.window=64", "task.windows=2", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
+                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'")
+    ppl = {r.data.tags["engine"]: r.data.metrics["perplexity"] for r in runs}
+    assert ppl["openvino"] == pytest.approx(ppl["native"], rel=1e-3)

@@ -54,3 +54,15 @@ def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(t
         assert run.data.tags["kernels"] == "onnxruntime" and run.info.run_name.endswith("·ort_genai")
         assert run.data.metrics["time_per_token_ms_median"] > 0 and run.data.metrics["export_s"] > 0
     assert "int4 MatMulNBits" in next(r for r in done if r.data.tags["precision"] == "w4a16").data.params["executed.runtime"]
+
+
+def test_perplexity_on_the_runtime_matches_torch_on_the_same_fp32_weights(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(["-m", "model=tiny-llama", "engine=native,ort_genai", "precision=fp32", "task=perplexity",
+                   "task.window=64", "task.windows=2", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
+                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'")
+    ppl = {r.data.tags["engine"]: r.data.metrics["perplexity"] for r in runs}
+    assert ppl["ort_genai"] == pytest.approx(ppl["native"], rel=1e-3)

@@ -31,7 +31,7 @@ def run(inputs: TaskInputs) -> TaskResult:
     notes = [f"only {available} windows of {task.window} tokens in the corpus; used {count}"] if count < task.windows else []
     total, tokens, per_window = 0.0, 0, []
     # an engine that runs weights of its own (another runtime) scores them itself, from its own logits
-    nll_of = getattr(inputs.engine, "window_nll", None) or (lambda chunk: window_nll(inputs.model, chunk))
+    nll_of = getattr(inputs.generate, "window_nll", None) or (lambda chunk: window_nll(inputs.model, chunk))
     start = time.perf_counter()
     for i in range(count):
         chunk = torch.tensor(prefix + ids[i * body:(i + 1) * body])
