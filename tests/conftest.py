@@ -92,3 +92,17 @@ def mlflow_server(where: Path, port: int) -> subprocess.Popen:
                             cwd=where, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     wait_healthy(f"http://127.0.0.1:{port}", proc, "mlflow server")
     return proc
+
+
+def perplexity_by_engine(tmp_path: Path, engines: str) -> dict[str, float]:
+    """`task=perplexity` on the tiny Llama at fp32, one job per engine in `engines` (a sweep's list), in a
+    store and cache of their own: each engine's perplexity."""
+    from mlflow.tracking import MlflowClient
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(["-m", "model=tiny-llama", f"engine={engines}", "precision=fp32", "task=perplexity",
+                   "task.window=64", "task.windows=2", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
+                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'")
+    return {r.data.tags["engine"]: r.data.metrics["perplexity"] for r in runs}

@@ -11,7 +11,7 @@ from src.engine import openvino_engine as ov
 from src.engine.common import Sampling
 from src.tasks.perplexity import window_nll
 from src.tiny import tiny_model
-from tests.conftest import run_cli
+from tests.conftest import perplexity_by_engine, run_cli
 
 pytestmark = pytest.mark.skipif(ov.available() is not None, reason=str(ov.available()))
 
@@ -51,12 +51,5 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
 
 
 def test_perplexity_on_openvino_matches_torch_on_the_same_fp32_weights(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_cli(["-m", "model=tiny-llama", "engine=native,openvino", "precision=fp32", "task=perplexity",
-                   "task.window=64", "task.windows=2", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
-                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
-    assert out.returncode == 0, out.stderr[-2000:]
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'")
-    ppl = {r.data.tags["engine"]: r.data.metrics["perplexity"] for r in runs}
+    ppl = perplexity_by_engine(tmp_path, "native,openvino")
     assert ppl["openvino"] == pytest.approx(ppl["native"], rel=1e-3)

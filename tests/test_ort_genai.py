@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from src.engine import ort_genai
 from src.engine.common import Sampling
 from src.tiny import tiny_model
-from tests.conftest import run_cli
+from tests.conftest import perplexity_by_engine, run_cli
 
 pytestmark = pytest.mark.skipif(ort_genai.available() is not None, reason=str(ort_genai.available()))
 
@@ -57,12 +57,5 @@ def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(t
 
 
 def test_perplexity_on_the_runtime_matches_torch_on_the_same_fp32_weights(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_cli(["-m", "model=tiny-llama", "engine=native,ort_genai", "precision=fp32", "task=perplexity",
-                   "task.window=64", "task.windows=2", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
-                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
-    assert out.returncode == 0, out.stderr[-2000:]
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'")
-    ppl = {r.data.tags["engine"]: r.data.metrics["perplexity"] for r in runs}
+    ppl = perplexity_by_engine(tmp_path, "native,ort_genai")
     assert ppl["ort_genai"] == pytest.approx(ppl["native"], rel=1e-3)

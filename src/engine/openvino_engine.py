@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,32 +76,17 @@ def runtime_name(cfg, device: str) -> str:
 
 
 def export(model, tokenizer, source_key: str, precision: str, calibration: list[str], cache_dir: Path) -> Path:
+    """The model as OpenVINO runs it: exported once per (weights, precision, calibration), then cached."""
+    from src.engine.runtimes import cached_export
     key = f"{source_key}-{PRECISIONS[precision]}"
-    out = Path(cache_dir) / "openvino" / key
-    manifest = out / "quantspec-export.json"
     want = {"version": EXPORT_VERSION, "source": source_key, "precision": PRECISIONS[precision],
             "calibration": len(calibration)}
-    if manifest.is_file() and json.loads(manifest.read_text()) == want:
-        return out
-    work = out.with_name(f".{key}.{os.getpid()}.tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    model.save_pretrained(work / "hf", safe_serialization=True)
-    tokenizer.save_pretrained(work / "hf")
-    (work / "calibration.json").write_text(json.dumps(calibration))
-    started = time.perf_counter()
-    done = subprocess.run([str(export_python()), str(ROOT / "src" / "engine" / "openvino_export.py"),
-                           str(work / "hf"), str(work / "model"), PRECISIONS[precision], str(work / "calibration.json")],
-                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if done.returncode != 0:
-        tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
-        shutil.rmtree(work, ignore_errors=True)
-        raise RuntimeError(f"the OpenVINO export failed: {tail[0] if tail else done.returncode}")
-    log.info("exported to OpenVINO (%s) in %.1f s", PRECISIONS[precision], time.perf_counter() - started)
-    shutil.rmtree(out, ignore_errors=True)
-    (work / "model").rename(out)
-    shutil.rmtree(work, ignore_errors=True)
-    manifest.write_text(json.dumps(want, indent=1))
-    return out
+    return cached_export(
+        Path(cache_dir) / "openvino" / key, want, model, tokenizer,
+        lambda work: [str(export_python()), str(ROOT / "src" / "engine" / "openvino_export.py"), str(work / "hf"),
+                      str(work / "model"), PRECISIONS[precision], str(work / "calibration.json")],
+        f"OpenVINO ({PRECISIONS[precision]})", files={"calibration.json": json.dumps(calibration)},
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def build(cfg, loaded, placement, corpus, recorder):
@@ -146,11 +129,11 @@ class OpenVINO:
 
     def window_nll(self, ids) -> float:
         """Summed negative log-likelihood of ids[1:] given their prefixes, from OpenVINO's logits."""
+        import torch
+
+        from src.tasks.perplexity import sequence_nll
         self.request.reset_state()
-        logits = self._infer(ids.tolist(), 0)[:-1].astype(np.float64)
-        logits -= logits.max(axis=-1, keepdims=True)
-        logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-        return float(-logp[np.arange(len(ids) - 1), ids[1:].numpy()].sum())
+        return sequence_nll(torch.from_numpy(self._infer(ids.tolist(), 0).astype(np.float64)), ids)
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
                  pad_token_id: int | None, stop=None) -> Generation:

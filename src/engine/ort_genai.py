@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -65,33 +62,15 @@ def runtime_name(cfg, device: str) -> str:
 def export(model, tokenizer, source_key: str, precision: str, provider: str, cache_dir: Path) -> Path:
     """The model as ONNX Runtime GenAI runs it: built once per (weights, precision, provider), then cached."""
     import onnxruntime_genai
+    from src.engine.runtimes import cached_export
     key = f"{source_key}-{PRECISIONS[precision]}-{provider}"
-    out = Path(cache_dir) / "ort_genai" / key
-    manifest = out / "quantspec-export.json"
     want = {"version": EXPORT_VERSION, "builder": onnxruntime_genai.__version__, "source": source_key,
             "precision": PRECISIONS[precision], "provider": provider}
-    if manifest.is_file() and json.loads(manifest.read_text()) == want:
-        return out
-    work = out.with_name(f".{key}.{os.getpid()}.tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    hf_dir = work / "hf"
-    model.save_pretrained(hf_dir, safe_serialization=True)
-    tokenizer.save_pretrained(hf_dir)
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "src.engine.ort_genai_build", "-i", str(hf_dir), "-o",
-                           str(work / "model"), "-p", PRECISIONS[precision], "-e", provider, "-c",
-                           str(work / "cache")], capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
-        shutil.rmtree(work, ignore_errors=True)
-        raise RuntimeError(f"ONNX Runtime GenAI's model builder failed: {tail[0] if tail else done.returncode}")
-    log.info("exported to ONNX Runtime GenAI (%s, %s provider) in %.1f s", PRECISIONS[precision], provider,
-             time.perf_counter() - started)
-    shutil.rmtree(out, ignore_errors=True)
-    (work / "model").rename(out)
-    shutil.rmtree(work, ignore_errors=True)
-    manifest.write_text(json.dumps(want, indent=1))
-    return out
+    return cached_export(
+        Path(cache_dir) / "ort_genai" / key, want, model, tokenizer,
+        lambda work: [sys.executable, "-m", "src.engine.ort_genai_build", "-i", str(work / "hf"), "-o",
+                      str(work / "model"), "-p", PRECISIONS[precision], "-e", provider, "-c", str(work / "cache")],
+        f"ONNX Runtime GenAI ({PRECISIONS[precision]}, {provider} provider)")
 
 
 def build(cfg, loaded, placement, corpus, recorder):
@@ -131,15 +110,15 @@ class OrtGenAI:
         every position of one prompt (as src.tasks.perplexity computes it for torch models)."""
         import numpy as np
         import onnxruntime_genai as og
+        import torch
+
+        from src.tasks.perplexity import sequence_nll
         params = og.GeneratorParams(self.model)
         params.set_search_options(max_length=max(len(ids), self.window) if not self.context
                                   else min(max(len(ids), self.window), self.context))
         generator = og.Generator(self.model, params)
         generator.append_tokens(ids.tolist())
-        logits = np.asarray(generator.get_output("logits"), dtype=np.float64)[0, :-1]
-        logits -= logits.max(axis=-1, keepdims=True)
-        logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-        return float(-logp[np.arange(len(ids) - 1), ids[1:].numpy()].sum())
+        return sequence_nll(torch.from_numpy(np.asarray(generator.get_output("logits"), dtype=np.float64)[0]), ids)
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
                  pad_token_id: int | None, stop=None) -> Generation:

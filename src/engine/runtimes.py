@@ -13,6 +13,16 @@ Adding one: a module with those, a line below, and conf/engine/<name>.yaml with 
 from __future__ import annotations
 
 import importlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("quantspec")
 
 RUNTIMES = {"ort_genai": "src.engine.ort_genai", "openvino": "src.engine.openvino_engine"}
 
@@ -20,3 +30,32 @@ RUNTIMES = {"ort_genai": "src.engine.ort_genai", "openvino": "src.engine.openvin
 def runtime(kind: str):
     """The module of an engine that is another runtime, None for quantspec's and transformers' engines."""
     return importlib.import_module(RUNTIMES[kind]) if kind in RUNTIMES else None
+
+
+def cached_export(out: Path, want: dict, model, tokenizer, command: Callable[[Path], list[str]], what: str,
+                  files: dict[str, str] | None = None, env: dict | None = None) -> Path:
+    """A runtime's export of the job's weights in `out`, built once and then cached: kept while its JSON
+    manifest equals `want`. Built in a scratch folder beside it: the model written as a Hugging Face
+    folder (`<work>/hf`, with `files` beside it), then `command(work)`, a process that writes the export
+    to `<work>/model`; a failure is one line (the process's last) and leaves no cache."""
+    manifest = out / "quantspec-export.json"
+    if manifest.is_file() and json.loads(manifest.read_text()) == want:
+        return out
+    work = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    model.save_pretrained(work / "hf", safe_serialization=True)
+    tokenizer.save_pretrained(work / "hf")
+    for name, text in (files or {}).items():
+        (work / name).write_text(text)
+    started = time.perf_counter()
+    done = subprocess.run(command(work), capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(f"the {what} export failed: {tail[0] if tail else done.returncode}")
+    log.info("exported to %s in %.1f s", what, time.perf_counter() - started)
+    shutil.rmtree(out, ignore_errors=True)
+    (work / "model").rename(out)
+    shutil.rmtree(work, ignore_errors=True)
+    manifest.write_text(json.dumps(want, indent=1))
+    return out

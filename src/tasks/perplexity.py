@@ -11,11 +11,16 @@ import torch.nn.functional as F
 from src.tasks.common import TaskInputs, TaskResult, bos_prefix
 
 
+def sequence_nll(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    """Summed negative log-likelihood of ids[1:] from the logits of every position of ids (the last
+    position's, which predicts past the window, unused), in the logits' float precision."""
+    return F.cross_entropy(logits[:-1], ids[1:].to(logits.device), reduction="sum").item()
+
+
 @torch.inference_mode()
 def window_nll(model, ids: torch.Tensor) -> float:
     """Summed negative log-likelihood of ids[1:] given their prefixes, in float32."""
-    logits = model(input_ids=ids[None].to(model.device)).logits[0, :-1].float()
-    return F.cross_entropy(logits, ids[1:].to(logits.device), reduction="sum").item()
+    return sequence_nll(model(input_ids=ids[None].to(model.device)).logits[0].float(), ids)
 
 
 def run(inputs: TaskInputs) -> TaskResult:
