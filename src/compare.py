@@ -19,6 +19,11 @@ from src.tracking import CONFIG_KEY
 KEY_GROUPS = ("model", "hardware", "precision", "draft", "task", "engine")
 
 
+def ratio(a: float | None, b: float | None) -> float:
+    """a / b where both were measured, else NaN."""
+    return a / b if a and b and not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
 def busy(run: JobRecord) -> bool:
     return run.tags.get("host_busy") == "true"
 
@@ -129,8 +134,9 @@ def ratio_spread(config: Config, base: Config, metric: str, inverse: bool = True
     values = {}
     for r in sorted(set(mine) & set(theirs)):
         a, b = mine[r].metrics.get(metric), theirs[r].metrics.get(metric)
-        if a and b and not (math.isnan(a) or math.isnan(b)):
-            values[r] = (b / a if inverse else a / b, busy(mine[r]) or busy(theirs[r]))
+        value = ratio(b, a) if inverse else ratio(a, b)
+        if not math.isnan(value):
+            values[r] = (value, busy(mine[r]) or busy(theirs[r]))
     return spread(values)
 
 

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from src import ui
-from src.compare import Config, Speedup, configs, speedups
+from src.compare import Config, Speedup, configs, ratio, speedups
 from src.environment import PROJECT_ROOT
 from src.metrics import EXAMPLE, ROW_METRICS, Row, markdown_table, seed_table
 from src.paths import child
@@ -56,11 +56,6 @@ def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:
     get = lambda m, s: history[m].get(s, math.nan)  # noqa: E731 - NaN: never logged (one-token example)
     return [Row(s, int(get("prompt_tokens", s)), int(get("new_tokens", s)), get("total_time_s", s),
                 get("prefill_ms", s), get("time_per_token_ms", s), get("tokens_per_s", s)) for s in steps]
-
-
-def ratio(a: float | None, b: float | None) -> float:
-    """a / b where both were measured, else NaN."""
-    return a / b if a and b and not (math.isnan(a) or math.isnan(b)) else math.nan
 
 
 def kernels_of(job: JobRecord) -> str:
