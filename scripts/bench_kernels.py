@@ -5,6 +5,7 @@
     .venv/bin/python scripts/bench_kernels.py --aten-isa avx2       # ATen, oneDNN and MKL held to AVX2, as on
                                                                     # an AVX2-only host
     .venv/bin/python scripts/bench_kernels.py --shapes llama --rows 1 4
+    .venv/bin/python scripts/bench_kernels.py --variants avx2 avx_vnni_evex   # AVX-VNNI's code, EVEX-encoded
 
 Each round times every (shape, format, rows) on each variant and on ATen's kernel for the same weights,
 one after the other in this process (a variant is switched in place), so all see the same machine
@@ -58,9 +59,14 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     cache = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "kernels"
     names = args.variants or [v.name for v in kernels.candidates("auto") if v.name != "reference"]
-    for name in names:
-        if not kernels.load(cache, name):
-            print(f"quantspec: the {name} kernels cannot run here: {kernels.reason()}", file=sys.stderr)
+    for name in names:   # by_name also knows avx_vnni's EVEX twin, which AVX-512 VNNI hosts can time
+        try:
+            lacks = variants.missing(variants.by_name(name), variants.cpu_features())
+        except KeyError:
+            lacks = [f"{name} is no kernel variant"]
+        if lacks or not kernels.load_variants(cache, [variants.by_name(name)]):
+            print(f"quantspec: the {name} kernels cannot run here: {', '.join(lacks) or kernels.reason()}",
+                  file=sys.stderr)
             return 1
 
     def timed(fn, x) -> float:
@@ -100,7 +106,7 @@ def main() -> int:
         for label, fmt, rows, nbytes, ours, aten, x in cases:
             got = results.setdefault((label, fmt, rows, nbytes), {})
             for name in names:   # in turns: each variant, then ATen, on the same case
-                kernels.load(cache, name)
+                kernels.load_variants(cache, [variants.by_name(name)])
                 got.setdefault(name, []).append(timed(ours, x))
             got.setdefault("aten", []).append(timed(aten, x))
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)

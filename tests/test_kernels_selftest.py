@@ -1,6 +1,6 @@
 """Every kernel variant against the reference variant through core/selftest.cpp, without torch: natively
-for the variants this CPU runs, and the Arm64 variants (neon, neon_dotprod) cross-compiled with Debian's
-g++-aarch64-linux-gnu and run under qemu-aarch64 (`-cpu max` has the dot product instructions).
+for the variants this CPU runs (on AVX-512 VNNI hosts also avx_vnni's EVEX twin), and the Arm64 variants
+(neon, neon_dotprod) cross-compiled with Debian's g++-aarch64-linux-gnu and run under qemu-aarch64 (`-cpu max` has the dot product instructions).
 scripts/setup installs both where it can; without them the Arm test skips and says so."""
 
 import platform
@@ -34,7 +34,8 @@ def test_this_cpus_variants_pass_the_selftest(tmp_path):
     cxx = variants.compiler()
     assert cxx, "no C++ compiler: scripts/setup installs g++"
     features = variants.cpu_features()
-    names = [v.name for v in variants.for_arch() if not variants.missing(v, features) and v.name != "reference"]
+    names = [v.name for v in (*variants.for_arch(), variants.AVX_VNNI_TWIN)
+             if not variants.missing(v, features) and v.name != "reference"]
     out = _selftest(tmp_path, cxx, names or ["reference"], [])
     assert all("22 passed, 0 failed" in text for text in out.values())
 

@@ -2,7 +2,8 @@
 w8a8, w8a16, w4a16), the int4 unpacking for prefill, RMSNorm, and attention for a few new queries whose
 rows do not depend on how many arrive together.
 
-One library, several ISA variants (src/kernels/variants.py: avx512, avx2, neon_dotprod, neon, reference),
+One library, several ISA variants (src/kernels/variants.py: avx512, avx_vnni, avx2, neon_dotprod, neon,
+reference),
 each a plain shared library compiled from core/ with its own flags, behind one torch binding
 (binding.cpp, torch.ops.quantspec.*). `load(directory, isa)` builds what it needs once per machine and
 torch version into `directory`, picks the best variant this CPU runs (or the one `isa` names), and
@@ -63,7 +64,12 @@ def candidates(isa: str, features: set[str] | None = None, arch: str | None = No
 
 def load(directory: Path, isa: str = "auto") -> bool:
     """Build (once) and load the binding and the variant for `isa`. True when a variant is in use."""
-    chosen = candidates(isa)   # IsaUnavailable goes to the caller: a config error, not a slower run
+    # IsaUnavailable goes to the caller: a config error, not a slower run
+    return load_variants(directory, candidates(isa))
+
+
+def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
+    """load() for the first of `chosen` that builds (the tests load variants.AVX_VNNI_TWIN through it)."""
     directory = Path(directory).expanduser()
     if not _state.get("binding"):
         reason = _load_binding(directory)
@@ -172,6 +178,6 @@ def reason() -> str | None:
 
 
 def variant() -> str | None:
-    """The variant in use ('avx512', 'avx2', ..., 'reference'), or None."""
+    """The variant in use ('avx512', 'avx_vnni', 'avx2', ..., 'reference'), or None."""
     return _state.get("variant") if _state.get("ok") else None  # type: ignore[return-value]
 

@@ -33,12 +33,20 @@ VARIANTS = (
     Variant("avx512", "x86_64", "avx512.cpp",
             ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", "-mfma"),
             ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")),
+    Variant("avx_vnni", "x86_64", "avx2.cpp", ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+            ("avx2", "fma", "f16c", "avx_vnni")),
     Variant("avx2", "x86_64", "avx2.cpp", ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
     Variant("neon_dotprod", "aarch64", "neon.cpp", ("-march=armv8.2-a+dotprod",), ("asimd", "asimddp")),
     Variant("neon", "aarch64", "neon.cpp", ("-march=armv8-a",), ("asimd",)),
     Variant("reference", "", "reference.cpp", (), ()),
 )
 NAMES = tuple(v.name for v in VARIANTS)
+
+# avx_vnni's code with AVX512-VNNI's EVEX encoding of its two dot-product instructions (same results):
+# no emulator here runs AVX-VNNI, so the tests check this twin on AVX-512 VNNI hosts. Never chosen for a job.
+AVX_VNNI_TWIN = Variant("avx_vnni_evex", "x86_64", "avx2.cpp",
+                        ("-mavx2", "-mfma", "-mf16c", "-mavx512vnni", "-mavx512vl", "-DQS_VNNI_EVEX"),
+                        ("avx2", "fma", "f16c", "avx512_vnni", "avx512vl"))
 
 # The environment that holds torch's own kernels to an ISA (ATen's dispatch, oneDNN's and MKL's GEMMs),
 # read once when torch loads: with engine.isa=avx2, an AVX-512 host then runs a job as an AVX2-only host
@@ -49,7 +57,7 @@ ATEN_ISA = {
 
 
 def by_name(name: str) -> Variant:
-    for v in VARIANTS:
+    for v in (*VARIANTS, AVX_VNNI_TWIN):
         if v.name == name:
             return v
     raise KeyError(name)

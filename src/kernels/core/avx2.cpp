@@ -11,6 +11,13 @@
 //   w8a16   int8 weights sign-extended to int16, VPMADDWD with the int16 activations; the int32 lanes
 //           folded into fp32 every 2048 values (2 * 127 * 32767 per lane per step, 128 steps < 2^31);
 //   w4a16   the nibbles as int16 by a shift and a mask, VPMADDWD, each group's sum scaled in fp32.
+//
+// Compiled with -mavxvnni this file is the avx_vnni variant (Alder Lake and later Intel clients, Zen 5
+// laptops without AVX-512): AVX-VNNI's VEX VPDPBUSD takes w8a8's products and sums into int32 in one
+// instruction (x stored as q + 128, unsigned, the offset undone with the weights' row sums as in
+// avx512.cpp), and VPDPWSSD replaces VPMADDWD + VPADDD in the 16-bit formats. Everything else is AVX2's.
+// QS_VNNI_EVEX builds the same code with AVX512-VNNI's EVEX encoding of both instructions (same results,
+// lane for lane): no emulator here runs AVX-VNNI, so the tests run this twin on AVX-512 VNNI hosts.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -21,6 +28,21 @@
 
 #include "api.h"
 #include "common.h"
+
+#if defined(__AVXVNNI__)
+#define QS_VNNI 1
+#define QS_DPBUSD _mm256_dpbusd_avx_epi32
+#define QS_DPWSSD _mm256_dpwssd_avx_epi32
+#define QS_NAME "avx_vnni"
+#elif defined(QS_VNNI_EVEX)
+#define QS_VNNI 1
+#define QS_DPBUSD _mm256_dpbusd_epi32
+#define QS_DPWSSD _mm256_dpwssd_epi32
+#define QS_NAME "avx_vnni_evex"
+#else
+#define QS_VNNI 0
+#define QS_NAME "avx2"
+#endif
 
 namespace {
 
@@ -49,6 +71,14 @@ inline __m128i sum1(__m256i a) {
   const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
   const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
   return _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xB1));
+}
+
+// Integer adds are associative, so GCC regroups a block's unrolled accumulations into trees of products
+// computed first and spilled to the stack (64 spills a step in w4a16's block); an empty asm on each
+// sum keeps it one register, added in order.
+inline __m256i keep(__m256i a) {
+  asm("" : "+x"(a));
+  return a;
 }
 
 inline __m256 widen_bf16(const uint16_t* p) {
@@ -91,17 +121,26 @@ struct Bf16 : Dense<uint16_t, uint16_t> {
 struct W8A8 : Dense<int8_t, int8_t> {  // 32 per step
   using Acc = __m256i; using V = __m256i; static constexpr int kStep = 32;
   using Sum = Acc; static Sum sum_zero() { return zero(); }
-  const float* w_scale; const float* x_scale;
+  const float* w_scale; const int32_t* w_sum; const float* x_scale;
   V wv(const State&, int64_t n, int64_t k) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k))); }
   V xv(int m, int64_t k) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_at(m, k))); }
   static Acc zero() { return _mm256_setzero_si256(); }
+#if QS_VNNI
+  static Acc madd(Acc a, V w, V x) { return QS_DPBUSD(a, x, w); }   // x holds q + 128
+#else
   static Acc madd(Acc a, V w, V x) {
     const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x));
-    return _mm256_add_epi32(a, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    return keep(_mm256_add_epi32(a, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))));
   }
+#endif
   __m128 finish(__m128i sums, int64_t n, int m, int lanes) const {
     alignas(16) float ws[4] = {0, 0, 0, 0};
-    for (int i = 0; i < lanes; ++i) ws[i] = w_scale[n + i];
+    alignas(16) int32_t offset[4] = {0, 0, 0, 0};
+    for (int i = 0; i < lanes; ++i) {
+      ws[i] = w_scale[n + i];
+      if (QS_VNNI) offset[i] = w_sum[n + i] * 128;   // sum (q + 128) w = sum q w + 128 sum w
+    }
+    sums = _mm_sub_epi32(sums, _mm_load_si128(reinterpret_cast<const __m128i*>(offset)));
     return _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(sums), _mm_load_ps(ws)), _mm_set1_ps(x_scale[m]));
   }
 };
@@ -112,7 +151,11 @@ struct Int16X {
   const int16_t* x; int64_t K; const float* x_scale;
   V xv(int m, int64_t k) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + k)); }
   static Acc zero() { return _mm256_setzero_si256(); }
-  static Acc madd(Acc a, V w, V x) { return _mm256_add_epi32(a, _mm256_madd_epi16(w, x)); }
+#if QS_VNNI
+  static Acc madd(Acc a, V w, V x) { return QS_DPWSSD(a, w, x); }
+#else
+  static Acc madd(Acc a, V w, V x) { return keep(_mm256_add_epi32(a, _mm256_madd_epi16(w, x))); }
+#endif
 };
 
 struct W8A16 : Int16X {
@@ -138,6 +181,7 @@ struct W4A16 : Int16X {
   using State = float; static constexpr int kSub = 8;
   const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
   int64_t span() const { return group; }
+  static constexpr int order(int i) { return 2 * (i & 3) + (i >> 2); }   // half 0's steps, then half 1's
   State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
   const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
   V wv(const State&, int64_t n, int64_t k, int s) const {
@@ -179,9 +223,17 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64
   gemv(Bf16{{w, x, K}}, M, N, n0, n1, y);
 }
 
-void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t*,
+// AVX2 stores q as its two's-complement byte (common.h); the VNNI build as q + 128, for VPDPBUSD's
+// unsigned operand.
+void quantize_x8_variant(const float* x, int64_t M, int64_t K, uint8_t* q, float* x_scale) {
+  quantize_x8(x, M, K, q, x_scale);
+  if (QS_VNNI)
+    for (int64_t i = 0; i < M * K; ++i) q[i] = uint8_t(q[i] + 128);
+}
+
+void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t* w_sum,
                int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  W8A8 f{{w, reinterpret_cast<const int8_t*>(xq), K}, w_scale, x_scale};
+  W8A8 f{{w, reinterpret_cast<const int8_t*>(xq), K}, w_scale, w_sum, x_scale};
   gemv(f, M, N, n0, n1, y);
 }
 
@@ -316,7 +368,7 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
   }
 }
 
-const qs_kernels table = {QS_ABI, "avx2", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
+const qs_kernels table = {QS_ABI, QS_NAME, 1, gemv_f32, gemv_bf16, quantize_x8_variant, gemv_w8a8, quantize_x16,
                           gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
                           attention<float>, attention<uint16_t>};
 

@@ -30,6 +30,14 @@ inline typename F::V weights(const F& f, const typename F::State& s, int64_t n, 
   if constexpr (F::kSub > 1) return f.wv(s, n, k, u); else return f.wv(s, n, k);
 }
 
+// The order of a load's steps: F::order(u) where a format has one (AVX2's int4 takes the steps of one
+// 32-byte half before the other's, so fewer loaded halves stay live in its 16 registers), else 0, 1, ...
+// Only integer sums may be reordered: they are exact in any order.
+template <typename F, typename = void> struct Ordered { static constexpr int at(int u) { return u; } };
+template <typename F> struct Ordered<F, std::void_t<decltype(F::order(0))>> {
+  static constexpr int at(int u) { return F::order(u); }
+};
+
 // R weight rows from n0 against M rows of x from m0, into y [., N]. A folding format's integer sums
 // start afresh each span and are folded into its float sums at the span's end.
 template <int M, int R, typename F>
@@ -53,7 +61,8 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
       for (int r = 0; r < R; ++r) __builtin_prefetch(f.at(n0 + r + kAhead, k), 0, 3);
       for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(f.at(n0 + r, k)) + kFarBytes, 0, 2);
 #pragma GCC unroll 8
-      for (int u = 0; u < U; ++u) {
+      for (int i = 0; i < U; ++i) {
+        const int u = Ordered<F>::at(i);
         typename F::V wv[R];
         for (int r = 0; r < R; ++r) wv[r] = weights(f, state[r], n0 + r, k, u);
         for (int m = 0; m < M; ++m) {
