@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from src.kernels import variants as kernel_variants
+
 
 ARCHS = ("llama", "opt", "qwen2", "gemma3")
 MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
@@ -37,12 +39,13 @@ UNREACHABLE = ("fail", "journal")
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # model.id of a gguf_package is imported: only the shipped GGUF packages' namespace, never any module.
 GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
-ENGINE_KINDS = ("hf", "native", "ort_genai", "openvino")   # the last two: src/engine/runtimes.py
+# quantspec's own engines; another runtime is named by its module (engine.module: src/engine/runtimes.py)
+BUILTIN_ENGINES = ("hf", "native")
 ATTENTIONS = ("sdpa", "eager")
 KERNEL_CHOICES = ("quantspec", "aten", "runtime")   # runtime: another runtime's own (ort_genai)
-# quantspec's kernel variants (src/kernels/variants.py names them; a test keeps the two lists equal): auto
-# takes the best this CPU runs; a name forces one, refused in one line where the CPU lacks it.
-ISA_CHOICES = ("auto", "avx512", "avx2", "neon_dotprod", "neon", "reference")
+# quantspec's kernel variants, as src/kernels/variants.py names them: auto takes the best this CPU runs; a
+# name forces one, refused in one line where the CPU lacks it.
+ISA_CHOICES = ("auto", *kernel_variants.NAMES)
 STEP_PATHS = ("quantspec", "transformers")
 HEAD = "lm_head"   # the output head's module name in every supported architecture
 
@@ -260,19 +263,23 @@ class EngineConfig:
     kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
     step_path: str          # quantspec: native steps through src.engine.fastpath where it covers
     isa: str = "auto"       # which variant of src/kernels runs (engine.kernels=quantspec)
+    module: str | None = None   # another runtime: the module that runs it (src/engine/runtimes.py)
 
     def validate(self) -> None:
-        _check_choice("engine.kind", self.kind, ENGINE_KINDS)
+        if self.module is None:
+            _check_choice("engine.kind", self.kind, BUILTIN_ENGINES)
+        else:
+            from src.engine.runtimes import check_module
+            check_module(self.module)
         _check_choice("engine.attention", self.attention, ATTENTIONS)
         _check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
         _check_choice("engine.step_path", self.step_path, STEP_PATHS)
         _check_choice("engine.isa", self.isa, ISA_CHOICES)
         if self.step_path == "quantspec" and self.kind != "native":
             raise ConfigError("engine.step_path=quantspec is the native engine's; use engine=native")
-        from src.engine.runtimes import RUNTIMES
-        if (self.kernels == "runtime") != (self.kind in RUNTIMES):
-            raise ConfigError(f"engine.kernels=runtime is the kernels of another runtime ({', '.join(RUNTIMES)}), "
-                              f"and such a runtime runs no other")
+        if (self.kernels == "runtime") != (self.module is not None):
+            raise ConfigError("engine.kernels=runtime is the kernels of another runtime (an engine with "
+                              "engine.module), and such a runtime runs no other")
 
 
 @dataclass(frozen=True)
@@ -400,7 +407,7 @@ class JobConfig:
         if self.draft.active and self.task.kind not in DECODING_TASKS:
             return f"task {self.task.name} does not decode: draft {self.draft.name} would change nothing"
         from src.engine.runtimes import runtime
-        other = runtime(self.engine.kind)
+        other = runtime(self.engine)
         return other.unsupported(self) if other is not None else None
 
 

@@ -75,7 +75,7 @@ class Job:
             self.recorder.log_input(text, contexts)
         if self.cfg.model.weights == "random":
             _drop_quality(result)
-        if result.rows and runtimes.runtime(self.cfg.engine.kind) is None:
+        if result.rows and runtimes.runtime(self.cfg.engine) is None:
             # a timed task on torch's weights: set its decode steps against the memory-bandwidth roofline
             # (another runtime holds weights of its own, whose bytes per step are not the torch model's)
             bandwidth = roofline.host_bandwidth(self.cfg.cache_dir, self.placement.threads, self.env["cpu_model"])
@@ -123,7 +123,7 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     recorder.log_metrics({"model_load_s": loaded.load_s})
     check_context(cfg, loaded)
     corpus = Corpus(cfg.dataset)   # read only by the tasks and calibration that need it
-    other = runtimes.runtime(cfg.engine.kind)
+    other = runtimes.runtime(cfg.engine)
     if other is not None:   # another runtime: it quantizes and runs its own export of the weights
         return Job(cfg, placement, env, loaded, loaded.model, corpus,
                    other.build(cfg, loaded, placement, corpus, recorder), None, {}, recorder)
@@ -145,7 +145,7 @@ def _record_executed(cfg, placement, env: dict, recorder) -> None:
     host CPU (AMD EPYC)"). executed.kernels follows once the kernels are chosen (_kernels)."""
     import transformers
     where = f"host CPU ({env['cpu_model']})" if placement.device == "cpu" else placement.device
-    other = runtimes.runtime(cfg.engine.kind)
+    other = runtimes.runtime(cfg.engine)
     if other is not None:
         runtime = other.runtime_name(cfg, placement.device)
     else:

@@ -15,8 +15,24 @@ GROUPS = ("model", "hardware", "precision", "draft", "task", "engine", "dataset"
 LAUNCHERS = ("basic", "ray")   # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)
 
 
-def _known(group: str, conf_dir: Path) -> list[str]:
-    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
+def config_dirs(args: list[str]) -> list[Path]:
+    """conf/, then the folders `hydra.searchpath=[file://...]` adds (a user's own entries, e.g. a runtime's
+    conf/engine/<name>.yaml kept outside the repository), in Hydra's order: conf/ first."""
+    dirs = [CONF_DIR]
+    for arg in args:
+        match = re.fullmatch(r"\+{0,2}hydra\.searchpath=\[(.*)\]", arg)
+        if match:
+            dirs += [Path(item.strip().strip("'\"")[len("file://"):]) for item in match.group(1).split(",")
+                     if item.strip().strip("'\"").startswith("file://")]
+    return dirs
+
+
+def _known(group: str, dirs: list[Path]) -> list[str]:
+    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml") if not p.stem.startswith("_")})
+
+
+def _entry_file(group: str, name: str, dirs: list[Path]) -> Path | None:
+    return next((d / group / f"{name}.yaml" for d in dirs if (d / group / f"{name}.yaml").is_file()), None)
 
 
 def unparsable(args: list[str]) -> str | None:
@@ -38,7 +54,7 @@ def unparsable(args: list[str]) -> str | None:
     return None
 
 
-def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+def unknown_choice(args: list[str]) -> str | None:
     """One line naming an unknown group choice on the command line, or None.
 
     Hydra's own message for this is a dozen lines with a search path; users need the name and the options.
@@ -51,7 +67,7 @@ def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
         if not match or match.group(1) not in GROUPS:
             continue
         group, values = match.groups()
-        known = _known(group, conf_dir)
+        known = _known(group, config_dirs(args))
         for value in (v.strip() for v in values.split(",")):
             if value not in known:
                 return (f"unknown {group} {value!r}; choose from: {', '.join(known)} "
@@ -59,14 +75,15 @@ def unknown_choice(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     return None
 
 
-def unknown_key(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+def unknown_key(args: list[str]) -> str | None:
     """One line naming an override of a group's field that the chosen entry does not have, or None.
 
     Hydra's own message is five lines ending in a hint about HYDRA_FULL_ERROR."""
     from src.config import ConfigError
     chosen = {g: [v.strip() for v in m.group(2).split(",")] for a in args
               if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS}
-    defaults = OmegaConf.load(conf_dir / "config.yaml").defaults
+    dirs = config_dirs(args)
+    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
     for entry in defaults:
         if isinstance(entry, DictConfig):
             for group, value in entry.items():
@@ -78,7 +95,7 @@ def unknown_key(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
         group, path = match.groups()
         for value in chosen.get(group, []):
             try:
-                node = group_entry(group, value, group)
+                node = group_entry(group, value, group, dirs)
             except ConfigError:
                 continue  # an unknown choice is unknown_choice's to report
             for part in path.split("."):
@@ -89,22 +106,23 @@ def unknown_key(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
     return None
 
 
-def group_entry(group: str, name: str, where: str, conf_dir: Path = CONF_DIR) -> dict:
+def group_entry(group: str, name: str, where: str, dirs: list[Path] | None = None) -> dict:
     """conf/<group>/<name>.yaml as Hydra composes it, as a plain dict: over the files its defaults list
     names (e.g. _fields), with other groups' entries nested where it places them (a draft's
     `/precision@precision: w8a8` becomes its `precision` field)."""
     from src.config import ConfigError
 
-    path = conf_dir / group / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"{where}={name!r} is not in conf/{group}/; choose from: {', '.join(_known(group, conf_dir))}")
+    dirs = dirs or [CONF_DIR]
+    path = _entry_file(group, name, dirs)
+    if path is None:
+        raise ConfigError(f"{where}={name!r} is not in conf/{group}/; choose from: {', '.join(_known(group, dirs))}")
     node = OmegaConf.load(path)
     parts = []
     for entry in node.pop("defaults", None) or []:
         if isinstance(entry, str) and entry != "_self_":
-            parts.append(OmegaConf.load(conf_dir / group / f"{entry}.yaml"))
+            parts.append(OmegaConf.load(_entry_file(group, entry, dirs) or path.with_name(f"{entry}.yaml")))
         elif isinstance(entry, DictConfig):
             for key, value in entry.items():   # /other_group@field: choice
                 other, _, field = str(key).lstrip("/").partition("@")
-                parts.append(OmegaConf.create({field or other: group_entry(other, str(value), where, conf_dir)}))
+                parts.append(OmegaConf.create({field or other: group_entry(other, str(value), where, dirs)}))
     return OmegaConf.to_container(OmegaConf.merge(*parts, node), resolve=True)

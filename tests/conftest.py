@@ -94,13 +94,14 @@ def mlflow_server(where: Path, port: int) -> subprocess.Popen:
     return proc
 
 
-def perplexity_by_engine(tmp_path: Path, engines: str) -> dict[str, float]:
+def perplexity_by_engine(tmp_path: Path, engines: str, *overrides: str) -> dict[str, float]:
     """`task=perplexity` on the tiny Llama at fp32, one job per engine in `engines` (a sweep's list), in a
     store and cache of their own: each engine's perplexity."""
     from mlflow.tracking import MlflowClient
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = run_cli(["-m", "model=tiny-llama", f"engine={engines}", "precision=fp32", "task=perplexity",
-                   "task.window=64", "task.windows=2", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
+                   "task.window=64", "task.windows=2", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}",
+                   *overrides],
                   env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
     assert out.returncode == 0, out.stderr[-2000:]
     client = MlflowClient(store)

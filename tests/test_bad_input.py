@@ -28,7 +28,7 @@ def one_line(text: str) -> str:
     ("model.name=../../outside", "model.name='../../outside' must be letters, digits"),
     ("model.source=gguf_package model.id=os", "model.id='os' is not a GGUF model package"),
     ("task.foo=1", "task.foo is not a setting of task decode; its settings: code_max_new_tokens"),
-    ("engine.isa=sse9", "engine.isa='sse9' is not one of: auto, avx512, avx2, neon_dotprod, neon, reference"),
+    ("engine.isa=sse9", "engine.isa='sse9' is not one of: auto, avx512, avx_vnni, avx2, neon_dotprod, neon, reference"),
     ("sampling.do_sample=true sampling.temperature=nan", "sampling.temperature=nan must be a finite number"),
     ("sampling.do_sample=true sampling.temperature=1e-320", "sampling.temperature=1e-320 must be a finite number"),
     ("sampling.seed=100000000000000000000000", "sampling.seed=100000000000000000000000 must be in [0, 2**63)"),

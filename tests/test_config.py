@@ -115,7 +115,7 @@ def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
     assert "draft.precision.alfa is not a setting" in unknown_key(["draft=self_w8a8", "draft.precision.alfa=1"])
 
 
-def test_engine_isa_choices_are_the_kernel_variants():
+def test_engine_isa_choices_are_the_kernel_variants_but_never_the_tests_twin():
     from src.config import ISA_CHOICES
-    from src.kernels.variants import NAMES
-    assert ISA_CHOICES == ("auto", *NAMES)
+    from src.kernels.variants import AVX_VNNI_TWIN, NAMES
+    assert ISA_CHOICES == ("auto", *NAMES) and "avx_vnni" in ISA_CHOICES and AVX_VNNI_TWIN.name not in ISA_CHOICES

@@ -36,16 +36,18 @@ def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(tmp
 
 def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_cli(["-m", "model=tiny-llama", "engine=openvino", "precision=fp32,w4a16,w8a8", "task=benchmark",
+    out = run_cli(["-m", "model=tiny-llama", "engine=openvino", "precision=fp32,w4a16,w8a8,bf16", "task=benchmark",
                    "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0", f"tracking.uri={store}",
                    f"hydra.sweep.dir={tmp_path / 'sweep'}"], env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "sweep done: 2 finished, 1 skipped" in out.stdout and "engine openvino has no w8a8" in out.stdout
+    assert "sweep done: 3 finished, 1 skipped" in out.stdout and "engine openvino has no bf16" in out.stdout
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id],
                               "tags.`quantspec.role` = 'job' and tags.outcome = 'finished'")
     by = {r.data.tags["precision"]: r for r in runs}
     assert "NNCF int4 weights (asym, group 128) with AWQ" in by["w4a16"].data.params["executed.runtime"]
+    assert "NNCF SmoothQuant (alpha 0.5), int8 weights and static int8 activations, its float parts in fp32" in \
+        by["w8a8"].data.params["executed.runtime"]
     assert by["fp32"].data.params["executed.runtime"].startswith("openvino 2026")
     assert all(r.data.metrics["time_per_token_ms_median"] > 0 and r.data.tags["kernels"] == "openvino" for r in runs)
 

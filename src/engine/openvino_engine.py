@@ -6,7 +6,9 @@ optimum-intel 2.2 accepts transformers >= 4.51, < 5.6 and its exporter refuses w
 scripts/setup: torch, transformers 5.0, optimum-intel, NNCF) on the job's model written once as a
 Hugging Face folder; only OpenVINO itself runs in the job. Each precision is mapped to NNCF's weight
 compression (`src/engine/openvino_export.py`): w8a16 is int8 weights (asymmetric, per channel), w4a16
-int4 (asymmetric, groups of 128) with NNCF's AWQ on quantspec's calibration texts, fp32 none. The export
+int4 (asymmetric, groups of 128) with NNCF's AWQ on quantspec's calibration texts, fp32 none; w8a8 is
+NNCF's full quantization, SmoothQuant at quantspec's alpha then int8 weights and static int8 activations,
+calibrated on the same texts (fp32 and w8a8 run their float parts in fp32, as quantspec's do). The export
 is cached under `<cache_dir>/openvino/<model>-<precision>/` with a JSON manifest.
 
 Generation is a loop of quantspec's own over OpenVINO's stateful model (prefill, then one token per
@@ -30,7 +32,8 @@ from src.engine.common import Generation, Sampling
 
 log = logging.getLogger("quantspec")
 
-PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4_awq"}
+PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4_awq", "w8a8": "int8_sq"}
+CALIBRATED = ("int4_awq", "int8_sq")   # the NNCF methods that read calibration texts
 EXPORT_VERSION = 1
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,8 +59,7 @@ def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
     precision, draft_active = cfg.precision.name, cfg.draft.active
     if precision not in PRECISIONS:
-        why = {"w8a8": "int8 activations need NNCF's full quantization, which is not wired here",
-               "bf16": "OpenVINO keeps fp32 weights and picks bf16 for activations itself"}.get(
+        why = {"bf16": "OpenVINO keeps fp32 weights and picks bf16 for activations itself"}.get(
             precision, "no NNCF mapping for it")
         return f"engine openvino has no {precision} ({why}); it runs {', '.join(PRECISIONS)}"
     if draft_active:
@@ -69,40 +71,54 @@ def runtime_name(cfg, device: str) -> str:
     import openvino
     precision = cfg.precision.name
     method = {"fp32": "fp32", "int8": "NNCF int8 weights (asym, per channel)",
-              "int4_awq": "NNCF int4 weights (asym, group 128) with AWQ"}[PRECISIONS[precision]]
-    activations = "fp32" if precision == "fp32" else "the CPU's default (bf16 where it has it)"
-    return (f"openvino {openvino.__version__.split('-')[0]} CPU, exported by optimum-intel, {method}, "
-            f"{activations} activations")
+              "int4_awq": "NNCF int4 weights (asym, group 128) with AWQ",
+              "int8_sq": f"NNCF SmoothQuant (alpha {_alpha(cfg)}), int8 weights and static int8 activations"
+              }[PRECISIONS[precision]]
+    rest = {"fp32": "fp32 activations", "w8a8": "its float parts in fp32"}.get(
+        precision, "the CPU's default activations (bf16 where it has it)")
+    return f"openvino {openvino.__version__.split('-')[0]} CPU, exported by optimum-intel, {method}, {rest}"
 
 
-def export(model, tokenizer, source_key: str, precision: str, calibration: list[str], cache_dir: Path) -> Path:
-    """The model as OpenVINO runs it: exported once per (weights, precision, calibration), then cached."""
+def _f32(precision: str) -> bool:
+    """fp32 activations where quantspec's own run of that precision has them (its float parts in fp32)."""
+    return precision in ("fp32", "w8a8")
+
+
+def _alpha(cfg) -> float:
+    """SmoothQuant's migration strength as quantspec's own w8a8 takes it."""
+    return cfg.precision.spec(cfg.model.smoothquant_alpha).alpha
+
+
+def export(model, tokenizer, source_key: str, precision: str, calibration: list[str], cache_dir: Path,
+           alpha: float = 0.5) -> Path:
+    """The model as OpenVINO runs it: exported once per (weights, precision, calibration, alpha), then cached."""
     from src.engine.runtimes import cached_export
     key = f"{source_key}-{PRECISIONS[precision]}"
     want = {"version": EXPORT_VERSION, "source": source_key, "precision": PRECISIONS[precision],
-            "calibration": len(calibration)}
+            "calibration": len(calibration), **({"alpha": alpha} if PRECISIONS[precision] == "int8_sq" else {})}
     return cached_export(
         Path(cache_dir) / "openvino" / key, want, model, tokenizer,
         lambda work: [str(export_python()), str(ROOT / "src" / "engine" / "openvino_export.py"), str(work / "hf"),
-                      str(work / "model"), PRECISIONS[precision], str(work / "calibration.json")],
+                      str(work / "model"), PRECISIONS[precision], str(work / "calibration.json"), str(alpha)],
         f"OpenVINO ({PRECISIONS[precision]})", files={"calibration.json": json.dumps(calibration)},
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def build(cfg, loaded, placement, corpus, recorder):
-    """The job's weights exported and compressed at the precision (cached; w4a16's AWQ calibrated on the
-    job's calibration texts), compiled for the CPU."""
+    """The job's weights exported and compressed at the precision (cached; w4a16's AWQ and w8a8's
+    SmoothQuant calibrated on the job's calibration texts), compiled for the CPU."""
     from src.engine.common import eos_ids
     texts = []
-    if PRECISIONS[cfg.precision.name] == "int4_awq":   # 16 pieces of the corpus quantspec's AWQ calibrates on
+    if PRECISIONS[cfg.precision.name] in CALIBRATED:   # 16 pieces of the corpus quantspec calibrates on
         text = corpus.reader("calibration")()
         texts = [piece for piece in (text[i * 2000:(i + 1) * 2000] for i in range(16)) if piece.strip()]
     started = time.perf_counter()
-    folder = export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, texts, cfg.cache_dir)
+    folder = export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, texts, cfg.cache_dir,
+                    _alpha(cfg))
     recorder.log_metrics({"export_s": time.perf_counter() - started})
     recorder.log_params({"executed.kernels": "openvino/CPU"})
     recorder.set_tags({"kernels": "openvino", "kernels_isa": "", "kernels_note": "", "export": str(folder)})
-    return OpenVINO(folder, tuple(sorted(eos_ids(loaded.model))), f32=cfg.precision.name == "fp32")
+    return OpenVINO(folder, tuple(sorted(eos_ids(loaded.model))), f32=_f32(cfg.precision.name))
 
 
 @dataclass

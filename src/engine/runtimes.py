@@ -6,8 +6,9 @@ kernels, and is one module with the same four names, registered here once:
 - `build(cfg, loaded, placement, corpus, recorder)`: the engine callable, its export built or cached;
 - the engine has `window_nll(ids)` where the runtime gives logits for every position (perplexity).
 
-Adding one: a module with those, a line below, and conf/engine/<name>.yaml with `kind: <name>` and
-`kernels: runtime` (quantspec's own kernels, attention and step path do not apply).
+Adding one is that module and conf/engine/<name>.yaml with `kind: <name>`, `module: <its import path>`
+and `kernels: runtime` (quantspec's own kernels, attention and step path do not apply); nothing else
+lists the runtimes.
 """
 
 from __future__ import annotations
@@ -24,12 +25,27 @@ from typing import Callable
 
 log = logging.getLogger("quantspec")
 
-RUNTIMES = {"ort_genai": "src.engine.ort_genai", "openvino": "src.engine.openvino_engine"}
+NAMES = ("unsupported", "runtime_name", "build")   # what a runtime's module must define
 
 
-def runtime(kind: str):
-    """The module of an engine that is another runtime, None for quantspec's and transformers' engines."""
-    return importlib.import_module(RUNTIMES[kind]) if kind in RUNTIMES else None
+def check_module(name: str) -> None:
+    """engine.module must import (without torch's weight: these modules import their runtime lazily)
+    and define NAMES; a ConfigError of one line otherwise."""
+    from src.config import ConfigError
+    try:
+        module = importlib.import_module(name)
+    except ImportError as err:
+        raise ConfigError(f"engine.module={name} does not import ({err}); name a module such as "
+                          f"src.engine.ort_genai") from None
+    lacking = [n for n in NAMES if not callable(getattr(module, n, None))]
+    if lacking:
+        raise ConfigError(f"engine.module={name} is no runtime: it lacks {', '.join(lacking)} "
+                          f"(src/engine/runtimes.py says what a runtime's module defines)")
+
+
+def runtime(engine):
+    """The module of an engine that is another runtime (engine.module), None for quantspec's own engines."""
+    return importlib.import_module(engine.module) if engine.module else None
 
 
 def cached_export(out: Path, want: dict, model, tokenizer, command: Callable[[Path], list[str]], what: str,

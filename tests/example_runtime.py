@@ -1,0 +1,51 @@
+"""A runtime added as README's recipe says, from outside the repository's conf/ (tests/test_runtime_recipe.py
+writes its YAML): torch's forward over the whole sequence at every token, no KV cache. Slow and simple,
+so the test shows what the registry needs of a runtime and nothing more."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from src.engine.common import Generation, Sampling
+
+
+def unsupported(cfg) -> str | None:
+    """It runs the job's torch weights as they are: fp32, one token at a time, no draft."""
+    if cfg.precision.name != "fp32":
+        return f"engine example runs fp32 only, not {cfg.precision.name}"
+    return "engine example decodes without a draft" if cfg.draft.active else None
+
+
+def runtime_name(cfg, device: str) -> str:
+    return f"example: torch {torch.__version__} forward without a cache, {device}"
+
+
+def build(cfg, loaded, placement, corpus, recorder):
+    recorder.set_tags({"kernels": "example", "kernels_isa": "", "kernels_note": ""})
+    return NoCache(loaded.model)
+
+
+class NoCache:
+    def __init__(self, model):
+        self.model = model
+
+    @torch.inference_mode()
+    def window_nll(self, ids) -> float:
+        from src.tasks.perplexity import sequence_nll
+        return sequence_nll(self.model(ids[None]).logits[0].double(), ids)
+
+    @torch.inference_mode()
+    def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
+                 pad_token_id: int | None, stop=None) -> Generation:
+        ids, new, times = input_ids, [], []
+        start = time.perf_counter()
+        while len(new) < max_new_tokens:
+            token = int(self.model(ids).logits[0, -1].argmax())   # greedy, as the test runs it
+            times.append(time.perf_counter())
+            new.append(token)
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+            if stop is not None and stop(new):
+                break
+        return Generation(input_ids.shape[1], new, start, times, time.perf_counter())

@@ -1,0 +1,51 @@
+"""README's recipe for a runtime, followed from outside the repository: one module
+(tests/example_runtime.py) and one YAML file in a config folder of the test's own (hydra.searchpath).
+Nothing else is told of it, and a sweep, its skip, its records and perplexity take it as any engine."""
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import perplexity_by_engine, run_cli
+
+YAML = """name: example
+kind: example
+module: tests.example_runtime
+attention: sdpa
+kernels: runtime
+step_path: transformers
+isa: auto
+"""
+
+
+def _conf(tmp_path) -> str:
+    (tmp_path / "conf" / "engine").mkdir(parents=True)
+    (tmp_path / "conf" / "engine" / "example.yaml").write_text(YAML)
+    return f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+
+
+def test_a_runtime_added_by_one_module_and_one_yaml_runs_a_sweep_beside_native(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(["-m", "model=tiny-llama", "engine=native,example", "precision=fp32,w8a16", "task=benchmark",
+                   "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0", f"tracking.uri={store}",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", _conf(tmp_path)],
+                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "sweep done: 3 finished, 1 skipped" in out.stdout and "engine example runs fp32 only" in out.stdout
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id],
+                              "tags.`quantspec.role` = 'job' and tags.outcome = 'finished'")
+    example = [r for r in runs if r.data.tags["engine"] == "example"]
+    assert len(example) == 1 and example[0].data.params["executed.runtime"].startswith("example: torch")
+    assert example[0].data.metrics["time_per_token_ms_median"] > 0
+
+
+def test_a_runtime_module_that_is_not_one_is_one_line(tmp_path):
+    out = run_cli(["model=tiny-llama", "engine=example", "engine.module=src.config", _conf(tmp_path)])
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "quantspec: engine.module=src.config is no runtime: it lacks unsupported, runtime_name, build")
+
+
+def test_perplexity_on_the_added_runtime_is_torchs(tmp_path):
+    ppl = perplexity_by_engine(tmp_path, "native,example", _conf(tmp_path))
+    assert ppl["example"] == pytest.approx(ppl["native"], rel=1e-6)
