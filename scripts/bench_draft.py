@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from src.metrics import markdown_table  # noqa: E402
-from src.report import save_markdown  # noqa: E402
-from src.sweeps import sweep_jobs  # noqa: E402
+from src.common.metrics import markdown_table  # noqa: E402
+from src.tracking.report import save_markdown  # noqa: E402
+from src.tracking.sweeps import sweep_jobs  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
 
 DRAFTS = ["prompt_lookup", "self_w4a16", "self_w8a8", "self_w8a8_vocab4k"]

@@ -6,7 +6,7 @@
 
 1. One sweep (engine=hf,native x precisions, task=benchmark): time/token of each engine, the ratio,
    and decode_efficiency (roofline time/token / measured), read back from MLflow.
-2. In process, per precision, jobs built as a sweep builds them (src.job.build): a one-token step on
+2. In process, per precision, jobs built as a sweep builds them (src.assembly.job.build): a one-token step on
    ATen's kernels through transformers' forward, and on quantspec's kernels and step path,
    and the cost of verifying k tokens in one forward relative to a one-token step, k = 1..8.
 3. llama.cpp on the same GGUF, when llama-cpp-python is installed (a reference, not a dependency),
@@ -31,12 +31,12 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from src import kernels  # noqa: E402
-from src.config import job_config_from_dict  # noqa: E402
+from src.assembly.config import job_config_from_dict  # noqa: E402
 from src.engine.native import Decoder  # noqa: E402
-from src.job import Job, build  # noqa: E402
-from src.metrics import markdown_table  # noqa: E402
-from src.report import save_markdown  # noqa: E402
-from src.sweeps import sweep_jobs  # noqa: E402
+from src.assembly.job import Job, build  # noqa: E402
+from src.common.metrics import markdown_table  # noqa: E402
+from src.tracking.report import save_markdown  # noqa: E402
+from src.tracking.sweeps import sweep_jobs  # noqa: E402
 from src.tasks.benchmark import cut_prompts  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
 
@@ -75,7 +75,7 @@ def _median_time(fn, n: int) -> float:
 
 
 def build_job(precision: str, *overrides: str) -> Job:
-    """The job a sweep at this precision builds (src.job.build), here in process to time its parts."""
+    """The job a sweep at this precision builds (src.assembly.job.build), here in process to time its parts."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"precision={precision}", *overrides])
     return build(job_config_from_dict({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])

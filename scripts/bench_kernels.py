@@ -51,7 +51,7 @@ def main() -> int:
     import torch
     from src import kernels
     from src.kernels import variants
-    from src.metrics import markdown_table
+    from src.common.metrics import markdown_table
     from src.quant import aten_ops, qparams
     from src.quant.linear import build, int4_tensors, int8_tensors
 

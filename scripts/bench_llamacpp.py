@@ -30,11 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from src.corpus import SEED_PROMPTS  # noqa: E402
+from src.assembly.corpus import SEED_PROMPTS  # noqa: E402
 from src.kernels.variants import ATEN_ISA  # noqa: E402
-from src.metrics import markdown_table  # noqa: E402
-from src.report import save_markdown  # noqa: E402
-from src.sweeps import sweep_jobs  # noqa: E402
+from src.common.metrics import markdown_table  # noqa: E402
+from src.tracking.report import save_markdown  # noqa: E402
+from src.tracking.sweeps import sweep_jobs  # noqa: E402
 
 TOKENS = 30   # the decode task's max_new_tokens
 
@@ -73,7 +73,7 @@ def cache_dir() -> Path:
     """The jobs' cache directory, as the config composes it."""
     from hydra import compose, initialize_config_dir
 
-    from src.overrides import CONF_DIR
+    from src.assembly.overrides import CONF_DIR
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return Path(str(compose("config").cache_dir)).expanduser()
 

@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from src.metrics import EXAMPLE, markdown_table  # noqa: E402
-from src.report import save_markdown  # noqa: E402
-from src.sweeps import sweep_jobs  # noqa: E402
+from src.common.metrics import EXAMPLE, markdown_table  # noqa: E402
+from src.tracking.report import save_markdown  # noqa: E402
+from src.tracking.sweeps import sweep_jobs  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_llamacpp import cache_dir, import_llama_cpp  # noqa: E402

@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from src.metrics import EXAMPLE, markdown_table  # noqa: E402
-from src.report import save_markdown  # noqa: E402
-from src.sweeps import sweep_jobs  # noqa: E402
+from src.common.metrics import EXAMPLE, markdown_table  # noqa: E402
+from src.tracking.report import save_markdown  # noqa: E402
+from src.tracking.sweeps import sweep_jobs  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
 
 # (model, precision, draft, platform, seed time/token ms, seed prefill ms, at prompt tokens, source)

@@ -31,7 +31,7 @@ WAIT_S = 2.0   # how often the driver looks for finished jobs and lost nodes
 
 
 def _abort(message: str):
-    from src.record import SweepAbort
+    from src.tracking.record import SweepAbort
     return SweepAbort(message)
 
 
@@ -90,7 +90,8 @@ def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobRet
     """The job, on the worker Ray chose: the same job code as the basic launcher runs."""
     import ray
 
-    from src import record, run
+    from src.tracking import record
+    from src import run
     record.NODE.update(node=ray.get_runtime_context().get_node_id(), node_host=socket.gethostname())
     setup_globals()
     Singleton.set_state(singleton_state)
@@ -133,7 +134,7 @@ def _finished_before(config: DictConfig) -> bool:
 
 def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
     """A job whose node died: end the run its worker opened, or record one if it never got that far."""
-    from src.record import fail_line
+    from src.tracking.record import fail_line
     store, sweep_id, key, hc = _in_store(config)
     if store.end_job(sweep_id, key, "failed", reason):
         fail_line(f"job {' '.join(hc.overrides.task)} failed: {reason}")

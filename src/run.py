@@ -1,11 +1,13 @@
-"""Entry point: the Hydra glue. Composes each job's config and hands it to src.record, which runs and
-records it; closes the sweep's parent; turns signals and aborts into one line and an exit code.
+"""Entry point: the Hydra glue. Composes each job's config and hands it to src.tracking.record, which runs
+and records it; closes the sweep's parent; turns signals and aborts into one line and an exit code.
 
     python -m src.run                                   # one job on the defaults
     python -m src.run -m hardware=phx,stx precision=fp32,bf16   # a sweep: one MLflow parent, a child per job
 
-The only module that reads Hydra's config: the job itself (src.job) and its recording (src.record) see
-a plain dict and typed dataclasses.
+A job's config is converted once, at its start, into typed dataclasses (src.assembly.config); the job
+itself (src.assembly.job) sees nothing else. Hydra's own config is read here (the sweep callback's
+store and report settings) and by the Ray launcher (src/cluster.py: the store, each job's hardware
+resource), before any job's conversion.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from src import record, signals
-from src.overrides import CONF_DIR, unknown_choice, unknown_key, unparsable
-from src.record import SweepAbort, fail_line, fail_once
-from src.signals import Stopped
+from src.tracking import record, signals
+from src.assembly.overrides import CONF_DIR, unknown_choice, unknown_key, unparsable
+from src.tracking.record import SweepAbort, fail_line, fail_once
+from src.tracking.signals import Stopped
 
 # Two sweeps started in the same second must not share a directory (and so a parent run): the default
 # sweep directory ends in the sweeping process's id. Cached: every job of the sweep sees one value.
@@ -89,7 +91,7 @@ class SweepCallback(Callback):
     job counts the store holds."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from src.locks import hold
+        from src.common.locks import hold
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         held = hold(sweep_dir / SWEEP_LOCK)
         if isinstance(held, str):
@@ -112,7 +114,7 @@ class SweepCallback(Callback):
                 counts = store.close_sweep(parent.info.run_id)
                 record.sweep_counts.update(counts)
                 if config.get("report_at_end", True):
-                    from src import report
+                    from src.tracking import report
                     report.at_sweep_end(store.uri, str(config.experiment), parent.data.tags[SWEEP_ID])
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
             fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will")
@@ -129,7 +131,7 @@ def cli() -> None:
         sys.exit(2)
     # Library chatter would bury the tables; our own log lines stay at INFO.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from src.progress import watched
+    from src.tracking.progress import watched
     from src.tracking import bound_http_retries, quiet_store_logs
     if not watched():  # transformers' own bars (GGUF conversion, weight loading) too
         from transformers.utils import logging as hf_logging

@@ -53,7 +53,7 @@ def quant_spec(method: str, scheme: str, **fields):
     """A QuantSpec with conf/precision/_fields.yaml's defaults (the one place they live) under `fields`."""
     import dataclasses
 
-    from src.config import QuantSpec
+    from src.assembly.config import QuantSpec
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "precision" / "_fields.yaml"))
     names = {f.name for f in dataclasses.fields(QuantSpec)}
     values = {k: v for k, v in defaults.items() if k in names}

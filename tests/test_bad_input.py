@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.record import run_job
+from src.tracking.record import run_job
 from tests.conftest import compose_job, run_cli
 
 QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]
@@ -99,7 +99,7 @@ def test_a_sweep_directory_with_a_quote_works_and_reports(tmp_path):
     out = run_cli(["-m", *QUICK, "precision=fp32,bf16", f"tracking.uri={store}"], cwd=here)
     assert out.returncode == 0, out.stderr[-2000:]
     (sweep,) = here.glob("multirun/*/*")
-    from src.sweeps import sweep_jobs
+    from src.tracking.sweeps import sweep_jobs
     assert len(sweep_jobs(store, sweep_id=str(sweep.resolve()))[1]) == 2
     named = tmp_path / "it's named"
     out = run_cli(["-m", *QUICK, f"tracking.uri={store}", f'hydra.sweep.dir="{named}"'])
@@ -111,8 +111,8 @@ def test_a_report_stays_in_its_folder_whatever_the_parent_is_named(tmp_path):
     store = f"sqlite:///{tmp_path / 'm.db'}"
     out = run_cli(["-m", *QUICK, f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert out.returncode == 0, out.stderr[-2000:]
-    from src import report
-    from src.sweeps import sweep_jobs
+    from src.tracking import report
+    from src.tracking.sweeps import sweep_jobs
     parent_id, _ = sweep_jobs(store)
     MlflowClient(store).update_run(parent_id, name="x/../../../outside")
     built = report.build(store, "quantspec", None, {"precision": "fp32"}, tmp_path / "reports")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src import sandbox
-from src.corpus import humaneval_problems
+from src.tasks import sandbox
+from src.assembly.corpus import humaneval_problems
 from src.tasks.benchmark_code import STOP, StopAt, pass_at_k, program, score, truncate
 from tests.conftest import ROOT, run_cli
 
@@ -208,10 +208,10 @@ def test_random_weights_and_greedy_samples_are_refused(store):
 
 
 def test_samples_are_drawn_apart_and_scored_as_pass_at_k():
-    from src.config import TaskConfig
+    from src.assembly.config import TaskConfig
     from src.engine import ENGINES, Sampling
     from src.tasks import TASKS, TaskInputs
-    from src.tiny import TINY_CONTEXT, tiny_model
+    from src.assembly.tiny import TINY_CONTEXT, tiny_model
 
     model, tok = tiny_model("llama")
     task = TaskConfig(name="benchmark_code", kind="benchmark_code", max_new_tokens=6, code_max_new_tokens=6,

@@ -100,7 +100,7 @@ def server():
 
 
 def _jobs(uri: str, sweep: Path):
-    from src.sweeps import sweep_jobs
+    from src.tracking.sweeps import sweep_jobs
     client = MlflowClient(uri)
     parent_id, _ = sweep_jobs(uri, sweep_id=str(sweep.resolve()))
     exp = client.get_experiment_by_name("quantspec")

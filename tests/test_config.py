@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from src.config import ConfigError, job_config_from_dict
-from src.overrides import GROUPS, unknown_choice, unknown_key
+from src.assembly.config import ConfigError, job_config_from_dict
+from src.assembly.overrides import GROUPS, unknown_choice, unknown_key
 from tests.conftest import CONF, compose_job
 
 # dataset=textfile has a mandatory path; it is checked on its own below.
@@ -116,6 +116,6 @@ def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
 
 
 def test_engine_isa_choices_are_the_kernel_variants_but_never_the_tests_twin():
-    from src.config import ISA_CHOICES
+    from src.assembly.config import ISA_CHOICES
     from src.kernels.variants import AVX_VNNI_TWIN, NAMES
     assert ISA_CHOICES == ("auto", *NAMES) and "avx_vnni" in ISA_CHOICES and AVX_VNNI_TWIN.name not in ISA_CHOICES

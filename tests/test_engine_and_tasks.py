@@ -3,16 +3,16 @@
 import pytest
 import torch
 
-from src.config import TaskConfig
-from src.corpus import SEED_PROMPTS, code_prompts, load_text
-from src.config import DatasetConfig
+from src.assembly.config import TaskConfig
+from src.assembly.corpus import SEED_PROMPTS, code_prompts, load_text
+from src.assembly.config import DatasetConfig
 from src.engine import ENGINES, Sampling, engine_for
 from src.engine import fastpath
 from src.engine.common import probabilities
 from src.engine.native import Decoder
 from src.tasks import TASKS, TaskInputs
 from src.tasks.benchmark import cut_prompts
-from src.tiny import TINY_CONTEXT, tiny_model
+from src.assembly.tiny import TINY_CONTEXT, tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 generate = ENGINES["hf"]

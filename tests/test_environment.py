@@ -1,6 +1,6 @@
 """What every run records about where it ran."""
 
-from src.environment import describe
+from src.common.environment import describe
 
 
 def test_describe_names_the_machine_and_the_libraries():

@@ -123,7 +123,7 @@ def test_rerunning_a_sweep_keeps_finished_jobs_and_reruns_the_rest(tmp_path, env
     assert "2 finished, 0 skipped, 0 failed" in second.stdout
     (parent,), jobs = by_role(uri)
     assert len(jobs) == 3 and parent.data.tags["jobs_finished"] == "2" and parent.data.tags["jobs_failed"] == "0"
-    from src.sweeps import sweep_jobs
+    from src.tracking.sweeps import sweep_jobs
     assert len(sweep_jobs(uri, sweep_id=str((tmp_path / "sweep").resolve()))[1]) == 2  # latest attempts only
     forced = run_cli([*sweep, "resume=false"], env=env)
     assert forced.returncode == 0 and "already finished" not in forced.stdout
@@ -166,10 +166,10 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         # the offline job's journal went in when the lost job opened the store, by itself
         # back up: a sync replays the lost job's journal; a second sync sends nothing
         server = mlflow_server(tmp_path, port)
-        synced = run_cli([], module="src.sync", env=env)
+        synced = run_cli([], module="src.tracking.sync", env=env)
         assert synced.returncode == 0, synced.stderr[-2000:]
         assert "1 journal(s) replayed" in synced.stdout
-        again = run_cli([str(tmp_path / "offline"), str(tmp_path / "lost")], module="src.sync", env=env)
+        again = run_cli([str(tmp_path / "offline"), str(tmp_path / "lost")], module="src.tracking.sync", env=env)
         assert again.stdout.count("already in the store") == 2
         (parent,), jobs = by_role(uri)
         assert len(jobs) == 2 and all(j.info.status == "FINISHED" for j in jobs)
@@ -232,7 +232,7 @@ def test_kernel_builds_killed_raced_and_damaged_all_end_in_a_working_library(tmp
             f.truncate(library.stat().st_size // 2)
     out, err = load().communicate(timeout=600)
     assert out.strip() == "LOADED" and err.count("does not match its recorded sha256") == 2, err
-    from src.locks import sha256_file
+    from src.common.locks import sha256_file
     for library in (binding, variant):
         assert json.loads((library.parent / "library.json").read_text())["sha256"] == sha256_file(library)
 
@@ -265,8 +265,8 @@ echo "rc=$?"
     >{tmp_path / 'sweep.out'} 2>{tmp_path / 'sweep.err'}
 echo "sweep rc=$?"
 rm {full}/fill
-{sys.executable} -m src.sync
-{sys.executable} -m src.sync {tmp_path / 'sweep'}
+{sys.executable} -m src.tracking.sync
+{sys.executable} -m src.tracking.sync {tmp_path / 'sweep'}
 mount -o remount,ro {full}
 {sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / 'ro'} \
     >{tmp_path / 'ro.out'} 2>{tmp_path / 'ro.err'}
@@ -321,13 +321,13 @@ def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp
         assert proc.wait(timeout=300) == 0, (tmp_path / "job.err").read_text()[-2000:]
         err = (tmp_path / "job.err").read_text()
         assert "journaled in" in err and "Traceback" not in err
-        synced = run_cli([], module="src.sync", env=env)
+        synced = run_cli([], module="src.tracking.sync", env=env)
         assert synced.returncode == 0 and "1 journal(s) replayed" in synced.stdout, synced.stdout + synced.stderr
         assert _metric_counts(uri) == [("finished", 2)]
-        again = run_cli([str(tmp_path / "job")], module="src.sync", env=env)
+        again = run_cli([str(tmp_path / "job")], module="src.tracking.sync", env=env)
         assert again.returncode == 0 and "already in the store" in again.stdout
         assert _metric_counts(uri) == [("finished", 2)]
-        nothing = run_cli([], module="src.sync", env=env)   # nothing pending: exit 0
+        nothing = run_cli([], module="src.tracking.sync", env=env)   # nothing pending: exit 0
         assert nothing.returncode == 0 and "0 journal(s) replayed, 0 not" in nothing.stdout
     finally:
         _stop(server)
@@ -343,12 +343,12 @@ def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
     db.unlink()
     assert proc.wait(timeout=300) in (0, 1)
     assert "Traceback" not in (tmp_path / "run.err").read_text()
-    synced = run_cli([str(sweep)], module="src.sync", env=env)
+    synced = run_cli([str(sweep)], module="src.tracking.sync", env=env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
     (parent,), _ = by_role(uri)
     assert parent.data.tags["jobs_finished"] == "2"
-    again = run_cli([str(sweep)], module="src.sync", env=env)
+    again = run_cli([str(sweep)], module="src.tracking.sync", env=env)
     assert again.returncode == 0 and again.stdout.count("already in the store") == 2
     assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
 
@@ -414,7 +414,7 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
     err = (tmp_path / "run.err").read_text()
     assert "Traceback" not in err and "journaled in" in err, err[-3000:]
     db.unlink()
-    synced = run_cli([str(sweep)], module="src.sync", env=env)
+    synced = run_cli([str(sweep)], module="src.tracking.sync", env=env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
 
@@ -428,12 +428,12 @@ def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
     (tmp_path / "job").rename(tmp_path / "moved")
     server = mlflow_server(tmp_path, port)
     try:
-        lost = run_cli([], module="src.sync", env=env)
+        lost = run_cli([], module="src.tracking.sync", env=env)
         assert lost.returncode == 1 and "is listed as pending but is gone" in lost.stderr
-        assert "python -m src.sync <its new folder>" in lost.stderr
-        found = run_cli([str(tmp_path / "moved")], module="src.sync", env=env)
+        assert "python -m src.tracking.sync <its new folder>" in lost.stderr
+        found = run_cli([str(tmp_path / "moved")], module="src.tracking.sync", env=env)
         assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout
         assert _metric_counts(uri) == [("finished", 2)]
-        assert run_cli([], module="src.sync", env=env).returncode == 0   # nothing listed any more
+        assert run_cli([], module="src.tracking.sync", env=env).returncode == 0   # nothing listed any more
     finally:
         _stop(server)

@@ -1,7 +1,7 @@
 """Where a hardware profile executes, said out loud."""
 
-from src.config import HardwareConfig
-from src.hardware import host_threads, resolve
+from src.assembly.config import HardwareConfig
+from src.assembly.hardware import host_threads, resolve
 
 
 def profile(device: str, threads=None) -> HardwareConfig:

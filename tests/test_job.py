@@ -1,7 +1,7 @@
 """A job built and run from its typed config alone: no Hydra run, no MLflow."""
 
-from src.config import job_config_from_dict
-from src.job import build
+from src.assembly.config import job_config_from_dict
+from src.assembly.job import build
 from tests.conftest import compose_job
 
 

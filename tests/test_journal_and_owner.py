@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from src import journal, owner
-from src.locks import file_lock
+from src.tracking import journal, owner
+from src.common.locks import file_lock
 from tests.conftest import ROOT, cli_env
 
 
@@ -63,7 +63,7 @@ def test_owners_are_judged_by_process_here_and_by_heartbeat_elsewhere():
 def test_a_lock_whose_holder_died_is_taken_at_once(tmp_path):
     path = tmp_path / "build.lock"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from src.locks import file_lock\nwith file_lock(Path(sys.argv[1]), 'x'):\n"
+                               "from src.common.locks import file_lock\nwith file_lock(Path(sys.argv[1]), 'x'):\n"
                                "    print('held', flush=True); time.sleep(600)", str(path)],
                               cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from src.metrics import Row, markdown_table, rows_csv, seed_table, summarize, timing_row
+from src.common.metrics import Row, markdown_table, rows_csv, seed_table, summarize, timing_row
 
 
 def test_timing_row_follows_the_definitions():

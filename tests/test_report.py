@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src import report
+from src.tracking import report
 from tests.conftest import free_port, mlflow_server, run_cli
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
@@ -149,13 +149,13 @@ def test_a_rerun_of_the_report_adds_no_metric_points(sweep):
 
 def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path):
     store = tmp_path / "absent.db"
-    helped = run_cli(["--help", f"tracking_uri=sqlite:///{store}"], module="src.report")
-    assert helped.returncode == 0 and "python -m src.report" in helped.stdout and "baseline:" in helped.stdout
+    helped = run_cli(["--help", f"tracking_uri=sqlite:///{store}"], module="src.tracking.report")
+    assert helped.returncode == 0 and "python -m src.tracking.report" in helped.stdout and "baseline:" in helped.stdout
     assert not store.exists() and not (tmp_path / "reports").exists()
     for arg, words in (("baselin.precision=bf16", "baselin.precision is not a report setting"),
                        ("baseline.precison=bf16", "baseline.precison is not a report setting"),
                        ("sweep", "'sweep' is not key=value")):
-        out = run_cli([arg, f"tracking_uri=sqlite:///{store}"], module="src.report")
+        out = run_cli([arg, f"tracking_uri=sqlite:///{store}"], module="src.tracking.report")
         lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
         assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
         assert "Traceback" not in out.stderr and not store.exists()

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from src.engine import roofline
-from src.metrics import Row
+from src.common.metrics import Row
 from src.quant.pipeline import install, quantize
 from tests.conftest import quant_spec
-from src.tiny import tiny_model
+from src.assembly.tiny import tiny_model
 
 
 def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():

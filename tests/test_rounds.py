@@ -7,10 +7,10 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
-from src import report
-from src.compare import Config, configs, ratio_spread, spread
-from src.rounds import config_key, schedule
-from src.sweeps import JobRecord, sweep_jobs
+from src.tracking import report
+from src.tracking.compare import Config, configs, ratio_spread, spread
+from src.tracking.rounds import config_key, schedule
+from src.tracking.sweeps import JobRecord, sweep_jobs
 from tests.conftest import run_cli
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]

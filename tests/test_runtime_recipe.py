@@ -40,10 +40,10 @@ def test_a_runtime_added_by_one_module_and_one_yaml_runs_a_sweep_beside_native(t
 
 
 def test_a_runtime_module_that_is_not_one_is_one_line(tmp_path):
-    out = run_cli(["model=tiny-llama", "engine=example", "engine.module=src.config", _conf(tmp_path)])
+    out = run_cli(["model=tiny-llama", "engine=example", "engine.module=src.assembly.config", _conf(tmp_path)])
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(
-        "quantspec: engine.module=src.config is no runtime: it lacks unsupported, runtime_name, build")
+        "quantspec: engine.module=src.assembly.config is no runtime: it lacks unsupported, runtime_name, build")
 
 
 def test_perplexity_on_the_added_runtime_is_torchs(tmp_path):

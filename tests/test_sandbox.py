@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from src import sandbox
+from src.tasks import sandbox
 from tests.test_benchmark_code import needs_bwrap
 
 LIMITS = sandbox.Limits(timeout_s=4.0, memory_mb=512)

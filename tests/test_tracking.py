@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.record import run_job
+from src.tracking.record import run_job
 from src.tracking import JobRun, Store, flatten
 from tests.conftest import compose_job, run_cli
 
@@ -96,7 +96,7 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
         ("phx", "bf16", "skipped"), ("phx", "fp32", "finished"), ("stx", "bf16", "skipped"), ("stx", "fp32", "finished")]
     assert parents[0].data.tags["jobs_finished"] == "2"
     # read back as a sweep: the latest by default, or by its directory
-    from src.sweeps import sweep_jobs
+    from src.tracking.sweeps import sweep_jobs
     parent_id, jobs = sweep_jobs(store)
     assert parent_id == parents[0].info.run_id and len(jobs) == 4
     assert sweep_jobs(store, sweep_id=str((tmp_path / "sweep").resolve()))[0] == parent_id

@@ -14,12 +14,12 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src import sysmetrics
-from src.config import DatasetConfig
-from src.corpus import Corpus, load_text, prompts_input
-from src.journal import Journal
-from src.record import _flag_busy_host
-from src.tracking import JobRun, Store
+from src.tracking import sysmetrics
+from src.assembly.config import DatasetConfig
+from src.assembly.corpus import Corpus, load_text, prompts_input
+from src.tracking.journal import Journal
+from src.tracking.record import _flag_busy_host
+from src.tracking import JobRun, Store, replay
 from tests.conftest import ROOT, free_port, mlflow_server, run_cli
 
 SCREENSHOT = ROOT / "docs" / "mlflow-ui-sweep.png"   # the README shows it
@@ -171,7 +171,7 @@ def test_a_journaled_dataset_input_reaches_the_store(tmp_path, store):
     run.start("job", None, {}, {}, "k")
     run.log_input(prompts_input(False, ["What is recursion?"]), "evaluation")
     run.finish()
-    assert Store(store, "quantspec").sync(registry)
+    assert replay.sync(Store(store, "quantspec"), registry)
     client = MlflowClient(store)
     (found,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
     (used,) = found.inputs.dataset_inputs

@@ -1,7 +1,7 @@
 """`hydra/sweeper=rounds` (quantspec's default): Hydra's basic sweeper, run in interleaved rounds.
 
 Hydra finds sweepers in the `hydra_plugins` namespace; this file only registers the choice and hands
-the work to src.rounds.
+the work to src.tracking.rounds.
 """
 
 # No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules, where
@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
-from src.rounds import Rounds
+from src.tracking.rounds import Rounds
 
 
 @dataclass

@@ -8,7 +8,7 @@ and timings out; never the config.
 
 from functools import partial
 
-from src.config import STEP_PATHS
+from src.assembly.config import STEP_PATHS
 from src.engine import hf, native, speculative
 from src.engine.common import Generation, Sampling
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
-from src.config import Sampling  # the configured type itself: config is a leaf, so no cycle
+from src.assembly.config import Sampling  # the configured type itself: config is a leaf, so no cycle
 
 
 @dataclass
@@ -56,3 +58,35 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
     if not sampling.do_sample:
         return int(logits.float().argmax(dim=-1))  # as generate does; and 3x faster than on bf16
     return int(torch.multinomial(probabilities(logits, sampling), 1, generator=generator))
+
+
+def token_loop(next_logits: Callable[[list[int]], np.ndarray], ids: list[int], max_new_tokens: int, exact: bool,
+               eos: tuple[int, ...], sampling: Sampling, stop=None) -> Generation:
+    """Decoding over another runtime that gives the logits after some tokens (`next_logits`: the prompt's
+    ids first, then one token at a time, appended to what it holds): each token chosen as every engine
+    chooses (greedy, or sampled with top-p), timestamped when it exists; end of sequence banned while
+    `exact` (as min_new_tokens does), else it ends the generation, as does `stop(new_ids)`."""
+    rng = np.random.default_rng(sampling.seed)
+    new, times = [], []
+    start = time.perf_counter()
+    logits = next_logits(ids)
+    while True:
+        if exact and eos:
+            logits = logits.copy()
+            logits[list(eos)] = -np.inf
+        token = int(np.argmax(logits)) if not sampling.do_sample else _sample(logits, sampling, rng)
+        times.append(time.perf_counter())
+        new.append(token)
+        if len(new) >= max_new_tokens or (token in eos and not exact) or (stop is not None and stop(new)):
+            break
+        logits = next_logits([token])
+    return Generation(len(ids), new, start, times, time.perf_counter())
+
+
+def _sample(logits: np.ndarray, sampling: Sampling, rng) -> int:
+    z = logits.astype(np.float64) / max(sampling.temperature, 1e-6)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    keep = order[: int(np.searchsorted(np.cumsum(p[order]), sampling.top_p) + 1)]
+    return int(rng.choice(keep, p=p[keep] / p[keep].sum()))

@@ -5,7 +5,7 @@ and a few hundred tokens of context is ~100 MB copied per step, and at 4000 toke
 
 Keys and values live in a buffer with room to spare and the filled part is a view, so a step writes
 only its new rows; the buffer grows by a quarter (at least 256 positions) when full, copies amortised
-to a few per position, never beyond 1.25x what the sequence uses (the memory estimate, src.memory,
+to a few per position, never beyond 1.25x what the sequence uses (the memory estimate, src.assembly.memory,
 allows for that). Cropping (a rejected draft) shortens the view. A sliding-window layer does so until
 its window would trim the cache, then hands over to transformers' own logic for the rest of the
 sequence (steps that far are transformers' forward anyway: src.engine.fastpath stops at the window).

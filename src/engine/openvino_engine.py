@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from src.engine.common import Generation, Sampling
+from src.engine.common import Generation, Sampling, token_loop
 
 log = logging.getLogger("quantspec")
 
@@ -153,31 +153,12 @@ class OpenVINO:
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
                  pad_token_id: int | None, stop=None) -> Generation:
-        ids = input_ids[0].tolist()
-        rng = np.random.default_rng(sampling.seed)
         self.request.reset_state()
-        new, times = [], []
-        start = time.perf_counter()
-        logits, past = self._infer(ids, 0)[-1], 0
-        past = len(ids)
-        while True:
-            if exact and self.eos:   # as min_new_tokens does for the other engines
-                logits = logits.copy()
-                logits[list(self.eos)] = -np.inf
-            token = int(np.argmax(logits)) if not sampling.do_sample else _sample(logits, sampling, rng)
-            times.append(time.perf_counter())
-            new.append(token)
-            if len(new) >= max_new_tokens or (token in self.eos and not exact) or (stop is not None and stop(new)):
-                break
-            logits = self._infer([token], past)[-1]
-            past += 1
-        return Generation(len(ids), new, start, times, time.perf_counter())
+        held = [0]   # positions the request's state holds
 
+        def next_logits(ids: list[int]) -> np.ndarray:
+            logits = self._infer(ids, held[0])[-1]
+            held[0] += len(ids)
+            return logits
 
-def _sample(logits: np.ndarray, sampling: Sampling, rng) -> int:
-    z = logits.astype(np.float64) / max(sampling.temperature, 1e-6)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    order = np.argsort(-p)
-    keep = order[: int(np.searchsorted(np.cumsum(p[order]), sampling.top_p) + 1)]
-    return int(rng.choice(keep, p=p[keep] / p[keep].sum()))
+        return token_loop(next_logits, input_ids[0].tolist(), max_new_tokens, exact, self.eos, sampling, stop)

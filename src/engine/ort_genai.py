@@ -1,6 +1,6 @@
 """`engine=ort_genai`: ONNX Runtime GenAI, the runtime AMD's Ryzen AI software uses to reach the NPU.
 
-The job's model (whatever src.models loaded: a cached conversion of the default model, a seed shape with
+The job's model (whatever src.assembly.models loaded: a cached conversion of the default model, a seed shape with
 random weights, a tiny test model) is written once as a Hugging Face folder, and ONNX Runtime GenAI's own
 model builder exports it, quantizing as the precision asks (its int4 and int8 are weight-only
 `MatMulNBits`, round-to-nearest in blocks of 32, quantized by the builder: not quantspec's AWQ or

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from src.locks import atomic_write_text
-from src.metrics import Row, median
+from src.common.locks import atomic_write_text
+from src.common.metrics import Row, median
 
 PROBE_MB = 1024          # far beyond the last-level cache, so the probe reads DRAM
 PROBE_REPEATS = 5

@@ -31,7 +31,7 @@ NAMES = ("unsupported", "runtime_name", "build")   # what a runtime's module mus
 def check_module(name: str) -> None:
     """engine.module must import (without torch's weight: these modules import their runtime lazily)
     and define NAMES; a ConfigError of one line otherwise."""
-    from src.config import ConfigError
+    from src.assembly.config import ConfigError
     try:
         module = importlib.import_module(name)
     except ImportError as err:

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from src.kernels import variants
-from src.locks import atomic_write_text, file_lock, sha256_file
+from src.common.locks import atomic_write_text, file_lock, sha256_file
 
 log = logging.getLogger(__name__)
 BINDING = "quantspec_kernels"

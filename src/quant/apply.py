@@ -13,8 +13,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from src.config import ModelConfig, PrecisionConfig, QuantSpec
-from src.paths import child
+from src.assembly.config import ModelConfig, PrecisionConfig, QuantSpec
+from src.common.paths import child
 from src.quant import cache
 from src.quant.calibrate import calibration_ids, ids_hash
 from src.quant.pipeline import install, quantize, quantized_bytes, release_quantized

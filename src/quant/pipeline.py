@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from src.config import HEAD, QuantSpec
+from src.assembly.config import HEAD, QuantSpec
 from src.quant import awq as awq_pass
 from src.quant import smoothquant
 from src.quant.arch import decoder_linears

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from src.locks import atomic_write_text
+from src.common.locks import atomic_write_text
 
 PATHS = ("int_mm", "float")
 PROBE = (128, 1024, 2048)   # rows, K, N: a short prefill through a small model's linear

@@ -1,6 +1,6 @@
 """Tasks: each builds its examples, runs them through the engine and returns rows and a summary.
 
-Tasks know nothing of MLflow or Hydra; src/record.py logs what they return.
+Tasks know nothing of MLflow or Hydra; src/tracking/record.py logs what they return.
 """
 
 from src.tasks import benchmark, benchmark_code, decode, perplexity, quantize

@@ -1,7 +1,7 @@
 """HumanEval, as the seeds' `--task benchmark_code` runs it: each problem's prompt completed by the model
 (timed like every task), stopped at the protocol's stop sequences, then run with the problem's tests
-in a sandbox (src.sandbox). pass@k by the unbiased estimator of the HumanEval paper (Chen et al. 2021).
-The job checks that the sandbox runs before it loads the model (src.job.check_context).
+in a sandbox (src.tasks.sandbox). pass@k by the unbiased estimator of the HumanEval paper (Chen et al. 2021).
+The job checks that the sandbox runs before it loads the model (src.assembly.job.check_context).
 
 Checking happens after the timing, in other processes: the timed section never shares the CPU with
 the tests.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from src import sandbox
-from src.corpus import humaneval_problems, problems_input
+from src.tasks import sandbox
+from src.assembly.corpus import humaneval_problems, problems_input
 from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
 
 # The stop sequences of the HumanEval protocol (Codex paper): a new top-level statement ends the function.

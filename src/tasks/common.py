@@ -9,11 +9,11 @@ from typing import Callable
 
 import torch
 
-from src.config import TaskConfig
+from src.assembly.config import TaskConfig
 from src.engine import Sampling
-from src.metrics import Row, summarize, timing_row
-from src.progress import progress
-from src.sysmetrics import OthersCpu
+from src.common.metrics import Row, summarize, timing_row
+from src.tracking.progress import progress
+from src.tracking.sysmetrics import OthersCpu
 from src.tasks import drafting
 
 log = logging.getLogger(__name__)

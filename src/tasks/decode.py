@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from src.corpus import SEED_PROMPTS, code_prompts, prompts_input
+from src.assembly.corpus import SEED_PROMPTS, code_prompts, prompts_input
 from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from src.engine.leviathan import alpha_from_accepted, expected_speedup
-from src.metrics import median
+from src.common.metrics import median
 
 
 def example_series(spec, per_token_ms: float, baseline_ms: float | None) -> dict[str, float]:

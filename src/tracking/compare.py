@@ -1,4 +1,4 @@
-"""A sweep's jobs across their rounds (src.rounds), and the comparisons a report makes of them.
+"""A sweep's jobs across their rounds (src.tracking.rounds), and the comparisons a report makes of them.
 
 A job's time per token is the median over its rounds of each round's median over the examples; its
 speedup over the baseline is the median of the per-round ratios (baseline's round r / job's round r),
@@ -13,7 +13,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from src.sweeps import JobRecord
+from src.tracking.sweeps import JobRecord
 from src.tracking import CONFIG_KEY
 
 KEY_GROUPS = ("model", "hardware", "precision", "draft", "task", "engine")

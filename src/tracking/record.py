@@ -1,6 +1,6 @@
 """One job, tracked: a config error is one line and no run; otherwise the job's run is opened in the
 store (after a resume check), everything it measures is journaled and logged as it comes, and it ends
-finished, skipped, failed or killed. The job itself is src.job's; Hydra is src.run's.
+finished, skipped, failed or killed. The job itself is src.assembly.job's; Hydra is src.run's.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from src import signals, sysmetrics
-from src.signals import Stopped
+from src.tracking import signals, sysmetrics
+from src.tracking.signals import Stopped
 
 log = logging.getLogger("quantspec")
 TAG_GROUPS = ("model", "hardware", "precision", "draft", "task")
@@ -71,17 +71,17 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     A config error is one line and no run. A job a previous attempt of the same sweep finished is kept,
     not rerun (resume=false reruns it). Everything measured is journaled in `output_dir` as it is
     logged, so a store that fails mid-job loses nothing."""
-    from src.config import ConfigError, job_config_from_dict
-    from src.journal import Journal
-    from src import rounds
-    from src.rounds import ROUND
+    from src.assembly.config import ConfigError, job_config_from_dict
+    from src.tracking.journal import Journal
+    from src.tracking import rounds
+    from src.tracking.rounds import ROUND
     from src.tracking import (CONFIG_HASH, CONFIG_KEY, JobRun, StoreUnreachable, default_uri, first_line, flatten, key_of,
                               open_store)
 
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
     if choices.get("engine", "native") != "native":   # another runtime's job is named by it too
         name += f"·{choices['engine']}"
-    if raw.get("round", 1) != 1:   # src.rounds: a later round of the same job, its own run
+    if raw.get("round", 1) != 1:   # src.tracking.rounds: a later round of the same job, its own run
         name += f" round {raw['round']}"
     try:
         cfg = job_config_from_dict(raw)
@@ -97,7 +97,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     except StoreUnreachable as err:
         raise SweepAbort(str(err)) from None
     active.update(store=store, sweep=sweep, job=None)
-    # the job across its rounds (src.rounds), and this round of it (every round is its own run)
+    # the job across its rounds (src.tracking.rounds), and this round of it (every round is its own run)
     config_key, job_key = key_of(rounds.config_key(job_key) or name), key_of(job_key or name)
     params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
               # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'
@@ -147,7 +147,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         outcomes.append(job.outcome or "failed")
         if job.where():
             fail_line(f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
-                      f"{job.where()} and go to the store with the next run or `python -m src.sync`")
+                      f"{job.where()} and go to the store with the next run or `python -m src.tracking.sync`")
     return job.outcome or "failed"
 
 
@@ -206,8 +206,8 @@ def _flag_busy_host(run, others_cores: float | None, limit: float) -> None:
 
 def _execute(cfg, raw: dict, run, name: str) -> None:
     """Build the job, run its task, print its table, log what it measured, end the run."""
-    from src import job as jobs
-    from src.metrics import EXAMPLE, rows_csv, seed_table, summary_table
+    from src.assembly import job as jobs
+    from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
 
     run.log_text(OmegaConf.to_yaml(OmegaConf.create(raw)), "config.yaml")
     reason = cfg.unsupported_reason()

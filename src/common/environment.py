@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "transformers", "mlflow", "hydra-core", "safetensors", "gguf", "accelerate")
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from src.config import ModelConfig
-from src.locks import file_lock, sha256_file
-from src.paths import child
-from src.tiny import tiny_model
+from src.assembly.config import ModelConfig
+from src.common.locks import file_lock, sha256_file
+from src.common.paths import child
+from src.assembly.tiny import tiny_model
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,9 @@ def build_cached(directory: Path, build, meta: dict) -> Path:
 
 # --- sources -------------------------------------------------------------------------------------
 
-def _gguf_path(cfg: ModelConfig, cache_dir: Path) -> tuple[Path, str]:
+def gguf_path(cfg: ModelConfig, cache_dir: Path) -> tuple[Path, str]:
+    """A GGUF package's file (assembled once into the cache) and its sha256: what the model is read from
+    here, and what engine=llamacpp rewrites."""
     try:
         package = importlib.import_module(cfg.id)
     except ImportError as err:
@@ -132,7 +134,7 @@ def _load_dir(directory: Path | str) -> tuple[PreTrainedModel, PreTrainedTokeniz
 
 
 def _load_gguf_package(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
-    gguf, sha = _gguf_path(cfg, cache_dir)
+    gguf, sha = gguf_path(cfg, cache_dir)
     directory = child(cache_dir / "models", f"{cfg.name}-{sha[:16]}")
     build_cached(directory, lambda out: _convert_gguf(gguf, out), {"gguf_sha256": sha, "model": cfg.name})
     model, tokenizer = _load_dir(directory)
@@ -168,8 +170,8 @@ def load_model(cfg: ModelConfig, cache_dir: Path) -> LoadedModel:
     """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy); the job casts and
     moves it for its precision and hardware."""
     start = time.perf_counter()
-    if cfg.weights == "random":   # the published shape, in bf16, filled in seconds (src.random_weights)
-        from src.random_weights import NoShape, SEED, random_model
+    if cfg.weights == "random":   # the published shape, in bf16, filled in seconds (src.assembly.random_weights)
+        from src.assembly.random_weights import NoShape, SEED, random_model
         try:
             model, tokenizer = random_model(cfg.name)
         except NoShape as err:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from src.config import HardwareConfig
+from src.assembly.config import HardwareConfig
 
 log = logging.getLogger("quantspec")
 

@@ -3,7 +3,7 @@
 Decode time depends on the shapes (how many bytes each step reads, how many FLOPs each prefill does),
 not on the weights' values, so the seeds' 7B models can be timed where no hub is reachable. Their
 shapes ship as small JSON files in src/shapes/ (copied from each model's published config.json).
-What random weights cannot give is any quality figure: src.config refuses those.
+What random weights cannot give is any quality figure: src.assembly.config refuses those.
 
 Built straight in bf16, with no initialisation pass: the parameters are allocated empty, then filled
 by copying one random block (a memory copy, about as fast as the RAM), so a 7B model takes seconds.
@@ -19,9 +19,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.initialization import no_init_weights
 
-from src.tiny import byte_tokenizer
+from src.assembly.tiny import byte_tokenizer
 
-SHAPES = Path(__file__).parent / "shapes"
+SHAPES = Path(__file__).parents[1] / "shapes"
 SEED = 0
 STD = 0.02              # the published models' initializer_range
 BLOCK = 1 << 22         # random values copied, shifted, into every weight

@@ -16,7 +16,7 @@ import gc
 
 import psutil
 
-from src.config import ConfigError, JobConfig
+from src.assembly.config import ConfigError, JobConfig
 from src.engine import kvcache
 from src.engine.roofline import PROBE_MB
 
@@ -31,7 +31,7 @@ def _shape(cfg: JobConfig):
     """The model's published shape where it is known before loading (random weights), else None."""
     if cfg.model.weights != "random":
         return None
-    from src.random_weights import NoShape, config_of
+    from src.assembly.random_weights import NoShape, config_of
     try:
         return config_of(cfg.model.name)
     except NoShape:
@@ -47,7 +47,7 @@ def _kv_bytes(cfg: JobConfig, shape) -> int:
 
 
 def estimate_bytes(cfg: JobConfig) -> int | None:
-    from src.random_weights import config_of, parameter_count
+    from src.assembly.random_weights import config_of, parameter_count
     shape = _shape(cfg)
     if shape is None:
         return None

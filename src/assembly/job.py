@@ -4,8 +4,8 @@
     result = job.run()          # the task, and its decode steps against the roofline
 
 The recorder receives what building measures and decides (model load time, quantization metrics, the
-kernels used, placement tags) as it happens; src.record passes the job's tracked run, a script passes
-nothing. src.record (for src.run) and scripts/ both build jobs here, so a job is assembled in one place.
+kernels used, placement tags) as it happens; src.tracking.record passes the job's tracked run, a script passes
+nothing. src.tracking.record (for src.run) and scripts/ both build jobs here, so a job is assembled in one place.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from typing import Callable, Protocol
 import torch
 from torch import nn
 
-from src import environment, hardware, memory
-from src.config import ConfigError, JobConfig
-from src.corpus import Corpus, TextInput
+from src.common import environment
+from src.assembly import hardware, memory
+from src.assembly.config import ConfigError, JobConfig
+from src.assembly.corpus import Corpus, TextInput
 from src.engine import engine_for, roofline, runtimes
-from src.hardware import Placement
-from src.models import LoadedModel, load_model, tokenizer_mismatch
+from src.assembly.hardware import Placement
+from src.assembly.models import LoadedModel, load_model, tokenizer_mismatch
 from src.tasks import TASKS, TaskInputs, TaskResult
 
 log = logging.getLogger("quantspec")
@@ -60,7 +61,7 @@ class Job:
     baseline: Callable | None          # with a draft: the same engine without it, timed beside it
     quant_metrics: dict[str, float]
     recorder: Recorder
-    on_row: Callable = lambda row, total: None   # each measured row, as it comes (src.record logs it)
+    on_row: Callable = lambda row, total: None   # each measured row, as it comes (src.tracking.record logs it)
 
     def inputs(self) -> TaskInputs:
         cfg = self.cfg
@@ -160,7 +161,7 @@ def _check_sandbox(task) -> None:
     """benchmark_code runs completions in a sandbox: one that cannot run here is said before anything loads."""
     if task.kind != "benchmark_code":
         return
-    from src import sandbox
+    from src.tasks import sandbox
     try:
         sandbox.check(task.sandbox)
     except sandbox.SandboxUnavailable as err:
@@ -169,7 +170,7 @@ def _check_sandbox(task) -> None:
 
 def check_context(cfg, loaded) -> None:
     """Refuse, before anything is quantized or timed, work that would run past the model's context."""
-    from src.corpus import humaneval_problems
+    from src.assembly.corpus import humaneval_problems
     from src.tasks.decode import prompts
 
     task, new, max_context = cfg.task, cfg.task.new_tokens(cfg.model.code), loaded.max_context

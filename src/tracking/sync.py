@@ -1,7 +1,7 @@
-"""Replay journaled results into their tracking stores: python -m src.sync [journal or folder ...]
+"""Replay journaled results into their tracking stores: python -m src.tracking.sync [journal or folder ...]
 
 A job whose tracking store failed (or was unreachable, with tracking.unreachable=journal) kept every
-record in its journal (src.journal). With no arguments this replays the journals listed as pending
+record in its journal (src.tracking.journal). With no arguments this replays the journals listed as pending
 under the cache (`$QUANTSPEC_CACHE/journals`, where every job lists its own); given journals or folders
 (e.g. a sweep directory), those. Each record reaches the store exactly once, however often this runs;
 a store that lost a job's run (deleted, or a server on a fresh backend) gets the job anew. The next job
@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from src import journal
+from src.tracking import journal, reaping, replay
 from src.tracking import Store, bound_http_retries, first_line, probe, quiet_store_logs
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
             if key not in stores:
                 probe(key[0])
                 stores[key] = Store(*key)
-            sent = stores[key].replay(path, pointer)
+            sent = replay.replay(stores[key], path, pointer)
         except Exception as err:  # noqa: BLE001 - one line per journal, then the next
             if journal.unsettled(path) == 0 and pointer is not None:
                 pointer.unlink(missing_ok=True)   # delivered before; nothing left to send
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
                       f"({first_line(err)}), so it stays unchecked and is unlisted")
                 continue
             print(f"quantspec: {path}: not replayed ({first_line(err)}); "
-                  f"fix the store and run python -m src.sync again", file=sys.stderr)
+                  f"fix the store and run python -m src.tracking.sync again", file=sys.stderr)
             failed += 1
             continue
         if sent is None:
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
               f"quantspec: {path}: already in the store")
     for store in stores.values():  # what a killed job left RUNNING there, now that its journal is in
         try:
-            lines = store.reap()
+            lines = reaping.reap(store)
         except Exception as err:  # noqa: BLE001
             lines = [f"could not check {store.uri} for runs left running ({type(err).__name__})"]
         for line in lines:

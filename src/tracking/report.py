@@ -1,8 +1,8 @@
 """Compare a sweep: the seed table of each job, a summary, speedups over a baseline, and plots.
 
-    python -m src.report                          # the latest sweep in the default store
-    python -m src.report sweep=/abs/multirun/... baseline.precision=bf16 tracking_uri=http://127.0.0.1:5000
-    python -m src.report --help                   # this, and the settings; touches nothing
+    python -m src.tracking.report                          # the latest sweep in the default store
+    python -m src.tracking.report sweep=/abs/multirun/... baseline.precision=bf16 tracking_uri=http://127.0.0.1:5000
+    python -m src.tracking.report --help                   # this, and the settings; touches nothing
 
 Reads the runs back from the tracking store (the report's numbers are the runs' own metrics), writes
 report.md, summary.csv and PNG plots, and attaches them to the sweep's parent run so the MLflow UI
@@ -20,13 +20,13 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from src import ui
-from src.compare import Config, Speedup, configs, ratio, speedups
-from src.environment import PROJECT_ROOT
-from src.metrics import EXAMPLE, ROW_METRICS, Row, markdown_table, seed_table
-from src.paths import child
-from src.record import TAG_GROUPS
-from src.sweeps import JobRecord, sweep_jobs
+from src.tracking import ui
+from src.tracking.compare import Config, Speedup, configs, ratio, speedups
+from src.common.environment import PROJECT_ROOT
+from src.common.metrics import EXAMPLE, ROW_METRICS, Row, markdown_table, seed_table
+from src.common.paths import child
+from src.tracking.record import TAG_GROUPS
+from src.tracking.sweeps import JobRecord, sweep_jobs
 from src.tracking import SWEEP_KEY, default_uri
 
 SUMMARY = (("time_per_token_ms_median", "time/token (ms)"), ("prefill_ms_median", "prefill (ms)"),
@@ -388,10 +388,10 @@ def settings(argv: list[str] = ()):
         key, eq, _ = arg.partition("=")
         top, _, sub = key.partition(".")
         if not eq or not key:
-            raise SettingError(f"{arg!r} is not key=value; settings: {', '.join(base)} (python -m src.report --help)")
+            raise SettingError(f"{arg!r} is not key=value; settings: {', '.join(base)} (python -m src.tracking.report --help)")
         if top not in base or (top == "baseline" and sub not in BASELINE_KEYS) or (top != "baseline" and sub):
             raise SettingError(f"{key} is not a report setting; settings: {', '.join(base)}, and baseline.<"
-                               f"{'|'.join(BASELINE_KEYS)}> (python -m src.report --help)")
+                               f"{'|'.join(BASELINE_KEYS)}> (python -m src.tracking.report --help)")
     return OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
 
 
@@ -421,9 +421,9 @@ def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
     try:
         report = publish(uri, experiment, sweep_id, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
         print(f"quantspec: compare the sweep in the MLflow UI: {ui_line(uri, report.view_url)}", flush=True)
-    except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.report` can redo this
+    except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.tracking.report` can redo this
         print(f"quantspec: the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
-              f"run python -m src.report", file=sys.stderr)
+              f"run python -m src.tracking.report", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:

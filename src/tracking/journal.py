@@ -7,7 +7,7 @@ file in its own output directory, then acknowledged once the store holds it.
 
 An ack is written only after the store has taken the record; a refusal is kept as a refusal with its
 reason, never as delivered. Records with neither (the store went away, or was never reachable) are
-replayed later by `python -m src.sync` or by the next job against the same store: each exactly once,
+replayed later by `python -m src.tracking.sync` or by the next job against the same store: each exactly once,
 because a replay appends its own acks. A replay first asks the store whether it still holds the job's
 run: one that lost it (deleted, or a server restarted on a fresh backend) gets the whole job again, its
 run created anew with its original times. A pending journal is listed in `<cache>/journals/` until
@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from src.locks import atomic_write_text
+from src.common.locks import atomic_write_text
 
 log = logging.getLogger(__name__)
 FILE = "journal.jsonl"
@@ -193,4 +193,4 @@ def run_ids(path: Path) -> list[str]:
 def missing_line(path: Path) -> str:
     """What to say of a listed journal that is not where its job wrote it."""
     return (f"journal {path} is listed as pending but is gone (its directory moved or was deleted); "
-            f"if it moved, python -m src.sync <its new folder> replays it")
+            f"if it moved, python -m src.tracking.sync <its new folder> replays it")

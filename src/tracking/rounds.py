@@ -11,7 +11,7 @@ every round warms up before it times (task.warmup), so no round is timed cold.
 
 A round in which any job was timed on a busy host (host_busy: tracking.busy_cores) is measured again as
 a whole round, up to `busy_reruns` more rounds in all; the report leaves out every ratio taken while
-either of its jobs was busy and says so (src.compare).
+either of its jobs was busy and says so (src.tracking.compare).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Rounds:
     cartesian product of the sweep's overrides), run `rounds` times."""
 
     def sweep(self, arguments: list[str]):
-        from src.record import SweepAbort
+        from src.tracking.record import SweepAbort
         rounds, reruns = self.config.get("rounds", 1), self.config.get("busy_reruns", 0)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
@@ -92,7 +92,7 @@ class Rounds:
 
     def _busy(self, r: int) -> bool:
         """Whether a job of round r was timed on a busy host, as the store holds it (any launcher)."""
-        from src import record
+        from src.tracking import record
         from src.tracking import Store, default_uri
         try:
             store = record.active.get("store") or Store(OmegaConf.select(self.config, "tracking.uri") or default_uri(),

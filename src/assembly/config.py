@@ -30,7 +30,7 @@ DRAFT_KINDS = ("none", "prompt_lookup", "model")
 DRAFT_SCHEDULES = ("constant", "heuristic")
 MAX_DRAFT_K = 15  # a verification of k + 1 tokens stays on the engine's step path and kernels (16 rows)
 TASK_KINDS = ("decode", "benchmark", "benchmark_code", "perplexity", "quantize")
-SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.sandbox)
+SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.tasks.sandbox)
 DECODING_TASKS = ("decode", "benchmark", "benchmark_code")
 DATASET_SOURCES = ("humaneval", "hf", "textfile")
 TRACKING_KINDS = ("sqlite", "server")
@@ -72,7 +72,7 @@ class ModelConfig:
     local_path: str | None = None
     code: bool = False
     smoothquant_alpha: float | None = None   # SmoothQuant's migration strength for this model
-    weights: str = "real"   # random: the published shape with random weights (timing only; src.random_weights)
+    weights: str = "real"   # random: the published shape with random weights (timing only; src.assembly.random_weights)
 
     def validate(self) -> None:
         if not MODEL_NAME.fullmatch(self.name):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from src.environment import PROJECT_ROOT
+from src.common.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
 GROUPS = ("model", "hardware", "precision", "draft", "task", "engine", "dataset", "tracking")
@@ -79,7 +79,7 @@ def unknown_key(args: list[str]) -> str | None:
     """One line naming an override of a group's field that the chosen entry does not have, or None.
 
     Hydra's own message is five lines ending in a hint about HYDRA_FULL_ERROR."""
-    from src.config import ConfigError
+    from src.assembly.config import ConfigError
     chosen = {g: [v.strip() for v in m.group(2).split(",")] for a in args
               if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS}
     dirs = config_dirs(args)
@@ -110,7 +110,7 @@ def group_entry(group: str, name: str, where: str, dirs: list[Path] | None = Non
     """conf/<group>/<name>.yaml as Hydra composes it, as a plain dict: over the files its defaults list
     names (e.g. _fields), with other groups' entries nested where it places them (a draft's
     `/precision@precision: w8a8` becomes its `precision` field)."""
-    from src.config import ConfigError
+    from src.assembly.config import ConfigError
 
     dirs = dirs or [CONF_DIR]
     path = _entry_file(group, name, dirs)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from src.config import DatasetConfig
+from src.assembly.config import DatasetConfig
 
 # The seeds' ten general decode prompts, in their order (the seed documents' decode prompts).
 SEED_PROMPTS = (
