@@ -39,6 +39,10 @@ UNREACHABLE = ("fail", "journal")
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # model.id of a gguf_package is imported: only the shipped GGUF packages' namespace, never any module.
 GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
+# The axes a sweep composes (conf/<axis>/): a job's identity, in the order its name and tags list them. The
+# command line's groups add the two that are not part of it.
+AXES = ("model", "hardware", "precision", "draft", "task", "engine")
+GROUPS = (*AXES, "dataset", "tracking")
 # quantspec's own engines; another runtime is named by its module (engine.module: src/engine/runtimes.py)
 BUILTIN_ENGINES = ("hf", "native")
 ATTENTIONS = ("sdpa", "eager")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from src.assembly.config import GROUPS
 from src.common.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
-GROUPS = ("model", "hardware", "precision", "draft", "task", "engine", "dataset", "tracking")
 LAUNCHERS = ("basic", "ray")   # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)
 
 

@@ -3,7 +3,8 @@ and timings out; never the config.
 
 - `hf`: transformers' `generate`, the reference.
 - `native`: quantspec's own loop over the model's forward and a KV cache (prefill, step, verify).
-- other runtimes, each with its own export of the weights (src.engine.runtimes): `ort_genai`, `openvino`.
+- other runtimes, each with its own export of the weights (src.engine.runtimes): `ort_genai`, `openvino`,
+  `llamacpp`.
 """
 
 from functools import partial

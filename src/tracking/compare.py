@@ -13,10 +13,11 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from src.assembly.config import AXES
 from src.tracking.sweeps import JobRecord
 from src.tracking import CONFIG_KEY
 
-KEY_GROUPS = ("model", "hardware", "precision", "draft", "task", "engine")
+KEY_GROUPS = AXES   # a job's identity across its rounds
 
 
 def ratio(a: float | None, b: float | None) -> float:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from src.assembly.config import AXES
 from src.tracking import signals, sysmetrics
 from src.tracking.signals import Stopped
 
 log = logging.getLogger("quantspec")
-TAG_GROUPS = ("model", "hardware", "precision", "draft", "task")
+TAG_GROUPS = AXES[:-1]   # a job's name: its choices but the engine, added where it is not native
 
 
 def fail_line(message: str) -> None:
@@ -122,7 +123,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     job = JobRun(store, journal, uri, cfg.experiment)
     active["job"] = job
     try:
-        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in (*TAG_GROUPS, "engine")}, **NODE,
+        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in AXES}, **NODE,
                                         ROUND: str(raw.get(ROUND, 1)), CONFIG_KEY: config_key}, job_key)
         if preset is not None:
             _record_preset(job, name, *preset)

@@ -25,7 +25,7 @@ from src.tracking.compare import Config, Speedup, configs, ratio, speedups
 from src.common.environment import PROJECT_ROOT
 from src.common.metrics import EXAMPLE, ROW_METRICS, Row, markdown_table, seed_table
 from src.common.paths import child
-from src.tracking.record import TAG_GROUPS
+from src.assembly.config import AXES
 from src.tracking.sweeps import JobRecord, sweep_jobs
 from src.tracking import SWEEP_KEY, default_uri
 
@@ -374,7 +374,7 @@ def _set_series(client: MlflowClient, run_id: str, key: str, values: dict[int, f
 
 
 SETTINGS = PROJECT_ROOT / "conf" / "report.yaml"
-BASELINE_KEYS = (*TAG_GROUPS, "engine")   # the choices a job is tagged with
+BASELINE_KEYS = AXES   # the choices a job is tagged with
 
 
 class SettingError(ValueError):
