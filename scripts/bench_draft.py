@@ -45,6 +45,8 @@ def main(overrides: list[str]) -> int:
            *[o for o in overrides if not o.startswith("precision=")]]
     print("running:", " ".join(cmd[1:]), flush=True)
     done = subprocess.run(cmd, cwd=ROOT)
+    if done.returncode == 2:   # the command line refused, in one line: no sweep to read back
+        return 2
     _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
     rows = []
     order = lambda j: (j.choice("precision"), j.choice("task"),  # noqa: E731
@@ -62,4 +64,7 @@ def main(overrides: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+        sys.exit(0)
     sys.exit(main(sys.argv[1:]))

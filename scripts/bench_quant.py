@@ -35,6 +35,8 @@ def main(overrides: list[str]) -> int:
            "task.repeats=3", f"hydra.sweep.dir={sweep_dir}", *overrides]
     print("running:", " ".join(cmd[1:]), flush=True)
     done = subprocess.run(cmd, cwd=ROOT)
+    if done.returncode == 2:   # the command line refused, in one line: no sweep to read back
+        return 2
     _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
     by = {(j.choice("precision"), j.choice("task")): j.metrics for j in jobs if j.tags.get("outcome") == "finished"}
     base = {k: by.get(("fp32", t), {}).get(m) for k, t, m in [
@@ -55,4 +57,7 @@ def main(overrides: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+        sys.exit(0)
     sys.exit(main(sys.argv[1:]))
