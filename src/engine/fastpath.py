@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from src import kernels
+from src.kernels import modules
 from src.engine.fused import Projection
 
 
@@ -30,10 +30,10 @@ class Steps:
 
     def __init__(self, model, head_dim: int, scaling: float):
         self.model, self.head_dim, self.scaling = model, head_dim, scaling
-        # quantspec's attention where the kernels are loaded: a query's output does not depend on how
-        # many queries come together, so verifying a draft reproduces plain decoding exactly (in bf16
-        # too); SDPA otherwise.
-        self.own_attention = kernels.loaded() and head_dim in (16, 32, 64, 128, 256)
+        # quantspec's attention where the model runs on quantspec's kernels: a query's output does not
+        # depend on how many queries come together, so verifying a draft reproduces plain decoding exactly
+        # (in bf16 too); SDPA otherwise.
+        self.own_attention = modules.installed(model) and head_dim in (16, 32, 64, 128, 256)
 
     def covers(self, cached: int, new: int) -> bool:
         """Within the sliding window, causality is the only mask (transformers masks key j from query i

@@ -80,6 +80,12 @@ def accelerated(module: nn.Module) -> nn.Module:
     return module
 
 
+def installed(model: nn.Module) -> bool:
+    """Whether this model's steps run on quantspec's kernels (install, or quantized modules built with their
+    gemv path): read from the model the job assembled, not from what this process happens to have loaded."""
+    return any(isinstance(m, (GemvLinear, FusedRMSNorm)) or type(m).__name__.endswith("Gemv") for m in model.modules())
+
+
 def install(model: nn.Module) -> Counter:
     """Swap in place; returns how many modules of each kind now take the gemv path."""
     counts: Counter = Counter()
