@@ -16,8 +16,8 @@ from src.common.environment import PROJECT_ROOT
 ROLE, SWEEP_ID, SWEEP_KEY, JOB_KEY = "quantspec.role", "quantspec.sweep_id", "quantspec.sweep_key", "quantspec.job_key"
 OWNER, HEARTBEAT, JOURNAL = "quantspec.owner", "quantspec.heartbeat", "quantspec.journal"
 OUTCOME, REASON = "outcome", "outcome_reason"
-CONFIG_KEY = "quantspec.config_key"   # a job's identity across a sweep's rounds (src.rounds)
-CONFIG_HASH = "config_hash"   # a param: the digest of the job's resolved config (src.record.config_hash)
+CONFIG_KEY = "quantspec.config_key"   # a job's identity across a sweep's rounds (src.tracking.rounds)
+CONFIG_HASH = "config_hash"   # a param: the digest of the job's resolved config (src.tracking.record.config_hash)
 OUTCOMES = ("finished", "skipped", "failed", "killed")
 STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed": RunStatus.FAILED,
           "killed": RunStatus.KILLED}
@@ -28,7 +28,7 @@ PROBE_TRIES, PROBE_TIMEOUT_S = 3, 2.0
 # would be refused again), never as delivered, and raised.
 REFUSED = {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"}
 # The store no longer has the run (deleted, or a server restarted on a fresh backend): an outage for this
-# job, whose journal replays it whole into a store that lacks it (src.journal.replay).
+# job, whose journal replays it whole into a store that lacks it (src.tracking.journal.replay).
 LOST = "RESOURCE_DOES_NOT_EXIST"
 
 

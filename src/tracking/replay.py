@@ -72,7 +72,7 @@ def sync(store, registry: Path) -> list[str]:
             sent = replay(store, path, pointer)
         except Exception as err:  # noqa: BLE001 - one journal's trouble must not stop this job
             lines.append(f"journal {path} not replayed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
-                         f"python -m src.sync {path.parent} retries it")
+                         f"python -m src.tracking.sync {path.parent} retries it")
             continue
         if sent:
             lines.append(f"replayed {sent} journaled record(s) of {path.parent} into {store.uri}")

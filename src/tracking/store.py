@@ -112,7 +112,7 @@ class Store:
         return runs[0] if runs else None
 
     def busy_round(self, sweep_id: str, r: int) -> bool:
-        """Whether a job of the sweep's round r (src.rounds) was timed on a busy host."""
+        """Whether a job of the sweep's round r (src.tracking.rounds) was timed on a busy host."""
         parent = self.find_sweep(sweep_id)
         return parent is not None and bool(self.search(
             f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`round` = '{r}' and tags.host_busy = 'true'",
