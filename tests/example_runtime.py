@@ -12,10 +12,10 @@ from src.engine.common import Generation, Sampling
 
 
 def unsupported(cfg) -> str | None:
-    """It runs the job's torch weights as they are: fp32, one token at a time, no draft."""
+    """It runs the job's torch weights as they are: fp32, one token at a time."""
     if cfg.precision.name != "fp32":
         return f"engine example runs fp32 only, not {cfg.precision.name}"
-    return "engine example decodes without a draft" if cfg.draft.active else None
+    return None
 
 
 def runtime_name(cfg, device: str) -> str:

@@ -7,7 +7,7 @@ at the precision by llama.cpp's own quantizer (`llama_model_quantize`) from the 
 bf16 (MOSTLY_BF16), cached under `<cache_dir>/llamacpp/`. Other sources would need llama.cpp's Hugging
 Face converter, which its Python package does not ship, and quantspec's int8/int4 formats have no GGUF
 twin (Q8_0 and Q4_K scale blocks of 32 or 256 values their own way, and llama.cpp quantizes activations
-itself): those jobs are skips with their reasons, as is a draft.
+itself): those jobs are skips with their reasons.
 
 Decoding is quantspec's token loop (src.engine.common.token_loop) over llama.cpp's context: the prompt in
 one eval, then one token per eval, each token timestamped when it exists; perplexity scores a window
@@ -50,8 +50,6 @@ def unsupported(cfg) -> str | None:
     if cfg.model.source != "gguf_package":
         return (f"engine llamacpp runs GGUF packages' models (model.source=gguf_package); {cfg.model.name} would "
                 f"need llama.cpp's Hugging Face converter, which llama-cpp-python does not ship")
-    if cfg.draft.active:
-        return "engine llamacpp decodes without a draft here (quantspec's drafts run on engine=native)"
     return available()
 
 

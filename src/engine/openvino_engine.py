@@ -57,13 +57,11 @@ def available() -> str | None:
 
 def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
-    precision, draft_active = cfg.precision.name, cfg.draft.active
+    precision = cfg.precision.name
     if precision not in PRECISIONS:
         why = {"bf16": "OpenVINO keeps fp32 weights and picks bf16 for activations itself"}.get(
             precision, "no NNCF mapping for it")
         return f"engine openvino has no {precision} ({why}); it runs {', '.join(PRECISIONS)}"
-    if draft_active:
-        return "engine openvino decodes without a draft here (quantspec's drafts run on engine=native)"
     return available()
 
 

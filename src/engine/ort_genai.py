@@ -41,12 +41,10 @@ def available() -> str | None:
 
 def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
-    precision, draft_active = cfg.precision.name, cfg.draft.active
+    precision = cfg.precision.name
     if precision not in PRECISIONS:
         return (f"engine ort_genai has no {precision}: its model builder offers weight-only int8/int4 and fp32 on "
                 f"the CPU provider ({', '.join(PRECISIONS)})")
-    if draft_active:
-        return "engine ort_genai decodes without a draft here (quantspec's drafts run on engine=native)"
     return available()
 
 

@@ -1,5 +1,5 @@
 """Engines that are other runtimes: each brings its own export of the job's weights, quantization and
-kernels, and is one module with the same four names, registered here once:
+kernels, and is one module with these names:
 
 - `unsupported(cfg) -> str | None`: why it cannot run that job (the sweep records a skip with it);
 - `runtime_name(cfg, device) -> str`: the runtime, its version and what it runs (param executed.runtime);
@@ -8,7 +8,8 @@ kernels, and is one module with the same four names, registered here once:
 
 Adding one is that module and conf/engine/<name>.yaml with `kind: <name>`, `module: <its import path>`
 and `kernels: runtime` (quantspec's own kernels, attention and step path do not apply); nothing else
-lists the runtimes.
+lists the runtimes. A draft on any engine but native is refused when the config is read (drafts run on
+quantspec's engine), so a runtime's `unsupported` never sees one.
 """
 
 from __future__ import annotations
