@@ -16,10 +16,8 @@ from llama.cpp's logits for every position.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -63,36 +61,28 @@ def runtime_name(cfg, device: str) -> str:
 
 def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Path:
     """The package's GGUF rewritten at the precision by llama.cpp's quantizer: once, then cached."""
-    import llama_cpp
-    out = Path(cache_dir) / "llamacpp" / f"{source_key}-{precision}"
-    path, manifest = out / "model.gguf", out / "quantspec-export.json"
+    from src.engine.runtimes import cached
+    what = f"llama.cpp GGUF ({precision})"
+
+    def quantize(work: Path) -> None:
+        import llama_cpp
+        (work / "model").mkdir()
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize, params.nthread = FTYPES[precision], True, os.cpu_count() or 1
+        if llama_cpp.llama_model_quantize(str(source).encode(), str(work / "model" / "model.gguf").encode(), params):
+            raise RuntimeError(f"the {what} export failed: llama_model_quantize could not write it from {source}")
+
     want = {"version": EXPORT_VERSION, "source": source_key, "precision": precision}
-    if manifest.is_file() and json.loads(manifest.read_text()) == want and path.is_file():
-        return path
-    out.mkdir(parents=True, exist_ok=True)
-    scratch = out / f".model.{os.getpid()}.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.allow_requantize, params.nthread = FTYPES[precision], True, os.cpu_count() or 1
-    started = time.perf_counter()
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(scratch).encode(), params) != 0:
-        scratch.unlink(missing_ok=True)
-        raise RuntimeError(f"the llama.cpp export failed: llama_model_quantize could not write {precision} from "
-                           f"{source}")
-    scratch.rename(path)
-    manifest.write_text(json.dumps(want, indent=1))
-    log.info("exported to llama.cpp GGUF (%s) in %.1f s", precision, time.perf_counter() - started)
-    return path
+    return cached(Path(cache_dir) / "llamacpp" / f"{source_key}-{precision}", want, quantize, what) / "model.gguf"
 
 
 def build(cfg, loaded, placement, corpus, recorder):
     """The job's weights as a GGUF at the precision (cached), loaded by llama.cpp on the job's threads."""
     from src.assembly.models import gguf_path
     from src.engine.common import eos_ids
-    started = time.perf_counter()
-    path = export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key, cfg.precision.name, cfg.cache_dir)
-    recorder.log_metrics({"export_s": time.perf_counter() - started})
-    recorder.log_params({"executed.kernels": "llama.cpp/CPU"})
-    recorder.set_tags({"kernels": "llamacpp", "kernels_isa": "", "kernels_note": "", "export": str(path)})
+    from src.engine.runtimes import exported
+    path = exported(recorder, lambda: export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key,
+                                             cfg.precision.name, cfg.cache_dir), "llamacpp", "llama.cpp/CPU")
     return LlamaCpp(path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
 
 

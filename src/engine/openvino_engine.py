@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,12 +109,9 @@ def build(cfg, loaded, placement, corpus, recorder):
     if PRECISIONS[cfg.precision.name] in CALIBRATED:   # 16 pieces of the corpus quantspec calibrates on
         text = corpus.reader("calibration")()
         texts = [piece for piece in (text[i * 2000:(i + 1) * 2000] for i in range(16)) if piece.strip()]
-    started = time.perf_counter()
-    folder = export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, texts, cfg.cache_dir,
-                    _alpha(cfg))
-    recorder.log_metrics({"export_s": time.perf_counter() - started})
-    recorder.log_params({"executed.kernels": "openvino/CPU"})
-    recorder.set_tags({"kernels": "openvino", "kernels_isa": "", "kernels_note": "", "export": str(folder)})
+    from src.engine.runtimes import exported
+    folder = exported(recorder, lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name,
+                                               texts, cfg.cache_dir, _alpha(cfg)), "openvino", "openvino/CPU")
     return OpenVINO(folder, tuple(sorted(eos_ids(loaded.model))), f32=_f32(cfg.precision.name))
 
 

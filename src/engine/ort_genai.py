@@ -78,11 +78,9 @@ def build(cfg, loaded, placement, corpus, recorder):
     if cfg.hardware.device == "npu":
         log.warning("%s profile: the Ryzen AI provider is not in this onnxruntime-genai; the CPU provider runs",
                     cfg.hardware.name)
-    started = time.perf_counter()
-    folder = export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, provider, cfg.cache_dir)
-    recorder.log_metrics({"export_s": time.perf_counter() - started})
-    recorder.log_params({"executed.kernels": f"onnxruntime-genai/{provider}"})
-    recorder.set_tags({"kernels": "onnxruntime", "kernels_isa": "", "kernels_note": "", "export": str(folder)})
+    from src.engine.runtimes import exported
+    folder = exported(recorder, lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name,
+                                               provider, cfg.cache_dir), "onnxruntime", f"onnxruntime-genai/{provider}")
     return OrtGenAI(folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0))
 
 

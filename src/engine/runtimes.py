@@ -49,30 +49,53 @@ def runtime(engine):
     return importlib.import_module(engine.module) if engine.module else None
 
 
-def cached_export(out: Path, want: dict, model, tokenizer, command: Callable[[Path], list[str]], what: str,
-                  files: dict[str, str] | None = None, env: dict | None = None) -> Path:
-    """A runtime's export of the job's weights in `out`, built once and then cached: kept while its JSON
-    manifest equals `want`. Built in a scratch folder beside it: the model written as a Hugging Face
-    folder (`<work>/hf`, with `files` beside it), then `command(work)`, a process that writes the export
-    to `<work>/model`; a failure is one line (the process's last) and leaves no cache."""
+def cached(out: Path, want: dict, build: Callable[[Path], None], what: str) -> Path:
+    """A runtime's export in `out`, built once and then cached: kept while its JSON manifest equals `want`.
+    `build(work)` writes the export to `<work>/model` in a scratch folder beside `out`, which replaces
+    `out` only once it is whole; a failure (its one-line RuntimeError) leaves no cache."""
     manifest = out / "quantspec-export.json"
     if manifest.is_file() and json.loads(manifest.read_text()) == want:
         return out
     work = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(work, ignore_errors=True)
-    model.save_pretrained(work / "hf", safe_serialization=True)
-    tokenizer.save_pretrained(work / "hf")
-    for name, text in (files or {}).items():
-        (work / name).write_text(text)
+    work.mkdir(parents=True)
     started = time.perf_counter()
-    done = subprocess.run(command(work), capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
+    try:
+        build(work)
+    except BaseException:
         shutil.rmtree(work, ignore_errors=True)
-        raise RuntimeError(f"the {what} export failed: {tail[0] if tail else done.returncode}")
+        raise
     log.info("exported to %s in %.1f s", what, time.perf_counter() - started)
     shutil.rmtree(out, ignore_errors=True)
     (work / "model").rename(out)
     shutil.rmtree(work, ignore_errors=True)
     manifest.write_text(json.dumps(want, indent=1))
     return out
+
+
+def cached_export(out: Path, want: dict, model, tokenizer, command: Callable[[Path], list[str]], what: str,
+                  files: dict[str, str] | None = None, env: dict | None = None) -> Path:
+    """cached() for a runtime whose exporter is a process: the model written as a Hugging Face folder
+    (`<work>/hf`, with `files` beside it), then `command(work)`, which writes `<work>/model`; its failure
+    is the process's last line."""
+    def build(work: Path) -> None:
+        model.save_pretrained(work / "hf", safe_serialization=True)
+        tokenizer.save_pretrained(work / "hf")
+        for name, text in (files or {}).items():
+            (work / name).write_text(text)
+        done = subprocess.run(command(work), capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
+            raise RuntimeError(f"the {what} export failed: {tail[0] if tail else done.returncode}")
+    return cached(out, want, build, what)
+
+
+def exported(recorder, export: Callable[[], Path], kernels: str, executed: str) -> Path:
+    """A runtime's export (built or cached) recorded as every runtime's is: metric export_s, param
+    executed.kernels, tags kernels (quantspec's own kernel variant and note stay empty) and export."""
+    started = time.perf_counter()
+    path = export()
+    recorder.log_metrics({"export_s": time.perf_counter() - started})
+    recorder.log_params({"executed.kernels": executed})
+    recorder.set_tags({"kernels": kernels, "kernels_isa": "", "kernels_note": "", "export": str(path)})
+    return path
