@@ -59,6 +59,7 @@ def unknown_choice(args: list[str]) -> str | None:
 
     Hydra's own message for this is a dozen lines with a search path; users need the name and the options.
     """
+    dirs = config_dirs(args)
     for arg in args:
         launcher = re.fullmatch(r"hydra/launcher=(.*)", arg)
         if launcher and launcher.group(1) not in LAUNCHERS:
@@ -67,7 +68,7 @@ def unknown_choice(args: list[str]) -> str | None:
         if not match or match.group(1) not in GROUPS:
             continue
         group, values = match.groups()
-        known = _known(group, config_dirs(args))
+        known = _known(group, dirs)
         for value in (v.strip() for v in values.split(",")):
             if value not in known:
                 return (f"unknown {group} {value!r}; choose from: {', '.join(known)} "
