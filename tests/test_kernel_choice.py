@@ -35,3 +35,15 @@ def test_avx_vnni_is_built_with_the_vex_dot_products(tmp_path):
     code = subprocess.run(["objdump", "-d", str(library)], capture_output=True, text=True, check=True).stdout
     assert "{vex} vpdpbusd" in code and "{vex} vpdpwssd" in code
     assert "zmm" not in code and "%ymm16" not in code and "{%k" not in code   # nothing of AVX-512
+
+
+def test_a_variant_the_cpu_lacks_is_passed_over_never_loaded(tmp_path):
+    """load_variants (what tests and scripts load a named variant through) never loads a variant whose
+    instructions the CPU lacks: its first call would be SIGILL. It says why and takes the next one."""
+    import os
+    from pathlib import Path
+    cache = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")) / "kernels"
+    future = variants.Variant("future", platform.machine(), "reference.cpp", (), ("no_such_flag",))
+    assert kernels.load_variants(cache, [future, variants.by_name("reference")])
+    assert kernels.variant() == "reference" and kernels.reason() == "future: this CPU lacks no_such_flag"
+    assert not list(Path(cache).expanduser().glob("future-*"))   # not even built

@@ -69,7 +69,9 @@ def load(directory: Path, isa: str = "auto") -> bool:
 
 
 def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
-    """load() for the first of `chosen` that builds (the tests load variants.AVX_VNNI_TWIN through it)."""
+    """load() for the first of `chosen` that this CPU runs and that builds (the tests and scripts load
+    variants.AVX_VNNI_TWIN through it). A variant whose instructions the CPU lacks is never loaded: its
+    first call would kill the process (SIGILL), so it is passed over with that reason."""
     directory = Path(directory).expanduser()
     if not _state.get("binding"):
         reason = _load_binding(directory)
@@ -77,8 +79,12 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
             _state.update(ok=False, reason=reason, variant=None)
             return False
         _state["binding"] = True
-    skipped = []
+    skipped, features = [], variants.cpu_features()
     for variant in chosen:
+        lacks = variants.missing(variant, features)
+        if lacks:
+            skipped.append(f"{variant.name}: this CPU lacks {', '.join(lacks)}")
+            continue
         try:
             path = _built_variant(variant, directory)
         except Exception as err:  # an old compiler without these flags: the next variant down
