@@ -17,8 +17,6 @@ from src.assembly.config import AXES
 from src.tracking.sweeps import JobRecord
 from src.tracking import CONFIG_KEY
 
-KEY_GROUPS = AXES   # a job's identity across its rounds
-
 
 def ratio(a: float | None, b: float | None) -> float:
     """a / b where both were measured, else NaN."""
@@ -122,7 +120,7 @@ def configs(jobs: list[JobRecord]) -> list[Config]:
 
 def baseline_of(config: Config, all_configs: list[Config], baseline: dict[str, str]) -> Config | None:
     """The job that differs from this one only in the baseline's choices, if it finished a round."""
-    want = {g: baseline.get(g, config.choice(g)) for g in KEY_GROUPS}
+    want = {g: baseline.get(g, config.choice(g)) for g in AXES}   # a job's identity across its rounds
     for other in all_configs:
         if other.finished() and all(other.choice(g) == v for g, v in want.items()):
             return other
