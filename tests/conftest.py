@@ -50,16 +50,18 @@ def store(tmp_path) -> str:
 
 
 def quant_spec(method: str, scheme: str, **fields):
-    """A QuantSpec with conf/precision/_fields.yaml's defaults (the one place they live) under `fields`."""
+    """The spec of `method` (src.quant.methods.METHODS) with conf/precision/_fields.yaml's defaults (the one
+    place they live) under `fields`."""
     import dataclasses
 
-    from src.assembly.config import QuantSpec
+    from src.quant.methods import METHODS
+    cls = METHODS[method]
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "precision" / "_fields.yaml"))
-    names = {f.name for f in dataclasses.fields(QuantSpec)}
+    names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in defaults.items() if k in names}
     values.update(method=method, scheme=scheme, **fields)
     values["int8_linears"] = tuple(values["int8_linears"])
-    return QuantSpec(**values)
+    return cls(**values)
 
 
 def free_port() -> int:

@@ -38,7 +38,7 @@ def one_line(text: str) -> str:
     ("experiment=" + "é" * 300, "cannot read the override 'experiment=ééé"),
     ("dataset.max_mb=0", "dataset.max_mb=0 must be at least 1"),
     # before any runtime's own unsupported(): a runtime never sees a draft
-    ("engine=openvino engine.kernels=runtime draft=prompt_lookup",
+    ("engine=openvino draft=prompt_lookup",
      "draft=prompt_lookup runs on quantspec's engine; use engine=native"),
 ])
 def test_config_errors_are_one_line_and_record_no_run(tmp_path, override, words):

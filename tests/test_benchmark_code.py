@@ -208,17 +208,17 @@ def test_random_weights_and_greedy_samples_are_refused(store):
 
 
 def test_samples_are_drawn_apart_and_scored_as_pass_at_k():
-    from src.assembly.config import TaskConfig
     from src.engine import ENGINES, Sampling
-    from src.tasks import TASKS, TaskInputs
+    from src.tasks.common import TaskInputs
+    from src.tasks.kinds import BenchmarkCode
     from src.assembly.tiny import TINY_CONTEXT, tiny_model
 
     model, tok = tiny_model("llama")
-    task = TaskConfig(name="benchmark_code", kind="benchmark_code", max_new_tokens=6, code_max_new_tokens=6,
-                      exact_new_tokens=False, limit=1, warmup=0, samples=3, sandbox="rlimit")
+    task = BenchmarkCode(name="benchmark_code", max_new_tokens=6, code_max_new_tokens=6, exact_new_tokens=False,
+                         limit=1, warmup=0, samples=3, sandbox="rlimit")
     sampling = Sampling(do_sample=True, temperature=1.5, seed=3)
-    res = TASKS["benchmark_code"](TaskInputs(model, tok, task, True, sampling, TINY_CONTEXT, corpus=lambda: "",
-                                             generate=ENGINES["native"]))
+    res = task.run(TaskInputs(model, tok, task, True, sampling, TINY_CONTEXT, corpus=lambda: "",
+                              generate=ENGINES["native"]))
     lines = [json.loads(x) for x in res.artifacts["completions.jsonl"].splitlines()]
     assert [x["sample"] for x in lines] == [0, 1, 2] and len(res.rows) == 3
     assert len({x["completion"] for x in lines}) > 1          # seeds 3, 4, 5: not one draw three times

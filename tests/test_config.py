@@ -119,3 +119,53 @@ def test_engine_isa_choices_are_the_kernel_variants_but_never_the_tests_twin():
     from src.assembly.config import ISA_CHOICES
     from src.kernels.variants import AVX_VNNI_TWIN, NAMES
     assert ISA_CHOICES == ("auto", *NAMES) and "avx_vnni" in ISA_CHOICES and AVX_VNNI_TWIN.name not in ISA_CHOICES
+
+
+def test_each_kind_holds_only_its_own_fields():
+    """A kind's config is its registered class: a w8a8 job has no AWQ fields, decode no perplexity window, a
+    runtime engine none of quantspec's kernels or step path (the YAML's _fields reach every job of a sweep;
+    the typed config keeps the kind's own)."""
+    from src.assembly.config import RuntimeEngine
+    from src.quant.methods import Awq, SmoothQuant
+    from src.tasks.kinds import Decode, Perplexity
+    job = job_config_from_dict(compose_job(["precision=w8a8", "task=decode"])[0])
+    assert type(job.precision.quant) is SmoothQuant and not hasattr(job.precision.quant, "awq_grid")
+    assert type(job.task) is Decode and not hasattr(job.task, "window")
+    job = job_config_from_dict(compose_job(["precision=w4a16", "task=perplexity", "engine=openvino"])[0])
+    assert type(job.precision.quant) is Awq and not hasattr(job.precision.quant, "alpha")
+    assert type(job.task) is Perplexity and not hasattr(job.task, "max_new_tokens")
+    assert type(job.engine) is RuntimeEngine and not hasattr(job.engine, "kernels")
+    assert job_config_from_dict(compose_job(["precision=fp32"])[0]).precision.quant is None
+
+
+def test_another_method_s_field_does_not_re_key_a_quantized_cache():
+    """The cache key is the method's spec: AWQ's search settings leave a SmoothQuant cache where it is (the flat
+    precision config had keyed every cache by every method's fields)."""
+    from src.quant.cache import cache_key
+    model = job_config_from_dict(compose_job([])[0]).model
+
+    def key(*overrides):
+        return cache_key("src", job_config_from_dict(compose_job(list(overrides))[0]).precision.spec(model), "h")
+    assert key("precision=w8a8") == key("precision=w8a8", "precision.awq_grid=3")
+    assert key("precision=w4a16") != key("precision=w4a16", "precision.awq_grid=3")
+    assert key("precision=w8a8") != key("precision=w8a8", "precision.alpha=0.9")
+
+
+def test_a_kind_is_registered_once_and_its_names_are_the_choices():
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from src.assembly.schema import Kinds
+    from src.tasks.kinds import TASKS, TaskConfig
+    assert TASKS.names == ("decode", "benchmark", "benchmark_code", "perplexity", "quantize")
+    assert {p.stem for p in (CONF / "task").glob("*.yaml") if not p.stem.startswith("_")} >= set(TASKS.names)
+    kinds = Kinds("task", "kind")
+
+    @dataclass(frozen=True, kw_only=True)
+    class Mine(TaskConfig):
+        KIND: ClassVar[str] = "mine"
+    kinds.register(Mine)
+    with pytest.raises(ValueError, match="registered twice"):
+        kinds.register(Mine)
+    with pytest.raises(ConfigError, match="task.kind='other' is not one of: mine"):
+        kinds["other"]

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from src.assembly.config import TaskConfig
+from src.tasks.kinds import TASKS
 from src.assembly.corpus import SEED_PROMPTS, code_prompts, load_text
 from src.assembly.config import DatasetConfig
 from src.engine import ENGINES, Sampling, engine_for
 from src.engine import fastpath
 from src.engine.common import probabilities
 from src.engine.native import Decoder
-from src.tasks import TASKS, TaskInputs
+from src.tasks.common import TaskInputs
 from src.tasks.benchmark import cut_prompts
 from src.assembly.tiny import TINY_CONTEXT, tiny_model
 
@@ -51,9 +51,14 @@ def test_sampling_is_seeded(llama):
 
 
 def task(kind="benchmark", **kw):
-    base = dict(name=kind, kind=kind, max_new_tokens=5, code_max_new_tokens=7, exact_new_tokens=True,
-                prompt_lengths=(4, 16), limit=None, warmup=0)
-    return TaskConfig(**{**base, **kw})
+    base = dict(name=kind, max_new_tokens=5, code_max_new_tokens=7, exact_new_tokens=True, limit=None, warmup=0,
+                **({"prompt_lengths": (4, 16)} if kind == "benchmark" else {}))
+    return TASKS[kind](**{**base, **kw})
+
+
+def run(inputs):
+    """The task of `inputs`, as a job runs it (its kind's own implementation)."""
+    return inputs.task.run(inputs)
 
 
 def inputs(model, tok, t, code=False):
@@ -72,7 +77,7 @@ def test_benchmark_prompts_have_exact_lengths(llama):
 def test_benchmark_generates_exactly_and_drops_what_does_not_fit(llama):
     model, tok = llama
     t = task(prompt_lengths=(4, 16, TINY_CONTEXT))
-    out = TASKS["benchmark"](inputs(model, tok, t))
+    out = run(inputs(model, tok, t))
     assert [r.prompt_tokens for r in out.rows] == [4, 16]
     assert all(r.new_tokens == 5 for r in out.rows)
     assert out.notes and str(TINY_CONTEXT) in out.notes[0]
@@ -80,22 +85,22 @@ def test_benchmark_generates_exactly_and_drops_what_does_not_fit(llama):
 
 def test_repeats_keep_one_row_per_example(llama):
     model, tok = llama
-    out = TASKS["benchmark"](inputs(model, tok, task(prompt_lengths=(4, 8), repeats=3)))
+    out = run(inputs(model, tok, task(prompt_lengths=(4, 8), repeats=3)))
     assert [r.prompt_tokens for r in out.rows] == [4, 8] and all(r.new_tokens == 5 for r in out.rows)
 
 
 def test_benchmark_with_nothing_that_fits_fails(llama):
     model, tok = llama
     with pytest.raises(ValueError, match="fits the model's context"):
-        TASKS["benchmark"](inputs(model, tok, task(prompt_lengths=(4000,))))
+        run(inputs(model, tok, task(prompt_lengths=(4000,))))
 
 
 def test_decode_uses_seed_prompts_or_code_prompts(llama):
     model, tok = llama
-    out = TASKS["decode"](inputs(model, tok, task("decode", exact_new_tokens=False, limit=2)))
+    out = run(inputs(model, tok, task("decode", exact_new_tokens=False, limit=2)))
     assert len(out.rows) == 2 and all(r.new_tokens <= 5 for r in out.rows)
     assert SEED_PROMPTS[0] in out.artifacts["responses.jsonl"]
-    code = TASKS["decode"](inputs(model, tok, task("decode", limit=1), code=True))
+    code = run(inputs(model, tok, task("decode", limit=1), code=True))
     assert code.rows[0].new_tokens == 7
     assert len(SEED_PROMPTS) == 10 and len(code_prompts()) == 13
     assert code_prompts()[0].startswith("from typing import List")

@@ -7,13 +7,13 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import perplexity_by_engine, run_cli
 
-YAML = """name: example
+YAML = """defaults:
+  - _fields
+  - _self_
+
+name: example
 kind: example
 module: tests.example_runtime
-attention: sdpa
-kernels: runtime
-step_path: transformers
-isa: auto
 """
 
 

@@ -13,9 +13,13 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
+from src.assembly.schema import ConfigError, Kinds, check_choice
 from src.kernels import variants as kernel_variants
+from src.quant.methods import HEAD, INT4_GROUPS, METHODS, SCHEMES, QuantSpec
+from src.quant import methods as quant_methods
+from src.tasks.kinds import TASKS, TaskConfig
 
 
 ARCHS = ("llama", "opt", "qwen2", "gemma3")
@@ -23,17 +27,10 @@ MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
 WEIGHTS = ("real", "random")
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("float32", "bfloat16", "float16")
-QUANT_METHODS = ("none", "smoothquant", "awq", "rtn")
-SCHEMES = ("w8a8", "w8a16", "w4a16")   # low-bit weights x activations (precision.scheme)
-INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel accepts
 DRAFT_KINDS = ("none", "prompt_lookup", "model")
 DRAFT_SCHEDULES = ("constant", "heuristic")
 MAX_DRAFT_K = 15  # a verification of k + 1 tokens stays on the engine's step path and kernels (16 rows)
-TASK_KINDS = ("decode", "benchmark", "benchmark_code", "perplexity", "quantize")
-SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.tasks.sandbox)
-DECODING_TASKS = ("decode", "benchmark", "benchmark_code")
 DATASET_SOURCES = ("humaneval", "hf", "textfile")
-TRACKING_KINDS = ("sqlite", "server")
 UNREACHABLE = ("fail", "journal")
 # A model's name becomes a cache directory: letters, digits and . _ - only, never a path.
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -43,28 +40,16 @@ GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
 # command line's groups add the two that are not part of it.
 AXES = ("model", "hardware", "precision", "draft", "task", "engine")
 GROUPS = (*AXES, "dataset", "tracking")
-# quantspec's own engines; another runtime is named by its module (engine.module: src/engine/runtimes.py)
-BUILTIN_ENGINES = ("hf", "native")
 ATTENTIONS = ("sdpa", "eager")
-KERNEL_CHOICES = ("quantspec", "aten", "runtime")   # runtime: another runtime's own (ort_genai)
+KERNEL_CHOICES = ("quantspec", "aten")
 # quantspec's kernel variants, as src/kernels/variants.py names them: auto takes the best this CPU runs; a
 # name forces one, refused in one line where the CPU lacks it.
 ISA_CHOICES = ("auto", *kernel_variants.NAMES)
 STEP_PATHS = ("quantspec", "transformers")
-HEAD = "lm_head"   # the output head's module name in every supported architecture
 
 
 MIN_TEMPERATURE = 1e-3
 MAX_EXPERIMENT_CHARS = 200
-
-
-class ConfigError(ValueError):
-    """A setting a user can fix: the message is the one line they see."""
-
-
-def _check_choice(where: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{where}={value!r} is not one of: {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
@@ -81,11 +66,11 @@ class ModelConfig:
     def validate(self) -> None:
         if not MODEL_NAME.fullmatch(self.name):
             raise ConfigError(f"model.name={self.name!r} must be letters, digits and . _ - (it names a cache folder)")
-        _check_choice("model.arch", self.arch, ARCHS)
-        _check_choice("model.weights", self.weights, WEIGHTS)
+        check_choice("model.arch", self.arch, ARCHS)
+        check_choice("model.weights", self.weights, WEIGHTS)
         if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:
             raise ConfigError(f"model.smoothquant_alpha={self.smoothquant_alpha} must be in [0, 1]")
-        _check_choice("model.source", self.source, MODEL_SOURCES)
+        check_choice("model.source", self.source, MODEL_SOURCES)
         if self.source == "local" and not self.local_path:
             raise ConfigError("model.source=local needs model.local_path=/path/to/model/dir")
         if self.local_path is not None and not self.local_path.strip():
@@ -106,80 +91,38 @@ class HardwareConfig:
     resource: str = ""   # the Ray resource of the nodes that have this hardware, e.g. hw-stx
 
     def validate(self) -> None:
-        _check_choice("hardware.device", self.device, DEVICES)
+        check_choice("hardware.device", self.device, DEVICES)
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"hardware.threads={self.threads} must be at least 1 (or null for every core)")
 
 
 @dataclass(frozen=True)
-class QuantSpec:
-    """What changes a precision's quantized weights (and so its cache key): the quantization library's
-    input (src.quant). The defaults live in conf/precision/_fields.yaml, nowhere else."""
-    method: str                     # none | smoothquant | awq | rtn
-    scheme: str | None              # which low-bit scheme the quantized linears run (w8a8, w8a16, w4a16)
-    group_size: int | None          # int4 groups along the input features
-    alpha: float | None             # SmoothQuant; null: the model's smoothquant_alpha
-    quantize_head: bool             # False keeps the output head in float
-    head_scheme: str | None         # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
-    awq_grid: int
-    awq_clip: bool
-    awq_search_tokens: int
-    awq_search_rows: int | None     # output channels sampled per scale search (null: all)
-    awq_block_loss: bool
-    int8_linears: tuple[str, ...]   # decoder linears (name suffixes) kept at int8 under w4a16
-
-    def scheme_for(self, name: str) -> str:
-        if name == HEAD:
-            return self.head_scheme or self.scheme
-        if self.scheme == "w4a16" and name.endswith(self.int8_linears):
-            return "w8a16"
-        return self.scheme
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrecisionConfig(QuantSpec):
-    """A precision: its quantization spec, embedded, plus what the job does around it."""
+class PrecisionConfig:
+    """A precision: the float parts' dtype, calibration's size, and its quantization method's spec (None
+    for a float precision; one of src.quant.methods.METHODS, holding only that method's fields)."""
     name: str
     dtype: str                      # the float parts' dtype (norms, attention, embedding)
+    method: str                     # none, or a method of src.quant.methods
     calib_samples: int              # calibration windows from the dataset's second half...
     calib_seq_len: int              # ...of this many tokens (their hash is part of the cache key)
-
-    def spec(self, model_alpha: float | None) -> QuantSpec:
-        """The spec alone, with SmoothQuant's alpha resolved against the model's."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(QuantSpec)}
-        if self.method == "smoothquant" and self.alpha is None:
-            fields["alpha"] = model_alpha
-        elif self.method != "smoothquant":
-            fields["alpha"] = None
-        return QuantSpec(**fields)
+    quant: QuantSpec | None = None
 
     @property
     def quantized(self) -> bool:
-        return self.method != "none"
+        return self.quant is not None
+
+    def spec(self, model: "ModelConfig") -> QuantSpec:
+        """The method's spec with what it takes from the model filled in (SmoothQuant's alpha)."""
+        return self.quant.resolved(model)
 
     def validate(self) -> None:
-        _check_choice("precision.dtype", self.dtype, DTYPES)
-        _check_choice("precision.method", self.method, QUANT_METHODS)
-        if not self.quantized:
-            return
-        _check_choice("precision.scheme", self.scheme, SCHEMES)
-        if self.head_scheme is not None:
-            _check_choice("precision.head_scheme", self.head_scheme, SCHEMES)
-        if self.scheme == "w4a16":
-            if self.group_size not in INT4_GROUPS:
-                raise ConfigError(f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
-                                  f"use one of: {', '.join(map(str, INT4_GROUPS))}")
-            if self.method == "smoothquant":
-                raise ConfigError("precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w4a16")
-        elif self.method == "awq":
-            raise ConfigError(f"precision.method=awq is for w4a16, not precision.scheme={self.scheme}")
-        if self.alpha is not None and not 0 <= self.alpha <= 1:
-            raise ConfigError(f"precision.alpha={self.alpha} must be in [0, 1]")
-        if self.awq_search_rows is not None and self.awq_search_rows < 1:
-            raise ConfigError(f"precision.awq_search_rows={self.awq_search_rows} must be at least 1 (or null: all)")
-        for key in ("calib_samples", "calib_seq_len", "awq_grid", "awq_search_tokens"):
+        check_choice("precision.dtype", self.dtype, DTYPES)
+        check_choice("precision.method", self.method, quant_methods.choices())
+        for key in ("calib_samples", "calib_seq_len"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
+        if self.quant is not None:
+            self.quant.validate()
 
 
 @dataclass(frozen=True)
@@ -199,8 +142,8 @@ class DraftConfig:
         return self.kind != "none"
 
     def validate(self) -> None:
-        _check_choice("draft.kind", self.kind, DRAFT_KINDS)
-        _check_choice("draft.schedule", self.schedule, DRAFT_SCHEDULES)
+        check_choice("draft.kind", self.kind, DRAFT_KINDS)
+        check_choice("draft.schedule", self.schedule, DRAFT_SCHEDULES)
         if not 1 <= self.k <= MAX_DRAFT_K or not self.k <= self.k_max <= MAX_DRAFT_K:
             raise ConfigError(f"draft.k={self.k} and draft.k_max={self.k_max} must satisfy 1 <= k <= k_max <= "
                               f"{MAX_DRAFT_K}")
@@ -211,79 +154,61 @@ class DraftConfig:
             raise ConfigError(f"draft.vocab={self.vocab} needs a draft model (draft.kind=model) and at least 1 token")
 
 
-@dataclass(frozen=True)
-class TaskConfig:
-    name: str
-    kind: str
-    max_new_tokens: int = 60
-    code_max_new_tokens: int = 60
-    exact_new_tokens: bool = True
-    prompt_lengths: tuple[int, ...] = ()
-    limit: int | None = None
-    warmup: int = 1
-    repeats: int = 1                # timed runs per example; the median one is kept
-    window: int = 512               # perplexity: tokens per non-overlapping window
-    windows: int = 8                # perplexity: how many windows
-    samples: int = 1                # benchmark_code: completions per problem (pass@k for k <= samples)
-    sandbox: str = "bwrap"          # benchmark_code: bwrap, or rlimit where bubblewrap cannot run
-    sandbox_timeout_s: float = 3.0  # benchmark_code: wall clock per problem's tests
-    sandbox_memory_mb: int = 1024   # benchmark_code: address space per problem's tests
-    sandbox_workers: int = 2        # benchmark_code: problems tested at once
-
-    def validate(self) -> None:
-        _check_choice("task.kind", self.kind, TASK_KINDS)
-        _check_choice("task.sandbox", self.sandbox, SANDBOXES)
-        if self.samples < 1 or self.sandbox_workers < 1:
-            raise ConfigError(f"task.samples={self.samples} and task.sandbox_workers={self.sandbox_workers} must "
-                              f"be at least 1")
-        if self.sandbox_timeout_s <= 0 or self.sandbox_memory_mb < 64:
-            raise ConfigError(f"task.sandbox_timeout_s={self.sandbox_timeout_s} must be above 0 and "
-                              f"task.sandbox_memory_mb={self.sandbox_memory_mb} at least 64")
-        if self.window < 2 or self.windows < 1:
-            raise ConfigError(f"task.window={self.window} and task.windows={self.windows} must be at least 2 and 1")
-        for key in ("max_new_tokens", "code_max_new_tokens"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"task.{key}={getattr(self, key)} must be at least 1")
-        if self.kind == "benchmark" and not self.prompt_lengths:
-            raise ConfigError("task.prompt_lengths is empty: a benchmark needs at least one prompt length")
-        if any(n < 1 for n in self.prompt_lengths):
-            raise ConfigError(f"task.prompt_lengths={list(self.prompt_lengths)} must all be at least 1")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"task.limit={self.limit} must be at least 1 (or null for every example)")
-        if self.repeats < 1:
-            raise ConfigError(f"task.repeats={self.repeats} must be at least 1")
-        if self.warmup < 0:
-            raise ConfigError(f"task.warmup={self.warmup} must be 0 or more")
-
-    def new_tokens(self, code_model: bool) -> int:
-        return self.code_max_new_tokens if code_model else self.max_new_tokens
+ENGINES = Kinds("engine", "kind")   # quantspec's own engines; another runtime is a RuntimeEngine
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
+    """quantspec's own engines: the model's forward on torch, with quantspec's kernels where asked."""
+    KIND: ClassVar[str]
     name: str
-    kind: str
     attention: str          # conf/engine/*.yaml hold the values (measured defaults) and say why
     kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
     step_path: str          # quantspec: native steps through src.engine.fastpath where it covers
     isa: str = "auto"       # which variant of src/kernels runs (engine.kernels=quantspec)
-    module: str | None = None   # another runtime: the module that runs it (src/engine/runtimes.py)
+    module: ClassVar[None] = None   # not another runtime
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
 
     def validate(self) -> None:
-        if self.module is None:
-            _check_choice("engine.kind", self.kind, BUILTIN_ENGINES)
-        else:
-            from src.engine.runtimes import check_module
-            check_module(self.module)
-        _check_choice("engine.attention", self.attention, ATTENTIONS)
-        _check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
-        _check_choice("engine.step_path", self.step_path, STEP_PATHS)
-        _check_choice("engine.isa", self.isa, ISA_CHOICES)
-        if self.step_path == "quantspec" and self.kind != "native":
+        check_choice("engine.attention", self.attention, ATTENTIONS)
+        check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
+        check_choice("engine.step_path", self.step_path, STEP_PATHS)
+        check_choice("engine.isa", self.isa, ISA_CHOICES)
+
+
+@ENGINES.register
+@dataclass(frozen=True, kw_only=True)
+class HfEngine(EngineConfig):
+    """transformers' generate: the reference."""
+    KIND: ClassVar[str] = "hf"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.step_path == "quantspec":
             raise ConfigError("engine.step_path=quantspec is the native engine's; use engine=native")
-        if (self.kernels == "runtime") != (self.module is not None):
-            raise ConfigError("engine.kernels=runtime is the kernels of another runtime (an engine with "
-                              "engine.module), and such a runtime runs no other")
+
+
+@ENGINES.register
+@dataclass(frozen=True, kw_only=True)
+class NativeEngine(EngineConfig):
+    """quantspec's own loop: prefill, steps and k-token verifications over a KV cache (drafts run here)."""
+    KIND: ClassVar[str] = "native"
+
+
+@dataclass(frozen=True)
+class RuntimeEngine:
+    """Another runtime, named by its module (src/engine/runtimes.py): it brings its own kernels, attention
+    and steps, so none of quantspec's engine fields apply."""
+    name: str
+    kind: str
+    module: str
+
+    def validate(self) -> None:
+        from src.engine.runtimes import check_module
+        check_module(self.module)
 
 
 @dataclass(frozen=True)
@@ -297,7 +222,7 @@ class DatasetConfig:
     max_mb: int = 64        # a text file larger than this is refused before it is read (it is read whole)
 
     def validate(self) -> None:
-        _check_choice("dataset.source", self.source, DATASET_SOURCES)
+        check_choice("dataset.source", self.source, DATASET_SOURCES)
         if self.max_mb < 1:
             raise ConfigError(f"dataset.max_mb={self.max_mb} must be at least 1")
         if self.source == "textfile" and not self.path:
@@ -325,20 +250,43 @@ class Sampling:
             raise ConfigError(f"sampling.seed={self.seed} must be in [0, 2**63) (torch's generator takes a 64-bit seed)")
 
 
-@dataclass(frozen=True)
+TRACKING = Kinds("tracking", "kind")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
-    kind: str
+    KIND: ClassVar[str]
     unreachable: str            # a store unreachable at start: fail in seconds, or journal and sync later
     system_metrics_s: float     # MLflow system metrics every N seconds; 0: off
     busy_cores: float           # others' CPU (cores) while timed above which a job is tagged host_busy
     uri: str | None = None
 
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
     def validate(self) -> None:
-        _check_choice("tracking.kind", self.kind, TRACKING_KINDS)
         if self.system_metrics_s < 0 or self.busy_cores < 0:
             raise ConfigError("tracking.system_metrics_s and tracking.busy_cores must be 0 or more")
-        _check_choice("tracking.unreachable", self.unreachable, UNREACHABLE)
-        if self.kind == "server" and not self.uri:
+        check_choice("tracking.unreachable", self.unreachable, UNREACHABLE)
+
+
+@TRACKING.register
+@dataclass(frozen=True, kw_only=True)
+class SqliteTracking(TrackingConfig):
+    """One SQLite file (uri null: the project's mlflow.db)."""
+    KIND: ClassVar[str] = "sqlite"
+
+
+@TRACKING.register
+@dataclass(frozen=True, kw_only=True)
+class ServerTracking(TrackingConfig):
+    """A running MLflow tracking server."""
+    KIND: ClassVar[str] = "server"
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.uri:
             raise ConfigError("tracking=server needs tracking.uri=http://host:port")
 
 
@@ -351,7 +299,7 @@ class JobConfig:
     task: TaskConfig
     dataset: DatasetConfig
     tracking: TrackingConfig
-    engine: EngineConfig
+    engine: EngineConfig | RuntimeEngine
     sampling: Sampling = field(default_factory=Sampling)
     draft_model: ModelConfig | None = None          # draft.kind=model: what drafts, at which precision
     draft_precision: PrecisionConfig | None = None
@@ -370,24 +318,9 @@ class JobConfig:
         if self.cache_dir.exists() and not self.cache_dir.is_dir():
             raise ConfigError(f"cache_dir={self.cache_dir} is a file, not a directory; point QUANTSPEC_CACHE "
                               f"(or cache_dir=) at a directory")
-        p = self.precision
-        if p.method == "smoothquant" and p.alpha is None and self.model.smoothquant_alpha is None:
-            raise ConfigError(f"model {self.model.name} has no smoothquant_alpha; set precision.alpha=0.5 "
-                              f"(or model.smoothquant_alpha)")
-        if not p.quantized and self.task.kind == "quantize":
-            raise ConfigError(f"task=quantize needs a quantized precision, not precision={p.name}")
-        if self.model.weights == "random" and self.task.kind == "perplexity":
-            raise ConfigError(f"task={self.task.name} measures quality, and {self.model.name} has random weights "
-                              f"(model.weights=random): its perplexity would mean nothing; time it with "
-                              f"task=benchmark, or load the real weights")
-        if self.model.weights == "random" and self.task.kind == "benchmark_code":
-            raise ConfigError(f"task={self.task.name} measures whether generated code works, and {self.model.name} "
-                              f"has random weights (model.weights=random): its pass@1 would mean nothing; time it "
-                              f"with task=benchmark, or load the real weights")
-        if self.task.samples > 1 and not self.sampling.do_sample:
-            raise ConfigError(f"task.samples={self.task.samples} under greedy decoding gives identical completions; "
-                              f"set sampling.do_sample=true (e.g. sampling.temperature=0.8) for pass@k, or "
-                              f"task.samples=1")
+        if self.precision.quantized:
+            self.precision.spec(self.model)   # the method finds what it takes from the model (or says so)
+        self.task.check_job(self)
         if self.draft.active and self.engine.kind != "native":
             raise ConfigError(f"draft={self.draft.name} runs on quantspec's engine; use engine=native")
         if self.draft.kind == "model":
@@ -395,10 +328,8 @@ class JobConfig:
                 raise ConfigError(f"draft={self.draft.name} has no resolved model and precision")
             self.draft_model.validate()
             self.draft_precision.validate()
-            dp = self.draft_precision
-            if dp.method == "smoothquant" and dp.alpha is None and self.draft_model.smoothquant_alpha is None:
-                raise ConfigError(f"draft model {self.draft_model.name} has no smoothquant_alpha; set it in "
-                                  f"conf/model/{self.draft_model.name}.yaml")
+            if self.draft_precision.quantized:
+                self.draft_precision.spec(self.draft_model)
 
     def unsupported_reason(self) -> str | None:
         """Why this hardware cannot run this precision, or None. Not an error: the sweep records a skip."""
@@ -408,18 +339,17 @@ class JobConfig:
         if self.draft_precision is not None and self.draft_precision.name not in self.hardware.precisions:
             return (f"{self.hardware.name} has no {self.draft_precision.name} kernels for the draft "
                     f"(it supports {', '.join(self.hardware.precisions)})")
-        if self.draft.active and self.task.kind not in DECODING_TASKS:
+        if self.draft.active and not self.task.DECODES:
             return f"task {self.task.name} does not decode: draft {self.draft.name} would change nothing"
         from src.engine.runtimes import runtime
         other = runtime(self.engine)
         return other.unsupported(self) if other is not None else None
 
 
-_SECTIONS = {
-    "model": ModelConfig, "hardware": HardwareConfig, "precision": PrecisionConfig, "draft": DraftConfig,
-    "task": TaskConfig, "dataset": DatasetConfig, "tracking": TrackingConfig, "engine": EngineConfig,
-    "sampling": Sampling,
-}
+# Sections of one class; the axes with kinds (precision, task, engine, tracking) are built by _kind_of.
+_SECTIONS = {"model": ModelConfig, "hardware": HardwareConfig, "draft": DraftConfig, "dataset": DatasetConfig,
+             "sampling": Sampling}
+_SECTION_ORDER = ("model", "hardware", "precision", "draft", "task", "dataset", "tracking", "engine", "sampling")
 
 
 _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
@@ -445,13 +375,22 @@ def _type_problem(value: Any, hint: Any) -> str | None:
     return None
 
 
-def _build(section: str, cls: type, raw: Mapping[str, Any]) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _build(section: str, cls: type, raw: Mapping[str, Any], known: set[str] | None = None,
+           extra: Mapping[str, Any] | None = None) -> Any:
+    """cls from raw, its fields type-checked. `known`: the keys the section may hold (every kind's fields,
+    for an axis with kinds); those that are not cls's own belong to another kind and are left out."""
+    names = _fields(cls) - set(extra or {})
+    unknown = sorted(set(raw) - (names if known is None else known))
     if unknown:
-        raise ConfigError(f"{section} has unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        allowed = names if known is None else known
+        raise ConfigError(f"{section} has unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
+    raw = {k: v for k, v in raw.items() if k in names}
     missing = sorted(f.name for f in dataclasses.fields(cls)
-                     if f.name not in raw and f.default is dataclasses.MISSING
+                     if f.name in names and f.name not in raw and f.default is dataclasses.MISSING
                      and f.default_factory is dataclasses.MISSING)
     if missing:
         raise ConfigError(f"{section} is missing {', '.join(missing)}")
@@ -462,7 +401,46 @@ def _build(section: str, cls: type, raw: Mapping[str, Any]) -> Any:
             raise ConfigError(f"{section}.{key}={value!r} must be {problem}")
     # YAML lists arrive as lists; the frozen dataclasses keep tuples so configs stay hashable.
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
-    return cls(**values)
+    return cls(**values, **(extra or {}))
+
+
+def _kind_of(section: str, kinds: Kinds, raw: Mapping[str, Any]) -> Any:
+    """A section of an axis with kinds: the class its selector names, from that class's own fields."""
+    raw = dict(raw)
+    cls = kinds[raw.pop(kinds.selector, None)]
+    return _build(section, cls, raw, kinds.field_names())
+
+
+def _precision(section: str, raw: Mapping[str, Any]) -> PrecisionConfig:
+    """The precision's own fields, and its method's spec from the method's fields (none: no spec)."""
+    method = raw.get("method")
+    check_choice(f"{section}.method", method, quant_methods.choices())
+    own = _fields(PrecisionConfig) - {"quant"}
+    known = own | METHODS.field_names()
+    quant = None
+    if method != "none":
+        spec = {k: v for k, v in raw.items() if k not in own or k == "method"}
+        quant = _build(section, METHODS[method], spec, METHODS.field_names())
+    return _build(section, PrecisionConfig, raw, known, extra={"quant": quant})
+
+
+def _engine(raw: Mapping[str, Any]) -> Any:
+    """quantspec's own engine by its kind, or another runtime where the engine names its module."""
+    if raw.get("module") is not None:
+        return _build("engine", RuntimeEngine, raw, _fields(RuntimeEngine) | ENGINES.field_names())
+    return _kind_of("engine", ENGINES, {k: v for k, v in raw.items() if k != "module"})
+
+
+def _section(section: str, raw: Mapping[str, Any]) -> Any:
+    if section == "precision":
+        return _precision(section, raw)
+    if section == "task":
+        return _kind_of(section, TASKS, raw)
+    if section == "tracking":
+        return _kind_of(section, TRACKING, raw)
+    if section == "engine":
+        return _engine(raw)
+    return _build(section, _SECTIONS[section], raw)
 
 
 def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
@@ -475,12 +453,12 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
     if raw.get("draft"):
         raw["draft"] = dict(raw["draft"])
         draft_model, draft_precision = raw["draft"].pop("model", None), raw["draft"].pop("precision", None)
-    for section, cls in _SECTIONS.items():
+    for section in _SECTION_ORDER:
         if section not in raw and section == "sampling":
             continue  # greedy
         if section not in raw or raw[section] is None:
             raise ConfigError(f"the config has no '{section}' group; check conf/config.yaml's defaults")
-        parts[section] = _build(section, cls, raw[section])
+        parts[section] = _section(section, raw[section])
     if parts["draft"].kind == "model":
         if draft_model is None and draft_precision is None:
             raise ConfigError(f"draft {parts['draft'].name}: a self-draft needs a precision of its own, e.g. "
@@ -488,7 +466,7 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
         parts["draft_model"] = _build("draft.model", ModelConfig, draft_model) if draft_model else parts["model"]
         if parts["model"].weights == "random":  # a real draft could not agree with a random target anyway
             parts["draft_model"] = dataclasses.replace(parts["draft_model"], weights="random")
-        parts["draft_precision"] = (_build("draft.precision", PrecisionConfig, draft_precision)
+        parts["draft_precision"] = (_precision("draft.precision", draft_precision)
                                     if draft_precision else parts["precision"])
     resume = raw.get("resume", True)
     if not isinstance(resume, bool):

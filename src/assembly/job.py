@@ -26,7 +26,7 @@ from src.assembly.corpus import Corpus, TextInput
 from src.engine import engine_for, roofline, runtimes
 from src.assembly.hardware import Placement
 from src.assembly.models import LoadedModel, load_model, tokenizer_mismatch
-from src.tasks import TASKS, TaskInputs, TaskResult
+from src.tasks.common import TaskInputs, TaskResult
 
 log = logging.getLogger("quantspec")
 
@@ -71,7 +71,7 @@ class Job:
                           on_row=self.on_row)
 
     def run(self) -> TaskResult:
-        result = TASKS[self.cfg.task.kind](self.inputs())
+        result = self.cfg.task.run(self.inputs())
         for text, contexts in self.corpus.used():
             self.recorder.log_input(text, contexts)
         if self.cfg.model.weights == "random":
@@ -115,14 +115,13 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
 
     memory.release_freed()   # a sweep's previous job is freed, and its memory returned, before this one is weighed
     need = memory.check(cfg)   # before loading: a job that cannot fit says so now, in one line
-    _check_sandbox(cfg.task)
-    recorder.set_tags({"weights": cfg.model.weights,
-                       **({"sandbox": cfg.task.sandbox} if cfg.task.kind == "benchmark_code" else {})})
+    cfg.task.check_host()
+    recorder.set_tags({"weights": cfg.model.weights, **cfg.task.tags()})
     if need is not None:
         recorder.log_metrics({"memory_estimate_gb": need / memory.GB})
     loaded = load_model(cfg.model, cfg.cache_dir)
     recorder.log_metrics({"model_load_s": loaded.load_s})
-    check_context(cfg, loaded)
+    cfg.task.preflight(cfg, loaded)   # its context, before anything is quantized or timed
     corpus = Corpus(cfg.dataset)   # read only by the tasks and calibration that need it
     other = runtimes.runtime(cfg.engine)
     if other is not None:   # another runtime: it quantizes and runs its own export of the weights
@@ -157,45 +156,6 @@ def _record_executed(cfg, placement, env: dict, recorder) -> None:
     recorder.set_tags({"ran_on": f"{cfg.hardware.name} profile, ran on {where}" if placement.note else where})
 
 
-def _check_sandbox(task) -> None:
-    """benchmark_code runs completions in a sandbox: one that cannot run here is said before anything loads."""
-    if task.kind != "benchmark_code":
-        return
-    from src.tasks import sandbox
-    try:
-        sandbox.check(task.sandbox)
-    except sandbox.SandboxUnavailable as err:
-        raise ConfigError(f"task.sandbox={task.sandbox}: {err}") from None
-
-
-def check_context(cfg, loaded) -> None:
-    """Refuse, before anything is quantized or timed, work that would run past the model's context."""
-    from src.assembly.corpus import humaneval_problems
-    from src.tasks.decode import prompts
-
-    task, new, max_context = cfg.task, cfg.task.new_tokens(cfg.model.code), loaded.max_context
-    if task.kind == "perplexity" and task.window > max_context:
-        raise ConfigError(f"task.window={task.window} exceeds {cfg.model.name}'s context of {max_context} tokens; "
-                          f"use task.window={max_context} or less")
-    fixed = {"decode": lambda: prompts(cfg.model.code),   # the tasks whose prompts are given, not cut to length
-             "benchmark_code": lambda: [p["prompt"] for p in humaneval_problems()]}
-    if task.kind in fixed:
-        longest = max(len(loaded.tokenizer(p).input_ids) for p in fixed[task.kind]()[:task.limit])
-        if longest + new > max_context:
-            field = f"task.{'code_' if cfg.model.code else ''}max_new_tokens"
-            raise ConfigError(f"{field}={new} with a {longest}-token prompt exceeds {cfg.model.name}'s context of "
-                              f"{max_context} tokens; use {field}={max(1, max_context - longest)} or less, or a "
-                              f"smaller task.limit")
-    if task.kind == "benchmark":
-        dropped = [n for n in task.prompt_lengths if n + new > max_context]
-        if len(dropped) == len(task.prompt_lengths):
-            raise ConfigError(f"no prompt length of task {task.name} fits {cfg.model.name}'s context of {max_context} "
-                              f"tokens with {new} new tokens")
-        if dropped:  # said now, before the timing; the task drops them
-            log.warning("prompt lengths %s dropped: with %d new tokens they exceed the model's context of %d",
-                        dropped, new, max_context)
-
-
 def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
     """The drafter for draft.kind: prompt lookup, or a draft model at its precision (quantized once,
     through the same cache as targets) whose tokenizer must be the target's."""
@@ -222,7 +182,7 @@ def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
 
 def _check_isa(cfg) -> None:
     """engine.isa forced to a variant this CPU cannot run: one line, before anything loads."""
-    if cfg.engine.kernels == "quantspec" and cfg.engine.isa != "auto":
+    if cfg.engine.module is None and cfg.engine.kernels == "quantspec" and cfg.engine.isa != "auto":
         from src import kernels
         try:
             kernels.candidates(cfg.engine.isa)

@@ -41,7 +41,7 @@ def _shape(cfg: JobConfig):
 def _kv_bytes(cfg: JobConfig, shape) -> int:
     heads = getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads
     head_dim = getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
-    tokens = max(cfg.task.prompt_lengths or [512]) + cfg.task.new_tokens(cfg.model.code)
+    tokens = cfg.task.kv_tokens(cfg.model.code)
     tokens += max(kvcache.MIN_GROWTH, int(tokens * kvcache.GROWTH))   # the cache's room to grow
     return 2 * shape.num_hidden_layers * tokens * heads * head_dim * 2
 
@@ -66,24 +66,14 @@ def estimate_bytes(cfg: JobConfig) -> int | None:
 
 
 def _calibration_bytes(cfg: JobConfig, shape) -> int:
-    """A calibration forward's largest tensor: the logits of every window (float32), which at a
-    150k-token vocabulary outweigh a 0.5B model. AWQ also keeps every linear's sampled inputs (in the model's dtype)
-    and, while it searches a group's scales, a few float32 copies of the group's weights (measured at
-    7B here: 17.5 GB peak against 13.5 GB of bf16 weights)."""
-    precisions = [p for p in (cfg.precision, cfg.draft_precision) if p is not None and p.quantized and p.method != "rtn"]
-    if not precisions:
+    """A calibration forward's largest tensor, the logits of every window (float32), which at a 150k-token
+    vocabulary outweigh a 0.5B model; plus what the method's own pass holds (src.quant.methods)."""
+    specs = [(p, p.quant) for p in (cfg.precision, cfg.draft_precision)
+             if p is not None and p.quantized and p.quant.CALIBRATES]
+    if not specs:
         return 0
-    logits = max(p.calib_samples * p.calib_seq_len for p in precisions) * shape.vocab_size * 4
-    if not any(p.method == "awq" for p in precisions):
-        return logits
-    hidden = shape.hidden_size
-    inner = getattr(shape, "intermediate_size", None) or getattr(shape, "ffn_dim")
-    tokens = max(p.awq_search_tokens for p in precisions if p.method == "awq")
-    captured = tokens * shape.num_hidden_layers * (3 * hidden + inner) * 2   # bf16, as the model
-    # while a group's scales are searched: float32 copies of its (sampled) rows, and its outputs
-    rows = [p.awq_search_rows or 2 * inner for p in precisions if p.method == "awq"]
-    search = 6 * min(max(rows), 2 * inner) * inner * 4 + 3 * tokens * 2 * inner * 4
-    return logits + captured + search
+    logits = max(p.calib_samples * p.calib_seq_len for p, _ in specs) * shape.vocab_size * 4
+    return logits + max(spec.calibration_bytes(shape, logits) for _, spec in specs)
 
 
 def release_freed() -> None:

@@ -82,8 +82,10 @@ def _f32(precision: str) -> bool:
 
 
 def _alpha(cfg) -> float:
-    """SmoothQuant's migration strength as quantspec's own w8a8 takes it."""
-    return cfg.precision.spec(cfg.model.smoothquant_alpha).alpha
+    """SmoothQuant's migration strength as quantspec's own run of the precision takes it (read by NNCF only
+    for int8_sq, whose quantspec precision is SmoothQuant's; 0.5, NNCF's default, elsewhere)."""
+    spec = cfg.precision.spec(cfg.model) if cfg.precision.quantized else None
+    return getattr(spec, "alpha", None) or 0.5
 
 
 def export(model, tokenizer, source_key: str, precision: str, calibration: list[str], cache_dir: Path,

@@ -6,9 +6,9 @@ kernels, and is one module with these names:
 - `build(cfg, loaded, placement, corpus, recorder)`: the engine callable, its export built or cached;
 - the engine has `window_nll(ids)` where the runtime gives logits for every position (perplexity).
 
-Adding one is that module and conf/engine/<name>.yaml with `kind: <name>`, `module: <its import path>`
-and `kernels: runtime` (quantspec's own kernels, attention and step path do not apply); nothing else
-lists the runtimes. A draft on any engine but native is refused when the config is read (drafts run on
+Adding one is that module and conf/engine/<name>.yaml with `kind: <name>` and `module: <its import
+path>` (its config is then src.assembly.config.RuntimeEngine: quantspec's own kernels, attention and step
+path do not apply); nothing else lists the runtimes. A draft on any engine but native is refused when the config is read (drafts run on
 quantspec's engine), so a runtime's `unsupported` never sees one.
 """
 

@@ -13,7 +13,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from src.assembly.config import ModelConfig, PrecisionConfig, QuantSpec
+from src.assembly.config import ModelConfig, PrecisionConfig
+from src.quant.methods import QuantSpec
 from src.common.paths import child
 from src.quant import cache
 from src.quant.calibrate import calibration_ids, ids_hash
@@ -37,15 +38,16 @@ def quantize_model(model: nn.Module, tokenizer, arch: str, spec: QuantSpec, sour
                    corpus: Callable[[], str], calib_samples: int, calib_seq_len: int, cache_root: Path,
                    label: str, dtype: torch.dtype, gemv: bool = False) -> tuple[nn.Module, QuantReport]:
     start = time.perf_counter()
-    # RTN needs no data; hashing none keeps its key independent of the dataset.
-    calib = None if spec.method == "rtn" else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
+    # A method that reads no data (RTN) hashes none: its key stays independent of the dataset.
+    calib = None if not spec.CALIBRATES else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
     key = cache.cache_key(source_key, spec, "none" if calib is None else ids_hash(calib))
     directory = child(cache_root / "quantized", f"{label}-{spec.scheme}-{spec.method}-{key[:16]}")
     weights, built = cache.load_or_build(directory, lambda: quantize(model, arch, spec, calib),
                                          {"source": source_key, "key": key},
                                          before_load=lambda: release_quantized(model, arch, spec))
     model = install(model.to(dtype), weights, dtype, gemv)
-    return model, QuantReport(directory, built, time.perf_counter() - start, quantized_bytes(weights), spec.alpha)
+    return model, QuantReport(directory, built, time.perf_counter() - start, quantized_bytes(weights),
+                              getattr(spec, "alpha", None))
 
 
 def prepare(loaded, model_cfg: ModelConfig, precision: PrecisionConfig, corpus: Callable[[], str],
@@ -55,6 +57,6 @@ def prepare(loaded, model_cfg: ModelConfig, precision: PrecisionConfig, corpus: 
     dtype = getattr(torch, precision.dtype)
     if not precision.quantized:
         return loaded.model.to(dtype), None
-    return quantize_model(loaded.model, loaded.tokenizer, model_cfg.arch, precision.spec(model_cfg.smoothquant_alpha),
+    return quantize_model(loaded.model, loaded.tokenizer, model_cfg.arch, precision.spec(model_cfg),
                           loaded.source_key, corpus, precision.calib_samples, precision.calib_seq_len, cache_root,
                           model_cfg.name, dtype, gemv)

@@ -18,7 +18,7 @@ from typing import Callable
 from safetensors.torch import load_file, save_file
 
 from src.assembly.models import build_cached
-from src.assembly.config import QuantSpec
+from src.quant.methods import QuantSpec
 from src.quant.pipeline import QuantizedWeights
 
 log = logging.getLogger(__name__)

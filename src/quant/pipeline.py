@@ -12,13 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from src.assembly.config import HEAD, QuantSpec
-from src.quant import awq as awq_pass
-from src.quant import smoothquant
 from src.quant.arch import decoder_linears
 from src.quant.linear import build, int4_tensors, int8_tensors
-
-METHODS = ("smoothquant", "awq", "rtn")
+from src.quant.methods import HEAD, QuantSpec
 
 
 @dataclass
@@ -42,17 +38,7 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     """Quantize a float model. Mutates its float weights (scaling) and frees each quantized linear's float
     weight as it goes; `install` finishes the job."""
     start = time.perf_counter()
-    changed: set[str] = set()
-    clips: dict[str, torch.Tensor] = {}
-    if spec.method == "smoothquant":
-        changed = smoothquant.smooth(model, arch, calibration, spec.alpha)
-    elif spec.method == "awq":
-        int4 = {n for n in decoder_linears(model, arch) if spec.scheme_for(n) == "w4a16"}
-        changed, clips = awq_pass.awq(model, arch, calibration, spec.group_size, spec.awq_grid, spec.awq_clip,
-                                      spec.awq_search_tokens, spec.awq_block_loss, clip_only=int4,
-                                      search_rows=spec.awq_search_rows)
-    elif spec.method != "rtn":
-        raise ValueError(f"unknown quantization method {spec.method!r}; known: {', '.join(METHODS)}")
+    changed, clips = spec.scale(model, arch, calibration)   # the method's own pass (src.quant.methods)
     linears = quantized_linears(model, arch, spec)
     schemes = {name: spec.scheme_for(name) for name in linears}
     layers = {}

@@ -1,13 +1,5 @@
 """Tasks: each builds its examples, runs them through the engine and returns rows and a summary.
 
-Tasks know nothing of MLflow or Hydra; src/tracking/record.py logs what they return.
+Which tasks exist, their fields and their checks: src.tasks.kinds (TASKS). Tasks know nothing of MLflow
+or Hydra; src/tracking/record.py logs what they return.
 """
-
-from src.tasks import benchmark, benchmark_code, decode, perplexity, quantize
-from src.tasks.common import TaskInputs, TaskResult
-
-# Keyed by task.kind: benchmark and benchmark_long share one implementation with other lengths.
-TASKS = {"decode": decode.run, "benchmark": benchmark.run, "benchmark_code": benchmark_code.run,
-         "perplexity": perplexity.run, "quantize": quantize.run}
-
-__all__ = ["TASKS", "TaskInputs", "TaskResult"]

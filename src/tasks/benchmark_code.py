@@ -1,7 +1,7 @@
 """HumanEval, as the seeds' `--task benchmark_code` runs it: each problem's prompt completed by the model
 (timed like every task), stopped at the protocol's stop sequences, then run with the problem's tests
 in a sandbox (src.tasks.sandbox). pass@k by the unbiased estimator of the HumanEval paper (Chen et al. 2021).
-The job checks that the sandbox runs before it loads the model (src.assembly.job.check_context).
+The job checks that the sandbox runs before it loads the model (src.tasks.kinds.BenchmarkCode.check_host).
 
 Checking happens after the timing, in other processes: the timed section never shares the CPU with
 the tests.

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from src.assembly.config import TaskConfig
+from src.tasks.kinds import TaskConfig
 from src.engine import Sampling
 from src.common.metrics import Row, summarize, timing_row
 from src.tracking.progress import progress

@@ -1,0 +1,57 @@
+"""What every config section shares: the one-line error, choice checks, and the registry of an axis's kinds.
+
+An axis with kinds (precision by its method, task by its kind, engine, tracking) keeps each kind's config
+class in a `Kinds` registry: the class holds only that kind's fields, validates them and carries that
+kind's checks, and it registers itself once; the choice list users see is the registry's keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting a user can fix: the message is the one line they see."""
+
+
+def check_choice(where: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{where}={value!r} is not one of: {', '.join(allowed)}")
+
+
+class Kinds:
+    """One axis's kinds: the value of `selector` (e.g. task.kind) -> the config class of that kind.
+
+        TASKS = Kinds("task", "kind")
+        @TASKS.register
+        @dataclass(frozen=True, kw_only=True)
+        class Perplexity(TaskConfig):
+            KIND: ClassVar[str] = "perplexity"
+            window: int = 512
+    """
+
+    def __init__(self, axis: str, selector: str):
+        self.axis, self.selector = axis, selector
+        self._classes: dict[str, type] = {}
+
+    def register(self, cls: type) -> type:
+        kind = cls.KIND
+        if kind in self._classes:
+            raise ValueError(f"{self.axis} kind {kind!r} is registered twice")
+        self._classes[kind] = cls
+        return cls
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._classes)
+
+    def __getitem__(self, kind: str) -> type:
+        check_choice(f"{self.axis}.{self.selector}", kind, self.names)
+        return self._classes[kind]
+
+    def field_names(self) -> set[str]:
+        """Every kind's fields: the keys the axis's YAML may hold (conf/<axis>/_fields.yaml lists them all so
+        one override reaches every job of a sweep that has it)."""
+        return {f.name for cls in self._classes.values() for f in dataclasses.fields(cls)}
+

@@ -1,0 +1,145 @@
+"""The quantization methods a precision names (precision.method), each one class registered once: its own
+fields, its validation, what its calibration costs in memory, and its scaling pass.
+
+A method's spec is what changes its quantized weights, so it is the cache key (src.quant.cache): a field
+of AWQ's does not re-key a SmoothQuant cache. What every method shares is the mix of low-bit schemes
+(`QuantSpec`). Light: the passes import torch only when they run.
+
+Adding a method: a subclass of QuantSpec with KIND, registered in METHODS, whose `scale` rewrites the
+float model before rounding (src.quant.pipeline calls it), and its fields in conf/precision/_fields.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from src.assembly.schema import ConfigError, Kinds, check_choice
+
+SCHEMES = ("w8a8", "w8a16", "w4a16")   # low-bit weights x activations (precision.scheme)
+INT4_GROUPS = (32, 64, 128, 256)       # what the CPU int4 kernel accepts
+HEAD = "lm_head"   # the output head's module name in every supported architecture
+
+METHODS = Kinds("precision", "method")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantSpec:
+    """What every method shares: which low-bit scheme each linear runs. The defaults live in
+    conf/precision/_fields.yaml, nowhere else."""
+    KIND: ClassVar[str]
+    CALIBRATES: ClassVar[bool] = True   # reads calibration windows (their hash is part of the cache key)
+    method: str
+    scheme: str                     # the decoder linears' scheme (w8a8, w8a16, w4a16)
+    group_size: int | None          # int4 groups along the input features
+    quantize_head: bool             # False keeps the output head in float
+    head_scheme: str | None         # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
+    int8_linears: tuple[str, ...]   # decoder linears (name suffixes) kept at int8 under w4a16
+
+    def scheme_for(self, name: str) -> str:
+        if name == HEAD:
+            return self.head_scheme or self.scheme
+        if self.scheme == "w4a16" and name.endswith(self.int8_linears):
+            return "w8a16"
+        return self.scheme
+
+    def validate(self) -> None:
+        check_choice("precision.scheme", self.scheme, SCHEMES)
+        if self.head_scheme is not None:
+            check_choice("precision.head_scheme", self.head_scheme, SCHEMES)
+        if self.scheme == "w4a16" and self.group_size not in INT4_GROUPS:
+            raise ConfigError(f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
+                              f"use one of: {', '.join(map(str, INT4_GROUPS))}")
+
+    def resolved(self, model) -> "QuantSpec":
+        """The spec with what it takes from the model (a ModelConfig) filled in: SmoothQuant's alpha."""
+        return self
+
+    def scale(self, model, arch: str, calibration) -> tuple[set[str], dict[str, Any]]:
+        """Rewrite the float model before rounding: the parameters changed, and per-linear clip ranges."""
+        return set(), {}
+
+    def calibration_bytes(self, shape, logits: int) -> int:
+        """Memory the scaling pass holds beyond calibration's logits (bytes), for a model of `shape`."""
+        return 0
+
+
+@METHODS.register
+@dataclass(frozen=True, kw_only=True)
+class SmoothQuant(QuantSpec):
+    """Activation outliers moved into the weights by per-channel scales, for 8-bit schemes."""
+    KIND: ClassVar[str] = "smoothquant"
+    alpha: float | None             # migration strength; null: the model's smoothquant_alpha
+
+    def validate(self) -> None:
+        super().validate()
+        if self.scheme == "w4a16":
+            raise ConfigError("precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w4a16")
+        if self.alpha is not None and not 0 <= self.alpha <= 1:
+            raise ConfigError(f"precision.alpha={self.alpha} must be in [0, 1]")
+
+    def resolved(self, model):
+        if self.alpha is not None:
+            return self
+        if model.smoothquant_alpha is None:
+            raise ConfigError(f"model {model.name} has no smoothquant_alpha; set precision.alpha=0.5 (or "
+                              f"model.smoothquant_alpha in conf/model/{model.name}.yaml)")
+        from dataclasses import replace
+        return replace(self, alpha=model.smoothquant_alpha)
+
+    def scale(self, model, arch, calibration):
+        from src.quant import smoothquant
+        return smoothquant.smooth(model, arch, calibration, self.alpha), {}
+
+
+@METHODS.register
+@dataclass(frozen=True, kw_only=True)
+class Awq(QuantSpec):
+    """Activation-aware scales searched per group of linears, then a clipping search, for int4 weights."""
+    KIND: ClassVar[str] = "awq"
+    awq_grid: int                   # exponents r = 0, 1/grid, ... for s = mean|x|^r
+    awq_clip: bool
+    awq_search_tokens: int
+    awq_search_rows: int | None     # output channels sampled per scale search (null: all)
+    awq_block_loss: bool
+
+    def validate(self) -> None:
+        super().validate()
+        if self.scheme != "w4a16":
+            raise ConfigError(f"precision.method=awq is for w4a16, not precision.scheme={self.scheme}")
+        if self.awq_search_rows is not None and self.awq_search_rows < 1:
+            raise ConfigError(f"precision.awq_search_rows={self.awq_search_rows} must be at least 1 (or null: all)")
+        for key in ("awq_grid", "awq_search_tokens"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
+
+    def scale(self, model, arch, calibration):
+        from src.quant import awq
+        from src.quant.arch import decoder_linears
+        int4 = {n for n in decoder_linears(model, arch) if self.scheme_for(n) == "w4a16"}
+        return awq.awq(model, arch, calibration, self.group_size, self.awq_grid, self.awq_clip,
+                       self.awq_search_tokens, self.awq_block_loss, clip_only=int4, search_rows=self.awq_search_rows)
+
+    def calibration_bytes(self, shape, logits):
+        """Every linear's sampled inputs (bf16, as the model) and, while a group's scales are searched, a few
+        float32 copies of its (sampled) rows and outputs (measured at 7B: 17.5 GB peak against 13.5 GB of
+        bf16 weights)."""
+        hidden = shape.hidden_size
+        inner = getattr(shape, "intermediate_size", None) or getattr(shape, "ffn_dim")
+        tokens = self.awq_search_tokens
+        captured = tokens * shape.num_hidden_layers * (3 * hidden + inner) * 2
+        rows = min(self.awq_search_rows or 2 * inner, 2 * inner)
+        return captured + 6 * rows * inner * 4 + 3 * tokens * 2 * inner * 4
+
+
+@METHODS.register
+@dataclass(frozen=True, kw_only=True)
+class Rtn(QuantSpec):
+    """Round to nearest: no scaling, no data; the baseline the other methods must beat."""
+    KIND: ClassVar[str] = "rtn"
+    CALIBRATES: ClassVar[bool] = False
+
+
+def choices() -> tuple[str, ...]:
+    """precision.method's values: none (a float precision) or a registered method."""
+    return ("none", *METHODS.names)

@@ -1,0 +1,241 @@
+"""The tasks a job can run (task.kind), each one config class registered once in TASKS: its own fields,
+their validation, the rules it sets on the rest of the job, its checks once the model is loaded (before
+anything is quantized or timed), the KV cache it holds, and its implementation.
+
+Light: a task's implementation (src/tasks/<kind>.py, which imports torch) is imported when it runs.
+
+Adding a task: a subclass here with KIND, registered in TASKS, whose `run(inputs) -> TaskResult` calls its
+module; its fields in conf/task/_fields.yaml (with their defaults) and a conf/task/<name>.yaml naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+from src.assembly.schema import ConfigError, Kinds, check_choice
+
+log = logging.getLogger("quantspec")
+
+TASKS = Kinds("task", "kind")
+SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.tasks.sandbox)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """What every task has: its name (a conf/task file: benchmark and benchmark_long are one kind)."""
+    KIND: ClassVar[str]
+    DECODES: ClassVar[bool] = False   # a draft changes what it measures
+    name: str
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+    def validate(self) -> None:
+        pass
+
+    def check_job(self, job) -> None:
+        """The task's rules on the rest of the job (a JobConfig), said before any run is created."""
+
+    def check_host(self) -> None:
+        """What the task needs of this host beyond the model (a sandbox): said before anything loads."""
+
+    def tags(self) -> dict[str, str]:
+        """What the job's run is tagged with for this task."""
+        return {}
+
+    def preflight(self, job, loaded) -> None:
+        """Checks that need the loaded model (its context, its tokenizer): said before anything is
+        quantized or timed."""
+
+    def kv_tokens(self, code_model: bool) -> int:
+        """The longest sequence the task holds in a KV cache (the memory estimate's share)."""
+        return 0
+
+    def run(self, inputs):
+        raise NotImplementedError
+
+
+def _refuse_random(job, what: str, metric: str) -> None:
+    if job.model.weights == "random":
+        raise ConfigError(f"task={job.task.name} measures {what}, and {job.model.name} has random weights "
+                          f"(model.weights=random): its {metric} would mean nothing; time it with task=benchmark, "
+                          f"or load the real weights")
+
+
+def _fits(job, loaded, prompts: list[str], new: int, limit: int | None) -> None:
+    """Given prompts and `new` tokens after each must fit the model's context."""
+    longest = max(len(loaded.tokenizer(p).input_ids) for p in prompts[:limit])
+    if longest + new > loaded.max_context:
+        field = f"task.{'code_' if job.model.code else ''}max_new_tokens"
+        raise ConfigError(f"{field}={new} with a {longest}-token prompt exceeds {job.model.name}'s context of "
+                          f"{loaded.max_context} tokens; use {field}={max(1, loaded.max_context - longest)} or "
+                          f"less, or a smaller task.limit")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generating(TaskConfig):
+    """A task that times generation through the engine (prefill, per-token, seed columns)."""
+    DECODES: ClassVar[bool] = True
+    max_new_tokens: int = 60
+    code_max_new_tokens: int = 60
+    exact_new_tokens: bool = True
+    limit: int | None = None
+    warmup: int = 1
+    repeats: int = 1                # timed runs per example; the median one is kept
+
+    def validate(self) -> None:
+        for key in ("max_new_tokens", "code_max_new_tokens"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"task.{key}={getattr(self, key)} must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"task.limit={self.limit} must be at least 1 (or null for every example)")
+        if self.repeats < 1:
+            raise ConfigError(f"task.repeats={self.repeats} must be at least 1")
+        if self.warmup < 0:
+            raise ConfigError(f"task.warmup={self.warmup} must be 0 or more")
+
+    def new_tokens(self, code_model: bool) -> int:
+        return self.code_max_new_tokens if code_model else self.max_new_tokens
+
+    def kv_tokens(self, code_model: bool) -> int:
+        return 512 + self.new_tokens(code_model)   # prompts of a few hundred tokens at most
+
+
+@TASKS.register
+@dataclass(frozen=True, kw_only=True)
+class Decode(Generating):
+    """The seeds' decode table: ten general prompts (thirteen HumanEval stubs for code models)."""
+    KIND: ClassVar[str] = "decode"
+
+    def preflight(self, job, loaded) -> None:
+        from src.tasks.decode import prompts
+        _fits(job, loaded, prompts(job.model.code), self.new_tokens(job.model.code), self.limit)
+
+    def run(self, inputs):
+        from src.tasks import decode
+        return decode.run(inputs)
+
+
+@TASKS.register
+@dataclass(frozen=True, kw_only=True)
+class Benchmark(Generating):
+    """Prompts of fixed token lengths cut from the dataset, each timed for exactly max_new_tokens."""
+    KIND: ClassVar[str] = "benchmark"
+    prompt_lengths: tuple[int, ...] = ()
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.prompt_lengths:
+            raise ConfigError("task.prompt_lengths is empty: a benchmark needs at least one prompt length")
+        if any(n < 1 for n in self.prompt_lengths):
+            raise ConfigError(f"task.prompt_lengths={list(self.prompt_lengths)} must all be at least 1")
+
+    def kv_tokens(self, code_model: bool) -> int:
+        return max(self.prompt_lengths) + self.new_tokens(code_model)
+
+    def preflight(self, job, loaded) -> None:
+        new, context = self.new_tokens(job.model.code), loaded.max_context
+        dropped = [n for n in self.prompt_lengths if n + new > context]
+        if len(dropped) == len(self.prompt_lengths):
+            raise ConfigError(f"no prompt length of task {self.name} fits {job.model.name}'s context of {context} "
+                              f"tokens with {new} new tokens")
+        if dropped:  # said now, before the timing; the task drops them
+            log.warning("prompt lengths %s dropped: with %d new tokens they exceed the model's context of %d",
+                        dropped, new, context)
+
+    def run(self, inputs):
+        from src.tasks import benchmark
+        return benchmark.run(inputs)
+
+
+@TASKS.register
+@dataclass(frozen=True, kw_only=True)
+class BenchmarkCode(Generating):
+    """HumanEval's problems completed and timed, then each completion's tests run in a sandbox: pass@k."""
+    KIND: ClassVar[str] = "benchmark_code"
+    samples: int = 1                # completions per problem (pass@k for k <= samples)
+    sandbox: str = "bwrap"          # bwrap, or rlimit where bubblewrap cannot run
+    sandbox_timeout_s: float = 3.0  # wall clock per problem's tests
+    sandbox_memory_mb: int = 1024   # address space per problem's tests
+    sandbox_workers: int = 2        # problems tested at once
+
+    def validate(self) -> None:
+        super().validate()
+        check_choice("task.sandbox", self.sandbox, SANDBOXES)
+        if self.samples < 1 or self.sandbox_workers < 1:
+            raise ConfigError(f"task.samples={self.samples} and task.sandbox_workers={self.sandbox_workers} must "
+                              f"be at least 1")
+        if self.sandbox_timeout_s <= 0 or self.sandbox_memory_mb < 64:
+            raise ConfigError(f"task.sandbox_timeout_s={self.sandbox_timeout_s} must be above 0 and "
+                              f"task.sandbox_memory_mb={self.sandbox_memory_mb} at least 64")
+
+    def check_job(self, job) -> None:
+        _refuse_random(job, "whether generated code works", "pass@1")
+        if self.samples > 1 and not job.sampling.do_sample:
+            raise ConfigError(f"task.samples={self.samples} under greedy decoding gives identical completions; "
+                              f"set sampling.do_sample=true (e.g. sampling.temperature=0.8) for pass@k, or "
+                              f"task.samples=1")
+
+    def check_host(self) -> None:
+        from src.tasks import sandbox
+        try:
+            sandbox.check(self.sandbox)
+        except sandbox.SandboxUnavailable as err:
+            raise ConfigError(f"task.sandbox={self.sandbox}: {err}") from None
+
+    def tags(self) -> dict[str, str]:
+        return {"sandbox": self.sandbox}
+
+    def preflight(self, job, loaded) -> None:
+        from src.assembly.corpus import humaneval_problems
+        _fits(job, loaded, [p["prompt"] for p in humaneval_problems()], self.new_tokens(job.model.code), self.limit)
+
+    def run(self, inputs):
+        from src.tasks import benchmark_code
+        return benchmark_code.run(inputs)
+
+
+@TASKS.register
+@dataclass(frozen=True, kw_only=True)
+class Perplexity(TaskConfig):
+    """Perplexity over non-overlapping windows of the dataset: quality beside speed."""
+    KIND: ClassVar[str] = "perplexity"
+    window: int = 512               # tokens per window
+    windows: int = 8                # how many windows
+
+    def validate(self) -> None:
+        if self.window < 2 or self.windows < 1:
+            raise ConfigError(f"task.window={self.window} and task.windows={self.windows} must be at least 2 and 1")
+
+    def check_job(self, job) -> None:
+        _refuse_random(job, "quality", "perplexity")
+
+    def preflight(self, job, loaded) -> None:
+        if self.window > loaded.max_context:
+            raise ConfigError(f"task.window={self.window} exceeds {job.model.name}'s context of {loaded.max_context} "
+                              f"tokens; use task.window={loaded.max_context} or less")
+
+    def kv_tokens(self, code_model: bool) -> int:
+        return self.window
+
+    def run(self, inputs):
+        from src.tasks import perplexity
+        return perplexity.run(inputs)
+
+
+@TASKS.register
+@dataclass(frozen=True, kw_only=True)
+class Quantize(TaskConfig):
+    """Build the quantized-model cache ahead of a sweep."""
+    KIND: ClassVar[str] = "quantize"
+
+    def check_job(self, job) -> None:
+        if not job.precision.quantized:
+            raise ConfigError(f"task=quantize needs a quantized precision, not precision={job.precision.name}")
+
+    def run(self, inputs):
+        from src.tasks import quantize
+        return quantize.run(inputs)
