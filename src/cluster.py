@@ -72,14 +72,24 @@ def offered() -> dict[str, str]:
     return found
 
 
-def _check_store(cfg: DictConfig) -> None:
+def _settings(config: DictConfig):
+    """The sweep's settings, as src.run converts them (a wrong one ends the sweep in one line)."""
+    from src.assembly.config import ConfigError
+    from src.run import settings
+    try:
+        return settings(config)
+    except ConfigError as err:
+        raise _abort(str(err)) from None
+
+
+def _check_store(sweep) -> None:
     from src.tracking import StoreUnreachable, probe
-    uri = OmegaConf.select(cfg, "tracking.uri") or ""
+    uri = sweep.tracking.uri or ""
     if not uri.startswith(("http://", "https://")):
         raise _abort("hydra/launcher=ray needs one tracking server for every node: start it with "
                      "`bash scripts/tracking-server --host 0.0.0.0` and add tracking=server "
                      "tracking.uri=http://HEAD:5000")
-    if OmegaConf.select(cfg, "tracking.unreachable") != "journal":
+    if sweep.tracking.unreachable != "journal":
         try:
             probe(uri)
         except StoreUnreachable as err:
@@ -90,13 +100,12 @@ def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobRet
     """The job, on the worker Ray chose: the same job code as the basic launcher runs."""
     import ray
 
-    from src.tracking import record
     from src import run
-    record.NODE.update(node=ray.get_runtime_context().get_node_id(), node_host=socket.gethostname())
+    node = {"node": ray.get_runtime_context().get_node_id(), "node_host": socket.gethostname()}
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(config)
-    return run_job(hydra_context=hydra_context, task_function=run.task, config=config,
+    return run_job(hydra_context=hydra_context, task_function=functools.partial(run.task, node=node), config=config,
                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 
 
@@ -118,7 +127,8 @@ def _in_store(config: DictConfig):
     from src.tracking import Store, key_of
     HydraConfig.instance().set_config(config)
     hc = HydraConfig.get()
-    where = (OmegaConf.select(config, "tracking.uri"), str(config.experiment))
+    sweep = _settings(config)
+    where = (sweep.tracking.uri, sweep.experiment)
     if where not in _stores:
         _stores[where] = Store(*where)
     return _stores[where], sweep_info(hc).sweep_id, key_of(hc.job.override_dirname), hc
@@ -126,7 +136,7 @@ def _in_store(config: DictConfig):
 
 def _finished_before(config: DictConfig) -> bool:
     """Resume: a FINISHED attempt of this job in this sweep needs no node."""
-    if not config.get("resume", True):
+    if not _settings(config).resume:
         return False
     store, sweep_id, key, _ = _in_store(config)
     return store.finished_job(sweep_id, key) is not None
@@ -141,6 +151,17 @@ def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
         return JobReturn(overrides=list(hc.overrides.task), cfg=config, hydra_cfg=config, working_dir=str(Path.cwd()),
                          task_name=hc.job.name, status=JobStatus.COMPLETED, _return_value="failed")
     return _here(launcher, config, ("failed", reason))
+
+
+def _resource(config: DictConfig) -> str | None:
+    """The Ray resource of the job's hardware (hardware.resource, else hw-<name>), from its typed hardware
+    config; None where that config is wrong."""
+    from src.assembly.config import hardware_config
+    try:
+        hardware = hardware_config(OmegaConf.to_container(config.hardware, resolve=True, throw_on_missing=True))
+    except Exception:   # noqa: BLE001 - a wrong, missing or unresolvable value: the job code says which
+        return None
+    return hardware.resource or f"hw-{hardware.name}"
 
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
@@ -158,9 +179,12 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
             config.hydra.job.id = f"ray_{initial_job_idx + index}"
             config.hydra.job.num = initial_job_idx + index
         if index == 0:   # before anything runs: a store every node can reach, then the cluster
-            _check_store(config)
+            _check_store(_settings(config))
             _connect(launcher.address)
-        resource = OmegaConf.select(config, "hardware.resource") or f"hw-{config.hardware.name}"
+        resource = _resource(config)
+        if resource is None:   # its config is wrong: the job code says so in one line, here
+            returns[index] = _here(launcher, config, None)
+            continue
         log.info("\t#%d : %s -> %s", initial_job_idx + index, " ".join(filter_overrides(overrides)), resource)
         if _finished_before(config):
             returns[index] = _here(launcher, config, None)

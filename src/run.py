@@ -4,10 +4,10 @@ and records it; closes the sweep's parent; turns signals and aborts into one lin
     python -m src.run                                   # one job on the defaults
     python -m src.run -m hardware=phx,stx precision=fp32,bf16   # a sweep: one MLflow parent, a child per job
 
-A job's config is converted once, at its start, into typed dataclasses (src.assembly.config); the job
-itself (src.assembly.job) sees nothing else. Hydra's own config is read here (the sweep callback's
-store and report settings) and by the Ray launcher (src/cluster.py: the store, each job's hardware
-resource), before any job's conversion.
+Hydra's config is converted here and only here: a job's, once at its start, into typed dataclasses
+(src.assembly.config.JobConfig; the job itself, src.assembly.job, sees nothing else), and the sweep's
+own settings (store, experiment, resume, report, rounds) by `settings`, for the sweeper
+(src.tracking.rounds), the Ray launcher (src/cluster.py) and the sweep callback below.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from src.tracking import record, signals
 from src.assembly.overrides import CONF_DIR, unknown_choice, unknown_key, unparsable
-from src.tracking.record import SweepAbort, fail_line, fail_once
+from src.tracking.record import SweepAbort, fail_line
 from src.tracking.signals import Stopped
 
 # Two sweeps started in the same second must not share a directory (and so a parent run): the default
@@ -62,19 +62,31 @@ def sweep_info(hc):
     return SweepInfo(str(sweep_dir), f"sweep {name}", " ".join(a for a in sys.argv[1:] if a not in ("-m", "--multirun")))
 
 
-def task(cfg: DictConfig, preset: tuple[str, str] | None = None) -> str:
+def settings(config: DictConfig):
+    """The sweep's settings (src.assembly.config.SweepSettings) from Hydra's config: ConfigError, one
+    line, where they are wrong."""
+    from src.assembly.config import ConfigError, sweep_settings
+    try:
+        top = {k: OmegaConf.to_container(config[k], resolve=True) if isinstance(config[k], DictConfig) else config[k]
+               for k in ("tracking", "experiment", "report_at_end", "resume", "rounds", "busy_reruns") if k in config}
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key} must be set (e.g. {err.full_key}=...)") from None
+    return sweep_settings(top, Path(str(config.hydra.sweep.dir)))
+
+
+def task(cfg: DictConfig, preset: tuple[str, str] | None = None, node: dict | None = None) -> str:
     """One job, as Hydra's launchers call it (here, or on a Ray worker: src.cluster). `preset` records the
-    job with that (outcome, reason) without running it: a launcher that could not place it says why."""
+    job with that (outcome, reason) without running it: a launcher that could not place it says why.
+    `node`: where it runs (src.cluster's worker names its Ray node); this host otherwise."""
     hc = HydraConfig.get()
     try:
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
-        fail_once(f"{err.full_key} must be set (e.g. {err.full_key}=...)")
-        record.outcomes.append("failed")
-        record.refused.append(hc.job.override_dirname)
+        record.ledger.refuse(hc.job.override_dirname, f"{err.full_key} must be set (e.g. {err.full_key}=...)")
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
-    return record.run_job(raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset)
+    return record.run_job(raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset,
+                          node)
 
 
 # An absolute path: Hydra resolves a relative one against the calling module, which differs between
@@ -99,28 +111,29 @@ class SweepCallback(Callback):
                              f"rerunning into it resumes the sweep) or choose another hydra.sweep.dir")
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from src.tracking import SWEEP_ID, Store, default_uri
-        counts = {o: record.outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
-        if record.outcomes and len(record.refused) == len(record.outcomes):
+        from src.tracking import SWEEP_ID
+        ledger = record.ledger
+        counts = {o: ledger.outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
+        if ledger.outcomes and len(ledger.refused) == len(ledger.outcomes):
             # every job was refused by its config (said above): no run exists, nothing to close or report
-            print(f"quantspec: sweep done: all {len(record.refused)} jobs refused by their config before a run "
+            print(f"quantspec: sweep done: all {len(ledger.refused)} jobs refused by their config before a run "
                   f"(said above)", flush=True)
             return
         try:
-            store = record.active.get("store") or Store(OmegaConf.select(config, "tracking.uri") or default_uri(),
-                                                        str(config.experiment))
-            parent = store.find_sweep(str(Path(config.hydra.sweep.dir).resolve()))
+            sweep = settings(config)
+            store = ledger.store_for(sweep)
+            parent = store.find_sweep(str(sweep.sweep_dir))
             if parent is not None:
                 counts = store.close_sweep(parent.info.run_id)
-                record.sweep_counts.update(counts)
-                if config.get("report_at_end", True):
+                ledger.counts.update(counts)
+                if sweep.report_at_end:
                     from src.tracking import report
-                    report.at_sweep_end(store.uri, str(config.experiment), parent.data.tags[SWEEP_ID])
+                    report.at_sweep_end(store.uri, sweep.experiment, parent.data.tags[SWEEP_ID])
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
             fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will")
         print(f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
               f"{counts['failed']} failed" + (f", {counts['killed']} killed" if counts.get("killed") else "")
-              + (f"; {len(record.refused)} refused by their config before a run (said above)" if record.refused else ""),
+              + (f"; {len(ledger.refused)} refused by their config before a run (said above)" if ledger.refused else ""),
               flush=True)
 
 
@@ -147,9 +160,9 @@ def cli() -> None:
         fail_line(str(err))
         sys.exit(2)
     # A sweep's outcome is the store's (its jobs may have run in other processes, on other machines).
-    counts = record.sweep_counts
+    counts = record.ledger.counts
     failed = counts.get("failed", 0) + counts.get("killed", 0) if counts else 0
-    sys.exit(1 if failed or {"failed", "killed"} & set(record.outcomes) else 0)
+    sys.exit(1 if failed or {"failed", "killed"} & set(record.ledger.outcomes) else 0)
 
 
 if __name__ == "__main__":

@@ -169,3 +169,18 @@ def test_a_kind_is_registered_once_and_its_names_are_the_choices():
         kinds.register(Mine)
     with pytest.raises(ConfigError, match="task.kind='other' is not one of: mine"):
         kinds["other"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["task.window=128"], "task.window is read by task.kind perplexity, not by task decode"),
+    (["precision=w8a8", "precision.awq_grid=3"], "precision.awq_grid is read by precision.method awq, not by precision w8a8"),
+    (["engine=openvino", "engine.isa=avx2"], "engine.isa is read by quantspec's own engines (hf, native), not by engine openvino"),
+    (["task=decode,perplexity", "task.window=128"], None),   # a sweep: the perplexity job reads it
+    (["precision=w8a8,w4a16", "precision.awq_grid=3"], None),
+    (["precision=w8a8", "precision.alpha=0.3"], None),
+])
+def test_a_field_no_chosen_kind_reads_is_one_line(args, said):
+    """_fields.yaml gives every entry every kind's fields (so one override reaches a sweep); an override that
+    no chosen entry's kind reads would do nothing, and is refused in one line."""
+    problem = unknown_key(args)
+    assert problem == said if said is None else said in problem

@@ -178,7 +178,7 @@ def test_drafts_resolve_their_model_and_precision():
     raw, _ = compose_job([*TINY, "draft=self_w4a16"])
     cfg = job_config_from_dict(raw)
     assert cfg.draft_model.name == "tiny-llama" and cfg.draft_precision.name == "w4a16"
-    assert cfg.draft_precision.scheme == "w4a16" and cfg.draft.k == 4
+    assert cfg.draft_precision.quant.scheme == "w4a16" and cfg.draft.k == 4
     raw, _ = compose_job([*TINY, "draft=self_w4a16", "+model@draft.model=tiny-opt", "precision@draft.precision=bf16"])
     cfg = job_config_from_dict(raw)
     assert cfg.draft_model.arch == "opt" and cfg.draft_precision.dtype == "bfloat16"
@@ -188,8 +188,8 @@ def test_drafts_resolve_their_model_and_precision():
 
 def test_bad_draft_settings_get_one_line():
     assert "unknown precision 'w3a3'" in unknown_choice(["draft=self_w4a16", "precision@draft.precision=w3a3"])
-    raw, _ = compose_job([*TINY, "draft=self_w4a16", "draft.precision.alpha=2.0"])
-    with pytest.raises(ConfigError, match=r"precision.alpha=2.0 must be in \[0, 1\]"):
+    raw, _ = compose_job([*TINY, "draft=self_w4a16", "draft.precision.awq_grid=0"])
+    with pytest.raises(ConfigError, match=r"precision.awq_grid=0 must be at least 1"):
         job_config_from_dict(raw)
     raw, _ = compose_job([*TINY, "draft=prompt_lookup", "engine=hf"])
     with pytest.raises(ConfigError, match="use engine=native"):

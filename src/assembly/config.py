@@ -2,6 +2,11 @@
 
 Everything downstream takes these objects, never a DictConfig. Validation names the field, the allowed
 values and the value received, so a bad sweep fails with one line a user can act on.
+
+The axes with kinds are built from their registries (src.assembly.schema.Kinds): a precision's spec
+from src.quant.methods.METHODS by precision.method, a task from src.tasks.kinds.TASKS by task.kind, an
+engine from ENGINES (or RuntimeEngine, where it names a module), a store from TRACKING. Each keeps only
+its kind's fields; the YAML's other kinds' fields (conf/<axis>/_fields.yaml) are left out.
 """
 
 from __future__ import annotations
@@ -431,6 +436,32 @@ def _engine(raw: Mapping[str, Any]) -> Any:
     return _kind_of("engine", ENGINES, {k: v for k, v in raw.items() if k != "module"})
 
 
+def unread(group: str, entry: Mapping[str, Any], key: str) -> str | None:
+    """Where a group's entry (its composed YAML) has `key` but its kind's config does not read it: the
+    kinds that do, in words (e.g. "precision.method awq"); None where it reads it, or the group has no kinds."""
+    if group == "precision":
+        method = METHODS.get(entry.get("method"))
+        if key in _fields(PrecisionConfig) or (method is not None and key in _fields(method)):
+            return None
+        return f"precision.method {' or '.join(METHODS.owners(key))}"
+    kinds = {"task": TASKS, "tracking": TRACKING, "engine": ENGINES}.get(group)
+    if kinds is None or key == kinds.selector:
+        return None
+    if group == "engine" and entry.get("module") is not None:
+        return None if key in _fields(RuntimeEngine) else "quantspec's own engines (hf, native)"
+    cls = kinds.get(entry.get(kinds.selector))
+    if cls is None or key in _fields(cls):
+        return None
+    return f"{group}.{kinds.selector} {' or '.join(kinds.owners(key))}" if kinds.owners(key) else None
+
+
+def hardware_config(raw: Mapping[str, Any]) -> HardwareConfig:
+    """A hardware profile alone (the Ray launcher places each job by its resource before the job runs)."""
+    hardware = _build("hardware", HardwareConfig, raw)
+    hardware.validate()
+    return hardware
+
+
 def _section(section: str, raw: Mapping[str, Any]) -> Any:
     if section == "precision":
         return _precision(section, raw)
@@ -476,3 +507,30 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
                     experiment=str(raw.get("experiment", "quantspec")), resume=resume)
     job.validate()
     return job
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What a sweep's sweeper, launchers and callbacks read of the composed config (each job reads its own
+    JobConfig): converted once from Hydra's config by src.run.settings."""
+    sweep_dir: Path
+    experiment: str
+    tracking: TrackingConfig
+    report_at_end: bool = True
+    resume: bool = True
+    rounds: int = 1             # interleaved rounds of every job (src.tracking.rounds)
+    busy_reruns: int = 0        # rounds measured again at most, where a round ran on a busy host
+
+
+def sweep_settings(raw: Mapping[str, Any], sweep_dir: Path) -> SweepSettings:
+    """The sweep's settings from the plain (resolved) top of the composed config."""
+    values = {k: raw[k] for k in ("report_at_end", "resume", "rounds", "busy_reruns") if k in raw}
+    for key, value in values.items():
+        kind = bool if key in ("report_at_end", "resume") else int
+        if type(value) is not kind or (kind is int and value < (1 if key == "rounds" else 0)):
+            want = "true or false" if kind is bool else f"a whole number >= {1 if key == 'rounds' else 0}"
+            raise ConfigError(f"{key} must be {want} (got {key}={value!r})" + ("; e.g. rounds=3" if kind is int else ""))
+    if raw.get("tracking") is None:
+        raise ConfigError("the config has no 'tracking' group; check conf/config.yaml's defaults")
+    return SweepSettings(Path(sweep_dir).resolve(), str(raw.get("experiment", "quantspec")),
+                         _kind_of("tracking", TRACKING, raw["tracking"]), **values)

@@ -80,7 +80,7 @@ def unknown_key(args: list[str]) -> str | None:
     """One line naming an override of a group's field that the chosen entry does not have, or None.
 
     Hydra's own message is five lines ending in a hint about HYDRA_FULL_ERROR."""
-    from src.assembly.config import ConfigError
+    from src.assembly.config import ConfigError, unread
     chosen = {g: [v.strip() for v in m.group(2).split(",")] for a in args
               if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS}
     dirs = config_dirs(args)
@@ -94,9 +94,10 @@ def unknown_key(args: list[str]) -> str | None:
         if not match or match.group(1) not in GROUPS:
             continue
         group, path = match.groups()
+        unread_by = {}   # chosen entries whose kind does not read this field (another kind's, from _fields)
         for value in chosen.get(group, []):
             try:
-                node = group_entry(group, value, group, dirs)
+                node = entry = group_entry(group, value, group, dirs)
             except ConfigError:
                 continue  # an unknown choice is unknown_choice's to report
             for part in path.split("."):
@@ -104,6 +105,12 @@ def unknown_key(args: list[str]) -> str | None:
                     return (f"{group}.{path} is not a setting of {group} {value}; its settings: "
                             f"{', '.join(sorted(node)) if isinstance(node, dict) else '(none below ' + part + ')'}")
                 node = node[part]
+            owner = unread(group, entry, path)
+            if owner is not None:
+                unread_by[value] = owner
+        if unread_by and len(unread_by) == len(chosen.get(group, [])):   # in a sweep, one job reading it is enough
+            return (f"{group}.{path} is read by {next(iter(unread_by.values()))}, not by {group} "
+                    f"{', '.join(unread_by)}; pick one that reads it, or leave it out")
     return None
 
 

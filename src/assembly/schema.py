@@ -46,6 +46,13 @@ class Kinds:
     def names(self) -> tuple[str, ...]:
         return tuple(self._classes)
 
+    def get(self, kind: str) -> type | None:
+        return self._classes.get(kind)
+
+    def owners(self, field: str) -> tuple[str, ...]:
+        """The kinds whose config has this field."""
+        return tuple(k for k, cls in self._classes.items() if field in {f.name for f in dataclasses.fields(cls)})
+
     def __getitem__(self, kind: str) -> type:
         check_choice(f"{self.axis}.{self.selector}", kind, self.names)
         return self._classes[kind]

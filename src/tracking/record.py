@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -29,27 +30,42 @@ class SweepAbort(BaseException):
     into the same wall first. The message is the one line the user sees."""
 
 
-outcomes: list[str] = []   # one per job of this process: the sweep's summary and the exit code
-refused: list[str] = []    # jobs whose config was refused before any run existed (the store cannot count them)
-said_once: set[str] = set()
-active: dict = {}   # the store and sweep of the job under way, for closing them when a signal stops us
-sweep_counts: dict[str, int] = {}   # the sweep's job counts as the store holds them, for the exit code
-# Where a job runs: the Ray node and its host (src.cluster sets the node on a worker).
-NODE = {"node": "local", "node_host": socket.gethostname()}
+@dataclass
+class Ledger:
+    """What this process saw of its sweep's jobs, for its summary line, its exit code and a signal's
+    clean-up. Hydra calls each job as a bare function (`src.run.task`) and its callback apart, so this
+    one object per process carries it between them; it holds outcomes, never a job's settings."""
+    outcomes: list[str] = field(default_factory=list)   # one per job run by this process
+    refused: list[str] = field(default_factory=list)    # jobs whose config was refused before any run existed
+    said: set[str] = field(default_factory=set)         # config errors said already (a sweep repeats them)
+    counts: dict[str, int] = field(default_factory=dict)   # the sweep's job counts as the store holds them
+    store: object = None    # the store, sweep and job run under way: closed when a signal stops us
+    sweep: object = None
+    job: object = None
+
+    def refuse(self, name: str, message: str) -> None:
+        """A job whose config was refused: one line, said once per sweep."""
+        if message not in self.said:
+            self.said.add(message)
+            fail_line(message)
+        self.outcomes.append("failed")
+        self.refused.append(name)
+
+    def store_for(self, sweep):
+        """The store of the sweep (src.assembly.config.SweepSettings): the open one where a job opened it."""
+        from src.tracking import Store, default_uri
+        return self.store or Store(sweep.tracking.uri or default_uri(), sweep.experiment)
 
 
-def fail_once(message: str) -> None:
-    """A config error repeats in every job of a sweep: say it once."""
-    if message not in said_once:
-        said_once.add(message)
-        fail_line(message)
+ledger = Ledger()
+LOCAL = {"node": "local", "node_host": socket.gethostname()}   # where a job runs outside a Ray cluster
 
 
 def stopped(err: BaseException) -> int:
     """A signal ended the process: close what is open, say so in one line, and return the exit code."""
     signals.stopping()
     reason, code = signals.describe(err)
-    store, sweep, job = (active.get(k) for k in ("store", "sweep", "job"))
+    store, sweep, job = ledger.store, ledger.sweep, ledger.job
     said = f"quantspec: {reason}"
     if job is not None and job.outcome == "killed":
         said += "; the job under way is recorded as killed"
@@ -66,7 +82,7 @@ def stopped(err: BaseException) -> int:
 
 
 def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output_dir: Path | None = None,
-            preset: tuple[str, str] | None = None) -> str:
+            preset: tuple[str, str] | None = None, node: dict | None = None) -> str:
     """Run one composed job and record it. Returns its outcome: finished, skipped, failed or killed.
 
     A config error is one line and no run. A job a previous attempt of the same sweep finished is kept,
@@ -87,9 +103,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     try:
         cfg = job_config_from_dict(raw)
     except ConfigError as err:
-        fail_once(str(err))
-        outcomes.append("failed")
-        refused.append(name)
+        ledger.refuse(name, str(err))
         return "failed"
     uri = cfg.tracking.uri or default_uri()
     registry = cfg.cache_dir / "journals"
@@ -97,7 +111,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         store = open_store(uri, cfg.experiment, registry, cfg.tracking.unreachable == "journal")
     except StoreUnreachable as err:
         raise SweepAbort(str(err)) from None
-    active.update(store=store, sweep=sweep, job=None)
+    ledger.store, ledger.sweep, ledger.job = store, sweep, None
     # the job across its rounds (src.tracking.rounds), and this round of it (every round is its own run)
     config_key, job_key = key_of(rounds.config_key(job_key) or name), key_of(job_key or name)
     params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
@@ -111,7 +125,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
             if not changed:
                 print(f"quantspec: job {name} already finished in this sweep (run {done.info.run_id}); kept "
                       f"(resume=false reruns it)", flush=True)
-                outcomes.append("finished")
+                ledger.outcomes.append("finished")
                 return "finished"
             print(f"quantspec: job {name} finished in this sweep (run {done.info.run_id}) with another config "
                   f"({changed}); rerunning it", flush=True)
@@ -121,9 +135,9 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         log.warning("cannot write a journal (%s); results go to the store only", err)
         journal = None
     job = JobRun(store, journal, uri, cfg.experiment)
-    active["job"] = job
+    ledger.job = job
     try:
-        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in AXES}, **NODE,
+        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in AXES}, **(node or LOCAL),
                                         ROUND: str(raw.get(ROUND, 1)), CONFIG_KEY: config_key}, job_key)
         if preset is not None:
             _record_preset(job, name, *preset)
@@ -145,7 +159,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         except Exception as answer:  # noqa: BLE001 - the store refused the failure's record: say so, go on
             fail_line(f"job {name}: the store refused its failure record ({first_line(answer)})")
     finally:
-        outcomes.append(job.outcome or "failed")
+        ledger.outcomes.append(job.outcome or "failed")
         if job.where():
             fail_line(f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
                       f"{job.where()} and go to the store with the next run or `python -m src.tracking.sync`")

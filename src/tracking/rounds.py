@@ -50,18 +50,22 @@ class Rounds:
 
     def sweep(self, arguments: list[str]):
         from src.tracking.record import SweepAbort
-        rounds, reruns = self.config.get("rounds", 1), self.config.get("busy_reruns", 0)
+        from src.assembly.config import ConfigError
+        from src.run import settings
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         for o in overrides:
             if o.get_key_element() in ("rounds", "busy_reruns", ROUND) and o.is_sweep_override():
                 raise SweepAbort(f"{o.get_key_element()} takes one value, not a sweep ({o.input_line}); "
                                  f"e.g. rounds=3")
+        try:
+            sweep = settings(self.config)
+        except ConfigError as err:
+            raise SweepAbort(str(err)) from None
+        rounds, reruns = sweep.rounds, sweep.busy_reruns
+        for o in overrides:
             if o.get_key_element() == ROUND and rounds > 1:
                 raise SweepAbort(f"round is set by the sweep's rounds={rounds}; leave {o.input_line} out")
-        if not (isinstance(rounds, int) and rounds >= 1 and isinstance(reruns, int) and reruns >= 0):
-            raise SweepAbort(f"rounds must be a whole number >= 1 and busy_reruns one >= 0 (got rounds={rounds}, "
-                             f"busy_reruns={reruns}); e.g. rounds=3")
         if rounds == 1:
             return self.basic_sweep(arguments)
         jobs = [job for batch in self.split_arguments(overrides, None) for job in batch]
@@ -92,12 +96,11 @@ class Rounds:
 
     def _busy(self, r: int) -> bool:
         """Whether a job of round r was timed on a busy host, as the store holds it (any launcher)."""
+        from src.run import settings
         from src.tracking import record
-        from src.tracking import Store, default_uri
         try:
-            store = record.active.get("store") or Store(OmegaConf.select(self.config, "tracking.uri") or default_uri(),
-                                                        str(self.config.experiment))
-            return store.busy_round(str(Path(self.config.hydra.sweep.dir).resolve()), r)
+            sweep = settings(self.config)
+            return record.ledger.store_for(sweep).busy_round(str(sweep.sweep_dir), r)
         except Exception as err:  # noqa: BLE001 - no store to ask (journaling): measure no extra round
             log.warning("cannot tell whether round %d was busy (%s); no extra round", r, type(err).__name__)
             return False
