@@ -4,12 +4,13 @@ anything is quantized or timed), the KV cache it holds, and its implementation.
 
 Light: a task's implementation (src/tasks/<kind>.py, which imports torch) is imported when it runs.
 
-Adding a task: a subclass here with KIND, registered in TASKS, whose `run(inputs) -> TaskResult` calls its
-module; its fields in conf/task/_fields.yaml (with their defaults) and a conf/task/<name>.yaml naming it.
+Adding a task: a subclass here with KIND and MODULE (its implementation, whose `run(inputs) -> TaskResult`
+the job calls), registered in TASKS; its fields in conf/task/_fields.yaml (with their defaults) and a conf/task/<name>.yaml naming it.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
 from typing import ClassVar
@@ -26,6 +27,7 @@ SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.t
 class TaskConfig:
     """What every task has: its name (a conf/task file: benchmark and benchmark_long are one kind)."""
     KIND: ClassVar[str]
+    MODULE: ClassVar[str]             # its implementation: a module with run(inputs) -> TaskResult
     DECODES: ClassVar[bool] = False   # a draft changes what it measures
     name: str
 
@@ -55,7 +57,8 @@ class TaskConfig:
         return 0
 
     def run(self, inputs):
-        raise NotImplementedError
+        """The task's implementation: its module's run(inputs) -> TaskResult (imported now: it needs torch)."""
+        return importlib.import_module(self.MODULE).run(inputs)
 
 
 def _refuse_random(job, what: str, metric: str) -> None:
@@ -109,14 +112,11 @@ class Generating(TaskConfig):
 class Decode(Generating):
     """The seeds' decode table: ten general prompts (thirteen HumanEval stubs for code models)."""
     KIND: ClassVar[str] = "decode"
+    MODULE: ClassVar[str] = "src.tasks.decode"
 
     def preflight(self, job, loaded) -> None:
         from src.tasks.decode import prompts
         _fits(job, loaded, prompts(job.model.code), self.new_tokens(job.model.code), self.limit)
-
-    def run(self, inputs):
-        from src.tasks import decode
-        return decode.run(inputs)
 
 
 @TASKS.register
@@ -124,6 +124,7 @@ class Decode(Generating):
 class Benchmark(Generating):
     """Prompts of fixed token lengths cut from the dataset, each timed for exactly max_new_tokens."""
     KIND: ClassVar[str] = "benchmark"
+    MODULE: ClassVar[str] = "src.tasks.benchmark"
     prompt_lengths: tuple[int, ...] = ()
 
     def validate(self) -> None:
@@ -146,16 +147,13 @@ class Benchmark(Generating):
             log.warning("prompt lengths %s dropped: with %d new tokens they exceed the model's context of %d",
                         dropped, new, context)
 
-    def run(self, inputs):
-        from src.tasks import benchmark
-        return benchmark.run(inputs)
-
 
 @TASKS.register
 @dataclass(frozen=True, kw_only=True)
 class BenchmarkCode(Generating):
     """HumanEval's problems completed and timed, then each completion's tests run in a sandbox: pass@k."""
     KIND: ClassVar[str] = "benchmark_code"
+    MODULE: ClassVar[str] = "src.tasks.benchmark_code"
     samples: int = 1                # completions per problem (pass@k for k <= samples)
     sandbox: str = "bwrap"          # bwrap, or rlimit where bubblewrap cannot run
     sandbox_timeout_s: float = 3.0  # wall clock per problem's tests
@@ -193,16 +191,13 @@ class BenchmarkCode(Generating):
         from src.assembly.corpus import humaneval_problems
         _fits(job, loaded, [p["prompt"] for p in humaneval_problems()], self.new_tokens(job.model.code), self.limit)
 
-    def run(self, inputs):
-        from src.tasks import benchmark_code
-        return benchmark_code.run(inputs)
-
 
 @TASKS.register
 @dataclass(frozen=True, kw_only=True)
 class Perplexity(TaskConfig):
     """Perplexity over non-overlapping windows of the dataset: quality beside speed."""
     KIND: ClassVar[str] = "perplexity"
+    MODULE: ClassVar[str] = "src.tasks.perplexity"
     window: int = 512               # tokens per window
     windows: int = 8                # how many windows
 
@@ -221,21 +216,14 @@ class Perplexity(TaskConfig):
     def kv_tokens(self, code_model: bool) -> int:
         return self.window
 
-    def run(self, inputs):
-        from src.tasks import perplexity
-        return perplexity.run(inputs)
-
 
 @TASKS.register
 @dataclass(frozen=True, kw_only=True)
 class Quantize(TaskConfig):
     """Build the quantized-model cache ahead of a sweep."""
     KIND: ClassVar[str] = "quantize"
+    MODULE: ClassVar[str] = "src.tasks.quantize"
 
     def check_job(self, job) -> None:
         if not job.precision.quantized:
             raise ConfigError(f"task=quantize needs a quantized precision, not precision={job.precision.name}")
-
-    def run(self, inputs):
-        from src.tasks import quantize
-        return quantize.run(inputs)
