@@ -4,7 +4,9 @@ The job's model (whatever src.assembly.models loaded: a cached conversion of the
 random weights, a tiny test model) is written once as a Hugging Face folder, and ONNX Runtime GenAI's own
 model builder exports it, quantizing as the precision asks (its int4 and int8 are weight-only
 `MatMulNBits`, round-to-nearest in blocks of 32, quantized by the builder: not quantspec's AWQ or
-SmoothQuant). The export is cached under `<cache_dir>/ort_genai/<model>-<precision>-<provider>/` (ONNX +
+SmoothQuant: quantspec's int4 groups keep a float minimum, which MatMulNBits holds exactly only through
+float zero points, on a path about 120x slower than its own uint4 layout: scripts/bench_ort_zero_points.py).
+The export is cached under `<cache_dir>/ort_genai/<model>-<precision>-<provider>/` (ONNX +
 its genai_config.json + a JSON manifest). Generation steps the runtime's own Generator one token at a
 time, so each token is timestamped when it exists, as every engine's are.
 """
