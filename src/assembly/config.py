@@ -166,6 +166,7 @@ ENGINES = Kinds("engine", "kind")   # quantspec's own engines; another runtime i
 class EngineConfig:
     """quantspec's own engines: the model's forward on torch, with quantspec's kernels where asked."""
     KIND: ClassVar[str]
+    MODULE: ClassVar[str]   # its implementation: a module with generate(model, ids, ...) -> Generation
     name: str
     attention: str          # conf/engine/*.yaml hold the values (measured defaults) and say why
     kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
@@ -189,6 +190,12 @@ class EngineConfig:
 class HfEngine(EngineConfig):
     """transformers' generate: the reference."""
     KIND: ClassVar[str] = "hf"
+    MODULE: ClassVar[str] = "src.engine.hf"
+
+    def runtime_name(self) -> str:
+        import torch
+        import transformers
+        return f"transformers {transformers.__version__} generate, torch {torch.__version__}"
 
     def validate(self) -> None:
         super().validate()
@@ -201,6 +208,11 @@ class HfEngine(EngineConfig):
 class NativeEngine(EngineConfig):
     """quantspec's own loop: prefill, steps and k-token verifications over a KV cache (drafts run here)."""
     KIND: ClassVar[str] = "native"
+    MODULE: ClassVar[str] = "src.engine.native"
+
+    def runtime_name(self) -> str:
+        import torch
+        return f"quantspec native engine, torch {torch.__version__}"
 
 
 @dataclass(frozen=True)

@@ -143,14 +143,9 @@ def _record_executed(cfg, placement, env: dict, recorder) -> None:
     """What runs, beside what was asked (the `hardware.*` params are the profile's): params executed.*,
     and tag `ran_on`, which says where a profile's accelerator was not what ran ("phx profile, ran on
     host CPU (AMD EPYC)"). executed.kernels follows once the kernels are chosen (_kernels)."""
-    import transformers
     where = f"host CPU ({env['cpu_model']})" if placement.device == "cpu" else placement.device
     other = runtimes.runtime(cfg.engine)
-    if other is not None:
-        runtime = other.runtime_name(cfg, placement.device)
-    else:
-        runtime = (f"quantspec native engine, torch {torch.__version__}" if cfg.engine.kind == "native"
-                   else f"transformers {transformers.__version__} generate, torch {torch.__version__}")
+    runtime = other.runtime_name(cfg, placement.device) if other is not None else cfg.engine.runtime_name()
     recorder.log_params({"executed.device": placement.device, "executed.cpu": env["cpu_model"],
                          "executed.threads": str(placement.threads), "executed.runtime": runtime})
     recorder.set_tags({"ran_on": f"{cfg.hardware.name} profile, ran on {where}" if placement.note else where})

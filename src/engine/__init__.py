@@ -7,13 +7,16 @@ and timings out; never the config.
   `llamacpp`.
 """
 
+import importlib
 from functools import partial
 
+from src.assembly.config import ENGINES as KINDS
 from src.assembly.config import STEP_PATHS
-from src.engine import hf, native, speculative
+from src.engine import native, speculative
 from src.engine.common import Generation, Sampling
 
-ENGINES = {"hf": hf.generate, "native": native.generate}
+# Each of quantspec's own engines names its module in its config class (src.assembly.config.ENGINES).
+ENGINES = {kind: importlib.import_module(KINDS[kind].MODULE).generate for kind in KINDS.names}
 
 
 def engine_for(kind: str, step_path: str = "transformers", drafter=None, **draft):
