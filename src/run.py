@@ -62,6 +62,10 @@ def sweep_info(hc):
     return SweepInfo(str(sweep_dir), f"sweep {name}", " ".join(a for a in sys.argv[1:] if a not in ("-m", "--multirun")))
 
 
+def _unset(err: MissingMandatoryValue) -> str:
+    return f"{err.full_key} must be set (e.g. {err.full_key}=...)"
+
+
 def settings(config: DictConfig):
     """The sweep's settings (src.assembly.config.SweepSettings) from Hydra's config: ConfigError, one
     line, where they are wrong."""
@@ -70,7 +74,7 @@ def settings(config: DictConfig):
         top = {k: OmegaConf.to_container(config[k], resolve=True) if isinstance(config[k], DictConfig) else config[k]
                for k in ("tracking", "experiment", "report_at_end", "resume", "rounds", "busy_reruns") if k in config}
     except MissingMandatoryValue as err:
-        raise ConfigError(f"{err.full_key} must be set (e.g. {err.full_key}=...)") from None
+        raise ConfigError(_unset(err)) from None
     return sweep_settings(top, Path(str(config.hydra.sweep.dir)))
 
 
@@ -82,7 +86,7 @@ def task(cfg: DictConfig, preset: tuple[str, str] | None = None, node: dict | No
     try:
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
-        record.ledger.refuse(hc.job.override_dirname, f"{err.full_key} must be set (e.g. {err.full_key}=...)")
+        record.ledger.refuse(hc.job.override_dirname, _unset(err))
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
     return record.run_job(raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset,

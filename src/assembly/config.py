@@ -366,6 +366,7 @@ class JobConfig:
 # Sections of one class; the axes with kinds (precision, task, engine, tracking) are built by _kind_of.
 _SECTIONS = {"model": ModelConfig, "hardware": HardwareConfig, "draft": DraftConfig, "dataset": DatasetConfig,
              "sampling": Sampling}
+_KINDS = {"task": TASKS, "tracking": TRACKING}   # the axes chosen by their selector alone
 _SECTION_ORDER = ("model", "hardware", "precision", "draft", "task", "dataset", "tracking", "engine", "sampling")
 
 
@@ -437,7 +438,7 @@ def _precision(section: str, raw: Mapping[str, Any]) -> PrecisionConfig:
     quant = None
     if method != "none":
         spec = {k: v for k, v in raw.items() if k not in own or k == "method"}
-        quant = _build(section, METHODS[method], spec, METHODS.field_names())
+        quant = _build(section, METHODS[method], spec, known)
     return _build(section, PrecisionConfig, raw, known, extra={"quant": quant})
 
 
@@ -456,7 +457,7 @@ def unread(group: str, entry: Mapping[str, Any], key: str) -> str | None:
         if key in _fields(PrecisionConfig) or (method is not None and key in _fields(method)):
             return None
         return f"precision.method {' or '.join(METHODS.owners(key))}"
-    kinds = {"task": TASKS, "tracking": TRACKING, "engine": ENGINES}.get(group)
+    kinds = {**_KINDS, "engine": ENGINES}.get(group)
     if kinds is None or key == kinds.selector:
         return None
     if group == "engine" and entry.get("module") is not None:
@@ -477,10 +478,8 @@ def hardware_config(raw: Mapping[str, Any]) -> HardwareConfig:
 def _section(section: str, raw: Mapping[str, Any]) -> Any:
     if section == "precision":
         return _precision(section, raw)
-    if section == "task":
-        return _kind_of(section, TASKS, raw)
-    if section == "tracking":
-        return _kind_of(section, TRACKING, raw)
+    if section in _KINDS:
+        return _kind_of(section, _KINDS[section], raw)
     if section == "engine":
         return _engine(raw)
     return _build(section, _SECTIONS[section], raw)

@@ -73,7 +73,7 @@ def _calibration_bytes(cfg: JobConfig, shape) -> int:
     if not specs:
         return 0
     logits = max(p.calib_samples * p.calib_seq_len for p, _ in specs) * shape.vocab_size * 4
-    return logits + max(spec.calibration_bytes(shape, logits) for _, spec in specs)
+    return logits + max(spec.calibration_bytes(shape) for _, spec in specs)
 
 
 def release_freed() -> None:

@@ -59,7 +59,7 @@ class QuantSpec:
         """Rewrite the float model before rounding: the parameters changed, and per-linear clip ranges."""
         return set(), {}
 
-    def calibration_bytes(self, shape, logits: int) -> int:
+    def calibration_bytes(self, shape) -> int:
         """Memory the scaling pass holds beyond calibration's logits (bytes), for a model of `shape`."""
         return 0
 
@@ -120,7 +120,7 @@ class Awq(QuantSpec):
         return awq.awq(model, arch, calibration, self.group_size, self.awq_grid, self.awq_clip,
                        self.awq_search_tokens, self.awq_block_loss, clip_only=int4, search_rows=self.awq_search_rows)
 
-    def calibration_bytes(self, shape, logits):
+    def calibration_bytes(self, shape):
         """Every linear's sampled inputs (bf16, as the model) and, while a group's scales are searched, a few
         float32 copies of its (sampled) rows and outputs (measured at 7B: 17.5 GB peak against 13.5 GB of
         bf16 weights)."""
