@@ -49,3 +49,30 @@ def test_a_runtime_module_that_is_not_one_is_one_line(tmp_path):
 def test_perplexity_on_the_added_runtime_is_torchs(tmp_path):
     ppl = perplexity_by_engine(tmp_path, "native,example", _conf(tmp_path))
     assert ppl["example"] == pytest.approx(ppl["native"], rel=1e-6)
+
+
+
+@pytest.mark.parametrize("at, how, said", [
+    ("decode", "segv", "crashing runtime crashed (SIGSEGV) on its first decode"),
+    ("load", "kill", "crashing runtime crashed (SIGKILL: out of memory, or killed by hand) on its load"),
+    ("decode", "abort", "crashing runtime crashed (SIGABRT) on its first decode")])
+def test_a_runtime_that_crashes_fails_its_job_and_the_sweep_goes_on(tmp_path, at, how, said):
+    """The crashing job runs first; the native job after it finishes, and the sweep closes with both."""
+    (tmp_path / "conf" / "engine").mkdir(parents=True)
+    (tmp_path / "conf" / "engine" / "crashing.yaml").write_text(YAML.replace("example", "crashing"))
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(["-m", "model=tiny-llama", "engine=crashing,native", "precision=fp32", "task=benchmark",
+                   "task.prompt_lengths=[4]", "task.max_new_tokens=4", "task.warmup=0", f"tracking.uri={store}",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"],
+                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache"), "CRASH_AT": at, "CRASH_WITH": how})
+    assert out.returncode == 1, out.stderr[-2000:]   # a job failed: the sweep's exit code says so
+    assert "sweep done: 1 finished, 0 skipped, 1 failed" in out.stdout, out.stdout[-2000:]
+    line = next(x for x in out.stderr.splitlines() if "crashing" in x and "failed" in x)
+    assert said in line and "Traceback" not in out.stderr
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id],
+                              "tags.`quantspec.role` = 'job'")
+    by_engine = {r.data.tags["engine"]: r for r in runs}
+    assert by_engine["crashing"].info.status == "FAILED" and said in by_engine["crashing"].data.tags["outcome_reason"]
+    assert by_engine["native"].info.status == "FINISHED"
+    assert by_engine["native"].data.metrics["time_per_token_ms_median"] > 0

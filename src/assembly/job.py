@@ -24,6 +24,7 @@ from src.assembly import hardware, memory
 from src.assembly.config import ConfigError, JobConfig
 from src.assembly.corpus import Corpus, TextInput
 from src.engine import engine_for, roofline, runtimes
+from src.engine.isolated import Isolated
 from src.assembly.hardware import Placement
 from src.assembly.models import LoadedModel, load_model, tokenizer_mismatch
 from src.tasks.common import TaskInputs, TaskResult
@@ -71,7 +72,10 @@ class Job:
                           on_row=self.on_row)
 
     def run(self) -> TaskResult:
-        result = self.cfg.task.run(self.inputs())
+        try:
+            result = self.cfg.task.run(self.inputs())
+        finally:   # another runtime's process ends with its task
+            getattr(self.engine, "close", lambda: None)()
         for text, contexts in self.corpus.used():
             self.recorder.log_input(text, contexts)
         if self.cfg.model.weights == "random":
@@ -124,9 +128,12 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     cfg.task.preflight(cfg, loaded)   # its context, before anything is quantized or timed
     corpus = Corpus(cfg.dataset)   # read only by the tasks and calibration that need it
     other = runtimes.runtime(cfg.engine)
-    if other is not None:   # another runtime: it quantizes and runs its own export of the weights
-        return Job(cfg, placement, env, loaded, loaded.model, corpus,
-                   other.build(cfg, loaded, placement, corpus, recorder), None, {}, recorder)
+    if other is not None:   # another runtime: it quantizes and runs its own export of the weights, in a process
+        # of its own, so that its crash fails this job and the sweep goes on
+        make = other.build(cfg, loaded, placement, corpus, recorder)
+        hint = getattr(other, "crash_hint", lambda: "")()
+        engine = Isolated(make, getattr(other, "TITLE", cfg.engine.name), hint)
+        return Job(cfg, placement, env, loaded, loaded.model, corpus, engine, None, {}, recorder)
     gemv = _kernels(cfg, placement, recorder)   # chosen once: quantized modules are built for it
     model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)
     model = _place(cfg, model, placement, gemv, recorder)

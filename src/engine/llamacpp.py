@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from src.engine.common import Generation, Sampling, token_loop
 
 log = logging.getLogger("quantspec")
 
+TITLE = "llama.cpp"
 FTYPES = {"fp32": 0, "bf16": 32}   # llama.h's LLAMA_FTYPE_ALL_F32 and LLAMA_FTYPE_MOSTLY_BF16
 EXPORT_VERSION = 1
 
@@ -49,6 +51,18 @@ def unsupported(cfg) -> str | None:
         return (f"engine llamacpp runs GGUF packages' models (model.source=gguf_package); {cfg.model.name} would "
                 f"need llama.cpp's Hugging Face converter, which llama-cpp-python does not ship")
     return available()
+
+
+def crash_hint() -> str:
+    """llama.cpp's native build takes the AMX path where the CPU has AMX, and it segfaulted on its first
+    decode on such a host (a Xeon VM): the fix is a build without AMX."""
+    try:
+        amx = " amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        amx = False
+    return ("this CPU has AMX, whose llama.cpp path has crashed on VMs: rebuild without it, CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
+            "-DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" pip install "
+            "--no-cache-dir --force-reinstall llama-cpp-python==0.3.36") if amx else ""
 
 
 def runtime_name(cfg, device: str) -> str:
@@ -77,13 +91,14 @@ def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Pa
 
 
 def build(cfg, loaded, placement, corpus, recorder):
-    """The job's weights as a GGUF at the precision (cached), loaded by llama.cpp on the job's threads."""
+    """The job's weights as a GGUF at the precision (cached); what loads it with llama.cpp on the job's
+    threads (in the runtime's own process: src.engine.isolated)."""
     from src.assembly.models import gguf_path
     from src.engine.common import eos_ids
     from src.engine.runtimes import exported
     path = exported(recorder, lambda: export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key,
                                              cfg.precision.name, cfg.cache_dir), "llamacpp", "llama.cpp/CPU")
-    return LlamaCpp(path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
+    return partial(LlamaCpp, path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
 
 
 class LlamaCpp:

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ import numpy as np
 from src.engine.common import Generation, Sampling, token_loop
 
 log = logging.getLogger("quantspec")
+TITLE = "OpenVINO"
 
 PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4_awq", "w8a8": "int8_sq"}
 CALIBRATED = ("int4_awq", "int8_sq")   # the NNCF methods that read calibration texts
@@ -105,7 +107,8 @@ def export(model, tokenizer, source_key: str, precision: str, calibration: list[
 
 def build(cfg, loaded, placement, corpus, recorder):
     """The job's weights exported and compressed at the precision (cached; w4a16's AWQ and w8a8's
-    SmoothQuant calibrated on the job's calibration texts), compiled for the CPU."""
+    SmoothQuant calibrated on the job's calibration texts); returned as what compiles it for the CPU (in the
+    runtime's own process)."""
     from src.engine.common import eos_ids
     texts = []
     if PRECISIONS[cfg.precision.name] in CALIBRATED:   # 16 pieces of the corpus quantspec calibrates on
@@ -114,7 +117,7 @@ def build(cfg, loaded, placement, corpus, recorder):
     from src.engine.runtimes import exported
     folder = exported(recorder, lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name,
                                                texts, cfg.cache_dir, _alpha(cfg)), "openvino", "openvino/CPU")
-    return OpenVINO(folder, tuple(sorted(eos_ids(loaded.model))), f32=_f32(cfg.precision.name))
+    return partial(OpenVINO, folder, tuple(sorted(eos_ids(loaded.model))), f32=_f32(cfg.precision.name))
 
 
 @dataclass

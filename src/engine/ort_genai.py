@@ -18,11 +18,13 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from src.engine.common import Generation, Sampling
 
 log = logging.getLogger("quantspec")
+TITLE = "ONNX Runtime GenAI"
 
 # quantspec's precision -> the builder's. Weight-only int8/int4 are what the builder offers on the CPU
 # provider; bf16 runs only on CUDA there, and it quantizes no activations (w8a8).
@@ -75,7 +77,7 @@ def export(model, tokenizer, source_key: str, precision: str, provider: str, cac
 
 def build(cfg, loaded, placement, corpus, recorder):
     """The job's weights exported at the precision (cached), run on the provider the hardware profile names
-    where it is here, else on the CPU provider, said."""
+    where it is here, else on the CPU provider, said; returned as what loads it (in the runtime's own process)."""
     provider = PROVIDERS.get(placement.device, "cpu")
     if cfg.hardware.device == "npu":
         log.warning("%s profile: the Ryzen AI provider is not in this onnxruntime-genai; the CPU provider runs",
@@ -83,7 +85,7 @@ def build(cfg, loaded, placement, corpus, recorder):
     from src.engine.runtimes import exported
     folder = exported(recorder, lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name,
                                                provider, cfg.cache_dir), "onnxruntime", f"onnxruntime-genai/{provider}")
-    return OrtGenAI(folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0))
+    return partial(OrtGenAI, folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0))
 
 
 @dataclass

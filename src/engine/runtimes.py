@@ -3,8 +3,13 @@ kernels, and is one module with these names:
 
 - `unsupported(cfg) -> str | None`: why it cannot run that job (the sweep records a skip with it);
 - `runtime_name(cfg, device) -> str`: the runtime, its version and what it runs (param executed.runtime);
-- `build(cfg, loaded, placement, corpus, recorder)`: the engine callable, its export built or cached;
-- the engine has `window_nll(ids)` where the runtime gives logits for every position (perplexity).
+- `build(cfg, loaded, placement, corpus, recorder)`: its export built or cached, and a picklable
+  zero-argument callable that makes the engine (e.g. `functools.partial(Engine, folder)`): the engine is
+  made and run in a child process of its own (src.engine.isolated), so a crash of the runtime's native
+  code is that job's failure with its reason, not the end of the sweep;
+- the engine has `window_nll(ids)` where the runtime gives logits for every position (perplexity);
+- optionally `TITLE` (the runtime's name in a failure line) and `crash_hint()` (what to do about a crash
+  on this host, or "").
 
 Adding one is that module and conf/engine/<name>.yaml with `kind: <name>` and `module: <its import
 path>` (its config is then src.assembly.config.RuntimeEngine: quantspec's own kernels, attention and step

@@ -24,8 +24,18 @@ def _host_busy_s() -> float:
 
 
 def _own_s(process: psutil.Process) -> float:
+    """CPU seconds of this process and its children: the ended ones (counted once waited for) and the live
+    ones (another runtime's engine runs in a child of the job: src.engine.isolated), which are the job's own
+    work, not a neighbour's."""
     t = process.cpu_times()
-    return t.user + t.system + t.children_user + t.children_system
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in process.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:
+            pass   # ended between the listing and the reading: its time is in children_* once waited for
+    return total
 
 
 class OthersCpu:
