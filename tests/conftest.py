@@ -20,6 +20,9 @@ CONF = ROOT / "conf"
 # Tests never reach a hub: fail fast instead of waiting on timeouts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# No busy round is measured again unless a test asks (busy_reruns=N on its command line): a test's counts of
+# jobs and rounds must not follow the host's load. Every process a test starts inherits it.
+os.environ.setdefault("QUANTSPEC_BUSY_RERUNS", "0")
 
 
 def compose_job(overrides: list[str]) -> tuple[dict, dict]:

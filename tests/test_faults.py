@@ -84,7 +84,7 @@ def test_a_signal_ends_the_job_and_the_sweep_as_killed_in_one_line(tmp_path, sig
     client = MlflowClient(uri)
     assert {"config.yaml", "environment.json"} <= {a.path for a in client.list_artifacts(job.info.run_id)}
     done = int(reason.split("stopped after ")[1].split()[0])
-    assert done >= 1 and len(client.get_metric_history(job.info.run_id, "example/time_per_token_ms")) == done
+    assert done >= 1 and len(client.get_metric_history(job.info.run_id, "by_example/time_per_token_ms")) == done
 
 
 def test_a_killed_process_s_runs_are_ended_by_the_next_process(tmp_path, env):
@@ -178,7 +178,7 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         client = MlflowClient(uri)
         for job in jobs:
             examples = int(job.data.metrics["examples"])
-            assert len(client.get_metric_history(job.info.run_id, "example/time_per_token_ms")) == examples
+            assert len(client.get_metric_history(job.info.run_id, "by_example/time_per_token_ms")) == examples
             assert "examples.md" in {a.path for a in client.list_artifacts(job.info.run_id)}
     finally:
         if server.poll() is None:
@@ -299,7 +299,7 @@ print('SWEEPS', [(r.info.status, r.data.tags.get('jobs_finished'), r.data.tags.g
 
 def _metric_counts(uri: str) -> list[tuple[str, int]]:
     client = MlflowClient(uri)
-    return sorted((j.data.tags.get("outcome", "?"), len(client.get_metric_history(j.info.run_id, "example/time_per_token_ms")))
+    return sorted((j.data.tags.get("outcome", "?"), len(client.get_metric_history(j.info.run_id, "by_example/time_per_token_ms")))
                   for j in by_role(uri)[1])
 
 

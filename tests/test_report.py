@@ -40,7 +40,7 @@ def test_report_numbers_are_the_runs_own(sweep):
         assert job.params["executed.runtime"].startswith("quantspec native engine, torch ")
     # each seed table holds the per-example metric histories
     for name, job in by_name.items():
-        history = {m.step: m.value for m in client.get_metric_history(job.run_id, "example/time_per_token_ms")}
+        history = {m.step: m.value for m in client.get_metric_history(job.run_id, "by_example/time_per_token_ms")}
         rows = report.job_rows(client, job)
         assert [r.time_per_token_ms for r in rows] == [history[s] for s in sorted(history)]
         assert [r.prompt_tokens for r in rows] == [4, 8]

@@ -239,7 +239,7 @@ def test_a_draft_job_logs_acceptance_speedup_and_the_estimate(store):
     assert m["expected_speedup"] > 0 and m["draft_cost_ratio"] > 0 and 0 <= m["alpha_estimated"] <= 1
     for name in ("acceptance_rate", "accepted_per_step", "draft_ms_per_step", "verify_ms_per_step",
                  "speedup_vs_no_draft", "baseline_time_per_token_ms"):
-        assert sorted(p.step for p in client.get_metric_history(run.info.run_id, f"example/{name}")) == [1, 2], name
+        assert sorted(p.step for p in client.get_metric_history(run.info.run_id, f"by_example/{name}")) == [1, 2], name
     assert "draft_quantize_s" in m or "draft_quant_load_s" in m
 
 

@@ -34,10 +34,10 @@ def test_finished_job_logs_the_contract(store):
         "model": "tiny-llama", "hardware": "cpu", "precision": "fp32", "draft": "none", "task": "decode",
         "executed_on": "cpu", "outcome": "finished"}
     assert tags["git_commit"] and tags["cpu_model"]
-    history = client.get_metric_history(run.info.run_id, "example/time_per_token_ms")
+    history = client.get_metric_history(run.info.run_id, "by_example/time_per_token_ms")
     assert sorted(m.step for m in history) == [1, 2]
     for name in ("prompt_tokens", "new_tokens", "total_time_s", "prefill_ms", "tokens_per_s"):
-        assert len(client.get_metric_history(run.info.run_id, f"example/{name}")) == 2
+        assert len(client.get_metric_history(run.info.run_id, f"by_example/{name}")) == 2
     # summaries are the medians of the per-example values
     per_token = sorted(m.value for m in history)
     assert run.data.metrics["time_per_token_ms_median"] == pytest.approx(sum(per_token) / 2)

@@ -7,15 +7,19 @@ divided by (new tokens - 1). Tokens/Sec: 1000 / Time/Token. Total Time (s): the 
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import statistics
 from dataclasses import asdict, dataclass
 
-# Metric names are a contract users query by: they must not change. Each example's values are series
-# (step = example) under their own prefix, so that the UI's columns (a metric's latest value) show the
-# summaries only: MLflow would show a series' last example as if it summarized the job.
+# Metric names are a contract users query by. Each example's values are series (step = example) under
+# their own prefix, named as a series (`by_example/time_per_token_ms`), so that nobody reads a series'
+# latest value (MLflow's columns and run page show the last example's) as the job's figure, which is
+# `time_per_token_ms_median`. Stores written before this name hold them under LEGACY_EXAMPLE.
 ROW_METRICS = ("prompt_tokens", "new_tokens", "total_time_s", "prefill_ms", "time_per_token_ms", "tokens_per_s")
-EXAMPLE = "example/"
+EXAMPLE = "by_example/"
+LEGACY_EXAMPLE = "example/"
 SEED_HEADERS = ("Example#", "Prompt Length (tokens)", "New Tokens Generated", "Total Time (s)",
                 "Prefill Phase (ms)", "Time/Token (ms)", "Tokens/Sec")
 
@@ -86,7 +90,14 @@ def seed_table(rows: list[Row]) -> str:
                                           r.time_per_token_ms, r.tokens_per_s] for r in rows])
 
 
+def csv_text(rows: list[list]) -> str:
+    """Rows as CSV through the csv module: a value holding a comma or a quote is quoted, so every reader
+    parses it back into the same cells."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    return buffer.getvalue()
+
+
 def rows_csv(rows: list[Row]) -> str:
     fields = ["example", *ROW_METRICS]
-    lines = [",".join(fields)] + [",".join(_cell(getattr(r, f)) for f in fields) for r in rows]
-    return "\n".join(lines) + "\n"
+    return csv_text([fields, *([_cell(getattr(r, f)) for f in fields] for r in rows)])

@@ -151,6 +151,26 @@ class Speedup:
     def is_baseline(self) -> bool:
         return self.job.key == self.base.key
 
+    def busy_sides(self) -> list[str]:
+        """Where the time ratio stands on busy timings only: 'job', 'baseline' or both ([] when a quiet round
+        gave it, since busy rounds are then left out)."""
+        if not self.time.all_busy:
+            return []
+        mine, theirs = self.job.finished(), self.base.finished()
+        common = set(mine) & set(theirs)
+        return [side for side, runs in (("job", mine), ("baseline", theirs)) if any(busy(runs[r]) for r in common)]
+
+
+def condition(figure: Spread, sides: list[str] | None = None) -> str:
+    """What a figure's reader must know before its value, in a few characters: `BUSY baseline, 1 round`,
+    `BUSY, 1 round`, `1 round`, or '' for a median of several quiet rounds. `sides`: Speedup.busy_sides()."""
+    said = []
+    if figure.all_busy:
+        said.append("BUSY" + (f" {'+'.join(sides)}" if sides and sides != ["job"] else ""))
+    if figure.used == 1:
+        said.append("1 round")
+    return ", ".join(said)
+
 
 def speedups(all_configs: list[Config], baseline: dict[str, str]) -> list[Speedup]:
     out = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +22,9 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from src.tracking import ui
-from src.tracking.compare import Config, Speedup, configs, ratio, speedups
+from src.tracking.compare import Config, Speedup, condition, configs, ratio, speedups
 from src.common.environment import PROJECT_ROOT
-from src.common.metrics import EXAMPLE, ROW_METRICS, Row, markdown_table, seed_table
+from src.common.metrics import EXAMPLE, LEGACY_EXAMPLE, ROW_METRICS, Row, csv_text, markdown_table, seed_table
 from src.common.paths import child
 from src.assembly.config import AXES
 from src.tracking.sweeps import JobRecord, sweep_jobs
@@ -51,7 +52,9 @@ class Report:
 
 def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:
     """Per-example rows rebuilt from the run's metric histories (step = example number)."""
-    history = {m: {p.step: p.value for p in client.get_metric_history(job.run_id, EXAMPLE + m)} for m in ROW_METRICS}
+    prefix = EXAMPLE if EXAMPLE + "prompt_tokens" in job.metrics or LEGACY_EXAMPLE + "prompt_tokens" not in job.metrics \
+        else LEGACY_EXAMPLE   # a sweep recorded before the series were renamed
+    history = {m: {p.step: p.value for p in client.get_metric_history(job.run_id, prefix + m)} for m in ROW_METRICS}
     steps = sorted(history["prompt_tokens"])
     get = lambda m, s: history[m].get(s, math.nan)  # noqa: E731 - NaN: never logged (one-token example)
     return [Row(s, int(get("prompt_tokens", s)), int(get("new_tokens", s)), get("total_time_s", s),
@@ -103,19 +106,53 @@ def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: s
     drawn = [(name, sorted(values)) for name, values in drawn if values]
     if not drawn:
         return None
+    busy = {j.name for j in jobs if j.tags.get("host_busy") == "true"}
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(drawn) + 1.5))
     medians = [v[len(v) // 2] for _, v in drawn]
     low = [m - v[0] for m, (_, v) in zip(medians, drawn)]
     high = [v[-1] - m for m, (_, v) in zip(medians, drawn)]
-    ax.barh([name for name, _ in drawn], medians, xerr=[low, high], color="tab:blue", capsize=3)
-    ax.set_xlabel(f"{label}: median over the examples, fastest to slowest")
-    ax.set_title(f"{label} by job")
+    bars = ax.barh([_marked(name, "⚠ BUSY" if name in busy else "") for name, _ in drawn], medians,
+                   xerr=[low, high], color="tab:blue", capsize=3)
+    _hatch_busy(bars, [name in busy for name, _ in drawn])
+    ax.set_xlabel(f"{label}: median over the examples, whiskers from the fastest to the slowest")
+    ax.set_title(f"{label} by job" + (" (hatched: timed while other processes used the CPU)" if busy else ""))
     ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
     path = out / f"{metric}_by_job.png"
-    fig.savefig(path, dpi=110)
+    _save(fig, path)
     plt.close(fig)
     return path
+
+
+def _hatch_busy(bars, busy: list[bool]) -> None:
+    """A busy figure's bar is drawn hatched and pale: seen before its value is read."""
+    for bar, was_busy in zip(bars, busy):
+        if was_busy:
+            bar.set_hatch("///")
+            bar.set_alpha(0.45)
+            bar.set_edgecolor("tab:red")
+
+
+def _save(fig, path: Path) -> None:
+    """The figure saved with everything it draws inside the image: titles wrapped to its width, the
+    layout tightened, and the canvas widened or heightened by whatever still overflows it (a long job
+    name, a label past the bars)."""
+    for ax in fig.axes:
+        title = ax.get_title()
+        if title:
+            ax.set_title(textwrap.fill(title, width=int(fig.get_figwidth() * 11)), fontsize=9)
+        label = ax.get_xlabel()
+        if label:
+            ax.set_xlabel(textwrap.fill(label, width=int(fig.get_figwidth() * 13)), fontsize=8)
+    for _ in range(4):
+        fig.tight_layout()
+        box = fig.get_tightbbox(fig.canvas.get_renderer())   # inches
+        width, height = fig.get_size_inches()
+        over_x = max(0.0, -box.x0) + max(0.0, box.x1 - width)
+        over_y = max(0.0, -box.y0) + max(0.0, box.y1 - height)
+        if over_x < 0.01 and over_y < 0.01:
+            break
+        fig.set_size_inches(width + over_x + 0.1, height + over_y + 0.1)
+    fig.savefig(path, dpi=110)
 
 
 def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[Row]], speedups: list[Speedup],
@@ -132,8 +169,11 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
             rows = rows_of.get(job.name) or []
             if len(rows) < 2 or job.choice("task") not in ("benchmark", "benchmark_long"):
                 continue  # only fixed-length prompts make a curve against prompt length
+            busy = job.tags.get("host_busy") == "true"
             ax.plot([r.prompt_tokens for r in rows], [getattr(r, metric) for r in rows], marker="o",
-                    label=f"{job.choice('precision')} · {job.choice('draft')} · {job.choice('hardware')}")
+                    linestyle="--" if busy else "-",
+                    label=("⚠ BUSY " if busy else "") + f"{job.choice('precision')} · {job.choice('draft')} · "
+                                                       f"{job.choice('hardware')}")
             drawn += 1
         if drawn:
             ax.set_xscale("log", base=2)
@@ -143,8 +183,7 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
             path = out / f"{metric}_vs_prompt.png"
-            fig.tight_layout()
-            fig.savefig(path, dpi=110)
+            _save(fig, path)
             files[path.name] = path
         plt.close(fig)
         path = _by_job(plt, jobs, rows_of, metric, label, out)
@@ -154,20 +193,23 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
     if drawn:
         fig, ax = plt.subplots(figsize=(7, 0.45 * len(drawn) + 1.5))
         medians = [u.time.median for u in drawn]
-        ax.barh([u.job.name for u in drawn], medians, color="tab:blue", capsize=3,
-                xerr=[[u.time.median - u.time.low for u in drawn], [u.time.high - u.time.median for u in drawn]])
+        said = [marker(u.job, u) for u in drawn]
+        bars = ax.barh([_marked(u.job.name, m) for u, m in zip(drawn, said)], medians, color="tab:blue", capsize=3,
+                       xerr=[[u.time.median - u.time.low for u in drawn], [u.time.high - u.time.median for u in drawn]])
+        _hatch_busy(bars, ["BUSY" in m for m in said])
         ax.axvline(1.0, color="black", linewidth=0.8)
         rounds = max(u.time.used for u in drawn)
         ax.set_xlabel(f"time/token speedup over {base_text}" + (
             f": median of the per-round ratios, whiskers their min–max ({rounds} rounds)" if rounds > 1 else ""))
         ax.set_title("speedup over the baseline: the job that differs only in " + ", ".join(
-            sorted({k.split("=")[0] for k in base_text.split(", ")})) + " (same model, hardware, task, engine)",
-            fontsize=9)
+            sorted({k.split("=")[0] for k in base_text.split(", ")})) + " (same model, hardware, task, engine)"
+            + ("; hatched: timed busy" if any("BUSY" in m for m in said) else ""))
         for y, u in enumerate(drawn):
             ax.text(u.time.high, y, f" {u.time.text('×')}", va="center", fontsize=7)
-        fig.tight_layout()
+        # room right of the longest bar for its label: the axis, not the canvas, holds it
+        ax.set_xlim(0, max(u.time.high for u in drawn) * 1.45)
         path = out / "speedup.png"
-        fig.savefig(path, dpi=110)
+        _save(fig, path)
         files[path.name] = path
         plt.close(fig)
     return files
@@ -200,15 +242,21 @@ def summary_rows(groups: list[Config]) -> tuple[list[list], list[str]]:
         if several:   # the rounds, and time/token's range beside its median
             values = [f"{len(c.finished())}" + (f" ({len(c.busy_rounds())} busy)" if c.busy_rounds() else ""),
                       values[0], f"{time.low:.3g}–{time.high:.3g}" if time.used > 1 else math.nan, *values[1:]]
-        rows.append([c.name, c.outcome, c.shown.tags.get("ran_on", "?"), kernels_of(c.shown), *values])
+        rows.append([_marked(c.name, marker(c, None) if "BUSY" in marker(c, None) else ""), c.outcome,
+                     c.shown.tags.get("ran_on", "?"), kernels_of(c.shown), *values])
     names = [h for _, h in SUMMARY]
     headers = ["job", "outcome", "ran on", "kernels",
                *(["rounds", names[0], "time/token min–max (ms)", *names[1:]] if several else names)]
     return _drop_empty(rows, headers, fixed=4 + several)
 
 
+def _marked(name: str, said: str) -> str:
+    """A job's name with its figure's condition before it, where there is one to say."""
+    return f"[{said}] {name}" if said else name
+
+
 def speedup_table(gains: list[Speedup]) -> str:
-    rows = [[u.job.name + (" (FALLBACK)" if fallback(u.job.shown) else ""),
+    rows = [[_marked(u.job.name, marker(u.job, u)) + (" (FALLBACK)" if fallback(u.job.shown) else ""),
              u.base.name + (" (FALLBACK)" if fallback(u.base.shown) else ""),
              *(["(the baseline)", "-", "-", "-"] if u.is_baseline else
                [_sig3(u.time.median), f"{u.time.low:.3g}–{u.time.high:.3g}" if u.time.used > 1 else "-", u.time.used,
@@ -248,8 +296,7 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     for name, table in tables.items():
         parts += [f"## {name}\n", table + "\n"]
     (out / "report.md").write_text("\n".join(parts))
-    (out / "summary.csv").write_text("\n".join(",".join(str(c) for c in row) for row in
-                                               [headers, *summary]) + "\n")
+    (out / "summary.csv").write_text(csv_text([headers, *summary]))
     files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
     return Report(parent_id, jobs, groups, tables, summary, gains, files, overview)
 
@@ -302,12 +349,18 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
     real = [u for u in report.speedups if not u.is_baseline and not math.isnan(u.time.median)
             and not fallback(u.job.shown) and not fallback(u.base.shown)]
     if real:
-        top = max(real, key=lambda u: u.time.median)
-        for name, value in (("best_speedup", top.time.median), ("best_speedup_low", top.time.low),
-                            ("best_speedup_high", top.time.high)):
+        # the best of the speedups measured quiet, where there is one: a busy baseline inflates a ratio
+        quiet = [u for u in real if not u.time.all_busy]
+        top = max(quiet or real, key=lambda u: u.time.median)
+        figures = [("best_speedup", top.time.median)]
+        if top.time.used > 1:   # one round has no range: no low and high that would only repeat it
+            figures += [("best_speedup_low", top.time.low), ("best_speedup_high", top.time.high)]
+        for name, value in figures:
             _set_metric(client, report.parent_run_id, name, value, held.get(name))
         client.set_tag(report.parent_run_id, "best_speedup_job", top.job.name)
         client.set_tag(report.parent_run_id, "best_speedup_rounds", f"{top.time.used}{top.time.caveat()}")
+        client.set_tag(report.parent_run_id, "best_speedup_condition",
+                       condition(top.time, top.busy_sides()) or f"{top.time.used} quiet rounds")
     return report
 
 
@@ -324,7 +377,11 @@ def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, bas
     for name, figure in figures.items():
         if not math.isnan(figure.median):
             _set_metric(client, run.run_id, name, _sig3(figure.median), held.get(name))
-    if gain is not None and not gain.is_baseline and len(config.runs) > 1:
+    # 1: the headline figure stands on busy timings only (the job's or its baseline's): a column that sorts
+    # before the figures in the view (MLflow orders metric columns by name)
+    _set_metric(client, run.run_id, "busy", float(busy_figure(config, gain)), held.get("busy"))
+    # a range only where there is one: one round's low and high would only repeat its median
+    if gain is not None and not gain.is_baseline and gain.time.used > 1:
         _set_metric(client, run.run_id, "decode_speedup_low", _sig3(gain.time.low), held.get("decode_speedup_low"))
         _set_metric(client, run.run_id, "decode_speedup_high", _sig3(gain.time.high), held.get("decode_speedup_high"))
     finished = config.finished()
@@ -345,19 +402,41 @@ def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, bas
             client.set_tag(run.run_id, k, v)
 
 
+def marker(config: Config, gain: Speedup | None) -> str:
+    """How far the job's headline figure can be trusted, in the few characters a table shows first:
+    `⚠ BUSY baseline, 1 round`, `1 round`, or '' (several quiet rounds). The speedup's where it has one
+    (its baseline's busy rounds count), else its time per token's."""
+    if gain is not None and not gain.is_baseline and not math.isnan(gain.time.median):
+        said = condition(gain.time, gain.busy_sides())
+    else:
+        said = condition(config.spread("time_per_token_ms_median"))
+    return f"⚠ {said}" if "BUSY" in said else said
+
+
+def busy_figure(config: Config, gain: Speedup | None) -> bool:
+    """Whether the job's headline figure (marker's) stands on busy timings only."""
+    return "BUSY" in marker(config, gain)
+
+
 def describe(config: Config, gain: Speedup | None, baseline: dict[str, str]) -> str:
-    """One line for the view's Description column: precision, hardware as executed, draft, speedup."""
+    """One line for the view's Description column, whose first ~50 characters are all the UI shows: the
+    figure's condition first (busy, one round), then the speedup, then what ran (precision, hardware as
+    executed, draft)."""
     run = config.shown
     draft = config.choice("draft")
     engine = config.choice("engine")
-    text = (f"{config.choice('precision')}{'' if engine in ('native', '?') else ' on ' + engine} · "
-            f"{run.tags.get('ran_on', config.choice('hardware'))} · "
-            f"{'no draft' if draft == 'none' else 'draft ' + draft}")
+    said = marker(config, gain)
     if gain is not None and not gain.is_baseline and not math.isnan(gain.time.median):
-        text += f" · {gain.time.text('×', what=' over ' + gain.base.choice('precision'))}"
+        figure = f"{gain.time.median:.3g}× over {gain.base.choice('precision')}"
+        if gain.time.used > 1:
+            figure += f" ({gain.time.low:.3g}–{gain.time.high:.3g}×)"
     elif gain is not None and gain.is_baseline:
-        text += f" · the baseline ({', '.join(f'{k}={v}' for k, v in baseline.items())})"
-    return text
+        figure = f"the baseline ({', '.join(f'{k}={v}' for k, v in baseline.items())})"
+    else:
+        figure = ""
+    what = (f"{config.choice('precision')}{'' if engine in ('native', '?') else ' on ' + engine} · "
+            f"{'no draft' if draft == 'none' else 'draft ' + draft} · {run.tags.get('ran_on', config.choice('hardware'))}")
+    return " · ".join(part for part in (said, figure, what) if part)
 
 
 def _sig3(value: float) -> float:

@@ -67,7 +67,9 @@ class OthersCpu:
 class Sampler:
     """MLflow's system metrics, sampled every `interval_s` on a daemon thread and handed to `log`
     (names under `system/`, which the MLflow UI charts in its System metrics section), plus the process's
-    resident memory and other processes' CPU over each interval."""
+    resident memory and other processes' CPU over each interval (`system/others_cpu_cores_per_interval`, a
+    series over the whole job, loading included; the job's busy figure is `others_cpu_cores`, taken while
+    it was timed, which its host_busy tags repeat)."""
 
     def __init__(self, log: Callable[[dict[str, float], int], None], interval_s: float):
         self.log, self.interval_s = log, interval_s
@@ -83,7 +85,7 @@ class Sampler:
         if others is not None:
             others.__exit__()
             if others.wall_s > 0:
-                values["system/others_cpu_cores"] = max(0.0, others.others_s / others.wall_s)
+                values["system/others_cpu_cores_per_interval"] = max(0.0, others.others_s / others.wall_s)
         return values
 
     def _loop(self) -> None:

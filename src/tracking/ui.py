@@ -19,10 +19,11 @@ SHOWN = "quantspec.shown"             # 'true' on the one run that stands for a 
 # What MLflow's runs table cannot be told (its source, experimentPage.column-utils.tsx): it lays out
 # attribute columns first (Run Name, Created and Duration always; Description, Dataset where selected),
 # then metrics, then params, then tags, each group in alphabetical order, and columns cannot be moved.
-# So what a job is (precision, hardware as it ran, draft) is its run's description (an attribute
-# column, before the metrics), and the figures' names sort in the order they are read: time per
-# token, speedup and its range, prefill, tokens/s.
-VIEW_METRICS = ("decode_ms_per_token", "decode_speedup", "decode_speedup_low", "decode_speedup_high",
+# So what a job is (its figure's condition first, then precision, draft, hardware as it ran) is its run's
+# description (an attribute column, before the metrics; the UI shows its first ~50 characters), and the
+# figures' names sort in the order they are read: `busy` (1 where the figure stands on busy timings only:
+# it sorts first), time per token, speedup and its range, prefill, tokens/s.
+VIEW_METRICS = ("busy", "decode_ms_per_token", "decode_speedup", "decode_speedup_low", "decode_speedup_high",
                 "prefill_ms", "tokens_per_s", "perplexity", "pass_at_1", "acceptance_rate_overall",
                 "speedup_vs_no_draft_median")
 TAG_COLUMNS = ("host_busy", "busy_rounds", "sandbox")
@@ -58,18 +59,21 @@ def view_state(parent_run_id: str, runs: list) -> dict:
         return len(runs) < 2 or len({str(v) for v in values}) > 1
 
     columns = ["attributes.`Description`"] if differs([r.data.tags.get("mlflow.note.content") for r in runs]) else []
+    busy = sorted(r.info.run_name for r in runs if r.data.metrics.get("busy"))
     columns += [f"metrics.`{name}`" for name in VIEW_METRICS
                 if any(name in r.data.metrics for r in runs)
-                and (name == SORT or differs([r.data.metrics.get(name) for r in runs]))]
+                and (name == SORT or (name == "busy" and busy) or differs([r.data.metrics.get(name) for r in runs]))]
     columns += [f"tags.`{name}`" for name in TAG_COLUMNS
                 if any(name in r.data.tags for r in runs) and differs([r.data.tags.get(name) for r in runs])]
     ordered = any(SORT in r.data.metrics for r in runs)
     section = "quantspec"
+    # a chart's bars carry no mark of their own: its title names the jobs whose figure was timed busy
+    flag = f" (⚠ BUSY: {', '.join(busy)})" if busy else ""
     charts = [{"uuid": f"quantspec-{kind.lower()}-{metric}", "type": kind, "metricSectionId": section,
                "deleted": False, "isGenerated": False, "runsCountToCompare": 100,
-               **({"metricKey": metric, "displayName": metric} if kind == "BAR" else
+               **({"metricKey": metric, "displayName": metric + flag} if kind == "BAR" else
                   {"xaxis": {"key": "choice.precision", "type": "PARAM"}, "yaxis": {"key": metric, "type": "METRIC"},
-                   "displayName": f"{metric} by precision"})}
+                   "displayName": f"{metric} by precision{flag}"})}
               for metric, kind in CHARTS if any(metric in r.data.metrics for r in runs)]
     return {"searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`{SHOWN}` = 'true'",
             "orderByKey": f"metrics.`{SORT}`" if ordered else "attributes.start_time",
