@@ -88,10 +88,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, what: str, timeout: float = 1
 
 
 def mlflow_server(where: Path, port: int) -> subprocess.Popen:
-    """A real `mlflow server` on loopback over a SQLite store in `where`, in its own process group
+    """A real `mlflow server` (with quantspec's view page: src.tracking.view_app) on loopback over a SQLite
+    store in `where`, in its own process group
     (so a test can kill it with its workers, as a crash would), answering when this returns."""
     mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
-    proc = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    proc = subprocess.Popen([mlflow, "server", "--app-name", "quantspec", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{where / 'server.db'}",
                              "--artifacts-destination", str(where / "artifacts")],
                             cwd=where, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -172,3 +172,88 @@ def test_a_decode_sweep_gets_its_plots_and_no_empty_columns(tmp_path):
     table = rep.files["report.md"].read_text().split("## Summary")[1].split("##")[0]
     assert "time/token (ms)" in table and "perplexity" not in table and "pass@1" not in table
     assert all(not (isinstance(c, float) and math.isnan(c)) for row in rep.summary for c in row[4:])
+
+
+LONG_CPU = 'Intel(R) Xeon(R) Processor, a "long" name @ 2.10GHz (stepping 8, microcode 0x2b000590)'
+
+
+def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(tmp_path, monkeypatch):
+    """A one-round sweep beside a real CPU-burning neighbour: its busy round is measured again
+    (busy_reruns), and where every round stayed busy the view's description, its busy column, the parent's
+    best speedup, the report's tables and its plots say so first. Under a long CPU name holding a comma
+    and quotes, summary.csv parses back cell for cell and every plot keeps its text inside the image."""
+    import csv
+    import subprocess
+    import sys
+
+    import pandas
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["-m", "model=tiny-llama", "task=benchmark", "task.limit=2", "task.repeats=30", "hardware=phx",
+            "precision=fp32,bf16", "busy_reruns=1", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = run_cli(args, env={"QUANTSPEC_CPU_NAME": LONG_CPU, "QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    finally:
+        burner.kill()
+        burner.wait()
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "1 of 1 rounds ran on a busy host (host_busy); measuring round 2 (1 of at most 1 more)" in out.stdout
+    assert "sweep done: 4 finished" in out.stdout   # 2 jobs x (1 round + 1 measured again)
+
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("quantspec")
+    shown = {r.data.tags["precision"]: r for r in client.search_runs(
+        [exp.experiment_id], "tags.`quantspec.shown` = 'true'")}
+    bf16 = shown["bf16"].data
+    assert bf16.tags["mlflow.note.content"].startswith("⚠ BUSY job+baseline · "), bf16.tags["mlflow.note.content"]
+    assert bf16.metrics["busy"] == 1.0 and shown["fp32"].data.metrics["busy"] == 1.0
+    view = json.loads(client.get_experiment(exp.experiment_id).tags["mlflow.sharedViewState.latest"])
+    assert "metrics.`busy`" in view["selectedColumns"]
+    assert all("⚠ BUSY" in c["displayName"] for c in view["compareRunCharts"])
+    parent = client.get_run(bf16.tags["mlflow.parentRunId"]).data
+    assert "BUSY" in parent.tags["best_speedup_condition"]
+
+    # the report, built again in this process to look at its figures as drawn
+    drawn = []   # each plot's name, the box of everything it drew and its canvas, in inches, as saved
+    real_save = report._save
+    monkeypatch.setattr(report, "_save", lambda fig, path: (real_save(fig, path), drawn.append(
+        (path.name, fig.get_tightbbox(fig.canvas.get_renderer()), fig.get_size_inches()))))
+    rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
+    text = rep.files["report.md"].read_text()
+    assert "[⚠ BUSY job+baseline] tiny-llama·phx·bf16" in text
+    assert {"speedup.png", "time_per_token_ms_vs_prompt.png", "prefill_ms_vs_prompt.png"} <= {n for n, _, _ in drawn}
+    for name, box, (width, height) in drawn:
+        assert box.x0 >= -0.01 and box.y0 >= -0.01 and box.x1 <= width + 0.01 and box.y1 <= height + 0.01, name
+    # summary.csv: every row as many cells as the header, the ran-on cell whole, comma and quotes included
+    rows = list(csv.reader(rep.files["summary.csv"].open()))
+    assert len({len(r) for r in rows}) == 1 and len(rows) == 3
+    ran_on = rows[0].index("ran on")
+    assert all(r[ran_on] == f"phx profile, ran on host CPU ({LONG_CPU})" for r in rows[1:])
+    frame = pandas.read_csv(rep.files["summary.csv"])
+    assert list(frame.columns) == rows[0] and len(frame) == 2
+    assert all(LONG_CPU in v for v in frame["ran on"])
+
+
+def _run(key, rnd, tpt, busy=False, precision="bf16"):
+    from src.tracking.sweeps import JobRecord
+    tags = {"quantspec.config_key": key, "round": str(rnd), "host_busy": str(busy).lower(), "outcome": "finished",
+            "precision": precision, "model": "m", "hardware": "cpu", "draft": "none", "task": "decode",
+            "engine": "native", "ran_on": f"host CPU ({LONG_CPU})"}
+    return JobRecord(f"{key}-{rnd}", f"m·cpu·{precision}", tags, {"time_per_token_ms_median": tpt})
+
+
+@pytest.mark.parametrize("rounds, said", [
+    ([(False, True, 80.0)], "⚠ BUSY baseline, 1 round · 2.91× over fp32 · bf16"),    # the issue's case
+    ([(False, False, 46.0)], "1 round · 1.67× over fp32 · bf16"),
+    ([(True, False, 46.0)], "⚠ BUSY, 1 round · 1.67× over fp32 · bf16"),
+    ([(False, False, 46.0), (False, False, 44.0), (False, True, 90.0)], "1.64× over fp32 (1.6–1.67×) · bf16"),
+])
+def test_a_speedups_condition_comes_first_in_its_description(rounds, said):
+    from src.tracking.compare import Config, speedups
+    base = Config("fp32", [_run("fp32", r, tpt, busy=b, precision="fp32") for r, (_, b, tpt) in enumerate(rounds, 1)])
+    job = Config("bf16", [_run("bf16", r, 27.5, busy=b) for r, (b, _, _) in enumerate(rounds, 1)])
+    gain = next(u for u in speedups([base, job], {"precision": "fp32"}) if u.job is job)
+    text = report.describe(job, gain, {"precision": "fp32"})
+    assert text.startswith(said), text
+    assert ("BUSY" in said) == report.busy_figure(job, gain)

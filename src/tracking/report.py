@@ -339,7 +339,9 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
     report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id, key, shown_runs)
     # relative: the link holds on whatever host and port serve the UI
     client.set_tag(report.parent_run_id, "mlflow.note.content",
-                   f"[The sweep's jobs side by side]({ui.view_path(parent.info.experiment_id, key)})\n\n{report.overview}")
+                   f"[The sweep's jobs side by side]({ui.page_path(parent.info.experiment_id, key)}) "
+                   f"([as a share link]({ui.view_path(parent.info.experiment_id, key)}), on a server without "
+                   f"`--app-name quantspec`, until reloaded)\n\n{report.overview}")
     timed = [(c, c.spread("time_per_token_ms_median")) for c in report.configs if not fallback(c.shown)]
     timed = [(c, t) for c, t in timed if not math.isnan(t.median)]
     if timed:
@@ -491,7 +493,8 @@ def ui_line(uri: str, view: str) -> str:
     `mlflow ui` serves it (it chooses its host and port: nothing here assumes one)."""
     if uri.startswith(("http://", "https://")):
         return view
-    return f"{view} on the address `mlflow ui --backend-store-uri {uri}` serves (http://127.0.0.1:5000 unless told)"
+    return (f"/{view} on the address `mlflow ui --app-name quantspec --backend-store-uri {uri}` serves "
+            f"(http://127.0.0.1:5000 unless told)")
 
 
 def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:

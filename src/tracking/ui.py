@@ -4,8 +4,13 @@ MLflow's runs list nests a sweep's jobs under a collapsed parent row and shows n
 the user picks some. Each sweep therefore gets a view, stored the way MLflow's own "share view" button
 stores one (an experiment tag `mlflow.sharedViewState.<key>` holding the view as JSON): one row per job
 (the run that stands for it over its rounds), fastest first, with the columns that tell the jobs apart
-and preset charts. `view_path` is the address of the view within the UI; the latest sweep's view is
-also kept under the key `latest`, so one fixed address always shows the newest sweep.
+and preset charts. The latest sweep's view is also kept under the key `latest`, so one fixed address
+always shows the newest sweep.
+
+Two addresses open a view. `page_path` is quantspec's page (`mlflow ui --app-name quantspec`,
+src.tracking.view_app), which makes the view the browser's own state, so that it survives a reload;
+`view_path` is MLflow's share link, which any MLflow server opens, but only until the page is reloaded
+(MLflow 3.17 passes over a share key once its address holds search facets, which it writes there itself).
 """
 
 from __future__ import annotations
@@ -35,12 +40,12 @@ CHARTS = (("decode_ms_per_token", "BAR"), ("decode_speedup", "BAR"), ("decode_ms
 def experiment_tags(experiment_id: str) -> dict[str, str]:
     """The experiment opens on its runs (model development, not MLflow's GenAI overview), with a
     description that says how to compare a sweep and links the latest sweep's view."""
-    latest = f"#/experiments/{experiment_id}/runs?viewStateShareKey={LATEST}&workflowType=machine_learning"
     return {
         "mlflow.experimentKind": "custom_model_development",
         "mlflow.note.content": (
             f"quantspec sweeps of model x hardware x precision x draft x task. **[The latest sweep, side by side]"
-            f"({latest})**: one row per job, fastest first, with what ran, time/token, speedup over the baseline "
+            f"({page_path(experiment_id, LATEST)})** ([as a share link]({view_path(experiment_id, LATEST)}), on a "
+            "server without `--app-name quantspec`, until reloaded): one row per job, fastest first, with what ran, time/token, speedup over the baseline "
             "with its range over rounds, prefill, tokens/s and quality. Every sweep ends by printing the address "
             "of its own view, and its parent run "
             "(named `sweep <date> <time>`) links it too; the parent's description holds the sweep's comparison "
@@ -93,12 +98,18 @@ def view_path(experiment_id: str, key: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={quote(key)}&workflowType=machine_learning"
 
 
+def page_path(experiment_id: str, key: str) -> str:
+    """quantspec's page that opens the view and keeps it through reloads (served by `mlflow ui --app-name
+    quantspec`: src.tracking.view_app)."""
+    return f"quantspec/view/{experiment_id}/{quote(key)}"
+
+
 def view_url(tracking_uri: str, experiment_id: str, key: str) -> str:
     """The page of the view: on the store's own server; for a SQLite store, the path within whatever
     serves it (`mlflow ui` picks its own host and port)."""
     if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/{view_path(experiment_id, key)}"
-    return view_path(experiment_id, key)
+        return f"{tracking_uri.rstrip('/')}/{page_path(experiment_id, key)}"
+    return page_path(experiment_id, key)
 
 
 def publish_view(client, experiment_id: str, parent_run_id: str, sweep_key: str, runs: list) -> str:
