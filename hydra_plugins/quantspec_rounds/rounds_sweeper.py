@@ -26,5 +26,4 @@ ConfigStore.instance().store(group="hydra/sweeper", name="rounds", node=RoundsSw
 
 
 class RoundsSweeper(Rounds, BasicSweeper):
-    def basic_sweep(self, arguments):
-        return BasicSweeper.sweep(self, arguments)
+    """Rounds' sweep over BasicSweeper's setup, argument splitting and batch validation."""

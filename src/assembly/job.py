@@ -131,8 +131,7 @@ def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
     if other is not None:   # another runtime: it quantizes and runs its own export of the weights, in a process
         # of its own, so that its crash fails this job and the sweep goes on
         make = other.build(cfg, loaded, placement, corpus, recorder)
-        hint = getattr(other, "crash_hint", lambda: "")()
-        engine = Isolated(make, getattr(other, "TITLE", cfg.engine.name), hint)
+        engine = Isolated(make, getattr(other, "TITLE", cfg.engine.name), getattr(other, "crash_hint", lambda: ""))
         return Job(cfg, placement, env, loaded, loaded.model, corpus, engine, None, {}, recorder)
     gemv = _kernels(cfg, placement, recorder)   # chosen once: quantized modules are built for it
     model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)

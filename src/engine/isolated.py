@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+# Messages between this process and the runtime's process it started: both run this code, nothing is read
+# from disk or from anyone else, and a call's stop rule (a tokenizer's) and the engine's maker are Python
+# objects with no plainer form. Caches stay safetensors + JSON.
 import pickle
 import signal
 import subprocess
@@ -51,7 +54,8 @@ def death(returncode: int) -> str:
 class Isolated:
     """The engine `make()` builds, run in a child process; called as every engine is."""
 
-    def __init__(self, make: Callable[[], Callable], name: str, hint: str = ""):
+    def __init__(self, make: Callable[[], Callable], name: str, hint: Callable[[], str] = lambda: ""):
+        """`hint()`: what to do about a crash on this host (asked only when one happens)."""
         self.name, self.hint, self.calls = name, hint, 0
         child_reads, parent_writes = os.pipe()
         parent_reads, child_writes = os.pipe()
@@ -64,7 +68,7 @@ class Isolated:
         self._send = Connection(parent_writes, readable=False)
         self._recv = Connection(parent_reads, writable=False)
         self._stop_sent: object = None
-        weakref.finalize(self, _end, self._proc, self._send, self._recv)
+        self.close = weakref.finalize(self, _end, self._proc, self._send, self._recv)   # once: by hand or when collected
         has_window_nll = self._ask("its load", "make", make)
         if not has_window_nll:
             self.window_nll = None   # perplexity then scores with torch's forward (src.tasks.perplexity)
@@ -79,9 +83,6 @@ class Isolated:
 
     def window_nll(self, ids) -> float:
         return self._ask("a perplexity window", "window_nll", ids)
-
-    def close(self) -> None:
-        _end(self._proc, self._send, self._recv)
 
     def _ask(self, when: str, op: str, *args):
         try:
@@ -108,8 +109,9 @@ class Isolated:
         except subprocess.TimeoutExpired:   # its pipe closed but it lives: end it, said as what it was
             self._proc.kill()
             code = self._proc.wait()
+        hint = self.hint()
         raise RuntimeCrash(f"{self.name} crashed ({death(code)}) on {when}; the job is failed, the sweep goes on"
-                      + (f" ({self.hint})" if self.hint else "")) from None
+                           + (f" ({hint})" if hint else "")) from None
 
 
 def _end(proc: subprocess.Popen, send: Connection, recv: Connection) -> None:

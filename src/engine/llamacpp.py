@@ -56,13 +56,10 @@ def unsupported(cfg) -> str | None:
 def crash_hint() -> str:
     """llama.cpp's native build takes the AMX path where the CPU has AMX, and it segfaulted on its first
     decode on such a host (a Xeon VM): the fix is a build without AMX."""
-    try:
-        amx = " amx_int8" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        amx = False
+    from src.kernels.variants import cpu_features
     return ("this CPU has AMX, whose llama.cpp path has crashed on VMs: rebuild without it, CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
             "-DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" pip install "
-            "--no-cache-dir --force-reinstall llama-cpp-python==0.3.36") if amx else ""
+            "--no-cache-dir --force-reinstall llama-cpp-python==0.3.36") if "amx_int8" in cpu_features() else ""
 
 
 def runtime_name(cfg, device: str) -> str:

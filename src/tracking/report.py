@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from src.tracking import ui
-from src.tracking.compare import Config, Speedup, condition, configs, ratio, speedups
+from src.tracking.compare import Config, Speedup, Spread, condition, configs, ratio, speedups
 from src.common.environment import PROJECT_ROOT
 from src.common.metrics import EXAMPLE, LEGACY_EXAMPLE, ROW_METRICS, Row, csv_text, markdown_table, seed_table
 from src.common.paths import child
@@ -196,14 +196,15 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
         said = [marker(u.job, u) for u in drawn]
         bars = ax.barh([_marked(u.job.name, m) for u, m in zip(drawn, said)], medians, color="tab:blue", capsize=3,
                        xerr=[[u.time.median - u.time.low for u in drawn], [u.time.high - u.time.median for u in drawn]])
-        _hatch_busy(bars, ["BUSY" in m for m in said])
+        busy = [busy_figure(u.job, u) for u in drawn]
+        _hatch_busy(bars, busy)
         ax.axvline(1.0, color="black", linewidth=0.8)
         rounds = max(u.time.used for u in drawn)
         ax.set_xlabel(f"time/token speedup over {base_text}" + (
             f": median of the per-round ratios, whiskers their min–max ({rounds} rounds)" if rounds > 1 else ""))
         ax.set_title("speedup over the baseline: the job that differs only in " + ", ".join(
             sorted({k.split("=")[0] for k in base_text.split(", ")})) + " (same model, hardware, task, engine)"
-            + ("; hatched: timed busy" if any("BUSY" in m for m in said) else ""))
+            + ("; hatched: timed busy" if any(busy) else ""))
         for y, u in enumerate(drawn):
             ax.text(u.time.high, y, f" {u.time.text('×')}", va="center", fontsize=7)
         # room right of the longest bar for its label: the axis, not the canvas, holds it
@@ -242,7 +243,7 @@ def summary_rows(groups: list[Config]) -> tuple[list[list], list[str]]:
         if several:   # the rounds, and time/token's range beside its median
             values = [f"{len(c.finished())}" + (f" ({len(c.busy_rounds())} busy)" if c.busy_rounds() else ""),
                       values[0], f"{time.low:.3g}–{time.high:.3g}" if time.used > 1 else math.nan, *values[1:]]
-        rows.append([_marked(c.name, marker(c, None) if "BUSY" in marker(c, None) else ""), c.outcome,
+        rows.append([_marked(c.name, marker(c, None) if busy_figure(c, None) else ""), c.outcome,
                      c.shown.tags.get("ran_on", "?"), kernels_of(c.shown), *values])
     names = [h for _, h in SUMMARY]
     headers = ["job", "outcome", "ran on", "kernels",
@@ -404,20 +405,25 @@ def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, bas
             client.set_tag(run.run_id, k, v)
 
 
+def _headline(config: Config, gain: Speedup | None) -> tuple[Spread, list[str]]:
+    """The job's headline figure: its speedup where it has one (with the sides timed busy: its baseline's
+    busy rounds count), else its time per token."""
+    if gain is not None and not gain.is_baseline and not math.isnan(gain.time.median):
+        return gain.time, gain.busy_sides()
+    return config.spread("time_per_token_ms_median"), []
+
+
 def marker(config: Config, gain: Speedup | None) -> str:
     """How far the job's headline figure can be trusted, in the few characters a table shows first:
-    `⚠ BUSY baseline, 1 round`, `1 round`, or '' (several quiet rounds). The speedup's where it has one
-    (its baseline's busy rounds count), else its time per token's."""
-    if gain is not None and not gain.is_baseline and not math.isnan(gain.time.median):
-        said = condition(gain.time, gain.busy_sides())
-    else:
-        said = condition(config.spread("time_per_token_ms_median"))
-    return f"⚠ {said}" if "BUSY" in said else said
+    `⚠ BUSY baseline, 1 round`, `1 round`, or '' (several quiet rounds)."""
+    figure, sides = _headline(config, gain)
+    said = condition(figure, sides)
+    return f"⚠ {said}" if figure.all_busy else said
 
 
 def busy_figure(config: Config, gain: Speedup | None) -> bool:
-    """Whether the job's headline figure (marker's) stands on busy timings only."""
-    return "BUSY" in marker(config, gain)
+    """Whether the job's headline figure stands on busy timings only."""
+    return _headline(config, gain)[0].all_busy
 
 
 def describe(config: Config, gain: Speedup | None, baseline: dict[str, str]) -> str:

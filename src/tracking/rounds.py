@@ -47,9 +47,15 @@ def config_key(override_dirname: str) -> str:
         if override_dirname else ""
 
 
+def _parts(batch: list[list[str]], size: int | None) -> list[list[list[str]]]:
+    """A round's jobs in launches of at most `size` (hydra.sweeper.max_batch_size; None: one launch)."""
+    return [batch[i:i + size] for i in range(0, len(batch), size)] if size else [batch]
+
+
 class Rounds:
     """The work of the `rounds` sweeper (hydra_plugins.quantspec_rounds): Hydra's basic sweeper (the
-    cartesian product of the sweep's overrides), run `rounds` times."""
+    cartesian product of the sweep's overrides, each batch composed, launched and its returns read as it
+    does), run `rounds` times."""
 
     def sweep(self, arguments: list[str]):
         from src.tracking.record import SweepAbort
@@ -69,9 +75,7 @@ class Rounds:
         for o in overrides:
             if o.get_key_element() == ROUND and rounds > 1:
                 raise SweepAbort(f"round is set by the sweep's rounds={rounds}; leave {o.input_line} out")
-        if rounds == 1 and reruns == 0:
-            return self.basic_sweep(arguments)
-        # a one-round sweep goes through the rounds too: a busy round is measured again (busy_reruns)
+        # every sweep, one round or several, is run here: a one-round sweep's busy round is measured again too
         jobs = [job for batch in self.split_arguments(overrides, None) for job in batch]
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -82,10 +86,11 @@ class Rounds:
             (batch,) = schedule(jobs, 1, first=r)
             log.info("round %d %s: %d jobs", r, f"of {rounds}" if r <= rounds else "(measured again: busy rounds)",
                      len(batch))
-            returns.append(self.launcher.launch(batch, initial_job_idx=index))
-            index += len(batch)
+            for part in _parts(batch, self.max_batch_size):
+                returns.append(self._launch(part, index))
+                index += len(part)
             done += 1
-            busy += self._busy(r)
+            busy += self._busy(sweep, r)
             if done - busy >= rounds:
                 break
             if done >= rounds + reruns:
@@ -98,12 +103,21 @@ class Rounds:
                       f"({r + 1 - rounds} of at most {reruns} more)", flush=True)
         return returns
 
-    def _busy(self, r: int) -> bool:
-        """Whether a job of round r was timed on a busy host, as the store holds it (any launcher)."""
-        from src.run import settings
+    def _launch(self, batch: list[list[str]], index: int):
+        """One batch of a round, as Hydra's basic sweeper launches one: each job's config composed first
+        (a composition error is said before any job runs), then launched, and each job's return read (an
+        error a job raised is raised here, not passed over)."""
+        self.validate_batch_is_legal(batch)
+        results = self.launcher.launch(batch, initial_job_idx=index)
+        for result in results:
+            _ = result.return_value
+        return results
+
+    def _busy(self, sweep, r: int) -> bool:
+        """Whether a job of round r was timed on a busy host, as the store holds it (any launcher).
+        `sweep`: the sweep's settings (src.assembly.config.SweepSettings)."""
         from src.tracking import record
         try:
-            sweep = settings(self.config)
             return record.ledger.store_for(sweep).busy_round(str(sweep.sweep_dir), r)
         except Exception as err:  # noqa: BLE001 - no store to ask (journaling): measure no extra round
             log.warning("cannot tell whether round %d was busy (%s); no extra round", r, type(err).__name__)
