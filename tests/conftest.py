@@ -67,6 +67,17 @@ def quant_spec(method: str, scheme: str, **fields):
     return cls(**values)
 
 
+def job_record(key: str, rnd: int, time_per_token_ms: float, busy: bool = False, outcome: str = "finished",
+               precision: str = "w8a8", **tags):
+    """One round of a job as the report reads it back from the store (src.tracking.sweeps.JobRecord), built
+    by hand: its identity across rounds, round, busy flag, outcome and choices, its time per token."""
+    from src.tracking.sweeps import JobRecord
+    tags = {"quantspec.config_key": key, "round": str(rnd), "host_busy": str(busy).lower(), "outcome": outcome,
+            "precision": precision, "model": "m", "hardware": "cpu", "draft": "none", "task": "decode",
+            "engine": "native", **tags}
+    return JobRecord(f"{key}-{rnd}", key, tags, {"time_per_token_ms_median": time_per_token_ms})
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.tracking import report
-from tests.conftest import free_port, mlflow_server, run_cli
+from tests.conftest import free_port, job_record, mlflow_server, run_cli
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 
@@ -236,11 +236,7 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
 
 
 def _run(key, rnd, tpt, busy=False, precision="bf16"):
-    from src.tracking.sweeps import JobRecord
-    tags = {"quantspec.config_key": key, "round": str(rnd), "host_busy": str(busy).lower(), "outcome": "finished",
-            "precision": precision, "model": "m", "hardware": "cpu", "draft": "none", "task": "decode",
-            "engine": "native", "ran_on": f"host CPU ({LONG_CPU})"}
-    return JobRecord(f"{key}-{rnd}", f"m·cpu·{precision}", tags, {"time_per_token_ms_median": tpt})
+    return job_record(key, rnd, tpt, busy=busy, precision=precision, ran_on=f"host CPU ({LONG_CPU})")
 
 
 @pytest.mark.parametrize("rounds, said", [

@@ -10,8 +10,8 @@ from mlflow.tracking import MlflowClient
 from src.tracking import report
 from src.tracking.compare import Config, configs, ratio_spread, spread
 from src.tracking.rounds import config_key, schedule
-from src.tracking.sweeps import JobRecord, sweep_jobs
-from tests.conftest import run_cli
+from src.tracking.sweeps import sweep_jobs
+from tests.conftest import job_record, run_cli
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 
@@ -37,11 +37,7 @@ def test_busy_rounds_are_left_out_where_a_quiet_one_remains_and_marked_where_non
     assert math.isnan(spread({}).median)
 
 
-def _run(key, rnd, tpt, busy=False, outcome="finished", precision="w8a8"):
-    tags = {"quantspec.config_key": key, "round": str(rnd), "host_busy": str(busy).lower(), "outcome": outcome,
-            "precision": precision, "model": "m", "hardware": "cpu", "draft": "none", "task": "decode",
-            "engine": "native"}
-    return JobRecord(f"{key}-{rnd}", key, tags, {"time_per_token_ms_median": tpt})
+_run = job_record
 
 
 def test_a_speedup_is_the_median_of_ratios_taken_round_by_round_with_its_range():
