@@ -86,11 +86,15 @@ class Rounds:
             (batch,) = schedule(jobs, 1, first=r)
             log.info("round %d %s: %d jobs", r, f"of {rounds}" if r <= rounds else "(measured again: busy rounds)",
                      len(batch))
+            finished = False
             for part in _parts(batch, self.max_batch_size):
                 returns.append(self._launch(part, index))
                 index += len(part)
+                finished |= any(result.return_value == "finished" for result in returns[-1])
             done += 1
-            busy += self._busy(sweep, r)
+            # only a finished job was timed: a round of refused or failed jobs has no store to ask (a config
+            # refused before any run, as a bad experiment name, must leave no store behind) and nothing busy
+            busy += finished and self._busy(sweep, r)
             if done - busy >= rounds:
                 break
             if done >= rounds + reruns:
