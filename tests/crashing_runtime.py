@@ -50,5 +50,5 @@ class Echo:
     def __call__(self, model, input_ids, max_new_tokens, exact, sampling, pad_token_id, stop=None):
         return input_ids, max_new_tokens
 
-    def window_nll(self, ids):
+    def window_score(self, ids, indices=None):
         return float(ids[0])

@@ -33,9 +33,9 @@ class NoCache:
         self.model = model
 
     @torch.inference_mode()
-    def window_nll(self, ids) -> float:
-        from src.tasks.perplexity import sequence_nll
-        return sequence_nll(self.model(ids[None]).logits[0].double(), ids)
+    def window_score(self, ids, indices=None):
+        from src.quality.scoring import score_logits
+        return score_logits(self.model(ids[None]).logits[0], ids, indices)
 
     @torch.inference_mode()
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,

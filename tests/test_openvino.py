@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from src.engine import openvino_engine as ov
 from src.engine.common import Sampling
-from src.tasks.perplexity import window_nll
+from src.quality.scoring import torch_scorer
 from src.assembly.tiny import tiny_model
 from tests.conftest import perplexity_by_engine, run_cli
 
@@ -28,7 +28,9 @@ def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(tmp
     assert gen.new_token_ids == ref[0, ids.shape[1]:].tolist()   # the same weights, the same greedy tokens
     assert len(gen.token_times) == 12 and gen.start < gen.token_times[0] <= gen.end
     window = torch.tensor(tok("the quick brown fox jumps over the lazy dog").input_ids)
-    assert engine.window_nll(window) == pytest.approx(window_nll(model, window), rel=1e-4)
+    theirs, ours = engine.window_score(window), torch_scorer(model)(window)
+    assert theirs.target_logp.sum().item() == pytest.approx(ours.target_logp.sum().item(), rel=1e-4)
+    assert theirs.top1.tolist() == ours.top1.tolist()
     before = (folder / "openvino_model.xml").stat().st_mtime_ns
     assert ov.export(model, tok, "tiny-llama-test", "fp32", [], tmp_path) == folder
     assert (folder / "openvino_model.xml").stat().st_mtime_ns == before   # cached, not rebuilt

@@ -28,9 +28,11 @@ def test_the_export_greedy_decodes_as_torch_does_and_is_cached(tmp_path):
     assert gen.new_token_ids == ref[0, ids.shape[1]:].tolist()   # the same weights, the same greedy tokens
     assert gen.new_tokens == 12 and len(gen.token_times) == 12 and gen.start < gen.token_times[0] <= gen.end
     # its own logits score a window as torch's do
-    from src.tasks.perplexity import window_nll
+    from src.quality.scoring import torch_scorer
     window = torch.tensor(tok("the quick brown fox jumps over the lazy dog").input_ids)
-    assert engine.window_nll(window) == pytest.approx(window_nll(model, window), rel=1e-4)
+    theirs, ours = engine.window_score(window), torch_scorer(model)(window)
+    assert theirs.target_logp.sum().item() == pytest.approx(ours.target_logp.sum().item(), rel=1e-4)
+    assert theirs.top1.tolist() == ours.top1.tolist()
     before = (folder / "model.onnx").stat().st_mtime_ns
     assert ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path) == folder
     assert (folder / "model.onnx").stat().st_mtime_ns == before   # cached, not rebuilt

@@ -40,7 +40,7 @@ def test_an_exporter_process_that_fails_is_its_last_line(tmp_path):
 
 
 def test_a_runtimes_process_answers_as_the_engine_and_says_its_errors_in_one_line():
-    """src.engine.isolated: calls and window_nll forwarded; a Python error in the child is one line naming
+    """src.engine.isolated: calls and window_score forwarded; a Python error in the child is one line naming
     the runtime and when, with the child's traceback kept as a note."""
     from functools import partial
 
@@ -48,14 +48,14 @@ def test_a_runtimes_process_answers_as_the_engine_and_says_its_errors_in_one_lin
     from tests.crashing_runtime import Echo
     engine = Isolated(partial(Echo), "echo")
     try:
-        assert engine(None, [[1, 2]], 3, False, None, None) == ([[1, 2]], 3) and engine.window_nll([5]) == 5.0
+        assert engine(None, [[1, 2]], 3, False, None, None) == ([[1, 2]], 3) and engine.window_score([5]) == 5.0
     finally:
         engine.close()
     with pytest.raises(RuntimeError, match=r"^refusing failed on its load: ValueError: no model here\n") as err:
         Isolated(partial(Echo, fail=True), "refusing")
     assert "in the runtime's process" in "".join(err.value.__notes__)
     plain = Isolated(partial(dict), "plain")
-    assert plain.window_nll is None   # perplexity falls back to torch's forward
+    assert plain.window_score is None   # quality tasks fall back to torch's forward
     plain.close()
 
 

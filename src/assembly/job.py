@@ -27,6 +27,8 @@ from src.engine import engine_for, roofline, runtimes
 from src.engine.isolated import Isolated
 from src.assembly.hardware import Placement
 from src.assembly.models import LoadedModel, load_model, tokenizer_mismatch
+from src.quality.reference import Reference
+from src.quality.scoring import torch_scorer
 from src.tasks.common import TaskInputs, TaskResult
 
 log = logging.getLogger("quantspec")
@@ -66,10 +68,22 @@ class Job:
 
     def inputs(self) -> TaskInputs:
         cfg = self.cfg
+        # another runtime scores with its own logits, in its own process; torch's model otherwise
+        score = getattr(self.engine, "window_score", None) or torch_scorer(self.model)
         return TaskInputs(self.model, self.loaded.tokenizer, cfg.task, cfg.model.code, cfg.sampling,
                           self.loaded.max_context, self.corpus.reader("evaluation"), self.engine,
                           baseline=self.baseline, record_input=lambda text: self.corpus.note(text, "evaluation"),
-                          on_row=self.on_row)
+                          on_row=self.on_row, score=score, reference=self.reference())
+
+    def reference(self) -> Reference | None:
+        """What the task measures the model against: the same weights in task.reference's float precision
+        (none where the task has no reference, it is off, or the weights are random: a random model's
+        departure from itself says nothing of a method's quality)."""
+        precision = getattr(self.cfg.task, "reference", "none")
+        if precision == "none" or self.cfg.model.weights == "random":
+            return None
+        return Reference(self.cfg.model, self.cfg.cache_dir, precision, self.cfg.task.reference_top_k,
+                         self.loaded.source_key)
 
     def run(self) -> TaskResult:
         try:

@@ -5,7 +5,7 @@ an abort or the kernel's out-of-memory kill in one of them would end the sweep's
 after it. `Isolated(make, name)` starts `python -m src.engine.isolated`, builds the engine there
 (`make()`: a picklable zero-argument callable, such as `functools.partial(Engine, folder, ...)`, which is
 where the runtime loads its model), and forwards every call to it: `engine(model, input_ids, ...)` and,
-where the child's engine has it, `window_nll(ids)`. Each token's timestamp is taken in the child with
+where the child's engine has it, `window_score(ids, indices)`. Each token's timestamp is taken in the child with
 `time.perf_counter` (CLOCK_MONOTONIC: one clock for every process of the host), so timings mean what they
 mean in process. A call's arguments and answer cross a pipe (the torch model argument is not sent:
 another runtime holds weights of its own); the stop rule of a call is sent once and reused.
@@ -69,9 +69,9 @@ class Isolated:
         self._recv = Connection(parent_reads, writable=False)
         self._stop_sent: object = None
         self.close = weakref.finalize(self, _end, self._proc, self._send, self._recv)   # once: by hand or when collected
-        has_window_nll = self._ask("its load", "make", make)
-        if not has_window_nll:
-            self.window_nll = None   # perplexity then scores with torch's forward (src.tasks.perplexity)
+        has_window_score = self._ask("its load", "make", make)
+        if not has_window_score:
+            self.window_score = None   # quality tasks then score with torch's forward (src.quality.scoring)
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling, pad_token_id, stop=None):
         self.calls += 1
@@ -81,8 +81,8 @@ class Isolated:
         when = "its first decode" if self.calls == 1 else f"decode {self.calls}"
         return self._ask(when, "call", input_ids, max_new_tokens, exact, sampling, pad_token_id)
 
-    def window_nll(self, ids) -> float:
-        return self._ask("a perplexity window", "window_nll", ids)
+    def window_score(self, ids, indices=None):
+        return self._ask("a scored window", "window_score", ids, indices)
 
     def _ask(self, when: str, op: str, *args):
         try:
@@ -149,13 +149,13 @@ def serve(recv: Connection, send: Connection) -> None:
         try:
             if op == "make":
                 engine = args[0]()
-                value = callable(getattr(engine, "window_nll", None))
+                value = callable(getattr(engine, "window_score", None))
             elif op == "stop":
                 stop, value = args[0], None
             elif op == "call":
                 value = engine(None, *args, stop=stop)
             else:
-                value = engine.window_nll(*args)
+                value = engine.window_score(*args)
             answer = ("ok", value)
         except Exception as err:  # noqa: BLE001 - sent to the parent as the job's one-line failure
             text = str(err).strip()

@@ -114,16 +114,16 @@ class LlamaCpp:
                                n_ubatch=min(context, 512), n_threads=self.threads, logits_all=every_position,
                                verbose=False)
 
-    def window_nll(self, ids) -> float:
-        """Summed negative log-likelihood of ids[1:] given their prefixes, from llama.cpp's logits."""
+    def window_score(self, ids, indices=None):
+        """The window scored from llama.cpp's logits for every position (src.quality.scoring)."""
         import torch
 
-        from src.tasks.perplexity import sequence_nll
+        from src.quality.scoring import score_logits
         n = len(ids)
         scorer = self._scorers.get(n) or self._scorers.setdefault(n, self._open(n, True))
         scorer.reset()
         scorer.eval(ids.tolist())
-        return sequence_nll(torch.from_numpy(scorer.scores[:n].astype(np.float64)), ids)
+        return score_logits(torch.from_numpy(scorer.scores[:n].astype(np.float32)), ids, indices)
 
     def _next_logits(self, ids: list[int]) -> np.ndarray:
         """The logits after `ids`, appended to what the decoding context holds."""

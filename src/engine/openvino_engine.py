@@ -142,13 +142,13 @@ class OpenVINO:
                             "beam_idx": np.zeros(1, dtype=np.int32)})
         return self.request.get_tensor("logits").data[0]
 
-    def window_nll(self, ids) -> float:
-        """Summed negative log-likelihood of ids[1:] given their prefixes, from OpenVINO's logits."""
+    def window_score(self, ids, indices=None):
+        """The window scored from OpenVINO's logits for every position (src.quality.scoring)."""
         import torch
 
-        from src.tasks.perplexity import sequence_nll
+        from src.quality.scoring import score_logits
         self.request.reset_state()
-        return sequence_nll(torch.from_numpy(self._infer(ids.tolist(), 0).astype(np.float64)), ids)
+        return score_logits(torch.from_numpy(self._infer(ids.tolist(), 0).astype(np.float32)), ids, indices)
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
                  pad_token_id: int | None, stop=None) -> Generation:

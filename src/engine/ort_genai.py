@@ -105,20 +105,21 @@ class OrtGenAI:
         genai = json.loads((self.folder / "genai_config.json").read_text())
         self.context = int(genai["model"].get("context_length", 0) or 0)
 
-    def window_nll(self, ids) -> float:
-        """Summed negative log-likelihood of ids[1:] given their prefixes, from the runtime's own logits for
-        every position of one prompt (as src.tasks.perplexity computes it for torch models)."""
+    def window_score(self, ids, indices=None):
+        """The window scored from the runtime's own logits for every position of one prompt
+        (src.quality.scoring, as for torch models)."""
         import numpy as np
         import onnxruntime_genai as og
         import torch
 
-        from src.tasks.perplexity import sequence_nll
+        from src.quality.scoring import score_logits
         params = og.GeneratorParams(self.model)
         params.set_search_options(max_length=max(len(ids), self.window) if not self.context
                                   else min(max(len(ids), self.window), self.context))
         generator = og.Generator(self.model, params)
         generator.append_tokens(ids.tolist())
-        return sequence_nll(torch.from_numpy(np.asarray(generator.get_output("logits"), dtype=np.float64)[0]), ids)
+        logits = torch.from_numpy(np.asarray(generator.get_output("logits"), dtype=np.float32)[0])
+        return score_logits(logits, ids, indices)
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
                  pad_token_id: int | None, stop=None) -> Generation:

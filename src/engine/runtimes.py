@@ -7,7 +7,8 @@ kernels, and is one module with these names:
   zero-argument callable that makes the engine (e.g. `functools.partial(Engine, folder)`): the engine is
   made and run in a child process of its own (src.engine.isolated), so a crash of the runtime's native
   code is that job's failure with its reason, not the end of the sweep;
-- the engine has `window_nll(ids)` where the runtime gives logits for every position (perplexity);
+- the engine has `window_score(ids, indices=None)` where the runtime gives logits for every position: its
+  logits reduced by src.quality.scoring.score_logits (perplexity, divergence from the reference, lm_eval);
 - optionally `TITLE` (the runtime's name in a failure line) and `crash_hint()` (what to do about a crash
   on this host, or "").
 

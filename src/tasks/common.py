@@ -32,6 +32,10 @@ class TaskInputs:
     baseline: Callable | None = None   # with a draft: the same engine without it, timed beside it
     record_input: Callable = lambda text: None   # a task reading text the corpus did not give it says so
     on_row: Callable = lambda row, total: None   # each example's row as it is measured (kept if the job stops)
+    # quality: the job's model scoring a window, score(ids, reference top-k or None) -> WindowScore
+    # (src.quality.scoring), and the reference it is measured against (None: task.reference=none, or random weights)
+    score: Callable | None = None
+    reference: object | None = None   # src.quality.reference.Reference
 
 
 @dataclass
@@ -50,6 +54,7 @@ class TaskResult:
     artifacts: dict[str, str] = field(default_factory=dict)   # file name -> text
     series: dict[str, list[float]] = field(default_factory=dict)  # metric -> one value per step
     notes: list[str] = field(default_factory=list)            # things the user must be told
+    tags: dict[str, str] = field(default_factory=dict)        # what the run is tagged with (its reference)
 
 
 def bos_prefix(tokenizer) -> list[int]:

@@ -1,15 +1,34 @@
-"""The seeds' decode task: fixed prompts, their responses kept beside the timings."""
+"""The seeds' decode task: fixed prompts, their responses kept beside the timings, and (task.reference) how far
+the model's choices depart from the reference's on the same prompts."""
 
 from __future__ import annotations
 
 import json
 
+import torch
+
 from src.assembly.corpus import SEED_PROMPTS, code_prompts, prompts_input
+from src.quality import divergence
 from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
 
 
 def prompts(code_model: bool) -> list[str]:
     return code_prompts() if code_model else list(SEED_PROMPTS)
+
+
+def diverging(inputs: TaskInputs, examples: list[Example], new_tokens: int) -> tuple[dict, dict, dict]:
+    """Teacher-forced on the reference's greedy continuation of each prompt (src.quality.divergence): the
+    summary, per-example series and the reference's continuations (an artifact beside the responses)."""
+    references = inputs.reference.continuations([ex.prompt_ids for ex in examples], new_tokens)
+    first, share = [], []
+    for ex, tokens in zip(examples, references):
+        prompt = ex.prompt_ids[0]
+        score = inputs.score(torch.cat([prompt, torch.tensor(tokens, dtype=prompt.dtype)]), None)
+        f, s = divergence.generation_divergence(score.top1[len(prompt) - 1:], tokens)
+        first.append(f)
+        share.append(s)
+    series = {"first_divergent_token": [float(f) for f in first], "divergent_share": share}
+    return divergence.generation_summary(first, share), series, references
 
 
 def run(inputs: TaskInputs) -> TaskResult:
@@ -21,5 +40,15 @@ def run(inputs: TaskInputs) -> TaskResult:
     measured = measure(inputs, examples, exact=inputs.task.exact_new_tokens)
     responses = [{"example": i, "prompt": ex.label, "response": tok.decode(ids, skip_special_tokens=True)}
                  for i, (ex, ids) in enumerate(zip(examples, measured.outputs), start=1)]
+    tags = {}
+    if inputs.reference is not None:   # after the timing: the scoring passes are not timed
+        summary, series, references = diverging(inputs, examples, new_tokens)
+        measured.summary.update(summary)
+        measured.series.update(series)
+        for response, tokens in zip(responses, references):
+            response["reference"] = tok.decode(tokens, skip_special_tokens=True)
+        tags = {"reference": inputs.reference.describe()}
     text = "\n".join(json.dumps(r, ensure_ascii=False) for r in responses) + "\n"
-    return result(measured, artifacts={"responses.jsonl": text})
+    out = result(measured, artifacts={"responses.jsonl": text})
+    out.tags.update(tags)
+    return out

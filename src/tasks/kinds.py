@@ -21,6 +21,7 @@ log = logging.getLogger("quantspec")
 
 TASKS = Kinds("task", "kind")
 SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.tasks.sandbox)
+REFERENCES = ("none", "fp32", "bf16")   # what a quality task measures the job's model against
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,19 @@ class TaskConfig:
     def run(self, inputs):
         """The task's implementation: its module's run(inputs) -> TaskResult (imported now: it needs torch)."""
         return importlib.import_module(self.MODULE).run(inputs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Referenced:
+    """A task that measures the job's model against the same weights in a float precision, run by torch
+    (src.quality.reference; none: not measured). bf16 where fp32 would not fit beside the job's model."""
+    reference: str = "fp32"
+    reference_top_k: int = 512      # the reference's most likely tokens kept per position (src.quality.divergence)
+
+    def validate_reference(self) -> None:
+        check_choice("task.reference", self.reference, REFERENCES)
+        if self.reference_top_k < 1:
+            raise ConfigError(f"task.reference_top_k={self.reference_top_k} must be at least 1")
 
 
 def _refuse_random(job, what: str, metric: str) -> None:
@@ -109,10 +123,15 @@ class Generating(TaskConfig):
 
 @TASKS.register
 @dataclass(frozen=True, kw_only=True)
-class Decode(Generating):
-    """The seeds' decode table: ten general prompts (thirteen HumanEval stubs for code models)."""
+class Decode(Generating, Referenced):
+    """The seeds' decode table: ten general prompts (thirteen HumanEval stubs for code models), and how far
+    the model's greedy choices depart from the reference's on them (where the weights are real)."""
     KIND: ClassVar[str] = "decode"
     MODULE: ClassVar[str] = "src.tasks.decode"
+
+    def validate(self) -> None:
+        super().validate()
+        self.validate_reference()
 
     def preflight(self, job, loaded) -> None:
         from src.tasks.decode import prompts
@@ -194,8 +213,9 @@ class BenchmarkCode(Generating):
 
 @TASKS.register
 @dataclass(frozen=True, kw_only=True)
-class Perplexity(TaskConfig):
-    """Perplexity over non-overlapping windows of the dataset: quality beside speed."""
+class Perplexity(Referenced, TaskConfig):
+    """Perplexity over non-overlapping windows of the dataset, and the divergence from the reference there:
+    quality beside speed."""
     KIND: ClassVar[str] = "perplexity"
     MODULE: ClassVar[str] = "src.tasks.perplexity"
     window: int = 512               # tokens per window
@@ -204,6 +224,7 @@ class Perplexity(TaskConfig):
     def validate(self) -> None:
         if self.window < 2 or self.windows < 1:
             raise ConfigError(f"task.window={self.window} and task.windows={self.windows} must be at least 2 and 1")
+        self.validate_reference()
 
     def check_job(self, job) -> None:
         _refuse_random(job, "quality", "perplexity")
@@ -215,6 +236,38 @@ class Perplexity(TaskConfig):
 
     def kv_tokens(self, code_model: bool) -> int:
         return self.window
+
+
+@TASKS.register
+@dataclass(frozen=True, kw_only=True)
+class LmEval(TaskConfig):
+    """lm-evaluation-harness's tasks scored by the job's model, quantized, on its own kernels or another
+    runtime's logits (src.quality.harness): accuracy with its standard error, each item's outcome kept."""
+    KIND: ClassVar[str] = "lm_eval"
+    MODULE: ClassVar[str] = "src.tasks.lm_eval"
+    tasks: tuple[str, ...] = ("quantspec_facts",)
+    num_fewshot: int = 0
+    limit: int | None = None        # items per task (None: all)
+    max_new_tokens: int = 60        # generate_until's cap where a task sets none
+
+    def validate(self) -> None:
+        if not self.tasks:
+            raise ConfigError("task.tasks is empty: name at least one lm-eval task (e.g. task.tasks=[quantspec_facts])")
+        if self.num_fewshot < 0 or (self.limit is not None and self.limit < 1):
+            raise ConfigError(f"task.num_fewshot={self.num_fewshot} must be 0 or more and task.limit={self.limit} "
+                              f"at least 1 (or null)")
+
+    def check_job(self, job) -> None:
+        _refuse_random(job, "task accuracy", "accuracy")
+
+    def check_host(self) -> None:
+        from src.quality import harness
+        problem = harness.unavailable()
+        if problem:
+            raise ConfigError(problem)
+
+    def kv_tokens(self, code_model: bool) -> int:
+        return 1024
 
 
 @TASKS.register

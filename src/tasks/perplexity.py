@@ -1,49 +1,63 @@
-"""Perplexity over non-overlapping windows of the corpus: quality, measured beside speed."""
+"""Perplexity over non-overlapping windows of the corpus, and how far the job's model departs there from its
+reference (task.reference): KL divergence, top-1 agreement and Δ perplexity, each with its uncertainty."""
 
 from __future__ import annotations
 
 import math
 import time
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
+from src.common.metrics import csv_text
+from src.quality import divergence, stats
 from src.tasks.common import TaskInputs, TaskResult, bos_prefix
 
 
-def sequence_nll(logits: torch.Tensor, ids: torch.Tensor) -> float:
-    """Summed negative log-likelihood of ids[1:] from the logits of every position of ids (the last
-    position's, which predicts past the window, unused), in the logits' float precision."""
-    return F.cross_entropy(logits[:-1], ids[1:].to(logits.device), reduction="sum").item()
-
-
-@torch.inference_mode()
-def window_nll(model, ids: torch.Tensor) -> float:
-    """Summed negative log-likelihood of ids[1:] given their prefixes, in float32."""
-    return sequence_nll(model(input_ids=ids[None].to(model.device)).logits[0].float(), ids)
+def windows(tokenizer, corpus: str, window: int, count: int) -> tuple[list[torch.Tensor], list[str]]:
+    """Up to `count` non-overlapping windows of `window` tokens, each starting with BOS where the model
+    expects one (as a prompt would); and what the user must be told where the corpus had fewer."""
+    ids = tokenizer(corpus, add_special_tokens=False).input_ids
+    prefix = bos_prefix(tokenizer)
+    body = window - len(prefix)
+    available = len(ids) // body
+    if available < 1:
+        raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one window of {window}")
+    used = min(count, available)
+    notes = [f"only {available} windows of {window} tokens in the corpus; used {used}"] if used < count else []
+    return [torch.tensor(prefix + ids[i * body:(i + 1) * body]) for i in range(used)], notes
 
 
 def run(inputs: TaskInputs) -> TaskResult:
-    task, tok = inputs.task, inputs.tokenizer
-    ids = tok(inputs.corpus(), add_special_tokens=False).input_ids
-    # Each window starts with BOS where the model expects one, as a prompt would.
-    prefix = bos_prefix(tok)
-    body = task.window - len(prefix)
-    available = len(ids) // body
-    if available < 1:
-        raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one window of {task.window}")
-    count = min(task.windows, available)
-    notes = [f"only {available} windows of {task.window} tokens in the corpus; used {count}"] if count < task.windows else []
-    total, tokens, per_window = 0.0, 0, []
-    # an engine that runs weights of its own (another runtime) scores them itself, from its own logits
-    nll_of = getattr(inputs.generate, "window_nll", None) or (lambda chunk: window_nll(inputs.model, chunk))
+    task = inputs.task
+    chunks, notes = windows(inputs.tokenizer, inputs.corpus(), task.window, task.windows)
+    refs, where = inputs.reference.windows(chunks) if inputs.reference else (None, None)
     start = time.perf_counter()
-    for i in range(count):
-        chunk = torch.tensor(prefix + ids[i * body:(i + 1) * body])
-        nll = nll_of(chunk)
-        per_window.append(nll / (len(chunk) - 1))
-        total, tokens = total + nll, tokens + len(chunk) - 1
-    summary = {"perplexity": math.exp(total / tokens), "perplexity_window": float(task.window),
-               "perplexity_windows": float(count), "perplexity_tokens": float(tokens),
-               "perplexity_eval_s": time.perf_counter() - start}
-    return TaskResult([], summary, series={"window/nll": per_window}, notes=notes)
+    scores = [inputs.score(c, None if refs is None else r.indices) for c, r in zip(chunks, refs or [None] * len(chunks))]
+    seconds = time.perf_counter() - start
+    nll = np.concatenate([-s.target_logp.double().numpy() for s in scores])
+    ppl, ppl_se = stats.perplexity_se(nll)
+    summary = {"perplexity": ppl, "perplexity_se": ppl_se, "perplexity_window": float(task.window),
+               "perplexity_windows": float(len(chunks)), "perplexity_tokens": float(nll.size),
+               "perplexity_eval_s": seconds}
+    series = {"window/nll": [float(-s.target_logp.double().sum()) / len(s.target_logp) for s in scores]}
+    columns = {"window": np.concatenate([np.full(len(s.target_logp), i) for i, s in enumerate(scores, 1)]),
+               "nll": nll}
+    tags: dict[str, str] = {}
+    if refs is not None:
+        kl, tail = zip(*(divergence.kl_per_token(r, s) for r, s in zip(refs, scores)))
+        kl, tail = torch.cat(kl).numpy(), torch.cat(tail).numpy()
+        same = torch.cat([s.top1 == r.top1 for r, s in zip(refs, scores)]).numpy()
+        ref_nll = np.concatenate([-r.target_logp.double().numpy() for r in refs])
+        summary.update(divergence.window_summary(kl, same, nll, ref_nll))
+        # MLPerf's rule, for perplexity: the reference's over the job's (1 for as good, below for worse)
+        summary["quality_ratio"] = summary["reference_perplexity"] / ppl
+        summary["kl_tail_mass"] = float(tail.mean())
+        summary["reference_top_k"] = float(refs[0].indices.shape[-1])
+        offsets = np.cumsum([0] + [len(s.target_logp) for s in scores])
+        series["window/kl_mean"] = [float(kl[a:b].mean()) for a, b in zip(offsets[:-1], offsets[1:])]
+        columns.update({"reference_nll": ref_nll, "kl": kl, "same_top1": same.astype(int)})
+        tags = {"reference": inputs.reference.describe(refs[0].vocab), "reference_cache": str(where)}
+    table = [list(columns), *zip(*(c.tolist() for c in columns.values()))]
+    return TaskResult([], summary, artifacts={"per_token.csv": csv_text(table)}, series=series, notes=notes,
+                      tags=tags)

@@ -256,6 +256,8 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         for step, value in enumerate(values, start=1):
             run.log_metrics({name: value}, step=step)
     run.log_metrics(result.summary)
+    if result.tags:
+        run.set_tags(result.tags)
     if result.rows:
         run.log_text(table + "\n", "examples.md")
         run.log_text(rows_csv(result.rows), "examples.csv")
