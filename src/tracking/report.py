@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from src.tracking import quality as q
 from src.tracking import ui
 from src.tracking.compare import Config, Speedup, Spread, condition, configs, ratio, speedups
 from src.common.environment import PROJECT_ROOT
@@ -31,7 +32,8 @@ from src.tracking.sweeps import JobRecord, sweep_jobs
 from src.tracking import SWEEP_KEY, default_uri
 
 SUMMARY = (("time_per_token_ms_median", "time/token (ms)"), ("prefill_ms_median", "prefill (ms)"),
-           ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"), ("pass_at_1", "pass@1"),
+           ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"), ("kl_mean", "KL mean"),
+           ("accuracy", "accuracy"), ("pass_at_1", "pass@1"),
            ("decode_efficiency_median", "decode efficiency"), ("acceptance_rate_overall", "acceptance"),
            ("speedup_vs_no_draft_median", "speedup vs no draft (measured)"),
            ("expected_speedup", "expected speedup (Leviathan)"))
@@ -48,6 +50,8 @@ class Report:
     files: dict[str, Path]
     overview: str = ""                # the summary and speedup tables (the parent run's description)
     view_url: str = ""                # where the MLflow UI shows the sweep's jobs side by side (publish)
+    flags: dict[str, str] = field(default_factory=dict)   # config key -> below quality.min_ratio, said
+    points: list = field(default_factory=list)            # the speed–quality points (src.tracking.quality)
 
 
 def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:
@@ -232,7 +236,7 @@ def _drop_empty(rows: list[list], headers: list[str], fixed: int = 4) -> tuple[l
     return [[r[i] for i in keep] for r in rows], [headers[i] for i in keep]
 
 
-def summary_rows(groups: list[Config]) -> tuple[list[list], list[str]]:
+def summary_rows(groups: list[Config], flags: dict[str, str] | None = None) -> tuple[list[list], list[str]]:
     """One row per job: what ran, and each metric as the median over its rounds (time/token with its
     min–max where there were several)."""
     several = any(len(c.runs) > 1 for c in groups)
@@ -243,7 +247,8 @@ def summary_rows(groups: list[Config]) -> tuple[list[list], list[str]]:
         if several:   # the rounds, and time/token's range beside its median
             values = [f"{len(c.finished())}" + (f" ({len(c.busy_rounds())} busy)" if c.busy_rounds() else ""),
                       values[0], f"{time.low:.3g}–{time.high:.3g}" if time.used > 1 else math.nan, *values[1:]]
-        rows.append([_marked(c.name, marker(c, None) if busy_figure(c, None) else ""), c.outcome,
+        said = ", ".join(s for s in (marker(c, None) if busy_figure(c, None) else "", (flags or {}).get(c.key, "")) if s)
+        rows.append([_marked(c.name, said), c.outcome,
                      c.shown.tags.get("ran_on", "?"), kernels_of(c.shown), *values])
     names = [h for _, h in SUMMARY]
     headers = ["job", "outcome", "ran on", "kernels",
@@ -256,8 +261,10 @@ def _marked(name: str, said: str) -> str:
     return f"[{said}] {name}" if said else name
 
 
-def speedup_table(gains: list[Speedup]) -> str:
-    rows = [[_marked(u.job.name, marker(u.job, u)) + (" (FALLBACK)" if fallback(u.job.shown) else ""),
+def speedup_table(gains: list[Speedup], flags: dict[str, str] | None = None) -> str:
+    flags = flags or {}
+    rows = [[_marked(u.job.name, ", ".join(s for s in (marker(u.job, u), flags.get(u.job.key, "")) if s))
+             + (" (FALLBACK)" if fallback(u.job.shown) else ""),
              u.base.name + (" (FALLBACK)" if fallback(u.base.shown) else ""),
              *(["(the baseline)", "-", "-", "-"] if u.is_baseline else
                [_sig3(u.time.median), f"{u.time.low:.3g}–{u.time.high:.3g}" if u.time.used > 1 else "-", u.time.used,
@@ -268,7 +275,10 @@ def speedup_table(gains: list[Speedup]) -> str:
     return markdown_table(headers, rows)
 
 
-def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path) -> Report:
+def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path,
+          quality: dict | None = None) -> Report:
+    """quality: the report's quality settings (conf/report.yaml: metric, min_ratio); None: their defaults."""
+    quality = {**OmegaConf.to_container(OmegaConf.load(SETTINGS).quality), **(quality or {})}
     parent_id, jobs = sweep_jobs(uri, experiment, sweep)
     client = MlflowClient(uri)
     groups = configs(jobs)
@@ -282,13 +292,35 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     out.mkdir(parents=True, exist_ok=True)
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
     files = _plots(client, finished, rows_of, gains, out, base_text)
-    summary, headers = summary_rows(groups)
+    reference = baseline.get("precision", "fp32")
+    ratios = q.quality_ratios(groups, reference)
+    flags = q.flags(groups, ratios, quality["min_ratio"], reference)
+    points = q.points(groups, quality["metric"], flags)
+    plot = q.front_plot(points, quality["metric"], out / "front.png", _save)
+    if plot is not None:
+        files[plot.name] = plot
+    summary, headers = summary_rows(groups, flags)
     rounds = max((len(c.runs) for c in groups), default=1)
     parts = [f"# {parent.info.run_name}\n", f"`{parent.data.tags.get('overrides', '')}`\n",
              *fallback_lines(jobs), *rounds_lines(groups, rounds),
              "## Summary\n", markdown_table(headers, summary) + "\n",
              f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
-             (speedup_table(gains) if gains else "(no job has its baseline in this sweep)") + "\n"]
+             (speedup_table(gains, flags) if gains else "(no job has its baseline in this sweep)") + "\n"]
+    table = q.quality_table(groups, ratios, quality["min_ratio"])
+    if table:
+        parts += [f"## Quality against the reference (a job below {quality['min_ratio']} of its reference's "
+                  f"quality is marked ⚠ wherever its speed is shown)\n", table + "\n"]
+    if points:
+        parts += [f"## Speed–quality front ({quality['metric']}; ★ on the front: no other configuration is at "
+                  f"least as fast and as good)\n", q.front_table(points, quality["metric"]) + "\n"]
+        (out / "front.csv").write_text(csv_text([["configuration", "time_per_token_ms", "low", "high", "timed_by",
+                                                  quality["metric"], "se", "on_front", "flag"],
+                                                 *[[p.name, p.speed.median, p.speed.low, p.speed.high, p.speed_source,
+                                                    p.quality, p.quality_se, int(p.on_front), p.flag] for p in points]]))
+        files["front.csv"] = out / "front.csv"
+    pairs = q.paired_table(client, groups)
+    if pairs:
+        parts += ["## Paired comparisons (the same tokens or items scored by both jobs)\n", pairs + "\n"]
     drafted = draft_quality_lines(jobs)
     if drafted:
         parts += ["## pass@1 with and without the draft\n", "\n".join(drafted) + "\n"]
@@ -299,7 +331,7 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     (out / "report.md").write_text("\n".join(parts))
     (out / "summary.csv").write_text(csv_text([headers, *summary]))
     files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
-    return Report(parent_id, jobs, groups, tables, summary, gains, files, overview)
+    return Report(parent_id, jobs, groups, tables, summary, gains, files, overview, flags=flags, points=points)
 
 
 def rounds_lines(groups: list[Config], rounds: int) -> list[str]:
@@ -318,18 +350,21 @@ def rounds_lines(groups: list[Config], rounds: int) -> list[str]:
                                  "No round was busy.\n")]
 
 
-def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path) -> Report:
+def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path,
+            quality: dict | None = None) -> Report:
     """build(), then put it where the MLflow UI shows it: the files under the parent run's `report/`,
     the comparison tables as the parent's description, each job's figures (over its rounds) on the run
     that stands for it in the sweep's view, and the sweep's headline metrics on the parent (so the
     top-level chart view compares sweeps; the runs keep every per-round and per-example metric)."""
-    report = build(uri, experiment, sweep, baseline, out_root)
+    report = build(uri, experiment, sweep, baseline, out_root, quality)
     client = MlflowClient(uri)
     for path in report.files.values():
         client.log_artifact(report.parent_run_id, str(path), "report")
     gains = {u.job.key: u for u in report.speedups}
+    on_point = {p.quality_key: p for p in report.points}
     for config in report.configs:
-        _publish_job(client, config, gains.get(config.key), baseline)
+        _publish_job(client, config, gains.get(config.key), baseline, report.flags.get(config.key, ""),
+                     on_point.get(config.key))
     shown = {c.shown.run_id for c in report.configs}
     for job in report.jobs:   # an earlier attempt that stood for its job no longer does
         if job.tags.get(ui.SHOWN) == "true" and job.run_id not in shown:
@@ -364,10 +399,16 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
         client.set_tag(report.parent_run_id, "best_speedup_rounds", f"{top.time.used}{top.time.caveat()}")
         client.set_tag(report.parent_run_id, "best_speedup_condition",
                        condition(top.time, top.busy_sides()) or f"{top.time.used} quiet rounds")
+    if report.points:
+        client.set_tag(report.parent_run_id, "front", ", ".join(p.name for p in report.points if p.on_front))
+    if report.flags:
+        client.set_tag(report.parent_run_id, "below_quality", ", ".join(
+            f"{c.name} ({report.flags[c.key]})" for c in report.configs if c.key in report.flags))
     return report
 
 
-def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, baseline: dict[str, str]) -> None:
+def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, baseline: dict[str, str],
+                 flag: str = "", point=None) -> None:
     """The job's figures over its rounds, on the run that stands for it in the view (ui.VIEW_METRICS,
     3 significant digits: the UI shows a metric unrounded), with each round's as a series, and a
     description that says what ran and how sure the speedup is."""
@@ -383,6 +424,13 @@ def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, bas
     # 1: the headline figure stands on busy timings only (the job's or its baseline's): a column that sorts
     # before the figures in the view (MLflow orders metric columns by name)
     _set_metric(client, run.run_id, "busy", float(busy_figure(config, gain)), held.get("busy"))
+    if flag:   # its configuration fell below quality.min_ratio of its reference (src.tracking.quality)
+        _set_metric(client, run.run_id, "quality_below", 1.0, held.get("quality_below"))
+    if point is not None and not math.isnan(point.speed.median):
+        # the front's point on the run of its quality job, so the view's scatter draws it (src.tracking.ui)
+        for name, value in (("front_ms_per_token", _sig3(point.speed.median)), ("front_quality", point.quality),
+                            ("on_front", float(point.on_front))):
+            _set_metric(client, run.run_id, name, value, held.get(name))
     # a range only where there is one: one round's low and high would only repeat its median
     if gain is not None and not gain.is_baseline and gain.time.used > 1:
         _set_metric(client, run.run_id, "decode_speedup_low", _sig3(gain.time.low), held.get("decode_speedup_low"))
@@ -397,7 +445,7 @@ def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, bas
     if len(config.runs) > 1:
         for name, values in per_round.items():
             _set_series(client, run.run_id, name, values)
-    tags = {ui.SHOWN: "true", "mlflow.note.content": describe(config, gain, baseline)}
+    tags = {ui.SHOWN: "true", "mlflow.note.content": describe(config, gain, baseline, flag)}
     if len(config.runs) > 1:
         tags["busy_rounds"] = f"{len(config.busy_rounds())} of {len(finished)}"
     for k, v in tags.items():
@@ -426,7 +474,7 @@ def busy_figure(config: Config, gain: Speedup | None) -> bool:
     return _headline(config, gain)[0].all_busy
 
 
-def describe(config: Config, gain: Speedup | None, baseline: dict[str, str]) -> str:
+def describe(config: Config, gain: Speedup | None, baseline: dict[str, str], flag: str = "") -> str:
     """One line for the view's Description column, whose first ~50 characters are all the UI shows: the
     figure's condition first (busy, one round), then the speedup, then what ran (precision, hardware as
     executed, draft)."""
@@ -444,7 +492,7 @@ def describe(config: Config, gain: Speedup | None, baseline: dict[str, str]) -> 
         figure = ""
     what = (f"{config.choice('precision')}{'' if engine in ('native', '?') else ' on ' + engine} · "
             f"{'no draft' if draft == 'none' else 'draft ' + draft} · {run.tags.get('ran_on', config.choice('hardware'))}")
-    return " · ".join(part for part in (said, figure, what) if part)
+    return " · ".join(part for part in (flag, said, figure, what) if part)
 
 
 def _sig3(value: float) -> float:
@@ -476,10 +524,17 @@ def settings(argv: list[str] = ()):
         top, _, sub = key.partition(".")
         if not eq or not key:
             raise SettingError(f"{arg!r} is not key=value; settings: {', '.join(base)} (python -m src.tracking.report --help)")
-        if top not in base or (top == "baseline" and sub not in BASELINE_KEYS) or (top != "baseline" and sub):
-            raise SettingError(f"{key} is not a report setting; settings: {', '.join(base)}, and baseline.<"
-                               f"{'|'.join(BASELINE_KEYS)}> (python -m src.tracking.report --help)")
-    return OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
+        nested = {"baseline": BASELINE_KEYS, "quality": tuple(base.quality)}
+        if top not in base or (top in nested and sub not in nested[top]) or (top not in nested and sub):
+            raise SettingError(f"{key} is not a report setting; settings: {', '.join(base)}, baseline.<"
+                               f"{'|'.join(BASELINE_KEYS)}> and quality.<{'|'.join(base.quality)}> "
+                               f"(python -m src.tracking.report --help)")
+    merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
+    if merged.quality.metric not in q.METRICS:
+        raise SettingError(f"quality.metric={merged.quality.metric} is not one of: {', '.join(q.METRICS)}")
+    if not 0 < float(merged.quality.min_ratio) <= 1:
+        raise SettingError(f"quality.min_ratio={merged.quality.min_ratio} must be above 0 and at most 1")
+    return merged
 
 
 def usage() -> str:
@@ -507,7 +562,7 @@ def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
     """A sweep's report, made and attached when it ends (report_at_end), with conf/report.yaml's baseline."""
     cfg = settings()
     try:
-        report = publish(uri, experiment, sweep_id, dict(cfg.baseline), PROJECT_ROOT / cfg.out)
+        report = publish(uri, experiment, sweep_id, dict(cfg.baseline), PROJECT_ROOT / cfg.out, dict(cfg.quality))
         print(f"quantspec: compare the sweep in the MLflow UI: {ui_line(uri, report.view_url)}", flush=True)
     except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.tracking.report` can redo this
         print(f"quantspec: the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
@@ -531,7 +586,7 @@ def main(argv: list[str]) -> int:
     try:
         sweep = str(Path(cfg.sweep).resolve()) if cfg.sweep else None  # sweeps are keyed by absolute directory
         report = (publish if cfg.attach else build)(uri, cfg.experiment, sweep, dict(cfg.baseline),
-                                                    PROJECT_ROOT / cfg.out)
+                                                    PROJECT_ROOT / cfg.out, dict(cfg.quality))
     except LookupError as err:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2

@@ -28,11 +28,13 @@ SHOWN = "quantspec.shown"             # 'true' on the one run that stands for a 
 # description (an attribute column, before the metrics; the UI shows its first ~50 characters), and the
 # figures' names sort in the order they are read: `busy` (1 where the figure stands on busy timings only:
 # it sorts first), time per token, speedup and its range, prefill, tokens/s.
-VIEW_METRICS = ("busy", "decode_ms_per_token", "decode_speedup", "decode_speedup_low", "decode_speedup_high",
-                "prefill_ms", "tokens_per_s", "perplexity", "pass_at_1", "acceptance_rate_overall",
+VIEW_METRICS = ("busy", "quality_below", "decode_ms_per_token", "decode_speedup", "decode_speedup_low",
+                "decode_speedup_high", "prefill_ms", "tokens_per_s", "perplexity", "kl_mean", "top1_agreement",
+                "delta_perplexity", "accuracy", "on_front", "pass_at_1", "acceptance_rate_overall",
                 "speedup_vs_no_draft_median")
 TAG_COLUMNS = ("host_busy", "busy_rounds", "sandbox")
 SORT = "decode_ms_per_token"
+FRONT = ("front_ms_per_token", "front_quality")   # a quality job's point: its configuration's speed, its quality
 CHARTS = (("decode_ms_per_token", "BAR"), ("decode_speedup", "BAR"), ("decode_ms_per_token", "SCATTER"),
           ("decode_speedup", "SCATTER"))
 
@@ -80,6 +82,12 @@ def view_state(parent_run_id: str, runs: list) -> dict:
                   {"xaxis": {"key": "choice.precision", "type": "PARAM"}, "yaxis": {"key": metric, "type": "METRIC"},
                    "displayName": f"{metric} by precision{flag}"})}
               for metric, kind in CHARTS if any(metric in r.data.metrics for r in runs)]
+    if any(FRONT[1] in r.data.metrics for r in runs):   # the speed–quality front (src.tracking.quality)
+        charts.append({"uuid": "quantspec-front", "type": "SCATTER", "metricSectionId": section, "deleted": False,
+                       "isGenerated": False, "runsCountToCompare": 100,
+                       "xaxis": {"key": FRONT[0], "type": "METRIC"}, "yaxis": {"key": FRONT[1], "type": "METRIC"},
+                       "displayName": "speed–quality front: the quality figure against decode ms/token "
+                                      "(on_front = 1: on the front; quality_below = 1: below the reference's)"})
     return {"searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`{SHOWN}` = 'true'",
             "orderByKey": f"metrics.`{SORT}`" if ordered else "attributes.start_time",
             "orderByAsc": ordered,

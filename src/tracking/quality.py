@@ -1,0 +1,235 @@
+"""A sweep's quality beside its speed: the quality table, the speed–quality front, the flag on jobs below
+their reference, and paired comparisons between jobs (src.quality's arithmetic on the runs' records).
+
+A configuration is a job's choices but its task: its speed comes from a timed task (decode, benchmark:
+time/token over its rounds) and its quality from a quality task (perplexity: KL divergence, Δ perplexity;
+lm_eval: accuracy) of the same sweep. Where a configuration has no timed job, the front uses its quality
+job's own scoring pass (perplexity_eval_s per token) and says so on the axis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+from src.assembly.config import AXES
+from src.common.metrics import markdown_table
+from src.quality import front, paired
+from src.tracking.compare import NO_SPREAD, Config, Spread
+
+# The front's quality figures (report setting quality.metric), each with whether lower is better
+METRICS = {"kl_mean": True, "delta_perplexity": True, "perplexity": True, "divergent_share": True,
+           "accuracy": False}
+TIMED = ("time_per_token_ms_median",)
+
+
+def identity(config: Config) -> tuple[str, ...]:
+    """What the configuration is, whatever task measured it."""
+    return tuple(config.choice(g) for g in AXES if g != "task")
+
+
+def label(config: Config) -> str:
+    """The configuration's name without its task (model·hardware·precision·draft[·engine])."""
+    engine = config.choice("engine")
+    return "·".join(config.choice(g) for g in ("model", "hardware", "precision", "draft")) + \
+        (f"·{engine}" if engine not in ("native", "?") else "")
+
+
+def _figure(config: Config, metric: str) -> tuple[float, float]:
+    """The metric and its standard error (median over rounds; quality is not timed, rounds agree)."""
+    return config.spread(metric).median, config.spread(f"{metric}_se").median
+
+
+def quality_ratios(groups: list[Config], reference_precision: str) -> dict[tuple, float]:
+    """Each configuration's quality as a fraction of its reference's (1: as good): perplexity jobs log it
+    against their own reference pass; accuracy against the sweep's job at the reference precision."""
+    out: dict[tuple, float] = {}
+    by_id = {}
+    for c in groups:
+        by_id.setdefault((identity(c), c.choice("task")), c)
+    for c in groups:
+        ratio = c.spread("quality_ratio").median
+        if math.isnan(ratio) and not math.isnan(c.spread("accuracy").median):
+            ref_id = tuple(reference_precision if g == "precision" else v for g, v in zip(
+                [g for g in AXES if g != "task"], identity(c)))
+            ref = by_id.get((ref_id, c.choice("task")))
+            base = ref.spread("accuracy").median if ref else math.nan
+            ratio = c.spread("accuracy").median / base if base and not math.isnan(base) else math.nan
+        if not math.isnan(ratio):
+            out[identity(c)] = min(ratio, out.get(identity(c), math.inf))   # the worst of its quality tasks
+    return out
+
+
+def flags(groups: list[Config], ratios: dict[tuple, float], min_ratio: float, reference: str) -> dict[str, str]:
+    """config key -> `⚠ QUALITY 0.95 of fp32` for every job (timed or not) whose configuration fell below
+    min_ratio of its reference: said wherever its speed is shown."""
+    out = {}
+    for c in groups:
+        r = ratios.get(identity(c), math.nan)
+        if not math.isnan(r) and r < min_ratio:
+            out[c.key] = f"⚠ QUALITY {r:.3g} of {reference}"
+    return out
+
+
+def _pm(value: float, se: float, digits: int = 3) -> str:
+    if math.isnan(value):
+        return "-"
+    return f"{value:.{digits}g} ± {se:.2g}" if not math.isnan(se) else f"{value:.{digits}g}"
+
+
+QUALITY_TASKS = ("perplexity", "lm_eval", "decode")
+
+
+def quality_table(groups: list[Config], ratios: dict[tuple, float], min_ratio: float) -> str:
+    """One row per quality measurement: KL (mean ± se, p99 with its 95% interval), top-1 agreement, Δppl ±
+    se, the quality ratio; accuracy ± se; generation divergence. Empty where no job measured any."""
+    rows = []
+    for c in groups:
+        have = [m for m in ("kl_mean", "accuracy", "divergent_share") if not math.isnan(c.spread(m).median)]
+        if not have:
+            continue
+        p99, lo, hi = (c.spread(k).median for k in ("kl_p99", "kl_p99_low", "kl_p99_high"))
+        ratio = ratios.get(identity(c), math.nan)
+        rows.append([c.name, c.shown.tags.get("reference", "-"), _pm(*_figure(c, "kl_mean")),
+                     "-" if math.isnan(p99) else f"{p99:.3g} ({lo:.3g}–{hi:.3g})",
+                     _pm(*_figure(c, "top1_agreement"), digits=4), _pm(*_figure(c, "delta_perplexity")),
+                     _pm(*_figure(c, "accuracy")), _pm(*_figure(c, "first_divergent_token")),
+                     _pm(*_figure(c, "divergent_share")),
+                     "-" if math.isnan(ratio) else f"{ratio:.4g}" + (" ⚠" if ratio < min_ratio else "")])
+    if not rows:
+        return ""
+    headers = ["job", "reference", "KL mean ± se", "KL p99 (95% CI)", "top-1 agreement ± se", "Δ perplexity ± se",
+               "accuracy ± se", "first divergent token ± se", "divergent share ± se", "quality ratio"]
+    keep = [i for i in range(len(headers)) if i < 2 or any(r[i] != "-" for r in rows)]
+    return markdown_table([headers[i] for i in keep], [[r[i] for i in keep] for r in rows])
+
+
+@dataclass
+class Point:
+    name: str                 # the configuration
+    speed: Spread             # time/token (ms) over its rounds
+    speed_source: str         # "decode", or "scoring pass" where no timed job ran
+    quality: float
+    quality_se: float
+    on_front: bool = False
+    flag: str = ""
+    quality_key: str = ""     # the quality job's config key (its run carries the point in the view)
+
+
+def points(groups: list[Config], metric: str, flagged: dict[str, str]) -> list[Point]:
+    """One point per configuration with a quality figure; the front marked among them."""
+    lower = METRICS[metric]
+    timed: dict[tuple, Config] = {}
+    for c in groups:
+        if not math.isnan(c.spread(TIMED[0]).median):
+            timed.setdefault(identity(c), c)
+    out = []
+    for c in groups:
+        value, se = _figure(c, metric)
+        if math.isnan(value):
+            continue
+        t = timed.get(identity(c))
+        if t is not None:
+            speed, source = t.spread(TIMED[0]), t.choice("task")
+        else:
+            tokens, seconds = c.spread("perplexity_tokens").median, c.spread("perplexity_eval_s")
+            speed = NO_SPREAD if math.isnan(tokens) else Spread(seconds.median / tokens * 1e3, seconds.low / tokens * 1e3,
+                                                                seconds.high / tokens * 1e3, seconds.used)
+            source = "scoring pass"
+        out.append(Point(label(c), speed, source, value, se, flag=flagged.get(c.key, ""), quality_key=c.key))
+    best = front.pareto({p.name: (p.speed.median, p.quality if lower else -p.quality) for p in out})
+    for p in out:
+        p.on_front = p.name in best
+    return sorted(out, key=lambda p: (math.isnan(p.speed.median), p.speed.median))
+
+
+def speed_axis(pts: list[Point]) -> str:
+    sources = sorted({p.speed_source for p in pts})
+    return "time/token (ms)" + ("" if sources == ["decode"] else f" [{', '.join(sources)}]")
+
+
+def front_table(pts: list[Point], metric: str) -> str:
+    rows = [[("★ " if p.on_front else "") + (f"[{p.flag}] " if p.flag else "") + p.name,
+             p.speed.text() if p.speed.used else "-", p.speed_source, _pm(p.quality, p.quality_se),
+             "yes" if p.on_front else ""] for p in pts]
+    return markdown_table(["configuration", "time/token (ms)", "timed by", f"{metric} ± se", "on the front"], rows)
+
+
+def front_plot(pts: list[Point], metric: str, path: Path, save) -> Path | None:
+    """Time/token (its min–max over rounds) against the quality figure (± se), the front joined by a line,
+    flagged configurations drawn as red crosses."""
+    drawn = [p for p in pts if not math.isnan(p.speed.median)]
+    if not drawn:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in drawn:
+        ax.errorbar(p.speed.median, p.quality, xerr=[[p.speed.median - p.speed.low], [p.speed.high - p.speed.median]],
+                    yerr=None if math.isnan(p.quality_se) else p.quality_se, fmt="x" if p.flag else "o",
+                    color="tab:red" if p.flag else ("tab:blue" if p.on_front else "tab:gray"), capsize=3)
+        ax.annotate(p.name.split("·", 2)[-1] + (" ⚠" if p.flag else ""), (p.speed.median, p.quality), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")
+    line = sorted((p for p in drawn if p.on_front), key=lambda p: p.speed.median)
+    ax.plot([p.speed.median for p in line], [p.quality for p in line], color="tab:blue", linewidth=0.8)
+    ax.set_xlabel(speed_axis(drawn) + "; whiskers: min–max over rounds")
+    ax.set_ylabel(f"{metric} ({'lower' if METRICS[metric] else 'higher'} is better); whiskers ± se")
+    ax.set_title("speed–quality front (blue line); red ✕: below quality.min_ratio of the reference")
+    ax.grid(True, alpha=0.3)
+    save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _per_token(client, run_id: str, column: str) -> list[float] | None:
+    import csv
+    import io
+    try:
+        text = Path(client.download_artifacts(run_id, "per_token.csv")).read_text()
+    except Exception:  # noqa: BLE001 - a run from before per-token records, or one that kept none
+        return None
+    rows = list(csv.DictReader(io.StringIO(text)))
+    return [float(r[column]) for r in rows] if rows and column in rows[0] else None
+
+
+def _items(client, run_id: str) -> dict[tuple, float] | None:
+    try:
+        text = Path(client.download_artifacts(run_id, "lm_eval_samples.jsonl")).read_text()
+    except Exception:  # noqa: BLE001 - see _per_token
+        return None
+    docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return {(d["task"], d["doc_id"]): d["acc"] for d in docs if "acc" in d}
+
+
+def paired_table(client, groups: list[Config], limit: int = 28) -> str:
+    """Every two quality jobs of the same model, task and dataset compared paired: per-token KL (paired
+    bootstrap; A − B < 0: A departs less from the reference) and per-item accuracy (exact McNemar)."""
+    rows = []
+    quality = [c for c in groups if not math.isnan(c.spread("kl_mean").median)
+               or not math.isnan(c.spread("accuracy").median)]
+    for a, b in combinations(quality, 2):
+        if (a.choice("model"), a.choice("task")) != (b.choice("model"), b.choice("task")) or len(rows) >= limit:
+            continue
+        ra, rb = a.shown.run_id, b.shown.run_id
+        if a.choice("task") == "perplexity":
+            x, y = _per_token(client, ra, "kl"), _per_token(client, rb, "kl")
+            if x is None or y is None or len(x) != len(y):
+                continue
+            p, what = paired.bootstrap(x, y), "per-token KL"
+            diff = f"{p.difference:.3g} ({p.low:.3g}–{p.high:.3g})"
+        else:
+            x, y = _items(client, ra), _items(client, rb)
+            if not x or not y or set(x) != set(y):
+                continue
+            keys = sorted(x)
+            p, what = paired.mcnemar([x[k] > 0.5 for k in keys], [y[k] > 0.5 for k in keys]), "per-item accuracy"
+            diff = f"{p.difference:+.3g}"
+        rows.append([label(a), label(b), what, p.test, p.n, diff, f"{p.p:.2g}"])
+    if not rows:
+        return ""
+    return markdown_table(["A", "B", "compared", "test", "n", "A − B (95% CI)", "p"], rows)
