@@ -95,7 +95,7 @@ def test_mcnemar_exact_and_the_paired_bootstrap():
     same = paired.bootstrap(base, base)
     assert same.difference == 0 and same.p == 1.0
     shifted = paired.bootstrap(base + 0.01 + rng.normal(0, 0.01, base.size), base)
-    assert shifted.low > 0 and shifted.p <= 1 / 2000 + 1e-12
+    assert shifted.low > 0 and shifted.p <= 1 / 2000 + 1e-12 and shifted.bound and shifted.p_text() == "≤ 0.0005"
     with pytest.raises(ValueError, match="same examples"):
         paired.bootstrap(base, base[:10])
 
@@ -142,3 +142,25 @@ def test_the_lm_eval_wrapper_scores_as_torch_does_on_the_same_weights():
         expected += sum(w[t - 1, window[t]].item() for t in range(1, len(window)))
         start = end
     assert rolling == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_lm_eval_wrapper_generates_through_the_engine_and_cuts_at_until():
+    pytest.importorskip("lm_eval", reason="lm-eval not installed (scripts/setup installs it)")
+    from src.quality.harness import make_lm
+    model, tok = tiny_model("llama")
+    said = tok("yes. no. maybe", add_special_tokens=False).input_ids
+    asked = []
+
+    def generate(ids, n, stop):   # an engine that says `said`, one token at a time, until told to stop
+        asked.append((ids.shape, n))
+        out = []
+        for token in said:
+            out.append(token)
+            if stop(out):
+                break
+        return out
+
+    lm = make_lm(torch_scorer(model), tok, max_context=64, generate=generate)
+    (text,) = lm.generate_until(_instances("generate_until", [("Q: ok?", {"until": ["."], "max_gen_toks": 5})]))
+    assert text == "yes" and asked[0][1] == 5
+    assert asked[0][0][1] == len(lm.prefix + tok("Q: ok?", add_special_tokens=False).input_ids)   # BOS + the context

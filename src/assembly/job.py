@@ -27,6 +27,7 @@ from src.engine import engine_for, roofline, runtimes
 from src.engine.isolated import Isolated
 from src.assembly.hardware import Placement
 from src.assembly.models import LoadedModel, load_model, tokenizer_mismatch
+from src.assembly.random_weights import parameter_count
 from src.quality.reference import Reference
 from src.quality.scoring import torch_scorer
 from src.tasks.common import TaskInputs, TaskResult
@@ -82,6 +83,8 @@ class Job:
         precision = getattr(self.cfg.task, "reference", "none")
         if precision == "none" or self.cfg.model.weights == "random":
             return None
+        if precision == "auto":   # a 7B model's fp32 copy (28 GB) would not fit beside the job's own
+            precision = "fp32" if parameter_count(self.loaded.model.config) <= AUTO_FP32_PARAMS else "bf16"
         return Reference(self.cfg.model, self.cfg.cache_dir, precision, self.cfg.task.reference_top_k,
                          self.loaded.source_key)
 
@@ -102,6 +105,8 @@ class Job:
             result.summary.update(extra)
         return result
 
+
+AUTO_FP32_PARAMS = 2_000_000_000   # task.reference=auto: fp32 up to this many parameters, bf16 above
 
 # What a draft's agreement with its target says: nothing, where both are random.
 QUALITY = ("acceptance_rate", "accepted_per_step", "tokens_per_step", "speedup_vs_no_draft", "expected_speedup")

@@ -22,6 +22,10 @@ class Paired:
     low: float           # its 95% interval (NaN for McNemar)
     high: float
     p: float             # two-sided
+    bound: bool = False  # p is only bounded (no resample crossed 0): it is at most this
+
+    def p_text(self) -> str:
+        return f"≤ {self.p:.2g}" if self.bound else f"{self.p:.2g}"
 
 
 def mcnemar(a, b) -> Paired:
@@ -49,4 +53,4 @@ def bootstrap(a, b, iters: int = BOOTSTRAP * 2) -> Paired:
     lo, hi = np.quantile(draws, [0.025, 0.975])
     side = min((draws <= 0).mean(), (draws >= 0).mean())
     return Paired("paired bootstrap", int(d.size), float(d.mean()), float(lo), float(hi),
-                  float(min(1.0, max(2 * side, 1 / iters))))
+                  float(min(1.0, max(2 * side, 1 / iters))), bound=bool(side == 0))

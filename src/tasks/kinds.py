@@ -21,7 +21,7 @@ log = logging.getLogger("quantspec")
 
 TASKS = Kinds("task", "kind")
 SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.tasks.sandbox)
-REFERENCES = ("none", "fp32", "bf16")   # what a quality task measures the job's model against
+REFERENCES = ("auto", "fp32", "bf16", "none")   # what a quality task measures the job's model against
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +65,9 @@ class TaskConfig:
 @dataclass(frozen=True, kw_only=True)
 class Referenced:
     """A task that measures the job's model against the same weights in a float precision, run by torch
-    (src.quality.reference; none: not measured). bf16 where fp32 would not fit beside the job's model."""
-    reference: str = "fp32"
+    (src.quality.reference; none: not measured; auto: fp32, or bf16 above 2B parameters, whose fp32 copy
+    would not fit beside the job's model)."""
+    reference: str = "auto"
     reference_top_k: int = 512      # the reference's most likely tokens kept per position (src.quality.divergence)
 
     def validate_reference(self) -> None:

@@ -56,10 +56,10 @@ def run(inputs: TaskInputs) -> TaskResult:
     summary, samples, accs = {}, [], []
     for name, figures in out["results"].items():
         for key, value in figures.items():
-            metric, _, filt = key.partition(",")
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and metric != "alias":
-                summary[f"lm_eval/{name}/{metric}"] = float(value) if value != "N/A" else math.nan
-        if f"acc,none" in figures:
+            metric, _, filt = key.partition(",")   # "acc,none": the metric, and the filter its answers went through
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                summary[f"lm_eval/{name}/{metric}" + ("" if filt in ("", "none") else f"_{filt}")] = float(value)
+        if "acc,none" in figures:
             accs.append((figures["acc,none"], figures.get("acc_stderr,none", math.nan)))
     for name, docs in out.get("samples", {}).items():
         for doc in docs:

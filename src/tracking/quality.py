@@ -229,7 +229,7 @@ def paired_table(client, groups: list[Config], limit: int = 28) -> str:
             keys = sorted(x)
             p, what = paired.mcnemar([x[k] > 0.5 for k in keys], [y[k] > 0.5 for k in keys]), "per-item accuracy"
             diff = f"{p.difference:+.3g}"
-        rows.append([label(a), label(b), what, p.test, p.n, diff, f"{p.p:.2g}"])
+        rows.append([label(a), label(b), what, p.test, p.n, diff, p.p_text()])
     if not rows:
         return ""
     return markdown_table(["A", "B", "compared", "test", "n", "A − B (95% CI)", "p"], rows)
