@@ -61,10 +61,13 @@ class Reference:
             raise RuntimeError(f"the reference loaded {loaded.source_key}, not the job's {self.source_key}")
         return loaded.model.to(REFERENCES[self.precision]).eval()
 
+    def windows_cache(self, chunks: list[torch.Tensor]) -> Path:
+        """Where the reference's view of these windows is cached."""
+        return self._directory("windows", {"top_k": self.top_k, "windows": [c.tolist() for c in chunks]})
+
     def windows(self, chunks: list[torch.Tensor]) -> tuple[list[ReferenceWindow], Path]:
         """The reference's view of each window (equal lengths), from the cache or computed now."""
-        payload = {"top_k": self.top_k, "windows": [c.tolist() for c in chunks]}
-        directory = self._directory("windows", payload)
+        directory = self.windows_cache(chunks)
 
         @torch.inference_mode()
         def build(tmp: Path) -> None:

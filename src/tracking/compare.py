@@ -145,7 +145,6 @@ class Speedup:
     base: Config
     time: Spread           # time/token: baseline's / the job's, per round
     prefill: Spread
-    perplexity_ratio: float
 
     @property
     def is_baseline(self) -> bool:
@@ -178,7 +177,6 @@ def speedups(all_configs: list[Config], baseline: dict[str, str]) -> list[Speedu
         base = baseline_of(config, all_configs, baseline)
         if base is None or not config.finished():
             continue
-        ppl = ratio_spread(config, base, "perplexity", inverse=False)
         out.append(Speedup(config, base, ratio_spread(config, base, "time_per_token_ms_median"),
-                           ratio_spread(config, base, "prefill_ms_median"), ppl.median))
+                           ratio_spread(config, base, "prefill_ms_median")))
     return out

@@ -83,7 +83,7 @@ def _pm(value: float, se: float, digits: int = 3) -> str:
 QUALITY_TASKS = ("perplexity", "lm_eval", "decode")
 
 
-def quality_table(groups: list[Config], ratios: dict[tuple, float], min_ratio: float) -> str:
+def quality_table(groups: list[Config], ratios: dict[tuple, float], min_ratio: float, reference: str) -> str:
     """One row per quality measurement: KL (mean ± se, p99 with its 95% interval), top-1 agreement, Δppl ±
     se, the quality ratio; accuracy ± se; generation divergence. Empty where no job measured any."""
     rows = []
@@ -93,7 +93,8 @@ def quality_table(groups: list[Config], ratios: dict[tuple, float], min_ratio: f
             continue
         p99, lo, hi = (c.spread(k).median for k in ("kl_p99", "kl_p99_low", "kl_p99_high"))
         ratio = ratios.get(identity(c), math.nan)
-        rows.append([c.name, c.shown.tags.get("reference", "-"), _pm(*_figure(c, "kl_mean")),
+        # accuracy has no reference pass of its own: the sweep's job at the reference precision is its reference
+        rows.append([c.name, c.shown.tags.get("reference", f"the {reference} job"), _pm(*_figure(c, "kl_mean")),
                      "-" if math.isnan(p99) else f"{p99:.3g} ({lo:.3g}–{hi:.3g})",
                      _pm(*_figure(c, "top1_agreement"), digits=4), _pm(*_figure(c, "delta_perplexity")),
                      _pm(*_figure(c, "accuracy")), _pm(*_figure(c, "first_divergent_token")),
@@ -120,7 +121,7 @@ class Point:
 
 
 def points(groups: list[Config], metric: str, flagged: dict[str, str]) -> list[Point]:
-    """One point per configuration with a quality figure; the front marked among them."""
+    """One point per configuration with a quality figure and a time/token; the front marked among them."""
     lower = METRICS[metric]
     timed: dict[tuple, Config] = {}
     for c in groups:
@@ -139,11 +140,22 @@ def points(groups: list[Config], metric: str, flagged: dict[str, str]) -> list[P
             speed = NO_SPREAD if math.isnan(tokens) else Spread(seconds.median / tokens * 1e3, seconds.low / tokens * 1e3,
                                                                 seconds.high / tokens * 1e3, seconds.used)
             source = "scoring pass"
-        out.append(Point(label(c), speed, source, value, se, flag=flagged.get(c.key, ""), quality_key=c.key))
+        if speed.used:   # a front needs both figures: an lm_eval job alone has no time of its own
+            out.append(Point(label(c), speed, source, value, se, flag=flagged.get(c.key, ""), quality_key=c.key))
     best = front.pareto({p.name: (p.speed.median, p.quality if lower else -p.quality) for p in out})
     for p in out:
         p.on_front = p.name in best
     return sorted(out, key=lambda p: (math.isnan(p.speed.median), p.speed.median))
+
+
+def front_of(groups: list[Config], metric: str, flagged: dict[str, str]) -> tuple[str, list[Point]]:
+    """The front on `metric`, or where no job measured it, on the first figure of METRICS that one did
+    (an lm_eval sweep has accuracy only): the figure used, and its points."""
+    for name in (metric, *METRICS):
+        pts = points(groups, name, flagged)
+        if pts:
+            return name, pts
+    return metric, []
 
 
 def speed_axis(pts: list[Point]) -> str:
@@ -152,8 +164,7 @@ def speed_axis(pts: list[Point]) -> str:
 
 
 def front_table(pts: list[Point], metric: str) -> str:
-    rows = [[("★ " if p.on_front else "") + (f"[{p.flag}] " if p.flag else "") + p.name,
-             p.speed.text() if p.speed.used else "-", p.speed_source, _pm(p.quality, p.quality_se),
+    rows = [[("★ " if p.on_front else "") + (f"[{p.flag}] " if p.flag else "") + p.name, p.speed.text(), p.speed_source, _pm(p.quality, p.quality_se),
              "yes" if p.on_front else ""] for p in pts]
     return markdown_table(["configuration", "time/token (ms)", "timed by", f"{metric} ± se", "on the front"], rows)
 

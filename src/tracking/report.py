@@ -269,9 +269,11 @@ def speedup_table(gains: list[Speedup], flags: dict[str, str] | None = None) -> 
              *(["(the baseline)", "-", "-", "-"] if u.is_baseline else
                [_sig3(u.time.median), f"{u.time.low:.3g}–{u.time.high:.3g}" if u.time.used > 1 else "-", u.time.used,
                 u.time.caveat().strip(" []") or "-"]),
-             _sig3(u.prefill.median), _sig3(u.perplexity_ratio)] for u in gains]
+             _sig3(u.prefill.median)] for u in gains
+            # a task that times nothing (perplexity, lm_eval) has no speedup: its quality is in the quality table
+            if not math.isnan(u.job.spread("time_per_token_ms_median").median)]
     rows, headers = _drop_empty(rows, ["job", "baseline", "time/token speedup", "range (min–max)", "rounds", "busy",
-                                       "prefill speedup", "perplexity ratio"], fixed=6)
+                                       "prefill speedup"], fixed=6)
     return markdown_table(headers, rows)
 
 
@@ -295,8 +297,8 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     reference = baseline.get("precision", "fp32")
     ratios = q.quality_ratios(groups, reference)
     flags = q.flags(groups, ratios, quality["min_ratio"], reference)
-    points = q.points(groups, quality["metric"], flags)
-    plot = q.front_plot(points, quality["metric"], out / "front.png", _save)
+    metric, points = q.front_of(groups, quality["metric"], flags)
+    plot = q.front_plot(points, metric, out / "front.png", _save)
     if plot is not None:
         files[plot.name] = plot
     summary, headers = summary_rows(groups, flags)
@@ -306,15 +308,16 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
              "## Summary\n", markdown_table(headers, summary) + "\n",
              f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
              (speedup_table(gains, flags) if gains else "(no job has its baseline in this sweep)") + "\n"]
-    table = q.quality_table(groups, ratios, quality["min_ratio"])
+    table = q.quality_table(groups, ratios, quality["min_ratio"], reference)
     if table:
         parts += [f"## Quality against the reference (a job below {quality['min_ratio']} of its reference's "
                   f"quality is marked ⚠ wherever its speed is shown)\n", table + "\n"]
     if points:
-        parts += [f"## Speed–quality front ({quality['metric']}; ★ on the front: no other configuration is at "
-                  f"least as fast and as good)\n", q.front_table(points, quality["metric"]) + "\n"]
+        instead = "" if metric == quality["metric"] else f", as no job measured quality.metric={quality['metric']}"
+        parts += [f"## Speed–quality front ({metric}{instead}; ★ on the front: no other configuration is at "
+                  f"least as fast and as good)\n", q.front_table(points, metric) + "\n"]
         (out / "front.csv").write_text(csv_text([["configuration", "time_per_token_ms", "low", "high", "timed_by",
-                                                  quality["metric"], "se", "on_front", "flag"],
+                                                  metric, "se", "on_front", "flag"],
                                                  *[[p.name, p.speed.median, p.speed.low, p.speed.high, p.speed_source,
                                                     p.quality, p.quality_se, int(p.on_front), p.flag] for p in points]]))
         files["front.csv"] = out / "front.csv"
@@ -325,7 +328,7 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     if drafted:
         parts += ["## pass@1 with and without the draft\n", "\n".join(drafted) + "\n"]
     overview = "\n".join(parts[2:])
-    parts += [f"![{name}]({name})\n" for name in files]
+    parts += [f"![{name}]({name})\n" for name in files if name.endswith(".png")]
     for name, table in tables.items():
         parts += [f"## {name}\n", table + "\n"]
     (out / "report.md").write_text("\n".join(parts))
