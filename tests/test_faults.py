@@ -39,8 +39,11 @@ def by_role(uri: str) -> tuple[list, list]:
 
 def start(args: list[str], tmp_path: Path, name: str = "run", module: str = "src.run") -> subprocess.Popen:
     out, err = (tmp_path / f"{name}.out").open("w"), (tmp_path / f"{name}.err").open("w")
+    # SIGINT as a terminal delivers it, whatever the suite was started under (a shell's `&` job ignores it,
+    # and an ignored disposition is inherited: Python would then never raise KeyboardInterrupt)
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=out, stderr=err,
-                            env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}))
+                            env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for(path: Path, marker: str, proc: subprocess.Popen, timeout: float = 180) -> None:

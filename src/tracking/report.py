@@ -1,7 +1,10 @@
-"""Compare a sweep: the seed table of each job, a summary, speedups over a baseline, and plots.
+"""Compare a sweep: the seed table of each job, a summary, speedups over a baseline, plots, and where the
+sweep measured quality, the quality table, the speed–quality front and paired comparisons
+(src.tracking.quality).
 
     python -m src.tracking.report                          # the latest sweep in the default store
     python -m src.tracking.report sweep=/abs/multirun/... baseline.precision=bf16 tracking_uri=http://127.0.0.1:5000
+    python -m src.tracking.report quality.metric=accuracy quality.min_ratio=0.98
     python -m src.tracking.report --help                   # this, and the settings; touches nothing
 
 Reads the runs back from the tracking store (the report's numbers are the runs' own metrics), writes
