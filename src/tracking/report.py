@@ -32,7 +32,7 @@ from src.common.metrics import EXAMPLE, LEGACY_EXAMPLE, ROW_METRICS, Row, csv_te
 from src.common.paths import child
 from src.assembly.config import AXES
 from src.tracking.sweeps import JobRecord, sweep_jobs
-from src.tracking import SWEEP_KEY, default_uri
+from src.tracking import CONFIG_KEY, SWEEP_KEY, default_uri
 
 SUMMARY = (("time_per_token_ms_median", "time/token (ms)"), ("prefill_ms_median", "prefill (ms)"),
            ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"), ("kl_mean", "KL mean"),
@@ -104,7 +104,8 @@ def draft_quality_lines(jobs: list[JobRecord]) -> list[str]:
     return lines
 
 
-def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: str, label: str, out: Path):
+def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: str, label: str, out: Path,
+            flagged: dict[str, str] | None = None):
     """Tasks whose prompts have no fixed lengths (decode, benchmark_code): each job's median over its
     examples, whiskers from its fastest to its slowest example. None where no such job has rows."""
     drawn = [(j.name, [getattr(r, metric) for r in rows_of.get(j.name) or []]) for j in jobs
@@ -118,7 +119,9 @@ def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: s
     medians = [v[len(v) // 2] for _, v in drawn]
     low = [m - v[0] for m, (_, v) in zip(medians, drawn)]
     high = [v[-1] - m for m, (_, v) in zip(medians, drawn)]
-    bars = ax.barh([_marked(name, "⚠ BUSY" if name in busy else "") for name, _ in drawn], medians,
+    flagged = flagged or {}
+    said = [", ".join(s for s in ("⚠ BUSY" if name in busy else "", flagged.get(name, "")) if s) for name, _ in drawn]
+    bars = ax.barh([_marked(name, s) for (name, _), s in zip(drawn, said)], medians,
                    xerr=[low, high], color="tab:blue", capsize=3)
     _hatch_busy(bars, [name in busy for name, _ in drawn])
     ax.set_xlabel(f"{label}: median over the examples, whiskers from the fastest to the slowest")
@@ -163,7 +166,10 @@ def _save(fig, path: Path) -> None:
 
 
 def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[Row]], speedups: list[Speedup],
-           out: Path, base_text: str = "the baseline") -> dict[str, Path]:
+           out: Path, base_text: str = "the baseline", flags: dict[str, str] | None = None) -> dict[str, Path]:
+    """flags: config key -> its quality flag (src.tracking.quality.flags), said on its bars too."""
+    flags = flags or {}
+    flagged = {j.name: flags[j.tags.get(CONFIG_KEY, j.run_id)] for j in jobs if j.tags.get(CONFIG_KEY, j.run_id) in flags}
     import matplotlib
     matplotlib.use("Agg")  # files only: no display on servers or in CI
     import matplotlib.pyplot as plt
@@ -193,14 +199,14 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
             _save(fig, path)
             files[path.name] = path
         plt.close(fig)
-        path = _by_job(plt, jobs, rows_of, metric, label, out)
+        path = _by_job(plt, jobs, rows_of, metric, label, out, flagged)
         if path is not None:
             files[path.name] = path
     drawn = [u for u in speedups if not u.is_baseline and not math.isnan(u.time.median)]
     if drawn:
         fig, ax = plt.subplots(figsize=(7, 0.45 * len(drawn) + 1.5))
         medians = [u.time.median for u in drawn]
-        said = [marker(u.job, u) for u in drawn]
+        said = [", ".join(s for s in (marker(u.job, u), flags.get(u.job.key, "")) if s) for u in drawn]
         bars = ax.barh([_marked(u.job.name, m) for u, m in zip(drawn, said)], medians, color="tab:blue", capsize=3,
                        xerr=[[u.time.median - u.time.low for u in drawn], [u.time.high - u.time.median for u in drawn]])
         busy = [busy_figure(u.job, u) for u in drawn]
@@ -296,10 +302,10 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     out = child(out_root, f"{parent.info.run_name.replace(' ', '_')}-{parent.data.tags.get(SWEEP_KEY, parent_id)[:8]}")
     out.mkdir(parents=True, exist_ok=True)
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
-    files = _plots(client, finished, rows_of, gains, out, base_text)
     reference = baseline.get("precision", "fp32")
     ratios = q.quality_ratios(groups, reference)
     flags = q.flags(groups, ratios, quality["min_ratio"], reference)
+    files = _plots(client, finished, rows_of, gains, out, base_text, flags)
     metric, points = q.front_of(groups, quality["metric"], flags)
     plot = q.front_plot(points, metric, out / "front.png", _save)
     if plot is not None:
