@@ -164,3 +164,13 @@ def test_the_lm_eval_wrapper_generates_through_the_engine_and_cuts_at_until():
     (text,) = lm.generate_until(_instances("generate_until", [("Q: ok?", {"until": ["."], "max_gen_toks": 5})]))
     assert text == "yes" and asked[0][1] == 5
     assert asked[0][0][1] == len(lm.prefix + tok("Q: ok?", add_special_tokens=False).input_ids)   # BOS + the context
+
+
+def test_paired_comparisons_pair_only_the_same_tokens():
+    # two perplexity jobs over other windows (another dataset, another window size) can hold as many tokens:
+    # the reference's own NLL token by token tells the same tokens apart from merely as many
+    from src.tracking.quality import _same_tokens
+    a = {"kl": [0.1, 0.2], "reference_nll": [1.0, 2.0]}
+    assert _same_tokens(a, {"kl": [0.3, 0.1], "reference_nll": [1.0, 2.0]})
+    assert not _same_tokens(a, {"kl": [0.3, 0.1], "reference_nll": [1.5, 2.0]})
+    assert not _same_tokens(a, {"kl": [0.3], "reference_nll": [1.0]})

@@ -197,7 +197,8 @@ def front_plot(pts: list[Point], metric: str, path: Path, save) -> Path | None:
     return path
 
 
-def _per_token(client, run_id: str, column: str) -> list[float] | None:
+def _per_token(client, run_id: str) -> dict[str, list[float]] | None:
+    """A perplexity job's per_token.csv as columns (None for a run that kept none)."""
     import csv
     import io
     try:
@@ -205,40 +206,59 @@ def _per_token(client, run_id: str, column: str) -> list[float] | None:
     except Exception:  # noqa: BLE001 - a run from before per-token records, or one that kept none
         return None
     rows = list(csv.DictReader(io.StringIO(text)))
-    return [float(r[column]) for r in rows] if rows and column in rows[0] else None
+    if not rows or "kl" not in rows[0]:
+        return None
+    return {k: [float(r[k]) for r in rows] for k in ("kl", "reference_nll")}
 
 
-def _items(client, run_id: str) -> dict[tuple, float] | None:
+def _items(client, run_id: str) -> dict[tuple, tuple[str, float]] | None:
+    """An lm_eval job's items: (task, doc) -> (target, whether it got it)."""
     try:
         text = Path(client.download_artifacts(run_id, "lm_eval_samples.jsonl")).read_text()
     except Exception:  # noqa: BLE001 - see _per_token
         return None
     docs = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return {(d["task"], d["doc_id"]): d["acc"] for d in docs if "acc" in d}
+    return {(d["task"], d["doc_id"]): (d.get("target"), d["acc"]) for d in docs if "acc" in d}
+
+
+def _same_tokens(x: dict, y: dict) -> bool:
+    """The same tokens under the same reference: their reference NLLs agree token by token (the windows'
+    count alone could match over another dataset or window size)."""
+    a, b = x["reference_nll"], y["reference_nll"]
+    return len(a) == len(b) and all(math.isclose(u, v, rel_tol=1e-5, abs_tol=1e-6) for u, v in zip(a, b))
 
 
 def paired_table(client, groups: list[Config], limit: int = 28) -> str:
-    """Every two quality jobs of the same model, task and dataset compared paired: per-token KL (paired
-    bootstrap; A − B < 0: A departs less from the reference) and per-item accuracy (exact McNemar)."""
+    """Every two quality jobs of the same model and task, on the same tokens or items, compared paired:
+    per-token KL (paired bootstrap; A − B < 0: A departs less from the reference) and per-item accuracy
+    (exact McNemar)."""
     rows = []
     quality = [c for c in groups if not math.isnan(c.spread("kl_mean").median)
                or not math.isnan(c.spread("accuracy").median)]
+    read: dict[str, object] = {}   # each run's records, downloaded once
+
+    def records(config: Config):
+        run_id = config.shown.run_id
+        if run_id not in read:
+            read[run_id] = (_per_token if config.choice("task") == "perplexity" else _items)(client, run_id)
+        return read[run_id]
+
     for a, b in combinations(quality, 2):
         if (a.choice("model"), a.choice("task")) != (b.choice("model"), b.choice("task")) or len(rows) >= limit:
             continue
-        ra, rb = a.shown.run_id, b.shown.run_id
+        x, y = records(a), records(b)
+        if not x or not y:
+            continue
         if a.choice("task") == "perplexity":
-            x, y = _per_token(client, ra, "kl"), _per_token(client, rb, "kl")
-            if x is None or y is None or len(x) != len(y):
+            if not _same_tokens(x, y):
                 continue
-            p, what = paired.bootstrap(x, y), "per-token KL"
+            p, what = paired.bootstrap(x["kl"], y["kl"]), "per-token KL"
             diff = f"{p.difference:.3g} ({p.low:.3g}–{p.high:.3g})"
         else:
-            x, y = _items(client, ra), _items(client, rb)
-            if not x or not y or set(x) != set(y):
+            if set(x) != set(y) or any(x[k][0] != y[k][0] for k in x):
                 continue
             keys = sorted(x)
-            p, what = paired.mcnemar([x[k] > 0.5 for k in keys], [y[k] > 0.5 for k in keys]), "per-item accuracy"
+            p, what = paired.mcnemar([x[k][1] > 0.5 for k in keys], [y[k][1] > 0.5 for k in keys]), "per-item accuracy"
             diff = f"{p.difference:+.3g}"
         rows.append([label(a), label(b), what, p.test, p.n, diff, p.p_text()])
     if not rows:
