@@ -43,34 +43,38 @@ def _figure(config: Config, metric: str) -> tuple[float, float]:
     return config.spread(metric).median, config.spread(f"{metric}_se").median
 
 
-def quality_ratios(groups: list[Config], reference_precision: str) -> dict[tuple, float]:
-    """Each configuration's quality as a fraction of its reference's (1: as good): perplexity jobs log it
-    against their own reference pass; accuracy against the sweep's job at the reference precision."""
-    out: dict[tuple, float] = {}
+def quality_ratios(groups: list[Config], reference_precision: str) -> dict[tuple, tuple[float, str]]:
+    """Each configuration's quality as a fraction of its reference's (1: as good), and what that reference
+    is: perplexity jobs log it against their own reference pass (task.reference); accuracy against the
+    sweep's job at the reference precision."""
+    out: dict[tuple, tuple[float, str]] = {}
     by_id = {}
     for c in groups:
         by_id.setdefault((identity(c), c.choice("task")), c)
     for c in groups:
         ratio = c.spread("quality_ratio").median
+        # the reference tag reads "<model> <precision> (torch, ...)"
+        against = (c.shown.tags.get("reference", "").split(" ") + ["", ""])[1] or reference_precision
         if math.isnan(ratio) and not math.isnan(c.spread("accuracy").median):
+            against = reference_precision
             ref_id = tuple(reference_precision if g == "precision" else v for g, v in zip(
                 [g for g in AXES if g != "task"], identity(c)))
             ref = by_id.get((ref_id, c.choice("task")))
             base = ref.spread("accuracy").median if ref else math.nan
             ratio = c.spread("accuracy").median / base if base and not math.isnan(base) else math.nan
-        if not math.isnan(ratio):
-            out[identity(c)] = min(ratio, out.get(identity(c), math.inf))   # the worst of its quality tasks
+        if not math.isnan(ratio) and ratio < out.get(identity(c), (math.inf, ""))[0]:
+            out[identity(c)] = (ratio, against)   # the worst of its quality tasks
     return out
 
 
-def flags(groups: list[Config], ratios: dict[tuple, float], min_ratio: float, reference: str) -> dict[str, str]:
+def flags(groups: list[Config], ratios: dict[tuple, tuple[float, str]], min_ratio: float) -> dict[str, str]:
     """config key -> `⚠ QUALITY 0.95 of fp32` for every job (timed or not) whose configuration fell below
     min_ratio of its reference: said wherever its speed is shown."""
     out = {}
     for c in groups:
-        r = ratios.get(identity(c), math.nan)
+        r, against = ratios.get(identity(c), (math.nan, ""))
         if not math.isnan(r) and r < min_ratio:
-            out[c.key] = f"⚠ QUALITY {r:.3g} of {reference}"
+            out[c.key] = f"⚠ QUALITY {r:.3g} of {against}"
     return out
 
 
@@ -83,7 +87,8 @@ def _pm(value: float, se: float, digits: int = 3) -> str:
 QUALITY_TASKS = ("perplexity", "lm_eval", "decode")
 
 
-def quality_table(groups: list[Config], ratios: dict[tuple, float], min_ratio: float, reference: str) -> str:
+def quality_table(groups: list[Config], ratios: dict[tuple, tuple[float, str]], min_ratio: float,
+                  reference: str) -> str:
     """One row per quality measurement: KL (mean ± se, p99 with its 95% interval), top-1 agreement, Δppl ±
     se, the quality ratio; accuracy ± se; generation divergence. Empty where no job measured any."""
     rows = []
@@ -92,7 +97,7 @@ def quality_table(groups: list[Config], ratios: dict[tuple, float], min_ratio: f
         if not have:
             continue
         p99, lo, hi = (c.spread(k).median for k in ("kl_p99", "kl_p99_low", "kl_p99_high"))
-        ratio = ratios.get(identity(c), math.nan)
+        ratio = ratios.get(identity(c), (math.nan, ""))[0]
         # accuracy has no reference pass of its own: the sweep's job at the reference precision is its reference
         rows.append([c.name, c.shown.tags.get("reference", f"the {reference} job"), _pm(*_figure(c, "kl_mean")),
                      "-" if math.isnan(p99) else f"{p99:.3g} ({lo:.3g}–{hi:.3g})",

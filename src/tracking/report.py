@@ -304,7 +304,7 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
     base_text = ", ".join(f"{k}={v}" for k, v in baseline.items())
     reference = baseline.get("precision", "fp32")
     ratios = q.quality_ratios(groups, reference)
-    flags = q.flags(groups, ratios, quality["min_ratio"], reference)
+    flags = q.flags(groups, ratios, quality["min_ratio"])
     files = _plots(client, finished, rows_of, gains, out, base_text, flags)
     metric, points = q.front_of(groups, quality["metric"], flags)
     plot = q.front_plot(points, metric, out / "front.png", _save)
