@@ -30,25 +30,20 @@ def unavailable() -> str | None:
     return None
 
 
-def _lm_base():
-    from lm_eval.api.model import LM
-    return LM
-
-
 def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | None = None,
             max_new_tokens: int = 60):
     """An lm_eval LM over `score(ids, None) -> WindowScore` (src.quality.scoring) and, for generate_until,
     `generate(ids (1, n), max_new_tokens, stop) -> new token ids`."""
-    LM = _lm_base()
+    from lm_eval.api.model import LM   # here: lm-eval is an optional extra
+
+    from src.tasks.common import bos_prefix
 
     class QuantspecLM(LM):
         def __init__(self):
             super().__init__()
-            bos = tokenizer.bos_token_id
-            adds_bos = bos is not None and tokenizer("a").input_ids[:1] == [bos]
             # what every scored sequence starts with: BOS where the model expects one, else EOS (as lm-eval's
             # HF model does), so that the first real token is predicted too
-            self.prefix = [bos] if adds_bos else [tokenizer.eos_token_id]
+            self.prefix = bos_prefix(tokenizer) or [tokenizer.eos_token_id]
 
         def _encode(self, text: str) -> list[int]:
             return tokenizer(text, add_special_tokens=False).input_ids
@@ -60,15 +55,19 @@ def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | N
             whole, head = self._encode(context + continuation), self._encode(context)
             return head, whole[len(head):]
 
-        def _score(self, head: list[int], tail: list[int]) -> tuple[float, bool]:
-            ids = (self.prefix + head + tail)[-max_context:]   # the context cut from the left, as lm-eval does
+        def _score(self, ids: list[int], n: int) -> tuple[float, bool]:
+            """(log P of ids' last n tokens given what precedes them, whether each is the top token)."""
             s = score(torch.tensor(ids), None)
-            n = len(tail)
             target = torch.tensor(ids[-n:])
             return float(s.target_logp[-n:].double().sum()), bool((s.top1[-n:] == target).all())
 
         def loglikelihood(self, requests, disable_tqdm: bool = False):
-            return [self._score(*self._split(*r.args)) for r in requests]
+            out = []
+            for r in requests:
+                head, tail = self._split(*r.args)
+                # the context cut from the left to the model's context, as lm-eval does
+                out.append(self._score((self.prefix + head + tail)[-max_context:], len(tail)))
+            return out
 
         def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
             out = []
@@ -77,14 +76,10 @@ def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | N
                 while start < len(tokens):   # each window's context: the token before it (the prefix first)
                     end = min(len(tokens), start + max_context - 1)
                     before = self.prefix if start == 0 else tokens[start - 1:start]
-                    total += self._window(before, tokens[start:end])
+                    total += self._score(before + tokens[start:end], end - start)[0]
                     start = end
                 out.append(total)
             return out
-
-        def _window(self, before: list[int], tokens: list[int]) -> float:
-            s = score(torch.tensor(before + tokens), None)
-            return float(s.target_logp[-len(tokens):].double().sum())
 
         def generate_until(self, requests, disable_tqdm: bool = False):
             if generate is None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from src.assembly.config import ModelConfig
 from src.assembly.models import build_cached, load_model
@@ -82,10 +83,9 @@ class Reference:
                       str(tmp / "windows.safetensors"), metadata={"vocab": str(refs[0].vocab)})
 
         build_cached(directory, build, {"reference": self.precision, "source": self.source_key})
-        from safetensors import safe_open
-        with safe_open(str(directory / "windows.safetensors"), "pt") as f:
+        with safe_open(str(directory / "windows.safetensors"), "pt") as f:   # one read: metadata and tensors
             vocab = int(f.metadata()["vocab"])
-        t = load_file(str(directory / "windows.safetensors"))
+            t = {name: f.get_tensor(name) for name in f.keys()}
         return [ReferenceWindow(t["indices"][i].long(), t["logp"][i], t["target_logp"][i], vocab)
                 for i in range(len(chunks))], directory
 

@@ -36,11 +36,13 @@ def run(inputs: TaskInputs) -> TaskResult:
     scores = [inputs.score(c, None if refs is None else r.indices) for c, r in zip(chunks, refs or [None] * len(chunks))]
     seconds = time.perf_counter() - start
     nll = np.concatenate([-s.target_logp.double().numpy() for s in scores])
+    offsets = np.cumsum([0] + [len(s.target_logp) for s in scores])   # where each window's tokens start in nll
+    per_window = lambda values: [float(values[a:b].mean()) for a, b in zip(offsets[:-1], offsets[1:])]  # noqa: E731
     ppl, ppl_se = stats.perplexity_se(nll)
     summary = {"perplexity": ppl, "perplexity_se": ppl_se, "perplexity_window": float(task.window),
                "perplexity_windows": float(len(chunks)), "perplexity_tokens": float(nll.size),
                "perplexity_eval_s": seconds}
-    series = {"window/nll": [float(-s.target_logp.double().sum()) / len(s.target_logp) for s in scores]}
+    series = {"window/nll": per_window(nll)}
     columns = {"window": np.concatenate([np.full(len(s.target_logp), i) for i, s in enumerate(scores, 1)]),
                "nll": nll}
     tags: dict[str, str] = {}
@@ -54,8 +56,7 @@ def run(inputs: TaskInputs) -> TaskResult:
         summary["quality_ratio"] = summary["reference_perplexity"] / ppl
         summary["kl_tail_mass"] = float(tail.mean())
         summary["reference_top_k"] = float(refs[0].indices.shape[-1])
-        offsets = np.cumsum([0] + [len(s.target_logp) for s in scores])
-        series["window/kl_mean"] = [float(kl[a:b].mean()) for a, b in zip(offsets[:-1], offsets[1:])]
+        series["window/kl_mean"] = per_window(kl)
         columns.update({"reference_nll": ref_nll, "kl": kl, "same_top1": same.astype(int)})
         tags = {"reference": inputs.reference.describe(refs[0].vocab), "reference_cache": str(where)}
     table = [list(columns), *zip(*(c.tolist() for c in columns.values()))]
