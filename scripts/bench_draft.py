@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
@@ -36,7 +37,8 @@ COLUMNS = [("baseline_time_per_token_ms_median", "no draft ms/token"), ("time_pe
            ("verify_ms_per_step_overall", "verify ms/step"), ("output_identical_fraction", "identical output")]
 
 
-def main(overrides: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    doc, overrides = "--doc" in argv, [a for a in argv if a != "--doc"]
     uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
     sweep_dir = ROOT / "multirun" / f"bench-draft-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     target = next((o.split("=", 1)[1] for o in overrides if o.startswith("precision=")), "bf16,fp32")
@@ -60,6 +62,8 @@ def main(overrides: list[str]) -> int:
     table = markdown_table(["target", "task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
     print(f"\n{table}")
     save_markdown(sweep_dir.name, f"`{' '.join(cmd[2:])}`\n\n{table}\n")
+    benchpage.record(doc, "drafts", "Every draft kind against no draft", f"`python -m src.run {' '.join(cmd[3:])}`: "
+                     f"each speedup against the same job's examples timed without the draft, in turns.\n\n{table}")
     return done.returncode
 
 

@@ -34,6 +34,7 @@ from src import kernels  # noqa: E402
 from src.assembly.config import job_config_from_dict  # noqa: E402
 from src.engine.native import Decoder  # noqa: E402
 from src.assembly.job import Job, build  # noqa: E402
+from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
@@ -172,6 +173,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="bf16 and w8a8 only, one repeat")
     parser.add_argument("--skip-sweep", action="store_true", help="only the verification and llama.cpp parts")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the sweep")
+    benchpage.add_argument(parser)
     args = parser.parse_args()
     precisions = ["fp32", "bf16", "w8a8"] if args.quick else PRECISIONS
     parts = []
@@ -186,6 +188,8 @@ def main() -> int:
                  + llama_cpp_head_to_head([p for p in precisions if p not in ("fp32",)], 3 if args.quick else 7))
     print(parts[-1], flush=True)
     save_markdown(f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}", "\n\n".join(parts) + "\n")
+    benchpage.record(args.doc, "engine", "engine=native against engine=hf, verification, llama.cpp",
+                     "\n\n".join(p.replace("## ", "### ", 1) for p in parts))
     return 0
 
 

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from src.kernels.variants import ATEN_ISA  # noqa: E402 - imports no torch
+from src.common import benchpage  # noqa: E402 - imports no torch
 
 SHAPES = {   # (name, N, K): a decode step's weights
     "gemma": [("gemma3-270m head", 262144, 640), ("gemma3-270m mlp up", 2048, 640), ("gemma3-270m mlp down", 640, 2048)],
@@ -44,6 +45,7 @@ def main() -> int:
     ap.add_argument("--variants", nargs="+", default=None, help="default: every variant this CPU runs")
     ap.add_argument("--aten-isa", choices=sorted(ATEN_ISA), default=None)
     ap.add_argument("--threads", type=int, default=None)
+    benchpage.add_argument(ap)
     args = ap.parse_args()
     if args.aten_isa:   # before torch is imported: its libraries read these once
         os.environ.update(ATEN_ISA[args.aten_isa])
@@ -124,8 +126,14 @@ def main() -> int:
         row.append(f"{aten_ms:.3f}")
         table.append(row)
     cpu = " ".join(sorted(f for f in variants.cpu_features() if f.startswith(("avx512", "avx2", "avx_vnni", "fma"))))
-    print(f"threads {torch.get_num_threads()}, ATen held to {args.aten_isa or 'this CPU'}; CPU flags: {cpu}")
-    print(markdown_table(head, table))
+    about = f"threads {torch.get_num_threads()}, ATen held to {args.aten_isa or 'this CPU'}; CPU flags: {cpu}"
+    text = markdown_table(head, table)
+    print(about)
+    print(text)
+    benchpage.record(args.doc, "kernels", f"Op by op: {', '.join(names)} against ATen"
+                     f"{' (ATen held to ' + args.aten_isa + ')' if args.aten_isa else ''}",
+                     f"{about}; {args.repeats} calls per timing, the median kept; each round times every variant "
+                     f"and ATen on a case in turns.\n\n{text}", rounds=args.rounds)
     return 0
 
 

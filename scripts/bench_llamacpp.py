@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from src.assembly.corpus import SEED_PROMPTS  # noqa: E402
 from src.kernels.variants import ATEN_ISA  # noqa: E402
+from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
@@ -84,6 +85,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--isa", default="auto", help="engine.isa for the quantspec jobs")
     parser.add_argument("--aten-isa", choices=sorted(ATEN_ISA), default=None)
+    benchpage.add_argument(parser)
     args = parser.parse_args(argv)
     env = ATEN_ISA[args.aten_isa] if args.aten_isa else {}
     llama_cpp = import_llama_cpp()
@@ -96,7 +98,8 @@ def main(argv: list[str]) -> int:
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-llamacpp-store-')}/mlflow.db"
     llama_cpp_ms(llm)   # warm-up; each quantspec job warms up by itself
-    print(f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}")
+    system = f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}"
+    print(system)
     ours_names = {p: f"quantspec {p} (engine.isa={args.isa}, ATen {args.aten_isa or 'native'})" for p in args.precisions}
     reference = f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF)"
     times: dict[str, list[float]] = {**{name: [] for name in ours_names.values()}, reference: []}
@@ -115,6 +118,10 @@ def main(argv: list[str]) -> int:
                   f"{args.rounds} rounds in turns, ten seed prompts, {TOKENS} greedy tokens, "
                   f"{torch.get_num_threads()} threads, engine.isa={args.isa}, ATen held to {args.aten_isa or 'native'}"
                   f"\n\n{table}\n")
+    benchpage.record(args.doc, "llamacpp", f"The users' decode path against llama.cpp (engine.isa={args.isa}, ATen "
+                     f"{args.aten_isa or 'native'})", f"{system}; ten seed prompts, {TOKENS} greedy tokens, "
+                     f"{torch.get_num_threads()} threads, whole jobs in turns with llama.cpp.\n\n{table}",
+                     rounds=args.rounds)
     return 0
 
 

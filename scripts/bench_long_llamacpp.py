@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from src.common import benchpage  # noqa: E402
 from src.common.metrics import EXAMPLE, markdown_table  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
@@ -178,6 +179,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pairs", nargs="+", default=["w8a8:Q8_0", "w4a16:Q4_K_M"],
                         help="quantspec precision : llama.cpp GGUF mix (Q8_0 or Q4_K_M)")
     parser.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4000])
+    benchpage.add_argument(parser)
     args, extra = parser.parse_known_args(argv)
     llama_cpp = import_llama_cpp()
     if llama_cpp is None:
@@ -208,6 +210,9 @@ def main(argv: list[str]) -> int:
     save_markdown(f"bench-long-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
                   f"`bench_long_llamacpp.py {' '.join(argv)}`, llama.cpp {llama_cpp.__version__}, {threads} threads, "
                   f"{TOKENS} single-token steps after each prefill\n\n{table}\n")
+    benchpage.record(args.doc, "seven-b", f"Long prompts at {MODEL}'s shape against llama.cpp",
+                     f"llama.cpp {llama_cpp.__version__}, {threads} threads, random blocks of llama.cpp's own types; "
+                     f"each prompt prefilled in one call, then {TOKENS} single-token steps, each side in turns.\n\n{table}")
     return 0
 
 

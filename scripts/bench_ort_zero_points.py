@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from src.common import benchpage  # noqa: E402
 
 
 def session(packed, scale, zero, k: int, n: int, block: int, level: int):
@@ -41,6 +46,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=100, help="gemvs per timing")
+    benchpage.add_argument(parser)
     args = parser.parse_args()
     k, n, block = args.k, args.n, 128
     rng = np.random.default_rng(0)
@@ -69,12 +75,18 @@ def main() -> None:
                 s.run(None, {"A": x})
             times[name].append((time.perf_counter() - start) / args.calls * 1e3)
     fast = statistics.median(times["uint4 zero point, accuracy level 4"])
-    print(f"MatMulNBits 1 x {k} by {k} x {n}, int4 groups of {block}, one thread, {args.rounds} rounds in turns")
-    print("| way | ms per gemv, median (min-max) | / uint4 level 4 | max error / max output, against quantspec's weights |")
-    print("|---|---|---|---|")
+    import onnxruntime
+    about = (f"MatMulNBits 1 x {k} by {k} x {n}, int4 groups of {block}, one thread, {args.rounds} rounds in turns, "
+             f"onnxruntime {onnxruntime.__version__}")
+    lines = ["| way | ms per gemv, median (min-max) | / uint4 level 4 | max error / max output, against quantspec's weights |",
+             "|---|---|---|---|"]
     for name, values in times.items():
-        print(f"| {name} | {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f}) | "
-              f"{statistics.median(values) / fast:.1f} | {error[name]:.1e} |")
+        lines.append(f"| {name} | {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f}) | "
+                     f"{statistics.median(values) / fast:.1f} | {error[name]:.1e} |")
+    print(about)
+    print("\n".join(lines))
+    benchpage.record(args.doc, "runtimes", "MatMulNBits with quantspec's float zero points", about + "\n\n"
+                     + "\n".join(lines), rounds=args.rounds)
 
 
 if __name__ == "__main__":

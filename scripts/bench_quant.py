@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
 from src.tracking.report import ratio, save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
@@ -27,7 +28,8 @@ from src.tracking import default_uri  # noqa: E402
 PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16", "rtn"]
 
 
-def main(overrides: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    doc, overrides = "--doc" in argv, [a for a in argv if a != "--doc"]
     uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
     sweep_dir = ROOT / "multirun" / f"bench-quant-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     # Three timed runs per prompt, the median kept: this machine's neighbours move single runs by 30%.
@@ -53,6 +55,8 @@ def main(overrides: list[str]) -> int:
                             "perplexity", "perplexity / fp32"], rows)
     print("\n" + table)
     save_markdown(sweep_dir.name, f"`{' '.join(cmd[2:])}`\n\n{table}\n")
+    benchpage.record(doc, "precisions", "Every precision in one sweep", f"`python -m src.run {' '.join(cmd[3:])}`, "
+                     f"three timed runs per prompt, the median kept; ratios to fp32 within the sweep.\n\n{table}")
     return done.returncode
 
 

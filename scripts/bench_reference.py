@@ -31,6 +31,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from src.assembly.config import job_config_from_dict  # noqa: E402
 from src.assembly.job import build  # noqa: E402
 from src.common.environment import cpu_model  # noqa: E402
+from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
 from src.tasks.perplexity import windows  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
@@ -39,6 +40,7 @@ from src.tracking.report import save_markdown  # noqa: E402
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    benchpage.add_argument(parser)
     args, overrides = parser.parse_known_args(argv)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["precision=w4a16", "task=perplexity", *overrides])
@@ -77,6 +79,7 @@ def main(argv: list[str]) -> int:
     text = f"{title}\n\n" + markdown_table(["step", "median s", "min–max s", "÷ job scoring alone"], rows)
     print("\n" + text)
     save_markdown("bench_reference", text)
+    benchpage.record(args.doc, "quality", "What the reference costs", text, rounds=args.rounds)
     return 0
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from src.common import benchpage  # noqa: E402
 from src.common.metrics import EXAMPLE, markdown_table  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
@@ -85,6 +86,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--models", nargs="*", default=sorted({s[0] for s in SEEDS}))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--resume", action="store_true", help="go on with each model's latest sweep")
+    benchpage.add_argument(parser)
     args, extra = parser.parse_known_args(argv)
     uri = next((o.split("=", 1)[1] for o in extra if o.startswith("tracking.uri=")), default_uri())
     rows, code = [], 0
@@ -108,6 +110,10 @@ def main(argv: list[str]) -> int:
     print("\n" + table)
     save_markdown(f"bench-seeds-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
                   f"`bench_seeds.py {' '.join(argv)}`\n\n{table}\n")
+    benchpage.record(args.doc, "seven-b", "The seeds' table at the seeds' shapes, beside their NPU figures",
+                     f"One sweep per model (its precisions, then each assisted row: the seed's draft at bf16 beside "
+                     f"the target at w4a16), random weights{'; --quick: short prompts and cut calibration' if args.quick else ''}."
+                     f"\n\n{table}")
     return code
 
 

@@ -124,3 +124,19 @@ def perplexity_by_engine(tmp_path: Path, engines: str, *overrides: str) -> dict[
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'")
     return {r.data.tags["engine"]: r.data.metrics["perplexity"] for r in runs}
+
+
+def uncatalogued(store_uri: str, experiment: str = "quantspec") -> dict[str, list[str]]:
+    """The metric, param and tag names the store's runs carry that src.tracking.catalog does not list (and so
+    the docs' reference page lacks)."""
+    from mlflow.tracking import MlflowClient
+
+    from src.tracking import catalog
+    client = MlflowClient(store_uri)
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    seen = {"metric": set(), "param": set(), "tag": set()}
+    for run in runs:
+        seen["metric"] |= set(run.data.metrics)
+        seen["param"] |= set(run.data.params)
+        seen["tag"] |= set(run.data.tags)
+    return {kind: missing for kind, names in seen.items() if (missing := catalog.unlisted(kind, names))}

@@ -1,4 +1,4 @@
-"""A runtime added as README's recipe says, from outside the repository's conf/ (tests/test_runtime_recipe.py
+"""A runtime added as the docs' recipe says (docs/how-to/add-runtime.md), from outside the repository's conf/ (tests/test_runtime_recipe.py
 writes its YAML): torch's forward over the whole sequence at every token, no KV cache. Slow and simple,
 so the test shows what the registry needs of a runtime and nothing more."""
 

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from src.tasks import sandbox
 from src.assembly.corpus import humaneval_problems
 from src.tasks.benchmark_code import STOP, StopAt, pass_at_k, program, score, truncate
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, uncatalogued
 
 
 
@@ -185,6 +185,7 @@ def test_tiny_model_runs_the_task_end_to_end_with_and_without_a_draft(store, tmp
                   if r.data.tags.get("quantspec.role") == "sweep")
     report = open(client.download_artifacts(parent.info.run_id, "report/report.md", str(tmp_path))).read()
     assert "pass@1" in report and "with the draft" in report and "(equal; 100% of the completions identical)" in report
+    assert uncatalogued(store) == {}   # every name it logged is in the reference (src.tracking.catalog)
 
 
 def test_job_refuses_without_its_sandbox_before_loading_anything(store):

@@ -1,4 +1,4 @@
-"""The seed tables' arithmetic (the README's measurement rules)."""
+"""The seed tables' arithmetic (docs/concepts/measured.md)."""
 
 import math
 

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.tracking import report, ui
-from tests.conftest import run_cli
+from tests.conftest import run_cli, uncatalogued
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (scripts/setup installs it)")
 
@@ -87,6 +87,7 @@ def test_the_report_shows_quality_the_front_the_flag_and_paired_comparisons(swee
                          {"metric": "kl_mean", "min_ratio": 0.999999})
     text = rep.files["report.md"].read_text()
     assert "## Quality against the reference" in text and "## Speed–quality front" in text
+    assert uncatalogued(store) == {}   # every name it logged is in the reference (src.tracking.catalog)
     flagged = [row[0] for row in rep.summary if "⚠ QUALITY" in row[0]]
     assert len(flagged) == 3 and all("w4a16" in name for name in flagged)   # its perplexity, decode and lm_eval jobs
     points = {p.name.split("·")[2]: p for p in rep.points}

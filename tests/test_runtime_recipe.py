@@ -1,4 +1,4 @@
-"""README's recipe for a runtime, followed from outside the repository: one module
+"""The docs' recipe for a runtime (docs/how-to/add-runtime.md), followed from outside the repository: one module
 (tests/example_runtime.py) and one YAML file in a config folder of the test's own (hydra.searchpath).
 Nothing else is told of it, and a sweep, its skip, its records and perplexity take it as any engine."""
 

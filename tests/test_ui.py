@@ -23,7 +23,7 @@ from src.tracking import JobRun, Store, replay
 from tests.browser import Page
 from tests.conftest import ROOT, free_port, mlflow_server, run_cli
 
-SCREENSHOT = ROOT / "docs" / "mlflow-ui-sweep.png"   # the README shows it
+SCREENSHOT = ROOT / "docs" / "mlflow-ui-sweep.png"   # docs/concepts/mlflow-ui.md shows it
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 
 

@@ -8,8 +8,6 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import torch
-
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "transformers", "mlflow", "hydra-core", "safetensors", "gguf", "accelerate")
 
@@ -50,6 +48,7 @@ def versions() -> dict[str, str]:
 
 
 def describe(threads: int, device: str) -> dict:
+    import torch   # here, not at the top: scripts that set torch's ISA variables import this module first
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),

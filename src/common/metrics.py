@@ -1,5 +1,5 @@
-"""The seed tables' columns, computed from one generation's timestamps (the measurement rules: README,
-"What is measured").
+"""The seed tables' columns, computed from one generation's timestamps (the measurement rules:
+docs/concepts/measured.md).
 
 Prefill (ms): start of generation to the first new token. Time/Token (ms): the rest of the wall time
 divided by (new tokens - 1). Tokens/Sec: 1000 / Time/Token. Total Time (s): the whole generation.

@@ -39,7 +39,7 @@ def probe(uri: str) -> None:
             problem = type(err).__name__
         if attempt + 1 < PROBE_TRIES:
             time.sleep(1)
-    raise StoreUnreachable(f"tracking server {uri} does not answer ({problem}); start it (README: A tracking "
+    raise StoreUnreachable(f"tracking server {uri} does not answer ({problem}); start it (docs: how-to/lab.md, A tracking "
                            f"server), or run with tracking.unreachable=journal to record locally and sync later")
 
 

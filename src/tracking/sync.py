@@ -34,6 +34,9 @@ def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
 
 
 def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__.strip())
+        return 0
     bound_http_retries()
     quiet_store_logs()
     stores: dict[tuple[str, str], Store] = {}
@@ -79,6 +82,7 @@ def main(argv: list[str]) -> int:
             print(f"quantspec: {line}")
     print(f"quantspec: sync done: {replayed} journal(s) replayed, {failed} not")
     return 1 if failed else 0
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,165 @@
+"""The configuration reference, generated: every config group's choices (conf/<group>/*.yaml) and every field
+with its type (the config classes of src.assembly.config, src.tasks.kinds, src.quant.methods), its default and
+its meaning (conf/<group>/_fields.yaml's comment, else the class's), and which kinds read it (the registries).
+
+Nothing here is written by hand: a field added to a class and its _fields.yaml appears on the next build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import yaml
+
+from src.assembly import config as C
+from src.assembly.overrides import CONF_DIR
+from src.quant.methods import METHODS
+from src.tasks.kinds import TASKS
+
+# group -> (the classes that read its fields, the registry that picks one, if any)
+GROUPS = {
+    "model": ([C.ModelConfig], None),
+    "hardware": ([C.HardwareConfig], None),
+    "precision": ([C.PrecisionConfig], METHODS),
+    "draft": ([C.DraftConfig], None),
+    "task": ([], TASKS),
+    "engine": ([C.RuntimeEngine], C.ENGINES),
+    "dataset": ([C.DatasetConfig], None),
+    "tracking": ([], C.TRACKING),
+}
+KEY = re.compile(r"^(\s*)([A-Za-z_][\w]*):(.*)$")
+
+
+def yaml_comments(path: Path, above_too: bool = True) -> dict[str, str]:
+    """Each key's comment in a YAML file, dotted by nesting: its line's `# ...`, else (above_too) the comment
+    block right above it."""
+    comments: dict[str, str] = {}
+    above: list[str] = []
+    stack: list[tuple[int, str]] = []
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("# ").rstrip())
+            continue
+        match = KEY.match(line)
+        if not match or stripped.startswith("-"):
+            above = []
+            continue
+        indent, key, rest = len(match.group(1)), match.group(2), match.group(3)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        dotted = ".".join([k for _, k in stack] + [key])
+        stack.append((indent, key))
+        inline = rest.split(" #", 1)[1].strip() if " #" in rest else ""
+        comments[dotted] = inline or (" ".join(above) if above_too else "")
+        above = []
+    return comments
+
+
+def class_comments(cls: type) -> dict[str, str]:
+    """A dataclass's fields' trailing comments, from its source (and its bases')."""
+    found: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        for line in source.splitlines():
+            match = re.match(r"^\s{4}(\w+):\s*[^#]*#\s*(.*)$", line)
+            if match and not match.group(1).isupper():
+                found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _default(value) -> str:
+    if value is None:
+        return "`null`"
+    if value == "???":
+        return "(set by each choice)"
+    return f"`{yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}`"
+
+
+def _choices(group: str) -> list[str]:
+    rows = ["| choice | what it is |", "|---|---|"]
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        if path.name.startswith("_"):
+            continue
+        lines = [l.lstrip("# ").rstrip() for l in path.read_text().splitlines()]
+        raw = path.read_text().splitlines()
+        head = []
+        for line, text in zip(raw, lines):
+            if not line.startswith("#"):
+                break
+            head.append(text)
+        data = yaml.safe_load(path.read_text()) or {}
+        about = " ".join(head) or data.get("description") or ""
+        rows.append(f"| `{path.stem}` | {_cell(about)} |")
+    return rows
+
+
+def _fields(group: str) -> list[str]:
+    classes, registry = GROUPS[group]
+    fields_file = CONF_DIR / group / "_fields.yaml"
+    defaults = yaml.safe_load(fields_file.read_text()) if fields_file.exists() else {}
+    # _fields.yaml files say each field's meaning on its line; their header is about the file
+    comments = yaml_comments(fields_file, above_too=False) if fields_file.exists() else {}
+    owners: dict[str, list[str]] = {}
+    types: dict[str, str] = {}
+    class_notes: dict[str, str] = {}
+    kinds = list(registry._classes.items()) if registry else []
+    for cls in classes + [c for _, c in kinds]:
+        class_notes = {**class_comments(cls), **class_notes}
+        for f in dataclasses.fields(cls):
+            types.setdefault(f.name, str(f.type))
+            if f.default is not dataclasses.MISSING and f.name not in defaults:
+                defaults[f.name] = f.default
+    for kind, cls in kinds:
+        for f in dataclasses.fields(cls):
+            owners.setdefault(f.name, []).append(kind)
+    names = list(defaults) + [n for n in types if n not in defaults]
+    rows = ["| field | type | default | read by | meaning |", "|---|---|---|---|---|"]
+    for name in names:
+        if name.startswith("_") or name == "defaults":
+            continue
+        read_by = owners.get(name, [])
+        every = f"every {registry.selector}" if registry else ""
+        read = (every if len(read_by) == len(kinds) else ", ".join(read_by)) if registry else ""
+        if registry and not read_by:
+            read = every
+        rows.append(f"| `{group}.{name}` | `{_cell(types.get(name, ''))}` | {_cell(_default(defaults.get(name)))} | "
+                    f"{read} | {_cell(comments.get(name) or class_notes.get(name, ''))} |")
+    return rows
+
+
+def _top_level() -> list[str]:
+    path = CONF_DIR / "config.yaml"
+    data = yaml.safe_load(path.read_text())
+    comments = yaml_comments(path)
+    rows = ["| setting | default | meaning |", "|---|---|---|"]
+    for key, value in data.items():
+        if key in ("defaults", "hydra"):
+            continue
+        if isinstance(value, dict):
+            for sub, subvalue in value.items():
+                rows.append(f"| `{key}.{sub}` | {_cell(_default(subvalue))} | "
+                            f"{_cell(comments.get(f'{key}.{sub}') or comments.get(key, ''))} |")
+        else:
+            rows.append(f"| `{key}` | {_cell(_default(value))} | {_cell(comments.get(key, ''))} |")
+    return rows
+
+
+def render() -> str:
+    out = ["The defaults a job composes are in `conf/config.yaml`; each group below is a folder of `conf/`, "
+           "one YAML file per choice (`model=llama-2-7b`), and any field can be overridden on the command line "
+           "(`precision.awq_grid=10`). A field that no chosen entry reads is refused in one line.", "",
+           "## Top level (`conf/config.yaml`)", "", *_top_level(), ""]
+    for group in GROUPS:
+        out += [f"## `{group}`", "", "### Choices", "", *_choices(group), "", "### Fields", "", *_fields(group), ""]
+    return "\n".join(out)

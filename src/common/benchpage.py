@@ -1,0 +1,134 @@
+"""Benchmark results as documentation: each `scripts/bench_*.py --doc` run appends one entry (its table in
+markdown, with the host, its CPU flags, the date, the commit, the command and the rounds) to
+`docs/benchmarks/results/<page>.jsonl`; the docs site renders each page's entries, the latest first and the
+earlier ones in a collapsed history (`docs/hooks/generate.py`).
+
+JSON lines rather than markdown written into the page: an entry is data (it keeps its host and commit
+apart from its prose), a new run never rewrites an old one, and the page's layout can change without
+touching what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from src.common.environment import PROJECT_ROOT, cpu_model, git_commit
+
+RESULTS = PROJECT_ROOT / "docs" / "benchmarks" / "results"
+# The flags that decide which kernel variant runs and how fast: what a reader must know of the host.
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+         "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "sve")
+
+
+@dataclass
+class Entry:
+    title: str
+    body: str                      # markdown: the table and what the reader needs to read it
+    date: str                      # YYYY-MM-DD
+    commit: str                    # the code measured ("-dirty": with uncommitted changes)
+    host: str                      # the CPU's name and cores
+    flags: list[str]
+    command: str
+    rounds: int | None = None
+    load: str = ""                 # what else ran, where the script knows (busy rounds)
+    origin: str = "script"         # script, or where an entry was carried from
+    extra: dict = field(default_factory=dict)
+
+
+def host_flags(cpuinfo: str | None = None) -> list[str]:
+    """The host's flags among FLAGS, in that order."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    have: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.split(":")[0].strip() in ("flags", "Features"):
+            have |= set(line.split(":", 1)[1].split())
+    return [f for f in FLAGS if f in have]
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--doc", action="store_true",
+                        help="also append the result to the docs' benchmark page (docs/benchmarks/results/)")
+
+
+def entry(title: str, body: str, rounds: int | None = None, load: str = "", argv: list[str] | None = None) -> Entry:
+    argv = sys.argv if argv is None else argv
+    script = os.path.relpath(argv[0], PROJECT_ROOT) if argv and argv[0] else "?"
+    commit = git_commit()
+    return Entry(title=title, body=body.strip() + "\n", date=dt.date.today().isoformat(),
+                 commit=commit[:12] + ("-dirty" if commit.endswith("-dirty") else ""),
+                 host=f"{cpu_model()}, {os.cpu_count()} cores", flags=host_flags(),
+                 command=shlex.join([".venv/bin/python", script, *[a for a in argv[1:] if a != "--doc"]]),
+                 rounds=rounds, load=load)
+
+
+def append(page: str, item: Entry, results: Path = RESULTS) -> Path:
+    """One more entry on a page: appended, never rewriting what is there."""
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{page}.jsonl"
+    with path.open("a") as out:
+        out.write(json.dumps(asdict(item), ensure_ascii=False) + "\n")
+    return path
+
+
+def record(doc: bool, page: str, title: str, body: str, rounds: int | None = None, load: str = "") -> None:
+    """Where the script was run with --doc: the result on its page, and where it went."""
+    if doc:
+        path = append(page, entry(title, body, rounds, load))
+        print(f"recorded on the docs' benchmark page: {os.path.relpath(path, PROJECT_ROOT)}")
+
+
+def load(page: str, results: Path = RESULTS) -> list[Entry]:
+    """A page's entries, oldest first (the order they were appended)."""
+    path = results / f"{page}.jsonl"
+    if not path.exists():
+        return []
+    entries = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                entries.append(Entry(**json.loads(line)))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"{path}:{number}: not a benchmark entry ({err})") from None
+    return entries
+
+
+def _header(item: Entry) -> str:
+    rounds = f"{item.rounds} rounds in turns" if item.rounds else "one run"
+    return f"{item.date} · {item.host} · {rounds} · commit `{item.commit}`"
+
+
+def _about(item: Entry) -> str:
+    flags = " ".join(item.flags) or "not recorded"
+    lines = [f"*Host*: {item.host}; CPU flags `{flags}`.  ",
+             f"*Measured*: {item.date}, commit `{item.commit}`, "
+             f"{f'{item.rounds} rounds in turns' if item.rounds else 'one run'}"
+             f"{f'; {item.load}' if item.load else ''}.  ",
+             f"*Command*: `{item.command}`" + (f"  \n*From*: {item.origin}" if item.origin != "script" else "")]
+    return "\n".join(lines)
+
+
+def render(entries: list[Entry]) -> str:
+    """The latest entry in full, the earlier ones collapsed (Material's `???` blocks), newest first."""
+    if not entries:
+        return ("*No result recorded yet: run the script above with `--doc`.*\n")
+    latest, *earlier = reversed(entries)
+    out = [f"## Latest: {latest.title}", "", _about(latest), "", latest.body.strip(), ""]
+    if earlier:
+        out += ["## History", ""]
+        for item in earlier:
+            out.append(f'??? note "{item.title} ({_header(item)})"')
+            block = _about(item) + "\n\n" + item.body.strip()
+            out += [("    " + line) if line else "" for line in block.splitlines()]
+            out.append("")
+    return "\n".join(out)

@@ -1,0 +1,42 @@
+"""Benchmark results as docs pages (src.common.benchpage): appended, never rewritten; the latest shown first, the
+earlier ones collapsed; a damaged results file said in one line."""
+
+import pytest
+
+from src.common import benchpage
+
+
+def _entry(title: str, date: str) -> benchpage.Entry:
+    return benchpage.Entry(title=title, body="| a | b |\n|---|---|\n| 1 | 2 |\n", date=date, commit="abc123",
+                           host="Some CPU, 2 cores", flags=["avx2", "fma"], command=".venv/bin/python scripts/x.py",
+                           rounds=3)
+
+
+def test_entries_append_and_render_latest_first_with_the_rest_collapsed(tmp_path):
+    for title, date in (("first", "2026-11-01"), ("second", "2026-11-02"), ("third", "2026-11-03")):
+        benchpage.append("page", _entry(title, date), results=tmp_path)
+    entries = benchpage.load("page", results=tmp_path)
+    assert [e.title for e in entries] == ["first", "second", "third"]
+    text = benchpage.render(entries)
+    assert text.startswith("## Latest: third")
+    assert "CPU flags `avx2 fma`" in text and "3 rounds in turns" in text and "commit `abc123`" in text
+    history = text[text.index("## History"):]
+    assert history.index('??? note "second') < history.index('??? note "first')
+    assert "\n    | a | b |" in history   # a collapsed entry's table stays inside its block
+
+
+def test_a_page_without_results_says_how_to_make_one(tmp_path):
+    assert "--doc" in benchpage.render(benchpage.load("none", results=tmp_path))
+
+
+def test_a_damaged_results_line_is_named(tmp_path):
+    (tmp_path / "page.jsonl").write_text('{"title": "x"\n')
+    with pytest.raises(ValueError, match=r"page.jsonl:1: not a benchmark entry"):
+        benchpage.load("page", results=tmp_path)
+
+
+def test_an_entry_records_this_host_and_the_command_without_doc():
+    item = benchpage.entry("t", "body", rounds=2, argv=["scripts/bench_x.py", "--rounds", "2", "--doc"])
+    assert item.command.endswith("scripts/bench_x.py --rounds 2") and item.rounds == 2
+    assert item.host.endswith("cores") and len(item.date) == 10
+    assert benchpage.host_flags("flags\t\t: fpu avx2 avx512f fma\n") == ["avx2", "fma", "avx512f"]

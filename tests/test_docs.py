@@ -1,0 +1,88 @@
+"""The docs stay true to the code: every `python -m src.run` command the README and docs/ show composes into a
+valid job config (its choices, fields and values), every report command's settings exist, and the blocks
+marked runnable are found (scripts/check_docs.py runs them in CI)."""
+
+import re
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from src.assembly.config import ConfigError, job_config_from_dict
+from src.assembly.overrides import unknown_choice, unknown_key, unparsable
+from src.common import doccommands
+from src.tracking import report
+from tests.conftest import compose_job
+
+PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|HEAD:|/path/|/models/|/abs/")
+# Hydra's own settings and the sweep's: they do not compose into a job
+NOT_JOB = ("hydra.", "hydra/", "+hydra", "tracking.uri=", "rounds=", "busy_reruns=", "report_at_end=", "resume=")
+
+
+def _documented(module: str):
+    for page in doccommands.pages():
+        for block in doccommands.blocks(page):
+            for words in doccommands.commands(block.text):
+                args = doccommands.module_args(words, module)
+                # a command with a placeholder for the reader to fill in (<p>, /models/...) is not checked
+                if args is not None and not any(PLACEHOLDER.search(a) for a in args):
+                    yield pytest.param(block.where, args, id=f"{block.where}:{' '.join(args)[:60]}")
+
+
+def _first_of_each_sweep(args: list[str]) -> list[str]:
+    """One job of a sweep: the first value of each swept override."""
+    parser = OverridesParser.create()
+    out = []
+    for arg in args:
+        override = parser.parse_override(arg)
+        if override.is_sweep_override():
+            value = next(iter(override.sweep_string_iterator()))
+            out.append(f"{override.get_key_element()}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
+RUN_COMMANDS = list(_documented("src.run"))
+
+
+def test_the_docs_show_commands_to_check():
+    assert len(RUN_COMMANDS) >= 15
+    runnable = [b for p in doccommands.pages() for b in doccommands.blocks(p) if b.runnable]
+    assert len(runnable) >= 3 and all("python" in b.text for b in runnable)
+
+
+@pytest.mark.parametrize("where, args", RUN_COMMANDS)
+def test_every_documented_run_command_composes_a_valid_job(where, args):
+    args = [a for a in args if a not in ("-m", "--multirun")]
+    for check in (unparsable, unknown_choice, unknown_key):
+        assert check(args) is None, f"{where}: {check(args)}"
+    job_args = [a for a in _first_of_each_sweep(args) if not a.startswith(NOT_JOB)]
+    raw, _ = compose_job(job_args)
+    try:
+        job_config_from_dict(raw)
+    except ConfigError as err:
+        pytest.fail(f"{where}: python -m src.run {' '.join(args)}: {err}")
+
+
+@pytest.mark.parametrize("where, args", list(_documented("src.tracking.report")))
+def test_every_documented_report_command_has_real_settings(where, args):
+    args = [a for a in args if a not in ("--help", "-h")]
+    report.settings(args)   # a setting conf/report.yaml lacks raises SettingError
+
+
+def test_blocks_and_commands_are_read_as_a_reader_sees_them(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("Text\n\n    .venv/bin/python -m src.run -m precision=fp32,bf16 \\\n        task.limit=2   # two\n\n"
+                    "<!-- runnable -->\n```bash\nA=1 .venv/bin/python -m src.run model=tiny-llama\n```\n")
+    first, second = doccommands.blocks(page)
+    assert not first.runnable and second.runnable
+    words = doccommands.commands(first.text)[0]
+    assert doccommands.module_args(words, "src.run") == ["-m", "precision=fp32,bf16", "task.limit=2"]
+    assert doccommands.module_args(doccommands.commands(second.text)[0], "src.run") == ["model=tiny-llama"]
+
+
+def test_the_readmes_links_reach_files_in_the_repository():
+    text = (doccommands.PROJECT_ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [l for l in links if not l.startswith(("http://", "https://"))]
+    assert local and [l for l in local if not (doccommands.PROJECT_ROOT / l).exists()] == []
