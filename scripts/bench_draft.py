@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_draft.py                          # gemma3-270m, bf16 and fp32 targets
     .venv/bin/python scripts/bench_draft.py precision=w8a8 draft.k=3 # any extra Hydra overrides
+    .venv/bin/python scripts/bench_draft.py --doc                    # also on the docs' benchmark page
 
 One sweep over precision (the target) x draft=prompt_lookup,self_w4a16,self_w8a8,self_w8a8_vocab4k x
 task=decode,benchmark (greedy). Each job

@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_quant.py                      # gemma3-270m, all six precisions
     .venv/bin/python scripts/bench_quant.py model=tiny-llama     # any extra Hydra overrides
+    .venv/bin/python scripts/bench_quant.py --doc                # also on the docs' benchmark page
 
 One sweep (task=benchmark for decode time/token and prefill, task=perplexity for quality), so every
 ratio is measured side by side on one machine. Figures are read back from the MLflow store.

@@ -3,6 +3,14 @@ and records it; closes the sweep's parent; turns signals and aborts into one lin
 
     python -m src.run                                   # one job on the defaults
     python -m src.run -m hardware=phx,stx precision=fp32,bf16   # a sweep: one MLflow parent, a child per job
+    python -m src.run -m precision=fp32,bf16,w8a8 rounds=3      # each job timed in 3 interleaved rounds
+    python -m src.run -m ... hydra.sweep.dir=<a sweep's directory>   # resume it: finished jobs are kept
+    python -m src.run --cfg job precision=w8a8          # print the composed config, run nothing
+
+Arguments are Hydra overrides: group=choice (model, hardware, precision, draft, task, engine, dataset,
+tracking; `a,b` sweeps with -m) and field=value for any field (docs: reference/config.md). Exit 0 when every
+job finished or was skipped, 1 when one failed or was killed, 2 for a command line refused in one line,
+128 + the signal when stopped.
 
 Hydra's config is converted here and only here: a job's, once at its start, into typed dataclasses
 (src.assembly.config.JobConfig; the job itself, src.assembly.job, sees nothing else), and the sweep's

@@ -78,7 +78,8 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             assert cpu and all(0 <= m.value <= 100 for m in cpu)
             assert job.data.metrics["system/process_rss_megabytes"] > 50
             assert 0 < job.data.metrics["peak_rss_gb"] < 20
-            assert job.data.tags["host_busy"] in ("true", "false")
+            # busy_cores=64: never busy (the tag is absent where a fast host timed the job under a second)
+            assert job.data.tags.get("host_busy", "false") == "false"
         w8a8 = next(j for j in jobs if j.data.tags["precision"] == "w8a8")
         m = w8a8.data.metrics
         assert m["decode_speedup_low"] <= m["decode_speedup"] <= m["decode_speedup_high"]

@@ -30,20 +30,27 @@ GROUPS = {
     "dataset": ([C.DatasetConfig], None),
     "tracking": ([], C.TRACKING),
 }
+# Who reads a field that no registered kind has: the group's own class
+BASE_READER = {"precision": "every precision", "engine": "another runtime (engine.module)"}
+# Built from other fields, never set by a user: precision.quant is the method's fields gathered
+INTERNAL = {"precision.quant"}
 KEY = re.compile(r"^(\s*)([A-Za-z_][\w]*):(.*)$")
 
 
-def yaml_comments(path: Path, above_too: bool = True) -> dict[str, str]:
-    """Each key's comment in a YAML file, dotted by nesting: its line's `# ...`, else (above_too) the comment
-    block right above it."""
+def yaml_comments(path: Path) -> dict[str, str]:
+    """Each key's comment in a YAML file, dotted by nesting: its line's `# ...`, else the comment block right
+    above it (but the file's opening block, which is about the file)."""
     comments: dict[str, str] = {}
     above: list[str] = []
     stack: list[tuple[int, str]] = []
+    header = True
     for line in path.read_text().splitlines():
         stripped = line.strip()
         if stripped.startswith("#"):
-            above.append(stripped.lstrip("# ").rstrip())
+            if not header:
+                above.append(stripped.lstrip("# ").rstrip())
             continue
+        header = False
         match = KEY.match(line)
         if not match or stripped.startswith("-"):
             above = []
@@ -54,7 +61,7 @@ def yaml_comments(path: Path, above_too: bool = True) -> dict[str, str]:
         dotted = ".".join([k for _, k in stack] + [key])
         stack.append((indent, key))
         inline = rest.split(" #", 1)[1].strip() if " #" in rest else ""
-        comments[dotted] = inline or (" ".join(above) if above_too else "")
+        comments[dotted] = inline or " ".join(above)
         above = []
     return comments
 
@@ -108,13 +115,13 @@ def _fields(group: str) -> list[str]:
     classes, registry = GROUPS[group]
     fields_file = CONF_DIR / group / "_fields.yaml"
     defaults = yaml.safe_load(fields_file.read_text()) if fields_file.exists() else {}
-    # _fields.yaml files say each field's meaning on its line; their header is about the file
-    comments = yaml_comments(fields_file, above_too=False) if fields_file.exists() else {}
+    comments = yaml_comments(fields_file) if fields_file.exists() else {}
     owners: dict[str, list[str]] = {}
     types: dict[str, str] = {}
     class_notes: dict[str, str] = {}
-    kinds = list(registry._classes.items()) if registry else []
+    kinds = registry.items() if registry else []
     for cls in classes + [c for _, c in kinds]:
+        # the first class that says something about a field wins: the shared base classes come first
         class_notes = {**class_comments(cls), **class_notes}
         for f in dataclasses.fields(cls):
             types.setdefault(f.name, str(f.type))
@@ -126,14 +133,14 @@ def _fields(group: str) -> list[str]:
     names = list(defaults) + [n for n in types if n not in defaults]
     rows = ["| field | type | default | read by | meaning |", "|---|---|---|---|---|"]
     for name in names:
-        if name.startswith("_") or name == "defaults":
+        if name.startswith("_") or name == "defaults" or f"{group}.{name}" in INTERNAL:
             continue
         read_by = owners.get(name, [])
-        every = f"every {registry.selector}" if registry else ""
+        every = f"every {registry.axis} {registry.selector}" if registry else ""
         read = (every if len(read_by) == len(kinds) else ", ".join(read_by)) if registry else ""
         if registry and not read_by:
-            read = every
-        rows.append(f"| `{group}.{name}` | `{_cell(types.get(name, ''))}` | {_cell(_default(defaults.get(name)))} | "
+            read = BASE_READER.get(group, every)
+        rows.append(f"| `{group}.{name}` | `{_cell(types.get(name) or 'str')}` | {_cell(_default(defaults.get(name)))} | "
                     f"{read} | {_cell(comments.get(name) or class_notes.get(name, ''))} |")
     return rows
 

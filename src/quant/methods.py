@@ -99,7 +99,7 @@ class Awq(QuantSpec):
     KIND: ClassVar[str] = "awq"
     awq_grid: int                   # exponents r = 0, 1/grid, ... for s = mean|x|^r
     awq_clip: bool
-    awq_search_tokens: int
+    awq_search_tokens: int          # calibration tokens the scale search scores
     awq_search_rows: int | None     # output channels sampled per scale search (null: all)
     awq_block_loss: bool
 

@@ -30,7 +30,7 @@ class TaskConfig:
     KIND: ClassVar[str]
     MODULE: ClassVar[str]             # its implementation: a module with run(inputs) -> TaskResult
     DECODES: ClassVar[bool] = False   # a draft changes what it measures
-    name: str
+    name: str                       # the choice's name (conf/task/<name>.yaml): benchmark and benchmark_long share a kind
 
     @property
     def kind(self) -> str:
@@ -97,11 +97,11 @@ def _fits(job, loaded, prompts: list[str], new: int, limit: int | None) -> None:
 class Generating(TaskConfig):
     """A task that times generation through the engine (prefill, per-token, seed columns)."""
     DECODES: ClassVar[bool] = True
-    max_new_tokens: int = 60
-    code_max_new_tokens: int = 60
-    exact_new_tokens: bool = True
-    limit: int | None = None
-    warmup: int = 1
+    max_new_tokens: int = 60        # new tokens per example (a general model)
+    code_max_new_tokens: int = 60   # new tokens for a code model (model.code)
+    exact_new_tokens: bool = True   # generate exactly that many (past EOS), so runs compare
+    limit: int | None = None        # the first N examples (null: all)
+    warmup: int = 1                 # untimed runs before the timed ones
     repeats: int = 1                # timed runs per example; the median one is kept
 
     def validate(self) -> None:
@@ -145,7 +145,7 @@ class Benchmark(Generating):
     """Prompts of fixed token lengths cut from the dataset, each timed for exactly max_new_tokens."""
     KIND: ClassVar[str] = "benchmark"
     MODULE: ClassVar[str] = "src.tasks.benchmark"
-    prompt_lengths: tuple[int, ...] = ()
+    prompt_lengths: tuple[int, ...] = ()   # prompt lengths in tokens, cut from the dataset
 
     def validate(self) -> None:
         super().validate()
