@@ -57,3 +57,18 @@ def proportion_se(hits) -> tuple[float, float]:
     x = np.asarray(hits, dtype=np.float64)
     p = float(x.mean())
     return p, math.sqrt(p * (1 - p) / x.size)
+
+
+def median_ratio_ci(new, old, level: float = 0.95, iters: int = BOOTSTRAP * 2) -> tuple[float, float, float]:
+    """median(new) / median(old) with a percentile-bootstrap interval, each side resampled on its own (two
+    independent sets of measurements: rounds or examples of two sweeps): (ratio, low, high). With fewer than
+    two values on a side the interval is NaN: one value has no spread to resample."""
+    a, b = np.asarray(new, dtype=np.float64), np.asarray(old, dtype=np.float64)
+    ratio = float(np.median(a) / np.median(b))
+    if a.size < 2 or b.size < 2:
+        return ratio, math.nan, math.nan
+    rng = np.random.default_rng(SEED)
+    draws = (np.median(a[rng.integers(0, a.size, size=(iters, a.size))], axis=1)
+             / np.median(b[rng.integers(0, b.size, size=(iters, b.size))], axis=1))
+    tail = (1 - level) / 2
+    return ratio, float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))

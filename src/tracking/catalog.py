@@ -45,7 +45,10 @@ CATALOG: list[Name] = [
         ("executed.kernels", "quantspec/<variant>, aten, or aten (fallback)"),
         ("executed.int8_gemm", "w8a8's many-row path on this host: int_mm or float (the probe's choice)"),
         ("executed.draft_int8_gemm", "the same for a w8a8 draft"),
-        ("kernels.<kind>", "how many modules of each kind run on quantspec's kernels")),
+        ("kernels.<kind>", "how many modules of each kind run on quantspec's kernels"),
+        ("host.<key>", "what can change a figure on the same code, compared between sweeps by "
+                       "src.tracking.regress: governor, turbo, thp (transparent huge pages), kernel, commit "
+                       "(-dirty), python and each library's version (torch, transformers, mlflow, ...)")),
     *_n("tag", "every job",
         ("quantspec.role", "job (or sweep on a sweep's parent)"),
         ("model", "the model's name"), ("hardware", "the hardware profile"), ("precision", "the precision"),
@@ -82,6 +85,8 @@ CATALOG: list[Name] = [
         ("smoothquant_alpha", "SmoothQuant's alpha as used (the model's or precision.alpha)"),
         ("draft_quant_cache", "a quantized draft's, likewise"), ("draft_smoothquant_alpha", "a draft's"),
         ("reference", "what a quality job was measured against (fp32, bf16, none)"),
+        ("search_trial", "hydra/sweeper=search: the Optuna trial the job measured"),
+        ("on_search_front", "hydra/sweeper=search: true where its trial is on the search's front"),
         ("reference_cache", "built or cached: the reference's run"),
         ("sandbox", "benchmark_code: bwrap or rlimit"),
         ("lm_eval_version", "lm_eval: the harness's version"), ("lm_eval_tasks", "lm_eval: its tasks")),
@@ -166,7 +171,8 @@ CATALOG: list[Name] = [
         ("best_speedup_rounds", "the rounds that speedup is over"),
         ("best_speedup_condition", "how it was measured (quiet, or busy)"),
         ("front", "the configurations on the speed–quality front"),
-        ("below_quality", "the configurations below quality.min_ratio")),
+        ("below_quality", "the configurations below quality.min_ratio"),
+        ("search_front", "hydra/sweeper=search: the trials on the front, with their settings")),
     *_n("metric", "a sweep's parent",
         ("best_time_per_token_ms", "the fastest job's time/token"), ("best_speedup", "the best speedup"),
         ("best_speedup_low", "its range over rounds, low"), ("best_speedup_high", "high")),
@@ -188,7 +194,7 @@ CATALOG: list[Name] = [
 # Placeholders that stand for a fixed set (the config's groups and top-level settings); any other stands for
 # one segment of a name (no "/").
 FIXED = {"<group>": "(model|hardware|precision|draft|task|engine|dataset|tracking|sampling)",
-         "<key>": r"[\w.]+",
+         "<key>": r"[\w.-]+",
          "<setting>": "(cache_dir|experiment|resume|report_at_end|rounds|busy_reruns|round)"}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from src.assembly.config import AXES
+from src.common.environment import host_state
 from src.tracking import signals, sysmetrics
 from src.tracking.signals import Stopped
 
@@ -137,7 +138,10 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     job = JobRun(store, journal, uri, cfg.experiment)
     ledger.job = job
     try:
-        job.start(name, sweep, params, {**{g: choices.get(g, "?") for g in AXES}, **(node or LOCAL),
+        # what can change a figure on the same code, for comparing sweeps (src.tracking.regress); not part of
+        # the job's identity (resume compares the config above)
+        host = {f"host.{k}": v for k, v in host_state().items()}
+        job.start(name, sweep, {**params, **host}, {**{g: choices.get(g, "?") for g in AXES}, **(node or LOCAL),
                                         ROUND: str(raw.get(ROUND, 1)), CONFIG_KEY: config_key}, job_key)
         if preset is not None:
             _record_preset(job, name, *preset)

@@ -1,0 +1,1 @@
+"""quantspec's Hydra sweeper plugin: `hydra/sweeper=search` (see search_sweeper.py)."""

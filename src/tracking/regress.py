@@ -1,0 +1,316 @@
+"""Compare a sweep with a baseline sweep: is this commit, library or machine slower than before?
+
+    python -m src.tracking.regress baseline=<sweep dir or id, or its parent run id>          # against the latest sweep
+    python -m src.tracking.regress baseline=multirun/2026-11-20/10-00-00-1 sweep=multirun/2026-11-25/... fail_on=0.05
+
+Jobs are matched by their composed config, without what names the sweep (its directory, rounds, store, cache):
+the same model, hardware, precision, draft, task, engine, dataset and sampling with the same fields. For each
+matched job: the ratio of time/token (and prefill, and the quality figure where both have one), new over
+baseline, with its interval from the per-round figures (or, with one round on a side, the per-example ones):
+the median ratio and a bootstrap interval at `confidence`. The verdict is `slower` where the whole interval is
+above 1, `faster` where it is below, `no change` otherwise. New, removed and failed jobs are listed, and what
+can change a figure on the same code (the host's governor, turbo, transparent huge pages, kernel, library
+versions, the commit and a dirty tree: params `host.*`, tag git_commit) is compared between the two sweeps.
+
+Exit 0, or 1 where a matched job is slower with confidence by more than `fail_on` (a fraction: 0.05 = 5%;
+null: never), or 2 for a setting that does not exist or a sweep that cannot be found (one line). Writes
+`regress.md`, `regress.csv` and `regress.png` (both sweeps side by side) under `<out>/regress-<key>/`.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from src.common.environment import PROJECT_ROOT
+from src.common.metrics import markdown_table
+from src.quality.stats import median_ratio_ci
+from src.tracking import ROLE, SWEEP_ID, default_uri, key_of, latest_attempts
+from src.tracking.compare import busy, round_of
+from src.tracking.sweeps import JobRecord, find_sweep
+
+SETTINGS = {"baseline": None, "sweep": None, "tracking_uri": None, "experiment": "quantspec", "confidence": 0.95,
+            "fail_on": None, "out": "reports"}
+# The params that make a job what it is; what names the sweep or where it ran is not part of it.
+IDENTITY = ("model.", "hardware.", "precision.", "draft.", "task.", "engine.", "dataset.", "sampling.")
+FIGURES = (("time/token", "time_per_token_ms_median", "by_example/time_per_token_ms"),
+           ("prefill", "prefill_ms_median", "by_example/prefill_ms"))
+QUALITY = ("kl_mean", "perplexity", "divergent_share", "accuracy")
+
+
+class SettingError(ValueError):
+    """A setting that is not one; the message is the one line the user sees."""
+
+
+def settings(argv: list[str]) -> dict:
+    cfg = dict(SETTINGS)
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in cfg:
+            raise SettingError(f"{arg!r} is not a setting; settings: {', '.join(f'{k}=' for k in SETTINGS)} "
+                               f"(python -m src.tracking.regress --help)")
+        cfg[key] = None if value in ("", "null", "none") else value
+    if not cfg["baseline"]:
+        raise SettingError("baseline=<sweep directory, sweep id or parent run id> is needed: the sweep to compare against")
+    try:
+        cfg["confidence"] = float(cfg["confidence"])
+        cfg["fail_on"] = None if cfg["fail_on"] is None else float(cfg["fail_on"])
+    except ValueError as err:
+        raise SettingError(f"confidence and fail_on are numbers ({err})") from None
+    if not 0.5 <= cfg["confidence"] < 1:
+        raise SettingError(f"confidence={cfg['confidence']} must be in [0.5, 1)")
+    if cfg["fail_on"] is not None and cfg["fail_on"] < 0:
+        raise SettingError(f"fail_on={cfg['fail_on']} must be 0 or more (a fraction: 0.05 is 5% slower)")
+    return cfg
+
+
+def identity(params: dict[str, str]) -> str:
+    """A job's identity across sweeps: its config's params that say what ran, hashed."""
+    kept = {k: v for k, v in params.items() if k.startswith(IDENTITY)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Job:
+    """One job of a sweep: its rounds' runs (the latest attempt of each)."""
+    name: str
+    runs: list[JobRecord] = field(default_factory=list)
+
+    @property
+    def finished(self) -> list[JobRecord]:
+        return [r for r in self.runs if r.tags.get("outcome") == "finished"]
+
+    @property
+    def outcome(self) -> str:
+        return "finished" if self.finished else (self.runs[-1].tags.get("outcome", "?") if self.runs else "?")
+
+
+@dataclass
+class Sweep:
+    sweep_id: str
+    parent_id: str
+    jobs: dict[str, Job]
+    host: dict[str, str]      # what can change a figure on the same code
+
+
+def _resolve(client: MlflowClient, experiment: str, ref: str | None):
+    """A sweep named by its directory (relative or absolute), its id, or its parent run id; None: the latest."""
+    if ref and not ref.startswith(("/", ".")) and len(ref) == 32 and all(c in "0123456789abcdef" for c in ref):
+        try:
+            run = client.get_run(ref)
+            if run.data.tags.get(ROLE) == "sweep":
+                return run.info.experiment_id, run
+        except Exception:  # noqa: BLE001 - not a run id: a sweep id after all
+            pass
+    sweep_id = str(Path(ref).resolve()) if ref and Path(ref).exists() else ref
+    return find_sweep(client, experiment, sweep_id)
+
+
+def load(client: MlflowClient, experiment: str, ref: str | None) -> Sweep:
+    experiment_id, parent = _resolve(client, experiment, ref)
+    runs = latest_attempts(client.search_runs([experiment_id], max_results=5000,
+                                              filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"))
+    jobs: dict[str, Job] = {}
+    host: dict[str, str] = {}
+    for r in runs:
+        record = JobRecord(r.info.run_id, r.info.run_name, dict(r.data.tags), dict(r.data.metrics), dict(r.data.params))
+        key = identity(record.params)
+        name = r.info.run_name.removesuffix(f" round {round_of(record)}")
+        jobs.setdefault(key, Job(name)).runs.append(record)
+        for k, v in record.params.items():
+            if k.startswith("host."):
+                host.setdefault(k, v)
+        for tag in ("git_commit", "cpu_model"):
+            if tag in record.tags:
+                host.setdefault(tag, record.tags[tag])
+    return Sweep(parent.data.tags.get(SWEEP_ID, parent.info.run_id), parent.info.run_id, jobs, host)
+
+
+def samples(client: MlflowClient, job: Job, summary: str, series: str) -> tuple[list[float], str]:
+    """The figure's values to compare: one per quiet round where there are two or more rounds, else the
+    examples' values of the one run (busy rounds kept only where every round was busy)."""
+    runs = job.finished
+    quiet = [r for r in runs if not busy(r)] or runs
+    values = [r.metrics[summary] for r in quiet if summary in r.metrics]
+    if len(values) >= 2:
+        return values, f"{len(values)} rounds"
+    if not runs:
+        return [], ""
+    history = client.get_metric_history(runs[0].run_id, series)
+    return [m.value for m in history if not math.isnan(m.value)], f"{len(history)} examples"
+
+
+@dataclass
+class Row:
+    name: str
+    figure: str
+    baseline: float
+    new: float
+    ratio: float
+    low: float
+    high: float
+    basis: str
+    verdict: str
+
+
+def verdict(low: float, high: float) -> str:
+    if math.isnan(low):
+        return "no interval"
+    return "slower" if low > 1 else "faster" if high < 1 else "no change"
+
+
+@dataclass
+class Comparison:
+    baseline: Sweep
+    new: Sweep
+    rows: list[Row]
+    added: list[str]
+    removed: list[str]
+    failed: list[str]
+    host_changes: list[tuple[str, str, str]]
+    confidence: float
+
+    def slower_than(self, fraction: float) -> list[Row]:
+        return [r for r in self.rows if r.figure == "time/token" and r.verdict == "slower" and r.low > 1 + fraction]
+
+
+def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float) -> Comparison:
+    rows = []
+    for key in sorted(set(base.jobs) & set(new.jobs), key=lambda k: new.jobs[k].name):
+        old_job, new_job = base.jobs[key], new.jobs[key]
+        if not (old_job.finished and new_job.finished):
+            continue
+        for figure, summary, series in FIGURES:
+            old_values, old_basis = samples(client, old_job, summary, series)
+            new_values, new_basis = samples(client, new_job, summary, series)
+            if not old_values or not new_values:
+                continue
+            ratio, low, high = median_ratio_ci(new_values, old_values, confidence)
+            rows.append(Row(new_job.name, figure, statistics.median(old_values), statistics.median(new_values), ratio,
+                            low, high, f"{old_basis} / {new_basis}", verdict(low, high)))
+        for metric in QUALITY:
+            old_q = [r.metrics[metric] for r in old_job.finished if metric in r.metrics]
+            new_q = [r.metrics[metric] for r in new_job.finished if metric in r.metrics]
+            if old_q and new_q:
+                a, b = statistics.median(old_q), statistics.median(new_q)
+                rows.append(Row(new_job.name, metric, a, b, b / a if a else math.nan, math.nan, math.nan,
+                                "the runs' own figures", "equal" if a == b else "differs"))
+    added = sorted(new.jobs[k].name for k in set(new.jobs) - set(base.jobs))
+    removed = sorted(base.jobs[k].name for k in set(base.jobs) - set(new.jobs))
+    failed = sorted(f"{j.name} ({side}: {j.outcome})" for side, sweep in (("baseline", base), ("new", new))
+                    for j in sweep.jobs.values() if j.outcome in ("failed", "killed"))
+    changes = [(k, base.host.get(k, "(not recorded)"), new.host.get(k, "(not recorded)"))
+               for k in sorted(set(base.host) | set(new.host)) if base.host.get(k) != new.host.get(k)]
+    return Comparison(base, new, rows, added, removed, failed, changes, confidence)
+
+
+def markdown(c: Comparison) -> str:
+    level = f"{c.confidence:.0%}"
+    lines = [f"# {c.new.sweep_id} against {c.baseline.sweep_id}", "",
+             f"Ratios are new / baseline: above 1 is slower (or, for a quality figure, higher). The interval is a "
+             f"{level} bootstrap interval of the ratio of medians, over rounds where both sweeps have two or more, "
+             f"else over examples.", ""]
+    if c.rows:
+        lines += [markdown_table(["job", "figure", "baseline", "new", "new / baseline", f"{level} interval", "over",
+                                  "verdict"],
+                                 [[r.name, r.figure, f"{r.baseline:.4g}", f"{r.new:.4g}", f"{r.ratio:.3f}",
+                                   "–" if math.isnan(r.low) else f"{r.low:.3f}–{r.high:.3f}", r.basis, r.verdict]
+                                  for r in c.rows]), ""]
+    else:
+        lines += ["No job finished in both sweeps.", ""]
+    for title, items in (("New jobs (not in the baseline)", c.added), ("Removed jobs (only in the baseline)", c.removed),
+                         ("Failed or killed jobs", c.failed)):
+        if items:
+            lines += [f"## {title}", "", *[f"- {i}" for i in items], ""]
+    lines += ["## What differs between the two sweeps' hosts", ""]
+    if c.host_changes:
+        lines += [markdown_table(["", "baseline", "new"], [list(ch) for ch in c.host_changes]), "",
+                  "A ratio between sweeps measured under different conditions is the code's change only where these "
+                  "do not matter.", ""]
+    else:
+        lines += ["Nothing recorded differs (governor, turbo, huge pages, kernel, library versions, commit, CPU).", ""]
+    return "\n".join(lines)
+
+
+def plot(c: Comparison, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in c.rows if r.figure == "time/token"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows) + 2), 4))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r.baseline for r in rows], 0.4, label="baseline")
+    ax.bar([i + 0.2 for i in x], [r.new for r in rows], 0.4, label="new",
+           color=["tab:red" if r.verdict == "slower" else "tab:green" if r.verdict == "faster" else "tab:gray"
+                  for r in rows])
+    ax.set_xticks(list(x), [r.name for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("time/token (ms), median")
+    ax.set_title("new (red: slower, green: faster, gray: no change) against the baseline")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(c: Comparison, out: Path) -> Path:
+    folder = out / f"regress-{key_of(c.baseline.sweep_id + ' ' + c.new.sweep_id)[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "regress.md").write_text(markdown(c))
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["job", "figure", "baseline", "new", "ratio", "low", "high", "over", "verdict"])
+    for r in c.rows:
+        writer.writerow([r.name, r.figure, r.baseline, r.new, r.ratio, r.low, r.high, r.basis, r.verdict])
+    (folder / "regress.csv").write_text(buf.getvalue())
+    plot(c, folder / "regress.png")
+    return folder
+
+
+def main(argv: list[str]) -> int:
+    if {"-h", "--help"} & set(argv):
+        print(__doc__.strip())
+        return 0
+    try:
+        cfg = settings(argv)
+    except SettingError as err:
+        print(f"quantspec: {err}", file=sys.stderr)
+        return 2
+    uri = cfg["tracking_uri"] or default_uri()
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        print(f"quantspec: no tracking store at {uri}; run a sweep first (python -m src.run -m ...)", file=sys.stderr)
+        return 2
+    client = MlflowClient(uri)
+    try:
+        base = load(client, cfg["experiment"], cfg["baseline"])
+        new = load(client, cfg["experiment"], cfg["sweep"])
+    except LookupError as err:
+        print(f"quantspec: {err}", file=sys.stderr)
+        return 2
+    if base.parent_id == new.parent_id:
+        print(f"quantspec: baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...",
+              file=sys.stderr)
+        return 2
+    c = compare(client, base, new, cfg["confidence"])
+    folder = write(c, PROJECT_ROOT / cfg["out"])
+    print(markdown(c))
+    print(f"written to {folder}")
+    if cfg["fail_on"] is not None:
+        slow = c.slower_than(cfg["fail_on"])
+        if slow:
+            print(f"quantspec: {len(slow)} job(s) slower than the baseline by more than {cfg['fail_on']:.0%} at "
+                  f"{c.confidence:.0%} confidence: {', '.join(r.name for r in slow)}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

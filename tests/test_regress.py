@@ -1,0 +1,101 @@
+"""A sweep against a baseline sweep (src.tracking.regress): two real sweeps of the tiny Llama, the second timed
+beside two processes burning both cores, matched job by job: slower at the stated confidence, a CI gate
+(fail_on) that fails on it, new and removed jobs listed, and what differs between the hosts said."""
+
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src.quality.stats import median_ratio_ci
+from src.tracking import regress
+from tests.conftest import run_cli
+
+SWEEP = ["-m", "model=tiny-llama", "task=benchmark", "task.prompt_lengths=[16]", "task.max_new_tokens=48",
+         "task.limit=1", "task.repeats=3", "task.warmup=1", "rounds=3", "report_at_end=false"]
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("regress")
+    store = f"sqlite:///{tmp / 'mlflow.db'}"
+    env = {"QUANTSPEC_CACHE": str(tmp / "cache")}
+    out = run_cli([*SWEEP, "precision=fp32,bf16", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'base'}"], env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # the new sweep shares the host with two processes that burn both cores while it runs
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        out = run_cli([*SWEEP, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'new'}"],
+                      env=env)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert out.returncode == 0, out.stderr[-3000:]
+    return store, tmp
+
+
+def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
+    store, tmp = sweeps
+    client = MlflowClient(store)
+    base = regress.load(client, "quantspec", str(tmp / "base"))
+    new = regress.load(client, "quantspec", str(tmp / "new"))
+    c = regress.compare(client, base, new, 0.95)
+    (row,) = [r for r in c.rows if r.figure == "time/token"]   # fp32: the one job both sweeps ran
+    assert row.name.startswith("tiny-llama·cpu·fp32") and row.basis == "3 rounds / 3 rounds"
+    assert row.ratio > 1.3 and row.low > 1 and row.verdict == "slower", row
+    assert [n.split("·")[2] for n in c.removed] == ["bf16"] and [n.split("·")[2] for n in c.added] == ["w8a8"]
+    assert c.failed == [] and c.host_changes == []   # one host, one commit, minutes apart
+
+
+def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
+    store, tmp = sweeps
+    args = [f"baseline={tmp / 'base'}", f"sweep={tmp / 'new'}", f"tracking_uri={store}", f"out={tmp / 'reports'}"]
+    out = run_cli(args, module="src.tracking.regress")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "slower" in out.stdout and "## Removed jobs" in out.stdout and "## New jobs" in out.stdout
+    (folder,) = (tmp / "reports").glob("regress-*")
+    assert {p.name for p in folder.iterdir()} == {"regress.md", "regress.csv", "regress.png"}
+    out = run_cli([*args, "fail_on=0.1"], module="src.tracking.regress")
+    assert out.returncode == 1 and "slower than the baseline by more than 10%" in out.stderr, out.stderr[-2000:]
+    # the other way round, the quiet sweep is faster: nothing to fail on
+    out = run_cli([f"baseline={tmp / 'new'}", f"sweep={tmp / 'base'}", f"tracking_uri={store}",
+                   f"out={tmp / 'reports'}", "fail_on=0.1"], module="src.tracking.regress")
+    assert out.returncode == 0 and "faster" in out.stdout, out.stderr[-2000:]
+
+
+def test_bad_settings_and_unknown_sweeps_are_one_line(sweeps, tmp_path):
+    store, tmp = sweeps
+    for args, said in ((["baselin=x"], "is not a setting"), ([], "baseline=<sweep directory"),
+                       ([f"baseline={tmp / 'base'}", "fail_on=-1"], "must be 0 or more"),
+                       ([f"baseline={tmp_path / 'nope'}", f"tracking_uri={store}"], "no sweep"),
+                       ([f"baseline={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking_uri={store}"], "the same sweep")):
+        out = run_cli(args, module="src.tracking.regress")
+        assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)
+
+
+def test_identity_leaves_out_what_names_the_sweep():
+    a = {"model.name": "m", "precision.name": "fp32", "task.limit": "1", "cache_dir": "/a", "rounds": "3",
+         "round": "1", "tracking.uri": "sqlite:///a", "host.torch": "2.13", "executed.kernels": "quantspec/avx2"}
+    b = {**a, "cache_dir": "/b", "rounds": "1", "round": "2", "tracking.uri": "http://x", "host.torch": "2.14",
+         "executed.kernels": "aten"}
+    assert regress.identity(a) == regress.identity(b)
+    assert regress.identity(a) != regress.identity({**a, "task.limit": "2"})
+
+
+def test_host_differences_are_listed():
+    client = None
+    base = regress.Sweep("a", "1", {}, {"host.torch": "2.13.0", "host.thp": "madvise", "git_commit": "abc"})
+    new = regress.Sweep("b", "2", {}, {"host.torch": "2.14.0", "host.thp": "madvise", "git_commit": "def-dirty"})
+    c = regress.compare(client, base, new, 0.95)
+    assert c.host_changes == [("git_commit", "abc", "def-dirty"), ("host.torch", "2.13.0", "2.14.0")]
+    assert "## What differs between the two sweeps' hosts" in regress.markdown(c)
+
+
+def test_the_ratio_interval_and_verdicts():
+    ratio, low, high = median_ratio_ci([2.0, 2.1, 1.9, 2.05], [1.0, 1.05, 0.95, 1.0])
+    assert ratio == pytest.approx(2.025 / 1.0, rel=0.05) and 1 < low <= ratio <= high
+    assert regress.verdict(low, high) == "slower" and regress.verdict(0.8, 0.9) == "faster"
+    assert regress.verdict(0.9, 1.1) == "no change"
+    assert median_ratio_ci([1.0], [1.0, 2.0])[1] != median_ratio_ci([1.0], [1.0, 2.0])[1]   # NaN: one value
