@@ -112,6 +112,7 @@ class Trial:
     busy: bool = False
     state: str = "running"
     runs: list[str] = field(default_factory=list)   # its jobs' runs, every round
+    mads: list[float] = field(default_factory=list)  # each objective's median absolute deviation over rounds
 
 
 def _value(v) -> str:
@@ -170,15 +171,24 @@ class Search(Rounds):
         returns, index, first_round = [], 0, 1
         while len(trials) < self.trials:
             asked = [study.ask() for _ in range(min(self.batch, self.trials - len(trials)))]
-            batch = []
+            batch, measured = [], {tuple(sorted(t.params.items())): t for t in trials if t.values is not None}
             for t in asked:
                 params = {a.key: a.suggest(t) for a in plan.axes}
                 base = [*plan.fixed, *[f"{k}={_value(v)}" for k, v in params.items()]]
                 jobs = [[*base, f"task={task}"] for task in plan.tasks] or [base]
                 batch.append(Trial(t.number, params, jobs))
-            index, first_round = self._measure(batch, sweep, returns, index, first_round)
+            # a configuration already measured is told its figures again, not run again (Optuna proposes
+            # repeats, more so over a few categorical axes)
+            fresh = [t for t in batch if tuple(sorted(t.params.items())) not in measured]
+            if fresh:
+                index, first_round = self._measure(fresh, sweep, returns, index, first_round)
             for trial, asked_trial in zip(batch, asked):
-                self._read(trial, sweep, goals)
+                earlier = measured.get(tuple(sorted(trial.params.items())))
+                if earlier is not None:
+                    trial.values, trial.busy, trial.mads = earlier.values, earlier.busy, earlier.mads
+                    trial.state = f"as trial {earlier.number}"
+                else:
+                    self._read(trial, sweep, goals)
                 if trial.values is None:
                     study.tell(asked_trial, state=optuna.trial.TrialState.FAIL)
                 else:
@@ -236,7 +246,9 @@ class Search(Rounds):
                 trial.state = f"no {metric} (its jobs did not finish, or none logs it)"
                 return
             trial.busy |= not quiet
-            values.append(statistics.median(quiet or [v for v, _ in have]))
+            used = quiet or [v for v, _ in have]
+            values.append(statistics.median(used))
+            trial.mads.append(statistics.median(abs(v - values[-1]) for v in used))
         for r in runs:
             store.set_tags(r.info.run_id, {"search_trial": str(trial.number)})
         trial.values, trial.state, trial.runs = values, "finished", [r.info.run_id for r in runs]
@@ -246,10 +258,13 @@ class Search(Rounds):
         from src.tracking import record
         front = _pareto(trials, [d for _, d in goals])
         keys = sorted({k for t in trials for k in t.params})
-        head = ["trial", *keys, *[f"{m} ({d[:3]})" for m, d in goals], "on the front"]
+        head = ["trial", *keys, *[f"{m} ({d[:3]}), median ± MAD over rounds" for m, d in goals], "on the front"]
         rows = [[t.number, *[t.params.get(k, "") for k in keys],
-                 *([f"{v:.4g}" for v in t.values] if t.values else [t.state] + [""] * (len(goals) - 1)),
-                 ("★" if t in front else "") + (" [every round busy]" if t.busy else "")] for t in trials]
+                 *([f"{v:.4g} ± {mad:.2g}" for v, mad in zip(t.values, t.mads)] if t.values
+                   else [t.state] + [""] * (len(goals) - 1)),
+                 " ".join(x for x in ("★" if t in front else "", "[every round busy]" if t.busy else "",
+                                      f"({t.state})" if t.state.startswith("as trial") else "") if x)]
+                for t in trials]
         table = markdown_table(head, rows)
         (sweep_dir / "search.md").write_text(f"# Search: {len(trials)} trials, {len(front)} on the front\n\n{table}\n")
         out = io.StringIO()
