@@ -86,3 +86,9 @@ def test_the_readmes_links_reach_files_in_the_repository():
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
     local = [l for l in links if not l.startswith(("http://", "https://"))]
     assert local and [l for l in local if not (doccommands.PROJECT_ROOT / l).exists()] == []
+
+
+@pytest.mark.parametrize("where, args", list(_documented("src.tracking.regress")))
+def test_every_documented_regress_command_has_real_settings(where, args):
+    from src.tracking import regress
+    regress.settings([a for a in args if a not in ("--help", "-h")])   # SettingError for one it lacks

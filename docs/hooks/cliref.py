@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ("src.run", "src.tracking.report", "src.tracking.sync")
+MODULES = ("src.run", "src.tracking.report", "src.tracking.regress", "src.tracking.sync")
 SHELL = ("scripts/setup", "scripts/tracking-server")
 
 

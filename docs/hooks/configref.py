@@ -162,6 +162,20 @@ def _top_level() -> list[str]:
     return rows
 
 
+def _search() -> list[str]:
+    """hydra/sweeper=search's settings (hydra.sweeper.*), from its config class."""
+    from hydra_plugins.quantspec_search.search_sweeper import SearchSweeperConf
+    notes = class_comments(SearchSweeperConf)
+    rows = ["| setting | type | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(SearchSweeperConf):
+        if f.name.startswith("_") or f.name in ("params", "max_batch_size"):
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        kind = getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
+        rows.append(f"| `hydra.sweeper.{f.name}` | `{_cell(kind)}` | {_cell(_default(default))} | {_cell(notes.get(f.name, ''))} |")
+    return rows
+
+
 def render() -> str:
     out = ["The defaults a job composes are in `conf/config.yaml`; each group below is a folder of `conf/`, "
            "one YAML file per choice (`model=llama-2-7b`), and any field can be overridden on the command line "
@@ -169,4 +183,6 @@ def render() -> str:
            "## Top level (`conf/config.yaml`)", "", *_top_level(), ""]
     for group in GROUPS:
         out += [f"## `{group}`", "", "### Choices", "", *_choices(group), "", "### Fields", "", *_fields(group), ""]
+    out += ["## `hydra/sweeper=search`", "", "The search over the sweep's axes (docs: how-to/search.md); "
+            "`hydra/sweeper=rounds`, the default, takes `rounds` and `busy_reruns` above.", "", *_search(), ""]
     return "\n".join(out)

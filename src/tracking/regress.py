@@ -7,8 +7,10 @@ Jobs are matched by their composed config, without what names the sweep (its dir
 the same model, hardware, precision, draft, task, engine, dataset and sampling with the same fields. For each
 matched job: the ratio of time/token (and prefill, and the quality figure where both have one), new over
 baseline, with its interval from the per-round figures (or, with one round on a side, the per-example ones):
-the median ratio and a bootstrap interval at `confidence`. The verdict is `slower` where the whole interval is
-above 1, `faster` where it is below, `no change` otherwise. New, removed and failed jobs are listed, and what
+paired by example where both sweeps ran the same examples (each example's new / baseline, each side the median
+of its rounds), else the ratio of the rounds' medians; the median ratio with a bootstrap interval at `confidence`. The verdict is `slower` where the whole interval is
+above 1 + `tolerance` (0.03), `faster` where it is below 1 - `tolerance`, `no change` otherwise: the interval holds
+the examples' and rounds' spread, not what moves a whole sweep minutes later. New, removed and failed jobs are listed, and what
 can change a figure on the same code (the host's governor, turbo, transparent huge pages, kernel, library
 versions, the commit and a dirty tree: params `host.*`, tag git_commit) is compared between the two sweeps.
 
@@ -33,13 +35,17 @@ from mlflow.tracking import MlflowClient
 
 from src.common.environment import PROJECT_ROOT
 from src.common.metrics import markdown_table
-from src.quality.stats import median_ratio_ci
+from src.quality.stats import median_ratio_ci, quantile_ci
 from src.tracking import ROLE, SWEEP_ID, default_uri, key_of, latest_attempts
 from src.tracking.compare import busy, round_of
 from src.tracking.sweeps import JobRecord, find_sweep
 
+# tolerance: a ratio is slower (faster) only where its whole interval lies above 1 + tolerance (below
+# 1 - tolerance); anything else is no change. The intervals hold the
+# examples' and rounds' spread, not what moves a whole sweep (the host's state minutes apart): two sweeps of
+# the same code on the same host here differed by 0.2-1.3% with intervals a few tenths of a percent wide.
 SETTINGS = {"baseline": None, "sweep": None, "tracking_uri": None, "experiment": "quantspec", "confidence": 0.95,
-            "fail_on": None, "out": "reports"}
+            "tolerance": 0.03, "fail_on": None, "out": "reports"}
 # The params that make a job what it is; what names the sweep or where it ran is not part of it.
 IDENTITY = ("model.", "hardware.", "precision.", "draft.", "task.", "engine.", "dataset.", "sampling.")
 FIGURES = (("time/token", "time_per_token_ms_median", "by_example/time_per_token_ms"),
@@ -63,11 +69,14 @@ def settings(argv: list[str]) -> dict:
         raise SettingError("baseline=<sweep directory, sweep id or parent run id> is needed: the sweep to compare against")
     try:
         cfg["confidence"] = float(cfg["confidence"])
+        cfg["tolerance"] = float(cfg["tolerance"])
         cfg["fail_on"] = None if cfg["fail_on"] is None else float(cfg["fail_on"])
     except ValueError as err:
-        raise SettingError(f"confidence and fail_on are numbers ({err})") from None
+        raise SettingError(f"confidence, tolerance and fail_on are numbers ({err})") from None
     if not 0.5 <= cfg["confidence"] < 1:
         raise SettingError(f"confidence={cfg['confidence']} must be in [0.5, 1)")
+    if not 0 <= cfg["tolerance"] < 1:
+        raise SettingError(f"tolerance={cfg['tolerance']} must be in [0, 1) (a fraction: 0.03 is 3%)")
     if cfg["fail_on"] is not None and cfg["fail_on"] < 0:
         raise SettingError(f"fail_on={cfg['fail_on']} must be 0 or more (a fraction: 0.05 is 5% slower)")
     return cfg
@@ -135,18 +144,48 @@ def load(client: MlflowClient, experiment: str, ref: str | None) -> Sweep:
     return Sweep(parent.data.tags.get(SWEEP_ID, parent.info.run_id), parent.info.run_id, jobs, host)
 
 
-def samples(client: MlflowClient, job: Job, summary: str, series: str) -> tuple[list[float], str]:
-    """The figure's values to compare: one per quiet round where there are two or more rounds, else the
-    examples' values of the one run (busy rounds kept only where every round was busy)."""
+def quiet_runs(job: Job) -> list[JobRecord]:
+    """The job's finished rounds timed on a quiet host; all of them where every round was busy."""
     runs = job.finished
-    quiet = [r for r in runs if not busy(r)] or runs
-    values = [r.metrics[summary] for r in quiet if summary in r.metrics]
-    if len(values) >= 2:
-        return values, f"{len(values)} rounds"
-    if not runs:
-        return [], ""
-    history = client.get_metric_history(runs[0].run_id, series)
-    return [m.value for m in history if not math.isnan(m.value)], f"{len(history)} examples"
+    return [r for r in runs if not busy(r)] or runs
+
+
+def per_round(job: Job, summary: str) -> list[float]:
+    return [r.metrics[summary] for r in quiet_runs(job) if summary in r.metrics]
+
+
+def per_example(client: MlflowClient, job: Job, series: str) -> dict[int, float]:
+    """Each example's figure (step = example number), the median over the job's quiet rounds."""
+    values: dict[int, list[float]] = {}
+    for run in quiet_runs(job):
+        for m in client.get_metric_history(run.run_id, series):
+            if not math.isnan(m.value):
+                values.setdefault(m.step, []).append(m.value)
+    return {step: statistics.median(v) for step, v in values.items()}
+
+
+PAIRED_MIN = 3   # examples in both sweeps for the paired ratio; fewer: the rounds' figures, unpaired
+
+
+def ratio_of(client: MlflowClient, old: Job, new: Job, summary: str, series: str, confidence: float):
+    """(baseline, new, ratio, low, high, over): paired by example where both sweeps ran the same three or more
+    examples (each example's new / baseline, each side the median of its rounds: the prompts' own spread
+    cancels), else the ratio of the rounds' medians with each side resampled; None where a side has nothing."""
+    a, b = per_example(client, old, series), per_example(client, new, series)
+    common = sorted(set(a) & set(b))
+    rounds = f"{len(quiet_runs(old))} / {len(quiet_runs(new))} rounds"
+    busy_runs = [sum(busy(r) for r in job.finished) for job in (old, new)]
+    if any(busy_runs):   # a side whose every round was busy keeps them: said beside its ratio
+        rounds += f", {busy_runs[0]} / {busy_runs[1]} busy"
+    if len(common) >= PAIRED_MIN and all(a[s] > 0 for s in common):
+        ratio, low, high = quantile_ci([b[s] / a[s] for s in common], 0.5, confidence)
+        return (statistics.median(a[s] for s in common), statistics.median(b[s] for s in common), ratio, low, high,
+                f"{len(common)} examples, paired ({rounds})")
+    old_values, new_values = per_round(old, summary), per_round(new, summary)
+    if not old_values or not new_values:
+        return None
+    ratio, low, high = median_ratio_ci(new_values, old_values, confidence)
+    return statistics.median(old_values), statistics.median(new_values), ratio, low, high, rounds
 
 
 @dataclass
@@ -162,10 +201,11 @@ class Row:
     verdict: str
 
 
-def verdict(low: float, high: float) -> str:
+def verdict(low: float, high: float, tolerance: float = 0.0) -> str:
+    """slower: the whole interval above 1 + tolerance; faster: below 1 - tolerance; else no change."""
     if math.isnan(low):
         return "no interval"
-    return "slower" if low > 1 else "faster" if high < 1 else "no change"
+    return "slower" if low > 1 + tolerance else "faster" if high < 1 - tolerance else "no change"
 
 
 @dataclass
@@ -178,25 +218,23 @@ class Comparison:
     failed: list[str]
     host_changes: list[tuple[str, str, str]]
     confidence: float
+    tolerance: float = 0.0
 
     def slower_than(self, fraction: float) -> list[Row]:
         return [r for r in self.rows if r.figure == "time/token" and r.verdict == "slower" and r.low > 1 + fraction]
 
 
-def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float) -> Comparison:
+def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float, tolerance: float = 0.03) -> Comparison:
     rows = []
     for key in sorted(set(base.jobs) & set(new.jobs), key=lambda k: new.jobs[k].name):
         old_job, new_job = base.jobs[key], new.jobs[key]
         if not (old_job.finished and new_job.finished):
             continue
         for figure, summary, series in FIGURES:
-            old_values, old_basis = samples(client, old_job, summary, series)
-            new_values, new_basis = samples(client, new_job, summary, series)
-            if not old_values or not new_values:
-                continue
-            ratio, low, high = median_ratio_ci(new_values, old_values, confidence)
-            rows.append(Row(new_job.name, figure, statistics.median(old_values), statistics.median(new_values), ratio,
-                            low, high, f"{old_basis} / {new_basis}", verdict(low, high)))
+            found = ratio_of(client, old_job, new_job, summary, series, confidence)
+            if found is not None:
+                a, b, ratio, low, high, over = found
+                rows.append(Row(new_job.name, figure, a, b, ratio, low, high, over, verdict(low, high, tolerance)))
         for metric in QUALITY:
             old_q = [r.metrics[metric] for r in old_job.finished if metric in r.metrics]
             new_q = [r.metrics[metric] for r in new_job.finished if metric in r.metrics]
@@ -210,15 +248,16 @@ def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float) ->
                     for j in sweep.jobs.values() if j.outcome in ("failed", "killed"))
     changes = [(k, base.host.get(k, "(not recorded)"), new.host.get(k, "(not recorded)"))
                for k in sorted(set(base.host) | set(new.host)) if base.host.get(k) != new.host.get(k)]
-    return Comparison(base, new, rows, added, removed, failed, changes, confidence)
+    return Comparison(base, new, rows, added, removed, failed, changes, confidence, tolerance)
 
 
 def markdown(c: Comparison) -> str:
     level = f"{c.confidence:.0%}"
     lines = [f"# {c.new.sweep_id} against {c.baseline.sweep_id}", "",
-             f"Ratios are new / baseline: above 1 is slower (or, for a quality figure, higher). The interval is a "
-             f"{level} bootstrap interval of the ratio of medians, over rounds where both sweeps have two or more, "
-             f"else over examples.", ""]
+             f"Ratios are new / baseline: above 1 is slower (or, for a quality figure, higher), with a {level} "
+             f"bootstrap interval: of the median of the examples' ratios where both sweeps ran the same examples "
+             f"(each side the median of its quiet rounds), else of the ratio of the rounds' medians. Verdicts: slower "
+             f"or faster where the whole interval is beyond 1 ± {c.tolerance:g} (tolerance), no change otherwise.", ""]
     if c.rows:
         lines += [markdown_table(["job", "figure", "baseline", "new", "new / baseline", f"{level} interval", "over",
                                   "verdict"],
@@ -299,7 +338,7 @@ def main(argv: list[str]) -> int:
         print(f"quantspec: baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...",
               file=sys.stderr)
         return 2
-    c = compare(client, base, new, cfg["confidence"])
+    c = compare(client, base, new, cfg["confidence"], cfg["tolerance"])
     folder = write(c, PROJECT_ROOT / cfg["out"])
     print(markdown(c))
     print(f"written to {folder}")
