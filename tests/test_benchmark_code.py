@@ -115,6 +115,7 @@ def test_verdicts_equal_human_evals_own_evaluator(tmp_path):
         samples += [(p, canonical(p)), (p, HARMFUL["wrong"] if i % 2 else HARMFUL["crash"])]
     samples.append((PROBLEMS[2], "    return 0.5\n"))            # right for some inputs only
     samples.append((PROBLEMS[2], canonical(PROBLEMS[2]) + "    print(1/0)\n"))  # dead code after return
+    samples.append((PROBLEMS[0], "    return False\nimport os\nos._exit(0)\n"))    # exits 0 before its tests
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps({"task_id": p["task_id"], "completion": c}) + "\n" for p, c in samples))
     reference = evaluate_functional_correctness(str(path), k=[1], n_workers=2, timeout=3.0, ignore_incomplete=True)

@@ -111,3 +111,28 @@ def test_bwrap_in_a_user_namespace_gives_up_its_mount_capability():
     full = subprocess.run(cmd, input=b"open('a', 'wb').write(b'x' * 900000)\nopen('b', 'wb').write(b'x' * 900000)\n",
                           capture_output=True, timeout=30)
     assert b"No space left on device" in full.stderr
+
+
+HUMANEVAL_0 = {"prompt": "def has_close_elements(numbers, threshold):\n",
+               "test": "def check(candidate):\n    assert candidate([1.0, 2.8, 3.0], 0.3) is True\n    assert candidate([1.0, 2.0], 0.5) is False\n",
+               "entry_point": "has_close_elements"}
+FORGERIES = {   # completions that try to be scored passed without passing their tests
+    "os._exit(0) before the tests": "    return False\nimport os\nos._exit(0)\n",
+    "sys.exit(0) before the tests": "    return False\nimport sys\nsys.exit(0)\n",
+    "raise SystemExit(0)": "    return False\nraise SystemExit(0)\n",
+    "kills itself": "    return False\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    "prints a marker of its own": "    return False\nimport os\nprint('\\nquantspec-sandbox-passed:' + '0' * 32)\nos._exit(0)\n",
+    "imports the runner as __main__": "    return False\nimport __main__, os\n"
+                                      "[v() for k, v in vars(__main__).items() if callable(v) and k not in ('open',)]\n"
+                                      "os._exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", list(FORGERIES))
+def test_a_completion_cannot_fake_a_pass(kind, how):
+    from src.tasks.benchmark_code import program
+    out = sandbox.run(program(HUMANEVAL_0, FORGERIES[how]), kind, LIMITS)
+    assert out.status == "failed", (how, out)
+    honest = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+    assert sandbox.run(program(HUMANEVAL_0, honest), kind, LIMITS).passed   # the same problem, solved

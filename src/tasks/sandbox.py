@@ -15,13 +15,15 @@
 
 Either way the program runs under `python -I` (no environment variables, no user site, no working
 directory on the path) with RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (each file) and RLIMIT_NPROC
-(processes) set before any of its code runs, and a wall-clock limit. Nothing is ever executed in the
+(processes) set before any of its code runs, and a wall-clock limit. It passes only where the runner wrote its
+marker, with the run's nonce, after the program returned: an exit status of 0 alone is no pass. Nothing is ever executed in the
 calling process, and what a failure prints is cut to DETAIL_CHARS before it is kept.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -42,8 +44,12 @@ TIMED_OUT = 124          # the supervisor's exit status at the wall-clock limit
 TOO_MANY = 123           # ... and where the program had more than PROCESSES processes
 
 # Runs first in the child: under bwrap the size-capped /tmp and the drop of every privilege that took,
-# then the limits, then the program (read from stdin) as __main__. A failure's last line is the
-# exception's type and message, as a traceback's last line reads.
+# then the limits, then the program (read from stdin after the run's nonce) as __main__. A failure's last
+# line is the exception's type and message, as a traceback's last line reads. A pass is the marker written
+# after the program returned: its exit status alone can be had by exiting early (os._exit(0) before its
+# tests), and the marker holds a nonce the program is not given: it is read into a local of the runner's
+# function, out of the globals the program can import as __main__. (Code that walks the interpreter's frames
+# to the runner's could still find it: generated code that prints, exits or kills itself cannot pass.)
 _RUNNER = """
 import os, resource, sys
 memory, cpu, fsize, nproc, tmpfs = (int(a) for a in sys.argv[1:6])
@@ -70,14 +76,18 @@ for kind, n in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resou
     # CPU: SIGXCPU at the limit, SIGKILL a second later (equal limits send SIGKILL first: no verdict)
     roomy = hard == resource.RLIM_INFINITY or n + 1 <= hard
     resource.setrlimit(kind, (n, n + 1 if kind == resource.RLIMIT_CPU and roomy else n))
-source = sys.stdin.read()
-sys.stdin = open('/dev/null')
-try:
-    exec(compile(source, '<completion>', 'exec'), {'__name__': '__main__'})
-except BaseException as err:
-    sys.stderr.write('\\n%s: %s\\n' % (type(err).__name__, err) if str(err) else '\\n%s\\n' % type(err).__name__)
-    sys.stderr.flush()
-    os._exit(1)
+def run():
+    nonce = sys.stdin.readline().strip().encode()
+    source = sys.stdin.read()
+    sys.stdin = open('/dev/null')
+    try:
+        exec(compile(source, '<completion>', 'exec'), {'__name__': '__main__'})
+    except BaseException as err:
+        sys.stderr.write('\\n%s: %s\\n' % (type(err).__name__, err) if str(err) else '\\n%s\\n' % type(err).__name__)
+        sys.stderr.flush()
+        os._exit(1)
+    os.write(1, b'\\nquantspec-sandbox-passed:' + nonce + b'\\n')
+run()
 """.replace("{NOBODY}", str(NOBODY))
 
 # The rlimit kind's supervisor (trusted code): a subreaper that runs the program, ends it at the time
@@ -268,17 +278,18 @@ def run(program: str, kind: str, limits: Limits) -> Outcome:
     else:   # the supervisor keeps the time limit; this waits a little longer, in case it is itself stuck
         cmd, wait_s = ([exe, "-I", "-c", _SUPERVISOR, str(limits.timeout_s), str(int(drop)), str(SUPERVISED), *runner],
                        limits.timeout_s + 10)
+    nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="quantspec-sandbox-") as home, \
-            tempfile.TemporaryFile(dir=home) as err:
+            tempfile.TemporaryFile(dir=home) as err, tempfile.TemporaryFile(dir=home) as out:
         os.chmod(home, 0o755)   # the rlimit kind's program, as nobody, starts in it
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err,
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err,
                                     cwd=home, start_new_session=True, env={"PATH": os.defpath})
         except OSError as e:
             return Outcome("failed", f"the sandbox did not start: {e}"[:DETAIL_CHARS])
         try:
             try:
-                proc.stdin.write(program.encode())
+                proc.stdin.write(f"{nonce}\n{program}".encode())
                 proc.stdin.close()
             except BrokenPipeError:
                 pass  # it ended before reading all of it: its status says why
@@ -287,7 +298,10 @@ def run(program: str, kind: str, limits: Limits) -> Outcome:
             _kill(proc)
             return Outcome("timed out", f"over {limits.timeout_s:g} s")
         if code == 0:
-            return Outcome("passed", "")
+            out.seek(0)
+            if f"\nquantspec-sandbox-passed:{nonce}\n".encode() in out.read():
+                return Outcome("passed", "")
+            return Outcome("failed", "ended before its tests finished (exit status 0 without the runner's pass marker)")
         if kind == "rlimit" and code == TIMED_OUT:
             return Outcome("timed out", f"over {limits.timeout_s:g} s")
         if kind == "rlimit" and code == TOO_MANY:
