@@ -440,3 +440,18 @@ def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
         assert run_cli([], module="src.tracking.sync", env=env).returncode == 0   # nothing listed any more
     finally:
         _stop(server)
+
+
+def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    sweep = tmp_path / "sweep"
+    out = run_cli(["-m", *QUICK, "precision=fp32,bf16,w8a8", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep}",
+                   "report_at_end=false"], env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (tmp_path / "m.db").unlink()   # the store lost: both syncs find every job missing and send it whole
+    syncs = [start([str(sweep)], tmp_path, name=f"sync{i}", module="src.tracking.sync") for i in range(2)]
+    assert [p.wait(timeout=300) for p in syncs] == [0, 0], [(tmp_path / f"sync{i}.err").read_text() for i in range(2)]
+    parents, jobs = by_role(uri)
+    assert len(parents) == 1 and len(jobs) == 3, (len(parents), len(jobs))
+    assert all(j.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for j in jobs)
+    assert parents[0].data.tags["jobs_finished"] == "3"

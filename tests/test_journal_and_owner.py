@@ -121,3 +121,28 @@ def test_closing_a_sweep_again_clears_an_earlier_reason(tmp_path):
     store.close_sweep(parent, "FAILED", "interrupted: its process has ended")
     store.close_sweep(parent)   # the same sweep, resumed and finished
     assert store.client.get_run(parent).data.tags[REASON] == ""
+
+
+def _claim_parent(uri: str, barrier, out) -> None:
+    from src.tracking.store import Store
+    store = Store(uri, "quantspec")
+    barrier.wait()   # every process asks at the same moment
+    out.put(store.sweep_parent({"id": "/sweeps/one", "name": "sweep one", "overrides": ""}, who="someone gone"))
+
+
+def test_processes_asking_for_a_sweeps_parent_at_once_get_one(tmp_path, monkeypatch):
+    import multiprocessing
+
+    from src.tracking.store import Store
+    monkeypatch.setenv("QUANTSPEC_CACHE", str(tmp_path / "cache"))
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    Store(uri, "quantspec")   # the schema made first: the race is over the parent, not the tables
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_claim_parent, args=(uri, barrier, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * 4
+    assert len({out.get(timeout=5) for _ in procs}) == 1

@@ -7,7 +7,9 @@ running (src.tracking.reaping)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -41,6 +43,20 @@ def probe(uri: str) -> None:
             time.sleep(1)
     raise StoreUnreachable(f"tracking server {uri} does not answer ({problem}); start it (docs: how-to/lab.md, A tracking "
                            f"server), or run with tracking.unreachable=journal to record locally and sync later")
+
+
+@contextlib.contextmanager
+def _sweep_lock(uri: str, sweep_id: str):
+    """This host's lock on one sweep's parent in one store (flock: released when its holder dies). A cache
+    that cannot hold a lock file (read-only) runs without it: the race it closes needs two writers at once."""
+    path = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "locks" / \
+        f"sweep-{key_of(uri + ' ' + sweep_id)}.lock"
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(file_lock(path, "the sweep's parent run"))
+        except OSError:
+            pass   # no lock file here (a read-only cache): as before, unlocked
+        yield
 
 
 class Store:
@@ -86,12 +102,15 @@ class Store:
         """The sweep's parent run, created on first use and owned by `who` (this process by default). This
         process's own job reopens and claims a parent it finds ended (a rerun); a replayed journal
         (`who`: its job's long-gone process) only finds it, so the reaper can still close it."""
-        found = self.find_sweep(sweep["id"])
         who = who or owner.me()
-        if found is None:
-            return self.client.create_run(self.experiment_id, run_name=sweep["name"], tags={
-                ROLE: "sweep", SWEEP_ID: sweep["id"], SWEEP_KEY: key_of(sweep["id"]), "overrides": sweep["overrides"],
-                OWNER: who, HEARTBEAT: str(journal.now_ms())}).info.run_id
+        # found or created under a lock per store and sweep: two processes (two syncs replaying one sweep's
+        # journals, a sync beside the sweep) would otherwise both find none and make a parent each
+        with _sweep_lock(self.uri, sweep["id"]):
+            found = self.find_sweep(sweep["id"])
+            if found is None:
+                return self.client.create_run(self.experiment_id, run_name=sweep["name"], tags={
+                    ROLE: "sweep", SWEEP_ID: sweep["id"], SWEEP_KEY: key_of(sweep["id"]),
+                    "overrides": sweep["overrides"], OWNER: who, HEARTBEAT: str(journal.now_ms())}).info.run_id
         run_id = found.info.run_id
         if who == owner.me() and (found.info.status != "RUNNING" or found.data.tags.get(OWNER) != who):
             self.client.update_run(run_id, status="RUNNING")
