@@ -455,3 +455,19 @@ def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
     assert len(parents) == 1 and len(jobs) == 3, (len(parents), len(jobs))
     assert all(j.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for j in jobs)
     assert parents[0].data.tags["jobs_finished"] == "3"
+
+
+@pytest.mark.parametrize("module, args", [("src.tracking.report", []), ("src.tracking.regress", ["baseline=x"])])
+def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_within_seconds(module, args):
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)   # takes connections, never answers
+    try:
+        for port in (free_port(), silent.getsockname()[1]):
+            began = time.time()
+            out = run_cli([*args, f"tracking_uri=http://127.0.0.1:{port}"], module=module, timeout=120)
+            assert out.returncode == 2 and time.time() - began < 30, (port, time.time() - began)
+            assert said(out.stderr) == [out.stderr.strip()] and "does not answer" in out.stderr, out.stderr[-2000:]
+    finally:
+        silent.close()

@@ -5,7 +5,7 @@ Nothing else is told of it, and a sweep, its skip, its records and perplexity ta
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import perplexity_by_engine, run_cli
+from tests.conftest import ROOT, perplexity_by_engine, run_cli
 
 YAML = """defaults:
   - _fields
@@ -44,6 +44,18 @@ def test_a_runtime_module_that_is_not_one_is_one_line(tmp_path):
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(
         "quantspec: engine.module=src.assembly.config is no runtime: it lacks unsupported, runtime_name, build")
+
+
+@pytest.mark.parametrize("body, said", [("raise RuntimeError('boom at import')\n", "fails on import (RuntimeError: boom at import)"),
+                                        ("import sys\nsys.exit(3)\n", "exits on import (SystemExit 3)")])
+def test_a_runtime_module_that_fails_or_exits_on_import_is_one_line(tmp_path, body, said):
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "broken_runtime.py").write_text(body)
+    out = run_cli(["model=tiny-llama", "engine=example", "engine.module=broken_runtime", _conf(tmp_path)],
+                  env={"PYTHONPATH": f"{tmp_path / 'mods'}:{ROOT}"})
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (f"quantspec: engine.module=broken_runtime {said}; fix the module "
+                                                   f"or name another, such as src.engine.ort_genai")
 
 
 def test_perplexity_on_the_added_runtime_is_torchs(tmp_path):

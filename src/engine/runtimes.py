@@ -44,6 +44,11 @@ def check_module(name: str) -> None:
     except ImportError as err:
         raise ConfigError(f"engine.module={name} does not import ({err}); name a module such as "
                           f"src.engine.ort_genai") from None
+    except (Exception, SystemExit) as err:   # noqa: BLE001 - the module's own code failed (or exited) on import
+        what = f"exits on import (SystemExit {err.code})" if isinstance(err, SystemExit) else \
+            f"fails on import ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})"
+        raise ConfigError(f"engine.module={name} {what}; fix the module or name another, such as "
+                          f"src.engine.ort_genai") from None
     lacking = [n for n in NAMES if not callable(getattr(module, n, None))]
     if lacking:
         raise ConfigError(f"engine.module={name} is no runtime: it lacks {', '.join(lacking)} "

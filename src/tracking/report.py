@@ -32,7 +32,7 @@ from src.common.metrics import EXAMPLE, LEGACY_EXAMPLE, ROW_METRICS, Row, csv_te
 from src.common.paths import child
 from src.assembly.config import AXES
 from src.tracking.sweeps import JobRecord, sweep_jobs
-from src.tracking import CONFIG_KEY, SWEEP_KEY, default_uri
+from src.tracking import CONFIG_KEY, SWEEP_KEY, StoreUnreachable, bound_http_retries, default_uri, probe
 
 SUMMARY = (("time_per_token_ms_median", "time/token (ms)"), ("prefill_ms_median", "prefill (ms)"),
            ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"), ("kl_mean", "KL mean"),
@@ -549,6 +549,17 @@ def settings(argv: list[str] = ()):
     return merged
 
 
+def unreachable(uri: str) -> str | None:
+    """The one line for a tracking server that does not answer, within seconds (MLflow's own client would
+    retry for minutes), or None; a command that reads a store says it instead of a traceback."""
+    bound_http_retries()
+    try:
+        probe(uri)
+    except StoreUnreachable as err:
+        return f"{str(err).split(';')[0]}; start it, or point tracking_uri= at another store"
+    return None
+
+
 def usage() -> str:
     """This module's docstring and its settings with their defaults and comments (conf/report.yaml)."""
     return f"{__doc__.strip()}\n\nSettings (conf/report.yaml):\n\n" + "\n".join(
@@ -591,6 +602,9 @@ def main(argv: list[str]) -> int:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2
     uri = cfg.tracking_uri or default_uri()
+    if (line := unreachable(uri)) is not None:
+        print(f"quantspec: {line}", file=sys.stderr)
+        return 2
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         # opening would create an empty database: say what is missing instead
         print(f"quantspec: no tracking store at {uri}; run a sweep first (python -m src.run -m ...)", file=sys.stderr)
