@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(ov.available() is not None, reason=str(ov.availa
 def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(tmp_path):
     model, tok = tiny_model("llama")
     folder = ov.export(model, tok, "tiny-llama-test", "fp32", [], tmp_path)
-    assert json.loads((folder / "quantspec-export.json").read_text())["precision"] == "fp32"
+    assert json.loads((folder / "quantspec-export.json").read_text())["want"]["precision"] == "fp32"
     engine = ov.OpenVINO(folder, (tok.eos_token_id,), f32=True)
     ids = tok("hello world", return_tensors="pt").input_ids
     gen = engine(None, ids, 12, True, Sampling(), tok.pad_token_id)

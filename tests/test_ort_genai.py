@@ -19,7 +19,8 @@ def test_the_export_greedy_decodes_as_torch_does_and_is_cached(tmp_path):
     model, tok = tiny_model("llama")
     folder = ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path)
     manifest = json.loads((folder / "quantspec-export.json").read_text())
-    assert manifest["precision"] == "fp32" and (folder / "genai_config.json").is_file()
+    assert manifest["want"]["precision"] == "fp32" and (folder / "genai_config.json").is_file()
+    assert manifest["files"]["model.onnx"]["size"] == (folder / "model.onnx").stat().st_size
     engine = ort_genai.OrtGenAI(folder, "cpu")
     ids = tok("hello world", return_tensors="pt").input_ids
     gen = engine(None, ids, 12, True, Sampling(), tok.pad_token_id)
@@ -61,3 +62,27 @@ def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(t
 def test_perplexity_on_the_runtime_matches_torch_on_the_same_fp32_weights(tmp_path):
     ppl = perplexity_by_engine(tmp_path, "native,ort_genai")
     assert ppl["ort_genai"] == pytest.approx(ppl["native"], rel=1e-3)
+
+
+def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cleared(tmp_path, caplog):
+    model, tok = tiny_model("llama")
+    folder = ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path)
+    data = max((p for p in folder.iterdir() if p.is_file()), key=lambda p: p.stat().st_size)   # the weights
+    with data.open("r+b") as f:   # bytes flipped in the middle of the weights: the 50 KB
+        f.seek(data.stat().st_size // 2)
+        f.write(b"\xff" * min(50_000, data.stat().st_size // 4))
+    orphan = folder.with_name(f".{folder.name}.999999999.tmp")   # a build killed mid-way (its pid is gone)
+    orphan.mkdir()
+    with caplog.at_level("WARNING"):
+        assert ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path) == folder
+    assert f"is rebuilt: {data.name} is not the file it exported" in caplog.text
+    assert not orphan.exists()
+    engine = ort_genai.OrtGenAI(folder, "cpu")
+    from src.quality.scoring import torch_scorer
+    window = torch.tensor(tok("the quick brown fox jumps over the lazy dog").input_ids)
+    assert engine.window_score(window).target_logp.sum().item() == pytest.approx(
+        torch_scorer(model)(window).target_logp.sum().item(), rel=1e-4)   # the rebuilt export scores as torch
+    (folder / "quantspec-export.json").write_text("null")   # a manifest that is no object
+    with caplog.at_level("WARNING"):
+        ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path)
+    assert "its manifest records no files" in caplog.text

@@ -58,6 +58,19 @@ def test_a_runtime_module_that_fails_or_exits_on_import_is_one_line(tmp_path, bo
                                                    f"or name another, such as src.engine.ort_genai")
 
 
+def test_a_result_that_comes_back_nan_fails_the_job_with_its_reason(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(["model=tiny-llama", "engine=example", "precision=fp32", "task=perplexity", "task.window=32",
+                   "task.windows=1", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'run'}", _conf(tmp_path)],
+                  env={"EXAMPLE_RUNTIME_NAN": "1", "QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "its perplexity, kl_mean came back NaN" in out.stderr
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
+    assert run.data.tags["outcome"] == "failed" and "came back NaN" in run.data.tags["outcome_reason"]
+    assert "perplexity_eval_s" in run.data.metrics   # what it measured is kept
+
+
 def test_perplexity_on_the_added_runtime_is_torchs(tmp_path):
     ppl = perplexity_by_engine(tmp_path, "native,example", _conf(tmp_path))
     assert ppl["example"] == pytest.approx(ppl["native"], rel=1e-6)

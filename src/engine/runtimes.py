@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from src.common.locks import sha256_file
+
 log = logging.getLogger("quantspec")
 
 NAMES = ("unsupported", "runtime_name", "build")   # what a runtime's module must define
@@ -60,13 +62,56 @@ def runtime(engine):
     return importlib.import_module(engine.module) if engine.module else None
 
 
+MANIFEST = "quantspec-export.json"
+
+
+def damage(out: Path, want: dict) -> str | None:
+    """Why the export in `out` cannot be used as it is (None: it can): no manifest, one that is not what this
+    job wants, or a file whose size or sha256 is not the one recorded when it was built. A read-only but whole
+    export passes: nothing here writes."""
+    path = out / MANIFEST
+    if not path.is_file():
+        return "no manifest" if out.exists() else None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return f"its manifest does not read ({type(err).__name__})"
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or not manifest["files"]:
+        return "its manifest records no files (made before exports were checked, or damaged)"
+    if manifest.get("want") != want:
+        return "it was exported for other settings or versions"
+    for name, entry in manifest["files"].items():
+        file = out / name
+        if not isinstance(entry, dict) or not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != entry.get("size") or sha256_file(file) != entry.get("sha256"):
+            return f"{name} is not the file it exported (size or sha256 differs)"
+    return None
+
+
+def _clear_orphans(out: Path) -> None:
+    """Scratch folders of earlier builds of `out` whose process is gone (a killed build leaves one)."""
+    for work in out.parent.glob(f".{out.name}.*.tmp"):
+        pid = work.name.removeprefix(f".{out.name}.").removesuffix(".tmp")
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(work, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass   # not ours to judge: left alone
+
+
 def cached(out: Path, want: dict, build: Callable[[Path], None], what: str) -> Path:
-    """A runtime's export in `out`, built once and then cached: kept while its JSON manifest equals `want`.
+    """A runtime's export in `out`, built once and then cached: kept while its manifest holds `want` and each
+    file's size and sha256 as built (src.engine.runtimes.damage), rebuilt with one line saying why otherwise.
     `build(work)` writes the export to `<work>/model` in a scratch folder beside `out`, which replaces
     `out` only once it is whole; a failure (its one-line RuntimeError) leaves no cache."""
-    manifest = out / "quantspec-export.json"
-    if manifest.is_file() and json.loads(manifest.read_text()) == want:
-        return out
+    if out.is_dir():
+        why = damage(out, want)
+        if why is None:
+            return out
+        log.warning("the %s export in %s is rebuilt: %s", what, out, why)
+    _clear_orphans(out)
     work = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -77,10 +122,12 @@ def cached(out: Path, want: dict, build: Callable[[Path], None], what: str) -> P
         shutil.rmtree(work, ignore_errors=True)
         raise
     log.info("exported to %s in %.1f s", what, time.perf_counter() - started)
+    files = {p.relative_to(work / "model").as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in sorted((work / "model").rglob("*")) if p.is_file()}
+    (work / "model" / MANIFEST).write_text(json.dumps({"want": want, "files": files}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     (work / "model").rename(out)
     shutil.rmtree(work, ignore_errors=True)
-    manifest.write_text(json.dumps(want, indent=1))
     return out
 
 
@@ -94,11 +141,18 @@ def cached_export(out: Path, want: dict, model, tokenizer, command: Callable[[Pa
         tokenizer.save_pretrained(work / "hf")
         for name, text in (files or {}).items():
             (work / name).write_text(text)
-        done = subprocess.run(command(work), capture_output=True, text=True, env=env)
+        # the exporter dies with this process (PR_SET_PDEATHSIG): a killed job leaves no orphan exporting
+        done = subprocess.run(command(work), capture_output=True, text=True, env=env, preexec_fn=_die_with_parent)
         if done.returncode != 0:
             tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
             raise RuntimeError(f"the {what} export failed: {tail[0] if tail else done.returncode}")
     return cached(out, want, build, what)
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    import signal
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
 def exported(recorder, export: Callable[[], Path], kernels: str, executed: str) -> Path:

@@ -6,6 +6,7 @@ finished, skipped, failed or killed. The job itself is src.assembly.job's; Hydra
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -170,6 +171,10 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     return job.outcome or "failed"
 
 
+# The figures a task exists to give: NaN in one of these fails the job (its other figures stay logged).
+HEADLINE = ("time_per_token_ms_median", "prefill_ms_median", "perplexity", "kl_mean", "accuracy", "pass_at_1")
+
+
 # Settings that change where a job is recorded, where its builds are cached (each machine of a lab has
 # its own cache) or whether it runs again: not what it measures.
 # How many rounds a sweep asks for does not change what one round measures.
@@ -271,4 +276,10 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         log.warning(note)
     if result.notes:   # kept with the run, not only on the console
         run.log_text("\n".join(result.notes) + "\n", "notes.txt")
+    # A headline figure that came back NaN (a damaged export, a numeric fault) is no result: the job fails
+    # with its reason, after everything it measured is logged, rather than finishing with nothing to show.
+    nan = [k for k in HEADLINE if isinstance(result.summary.get(k), float) and math.isnan(result.summary[k])]
+    if nan:
+        raise RuntimeError(f"its {', '.join(nan)} came back NaN (a damaged model or runtime export, or a numeric "
+                           f"fault); what it measured is kept in its run")
     run.finish()
