@@ -471,3 +471,24 @@ def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_
             assert said(out.stderr) == [out.stderr.strip()] and "does not answer" in out.stderr, out.stderr[-2000:]
     finally:
         silent.close()
+
+
+def test_a_pending_journal_entry_that_does_not_read_is_named_and_its_journal_still_replays(tmp_path, env):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    out = run_cli([*QUICK, "tracking=server", f"tracking.uri={uri}", "tracking.unreachable=journal",
+                   f"hydra.run.dir={tmp_path / 'job'}"], env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (entry,) = (tmp_path / "cache" / "journals").glob("*.json")
+    entry.write_text('{"path": ')   # torn mid-write
+    server = mlflow_server(tmp_path, port)
+    try:
+        plain = run_cli([], module="src.tracking.sync", env=env)
+        lines = said(plain.stderr)
+        assert plain.returncode == 1 and len(lines) == 1 and entry.name in lines[0] and "does not read" in lines[0]
+        assert "Traceback" not in plain.stderr
+        found = run_cli([str(tmp_path / "job")], module="src.tracking.sync", env=env)
+        assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout, found.stderr[-2000:]
+        assert _metric_counts(uri) == [("finished", 2)]
+    finally:
+        _stop(server)

@@ -172,11 +172,37 @@ def pending(registry: Path, uri: str | None = None) -> list[tuple[Path, Path]]:
     for pointer in sorted(registry.glob("*.json"), key=lambda p: p.stat().st_mtime) if registry.is_dir() else []:
         try:
             entry = json.loads(pointer.read_text())
-        except (json.JSONDecodeError, OSError):
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            continue   # said by unreadable()
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             continue
         if uri is None or entry.get("uri") == uri:
             found.append((pointer, Path(entry["path"])))
     return found
+
+
+def unreadable(registry: Path) -> list[tuple[Path, str]]:
+    """(pointer, why) for each listed entry that does not read as one (a writer killed mid-write, a damaged
+    disk): pending() passes over these, and whoever syncs must be told, since a journal behind one is not
+    replayed from the list."""
+    bad = []
+    for pointer in sorted(registry.glob("*.json")) if registry.is_dir() else []:
+        try:
+            entry = json.loads(pointer.read_text())
+            why = None if isinstance(entry, dict) and isinstance(entry.get("path"), str) else "not a journal entry"
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            why = f"does not read ({type(err).__name__})"
+        except OSError as err:
+            why = f"cannot be read ({type(err).__name__})"
+        if why:
+            bad.append((pointer, why))
+    return bad
+
+
+def unreadable_line(pointer: Path, why: str) -> str:
+    return (f"the pending-journal entry {pointer} {why}: the journal it named is not replayed from the list; "
+            f"run python -m src.tracking.sync <that sweep's directory> (it finds the journals there), then delete "
+            f"{pointer.name}")
 
 
 def start_of(path: Path) -> dict:

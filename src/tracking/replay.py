@@ -60,7 +60,7 @@ def apply(store, record: dict, run_id: str | None) -> str:
 
 def sync(store, registry: Path) -> list[str]:
     """Replay this store's pending journals; one line per journal replayed."""
-    lines = []
+    lines = [journal.unreadable_line(pointer, why) for pointer, why in journal.unreadable(registry)]
     for pointer, path in journal.pending(registry, store.uri):
         if not path.is_file():
             lines.append(journal.missing_line(path))

@@ -22,10 +22,13 @@ from src.tracking import journal, reaping, replay
 from src.tracking import Store, bound_http_retries, first_line, probe, quiet_store_logs
 
 
+def _registry() -> Path:
+    return Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "journals"
+
+
 def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
     if not args:
-        registry = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "journals"
-        return journal.pending(registry)
+        return journal.pending(_registry())
     found = []
     for arg in map(Path, args):
         paths = sorted(arg.rglob(journal.FILE)) if arg.is_dir() else [arg]
@@ -41,6 +44,10 @@ def main(argv: list[str]) -> int:
     quiet_store_logs()
     stores: dict[tuple[str, str], Store] = {}
     failed = replayed = 0
+    if not argv:   # the list itself: an entry that does not read hides its journal, so it is said, and counts
+        for pointer, why in journal.unreadable(_registry()):
+            print(f"quantspec: {journal.unreadable_line(pointer, why)}", file=sys.stderr)
+            failed += 1
     for pointer, path in _journals(argv):
         if not path.is_file():
             print(f"quantspec: {journal.missing_line(path)}", file=sys.stderr)
