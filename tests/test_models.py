@@ -26,7 +26,8 @@ def test_cache_is_built_once(tmp_path):
     assert not list(tmp_path.glob("*.tmp-*"))
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "manifest"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "manifest", "manifest null", "files null",
+                                    "entry null", "entry removed and weights truncated"])
 def test_damaged_cache_is_detected_and_rebuilt(tmp_path, damage):
     d = tmp_path / "model"
     build_cached(d, write_files, {})
@@ -37,8 +38,20 @@ def test_damaged_cache_is_detected_and_rebuilt(tmp_path, damage):
         weights.write_bytes(b"\x01" * 10)
     elif damage == "delete":
         weights.unlink()
-    else:
+    elif damage == "manifest":
         (d / MANIFEST).write_text("{not json")
+    elif damage == "manifest null":
+        (d / MANIFEST).write_text("null")
+    else:   # the manifest's own entries damaged (the cases), by hand or by a tool
+        meta = json.loads((d / MANIFEST).read_text())
+        if damage == "files null":
+            meta["files"] = None
+        elif damage == "entry null":
+            meta["files"]["weights.bin"] = None
+        else:
+            del meta["files"]["weights.bin"]
+            weights.write_bytes(b"\x01" * 10)
+        (d / MANIFEST).write_text(json.dumps(meta))
     assert verify_manifest(d) is not None
     rebuilt = []
     build_cached(d, lambda out: (rebuilt.append(1), write_files(out)), {})

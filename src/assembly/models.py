@@ -62,12 +62,20 @@ def verify_manifest(directory: Path) -> str | None:
         return "no manifest (an interrupted conversion?)"
     try:
         meta = json.loads(manifest.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         return f"unreadable manifest ({err})"
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict) or not meta["files"]:
+        return "its manifest is not one (no files recorded)"
     if meta.get("format") != CACHE_FORMAT:
         return f"cache format {meta.get('format')} != {CACHE_FORMAT}"
-    for name, want in meta.get("files", {}).items():
+    unlisted = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name != MANIFEST
+                      and p.name not in meta["files"])
+    if unlisted:   # a file the manifest does not vouch for (its entry removed) is not trusted either
+        return f"{unlisted[0]} is not in its manifest"
+    for name, want in meta["files"].items():
         path = directory / name
+        if not isinstance(want, dict) or not isinstance(want.get("bytes"), int):
+            return f"its manifest's entry for {name} is not one"
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != want["bytes"]:

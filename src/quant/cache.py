@@ -78,7 +78,7 @@ def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: 
         before_load()
     try:
         return load(directory), False
-    except (ValueError, KeyError, OSError, json.JSONDecodeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError, OSError, json.JSONDecodeError) as err:
         shutil.rmtree(directory)
         if before_load is not None:
             raise RuntimeError(f"quantized cache {directory} is unreadable ({err}); removed: rerun the job to "
