@@ -492,3 +492,22 @@ def test_a_pending_journal_entry_that_does_not_read_is_named_and_its_journal_sti
         assert _metric_counts(uri) == [("finished", 2)]
     finally:
         _stop(server)
+
+
+def test_a_store_left_half_made_is_made_anew_and_a_store_killed_while_made_opens(tmp_path, env):
+    import sqlite3
+    db = tmp_path / "m.db"
+    with sqlite3.connect(db) as con:   # a first creation cut short: a table MLflow's migration makes, no runs
+        con.execute("create table evaluation_datasets (dataset_id varchar(36))")
+    out = run_cli([*QUICK, f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={tmp_path / 'a'}"], env=env)
+    assert out.returncode == 0 and "was left half-made" in out.stdout + out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and list(tmp_path.glob("m.db.half-made-*"))
+    # a job killed while its new store is being made (and at other moments): the next run opens the store
+    for delay in (0.3, 0.8, 1.5):
+        fresh = tmp_path / f"k{delay}.db"
+        proc = start([*QUICK, f"tracking.uri=sqlite:///{fresh}", f"hydra.run.dir={tmp_path / 'k'}"], tmp_path)
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        again = run_cli([*QUICK, f"tracking.uri=sqlite:///{fresh}", f"hydra.run.dir={tmp_path / 'k2'}"], env=env)
+        assert again.returncode == 0 and "cannot open the tracking store" not in again.stderr, (delay, again.stderr[-2000:])

@@ -45,6 +45,41 @@ def probe(uri: str) -> None:
                            f"server), or run with tracking.unreachable=journal to record locally and sync later")
 
 
+def _new_sqlite_store(db: Path) -> None:
+    """A new SQLite store's schema made in a scratch file and renamed into place: killed at any point, it
+    leaves either no store or a whole one (MLflow's own first open, killed mid-way, left tables that make
+    every later open fail: `table ... already exists`)."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    scratch = db.with_name(f".{db.name}.new-{os.getpid()}")
+    scratch.unlink(missing_ok=True)
+    MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments(max_results=1)   # makes the schema
+    _forget_engine(f"sqlite:///{scratch}")
+    os.replace(scratch, db)
+    for stale in db.parent.glob(f".{db.name}.new-*"):   # a killed creation's scratch file
+        stale.unlink(missing_ok=True)
+
+
+def _forget_engine(uri: str) -> None:
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    engine = SqlAlchemyStore._engine_map.pop(uri, None)
+    if engine is not None:
+        engine.dispose()
+
+
+def _half_made(db: Path, err: Exception) -> bool:
+    """Whether a SQLite store MLflow cannot open is one whose schema creation was cut short: its migration
+    failed on a table that already exists, and it holds no runs (so nothing is lost by making it anew)."""
+    import sqlite3
+    if "already exists" not in str(err):
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+            return "runs" not in tables or con.execute("select count(*) from runs").fetchone()[0] == 0
+    except sqlite3.Error:
+        return False
+
+
 @contextlib.contextmanager
 def _sweep_lock(uri: str, sweep_id: str):
     """This host's lock on one sweep's parent in one store (flock: released when its holder dies). A cache
@@ -68,7 +103,20 @@ class Store:
             # MLflow creates a new SQLite store's schema on first open; two first opens at once race.
             db = Path(uri.removeprefix("sqlite:///"))
             with file_lock(db.with_name(f".{db.name}.lock"), f"the tracking store {db.name}"):
-                self.client = MlflowClient(tracking_uri=uri)
+                if not db.exists():
+                    _new_sqlite_store(db)
+                try:
+                    self.client = MlflowClient(tracking_uri=uri)
+                except Exception as err:  # noqa: BLE001 - a half-made schema is remade below; the rest is raised
+                    if not _half_made(db, err):
+                        raise
+                    aside = db.with_name(f"{db.name}.half-made-{int(time.time())}")
+                    _forget_engine(uri)   # MLflow keeps one engine per address, still on the moved file
+                    os.replace(db, aside)
+                    log.warning("the tracking store %s was left half-made (its first creation killed mid-way) and "
+                                "held no runs; moved to %s and made anew", db, aside.name)
+                    _new_sqlite_store(db)
+                    self.client = MlflowClient(tracking_uri=uri)
                 self.experiment_id = self._experiment(experiment)
         else:
             self.client = MlflowClient(tracking_uri=uri)
