@@ -71,7 +71,9 @@ def test_a_fork_bomb_is_capped_and_nothing_of_it_survives(kind):
     out = sandbox.run(bomb, kind, LIMITS)
     # the kernel's RLIMIT_NPROC makes forks fail until the time limit; where the program stayed root
     # (rlimit, an interpreter nobody may run), the supervisor's own count ends it
-    assert out.status == "timed out" or out.detail == f"started more than {sandbox.SUPERVISED} processes", out
+    # stopped by whichever limit it reaches first: the time, the process count, or their memory together
+    assert out.status == "timed out" or out.detail in (f"started more than {sandbox.SUPERVISED} processes",
+                                                       f"its processes held more than {LIMITS.memory_mb} MB together"), out
     assert time.monotonic() - began < LIMITS.timeout_s + 10
     assert left_running(marker) == []
 
@@ -104,11 +106,12 @@ def test_bwrap_in_a_user_namespace_gives_up_its_mount_capability():
     exe, _ = sandbox.interpreter()
     cmd = sandbox.bwrap_command(as_root=False) + [exe, "-I", "-c", sandbox._RUNNER, str(512 << 20), "4",
                                                   str(1 << 20), "1000", str(1 << 20), "caps"]
-    status = subprocess.run(cmd, input=b"import os\nos.execv('/bin/cat', ['cat', '/proc/self/status'])\n",
+    # the runner reads the run's nonce first, then the program
+    status = subprocess.run(cmd, input=b"nonce\nimport os\nos.execv('/bin/cat', ['cat', '/proc/self/status'])\n",
                             capture_output=True, timeout=30)
     caps = [line.split() for line in status.stdout.decode().splitlines() if line.startswith("Cap")]
     assert len(caps) == 5 and all(value == "0000000000000000" for _, value in caps), status
-    full = subprocess.run(cmd, input=b"open('a', 'wb').write(b'x' * 900000)\nopen('b', 'wb').write(b'x' * 900000)\n",
+    full = subprocess.run(cmd, input=b"nonce\nopen('a', 'wb').write(b'x' * 900000)\nopen('b', 'wb').write(b'x' * 900000)\n",
                           capture_output=True, timeout=30)
     assert b"No space left on device" in full.stderr
 
@@ -136,3 +139,27 @@ def test_a_completion_cannot_fake_a_pass(kind, how):
     assert out.status == "failed", (how, out)
     honest = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
     assert sandbox.run(program(HUMANEVAL_0, honest), kind, LIMITS).passed   # the same problem, solved
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_memory_is_limited_over_the_whole_process_tree(kind):
+    """Six children of 420 MB each: each under the per-process limit, together far over it."""
+    forks = ("import os, time\nkids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+             "        b = bytearray(420 << 20)\n        for j in range(0, len(b), 4096): b[j] = 1\n"
+             "        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\n"
+             "for k in kids:\n    assert os.waitpid(k, 0)[1] == 0\n")
+    out = sandbox.run(forks, kind, sandbox.Limits(timeout_s=8.0, memory_mb=512))
+    assert out.status == "failed" and "held more than 512 MB together" in out.detail, out
+    one = "b = bytearray(420 << 20)\nfor j in range(0, len(b), 4096): b[j] = 1\n"
+    assert sandbox.run(one, kind, sandbox.Limits(timeout_s=8.0, memory_mb=512)).passed   # one of them fits
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the rlimit kind's namespaces are made as root only (this run is not root)")
+def test_rlimit_as_root_reaches_no_network_and_none_of_the_jobs_processes():
+    parent = os.getpid()
+    for program in ("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n",
+                    f"import os\nos.kill({parent}, 0)\n",                   # the job, by its host pid
+                    f"open('/proc/{parent}/environ').read()\n"):
+        out = sandbox.run(program, "rlimit", LIMITS)
+        assert out.status == "failed", (program, out)
+    assert "own network and process namespaces" in sandbox.isolation("rlimit")

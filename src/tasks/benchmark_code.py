@@ -102,4 +102,5 @@ def run(inputs: TaskInputs) -> TaskResult:
     res.notes.append(f"HumanEval: {res.summary['passed']} of {len(outcomes)} completions passed, "
                      f"{res.summary['failed']} failed, {res.summary['timed_out']} timed out "
                      f"(sandbox {task.sandbox}: {task.sandbox_timeout_s:g} s, {task.sandbox_memory_mb} MB each)")
+    res.notes.append(f"sandbox {sandbox.isolation(task.sandbox)}")   # what the completions could reach
     return res

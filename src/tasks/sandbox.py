@@ -8,10 +8,13 @@
   (nobody) on the host; started as anyone else, it runs as that user inside a user namespace, able to
   read nothing of theirs beyond the mounts above. Ending the sandbox ends its whole process namespace.
 - `rlimit`: for hosts where bubblewrap cannot run. A small supervisor (a subreaper: every orphan of the
-  program, however it detached, becomes its child) runs the program as nobody where it was started as
-  root, and at its end or at the time limit kills every process left below it, also those that called
-  setsid. It can reach the network and write where its user can, so runs made with it are tagged
-  `sandbox=rlimit`.
+  program, however it detached, becomes its child) runs the program, and at its end or at the time limit kills
+  every process left below it, also those that called setsid. Started as root: as nobody (refused where nobody
+  cannot run this Python), in its own network and process namespaces (`unshare`, where present). Otherwise:
+  as this user, with the network and this user's files, so runs made with it are tagged `sandbox=rlimit`.
+
+Both run under that supervisor, which also kills the program where its processes together hold more resident
+memory than its limit (RLIMIT_AS limits each process alone).
 
 Either way the program runs under `python -I` (no environment variables, no user site, no working
 directory on the path) with RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (each file) and RLIMIT_NPROC
@@ -42,6 +45,7 @@ SUPERVISED = 4 * PROCESSES   # rlimit's supervisor: processes below it
 DETAIL_CHARS = 200       # of a failure's last line, kept in artifacts
 TIMED_OUT = 124          # the supervisor's exit status at the wall-clock limit
 TOO_MANY = 123           # ... and where the program had more than PROCESSES processes
+TOO_BIG = 122            # ... and where its processes together held more than its memory
 
 # Runs first in the child: under bwrap the size-capped /tmp and the drop of every privilege that took,
 # then the limits, then the program (read from stdin after the run's nonce) as __main__. A failure's last
@@ -95,9 +99,20 @@ run()
 _SUPERVISOR = """
 import ctypes, os, signal, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
-timeout, drop = float(sys.argv[1]), sys.argv[2] == '1'
+timeout, drop, budget = float(sys.argv[1]), sys.argv[2] == '1', int(sys.argv[4])
 ids = dict(user={NOBODY}, group={NOBODY}, extra_groups=[]) if drop else {}
-child = subprocess.Popen(sys.argv[4:], start_new_session=True, **ids)   # its own group, stopped in one call
+child = subprocess.Popen(sys.argv[5:], start_new_session=True, **ids)   # its own group, stopped in one call
+page = os.sysconf('SC_PAGE_SIZE')
+
+def resident(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open('/proc/%d/statm' % pid) as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 def below(pid):
     found = []
@@ -117,10 +132,13 @@ while code is None:
         code = child.wait(timeout=0.02)
         code = 128 - code if code < 0 else code
     except subprocess.TimeoutExpired:
+        tree = below(os.getpid())
         if time.monotonic() > deadline:
             code = {TIMED_OUT}
-        elif len(below(os.getpid())) > limit:
+        elif len(tree) > limit:
             code = {TOO_MANY}
+        elif resident(tree) > budget:   # RLIMIT_AS holds each process; this, all of them together
+            code = {TOO_BIG}
 
 def state(pid):
     try:
@@ -161,7 +179,7 @@ for _ in range(1000):
         pass
     time.sleep(0.005)
 sys.exit(code)
-""".replace("{NOBODY}", str(NOBODY)).replace("{TIMED_OUT}", str(TIMED_OUT)).replace(
+""".replace("{NOBODY}", str(NOBODY)).replace("{TIMED_OUT}", str(TIMED_OUT)).replace("{TOO_BIG}", str(TOO_BIG)).replace(
     "{TOO_MANY}", str(TOO_MANY))
 
 
@@ -248,11 +266,37 @@ def _others_can_run(exe: str, prefix: str) -> bool:
     return True
 
 
+def _namespaces() -> list[str]:
+    """The rlimit kind as root: its own network (none reachable, loopback down) and process namespaces (the
+    job's processes neither seen in /proc nor signalled), through util-linux's unshare where present."""
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        return ["unshare", "--net", "--pid", "--fork", "--mount-proc"]
+    return []
+
+
+def isolation(kind: str) -> str:
+    """What a completion run by `kind` can and cannot reach here, in one line for the job to say."""
+    if kind == "bwrap":
+        return ("bwrap: no network, its own processes, a read-only system and a private /tmp, as an unprivileged "
+                "user with no capabilities")
+    if os.geteuid() == 0:
+        spaces = "its own network and process namespaces (no network, the job's processes out of reach)" \
+            if _namespaces() else "the host's network and processes (no unshare here)"
+        return (f"rlimit as root: user nobody, {spaces}; it can read what nobody may read (world-readable "
+                f"files); bwrap isolates more")
+    return ("rlimit: this user, with the network and every file this user may read; bwrap isolates more "
+            "(task.sandbox=bwrap)")
+
+
 def check(kind: str) -> None:
     """Raise SandboxUnavailable, in one line, where `kind` cannot run here (run once, before a job's timing)."""
     if kind not in KINDS:
         raise SandboxUnavailable(f"unknown sandbox {kind!r}; known: {', '.join(KINDS)}")
     if kind == "rlimit":
+        if os.geteuid() == 0 and not _others_can_run(*interpreter()):
+            raise SandboxUnavailable(f"task.sandbox=rlimit as root runs completions as nobody, who cannot run this "
+                                     f"Python ({interpreter()[0]}: a parent folder is closed to others); use "
+                                     f"task.sandbox=bwrap, or a Python others can run")
         return
     if shutil.which("bwrap") is None:
         raise SandboxUnavailable("bubblewrap is not installed: apt-get install bubblewrap (scripts/setup does, as "
@@ -273,11 +317,16 @@ def run(program: str, kind: str, limits: Limits) -> Outcome:
     nproc = _processes(NOBODY if drop else os.getuid()) + PROCESSES
     runner = [exe, "-I", "-c", _RUNNER, str(limits.memory_mb << 20), str(limits.cpu_seconds()), str(OUTPUT_BYTES),
               str(nproc), str(TMPFS_BYTES if kind == "bwrap" else 0), "setuid" if root else "caps"]
+    # The supervisor keeps the time limit and the memory of the program's processes together (RLIMIT_AS holds
+    # only each one), for bubblewrap too, from outside its namespaces; this waits a little longer, in case the
+    # supervisor is itself stuck.
+    supervisor = [exe, "-I", "-c", _SUPERVISOR, str(limits.timeout_s), str(int(drop and kind == "rlimit")),
+                  str(SUPERVISED), str(limits.memory_mb << 20)]
     if kind == "bwrap":
-        cmd, wait_s = bwrap_command(root) + runner, limits.timeout_s
-    else:   # the supervisor keeps the time limit; this waits a little longer, in case it is itself stuck
-        cmd, wait_s = ([exe, "-I", "-c", _SUPERVISOR, str(limits.timeout_s), str(int(drop)), str(SUPERVISED), *runner],
-                       limits.timeout_s + 10)
+        cmd = supervisor + bwrap_command(root) + runner
+    else:
+        cmd = _namespaces() + supervisor + runner
+    wait_s = limits.timeout_s + 10
     nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="quantspec-sandbox-") as home, \
             tempfile.TemporaryFile(dir=home) as err, tempfile.TemporaryFile(dir=home) as out:
@@ -302,10 +351,12 @@ def run(program: str, kind: str, limits: Limits) -> Outcome:
             if f"\nquantspec-sandbox-passed:{nonce}\n".encode() in out.read():
                 return Outcome("passed", "")
             return Outcome("failed", "ended before its tests finished (exit status 0 without the runner's pass marker)")
-        if kind == "rlimit" and code == TIMED_OUT:
+        if code == TIMED_OUT:
             return Outcome("timed out", f"over {limits.timeout_s:g} s")
-        if kind == "rlimit" and code == TOO_MANY:
+        if code == TOO_MANY:
             return Outcome("failed", f"started more than {SUPERVISED} processes")
+        if code == TOO_BIG:
+            return Outcome("failed", f"its processes held more than {limits.memory_mb} MB together")
         # A signal ends it: 128 + the signal through bubblewrap or the supervisor.
         sig = -code if code < 0 else code - 128 if code > 128 else 0
         if sig == signal.SIGXCPU:
