@@ -43,7 +43,8 @@ def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
     new = regress.load(client, "quantspec", str(tmp / "new"))
     c = regress.compare(client, base, new, 0.95)
     (row,) = [r for r in c.rows if r.figure == "time/token"]   # fp32: the one job both sweeps ran
-    assert row.name.startswith("tiny-llama·cpu·fp32") and row.basis == "3 / 3 rounds"   # one example: unpaired
+    # one example: the rounds' figures, unpaired (a round timed busy is left out where a quiet one remains)
+    assert row.name.startswith("tiny-llama·cpu·fp32") and " / " in row.basis and "rounds" in row.basis
     assert row.ratio > 1.3 and row.low > 1 and row.verdict == "slower", row
     assert [n.split("·")[2] for n in c.removed] == ["bf16"] and [n.split("·")[2] for n in c.added] == ["w8a8"]
     assert c.failed == [] and c.host_changes == []   # one host, one commit, minutes apart

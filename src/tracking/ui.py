@@ -33,6 +33,8 @@ VIEW_METRICS = ("busy", "quality_below", "decode_ms_per_token", "decode_speedup"
                 "delta_perplexity", "accuracy", "on_front", "pass_at_1", "acceptance_rate_overall",
                 "speedup_vs_no_draft_median")
 TAG_COLUMNS = ("host_busy", "busy_rounds", "sandbox")
+# A job timed too briefly to tell carries no host_busy tag: it was not flagged, which is what "false" says
+TAG_UNSET = {"host_busy": "false"}
 SORT = "decode_ms_per_token"
 FRONT = ("front_ms_per_token", "front_quality")   # a quality job's point: its configuration's speed, its quality
 CHARTS = (("decode_ms_per_token", "BAR"), ("decode_speedup", "BAR"), ("decode_ms_per_token", "SCATTER"),
@@ -71,7 +73,8 @@ def view_state(parent_run_id: str, runs: list) -> dict:
                 if any(name in r.data.metrics for r in runs)
                 and (name == SORT or (name == "busy" and busy) or differs([r.data.metrics.get(name) for r in runs]))]
     columns += [f"tags.`{name}`" for name in TAG_COLUMNS
-                if any(name in r.data.tags for r in runs) and differs([r.data.tags.get(name) for r in runs])]
+                if any(name in r.data.tags for r in runs)
+                and differs([r.data.tags.get(name, TAG_UNSET.get(name)) for r in runs])]
     ordered = any(SORT in r.data.metrics for r in runs)
     section = "quantspec"
     # a chart's bars carry no mark of their own: its title names the jobs whose figure was timed busy
