@@ -34,7 +34,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from src.tracking import record, signals
 from src.assembly.overrides import CONF_DIR, unknown_choice, unknown_key, unparsable
-from src.tracking.record import SweepAbort, fail_line
+from src.tracking.record import SweepAbort, SweepUnwritable, fail_line
 from src.tracking.signals import Stopped
 
 # Two sweeps started in the same second must not share a directory (and so a parent run): the default
@@ -171,6 +171,10 @@ def cli() -> None:
     except SweepAbort as err:
         fail_line(str(err))
         sys.exit(2)
+    except SweepUnwritable as err:   # Hydra writing a job's folder: read-only, immutable, full
+        sys.exit(record.unwritable(err.error))
+    except OSError as err:   # the sweep's own directory, before any job (its lock, multirun.yaml)
+        sys.exit(record.unwritable(err))
     # A sweep's outcome is the store's (its jobs may have run in other processes, on other machines).
     counts = record.ledger.counts
     failed = counts.get("failed", 0) + counts.get("killed", 0) if counts else 0

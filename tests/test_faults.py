@@ -511,3 +511,73 @@ def test_a_store_left_half_made_is_made_anew_and_a_store_killed_while_made_opens
         proc.wait()
         again = run_cli([*QUICK, f"tracking.uri=sqlite:///{fresh}", f"hydra.run.dir={tmp_path / 'k2'}"], env=env)
         assert again.returncode == 0 and "cannot open the tracking store" not in again.stderr, (delay, again.stderr[-2000:])
+
+
+def _lock_dir(path: Path) -> bool:
+    """Make a folder unwritable for whoever runs the test: chattr +i as root (root writes through modes)."""
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        return True
+    return subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
+
+
+def _unlock_dir(path: Path) -> None:
+    if os.geteuid() != 0:
+        path.chmod(0o755)
+    else:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+def test_a_sweep_directory_made_unwritable_mid_sweep_ends_the_sweep_in_one_line(tmp_path, env):
+    if os.geteuid() == 0 and shutil.which("chattr") is None:
+        pytest.skip("running as root, a folder is made unwritable with chattr +i, and chattr is not installed")
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    sweep = tmp_path / "sweep"
+    proc = start(["-m", *SLOW, "precision=fp32,bf16,w8a8", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep}",
+                  "report_at_end=false"], tmp_path)
+    wait_for(tmp_path / "run.out", "example 1/", proc)
+    assert _lock_dir(sweep), "the sweep directory could not be made unwritable"
+    try:
+        code = proc.wait(timeout=300)
+    finally:
+        _unlock_dir(sweep)
+    err = (tmp_path / "run.err").read_text()
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    lines = [line for line in said(err) if "could not write its files" in line]
+    assert len(lines) == 1 and "sweep closed (1 finished" in lines[0] and f"hydra.sweep.dir={sweep}" in lines[0], err
+    (parent,), jobs = by_role(uri)
+    assert parent.info.status == "FAILED" and "could not write its files" in parent.data.tags["outcome_reason"]
+    assert [j.data.tags["outcome"] for j in jobs] == ["finished"]   # the job under way when it happened: recorded
+
+
+def test_a_complete_cache_made_read_only_is_used_as_it_is(tmp_path, env):
+    if os.geteuid() == 0 and shutil.which("chattr") is None:
+        pytest.skip("running as root, a folder is made read-only with chattr +i, and chattr is not installed")
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    quick = [o for o in QUICK if not o.startswith("engine.kernels")]   # quantspec's kernels: cached too
+    first = run_cli([*quick, "precision=w8a8", f"tracking.uri={uri}",
+                     f"hydra.run.dir={tmp_path / 'a'}"], env=env)
+    assert first.returncode == 0, first.stderr[-2000:]   # the cache now holds kernels and quantized weights
+    cache = tmp_path / "cache"
+    folders = [cache, *(p for p in cache.rglob("*") if p.is_dir())]
+    if os.geteuid() == 0:
+        locked = subprocess.run(["chattr", "-R", "+i", str(cache)], capture_output=True).returncode == 0
+    else:
+        for folder in folders:
+            folder.chmod(0o555)
+        locked = True
+    assert locked
+    try:
+        again = run_cli([*quick, "precision=w8a8", f"tracking.uri={uri}",
+                         f"hydra.run.dir={tmp_path / 'b'}"], env=env)
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-R", "-i", str(cache)], capture_output=True)
+        else:
+            for folder in folders:
+                folder.chmod(0o755)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert "could not build" not in again.stdout + again.stderr and "Operation not permitted" not in again.stderr
+    runs_ = runs(uri)
+    assert len(runs_) == 2 and all(r.data.tags["outcome"] == "finished" for r in runs_)
+    assert all(r.data.tags["kernels"] == "quantspec" for r in runs_)

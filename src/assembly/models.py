@@ -87,7 +87,10 @@ def verify_manifest(directory: Path) -> str | None:
 
 def build_cached(directory: Path, build, meta: dict) -> Path:
     """Build into a temporary sibling and rename it into place, so no reader ever sees half a cache.
-    Under a lock: a second process wanting the same cache waits for the first build and uses it."""
+    Under a lock: a second process wanting the same cache waits for the first build and uses it. A whole cache
+    is used without the lock, so a read-only one (a shared, complete cache) serves as it is."""
+    if directory.is_dir() and verify_manifest(directory) is None:
+        return directory
     with file_lock(directory.with_name(f".{directory.name}.lock"), f"cache {directory.name}"):
         reason = verify_manifest(directory) if directory.exists() else None
         if directory.exists() and reason is None:

@@ -108,6 +108,10 @@ def _load_binding(directory: Path) -> str | None:
                Path(__file__)]   # this file: the build's flags
     build = directory / f"binding-{_key(*(p.read_bytes() for p in sources))}"
     try:
+        if _recorded(build / f"{BINDING}.so", warn=False):   # built and whole: loaded without a lock (a read-only cache)
+            import torch
+            torch.ops.load_library(str(build / f"{BINDING}.so"))
+            return None
         with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):
             _build_and_load(build)
     except Exception as err:  # no compiler or no ninja: a slower run, not a failed one
@@ -136,7 +140,7 @@ def _build_and_load(build: Path) -> None:
     _record(library)
 
 
-def _recorded(library: Path) -> bool:
+def _recorded(library: Path, warn: bool = True) -> bool:
     record = library.with_name(RECORD)
     if not (library.is_file() and record.is_file()):
         return False
@@ -145,7 +149,8 @@ def _recorded(library: Path) -> bool:
     except json.JSONDecodeError:
         recorded = None
     if recorded != sha256_file(library):
-        log.warning("kernel library %s does not match its recorded sha256; rebuilding it", library)
+        if warn:   # said once, by the check under the build lock
+            log.warning("kernel library %s does not match its recorded sha256; rebuilding it", library)
         return False
     return True
 
@@ -164,6 +169,8 @@ def _built_variant(variant: variants.Variant, directory: Path) -> Path:
                cxx.encode())
     build = directory / f"{variant.name}-{key}"
     library = build / f"qs_{variant.name}.so"
+    if _recorded(library, warn=False):   # built and whole: used without a lock (a read-only cache)
+        return library
     with file_lock(build.with_name(f".{build.name}.lock"), f"the {variant.name} kernels"):
         if not _recorded(library):
             shutil.rmtree(build, ignore_errors=True)

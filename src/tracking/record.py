@@ -83,6 +83,35 @@ def stopped(err: BaseException) -> int:
     return code
 
 
+class SweepUnwritable(BaseException):
+    """The sweep's directory could not be written (Hydra makes each job's folder and config there before the
+    job runs): carried past Hydra's own handler, which would print it as a traceback, to src.run."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def unwritable(err: OSError) -> int:
+    """The sweep's own files could not be written (its directory made read-only or immutable, a full file
+    system): close the sweep's parent as failed with the reason, say so in one line, exit 1. Every job that
+    ran is recorded; the rest never started."""
+    what = f"{err.strerror or type(err).__name__}{f': {err.filename}' if err.filename else ''}"
+    said = f"quantspec: the sweep stopped: it could not write its files ({what})"
+    store, sweep = ledger.store, ledger.sweep
+    if store is not None and sweep is not None:
+        try:
+            parent = store.find_sweep(sweep.sweep_id)
+            counts = store.close_sweep(parent.info.run_id, "FAILED", f"could not write its files ({what})") \
+                if parent else {}
+            said += (f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
+                     f"make it writable (or free space) and rerun with hydra.sweep.dir={sweep.sweep_id} to resume")
+        except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
+            said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
+    print(said, file=sys.stderr, flush=True)
+    return 1
+
+
 def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output_dir: Path | None = None,
             preset: tuple[str, str] | None = None, node: dict | None = None) -> str:
     """Run one composed job and record it. Returns its outcome: finished, skipped, failed or killed.

@@ -111,8 +111,12 @@ class Rounds:
         """One batch of a round, as Hydra's basic sweeper launches one: each job's config composed first
         (a composition error is said before any job runs), then launched, and each job's return read (an
         error a job raised is raised here, not passed over)."""
+        from src.tracking.record import SweepUnwritable
         self.validate_batch_is_legal(batch)
-        results = self.launcher.launch(batch, initial_job_idx=index)
+        try:   # Hydra makes each job's folder and writes its config before the job runs
+            results = self.launcher.launch(batch, initial_job_idx=index)
+        except OSError as err:
+            raise SweepUnwritable(err) from None
         for result in results:
             _ = result.return_value
         return results

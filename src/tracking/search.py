@@ -204,6 +204,7 @@ class Search(Rounds):
     def _measure(self, batch: list[Trial], sweep, returns: list, index: int, first_round: int) -> tuple[int, int]:
         """The batch's jobs in `rounds` interleaved rounds (rotated; round numbers go on from the last batch's),
         a round with a busy job measured again up to busy_reruns times."""
+        from src.tracking.record import SweepUnwritable
         from src.tracking.rounds import schedule
         jobs = [job for trial in batch for job in trial.jobs]
         done = busy = 0
@@ -211,7 +212,10 @@ class Search(Rounds):
             r = first_round + done
             (order,) = schedule(jobs, 1, first=r)
             self.validate_batch_is_legal(order)
-            results = self.launcher.launch(order, initial_job_idx=index)
+            try:   # Hydra makes each job's folder and writes its config before the job runs
+                results = self.launcher.launch(order, initial_job_idx=index)
+            except OSError as err:
+                raise SweepUnwritable(err) from None
             index += len(order)
             returns.append(results)
             for job, result in zip(order, results):
