@@ -38,7 +38,7 @@ from src.common.metrics import markdown_table
 from src.quality.stats import median_ratio_ci, quantile_ci
 from src.tracking import ROLE, SWEEP_ID, default_uri, key_of, latest_attempts
 from src.tracking.compare import busy, round_of
-from src.tracking.report import unreachable
+from src.tracking.report import store_problem
 from src.tracking.sweeps import JobRecord, find_sweep
 
 # tolerance: a ratio is slower (faster) only where its whole interval lies above 1 + tolerance (below
@@ -325,10 +325,7 @@ def main(argv: list[str]) -> int:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2
     uri = cfg["tracking_uri"] or default_uri()
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        print(f"quantspec: no tracking store at {uri}; run a sweep first (python -m src.run -m ...)", file=sys.stderr)
-        return 2
-    if (line := unreachable(uri)) is not None:
+    if (line := store_problem(uri)) is not None:
         print(f"quantspec: {line}", file=sys.stderr)
         return 2
     client = MlflowClient(uri)

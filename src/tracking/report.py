@@ -549,9 +549,12 @@ def settings(argv: list[str] = ()):
     return merged
 
 
-def unreachable(uri: str) -> str | None:
-    """The one line for a tracking server that does not answer, within seconds (MLflow's own client would
-    retry for minutes), or None; a command that reads a store says it instead of a traceback."""
+def store_problem(uri: str) -> str | None:
+    """Why a command that reads a store cannot, in one line, or None: no SQLite store at that path (opening it
+    would create an empty one), or a tracking server that does not answer within seconds (MLflow's own client
+    would retry for minutes)."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return f"no tracking store at {uri}; run a sweep first (python -m src.run -m ...)"
     bound_http_retries()
     try:
         probe(uri)
@@ -602,12 +605,8 @@ def main(argv: list[str]) -> int:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2
     uri = cfg.tracking_uri or default_uri()
-    if (line := unreachable(uri)) is not None:
+    if (line := store_problem(uri)) is not None:
         print(f"quantspec: {line}", file=sys.stderr)
-        return 2
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        # opening would create an empty database: say what is missing instead
-        print(f"quantspec: no tracking store at {uri}; run a sweep first (python -m src.run -m ...)", file=sys.stderr)
         return 2
     try:
         sweep = str(Path(cfg.sweep).resolve()) if cfg.sweep else None  # sweeps are keyed by absolute directory
