@@ -117,7 +117,10 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from src.common.locks import hold
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
-        held = hold(sweep_dir / SWEEP_LOCK)
+        try:
+            held = hold(sweep_dir / SWEEP_LOCK)
+        except OSError as err:   # a full or read-only file system: Hydra would only warn of a callback's error
+            raise SweepUnwritable(OSError(err.errno, err.strerror, str(sweep_dir))) from None
         if isinstance(held, str):
             raise SweepAbort(f"the sweep directory {sweep_dir} is in use by {held}; wait for it to end (then "
                              f"rerunning into it resumes the sweep) or choose another hydra.sweep.dir")

@@ -108,6 +108,8 @@ def unwritable(err: OSError) -> int:
                      f"make it writable (or free space) and rerun with hydra.sweep.dir={sweep.sweep_id} to resume")
         except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
             said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
+    else:   # before any job: nothing was recorded
+        said += "; no job ran: free space or make it writable (or choose another hydra.sweep.dir) and rerun"
     print(said, file=sys.stderr, flush=True)
     return 1
 

@@ -52,6 +52,19 @@ def _parts(batch: list[list[str]], size: int | None) -> list[list[list[str]]]:
     return [batch[i:i + size] for i in range(0, len(batch), size)] if size else [batch]
 
 
+def open_sweep_dir(config) -> Path:
+    """Make the sweep's directory and write its multirun.yaml, as Hydra's own sweeper does; a full or
+    read-only file system is SweepUnwritable (one line from src.run), where Hydra would print a traceback."""
+    from src.tracking.record import SweepUnwritable
+    sweep_dir = Path(config.hydra.sweep.dir)
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(config, sweep_dir / "multirun.yaml")
+    except OSError as err:
+        raise SweepUnwritable(err if err.filename else OSError(err.errno, err.strerror, str(sweep_dir))) from None
+    return sweep_dir
+
+
 class Rounds:
     """The work of the `rounds` sweeper (hydra_plugins.quantspec_rounds): Hydra's basic sweeper (the
     cartesian product of the sweep's overrides, each batch composed, launched and its returns read as it
@@ -77,9 +90,7 @@ class Rounds:
                 raise SweepAbort(f"round is set by the sweep's rounds={rounds}; leave {o.input_line} out")
         # every sweep, one round or several, is run here: a one-round sweep's busy round is measured again too
         jobs = [job for batch in self.split_arguments(overrides, None) for job in batch]
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")   # as Hydra's own sweeper does
+        open_sweep_dir(self.config)
         returns, index, done, busy = [], 0, 0, 0
         while True:
             r = done + 1

@@ -35,9 +35,8 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
-from omegaconf import OmegaConf
 
-from src.tracking.rounds import ROUND, Rounds, config_key
+from src.tracking.rounds import ROUND, Rounds, config_key, open_sweep_dir
 
 log = logging.getLogger("quantspec")
 
@@ -157,9 +156,7 @@ class Search(Rounds):
         if not plan.axes:
             raise SweepAbort("hydra/sweeper=search has nothing to search: give an axis several values "
                              "(precision=bf16,w8a8 or draft.k=range(2,7) or precision.alpha=interval(0.3,0.9))")
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        sweep_dir = open_sweep_dir(self.config)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         samplers = {"nsga2": lambda: optuna.samplers.NSGAIISampler(seed=self.seed, population_size=max(2, self.batch)),
                     "tpe": lambda: optuna.samplers.TPESampler(seed=self.seed),
