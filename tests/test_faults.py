@@ -169,9 +169,16 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         # the offline job's journal went in when the lost job opened the store, by itself
         # back up: a sync replays the lost job's journal; a second sync sends nothing
         server = mlflow_server(tmp_path, port)
+        torn = tmp_path / "cache" / "journals" / "torn.json"   # an entry that does not read: it could name a job
+        torn.write_text('{"path": ')                           # of this sweep, so the sweep is not closed yet
         synced = run_cli([], module="src.tracking.sync", env=env)
+        assert synced.returncode == 1 and "torn.json does not read" in synced.stderr, synced.stderr[-2000:]
+        assert "1 journal(s) replayed" in synced.stdout and "are not closed yet" in synced.stdout
+        assert by_role(uri)[0][0].info.status == "RUNNING"
+        synced = run_cli([str(tmp_path / "lost")], module="src.tracking.sync", env=env)   # as the line says
         assert synced.returncode == 0, synced.stderr[-2000:]
-        assert "1 journal(s) replayed" in synced.stdout
+        assert "already in the store" in synced.stdout and "closed with 1 finished" in synced.stdout
+        torn.unlink()
         again = run_cli([str(tmp_path / "offline"), str(tmp_path / "lost")], module="src.tracking.sync", env=env)
         assert again.stdout.count("already in the store") == 2
         (parent,), jobs = by_role(uri)

@@ -44,10 +44,11 @@ def main(argv: list[str]) -> int:
     quiet_store_logs()
     stores: dict[tuple[str, str], Store] = {}
     failed = replayed = 0
-    if not argv:   # the list itself: an entry that does not read hides its journal, so it is said, and counts
-        for pointer, why in journal.unreadable(_registry()):
-            print(f"quantspec: {journal.unreadable_line(pointer, why)}", file=sys.stderr)
-            failed += 1
+    unread = journal.unreadable(_registry()) if not argv else []
+    for pointer, why in unread:   # an entry that does not read hides its journal, so it is said, and counts
+        print(f"quantspec: {journal.unreadable_line(pointer, why)}", file=sys.stderr)
+        failed += 1
+    behind: set[str] = set()   # stores a journal could not be replayed into: their sweeps are not complete
     for pointer, path in _journals(argv):
         if not path.is_file():
             print(f"quantspec: {journal.missing_line(path)}", file=sys.stderr)
@@ -73,6 +74,7 @@ def main(argv: list[str]) -> int:
             print(f"quantspec: {path}: not replayed ({first_line(err)}); "
                   f"fix the store and run python -m src.tracking.sync again", file=sys.stderr)
             failed += 1
+            behind.add(key[0])
             continue
         if sent is None:
             print(f"quantspec: {path}: its job is still running; skipped")
@@ -81,6 +83,11 @@ def main(argv: list[str]) -> int:
         print(f"quantspec: {path}: {sent} record(s) replayed into {key[0]}" if sent else
               f"quantspec: {path}: already in the store")
     for store in stores.values():  # what a killed job left RUNNING there, now that its journal is in
+        if unread or store.uri in behind:   # closing a sweep now would close it without the jobs still unsent
+            print(f"quantspec: runs left running in {store.uri} are not closed yet: a journal was not replayed "
+                  f"(said above), and its jobs may belong to them; python -m src.tracking.sync <its sweep's directory> "
+                  f"replays it and closes them")
+            continue
         try:
             lines = reaping.reap(store)
         except Exception as err:  # noqa: BLE001
