@@ -623,3 +623,47 @@ def test_a_complete_cache_made_read_only_is_used_as_it_is(tmp_path, env):
     runs_ = runs(uri)
     assert len(runs_) == 2 and all(r.data.tags["outcome"] == "finished" for r in runs_)
     assert all(r.data.tags["kernels"] == "quantspec" for r in runs_)
+
+
+# --- a runtime's exporter ----------------------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a zombie waiting for whoever reaps orphans here is dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_killed_build_takes_its_exporter_with_it_and_the_next_build_clears_its_folder(tmp_path):
+    """SIGKILL to a job mid-export: the exporter process (here one that would run for minutes) dies with it,
+    and the next build of the same export clears the scratch folder the killed one left."""
+    out, pids = tmp_path / "export", tmp_path / "exporter.pid"
+    script = f"""
+import sys
+from pathlib import Path
+from src.assembly.tiny import tiny_model
+from src.engine.runtimes import cached_export
+model, tok = tiny_model("llama")
+exporter = [sys.executable, "-c", "import os, time; open({str(pids)!r}, 'w').write(str(os.getpid())); time.sleep(600)"]
+cached_export(Path({str(out)!r}), {{}}, model, tok, lambda work: exporter, "test")
+"""
+    job = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=cli_env({}))
+    deadline = time.time() + 120
+    while not (pids.is_file() and pids.read_text()) and job.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert pids.is_file() and job.poll() is None, "the exporter never started"
+    exporter = int(pids.read_text())
+    (scratch,) = tmp_path.glob(".export.*.tmp")
+    job.kill()
+    job.wait(timeout=30)
+    deadline = time.time() + 10
+    while _alive(exporter) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(exporter), "the exporter outlived the job that started it"
+    from src.assembly.tiny import tiny_model
+    from src.engine.runtimes import cached_export
+    model, tok = tiny_model("llama")
+    made = cached_export(out, {}, model, tok, lambda work: [
+        sys.executable, "-c", f"import os; os.makedirs({str(work / 'model')!r})"], "test")
+    assert made == out and out.is_dir() and not scratch.exists()
