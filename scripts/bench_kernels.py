@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from src.kernels.variants import ATEN_ISA  # noqa: E402 - imports no torch
 from src.common import benchpage  # noqa: E402 - imports no torch
+from src.common.paths import cache_root  # noqa: E402
 
 SHAPES = {   # (name, N, K): a decode step's weights
     "gemma": [("gemma3-270m head", 262144, 640), ("gemma3-270m mlp up", 2048, 640), ("gemma3-270m mlp down", 640, 2048)],
@@ -59,7 +60,7 @@ def main() -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    cache = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "kernels"
+    cache = cache_root() / "kernels"
     names = args.variants or [v.name for v in kernels.candidates("auto") if v.name != "reference"]
     for name in names:   # by_name also knows avx_vnni's EVEX twin, which AVX-512 VNNI hosts can time
         if name not in variants.NAMES + (variants.AVX_VNNI_TWIN.name,):

@@ -162,4 +162,24 @@ def test_rlimit_as_root_reaches_no_network_and_none_of_the_jobs_processes():
                     f"open('/proc/{parent}/environ').read()\n"):
         out = sandbox.run(program, "rlimit", LIMITS)
         assert out.status == "failed", (program, out)
-    assert "own network and process namespaces" in sandbox.isolation("rlimit")
+    assert "own network, process and mount namespaces" in sandbox.isolation("rlimit")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the rlimit kind's namespaces are made as root only (this run is not root)")
+def test_rlimit_as_root_hides_the_cache_and_working_directory_and_keeps_its_scratch_private(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "secret").write_text("token")
+    (cache / "secret").chmod(0o644)   # world-readable: only the mask keeps it out
+    monkeypatch.setenv("QUANTSPEC_CACHE", str(cache))
+    name = f"qs-{uuid.uuid4().hex[:12]}"
+    for program in (f"open({str(cache / 'secret')!r}).read()\n",
+                    f"open({os.path.join(os.getcwd(), 'README.md')!r}).read()\n"):   # the job's own folder
+        out = sandbox.run(program, "rlimit", LIMITS)
+        assert out.status == "failed" and "No such file" in out.detail, (program, out)
+    for scratch in sandbox.SCRATCH:   # writable, but its own: nothing reaches the host's
+        wrote = f"import os\nopen({scratch!r} + '/{name}', 'w').write('x')\nassert os.listdir({scratch!r}) == [{name!r}]\n"
+        assert sandbox.run(wrote, "rlimit", LIMITS).passed, scratch
+        assert not os.path.exists(f"{scratch}/{name}"), scratch
+    said = sandbox.isolation("rlimit")
+    assert "mount namespaces" in said and str(cache) in said and os.getcwd() in said

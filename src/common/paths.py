@@ -1,9 +1,18 @@
-"""Paths built from user strings (model names, run names, sweep ids) stay inside their folders."""
+"""Where quantspec keeps its cache, and paths built from user strings (model names, run names, sweep ids),
+which stay inside their folders."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+
+def cache_root() -> Path:
+    """The cache's folder as the environment names it (`$QUANTSPEC_CACHE`, else ~/.cache/quantspec): what a
+    command outside a job reads (sync's journal list, the store's locks, the kernel benchmark); a job reads
+    its config's cache_dir, which defaults to the same."""
+    return Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser()
+
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 

@@ -10,7 +10,8 @@
 - `rlimit`: for hosts where bubblewrap cannot run. A small supervisor (a subreaper: every orphan of the
   program, however it detached, becomes its child) runs the program, and at its end or at the time limit kills
   every process left below it, also those that called setsid. Started as root: as nobody (refused where nobody
-  cannot run this Python), in its own network and process namespaces (`unshare`, where present). Otherwise:
+  cannot run this Python), in its own network, process and mount namespaces (`unshare`, where present), with a
+  private /tmp, /var/tmp and /dev/shm and the homes, the working directory and the cache hidden. Otherwise:
   as this user, with the network and this user's files, so runs made with it are tagged `sandbox=rlimit`.
 
 Both run under that supervisor, which also kills the program where its processes together hold more resident
@@ -101,7 +102,20 @@ import ctypes, os, signal, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 timeout, drop, budget = float(sys.argv[1]), sys.argv[2] == '1', int(sys.argv[4])
 ids = dict(user={NOBODY}, group={NOBODY}, extra_groups=[]) if drop else {}
-child = subprocess.Popen(sys.argv[5:], start_new_session=True, **ids)   # its own group, stopped in one call
+# In a mount namespace of its own (rlimit as root): a private, size-capped tmpfs over each scratch folder
+# ('w:', shared with other users) and an empty read-only one over each folder to hide ('h:').
+masks = [line.split(':', 1) for line in sys.argv[5].splitlines()]
+if masks:
+    libc = ctypes.CDLL(None, use_errno=True)
+    for how, path in masks:
+        if not os.path.isdir(path):   # gone, or hidden by an earlier mask
+            continue
+        flags, options = (6, b'size={TMPFS_BYTES},mode=1777') if how == 'w' else (7, b'size=4k,mode=0755')
+        if libc.mount(b'tmpfs', path.encode(), b'tmpfs', flags, options) != 0:   # MS_NOSUID | MS_NODEV (| MS_RDONLY)
+            sys.stderr.write('sandbox: cannot mask %s (errno %d)\\n' % (path, ctypes.get_errno()))
+            sys.exit(125)
+child = subprocess.Popen(sys.argv[6:], start_new_session=True, cwd='/tmp' if masks else None,
+                         **ids)   # its own group, stopped in one call
 page = os.sysconf('SC_PAGE_SIZE')
 
 def resident(pids):
@@ -179,7 +193,7 @@ for _ in range(1000):
         pass
     time.sleep(0.005)
 sys.exit(code)
-""".replace("{NOBODY}", str(NOBODY)).replace("{TIMED_OUT}", str(TIMED_OUT)).replace("{TOO_BIG}", str(TOO_BIG)).replace(
+""".replace("{NOBODY}", str(NOBODY)).replace("{TMPFS_BYTES}", str(TMPFS_BYTES)).replace("{TIMED_OUT}", str(TIMED_OUT)).replace("{TOO_BIG}", str(TOO_BIG)).replace(
     "{TOO_MANY}", str(TOO_MANY))
 
 
@@ -269,9 +283,31 @@ def _others_can_run(exe: str, prefix: str) -> bool:
 def _namespaces() -> list[str]:
     """The rlimit kind as root: its own network (none reachable, loopback down) and process namespaces (the
     job's processes neither seen in /proc nor signalled), through util-linux's unshare where present."""
-    if os.geteuid() == 0 and shutil.which("unshare"):
+    if os.geteuid() == 0 and shutil.which("unshare"):   # --mount-proc makes a mount namespace too
         return ["unshare", "--net", "--pid", "--fork", "--mount-proc"]
     return []
+
+
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")   # writable by everyone on the host: private to the program instead
+
+
+def _hidden() -> list[str]:
+    """Folders whose world-readable files a completion has no business reading: homes (~/.gitconfig, keys),
+    the job's working directory (its store and outputs) and quantspec's cache."""
+    from src.common.paths import cache_root
+    return ["/root", "/home", os.getcwd(), str(cache_root())]
+
+
+def _masks(exe: str, prefix: str) -> list[tuple[str, str]]:
+    """('w' scratch or 'h' hidden, folder) for the rlimit kind's mount namespace; a folder holding the
+    interpreter itself (a pyenv under a home others may enter) cannot be hidden and is left as it is."""
+    needed = [Path(exe), Path(prefix)]
+    found = [("w", path) for path in SCRATCH]
+    for path in map(Path, _hidden()):
+        path = path.resolve()
+        if path != Path("/") and path.is_dir() and not any(n.is_relative_to(path) for n in needed):
+            found.append(("h", str(path)))
+    return found
 
 
 def isolation(kind: str) -> str:
@@ -280,10 +316,13 @@ def isolation(kind: str) -> str:
         return ("bwrap: no network, its own processes, a read-only system and a private /tmp, as an unprivileged "
                 "user with no capabilities")
     if os.geteuid() == 0:
-        spaces = "its own network and process namespaces (no network, the job's processes out of reach)" \
-            if _namespaces() else "the host's network and processes (no unshare here)"
-        return (f"rlimit as root: user nobody, {spaces}; it can read what nobody may read (world-readable "
-                f"files); bwrap isolates more")
+        if not _namespaces():
+            return ("rlimit as root: user nobody, with the host's network and processes (no unshare here) and "
+                    "every file nobody may read; bwrap isolates more")
+        hidden = [path for how, path in _masks(*interpreter()) if how == "h"]
+        return (f"rlimit as root: user nobody, in its own network, process and mount namespaces (no network, the "
+                f"job's processes out of reach, a private {', '.join(SCRATCH)}, {', '.join(hidden)} hidden); it can "
+                f"read the rest of what nobody may read (world-readable files); bwrap isolates more")
     return ("rlimit: this user, with the network and every file this user may read; bwrap isolates more "
             "(task.sandbox=bwrap)")
 
@@ -320,12 +359,11 @@ def run(program: str, kind: str, limits: Limits) -> Outcome:
     # The supervisor keeps the time limit and the memory of the program's processes together (RLIMIT_AS holds
     # only each one), for bubblewrap too, from outside its namespaces; this waits a little longer, in case the
     # supervisor is itself stuck.
+    spaces = _namespaces() if kind == "rlimit" else []
+    masks = "\n".join(f"{how}:{path}" for how, path in _masks(exe, prefix)) if spaces else ""
     supervisor = [exe, "-I", "-c", _SUPERVISOR, str(limits.timeout_s), str(int(drop and kind == "rlimit")),
-                  str(SUPERVISED), str(limits.memory_mb << 20)]
-    if kind == "bwrap":
-        cmd = supervisor + bwrap_command(root) + runner
-    else:
-        cmd = _namespaces() + supervisor + runner
+                  str(SUPERVISED), str(limits.memory_mb << 20), masks]
+    cmd = supervisor + bwrap_command(root) + runner if kind == "bwrap" else spaces + supervisor + runner
     wait_s = limits.timeout_s + 10
     nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="quantspec-sandbox-") as home, \

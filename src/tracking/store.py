@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from src.common.locks import file_lock
+from src.common.paths import cache_root
 from src.tracking import journal, owner, reaping, replay, ui
 from src.tracking.names import (BATCH, HEARTBEAT, JOB_KEY, OUTCOME, OUTCOMES, OWNER, PROBE_TIMEOUT_S, PROBE_TRIES,
                                 REASON, ROLE, STATUS, SWEEP_ID, SWEEP_KEY, StoreUnreachable, artifact_location,
@@ -84,7 +85,7 @@ def _half_made(db: Path, err: Exception) -> bool:
 def _sweep_lock(uri: str, sweep_id: str):
     """This host's lock on one sweep's parent in one store (flock: released when its holder dies). A cache
     that cannot hold a lock file (read-only) runs without it: the race it closes needs two writers at once."""
-    path = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "locks" / \
+    path = cache_root() / "locks" / \
         f"sweep-{key_of(uri + ' ' + sweep_id)}.lock"
     with contextlib.ExitStack() as stack:
         try:

@@ -14,16 +14,16 @@ when nothing is pending.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+from src.common.paths import cache_root
 from src.tracking import journal, reaping, replay
 from src.tracking import Store, bound_http_retries, first_line, probe, quiet_store_logs
 
 
 def _registry() -> Path:
-    return Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "journals"
+    return cache_root() / "journals"
 
 
 def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
