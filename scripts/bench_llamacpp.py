@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from src.assembly.corpus import SEED_PROMPTS  # noqa: E402
+from src.data.corpus import SEED_PROMPTS  # noqa: E402
 from src.kernels.variants import ATEN_ISA  # noqa: E402
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402

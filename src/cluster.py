@@ -26,12 +26,18 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from src import run
+from src.assembly.config import ConfigError, hardware_config
+from src.assembly.sweep import settings
+from src.run import sweep_info
+from src.tracking import Store, StoreUnreachable, key_of, probe
+from src.tracking.record import SweepAbort, fail_line
+
 log = logging.getLogger("quantspec")
 WAIT_S = 2.0   # how often the driver looks for finished jobs and lost nodes
 
 
 def _abort(message: str):
-    from src.tracking.record import SweepAbort
     return SweepAbort(message)
 
 
@@ -46,7 +52,7 @@ def _answers(address: str) -> bool:
 
 
 def _connect(address: str) -> None:
-    import ray
+    import ray   # optional: the lab extra
     if ray.is_initialized():
         return
     target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
@@ -63,7 +69,7 @@ def _connect(address: str) -> None:
 
 def offered() -> dict[str, str]:
     """Each resource the cluster's live nodes advertise -> the id of one node offering it."""
-    import ray
+    import ray   # optional: the lab extra
     found = {}
     for node in ray.nodes():
         if node.get("Alive"):
@@ -73,9 +79,7 @@ def offered() -> dict[str, str]:
 
 
 def _settings(config: DictConfig):
-    """The sweep's settings, as src.run converts them (a wrong one ends the sweep in one line)."""
-    from src.assembly.config import ConfigError
-    from src.run import settings
+    """The sweep's settings, as src.assembly.sweep converts them (a wrong one ends the sweep in one line)."""
     try:
         return settings(config)
     except ConfigError as err:
@@ -83,7 +87,6 @@ def _settings(config: DictConfig):
 
 
 def _check_store(sweep) -> None:
-    from src.tracking import StoreUnreachable, probe
     uri = sweep.tracking.uri or ""
     if not uri.startswith(("http://", "https://")):
         raise _abort("hydra/launcher=ray needs one tracking server for every node: start it with "
@@ -98,9 +101,8 @@ def _check_store(sweep) -> None:
 
 def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobReturn:
     """The job, on the worker Ray chose: the same job code as the basic launcher runs."""
-    import ray
+    import ray   # optional: the lab extra
 
-    from src import run
     node = {"node": ray.get_runtime_context().get_node_id(), "node_host": socket.gethostname()}
     setup_globals()
     Singleton.set_state(singleton_state)
@@ -112,7 +114,6 @@ def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobRet
 def _here(launcher, config: DictConfig, preset: tuple[str, str] | None) -> JobReturn:
     """The job code, in the driver: to record a job the cluster cannot run (preset: outcome and reason),
     or to let it say that a previous attempt of this sweep finished it."""
-    from src import run
     HydraConfig.instance().set_config(config)
     return run_job(hydra_context=launcher.hydra_context, task_function=functools.partial(run.task, preset=preset),
                    config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
@@ -123,8 +124,6 @@ _stores: dict = {}   # one Store per (uri, experiment) for the driver's lookups
 
 def _in_store(config: DictConfig):
     """(the sweep's store, its sweep id, this job's key, Hydra's view of the job), as the job code names them."""
-    from src.run import sweep_info
-    from src.tracking import Store, key_of
     HydraConfig.instance().set_config(config)
     hc = HydraConfig.get()
     sweep = _settings(config)
@@ -144,7 +143,6 @@ def _finished_before(config: DictConfig) -> bool:
 
 def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
     """A job whose node died: end the run its worker opened, or record one if it never got that far."""
-    from src.tracking.record import fail_line
     store, sweep_id, key, hc = _in_store(config)
     if store.end_job(sweep_id, key, "failed", reason):
         fail_line(f"job {' '.join(hc.overrides.task)} failed: {reason}")
@@ -156,7 +154,6 @@ def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
 def _resource(config: DictConfig) -> str | None:
     """The Ray resource of the job's hardware (hardware.resource, else hw-<name>), from its typed hardware
     config; None where that config is wrong."""
-    from src.assembly.config import hardware_config
     try:
         hardware = hardware_config(OmegaConf.to_container(config.hardware, resolve=True, throw_on_missing=True))
     except Exception:   # noqa: BLE001 - a wrong, missing or unresolvable value: the job code says which
@@ -165,7 +162,7 @@ def _resource(config: DictConfig) -> str | None:
 
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
-    import ray
+    import ray   # optional: the lab extra
 
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)

@@ -31,9 +31,13 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
+from transformers.utils import logging as hf_logging
 
-from src.tracking import record, signals
 from src.assembly.overrides import CONF_DIR, unknown_choice, unknown_key, unparsable
+from src.assembly.sweep import settings, unset_line
+from src.common.locks import hold
+from src.common.progress import watched
+from src.tracking import SWEEP_ID, SweepInfo, bound_http_retries, quiet_store_logs, record, report, signals
 from src.tracking.record import SweepAbort, SweepUnwritable, fail_line
 from src.tracking.signals import Stopped
 
@@ -60,7 +64,6 @@ OmegaConf.register_new_resolver("quantspec_dirname", lambda name: short_dirname(
 
 
 def sweep_info(hc):
-    from src.tracking import SweepInfo
     if hc.mode != RunMode.MULTIRUN:
         return None
     sweep_dir = Path(hc.sweep.dir).resolve()
@@ -68,22 +71,6 @@ def sweep_info(hc):
     name = f"{sweep_dir.parent.name} {sweep_dir.name}" if sweep_dir.parent.parent.name == "multirun" else sweep_dir.name
     # The sweep's own command line (hc.overrides.task is one job's share of it).
     return SweepInfo(str(sweep_dir), f"sweep {name}", " ".join(a for a in sys.argv[1:] if a not in ("-m", "--multirun")))
-
-
-def _unset(err: MissingMandatoryValue) -> str:
-    return f"{err.full_key} must be set (e.g. {err.full_key}=...)"
-
-
-def settings(config: DictConfig):
-    """The sweep's settings (src.assembly.config.SweepSettings) from Hydra's config: ConfigError, one
-    line, where they are wrong."""
-    from src.assembly.config import ConfigError, sweep_settings
-    try:
-        top = {k: OmegaConf.to_container(config[k], resolve=True) if isinstance(config[k], DictConfig) else config[k]
-               for k in ("tracking", "experiment", "report_at_end", "resume", "rounds", "busy_reruns") if k in config}
-    except MissingMandatoryValue as err:
-        raise ConfigError(_unset(err)) from None
-    return sweep_settings(top, Path(str(config.hydra.sweep.dir)))
 
 
 def task(cfg: DictConfig, preset: tuple[str, str] | None = None, node: dict | None = None) -> str:
@@ -94,7 +81,7 @@ def task(cfg: DictConfig, preset: tuple[str, str] | None = None, node: dict | No
     try:
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
-        record.ledger.refuse(hc.job.override_dirname, _unset(err))
+        record.ledger.refuse(hc.job.override_dirname, unset_line(err))
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
     return record.run_job(raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset,
@@ -115,7 +102,6 @@ class SweepCallback(Callback):
     job counts the store holds."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from src.common.locks import hold
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         try:
             held = hold(sweep_dir / SWEEP_LOCK)
@@ -126,7 +112,6 @@ class SweepCallback(Callback):
                              f"rerunning into it resumes the sweep) or choose another hydra.sweep.dir")
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        from src.tracking import SWEEP_ID
         ledger = record.ledger
         counts = {o: ledger.outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
         if ledger.outcomes and len(ledger.refused) == len(ledger.outcomes):
@@ -142,7 +127,6 @@ class SweepCallback(Callback):
                 counts = store.close_sweep(parent.info.run_id)
                 ledger.counts.update(counts)
                 if sweep.report_at_end:
-                    from src.tracking import report
                     report.at_sweep_end(store.uri, sweep.experiment, parent.data.tags[SWEEP_ID])
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
             fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will")
@@ -157,12 +141,12 @@ def cli() -> None:
     if problem:
         fail_line(problem)
         sys.exit(2)
-    # Library chatter would bury the tables; our own log lines stay at INFO.
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from src.tracking.progress import watched
-    from src.tracking import bound_http_retries, quiet_store_logs
+    # Library chatter would bury the tables; our own log lines stay at INFO. Set here and in the environment
+    # (a runtime's process, src.engine.isolated, imports transformers afresh), unless the user chose a level.
+    if "TRANSFORMERS_VERBOSITY" not in os.environ:
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+        hf_logging.set_verbosity_error()
     if not watched():  # transformers' own bars (GGUF conversion, weight loading) too
-        from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
     bound_http_retries()
     quiet_store_logs()

@@ -116,7 +116,7 @@ def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
 
 
 def test_engine_isa_choices_are_the_kernel_variants_but_never_the_tests_twin():
-    from src.assembly.config import ISA_CHOICES
+    from src.engine.config import ISA_CHOICES
     from src.kernels.variants import AVX_VNNI_TWIN, NAMES
     assert ISA_CHOICES == ("auto", *NAMES) and "avx_vnni" in ISA_CHOICES and AVX_VNNI_TWIN.name not in ISA_CHOICES
 
@@ -125,7 +125,7 @@ def test_each_kind_holds_only_its_own_fields():
     """A kind's config is its registered class: a w8a8 job has no AWQ fields, decode no perplexity window, a
     runtime engine none of quantspec's kernels or step path (the YAML's _fields reach every job of a sweep;
     the typed config keeps the kind's own)."""
-    from src.assembly.config import RuntimeEngine
+    from src.engine.config import RuntimeEngine
     from src.quant.methods import Awq, SmoothQuant
     from src.tasks.kinds import Decode, Perplexity
     job = job_config_from_dict(compose_job(["precision=w8a8", "task=decode"])[0])
@@ -155,7 +155,7 @@ def test_a_kind_is_registered_once_and_its_names_are_the_choices():
     from dataclasses import dataclass
     from typing import ClassVar
 
-    from src.assembly.schema import Kinds
+    from src.common.schema import Kinds
     from src.tasks.kinds import TASKS, TaskConfig
     assert TASKS.names == ("decode", "benchmark", "benchmark_code", "perplexity", "lm_eval", "quantize")
     assert {p.stem for p in (CONF / "task").glob("*.yaml") if not p.stem.startswith("_")} >= set(TASKS.names)

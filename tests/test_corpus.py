@@ -2,8 +2,8 @@
 
 import pytest
 
-from src.assembly.config import DatasetConfig
-from src.assembly.corpus import SEED_PROMPTS, DatasetUnavailable, code_prompts, load_text
+from src.data.config import DatasetConfig
+from src.data.corpus import SEED_PROMPTS, DatasetUnavailable, code_prompts, load_text
 
 
 def test_humaneval_ships_offline():

@@ -21,7 +21,7 @@ from src.kernels import modules
 from src.quant import qparams
 from src.quant.aten_ops import pack_w4
 from src.quant.linear import build, int4_tensors, int8_tensors
-from src.assembly.tiny import tiny_model
+from src.models.tiny import tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 

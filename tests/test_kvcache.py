@@ -5,7 +5,7 @@ import torch
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from src.engine.kvcache import MIN_GROWTH, GrowingLayer, GrowingSlidingLayer, growing_cache
-from src.assembly.tiny import tiny_model
+from src.models.tiny import tiny_model
 
 
 def _kv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

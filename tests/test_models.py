@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from src.assembly.config import ModelConfig
-from src.assembly.models import MANIFEST, ModelUnavailable, build_cached, load_model, verify_manifest
+from src.models.config import ModelConfig
+from src.models.load import MANIFEST, ModelUnavailable, build_cached, load_model, verify_manifest
 
 
 def write_files(out):
@@ -105,7 +105,7 @@ def test_a_builder_killed_mid_build_leaves_nothing_behind_after_the_next_build(t
     import time
     from tests.conftest import ROOT, cli_env
     d = tmp_path / "model"
-    code = (f"import time\nfrom pathlib import Path\nfrom src.assembly.models import build_cached\n"
+    code = (f"import time\nfrom pathlib import Path\nfrom src.models.load import build_cached\n"
             f"def build(out):\n    (out / 'half.bin').write_bytes(b'x' * 1000)\n    time.sleep(60)\n"
             f"build_cached(Path({str(d)!r}), build, {{'key': 'k'}})\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=cli_env())

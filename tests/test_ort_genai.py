@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from src.engine import ort_genai
 from src.engine.common import Sampling
-from src.assembly.tiny import tiny_model
+from src.models.tiny import tiny_model
 from tests.conftest import perplexity_by_engine, run_cli
 
 pytestmark = pytest.mark.skipif(ort_genai.available() is not None, reason=str(ort_genai.available()))

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.assembly.tiny import tiny_model
+from src.models.tiny import tiny_model
 from src.quality import divergence, front, paired, stats
 from src.quality.scoring import reference_window, score_logits, torch_scorer
 

@@ -11,7 +11,7 @@ from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, build, int4_t
 from src.quant.pipeline import install, quantize
 from tests.conftest import quant_spec
 from src.quant import scaling
-from src.assembly.tiny import tiny_model
+from src.models.tiny import tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 SPECS = {

@@ -5,7 +5,7 @@ import json
 import torch
 
 from src.quant import prefill
-from src.quant.linear import build, int8_tensors
+from src.quant.linear import build, install_prefill, int8_tensors
 
 
 def test_both_paths_give_the_exact_int8_product():
@@ -25,7 +25,7 @@ def test_the_choice_is_measured_once_per_host_and_installed(tmp_path):
     (tmp_path / prefill.CACHE).write_text(json.dumps({k: {"int_mm": 2.0, "float": 1.0} for k in cached}))
     assert prefill.choose(tmp_path, "cpu", 2)[0] == "float"   # the cached measurement, not a new one
     model = torch.nn.Sequential(build("w8a8", int8_tensors(torch.randn(16, 64), None), None, torch.float32))
-    assert prefill.install(model, "float") == 1 and model[0].prefill == "float"
+    assert install_prefill(model, "float") == 1 and model[0].prefill == "float"
     x = torch.randn(40, 64)   # more rows than a step: the chosen path
     model[0].prefill = "int_mm"
     ref = model(x)

@@ -8,7 +8,7 @@ import torch
 
 from src.assembly import memory
 from src.assembly.config import ConfigError, job_config_from_dict
-from src.assembly.random_weights import config_of, parameter_count, random_model, shapes
+from src.models.random_weights import config_of, parameter_count, random_model, shapes
 from tests.conftest import compose_job, run_cli
 
 SEEDS = {"llama-2-7b": 6.74e9, "CodeLlama-7b-hf": 6.74e9, "opt-6.7b": 6.66e9, "Qwen1.5-7B-Chat": 7.72e9,

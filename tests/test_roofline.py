@@ -10,7 +10,7 @@ from src.engine import roofline
 from src.common.metrics import Row
 from src.quant.pipeline import install, quantize
 from tests.conftest import quant_spec
-from src.assembly.tiny import tiny_model
+from src.models.tiny import tiny_model
 
 
 def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():

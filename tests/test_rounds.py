@@ -9,7 +9,8 @@ from mlflow.tracking import MlflowClient
 
 from src.tracking import report
 from src.tracking.compare import Config, configs, ratio_spread, spread
-from src.tracking.rounds import config_key, schedule
+from src.tracking.names import config_key
+from src.tracking.rounds import schedule
 from src.tracking.sweeps import sweep_jobs
 from tests.conftest import job_record, run_cli
 

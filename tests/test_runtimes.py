@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from src.engine.runtimes import cached, cached_export
-from src.assembly.tiny import tiny_model
+from src.models.tiny import tiny_model
 from tests.conftest import ROOT, cli_env
 
 

@@ -14,9 +14,9 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tracking import sysmetrics
-from src.assembly.config import DatasetConfig
-from src.assembly.corpus import Corpus, load_text, prompts_input
+from src.common import sysmetrics
+from src.data.config import DatasetConfig
+from src.data.corpus import Corpus, load_text, prompts_input
 from src.tracking.journal import Journal
 from src.tracking.record import _flag_busy_host
 from src.tracking import JobRun, Store, replay

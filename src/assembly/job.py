@@ -12,24 +12,30 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 from torch import nn
 
-from src.common import environment
+from src import kernels
 from src.assembly import hardware, memory
 from src.assembly.config import ConfigError, JobConfig
-from src.assembly.corpus import Corpus, TextInput
+from src.assembly.hardware import Placement
+from src.common import environment
+from src.data.corpus import Corpus, TextInput
 from src.engine import engine_for, roofline, runtimes
 from src.engine.isolated import Isolated
-from src.assembly.hardware import Placement
-from src.assembly.models import LoadedModel, load_model, tokenizer_mismatch
-from src.assembly.random_weights import parameter_count
+from src.engine.speculative import ModelDrafter, PromptLookup
+from src.engine.subset_head import cut_head, frequent_tokens
+from src.kernels import modules
+from src.models.load import LoadedModel, load_model, tokenizer_mismatch
+from src.models.random_weights import parameter_count
 from src.quality.reference import Reference
 from src.quality.scoring import torch_scorer
+from src.quant import prefill
+from src.quant.apply import prepare
+from src.quant.linear import install_prefill, w8a8_linears
 from src.tasks.common import TaskInputs, TaskResult
 
 log = logging.getLogger("quantspec")
@@ -179,7 +185,6 @@ def _record_executed(cfg, placement, env: dict, recorder) -> None:
 def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
     """The drafter for draft.kind: prompt lookup, or a draft model at its precision (quantized once,
     through the same cache as targets) whose tokenizer must be the target's."""
-    from src.engine.speculative import ModelDrafter, PromptLookup
 
     if cfg.draft.kind == "prompt_lookup":
         return PromptLookup(cfg.draft.max_ngram, cfg.draft.min_ngram)
@@ -192,7 +197,6 @@ def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
     model, _ = _prepare_precision(cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, recorder, gemv,
                                   "draft_")
     if cfg.draft.vocab:
-        from src.engine.subset_head import cut_head, frequent_tokens
         kept = cut_head(model, frequent_tokens(draft_loaded.tokenizer, corpus.reader("draft vocabulary")(),
                                                cfg.draft.vocab))
         recorder.log_metrics({"draft_vocab": kept})
@@ -203,7 +207,6 @@ def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
 def _check_isa(cfg) -> None:
     """engine.isa forced to a variant this CPU cannot run: one line, before anything loads."""
     if cfg.engine.module is None and cfg.engine.kernels == "quantspec" and cfg.engine.isa != "auto":
-        from src import kernels
         try:
             kernels.candidates(cfg.engine.isa)
         except kernels.IsaUnavailable as err:
@@ -217,7 +220,6 @@ def _kernels(cfg, placement, recorder) -> bool:
     line and marked wherever the run's numbers are shown); param executed.kernels names the variant."""
     used, note, fallback = False, "", False
     if cfg.engine.kernels == "quantspec":
-        from src import kernels
         if placement.device != "cpu":
             note = f"quantspec kernels are CPU kernels; {placement.device} keeps ATen's"
         elif kernels.load(cfg.cache_dir / "kernels", cfg.engine.isa):
@@ -241,7 +243,6 @@ def _place(cfg, model, placement, gemv: bool, recorder=None):
     model = model.to(placement.device)
     model.set_attn_implementation(cfg.engine.attention)
     if gemv:
-        from src.kernels import modules
         counts = modules.install(model)
         if recorder is not None:
             recorder.log_params({f"kernels.{kind}": count for kind, count in sorted(counts.items())})
@@ -252,8 +253,6 @@ def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv
     """Cast to the precision's dtype, quantizing first (from the cache when it holds this key).
     Returns the model and the quantization step's metrics (empty for a float precision). `prefix`
     names a draft's metrics and tags apart from the target's."""
-    from src.quant.apply import prepare
-
     model, report = prepare(loaded, model_cfg, precision, corpus.reader("calibration"), cfg.cache_dir, gemv)
     if report is None:
         return model, {}
@@ -261,10 +260,9 @@ def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv
              "quantized" if report.built else "loaded quantized weights", precision.name, report.seconds,
              report.cache_dir)
     metrics = {prefix + k: v for k, v in report.metrics().items()}
-    from src.quant import prefill
-    if prefill.w8a8_linears(model):   # their many-row path: whichever this host runs faster
+    if w8a8_linears(model):   # their many-row path: whichever this host runs faster
         path, seconds = prefill.choose(cfg.cache_dir, environment.cpu_model(), torch.get_num_threads())
-        prefill.install(model, path)
+        install_prefill(model, path)
         recorder.log_params({f"executed.{prefix}int8_gemm": path})
         metrics.update({f"{prefix}int8_gemm_probe_ms_{p}": s * 1e3 for p, s in seconds.items()})
     recorder.log_metrics(metrics)

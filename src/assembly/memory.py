@@ -19,6 +19,7 @@ import psutil
 from src.assembly.config import ConfigError, JobConfig
 from src.engine import kvcache
 from src.engine.roofline import PROBE_MB
+from src.models.random_weights import NoShape, config_of, parameter_count
 
 GB = 2**30
 # python, torch, transformers, Hydra, MLflow: ~1.1 GB resident measured here; plus the bandwidth probe's
@@ -31,7 +32,6 @@ def _shape(cfg: JobConfig):
     """The model's published shape where it is known before loading (random weights), else None."""
     if cfg.model.weights != "random":
         return None
-    from src.assembly.random_weights import NoShape, config_of
     try:
         return config_of(cfg.model.name)
     except NoShape:
@@ -47,7 +47,6 @@ def _kv_bytes(cfg: JobConfig, shape) -> int:
 
 
 def estimate_bytes(cfg: JobConfig) -> int | None:
-    from src.assembly.random_weights import config_of, parameter_count
     shape = _shape(cfg)
     if shape is None:
         return None

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from src.assembly.config import GROUPS
+from src.assembly.config import GROUPS, ConfigError, unread
 from src.common.environment import PROJECT_ROOT
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 
 CONF_DIR = PROJECT_ROOT / "conf"
 LAUNCHERS = ("basic", "ray")   # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)
@@ -38,8 +40,6 @@ def _entry_file(group: str, name: str, dirs: list[Path]) -> Path | None:
 def unparsable(args: list[str]) -> str | None:
     """The first override Hydra's grammar cannot read, in one line (Hydra's own error is a multi-line
     report with a link), or None."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
     parser = OverridesParser.create()
     for arg in args:
         if arg.startswith("-") or "=" not in arg:
@@ -80,7 +80,6 @@ def unknown_key(args: list[str]) -> str | None:
     """One line naming an override of a group's field that the chosen entry does not have, or None.
 
     Hydra's own message is five lines ending in a hint about HYDRA_FULL_ERROR."""
-    from src.assembly.config import ConfigError, unread
     chosen = {g: [v.strip() for v in m.group(2).split(",")] for a in args
               if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS}
     dirs = config_dirs(args)
@@ -118,7 +117,6 @@ def group_entry(group: str, name: str, where: str, dirs: list[Path] | None = Non
     """conf/<group>/<name>.yaml as Hydra composes it, as a plain dict: over the files its defaults list
     names (e.g. _fields), with other groups' entries nested where it places them (a draft's
     `/precision@precision: w8a8` becomes its `precision` field)."""
-    from src.assembly.config import ConfigError
 
     dirs = dirs or [CONF_DIR]
     path = _entry_file(group, name, dirs)

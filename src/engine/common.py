@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from src.assembly.config import Sampling  # the configured type itself: config imports no engine at load, so no cycle
+from src.engine.config import Sampling  # the configured type itself: config imports no engine at load, so no cycle
 
 
 @dataclass

@@ -23,7 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from src.engine.common import Generation, Sampling, token_loop
+from src.engine.common import Generation, Sampling, eos_ids, token_loop
+from src.engine.runtimes import cached, exported
+from src.kernels.variants import cpu_features
+from src.models.load import gguf_path
+from src.quality.scoring import score_logits
+import torch
 
 log = logging.getLogger("quantspec")
 
@@ -56,14 +61,13 @@ def unsupported(cfg) -> str | None:
 def crash_hint() -> str:
     """llama.cpp's native build takes the AMX path where the CPU has AMX, and it segfaulted on its first
     decode on such a host (a Xeon VM): the fix is a build without AMX."""
-    from src.kernels.variants import cpu_features
     return ("this CPU has AMX, whose llama.cpp path has crashed on VMs: rebuild without it, CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
             "-DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" pip install "
             "--no-cache-dir --force-reinstall llama-cpp-python==0.3.36") if "amx_int8" in cpu_features() else ""
 
 
 def runtime_name(cfg, device: str) -> str:
-    import llama_cpp
+    import llama_cpp   # optional: the llamacpp extra
     flags = llama_cpp.llama_print_system_info().decode().split("|")
     built = " ".join(f.split("=")[0].strip().replace("CPU : ", "") for f in flags if f.strip().endswith("= 1"))
     return (f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, built with {built}) CPU, "
@@ -72,11 +76,10 @@ def runtime_name(cfg, device: str) -> str:
 
 def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Path:
     """The package's GGUF rewritten at the precision by llama.cpp's quantizer: once, then cached."""
-    from src.engine.runtimes import cached
     what = f"llama.cpp GGUF ({precision})"
 
     def quantize(work: Path) -> None:
-        import llama_cpp
+        import llama_cpp   # optional: the llamacpp extra
         (work / "model").mkdir()
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype, params.allow_requantize, params.nthread = FTYPES[precision], True, os.cpu_count() or 1
@@ -90,9 +93,6 @@ def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Pa
 def build(cfg, loaded, placement, corpus, recorder):
     """The job's weights as a GGUF at the precision (cached); what loads it with llama.cpp on the job's
     threads (in the runtime's own process: src.engine.isolated)."""
-    from src.assembly.models import gguf_path
-    from src.engine.common import eos_ids
-    from src.engine.runtimes import exported
     path = exported(recorder, lambda: export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key,
                                              cfg.precision.name, cfg.cache_dir), "llamacpp", "llama.cpp/CPU")
     return partial(LlamaCpp, path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
@@ -109,16 +109,14 @@ class LlamaCpp:
         self._scorers: dict[int, object] = {}
 
     def _open(self, context: int, every_position: bool):
-        import llama_cpp
+        import llama_cpp   # optional: the llamacpp extra
         return llama_cpp.Llama(model_path=str(self.path), n_ctx=context, n_batch=min(context, 512),
                                n_ubatch=min(context, 512), n_threads=self.threads, logits_all=every_position,
                                verbose=False)
 
     def window_score(self, ids, indices=None):
         """The window scored from llama.cpp's logits for every position (src.quality.scoring)."""
-        import torch
 
-        from src.quality.scoring import score_logits
         n = len(ids)
         scorer = self._scorers.get(n) or self._scorers.setdefault(n, self._open(n, True))
         scorer.reset()
@@ -127,7 +125,7 @@ class LlamaCpp:
 
     def _next_logits(self, ids: list[int]) -> np.ndarray:
         """The logits after `ids`, appended to what the decoding context holds."""
-        import llama_cpp
+        import llama_cpp   # optional: the llamacpp extra
         self._decoder.eval(ids)
         row = llama_cpp.llama_get_logits_ith(self._decoder.ctx, -1)
         return np.ctypeslib.as_array(row, shape=(self._decoder.n_vocab(),)).copy()

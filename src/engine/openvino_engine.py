@@ -28,7 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from src.engine.common import Generation, Sampling, token_loop
+from src.engine.common import Generation, Sampling, eos_ids, token_loop
+from src.engine.runtimes import cached_export, exported
+from src.quality.scoring import score_logits
+import torch
 
 log = logging.getLogger("quantspec")
 TITLE = "OpenVINO"
@@ -67,7 +70,7 @@ def unsupported(cfg) -> str | None:
 
 
 def runtime_name(cfg, device: str) -> str:
-    import openvino
+    import openvino   # optional: the ov extra
     precision = cfg.precision.name
     method = {"fp32": "fp32", "int8": "NNCF int8 weights (asym, per channel)",
               "int4_awq": "NNCF int4 weights (asym, group 128) with AWQ",
@@ -93,7 +96,6 @@ def _alpha(cfg) -> float:
 def export(model, tokenizer, source_key: str, precision: str, calibration: list[str], cache_dir: Path,
            alpha: float = 0.5) -> Path:
     """The model as OpenVINO runs it: exported once per (weights, precision, calibration, alpha), then cached."""
-    from src.engine.runtimes import cached_export
     key = f"{source_key}-{PRECISIONS[precision]}"
     want = {"version": EXPORT_VERSION, "source": source_key, "precision": PRECISIONS[precision],
             "calibration": len(calibration), **({"alpha": alpha} if PRECISIONS[precision] == "int8_sq" else {})}
@@ -109,12 +111,10 @@ def build(cfg, loaded, placement, corpus, recorder):
     """The job's weights exported and compressed at the precision (cached; w4a16's AWQ and w8a8's
     SmoothQuant calibrated on the job's calibration texts); returned as what compiles it for the CPU (in the
     runtime's own process)."""
-    from src.engine.common import eos_ids
     texts = []
     if PRECISIONS[cfg.precision.name] in CALIBRATED:   # 16 pieces of the corpus quantspec calibrates on
         text = corpus.reader("calibration")()
         texts = [piece for piece in (text[i * 2000:(i + 1) * 2000] for i in range(16)) if piece.strip()]
-    from src.engine.runtimes import exported
     folder = exported(recorder, lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name,
                                                texts, cfg.cache_dir, _alpha(cfg)), "openvino", "openvino/CPU")
     return partial(OpenVINO, folder, tuple(sorted(eos_ids(loaded.model))), f32=_f32(cfg.precision.name))
@@ -128,7 +128,7 @@ class OpenVINO:
     f32: bool = True   # fp32 activations (OpenVINO runs bf16 on CPUs that have it unless told)
 
     def __post_init__(self):
-        import openvino as ov
+        import openvino as ov   # optional: the ov extra
         config = {"INFERENCE_PRECISION_HINT": "f32"} if self.f32 else {}
         self.compiled = ov.Core().compile_model(str(self.folder / "openvino_model.xml"), "CPU", config)
         self.request = self.compiled.create_infer_request()
@@ -144,9 +144,7 @@ class OpenVINO:
 
     def window_score(self, ids, indices=None):
         """The window scored from OpenVINO's logits for every position (src.quality.scoring)."""
-        import torch
 
-        from src.quality.scoring import score_logits
         self.request.reset_state()
         return score_logits(torch.from_numpy(self._infer(ids.tolist(), 0).astype(np.float32)), ids, indices)
 

@@ -1,6 +1,6 @@
 """`engine=ort_genai`: ONNX Runtime GenAI, the runtime AMD's Ryzen AI software uses to reach the NPU.
 
-The job's model (whatever src.assembly.models loaded: a cached conversion of the default model, a seed shape with
+The job's model (whatever src.models.load loaded: a cached conversion of the default model, a seed shape with
 random weights, a tiny test model) is written once as a Hugging Face folder, and ONNX Runtime GenAI's own
 model builder exports it, quantizing as the precision asks (its int4 and int8 are weight-only
 `MatMulNBits`, round-to-nearest in blocks of 32, quantized by the builder: not quantspec's AWQ or
@@ -22,6 +22,10 @@ from functools import partial
 from pathlib import Path
 
 from src.engine.common import Generation, Sampling
+from src.engine.runtimes import cached_export, exported
+from src.quality.scoring import score_logits
+import numpy as np
+import torch
 
 log = logging.getLogger("quantspec")
 TITLE = "ONNX Runtime GenAI"
@@ -53,8 +57,8 @@ def unsupported(cfg) -> str | None:
 
 
 def runtime_name(cfg, device: str) -> str:
-    import onnxruntime
-    import onnxruntime_genai
+    import onnxruntime   # optional: the ort extra
+    import onnxruntime_genai   # optional: the ort extra
     precision, provider = cfg.precision.name, PROVIDERS.get(device, "cpu")
     quant = {"int4": "int4 MatMulNBits", "int8": "int8 MatMulNBits", "fp32": "fp32"}[PRECISIONS[precision]]
     return (f"onnxruntime-genai {onnxruntime_genai.__version__} (onnxruntime {onnxruntime.__version__}), "
@@ -63,8 +67,7 @@ def runtime_name(cfg, device: str) -> str:
 
 def export(model, tokenizer, source_key: str, precision: str, provider: str, cache_dir: Path) -> Path:
     """The model as ONNX Runtime GenAI runs it: built once per (weights, precision, provider), then cached."""
-    import onnxruntime_genai
-    from src.engine.runtimes import cached_export
+    import onnxruntime_genai   # optional: the ort extra
     key = f"{source_key}-{PRECISIONS[precision]}-{provider}"
     want = {"version": EXPORT_VERSION, "builder": onnxruntime_genai.__version__, "source": source_key,
             "precision": PRECISIONS[precision], "provider": provider}
@@ -82,7 +85,6 @@ def build(cfg, loaded, placement, corpus, recorder):
     if cfg.hardware.device == "npu":
         log.warning("%s profile: the Ryzen AI provider is not in this onnxruntime-genai; the CPU provider runs",
                     cfg.hardware.name)
-    from src.engine.runtimes import exported
     folder = exported(recorder, lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name,
                                                provider, cfg.cache_dir), "onnxruntime", f"onnxruntime-genai/{provider}")
     return partial(OrtGenAI, folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0))
@@ -96,7 +98,7 @@ class OrtGenAI:
     window: int = 0   # a sliding window: the runtime wants its KV cache at least this long
 
     def __post_init__(self):
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og   # optional: the ort extra
         config = og.Config(str(self.folder))
         if self.provider != "cpu":
             config.clear_providers()
@@ -108,11 +110,8 @@ class OrtGenAI:
     def window_score(self, ids, indices=None):
         """The window scored from the runtime's own logits for every position of one prompt
         (src.quality.scoring, as for torch models)."""
-        import numpy as np
-        import onnxruntime_genai as og
-        import torch
+        import onnxruntime_genai as og   # optional: the ort extra
 
-        from src.quality.scoring import score_logits
         params = og.GeneratorParams(self.model)
         params.set_search_options(max_length=max(len(ids), self.window) if not self.context
                                   else min(max(len(ids), self.window), self.context))
@@ -123,7 +122,7 @@ class OrtGenAI:
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
                  pad_token_id: int | None, stop=None) -> Generation:
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og   # optional: the ort extra
         ids = input_ids[0].tolist()
         params = og.GeneratorParams(self.model)
         length = max(len(ids) + max_new_tokens, self.window)

@@ -13,7 +13,7 @@ kernels, and is one module with these names:
   on this host, or "").
 
 Adding one is that module and conf/engine/<name>.yaml with `kind: <name>` and `module: <its import
-path>` (its config is then src.assembly.config.RuntimeEngine: quantspec's own kernels, attention and step
+path>` (its config is then src.engine.config.RuntimeEngine: quantspec's own kernels, attention and step
 path do not apply); nothing else lists the runtimes. A draft on any engine but native is refused when the config is read (drafts run on
 quantspec's engine), so a runtime's `unsupported` never sees one.
 """
@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Callable
 
 from src.common.locks import sha256_file
+from src.common.schema import ConfigError
+import ctypes
+import signal
 
 log = logging.getLogger("quantspec")
 
@@ -40,7 +43,6 @@ NAMES = ("unsupported", "runtime_name", "build")   # what a runtime's module mus
 def check_module(name: str) -> None:
     """engine.module must import (without torch's weight: these modules import their runtime lazily)
     and define NAMES; a ConfigError of one line otherwise."""
-    from src.assembly.config import ConfigError
     try:
         module = importlib.import_module(name)
     except ImportError as err:
@@ -150,8 +152,6 @@ def cached_export(out: Path, want: dict, model, tokenizer, command: Callable[[Pa
 
 
 def _die_with_parent() -> None:
-    import ctypes
-    import signal
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 

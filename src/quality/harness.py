@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from src.data.corpus import bos_prefix
+
 LOCAL_TASKS = Path(__file__).parent / "lm_eval_tasks"   # tasks defined from this repository's files
 VERSION = "0.4.13"   # pinned (pyproject.toml): its task definitions and metrics are part of every figure
 
@@ -36,7 +38,6 @@ def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | N
     `generate(ids (1, n), max_new_tokens, stop) -> new token ids`."""
     from lm_eval.api.model import LM   # here: lm-eval is an optional extra
 
-    from src.tasks.common import bos_prefix
 
     class QuantspecLM(LM):
         def __init__(self):

@@ -2,7 +2,7 @@
 where fp32 does not fit), run by torch, computed once and cached.
 
 Two caches, each a directory under <cache_dir>/reference/ holding safetensors or JSON with a manifest
-(sha256 of each file, checked before use; src.assembly.models.build_cached), keyed by the model's exact
+(sha256 of each file, checked before use; src.models.load.build_cached), keyed by the model's exact
 weights, the reference precision and exactly what was scored:
 - windows: per position, the reference's top-k next tokens and their log-probs, and the log-prob of the
   token that came (src.quality.divergence says what the cut to k costs);
@@ -23,8 +23,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from src.assembly.config import ModelConfig
-from src.assembly.models import build_cached, load_model
+from src.models.config import ModelConfig
+from src.models.load import build_cached, load_model
 from src.common.paths import child
 from src.quality.scoring import ReferenceWindow, reference_window
 

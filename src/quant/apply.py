@@ -13,7 +13,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from src.assembly.config import ModelConfig, PrecisionConfig
+from src.models.config import ModelConfig
+from src.quant.config import PrecisionConfig
 from src.quant.methods import QuantSpec
 from src.common.paths import child
 from src.quant import cache

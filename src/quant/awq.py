@@ -15,7 +15,7 @@ from torch import nn
 
 from src.quant import calibrate, scaling
 from src.quant.arch import awq_groups, decoder_linears
-from src.tracking.progress import progress
+from src.common.progress import progress
 from src.quant.qparams import fake_int4_weight
 
 log = logging.getLogger(__name__)

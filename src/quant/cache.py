@@ -1,7 +1,7 @@
 """The quantized-model cache: safetensors + JSON, keyed by everything that changes the weights.
 
 A key covers the model's source, the method and every parameter, and a hash of the calibration data.
-Files are verified against their recorded sha256 on every load (src.assembly.models.build_cached): a damaged
+Files are verified against their recorded sha256 on every load (src.models.load.build_cached): a damaged
 or stale cache is rebuilt, never trusted.
 """
 
@@ -17,7 +17,7 @@ from typing import Callable
 
 from safetensors.torch import load_file, save_file
 
-from src.assembly.models import build_cached
+from src.models.load import build_cached
 from src.quant.methods import QuantSpec
 from src.quant.pipeline import QuantizedWeights
 

@@ -10,7 +10,7 @@ import hashlib
 import torch
 from torch import nn
 
-from src.tracking.progress import progress
+from src.common.progress import progress
 
 
 def calibration_ids(tokenizer, corpus: str, samples: int, seq_len: int) -> torch.Tensor:

@@ -246,3 +246,15 @@ def build(kind: str, t: dict[str, torch.Tensor], group: int | None, dtype: torch
     if kind == "w8a16":
         return cls(t["w_q"], t["w_scale"], t.get("bias"), dtype=dtype)
     return cls(t["q4"], t["scale"], t["zero"], group, t.get("bias"))
+
+
+def w8a8_linears(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, W8A8Linear)]
+
+
+def install_prefill(model: nn.Module, path: str) -> int:
+    """Set every w8a8 linear's many-row path; returns how many."""
+    linears = w8a8_linears(model)
+    for module in linears:
+        module.prefill = path
+    return len(linears)

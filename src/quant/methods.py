@@ -14,7 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from src.assembly.schema import ConfigError, Kinds, check_choice
+from src.common.schema import ConfigError, Kinds, check_choice
+from src.quant import awq, smoothquant
+from src.quant.arch import decoder_linears
+from dataclasses import replace
 
 SCHEMES = ("w8a8", "w8a16", "w4a16")   # low-bit weights x activations (precision.scheme)
 INT4_GROUPS = (32, 64, 128, 256)       # what the CPU int4 kernel accepts
@@ -84,11 +87,9 @@ class SmoothQuant(QuantSpec):
         if model.smoothquant_alpha is None:
             raise ConfigError(f"model {model.name} has no smoothquant_alpha; set precision.alpha=0.5 (or "
                               f"model.smoothquant_alpha in conf/model/{model.name}.yaml)")
-        from dataclasses import replace
         return replace(self, alpha=model.smoothquant_alpha)
 
     def scale(self, model, arch, calibration):
-        from src.quant import smoothquant
         return smoothquant.smooth(model, arch, calibration, self.alpha), {}
 
 
@@ -114,8 +115,6 @@ class Awq(QuantSpec):
                 raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
 
     def scale(self, model, arch, calibration):
-        from src.quant import awq
-        from src.quant.arch import decoder_linears
         int4 = {n for n in decoder_linears(model, arch) if self.scheme_for(n) == "w4a16"}
         return awq.awq(model, arch, calibration, self.group_size, self.awq_grid, self.awq_clip,
                        self.awq_search_tokens, self.awq_block_loss, clip_only=int4, search_rows=self.awq_search_rows)

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from src.common.locks import atomic_write_text
 
@@ -69,16 +68,3 @@ def choose(cache_dir: Path, cpu_model: str, threads: int) -> tuple[str, dict[str
         atomic_write_text(path, json.dumps(known, indent=2))
     seconds = known[key]
     return min(seconds, key=seconds.get), seconds
-
-
-def w8a8_linears(model: nn.Module) -> list[nn.Module]:
-    from src.quant.linear import W8A8Linear
-    return [m for m in model.modules() if isinstance(m, W8A8Linear)]
-
-
-def install(model: nn.Module, path: str) -> int:
-    """Set every w8a8 linear's many-row path; returns how many."""
-    linears = w8a8_linears(model)
-    for module in linears:
-        module.prefill = path
-    return len(linears)

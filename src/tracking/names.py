@@ -12,6 +12,8 @@ from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
 
 from src.common.environment import PROJECT_ROOT
+import logging
+from sqlalchemy.exc import SQLAlchemyError
 
 ROLE, SWEEP_ID, SWEEP_KEY, JOB_KEY = "quantspec.role", "quantspec.sweep_id", "quantspec.sweep_key", "quantspec.job_key"
 OWNER, HEARTBEAT, JOURNAL = "quantspec.owner", "quantspec.heartbeat", "quantspec.journal"
@@ -52,9 +54,8 @@ def quiet_store_logs() -> None:
     """MLflow logs each database error with two full tracebacks (mlflow.store.db.utils) before raising it;
     every such failure is said here in one line (journaled, or refused), so its own log stays quiet. Its
     schema notes on a store's first use too."""
-    import logging as logging_
-    logging_.getLogger("mlflow.store.db.utils").setLevel(logging_.CRITICAL)
-    logging_.getLogger("alembic").setLevel(logging_.WARNING)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def bound_http_retries() -> None:
@@ -120,5 +121,12 @@ def refusal(err: Exception) -> str | None:
 def _database_error(err: MlflowException) -> bool:
     """MLflow answers a broken database (garbage over its file, a full or read-only disk) with BAD_REQUEST
     too; that is an outage to journal through, not a refusal of the record."""
-    from sqlalchemy.exc import SQLAlchemyError
     return isinstance(err.__cause__, SQLAlchemyError) or str(err).lstrip().startswith("(sqlite3.")
+
+ROUND = "round"    # the job's round: a config key the sweeper sets, a tag and a param of each run
+
+
+def config_key(override_dirname: str) -> str:
+    """A job's identity across its rounds: its override_dirname without the `round=r` item."""
+    return ",".join(item for item in override_dirname.split(",") if not item.startswith(f"{ROUND}=")) \
+        if override_dirname else ""

@@ -14,11 +14,14 @@ import math
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
+from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 
 from src.assembly.config import AXES
 from src.common.metrics import markdown_table
 from src.quality import front, paired
 from src.tracking.compare import NO_SPREAD, Config, Spread
+import csv
+import io
 
 # The front's quality figures (report setting quality.metric), each with whether lower is better
 METRICS = {"kl_mean": True, "delta_perplexity": True, "perplexity": True, "divergent_share": True,
@@ -180,11 +183,9 @@ def front_plot(pts: list[Point], metric: str, path: Path, save) -> Path | None:
     drawn = [p for p in pts if not math.isnan(p.speed.median)]
     if not drawn:
         return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for p in drawn:
         ax.errorbar(p.speed.median, p.quality, xerr=[[p.speed.median - p.speed.low], [p.speed.high - p.speed.median]],
                     yerr=None if math.isnan(p.quality_se) else p.quality_se, fmt="x" if p.flag else "o",
@@ -198,14 +199,11 @@ def front_plot(pts: list[Point], metric: str, path: Path, save) -> Path | None:
     ax.set_title("speed–quality front (blue line); red ✕: below quality.min_ratio of the reference")
     ax.grid(True, alpha=0.3)
     save(fig, path)
-    plt.close(fig)
     return path
 
 
 def _per_token(client, run_id: str) -> dict[str, list[float]] | None:
     """A perplexity job's per_token.csv as columns (None for a run that kept none)."""
-    import csv
-    import io
     try:
         text = Path(client.download_artifacts(run_id, "per_token.csv")).read_text()
     except Exception:  # noqa: BLE001 - a run from before per-token records, or one that kept none

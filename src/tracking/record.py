@@ -15,9 +15,20 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from src.assembly.config import AXES
+from src.assembly import job as jobs
+from src.assembly.config import ConfigError, job_config_from_dict
+from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
+from src.tracking import (CONFIG_HASH, CONFIG_KEY, JobRun, Store, StoreUnreachable, default_uri, first_line, flatten,
+                          key_of, open_store)
+from src.tracking.journal import Journal
+from src.tracking.names import ROUND
+from src.tracking.names import config_key as rounds_config_key
 from src.common.environment import host_state
-from src.tracking import signals, sysmetrics
+from src.common import sysmetrics
+from src.tracking import signals
 from src.tracking.signals import Stopped
+import hashlib
+import json
 
 log = logging.getLogger("quantspec")
 TAG_GROUPS = AXES[:-1]   # a job's name: its choices but the engine, added where it is not native
@@ -55,7 +66,6 @@ class Ledger:
 
     def store_for(self, sweep):
         """The store of the sweep (src.assembly.config.SweepSettings): the open one where a job opened it."""
-        from src.tracking import Store, default_uri
         return self.store or Store(sweep.tracking.uri or default_uri(), sweep.experiment)
 
 
@@ -121,12 +131,6 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     A config error is one line and no run. A job a previous attempt of the same sweep finished is kept,
     not rerun (resume=false reruns it). Everything measured is journaled in `output_dir` as it is
     logged, so a store that fails mid-job loses nothing."""
-    from src.assembly.config import ConfigError, job_config_from_dict
-    from src.tracking.journal import Journal
-    from src.tracking import rounds
-    from src.tracking.rounds import ROUND
-    from src.tracking import (CONFIG_HASH, CONFIG_KEY, JobRun, StoreUnreachable, default_uri, first_line, flatten, key_of,
-                              open_store)
 
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
     if choices.get("engine", "native") != "native":   # another runtime's job is named by it too
@@ -146,7 +150,7 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         raise SweepAbort(str(err)) from None
     ledger.store, ledger.sweep, ledger.job = store, sweep, None
     # the job across its rounds (src.tracking.rounds), and this round of it (every round is its own run)
-    config_key, job_key = key_of(rounds.config_key(job_key) or name), key_of(job_key or name)
+    config_key, job_key = key_of(rounds_config_key(job_key) or name), key_of(job_key or name)
     params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
               # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'
               **{f"choice.{k.rpartition('@')[2]}": v for k, v in choices.items()}}
@@ -214,15 +218,12 @@ NOT_HASHED = ("hydra", "resume", "report_at_end", "tracking", "cache_dir", "roun
 
 def config_hash(raw: dict) -> str:
     """The job's resolved config, as one digest: a resumed sweep reruns a job whose config changed."""
-    import hashlib
-    import json
     kept = {k: v for k, v in raw.items() if k not in NOT_HASHED}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _changed(old: dict[str, str], new: dict[str, str]) -> str:
     """Why a finished run's config differs from this job's ('' if it does not): the values that moved."""
-    from src.tracking import CONFIG_HASH
     if old.get(CONFIG_HASH) == new[CONFIG_HASH]:
         return ""
     if CONFIG_HASH not in old:
@@ -261,8 +262,6 @@ def _flag_busy_host(run, others_cores: float | None, limit: float) -> None:
 
 def _execute(cfg, raw: dict, run, name: str) -> None:
     """Build the job, run its task, print its table, log what it measured, end the run."""
-    from src.assembly import job as jobs
-    from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
 
     run.log_text(OmegaConf.to_yaml(OmegaConf.create(raw)), "config.yaml")
     reason = cfg.unsupported_reason()

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 
 from src.common.environment import PROJECT_ROOT
 from src.common.metrics import markdown_table
@@ -282,11 +283,9 @@ def markdown(c: Comparison) -> str:
 
 
 def plot(c: Comparison, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     rows = [r for r in c.rows if r.figure == "time/token"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows) + 2), 4))
+    fig = Figure(figsize=(max(6, 1.2 * len(rows) + 2), 4))
+    ax = fig.subplots()
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r.baseline for r in rows], 0.4, label="baseline")
     ax.bar([i + 0.2 for i in x], [r.new for r in rows], 0.4, label="new",
@@ -298,7 +297,6 @@ def plot(c: Comparison, path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write(c: Comparison, out: Path) -> Path:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
+from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 
 from src.tracking import quality as q
 from src.tracking import ui
@@ -104,7 +105,7 @@ def draft_quality_lines(jobs: list[JobRecord]) -> list[str]:
     return lines
 
 
-def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: str, label: str, out: Path,
+def _by_job(jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: str, label: str, out: Path,
             flagged: dict[str, str] | None = None):
     """Tasks whose prompts have no fixed lengths (decode, benchmark_code): each job's median over its
     examples, whiskers from its fastest to its slowest example. None where no such job has rows."""
@@ -115,7 +116,8 @@ def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: s
     if not drawn:
         return None
     busy = {j.name for j in jobs if j.tags.get("host_busy") == "true"}
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(drawn) + 1.5))
+    fig = Figure(figsize=(7, 0.45 * len(drawn) + 1.5))
+    ax = fig.subplots()
     medians = [v[len(v) // 2] for _, v in drawn]
     low = [m - v[0] for m, (_, v) in zip(medians, drawn)]
     high = [v[-1] - m for m, (_, v) in zip(medians, drawn)]
@@ -129,7 +131,6 @@ def _by_job(plt, jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: s
     ax.grid(True, axis="x", alpha=0.3)
     path = out / f"{metric}_by_job.png"
     _save(fig, path)
-    plt.close(fig)
     return path
 
 
@@ -155,7 +156,7 @@ def _save(fig, path: Path) -> None:
             ax.set_xlabel(textwrap.fill(label, width=int(fig.get_figwidth() * 13)), fontsize=8)
     for _ in range(4):
         fig.tight_layout()
-        box = fig.get_tightbbox(fig.canvas.get_renderer())   # inches
+        box = fig.get_tightbbox()   # inches
         width, height = fig.get_size_inches()
         over_x = max(0.0, -box.x0) + max(0.0, box.x1 - width)
         over_y = max(0.0, -box.y0) + max(0.0, box.y1 - height)
@@ -170,13 +171,11 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
     """flags: config key -> its quality flag (src.tracking.quality.flags), said on its bars too."""
     flags = flags or {}
     flagged = {j.name: flags[j.tags.get(CONFIG_KEY, j.run_id)] for j in jobs if j.tags.get(CONFIG_KEY, j.run_id) in flags}
-    import matplotlib
-    matplotlib.use("Agg")  # files only: no display on servers or in CI
-    import matplotlib.pyplot as plt
 
     files = {}
     for metric, label in (("time_per_token_ms", "time/token (ms)"), ("prefill_ms", "prefill (ms)")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.subplots()
         drawn = 0
         for job in jobs:
             rows = rows_of.get(job.name) or []
@@ -198,13 +197,13 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
             path = out / f"{metric}_vs_prompt.png"
             _save(fig, path)
             files[path.name] = path
-        plt.close(fig)
-        path = _by_job(plt, jobs, rows_of, metric, label, out, flagged)
+        path = _by_job(jobs, rows_of, metric, label, out, flagged)
         if path is not None:
             files[path.name] = path
     drawn = [u for u in speedups if not u.is_baseline and not math.isnan(u.time.median)]
     if drawn:
-        fig, ax = plt.subplots(figsize=(7, 0.45 * len(drawn) + 1.5))
+        fig = Figure(figsize=(7, 0.45 * len(drawn) + 1.5))
+        ax = fig.subplots()
         medians = [u.time.median for u in drawn]
         said = [", ".join(s for s in (marker(u.job, u), flags.get(u.job.key, "")) if s) for u in drawn]
         bars = ax.barh([_marked(u.job.name, m) for u, m in zip(drawn, said)], medians, color="tab:blue", capsize=3,
@@ -225,7 +224,6 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
         path = out / "speedup.png"
         _save(fig, path)
         files[path.name] = path
-        plt.close(fig)
     return files
 
 

@@ -25,9 +25,14 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from src.assembly.config import ConfigError
+from src.assembly.sweep import settings
+from src.tracking import record
+from src.tracking.names import ROUND
+from src.tracking.record import SweepAbort, SweepUnwritable
+
 log = logging.getLogger("quantspec")
 
-ROUND = "round"    # the job's round: a config key the sweeper sets, a tag and a param of each run
 
 
 def schedule(jobs: list[list[str]], rounds: int, first: int = 1) -> list[list[list[str]]]:
@@ -41,10 +46,6 @@ def schedule(jobs: list[list[str]], rounds: int, first: int = 1) -> list[list[li
     return out
 
 
-def config_key(override_dirname: str) -> str:
-    """A job's identity across its rounds: its override_dirname without the `round=r` item."""
-    return ",".join(item for item in override_dirname.split(",") if not item.startswith(f"{ROUND}=")) \
-        if override_dirname else ""
 
 
 def _parts(batch: list[list[str]], size: int | None) -> list[list[list[str]]]:
@@ -55,7 +56,6 @@ def _parts(batch: list[list[str]], size: int | None) -> list[list[list[str]]]:
 def open_sweep_dir(config) -> Path:
     """Make the sweep's directory and write its multirun.yaml, as Hydra's own sweeper does; a full or
     read-only file system is SweepUnwritable (one line from src.run), where Hydra would print a traceback."""
-    from src.tracking.record import SweepUnwritable
     sweep_dir = Path(config.hydra.sweep.dir)
     try:
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -71,9 +71,6 @@ class Rounds:
     does), run `rounds` times."""
 
     def sweep(self, arguments: list[str]):
-        from src.tracking.record import SweepAbort
-        from src.assembly.config import ConfigError
-        from src.run import settings
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         for o in overrides:
@@ -122,7 +119,6 @@ class Rounds:
         """One batch of a round, as Hydra's basic sweeper launches one: each job's config composed first
         (a composition error is said before any job runs), then launched, and each job's return read (an
         error a job raised is raised here, not passed over)."""
-        from src.tracking.record import SweepUnwritable
         self.validate_batch_is_legal(batch)
         try:   # Hydra makes each job's folder and writes its config before the job runs
             results = self.launcher.launch(batch, initial_job_idx=index)
@@ -135,7 +131,6 @@ class Rounds:
     def _busy(self, sweep, r: int) -> bool:
         """Whether a job of round r was timed on a busy host, as the store holds it (any launcher).
         `sweep`: the sweep's settings (src.assembly.config.SweepSettings)."""
-        from src.tracking import record
         try:
             return record.ledger.store_for(sweep).busy_round(str(sweep.sweep_dir), r)
         except Exception as err:  # noqa: BLE001 - no store to ask (journaling): measure no extra round

@@ -36,7 +36,13 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 
-from src.tracking.rounds import ROUND, Rounds, config_key, open_sweep_dir
+from src.assembly.config import ConfigError
+from src.assembly.sweep import settings
+from src.common.metrics import markdown_table
+from src.tracking import CONFIG_KEY, key_of, record
+from src.tracking.names import ROUND, config_key
+from src.tracking.record import SweepAbort, SweepUnwritable
+from src.tracking.rounds import Rounds, open_sweep_dir, schedule
 
 log = logging.getLogger("quantspec")
 
@@ -70,7 +76,6 @@ class Space:
 
 def objectives(specs) -> list[tuple[str, str]]:
     """`metric:minimize` items -> (metric, direction); a bad one is a ConfigError, one line."""
-    from src.assembly.config import ConfigError
     out = []
     for spec in specs:
         metric, _, direction = str(spec).partition(":")
@@ -133,11 +138,8 @@ class Search(Rounds):
     trial's jobs in interleaved rounds, the store answers with their figures, Optuna is told."""
 
     def sweep(self, arguments: list[str]):
-        import optuna
+        import optuna   # optional: the search extra
 
-        from src.assembly.config import ConfigError
-        from src.run import settings
-        from src.tracking.record import SweepAbort
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         for o in overrides:
@@ -201,8 +203,6 @@ class Search(Rounds):
     def _measure(self, batch: list[Trial], sweep, returns: list, index: int, first_round: int) -> tuple[int, int]:
         """The batch's jobs in `rounds` interleaved rounds (rotated; round numbers go on from the last batch's),
         a round with a busy job measured again up to busy_reruns times."""
-        from src.tracking.record import SweepUnwritable
-        from src.tracking.rounds import schedule
         jobs = [job for trial in batch for job in trial.jobs]
         done = busy = 0
         while True:
@@ -231,7 +231,6 @@ class Search(Rounds):
     def _read(self, trial: Trial, sweep, goals) -> None:
         """The trial's objectives from the store: each the median over its quiet rounds (all, marked, where
         every round was busy), from the first of its jobs that has it."""
-        from src.tracking import CONFIG_KEY, key_of, record
         store = record.ledger.store_for(sweep)
         parent = store.find_sweep(str(sweep.sweep_dir))
         runs = []
@@ -255,8 +254,6 @@ class Search(Rounds):
         trial.values, trial.state, trial.runs = values, "finished", [r.info.run_id for r in runs]
 
     def _finish(self, trials: list[Trial], goals, sweep, sweep_dir: Path) -> None:
-        from src.common.metrics import markdown_table
-        from src.tracking import record
         front = _pareto(trials, [d for _, d in goals])
         keys = sorted({k for t in trials for k in t.params})
         head = ["trial", *keys, *[f"{m} ({d[:3]}), median ± MAD over rounds" for m, d in goals], "on the front"]

@@ -23,6 +23,9 @@ from src.tracking import journal, owner, reaping, replay, ui
 from src.tracking.names import (BATCH, HEARTBEAT, JOB_KEY, OUTCOME, OUTCOMES, OWNER, PROBE_TIMEOUT_S, PROBE_TRIES,
                                 REASON, ROLE, STATUS, SWEEP_ID, SWEEP_KEY, StoreUnreachable, artifact_location,
                                 first_line, key_of, latest_attempts)
+import requests
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+import sqlite3
 
 log = logging.getLogger("quantspec")
 
@@ -31,7 +34,6 @@ def probe(uri: str) -> None:
     """Raise StoreUnreachable within a few seconds if a tracking server does not answer."""
     if not uri.startswith(("http://", "https://")):
         return
-    import requests
     problem = ""
     for attempt in range(PROBE_TRIES):
         try:
@@ -61,7 +63,6 @@ def _new_sqlite_store(db: Path) -> None:
 
 
 def _forget_engine(uri: str) -> None:
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     engine = SqlAlchemyStore._engine_map.pop(uri, None)
     if engine is not None:
         engine.dispose()
@@ -70,7 +71,6 @@ def _forget_engine(uri: str) -> None:
 def _half_made(db: Path, err: Exception) -> bool:
     """Whether a SQLite store MLflow cannot open is one whose schema creation was cut short: its migration
     failed on a table that already exists, and it holds no runs (so nothing is lost by making it anew)."""
-    import sqlite3
     if "already exists" not in str(err):
         return False
     try:

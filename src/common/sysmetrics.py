@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import psutil
+import resource
 
 MB = 1024 * 1024
 
@@ -131,5 +132,4 @@ def peak_rss_gb() -> float:
                 return int(line.split()[1]) * 1024 / 2**30
     except OSError:
         pass
-    import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30

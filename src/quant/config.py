@@ -1,0 +1,42 @@
+"""A precision: the float parts' dtype, calibration's size and its quantization method's spec
+(src.quant.methods), applied by src.quant.apply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from src.common.schema import ConfigError, check_choice
+from src.models.config import ModelConfig
+from src.quant import methods as quant_methods
+from src.quant.methods import QuantSpec
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """A precision: the float parts' dtype, calibration's size, and its quantization method's spec (None
+    for a float precision; one of src.quant.methods.METHODS, holding only that method's fields)."""
+    name: str                       # the choice's name (conf/precision/<name>.yaml)
+    dtype: str                      # the float parts' dtype (norms, attention, embedding)
+    method: str                     # none, or a method of src.quant.methods
+    calib_samples: int              # calibration windows from the dataset's second half...
+    calib_seq_len: int              # ...of this many tokens (their hash is part of the cache key)
+    quant: QuantSpec | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.quant is not None
+
+    def spec(self, model: "ModelConfig") -> QuantSpec:
+        """The method's spec with what it takes from the model filled in (SmoothQuant's alpha)."""
+        return self.quant.resolved(model)
+
+    def validate(self) -> None:
+        check_choice("precision.dtype", self.dtype, DTYPES)
+        check_choice("precision.method", self.method, quant_methods.choices())
+        for key in ("calib_samples", "calib_seq_len"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
+        if self.quant is not None:
+            self.quant.validate()
