@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
+from src.tracking import default_uri  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
-from src.tracking import default_uri  # noqa: E402
 
 DRAFTS = ["prompt_lookup", "self_w4a16", "self_w8a8", "self_w8a8_vocab4k"]
 COLUMNS = [("baseline_time_per_token_ms_median", "no draft ms/token"), ("time_per_token_ms_median", "ms/token"),

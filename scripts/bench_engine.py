@@ -32,14 +32,14 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from src import kernels  # noqa: E402
 from src.assembly.config import job_config_from_dict  # noqa: E402
-from src.engine.native import Decoder  # noqa: E402
 from src.assembly.job import Job, build  # noqa: E402
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
-from src.tracking.report import save_markdown  # noqa: E402
-from src.tracking.sweeps import sweep_jobs  # noqa: E402
+from src.engine.native import Decoder  # noqa: E402
 from src.tasks.benchmark import cut_prompts  # noqa: E402
 from src.tracking import default_uri  # noqa: E402
+from src.tracking.report import save_markdown  # noqa: E402
+from src.tracking.sweeps import sweep_jobs  # noqa: E402
 
 PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16"]
 
@@ -91,7 +91,7 @@ def verify_costs(precisions: list[str], reps: int) -> str:
         prompt = cut_prompts(aten.loaded.tokenizer, aten.corpus.reader("evaluation")(), [64])[0]
         tokens = prompt[0, 1:9].tolist()
 
-        def timer(decoder, k):
+        def timer(decoder, k, tokens=tokens):   # bound now: this model's prompt
             def run():
                 if k == 1:
                     decoder.step(tokens[0])

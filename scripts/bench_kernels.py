@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from src.kernels.variants import ATEN_ISA  # noqa: E402 - imports no torch
 from src.common import benchpage  # noqa: E402 - imports no torch
 from src.common.paths import cache_root  # noqa: E402
+from src.kernels.variants import ATEN_ISA  # noqa: E402 - imports no torch
 
 SHAPES = {   # (name, N, K): a decode step's weights
     "gemma": [("gemma3-270m head", 262144, 640), ("gemma3-270m mlp up", 2048, 640), ("gemma3-270m mlp down", 640, 2048)],
@@ -52,10 +52,10 @@ def main() -> int:
         os.environ.update(ATEN_ISA[args.aten_isa])
 
     import torch
+
     from src import kernels
-    from src.kernels import variants
     from src.common.metrics import markdown_table
-    from src.quant import aten_ops, qparams
+    from src.kernels import variants
     from src.quant.linear import build, int4_tensors, int8_tensors
 
     if args.threads:

@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from src.data.corpus import SEED_PROMPTS  # noqa: E402
-from src.kernels.variants import ATEN_ISA  # noqa: E402
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
+from src.data.corpus import SEED_PROMPTS  # noqa: E402
+from src.kernels.variants import ATEN_ISA  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
 

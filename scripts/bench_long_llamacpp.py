@@ -115,7 +115,7 @@ def write_gguf(path: Path, mix: str) -> Path:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
-    for name, k, rows, cols in tensors:
+    for _name, k, rows, cols in tensors:
         if k is None:
             writer.add_tensor_info(name, [cols], np.dtype(np.float32), cols * 4)
         else:
@@ -125,7 +125,7 @@ def write_gguf(path: Path, mix: str) -> Path:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for name, k, rows, cols in tensors:
+    for _name, k, rows, cols in tensors:
         writer.write_tensor_data(np.ones(cols, dtype=np.float32) if k is None else _blocks(k, rows, cols, rng))
     writer.close()
     tmp.rename(path)

@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
+from src.tracking import default_uri  # noqa: E402
 from src.tracking.report import ratio, save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
-from src.tracking import default_uri  # noqa: E402
 
 PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16", "rtn"]
 

@@ -30,8 +30,8 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from src.assembly.config import job_config_from_dict  # noqa: E402
 from src.assembly.job import build  # noqa: E402
-from src.common.environment import cpu_model  # noqa: E402
 from src.common import benchpage  # noqa: E402
+from src.common.environment import cpu_model  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
 from src.tasks.perplexity import windows  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402

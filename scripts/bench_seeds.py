@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import EXAMPLE, markdown_table  # noqa: E402
+from src.tracking import default_uri  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
-from src.tracking import default_uri  # noqa: E402
 
 # (model, precision, draft, platform, seed time/token ms, seed prefill ms, at prompt tokens, source)
 SEEDS = [

@@ -18,8 +18,8 @@ import functools
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
@@ -52,7 +52,7 @@ def _answers(address: str) -> bool:
 
 
 def _connect(address: str) -> None:
-    import ray   # optional: the lab extra
+    import ray  # optional: the lab extra
     if ray.is_initialized():
         return
     target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
@@ -69,7 +69,7 @@ def _connect(address: str) -> None:
 
 def offered() -> dict[str, str]:
     """Each resource the cluster's live nodes advertise -> the id of one node offering it."""
-    import ray   # optional: the lab extra
+    import ray  # optional: the lab extra
     found = {}
     for node in ray.nodes():
         if node.get("Alive"):
@@ -101,7 +101,7 @@ def _check_store(sweep) -> None:
 
 def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobReturn:
     """The job, on the worker Ray chose: the same job code as the basic launcher runs."""
-    import ray   # optional: the lab extra
+    import ray  # optional: the lab extra
 
     node = {"node": ray.get_runtime_context().get_node_id(), "node_host": socket.gethostname()}
     setup_globals()
@@ -162,7 +162,7 @@ def _resource(config: DictConfig) -> str | None:
 
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
-    import ray   # optional: the lab extra
+    import ray  # optional: the lab extra
 
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)

@@ -36,7 +36,7 @@ class Page:
             except (OSError, StopIteration, ValueError):
                 if time.time() > deadline or self._proc.poll() is not None:
                     self.close()
-                    raise RuntimeError("headless Chromium did not open its debugging port")
+                    raise RuntimeError("headless Chromium did not open its debugging port") from None
                 time.sleep(0.3)
         self._ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60)
         self._ids = count(1)

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tasks import sandbox
 from src.data.corpus import humaneval_problems
+from src.tasks import sandbox
 from src.tasks.benchmark_code import STOP, StopAt, pass_at_k, program, score, truncate
 from tests.conftest import ROOT, run_cli, uncatalogued
-
 
 
 def _bwrap_problem() -> str | None:
@@ -215,9 +214,9 @@ def test_random_weights_and_greedy_samples_are_refused(store):
 
 def test_samples_are_drawn_apart_and_scored_as_pass_at_k():
     from src.engine import ENGINES, Sampling
+    from src.models.tiny import TINY_CONTEXT, tiny_model
     from src.tasks.common import TaskInputs
     from src.tasks.kinds import BenchmarkCode
-    from src.models.tiny import TINY_CONTEXT, tiny_model
 
     model, tok = tiny_model("llama")
     task = BenchmarkCode(name="benchmark_code", max_new_tokens=6, code_max_new_tokens=6, exact_new_tokens=False,

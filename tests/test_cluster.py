@@ -67,9 +67,9 @@ def cluster():
         while len(nodes) < 2:
             assert time.time() < deadline, "the second node did not join"
             out = subprocess.run([sys.executable, "-c", (
-                "import ray, json; ray.init(address=%r, logging_level='ERROR'); "
+                f"import ray, json; ray.init(address={f'127.0.0.1:{port}'!r}, logging_level='ERROR'); "
                 "print(json.dumps({r: n['NodeID'] for n in ray.nodes() if n['Alive'] "
-                "for r in n['Resources'] if r.startswith('hw-')}))") % f"127.0.0.1:{port}"],
+                "for r in n['Resources'] if r.startswith('hw-')}))")],
                 capture_output=True, text=True, timeout=60)
             import json
             nodes = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {}
@@ -130,7 +130,7 @@ def test_each_job_runs_on_a_node_with_its_hardware_and_lands_in_one_store(cluste
     again = run_cli([a for a in args if a != "hardware=phx,stx,hpt"] + ["hardware=phx,stx"], cwd=tmp_path,
                     env={"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert again.stdout.count("already finished in this sweep") == 2, [l.split("another config")[1][:400] for l in (again.stdout + again.stderr).splitlines() if "another config" in l]
+    assert again.stdout.count("already finished in this sweep") == 2, [line.split("another config")[1][:400] for line in (again.stdout + again.stderr).splitlines() if "another config" in line]
     assert len(_jobs(server, sweep)[2]) == 3
 
 

@@ -84,8 +84,8 @@ def test_blocks_and_commands_are_read_as_a_reader_sees_them(tmp_path):
 def test_the_readmes_links_reach_files_in_the_repository():
     text = (doccommands.PROJECT_ROOT / "README.md").read_text()
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
-    local = [l for l in links if not l.startswith(("http://", "https://"))]
-    assert local and [l for l in local if not (doccommands.PROJECT_ROOT / l).exists()] == []
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert local and [link for link in local if not (doccommands.PROJECT_ROOT / link).exists()] == []
 
 
 @pytest.mark.parametrize("where, args", list(_documented("src.tracking.regress")))

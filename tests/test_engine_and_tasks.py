@@ -3,16 +3,15 @@
 import pytest
 import torch
 
-from src.tasks.kinds import TASKS
-from src.data.corpus import SEED_PROMPTS, code_prompts, load_text
 from src.data.config import DatasetConfig
-from src.engine import ENGINES, Sampling, engine_for
-from src.engine import fastpath
+from src.data.corpus import SEED_PROMPTS, code_prompts, load_text
+from src.engine import ENGINES, Sampling, engine_for, fastpath
 from src.engine.common import probabilities
 from src.engine.native import Decoder
-from src.tasks.common import TaskInputs
-from src.tasks.benchmark import cut_prompts
 from src.models.tiny import TINY_CONTEXT, tiny_model
+from src.tasks.benchmark import cut_prompts
+from src.tasks.common import TaskInputs
+from src.tasks.kinds import TASKS
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 generate = ENGINES["hf"]

@@ -661,8 +661,8 @@ cached_export(Path({str(out)!r}), {{}}, model, tok, lambda work: exporter, "test
     while _alive(exporter) and time.time() < deadline:
         time.sleep(0.1)
     assert not _alive(exporter), "the exporter outlived the job that started it"
-    from src.models.tiny import tiny_model
     from src.engine.runtimes import cached_export
+    from src.models.tiny import tiny_model
     model, tok = tiny_model("llama")
     made = cached_export(out, {}, model, tok, lambda work: [
         sys.executable, "-c", f"import os; os.makedirs({str(work / 'model')!r})"], "test")

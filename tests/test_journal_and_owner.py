@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from src.tracking import journal, owner
 from src.common.locks import file_lock
+from src.tracking import journal, owner
 from tests.conftest import ROOT, cli_env
 
 

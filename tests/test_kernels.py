@@ -14,14 +14,13 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from src import kernels
-from src.kernels import variants
 from src.engine import ENGINES, Sampling
 from src.engine.native import Decoder
-from src.kernels import modules
+from src.kernels import modules, variants
+from src.models.tiny import tiny_model
 from src.quant import qparams
 from src.quant.aten_ops import pack_w4
 from src.quant.linear import build, int4_tensors, int8_tensors
-from src.models.tiny import tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 

@@ -103,6 +103,7 @@ def test_a_builder_killed_mid_build_leaves_nothing_behind_after_the_next_build(t
     import subprocess
     import sys
     import time
+
     from tests.conftest import ROOT, cli_env
     d = tmp_path / "model"
     code = (f"import time\nfrom pathlib import Path\nfrom src.models.load import build_cached\n"

@@ -9,8 +9,8 @@ from mlflow.tracking import MlflowClient
 
 from src.engine import openvino_engine as ov
 from src.engine.common import Sampling
-from src.quality.scoring import torch_scorer
 from src.models.tiny import tiny_model
+from src.quality.scoring import torch_scorer
 from tests.conftest import perplexity_by_engine, run_cli
 
 pytestmark = pytest.mark.skipif(ov.available() is not None, reason=str(ov.available()))

@@ -4,14 +4,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.quant import awq, calibrate, qparams, smoothquant
+from src.models.tiny import tiny_model
+from src.quant import awq, calibrate, qparams, scaling, smoothquant
 from src.quant.apply import quantize_model
 from src.quant.arch import awq_groups, decoder_linears
 from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, build, int4_tensors, int8_tensors
 from src.quant.pipeline import install, quantize
 from tests.conftest import quant_spec
-from src.quant import scaling
-from src.models.tiny import tiny_model
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 SPECS = {

@@ -66,6 +66,7 @@ def test_a_job_that_cannot_fit_is_refused_before_loading():
 
 def test_a_random_weight_job_is_timed_tagged_and_its_peak_within_the_estimate(tmp_path, store):
     from mlflow.tracking import MlflowClient
+
     from src import kernels
     kernels.load(tmp_path / "cache" / "kernels")   # built here: a build inside the job would be its peak
     out = run_cli(["model=llama-160m", "model.weights=random", "task=benchmark", "task.prompt_lengths=[8,32]",

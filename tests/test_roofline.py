@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from src.engine import roofline
 from src.common.metrics import Row
+from src.engine import roofline
+from src.models.tiny import tiny_model
 from src.quant.pipeline import install, quantize
 from tests.conftest import quant_spec
-from src.models.tiny import tiny_model
 
 
 def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():

@@ -3,21 +3,20 @@ keeps the target's distribution (chi-square); drafts are configured, refused whe
 differs, and measured against the same job without them."""
 
 import math
-
 from pathlib import Path
 
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.models import load as models
 from src.assembly.config import ConfigError, job_config_from_dict
+from src.assembly.overrides import unknown_choice
 from src.engine import ENGINES, Sampling, engine_for
 from src.engine.leviathan import alpha_from_accepted, expected_speedup, tokens_per_step
 from src.engine.speculative import ModelDrafter, PromptLookup, Schedule, accept_or_resample, generate
-from src.assembly.overrides import unknown_choice
-from src.tracking.record import run_job
+from src.models import load as models
 from src.models.tiny import byte_tokenizer, tiny_model
+from src.tracking.record import run_job
 from tests.conftest import compose_job
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]

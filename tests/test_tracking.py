@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tracking.record import run_job
 from src.tracking import JobRun, Store, flatten
+from src.tracking.record import run_job
 from tests.conftest import compose_job, run_cli
 
 TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]

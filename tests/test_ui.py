@@ -5,8 +5,8 @@ import hashlib
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -17,9 +17,9 @@ from mlflow.tracking import MlflowClient
 from src.common import sysmetrics
 from src.data.config import DatasetConfig
 from src.data.corpus import Corpus, load_text, prompts_input
+from src.tracking import JobRun, Store, replay
 from src.tracking.journal import Journal
 from src.tracking.record import _flag_busy_host
-from src.tracking import JobRun, Store, replay
 from tests.browser import Page
 from tests.conftest import ROOT, free_port, mlflow_server, run_cli
 

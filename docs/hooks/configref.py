@@ -98,7 +98,7 @@ def _choices(group: str) -> list[str]:
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         if path.name.startswith("_"):
             continue
-        lines = [l.lstrip("# ").rstrip() for l in path.read_text().splitlines()]
+        lines = [line.lstrip("# ").rstrip() for line in path.read_text().splitlines()]
         raw = path.read_text().splitlines()
         head = []
         for line, text in zip(raw, lines):

@@ -6,8 +6,8 @@ the work to src.cluster, so that Ray is imported only by sweeps that use it.
 
 # No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules, where
 # dataclasses cannot resolve string annotations.
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn
@@ -29,9 +29,9 @@ ConfigStore.instance().store(group="hydra/launcher", name="ray", node=RayLaunche
 class RayLauncher(Launcher):
     def __init__(self, address: str = "auto", slot: str = "bench-slot") -> None:
         self.address, self.slot = address, slot
-        self.config: Optional[DictConfig] = None
-        self.hydra_context: Optional[HydraContext] = None
-        self.task_function: Optional[TaskFunction] = None
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function

@@ -7,7 +7,6 @@ the work to src.tracking.rounds.
 # No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules, where
 # dataclasses cannot resolve string annotations.
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -18,8 +17,8 @@ from src.tracking.rounds import Rounds
 @dataclass
 class RoundsSweeperConf:
     _target_: str = "hydra_plugins.quantspec_rounds.rounds_sweeper.RoundsSweeper"
-    max_batch_size: Optional[int] = None
-    params: Optional[Dict[str, str]] = field(default_factory=dict)
+    max_batch_size: int | None = None
+    params: dict[str, str] | None = field(default_factory=dict)
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rounds", node=RoundsSweeperConf, provider="quantspec")

@@ -7,7 +7,6 @@ and hands the work to src.tracking.search.
 # No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules, where
 # dataclasses cannot resolve string annotations.
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -22,9 +21,9 @@ class SearchSweeperConf:
     batch: int = 4                   # trials asked for at a time, measured in interleaved rounds together
     sampler: str = "nsga2"           # nsga2 (multi-objective, the default), tpe, random
     seed: int = 0                    # the sampler's: the same command proposes the same trials
-    objectives: List[str] = field(default_factory=lambda: list(DEFAULT_OBJECTIVES))   # metric:minimize|maximize
-    max_batch_size: Optional[int] = None
-    params: Optional[Dict[str, str]] = field(default_factory=dict)
+    objectives: list[str] = field(default_factory=lambda: list(DEFAULT_OBJECTIVES))   # metric:minimize|maximize
+    max_batch_size: int | None = None
+    params: dict[str, str] | None = field(default_factory=dict)
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="search", node=SearchSweeperConf, provider="quantspec")
@@ -33,7 +32,7 @@ ConfigStore.instance().store(group="hydra/sweeper", name="search", node=SearchSw
 class SearchSweeper(Search, BasicSweeper):
     """Search's trials over BasicSweeper's setup and batch validation."""
 
-    def __init__(self, trials: int, batch: int, sampler: str, seed: int, objectives: List[str],
-                 max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, trials: int, batch: int, sampler: str, seed: int, objectives: list[str],
+                 max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.trials, self.batch, self.sampler, self.seed, self.objectives = trials, batch, sampler, seed, objectives

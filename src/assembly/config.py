@@ -17,20 +17,20 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice
 from src.data.config import DatasetConfig
 from src.engine.config import ENGINES, EngineConfig, RuntimeEngine, Sampling
 from src.engine.runtimes import runtime
 from src.models.config import ModelConfig
-from src.quant.config import PrecisionConfig
 from src.quant import methods as quant_methods
+from src.quant.config import PrecisionConfig
 from src.quant.methods import METHODS
 from src.tasks.kinds import TASKS, TaskConfig
-
 
 DEVICES = ("cpu", "cuda", "npu")
 DRAFT_KINDS = ("none", "prompt_lookup", "model")

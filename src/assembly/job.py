@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -128,8 +129,10 @@ def _drop_quality(result: TaskResult) -> None:
                             f"target by chance only); the timings stand, as the cost of drafting")
 
 
-def build(cfg: JobConfig, recorder: Recorder = Discard()) -> Job:
-    """Everything before the task. The caller has checked cfg.unsupported_reason()."""
+def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
+    """Everything before the task (`recorder`: where it reports; none: nowhere). The caller has checked
+    cfg.unsupported_reason()."""
+    recorder = recorder or Discard()
     placement = hardware.resolve(cfg.hardware)
     if placement.note:
         log.warning(placement.note)

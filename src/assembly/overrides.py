@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from src.assembly.config import GROUPS, ConfigError, unread
 from src.common.environment import PROJECT_ROOT
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, OverrideParseException
 
 CONF_DIR = PROJECT_ROOT / "conf"
 LAUNCHERS = ("basic", "ray")   # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)

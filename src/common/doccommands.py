@@ -49,7 +49,7 @@ def blocks(path: Path) -> list[Block]:
             j = i
             while j < len(lines) and (lines[j].startswith("    ") or not lines[j].strip()):
                 j += 1
-            text = "\n".join(l[4:] for l in lines[i:j]).strip("\n")
+            text = "\n".join(line[4:] for line in lines[i:j]).strip("\n")
             found.append(Block(path, i + 1, text, False))
             i = j
             continue

@@ -76,7 +76,7 @@ def host_state() -> dict[str, str]:
 
 
 def describe(threads: int, device: str) -> dict:
-    import torch   # here, not at the top: scripts that set torch's ISA variables import this module first
+    import torch  # here, not at the top: scripts that set torch's ISA variables import this module first
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),

@@ -13,8 +13,8 @@ import hashlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+
 def cache_root() -> Path:
     """The cache's folder as the environment names it (`$QUANTSPEC_CACHE`, else ~/.cache/quantspec): what a
     command outside a job reads (sync's journal list, the store's locks, the kernel benchmark); a job reads

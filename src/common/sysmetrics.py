@@ -7,13 +7,13 @@ percent. A job timed while others used the CPU is flagged (src.tracking.record t
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
-import resource
 
 MB = 1024 * 1024
 

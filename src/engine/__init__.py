@@ -10,10 +10,10 @@ and timings out; never the config.
 import importlib
 from functools import partial
 
-from src.engine.config import ENGINES as KINDS
-from src.engine.config import STEP_PATHS
 from src.engine import native, speculative
 from src.engine.common import Generation, Sampling
+from src.engine.config import ENGINES as KINDS
+from src.engine.config import STEP_PATHS
 
 # Each of quantspec's own engines names its module in its config class (src.engine.config.ENGINES).
 ENGINES = {kind: importlib.import_module(KINDS[kind].MODULE).generate for kind in KINDS.names}

@@ -7,11 +7,12 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+import transformers
+
 from src.common.schema import ConfigError, Kinds, check_choice
 from src.engine.runtimes import check_module
 from src.kernels import variants as kernel_variants
-import torch
-import transformers
 
 ATTENTIONS = ("sdpa", "eager")
 KERNEL_CHOICES = ("quantspec", "aten")

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from src.kernels import modules
 from src.engine.fused import Projection
+from src.kernels import modules
 
 
 class Steps:

@@ -7,7 +7,7 @@ that step: the first reading closes prefill, the rest are decode steps.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+
 # Messages between this process and the runtime's process it started: both run this code, nothing is read
 # from disk or from anyone else, and a call's stop rule (a tokenizer's) and the engine's maker are Python
 # objects with no plainer form. Caches stay safetensors + JSON.
@@ -28,9 +29,9 @@ import subprocess
 import sys
 import traceback
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.2       # how often a waiting parent checks that its child still lives

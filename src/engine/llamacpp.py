@@ -22,13 +22,13 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from src.engine.common import Generation, Sampling, eos_ids, token_loop
 from src.engine.runtimes import cached, exported
 from src.kernels.variants import cpu_features
 from src.models.load import gguf_path
 from src.quality.scoring import score_logits
-import torch
 
 log = logging.getLogger("quantspec")
 
@@ -67,7 +67,7 @@ def crash_hint() -> str:
 
 
 def runtime_name(cfg, device: str) -> str:
-    import llama_cpp   # optional: the llamacpp extra
+    import llama_cpp  # optional: the llamacpp extra
     flags = llama_cpp.llama_print_system_info().decode().split("|")
     built = " ".join(f.split("=")[0].strip().replace("CPU : ", "") for f in flags if f.strip().endswith("= 1"))
     return (f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, built with {built}) CPU, "
@@ -79,7 +79,7 @@ def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Pa
     what = f"llama.cpp GGUF ({precision})"
 
     def quantize(work: Path) -> None:
-        import llama_cpp   # optional: the llamacpp extra
+        import llama_cpp  # optional: the llamacpp extra
         (work / "model").mkdir()
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype, params.allow_requantize, params.nthread = FTYPES[precision], True, os.cpu_count() or 1
@@ -109,7 +109,7 @@ class LlamaCpp:
         self._scorers: dict[int, object] = {}
 
     def _open(self, context: int, every_position: bool):
-        import llama_cpp   # optional: the llamacpp extra
+        import llama_cpp  # optional: the llamacpp extra
         return llama_cpp.Llama(model_path=str(self.path), n_ctx=context, n_batch=min(context, 512),
                                n_ubatch=min(context, 512), n_threads=self.threads, logits_all=every_position,
                                verbose=False)
@@ -125,7 +125,7 @@ class LlamaCpp:
 
     def _next_logits(self, ids: list[int]) -> np.ndarray:
         """The logits after `ids`, appended to what the decoding context holds."""
-        import llama_cpp   # optional: the llamacpp extra
+        import llama_cpp  # optional: the llamacpp extra
         self._decoder.eval(ids)
         row = llama_cpp.llama_get_logits_ith(self._decoder.ctx, -1)
         return np.ctypeslib.as_array(row, shape=(self._decoder.n_vocab(),)).copy()

@@ -9,13 +9,14 @@ rejected positions from the cache. Greedy output is token-for-token that of tran
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+
 from src.engine import fastpath
+from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
 from src.engine.kvcache import growing_cache
 from src.kernels import MAX_ROWS
-from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
 
 
 class Decoder:

@@ -27,11 +27,11 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from src.engine.common import Generation, Sampling, eos_ids, token_loop
 from src.engine.runtimes import cached_export, exported
 from src.quality.scoring import score_logits
-import torch
 
 log = logging.getLogger("quantspec")
 TITLE = "OpenVINO"
@@ -70,7 +70,7 @@ def unsupported(cfg) -> str | None:
 
 
 def runtime_name(cfg, device: str) -> str:
-    import openvino   # optional: the ov extra
+    import openvino  # optional: the ov extra
     precision = cfg.precision.name
     method = {"fp32": "fp32", "int8": "NNCF int8 weights (asym, per channel)",
               "int4_awq": "NNCF int4 weights (asym, group 128) with AWQ",
@@ -128,7 +128,7 @@ class OpenVINO:
     f32: bool = True   # fp32 activations (OpenVINO runs bf16 on CPUs that have it unless told)
 
     def __post_init__(self):
-        import openvino as ov   # optional: the ov extra
+        import openvino as ov  # optional: the ov extra
         config = {"INFERENCE_PRECISION_HINT": "f32"} if self.f32 else {}
         self.compiled = ov.Core().compile_model(str(self.folder / "openvino_model.xml"), "CPU", config)
         self.request = self.compiled.create_infer_request()

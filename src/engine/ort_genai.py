@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from src.engine.common import Generation, Sampling
 from src.engine.runtimes import cached_export, exported
 from src.quality.scoring import score_logits
-import numpy as np
-import torch
 
 log = logging.getLogger("quantspec")
 TITLE = "ONNX Runtime GenAI"
@@ -57,8 +58,8 @@ def unsupported(cfg) -> str | None:
 
 
 def runtime_name(cfg, device: str) -> str:
-    import onnxruntime   # optional: the ort extra
-    import onnxruntime_genai   # optional: the ort extra
+    import onnxruntime  # optional: the ort extra
+    import onnxruntime_genai  # optional: the ort extra
     precision, provider = cfg.precision.name, PROVIDERS.get(device, "cpu")
     quant = {"int4": "int4 MatMulNBits", "int8": "int8 MatMulNBits", "fp32": "fp32"}[PRECISIONS[precision]]
     return (f"onnxruntime-genai {onnxruntime_genai.__version__} (onnxruntime {onnxruntime.__version__}), "
@@ -67,7 +68,7 @@ def runtime_name(cfg, device: str) -> str:
 
 def export(model, tokenizer, source_key: str, precision: str, provider: str, cache_dir: Path) -> Path:
     """The model as ONNX Runtime GenAI runs it: built once per (weights, precision, provider), then cached."""
-    import onnxruntime_genai   # optional: the ort extra
+    import onnxruntime_genai  # optional: the ort extra
     key = f"{source_key}-{PRECISIONS[precision]}-{provider}"
     want = {"version": EXPORT_VERSION, "builder": onnxruntime_genai.__version__, "source": source_key,
             "precision": PRECISIONS[precision], "provider": provider}
@@ -98,7 +99,7 @@ class OrtGenAI:
     window: int = 0   # a sliding window: the runtime wants its KV cache at least this long
 
     def __post_init__(self):
-        import onnxruntime_genai as og   # optional: the ort extra
+        import onnxruntime_genai as og  # optional: the ort extra
         config = og.Config(str(self.folder))
         if self.provider != "cpu":
             config.clear_providers()
@@ -110,7 +111,7 @@ class OrtGenAI:
     def window_score(self, ids, indices=None):
         """The window scored from the runtime's own logits for every position of one prompt
         (src.quality.scoring, as for torch models)."""
-        import onnxruntime_genai as og   # optional: the ort extra
+        import onnxruntime_genai as og  # optional: the ort extra
 
         params = og.GeneratorParams(self.model)
         params.set_search_options(max_length=max(len(ids), self.window) if not self.context
@@ -122,7 +123,7 @@ class OrtGenAI:
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
                  pad_token_id: int | None, stop=None) -> Generation:
-        import onnxruntime_genai as og   # optional: the ort extra
+        import onnxruntime_genai as og  # optional: the ort extra
         ids = input_ids[0].tolist()
         params = og.GeneratorParams(self.model)
         length = max(len(ids) + max_new_tokens, self.window)

@@ -6,9 +6,8 @@ fix: under transformers 5 a Gemma 3 config holds its two rope settings per atten
 
 import sys
 
-from transformers import AutoConfig
-
 import onnxruntime_genai.models.builder as builder
+from transformers import AutoConfig
 
 
 class _FlatRope:

@@ -20,20 +20,20 @@ quantspec's engine), so a runtime's `unsupported` never sees one.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from src.common.locks import sha256_file
 from src.common.schema import ConfigError
-import ctypes
-import signal
 
 log = logging.getLogger("quantspec")
 

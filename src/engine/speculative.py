@@ -14,8 +14,8 @@ Drafters: `PromptLookup` (n-grams of the context itself, no model; its q is a po
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

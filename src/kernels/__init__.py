@@ -21,8 +21,8 @@ import os
 import shutil
 from pathlib import Path
 
-from src.kernels import variants
 from src.common.locks import atomic_write_text, file_lock, sha256_file
+from src.kernels import variants
 
 log = logging.getLogger(__name__)
 BINDING = "quantspec_kernels"
@@ -41,7 +41,7 @@ class IsaUnavailable(ValueError):
 
 
 def _key(*parts: bytes) -> str:
-    import torch   # here, not at import: scripts set the ISA environment torch reads before loading it
+    import torch  # here, not at import: scripts set the ISA environment torch reads before loading it
     return hashlib.sha256(b"".join(parts) + torch.__version__.encode()).hexdigest()[:16]
 
 
@@ -90,7 +90,7 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
         except Exception as err:  # an old compiler without these flags: the next variant down
             skipped.append(f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}")
             continue
-        import torch   # after the ISA environment a script sets (see _key)
+        import torch  # after the ISA environment a script sets (see _key)
         name = torch.ops.quantspec.use_variant(str(path))
         _state.update(ok=True, reason="; ".join(skipped) or None, variant=name)
         if skipped:
@@ -109,7 +109,7 @@ def _load_binding(directory: Path) -> str | None:
     build = directory / f"binding-{_key(*(p.read_bytes() for p in sources))}"
     try:
         if _recorded(build / f"{BINDING}.so", warn=False):   # built and whole: loaded without a lock (a read-only cache)
-            import torch   # after the ISA environment a script sets (see _key)
+            import torch  # after the ISA environment a script sets (see _key)
             torch.ops.load_library(str(build / f"{BINDING}.so"))
             return None
         with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):
@@ -124,7 +124,7 @@ def _build_and_load(build: Path) -> None:
     """Load the binding only if its bytes are those recorded when it was built: a truncated or damaged
     .so can crash the process inside dlopen, before any Python error could say why. Anything else is
     wiped and built again (the caller holds the build lock)."""
-    import torch   # after the ISA environment a script sets (see _key)
+    import torch  # after the ISA environment a script sets (see _key)
     library = build / f"{BINDING}.so"
     if _recorded(library):
         torch.ops.load_library(str(library))
@@ -132,7 +132,7 @@ def _build_and_load(build: Path) -> None:
     # Also clears torch's own build baton ("lock"), which a build killed midway leaves behind forever.
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
-    from torch.utils import cpp_extension   # after the ISA environment a script sets (see _key)
+    from torch.utils import cpp_extension  # after the ISA environment a script sets (see _key)
     # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every call runs on one thread.
     cpp_extension.load(name=BINDING, sources=[str(HERE / "binding.cpp")], extra_cflags=["-O2", "-fopenmp"],
                        extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False,
@@ -156,7 +156,7 @@ def _recorded(library: Path, warn: bool = True) -> bool:
 
 
 def _record(library: Path) -> None:
-    import torch   # after the ISA environment a script sets (see _key)
+    import torch  # after the ISA environment a script sets (see _key)
     atomic_write_text(library.with_name(RECORD), json.dumps({"sha256": sha256_file(library), "torch": torch.__version__}))
 
 

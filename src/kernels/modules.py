@@ -35,7 +35,7 @@ class GemvLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def select_rows(self, ids: torch.Tensor) -> "GemvLinear":
+    def select_rows(self, ids: torch.Tensor) -> GemvLinear:
         """These output rows only (a draft's cut-down head), on the same kernel."""
         cut = nn.Linear(self.in_features, len(ids), bias=self.bias is not None, dtype=self.weight.dtype)
         with torch.no_grad():

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from src.models.config import ModelConfig
 from src.common.locks import file_lock, sha256_file
 from src.common.paths import child
-from src.models.tiny import tiny_model
+from src.models.config import ModelConfig
 from src.models.random_weights import SEED, NoShape, random_model
+from src.models.tiny import tiny_model
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, OPTConfig,
-                          OPTForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 TINY_CONTEXT = 512

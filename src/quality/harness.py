@@ -14,8 +14,8 @@ continuation's tokens are those of context+continuation past the context's.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -36,7 +36,7 @@ def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | N
             max_new_tokens: int = 60):
     """An lm_eval LM over `score(ids, None) -> WindowScore` (src.quality.scoring) and, for generate_until,
     `generate(ids (1, n), max_new_tokens, stop) -> new token ids`."""
-    from lm_eval.api.model import LM   # here: lm-eval is an optional extra
+    from lm_eval.api.model import LM  # here: lm-eval is an optional extra
 
 
     class QuantspecLM(LM):
@@ -92,7 +92,7 @@ def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | N
                 n = int(kwargs.get("max_gen_toks", max_new_tokens))
                 ids = torch.tensor([(self.prefix + self._encode(context))[-(max_context - n):]])
 
-                def stop(new: list[int]) -> bool:
+                def stop(new: list[int], until=until) -> bool:   # bound now: a request's own stop strings
                     text = tokenizer.decode(new, skip_special_tokens=True)
                     return any(u in text for u in until)
 

@@ -23,9 +23,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from src.common.paths import child
 from src.models.config import ModelConfig
 from src.models.load import build_cached, load_model
-from src.common.paths import child
 from src.quality.scoring import ReferenceWindow, reference_window
 
 log = logging.getLogger("quantspec")

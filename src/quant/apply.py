@@ -6,19 +6,19 @@ Takes a float32 model and returns it quantized for its precision, with a report 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
 
-from src.models.config import ModelConfig
-from src.quant.config import PrecisionConfig
-from src.quant.methods import QuantSpec
 from src.common.paths import child
+from src.models.config import ModelConfig
 from src.quant import cache
 from src.quant.calibrate import calibration_ids, ids_hash
+from src.quant.config import PrecisionConfig
+from src.quant.methods import QuantSpec
 from src.quant.pipeline import install, quantize, quantized_bytes, release_quantized
 
 

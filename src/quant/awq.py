@@ -13,9 +13,9 @@ import logging
 import torch
 from torch import nn
 
+from src.common.progress import progress
 from src.quant import calibrate, scaling
 from src.quant.arch import awq_groups, decoder_linears
-from src.common.progress import progress
 from src.quant.qparams import fake_int4_weight
 
 log = logging.getLogger(__name__)

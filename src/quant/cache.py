@@ -12,8 +12,8 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from safetensors.torch import load_file, save_file
 

@@ -28,7 +28,7 @@ class PrecisionConfig:
     def quantized(self) -> bool:
         return self.quant is not None
 
-    def spec(self, model: "ModelConfig") -> QuantSpec:
+    def spec(self, model: ModelConfig) -> QuantSpec:
         """The method's spec with what it takes from the model filled in (SmoothQuant's alpha)."""
         return self.quant.resolved(model)
 

@@ -69,7 +69,7 @@ class W8A8Linear(QuantLinear):
         self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
         self.register_buffer("w_scale", _owned(w_scale, torch.float32), persistent=False)
 
-    def select_rows(self, ids: torch.Tensor) -> "W8A8Linear":
+    def select_rows(self, ids: torch.Tensor) -> W8A8Linear:
         """These output channels only (a draft's cut-down head), on the same kernels."""
         return type(self)(self.w_q[ids], self.w_scale[ids], _rows_bias(self.bias, ids))
 
@@ -93,7 +93,7 @@ class W8A16Linear(QuantLinear):
         # The exact (float32) scale: a cut-down head is rebuilt from it, not from its rounding.
         self.register_buffer("w_scale32", _owned(w_scale, torch.float32), persistent=False)
 
-    def select_rows(self, ids: torch.Tensor) -> "W8A16Linear":
+    def select_rows(self, ids: torch.Tensor) -> W8A16Linear:
         """These output channels only (a draft's cut-down head), on the same kernels."""
         return type(self)(self.w_q[ids], self.w_scale32[ids], _rows_bias(self.bias, ids), dtype=self.w_scale.dtype)
 

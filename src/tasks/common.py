@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from src.tasks.kinds import TaskConfig
-from src.engine import Sampling
 from src.common.metrics import Row, summarize, timing_row
 from src.common.progress import progress
 from src.common.sysmetrics import OthersCpu
+from src.engine import Sampling
 from src.tasks import drafting
+from src.tasks.kinds import TaskConfig
 
 log = logging.getLogger(__name__)
 

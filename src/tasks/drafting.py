@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from src.engine.leviathan import alpha_from_accepted, expected_speedup
 from src.common.metrics import median
+from src.engine.leviathan import alpha_from_accepted, expected_speedup
 
 
 def example_series(spec, per_token_ms: float, baseline_ms: float | None) -> dict[str, float]:

@@ -18,7 +18,7 @@ PER_ITEM = ("acc", "acc_norm", "exact_match")   # per-item outcomes kept for McN
 
 def _load(names: list[str]):
     """The tasks, or one line saying why one cannot be had here (unknown, or its dataset unreachable)."""
-    from lm_eval.tasks import TaskManager, get_task_dict   # optional: the eval extra
+    from lm_eval.tasks import TaskManager, get_task_dict  # optional: the eval extra
     manager = TaskManager(include_path=str(harness.LOCAL_TASKS), verbosity="ERROR")
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
@@ -37,7 +37,7 @@ def _load(names: list[str]):
 
 
 def run(inputs: TaskInputs) -> TaskResult:
-    import lm_eval   # optional: the eval extra
+    import lm_eval  # optional: the eval extra
 
     task = inputs.task
     pad = inputs.tokenizer.pad_token_id

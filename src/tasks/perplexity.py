@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from src.common.metrics import csv_text
-from src.quality import divergence, stats
 from src.data.corpus import bos_prefix
+from src.quality import divergence, stats
 from src.tasks.common import TaskInputs, TaskResult
 
 

@@ -10,12 +10,32 @@ and how each ends.
   and its MLflow view; sysmetrics and progress: what the host did while a job was timed.
 """
 
-from src.tracking.names import (CONFIG_HASH, CONFIG_KEY, HEARTBEAT, JOB_KEY, JOURNAL, OUTCOME, OUTCOMES, OWNER,
-                                REASON, ROLE, SWEEP_ID, SWEEP_KEY, StoreUnreachable, SweepInfo,
-                                bound_http_retries, default_uri, first_line, flatten, key_of, latest_attempts,
-                                quiet_store_logs, refusal)
-from src.tracking.store import Store, open_store, probe
 from src.tracking.jobrun import JobRun
+from src.tracking.names import (
+                                CONFIG_HASH,
+                                CONFIG_KEY,
+                                HEARTBEAT,
+                                JOB_KEY,
+                                JOURNAL,
+                                OUTCOME,
+                                OUTCOMES,
+                                OWNER,
+                                REASON,
+                                ROLE,
+                                SWEEP_ID,
+                                SWEEP_KEY,
+                                StoreUnreachable,
+                                SweepInfo,
+                                bound_http_retries,
+                                default_uri,
+                                first_line,
+                                flatten,
+                                key_of,
+                                latest_attempts,
+                                quiet_store_logs,
+                                refusal,
+)
+from src.tracking.store import Store, open_store, probe
 
 __all__ = ["CONFIG_HASH", "CONFIG_KEY", "HEARTBEAT", "JOB_KEY", "JOURNAL", "OUTCOME", "OUTCOMES", "OWNER", "REASON",
            "ROLE", "SWEEP_ID", "SWEEP_KEY", "JobRun", "Store", "StoreUnreachable", "SweepInfo", "bound_http_retries",

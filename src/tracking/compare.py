@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from src.assembly.config import AXES
-from src.tracking.sweeps import JobRecord
 from src.tracking import CONFIG_KEY
+from src.tracking.sweeps import JobRecord
 
 
 def ratio(a: float | None, b: float | None) -> float:

@@ -23,8 +23,8 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from src.common.locks import atomic_write_text
 

@@ -4,16 +4,16 @@ every part of src.tracking shares: one-line errors, the default store, parameter
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
+from sqlalchemy.exc import SQLAlchemyError
 
 from src.common.environment import PROJECT_ROOT
-import logging
-from sqlalchemy.exc import SQLAlchemyError
 
 ROLE, SWEEP_ID, SWEEP_KEY, JOB_KEY = "quantspec.role", "quantspec.sweep_id", "quantspec.sweep_key", "quantspec.job_key"
 OWNER, HEARTBEAT, JOURNAL = "quantspec.owner", "quantspec.heartbeat", "quantspec.journal"

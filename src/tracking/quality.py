@@ -9,19 +9,20 @@ job's own scoring pass (perplexity_eval_s per token) and says so on the axis.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
+
 from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 
 from src.assembly.config import AXES
 from src.common.metrics import markdown_table
 from src.quality import front, paired
 from src.tracking.compare import NO_SPREAD, Config, Spread
-import csv
-import io
 
 # The front's quality figures (report setting quality.metric), each with whether lower is better
 METRICS = {"kl_mean": True, "delta_perplexity": True, "perplexity": True, "divergent_share": True,

@@ -5,6 +5,8 @@ finished, skipped, failed or killed. The job itself is src.assembly.job's; Hydra
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import socket
@@ -14,21 +16,28 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from src.assembly.config import AXES
 from src.assembly import job as jobs
-from src.assembly.config import ConfigError, job_config_from_dict
+from src.assembly.config import AXES, ConfigError, job_config_from_dict
+from src.common import sysmetrics
+from src.common.environment import host_state
 from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
-from src.tracking import (CONFIG_HASH, CONFIG_KEY, JobRun, Store, StoreUnreachable, default_uri, first_line, flatten,
-                          key_of, open_store)
+from src.tracking import (
+    CONFIG_HASH,
+    CONFIG_KEY,
+    JobRun,
+    Store,
+    StoreUnreachable,
+    default_uri,
+    first_line,
+    flatten,
+    key_of,
+    open_store,
+    signals,
+)
 from src.tracking.journal import Journal
 from src.tracking.names import ROUND
 from src.tracking.names import config_key as rounds_config_key
-from src.common.environment import host_state
-from src.common import sysmetrics
-from src.tracking import signals
 from src.tracking.signals import Stopped
-import hashlib
-import json
 
 log = logging.getLogger("quantspec")
 TAG_GROUPS = AXES[:-1]   # a job's name: its choices but the engine, added where it is not native

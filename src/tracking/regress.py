@@ -31,8 +31,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
 from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
+from mlflow.tracking import MlflowClient
 
 from src.common.environment import PROJECT_ROOT
 from src.common.metrics import markdown_table

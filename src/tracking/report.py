@@ -21,19 +21,18 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
-from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 
-from src.tracking import quality as q
-from src.tracking import ui
-from src.tracking.compare import Config, Speedup, Spread, condition, configs, ratio, speedups
+from src.assembly.config import AXES
 from src.common.environment import PROJECT_ROOT
 from src.common.metrics import EXAMPLE, LEGACY_EXAMPLE, ROW_METRICS, Row, csv_text, markdown_table, seed_table
 from src.common.paths import child
-from src.assembly.config import AXES
+from src.tracking import CONFIG_KEY, SWEEP_KEY, StoreUnreachable, bound_http_retries, default_uri, probe, ui
+from src.tracking import quality as q
+from src.tracking.compare import Config, Speedup, Spread, condition, configs, ratio, speedups
 from src.tracking.sweeps import JobRecord, sweep_jobs
-from src.tracking import CONFIG_KEY, SWEEP_KEY, StoreUnreachable, bound_http_retries, default_uri, probe
 
 SUMMARY = (("time_per_token_ms_median", "time/token (ms)"), ("prefill_ms_median", "prefill (ms)"),
            ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"), ("kl_mean", "KL mean"),

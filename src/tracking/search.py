@@ -138,7 +138,7 @@ class Search(Rounds):
     trial's jobs in interleaved rounds, the store answers with their figures, Optuna is told."""
 
     def sweep(self, arguments: list[str]):
-        import optuna   # optional: the search extra
+        import optuna  # optional: the search extra
 
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])

@@ -10,22 +10,39 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 
+import requests
 from mlflow.entities import RunStatus, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
 from src.common.locks import file_lock
 from src.common.paths import cache_root
 from src.tracking import journal, owner, reaping, replay, ui
-from src.tracking.names import (BATCH, HEARTBEAT, JOB_KEY, OUTCOME, OUTCOMES, OWNER, PROBE_TIMEOUT_S, PROBE_TRIES,
-                                REASON, ROLE, STATUS, SWEEP_ID, SWEEP_KEY, StoreUnreachable, artifact_location,
-                                first_line, key_of, latest_attempts)
-import requests
-from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-import sqlite3
+from src.tracking.names import (
+    BATCH,
+    HEARTBEAT,
+    JOB_KEY,
+    OUTCOME,
+    OUTCOMES,
+    OWNER,
+    PROBE_TIMEOUT_S,
+    PROBE_TRIES,
+    REASON,
+    ROLE,
+    STATUS,
+    SWEEP_ID,
+    SWEEP_KEY,
+    StoreUnreachable,
+    artifact_location,
+    first_line,
+    key_of,
+    latest_attempts,
+)
 
 log = logging.getLogger("quantspec")
 

@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 
 from src.common.paths import cache_root
-from src.tracking import journal, reaping, replay
-from src.tracking import Store, bound_http_retries, first_line, probe, quiet_store_logs
+from src.tracking import Store, bound_http_retries, first_line, journal, probe, quiet_store_logs, reaping, replay
 
 
 def _registry() -> Path:
