@@ -30,12 +30,20 @@ from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
 
 DRAFTS = ["prompt_lookup", "self_w4a16", "self_w8a8", "self_w8a8_vocab4k"]
-COLUMNS = [("baseline_time_per_token_ms_median", "no draft ms/token"), ("time_per_token_ms_median", "ms/token"),
-           ("speedup_vs_no_draft_median", "measured speedup"), ("expected_speedup", "expected (Leviathan)"),
-           ("acceptance_rate_overall", "acceptance"), ("alpha_estimated", "alpha"),
-           ("tokens_per_step_overall", "tokens/step"), ("draft_k_mean_overall", "k"),
-           ("draft_cost_ratio", "c"), ("draft_ms_per_step_overall", "draft ms/step"),
-           ("verify_ms_per_step_overall", "verify ms/step"), ("output_identical_fraction", "identical output")]
+COLUMNS = [
+    ("baseline_time_per_token_ms_median", "no draft ms/token"),
+    ("time_per_token_ms_median", "ms/token"),
+    ("speedup_vs_no_draft_median", "measured speedup"),
+    ("expected_speedup", "expected (Leviathan)"),
+    ("acceptance_rate_overall", "acceptance"),
+    ("alpha_estimated", "alpha"),
+    ("tokens_per_step_overall", "tokens/step"),
+    ("draft_k_mean_overall", "k"),
+    ("draft_cost_ratio", "c"),
+    ("draft_ms_per_step_overall", "draft ms/step"),
+    ("verify_ms_per_step_overall", "verify ms/step"),
+    ("output_identical_fraction", "identical output"),
+]
 
 
 def main(argv: list[str]) -> int:
@@ -43,17 +51,28 @@ def main(argv: list[str]) -> int:
     uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
     sweep_dir = ROOT / "multirun" / f"bench-draft-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     target = next((o.split("=", 1)[1] for o in overrides if o.startswith("precision=")), "bf16,fp32")
-    cmd = [sys.executable, "-m", "src.run", "-m", f"draft={','.join(DRAFTS)}", "task=decode,benchmark",
-           f"precision={target}", f"hydra.sweep.dir={sweep_dir}",
-           *[o for o in overrides if not o.startswith("precision=")]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "src.run",
+        "-m",
+        f"draft={','.join(DRAFTS)}",
+        "task=decode,benchmark",
+        f"precision={target}",
+        f"hydra.sweep.dir={sweep_dir}",
+        *[o for o in overrides if not o.startswith("precision=")],
+    ]
     print("running:", " ".join(cmd[1:]), flush=True)
     done = subprocess.run(cmd, cwd=ROOT)
-    if done.returncode == 2:   # the command line refused, in one line: no sweep to read back
+    if done.returncode == 2:  # the command line refused, in one line: no sweep to read back
         return 2
     _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
     rows = []
-    order = lambda j: (j.choice("precision"), j.choice("task"),  # noqa: E731
-                       DRAFTS.index(j.choice("draft")) if j.choice("draft") in DRAFTS else len(DRAFTS))
+
+    def order(j):
+        draft = j.choice("draft")
+        return j.choice("precision"), j.choice("task"), DRAFTS.index(draft) if draft in DRAFTS else len(DRAFTS)
+
     for j in sorted(jobs, key=order):
         key = [j.choice("precision"), j.choice("task"), j.choice("draft")]
         if j.tags.get("outcome") != "finished":
@@ -63,8 +82,13 @@ def main(argv: list[str]) -> int:
     table = markdown_table(["target", "task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
     print(f"\n{table}")
     save_markdown(sweep_dir.name, f"`{' '.join(cmd[2:])}`\n\n{table}\n")
-    benchpage.record(doc, "drafts", "Every draft kind against no draft", f"`python -m src.run {' '.join(cmd[3:])}`: "
-                     f"each speedup against the same job's examples timed without the draft, in turns.\n\n{table}")
+    benchpage.record(
+        doc,
+        "drafts",
+        "Every draft kind against no draft",
+        f"`python -m src.run {' '.join(cmd[3:])}`: "
+        f"each speedup against the same job's examples timed without the draft, in turns.\n\n{table}",
+    )
     return done.returncode
 
 

@@ -47,21 +47,50 @@ PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16"]
 def engine_sweep(precisions: list[str], repeats: int, overrides: list[str]) -> str:
     uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
     sweep_dir = ROOT / "multirun" / f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    cmd = [sys.executable, "-m", "src.run", "-m", "engine=hf,native", f"precision={','.join(precisions)}",
-           "task=benchmark", f"task.repeats={repeats}", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "src.run",
+        "-m",
+        "engine=hf,native",
+        f"precision={','.join(precisions)}",
+        "task=benchmark",
+        f"task.repeats={repeats}",
+        f"hydra.sweep.dir={sweep_dir}",
+        *overrides,
+    ]
     print("running:", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=False)
     _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
     m = {(j.choice("precision"), j.choice("engine")): j.metrics for j in jobs if j.tags.get("outcome") == "finished"}
     get = lambda p, e, k: m.get((p, e), {}).get(k, math.nan)  # noqa: E731
     hf_fp32 = get("fp32", "hf", "time_per_token_ms_median")
-    rows = [[p, get(p, "hf", "time_per_token_ms_median"), get(p, "native", "time_per_token_ms_median"),
-             get(p, "hf", "time_per_token_ms_median") / get(p, "native", "time_per_token_ms_median"),
-             hf_fp32 / get(p, "native", "time_per_token_ms_median"),
-             get(p, "native", "roofline_ms_median"), get(p, "native", "decode_efficiency_median"),
-             get(p, "hf", "decode_efficiency_median")] for p in precisions]
-    return markdown_table(["precision", "hf ms/token", "native ms/token", "native speedup", "vs hf fp32",
-                           "roofline ms/token", "efficiency (native)", "efficiency (hf)"], rows)
+    rows = [
+        [
+            p,
+            get(p, "hf", "time_per_token_ms_median"),
+            get(p, "native", "time_per_token_ms_median"),
+            get(p, "hf", "time_per_token_ms_median") / get(p, "native", "time_per_token_ms_median"),
+            hf_fp32 / get(p, "native", "time_per_token_ms_median"),
+            get(p, "native", "roofline_ms_median"),
+            get(p, "native", "decode_efficiency_median"),
+            get(p, "hf", "decode_efficiency_median"),
+        ]
+        for p in precisions
+    ]
+    return markdown_table(
+        [
+            "precision",
+            "hf ms/token",
+            "native ms/token",
+            "native speedup",
+            "vs hf fp32",
+            "roofline ms/token",
+            "efficiency (native)",
+            "efficiency (hf)",
+        ],
+        rows,
+    )
 
 
 def _median_time(fn, n: int) -> float:
@@ -79,8 +108,11 @@ def build_job(precision: str, *overrides: str) -> Job:
     """The job a sweep at this precision builds (src.assembly.job.build), here in process to time its parts."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"precision={precision}", *overrides])
-    return build(job_config_from_dict({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
-                                       else cfg[k] for k in cfg}))
+    return build(
+        job_config_from_dict(
+            {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg}
+        )
+    )
 
 
 @torch.inference_mode()
@@ -91,30 +123,39 @@ def verify_costs(precisions: list[str], reps: int) -> str:
         prompt = cut_prompts(aten.loaded.tokenizer, aten.corpus.reader("evaluation")(), [64])[0]
         tokens = prompt[0, 1:9].tolist()
 
-        def timer(decoder, k, tokens=tokens):   # bound now: this model's prompt
+        def timer(decoder, k, tokens=tokens):  # bound now: this model's prompt
             def run():
                 if k == 1:
                     decoder.step(tokens[0])
                 else:
                     decoder.verify(tokens[:k])
                 decoder.rollback(k)
+
             return lambda: _median_time(run, reps)
 
         decoder = Decoder(aten.model)
         decoder.prefill(prompt)
         aten_step = timer(decoder, 1)()
         del aten, decoder
-        job = build_job(p)   # the defaults: quantspec's kernels and step path
+        job = build_job(p)  # the defaults: quantspec's kernels and step path
         if not kernels.loaded():
             return f"(quantspec kernels unavailable on this machine: {kernels.reason()})"
         decoder = Decoder(job.model, fast=job.cfg.engine.step_path == "quantspec")
         decoder.prefill(prompt)
         one = timer(decoder, 1)()
-        rows.append([p, aten_step * 1000, one * 1000, aten_step / one]
-                    + [timer(decoder, k)() / one for k in range(1, 9)])
-    return markdown_table(["precision", "step, ATen kernels, transformers' forward (ms)",
-                           "step, quantspec kernels and step path (ms)", "speedup"]
-                          + [f"k={k}" for k in range(1, 9)], rows)
+        rows.append(
+            [p, aten_step * 1000, one * 1000, aten_step / one] + [timer(decoder, k)() / one for k in range(1, 9)]
+        )
+    return markdown_table(
+        [
+            "precision",
+            "step, ATen kernels, transformers' forward (ms)",
+            "step, quantspec kernels and step path (ms)",
+            "speedup",
+        ]
+        + [f"k={k}" for k in range(1, 9)],
+        rows,
+    )
 
 
 def per_token_ms(g) -> float:
@@ -163,9 +204,11 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
             times[p].append(run())
     ref = statistics.median(times["llama.cpp"])
     rows = [[name, statistics.median(t), statistics.median(t) / ref] for name, t in times.items()]
-    return (f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF) against engine=native with quantspec kernels, "
-            f"{rounds} alternating rounds of {tokens} greedy tokens, {torch.get_num_threads()} threads:\n\n"
-            + markdown_table(["decoder", "ms/token (median)", "/ llama.cpp"], rows))
+    return (
+        f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF) against engine=native with quantspec kernels, "
+        f"{rounds} alternating rounds of {tokens} greedy tokens, {torch.get_num_threads()} threads:\n\n"
+        + markdown_table(["decoder", "ms/token (median)", "/ llama.cpp"], rows)
+    )
 
 
 def main() -> int:
@@ -178,18 +221,28 @@ def main() -> int:
     precisions = ["fp32", "bf16", "w8a8"] if args.quick else PRECISIONS
     parts = []
     if not args.skip_sweep:
-        parts.append("## Engines (time/token, medians over the benchmark prompts)\n\n"
-                     + engine_sweep(precisions, 1 if args.quick else 3, args.overrides))
+        parts.append(
+            "## Engines (time/token, medians over the benchmark prompts)\n\n"
+            + engine_sweep(precisions, 1 if args.quick else 3, args.overrides)
+        )
         print(parts[-1], flush=True)
-    parts.append("## Verifying k tokens in one forward, relative to a one-token step (native engine)\n\n"
-                 + verify_costs(precisions, 5 if args.quick else 15))
+    parts.append(
+        "## Verifying k tokens in one forward, relative to a one-token step (native engine)\n\n"
+        + verify_costs(precisions, 5 if args.quick else 15)
+    )
     print(parts[-1], flush=True)
-    parts.append("## Against llama.cpp\n\n"
-                 + llama_cpp_head_to_head([p for p in precisions if p not in ("fp32",)], 3 if args.quick else 7))
+    parts.append(
+        "## Against llama.cpp\n\n"
+        + llama_cpp_head_to_head([p for p in precisions if p not in ("fp32",)], 3 if args.quick else 7)
+    )
     print(parts[-1], flush=True)
     save_markdown(f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}", "\n\n".join(parts) + "\n")
-    benchpage.record(args.doc, "engine", "engine=native against engine=hf, verification, llama.cpp",
-                     "\n\n".join(p.replace("## ", "### ", 1) for p in parts))
+    benchpage.record(
+        args.doc,
+        "engine",
+        "engine=native against engine=hf, verification, llama.cpp",
+        "\n\n".join(p.replace("## ", "### ", 1) for p in parts),
+    )
     return 0
 
 

@@ -29,8 +29,12 @@ from src.common import benchpage  # noqa: E402 - imports no torch
 from src.common.paths import cache_root  # noqa: E402
 from src.kernels.variants import ATEN_ISA  # noqa: E402 - imports no torch
 
-SHAPES = {   # (name, N, K): a decode step's weights
-    "gemma": [("gemma3-270m head", 262144, 640), ("gemma3-270m mlp up", 2048, 640), ("gemma3-270m mlp down", 640, 2048)],
+SHAPES = {  # (name, N, K): a decode step's weights
+    "gemma": [
+        ("gemma3-270m head", 262144, 640),
+        ("gemma3-270m mlp up", 2048, 640),
+        ("gemma3-270m mlp down", 640, 2048),
+    ],
     "llama": [("llama-2-7b mlp up", 11008, 4096), ("llama-2-7b mlp down", 4096, 11008)],
 }
 FORMATS = ("fp32", "bf16", "w8a8", "w8a16", "w4a16")
@@ -48,7 +52,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     benchpage.add_argument(ap)
     args = ap.parse_args()
-    if args.aten_isa:   # before torch is imported: its libraries read these once
+    if args.aten_isa:  # before torch is imported: its libraries read these once
         os.environ.update(ATEN_ISA[args.aten_isa])
 
     import torch
@@ -62,11 +66,11 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     cache = cache_root() / "kernels"
     names = args.variants or [v.name for v in kernels.candidates("auto") if v.name != "reference"]
-    for name in names:   # by_name also knows avx_vnni's EVEX twin, which AVX-512 VNNI hosts can time
+    for name in names:  # by_name also knows avx_vnni's EVEX twin, which AVX-512 VNNI hosts can time
         if name not in variants.NAMES + (variants.AVX_VNNI_TWIN.name,):
             print(f"quantspec: {name} is no kernel variant", file=sys.stderr)
             return 1
-        if not kernels.load_variants(cache, [variants.by_name(name)]):   # passes over what the CPU lacks
+        if not kernels.load_variants(cache, [variants.by_name(name)]):  # passes over what the CPU lacks
             print(f"quantspec: the {name} kernels cannot run here: {kernels.reason()}", file=sys.stderr)
             return 1
 
@@ -106,7 +110,7 @@ def main() -> int:
     for r in range(args.rounds):
         for label, fmt, rows, nbytes, ours, aten, x in cases:
             got = results.setdefault((label, fmt, rows, nbytes), {})
-            for name in names:   # in turns: each variant, then ATen, on the same case
+            for name in names:  # in turns: each variant, then ATen, on the same case
                 kernels.load_variants(cache, [variants.by_name(name)])
                 got.setdefault(name, []).append(timed(ours, x))
             got.setdefault("aten", []).append(timed(aten, x))
@@ -131,10 +135,14 @@ def main() -> int:
     text = markdown_table(head, table)
     print(about)
     print(text)
-    benchpage.record(args.doc, "kernels", f"Op by op: {', '.join(names)} against ATen"
-                     f"{' (ATen held to ' + args.aten_isa + ')' if args.aten_isa else ''}",
-                     f"{about}; {args.repeats} calls per timing, the median kept; each round times every variant "
-                     f"and ATen on a case in turns.\n\n{text}", rounds=args.rounds)
+    benchpage.record(
+        args.doc,
+        "kernels",
+        f"Op by op: {', '.join(names)} against ATen{' (ATen held to ' + args.aten_isa + ')' if args.aten_isa else ''}",
+        f"{about}; {args.repeats} calls per timing, the median kept; each round times every variant "
+        f"and ATen on a case in turns.\n\n{text}",
+        rounds=args.rounds,
+    )
     return 0
 
 

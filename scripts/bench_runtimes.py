@@ -38,12 +38,16 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
     sweep_dir = ROOT / "multirun" / f"bench-runtimes-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    sweep = [f"engine={','.join(args.engines)}", f"precision={','.join(args.precisions)}", "task=benchmark,perplexity",
-             *overrides]
+    sweep = [
+        f"engine={','.join(args.engines)}",
+        f"precision={','.join(args.precisions)}",
+        "task=benchmark,perplexity",
+        *overrides,
+    ]
     cmd = [sys.executable, "-m", "src.run", "-m", *sweep, f"hydra.sweep.dir={sweep_dir}"]
     print("running:", " ".join(cmd[1:]), flush=True)
     done = subprocess.run(cmd, cwd=ROOT)
-    if done.returncode == 2:   # the command line refused, in one line: no sweep to read back
+    if done.returncode == 2:  # the command line refused, in one line: no sweep to read back
         return 2
     _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
     by = {(j.choice("engine"), j.choice("precision"), j.choice("task")): j for j in jobs}
@@ -57,21 +61,38 @@ def main(argv: list[str]) -> int:
         value = job.metrics.get(metric, math.nan)
         return f"{value:.{digits}f}"
 
-    head = ["precision"] + [f"{e} ms/token" for e in args.engines] + [f"{e} prefill ms" for e in args.engines] \
+    head = (
+        ["precision"]
+        + [f"{e} ms/token" for e in args.engines]
+        + [f"{e} prefill ms" for e in args.engines]
         + [f"{e} perplexity" for e in args.engines]
-    rows = [[p] + [cell(e, p, "benchmark", "time_per_token_ms_median", 1) for e in args.engines]
-            + [cell(e, p, "benchmark", "prefill_ms_median", 0) for e in args.engines]
-            + [cell(e, p, "perplexity", "perplexity", 3) for e in args.engines] for p in args.precisions]
+    )
+    rows = [
+        [p]
+        + [cell(e, p, "benchmark", "time_per_token_ms_median", 1) for e in args.engines]
+        + [cell(e, p, "benchmark", "prefill_ms_median", 0) for e in args.engines]
+        + [cell(e, p, "perplexity", "perplexity", 3) for e in args.engines]
+        for p in args.precisions
+    ]
     table = markdown_table(head, rows)
-    skips = sorted({f"{j.choice('engine')} {j.choice('precision')}: {j.tags.get('outcome_reason', '')}"
-                    for j in jobs if j.tags.get("outcome") == "skipped"})
+    skips = sorted(
+        {
+            f"{j.choice('engine')} {j.choice('precision')}: {j.tags.get('outcome_reason', '')}"
+            for j in jobs
+            if j.tags.get("outcome") == "skipped"
+        }
+    )
     text = table + ("\n\nSkipped:\n\n" + "\n".join(f"- {s}" for s in skips) if skips else "")
     print("\n" + text)
     save_markdown(sweep_dir.name, f"`{' '.join(cmd[2:])}`\n\n{text}\n")
-    benchpage.record(args.doc, "runtimes", f"Runtimes side by side: {', '.join(args.engines)}",
-                     f"`python -m src.run -m {' '.join(sweep)}`: one sweep, the "
-                     f"benchmark task's prompts (medians over them) and 8 perplexity windows; each runtime "
-                     f"quantizes by its own method.\n\n{text}")
+    benchpage.record(
+        args.doc,
+        "runtimes",
+        f"Runtimes side by side: {', '.join(args.engines)}",
+        f"`python -m src.run -m {' '.join(sweep)}`: one sweep, the "
+        f"benchmark task's prompts (medians over them) and 8 perplexity windows; each runtime "
+        f"quantizes by its own method.\n\n{text}",
+    )
     return done.returncode
 
 

@@ -44,8 +44,16 @@ SEEDS = [
     ("opt-6.7b", "w4a16", "none", "PHX", 355.4, 26912, 512, "Assisted generation (OPT), PHX; precision not stated"),
     ("opt-6.7b", "w4a16", "opt-125m", "PHX", 211.1, 27839, 512, "Assisted generation (OPT), PHX, with opt-125m"),
     ("Qwen1.5-7B-Chat", "w4a16", "none", "PHX", 333.9, 21686, 512, "Assisted Generation - Qwen1.5-7B-Chat, PHX"),
-    ("Qwen1.5-7B-Chat", "w4a16", "Qwen1.5-0.5B-Chat", "PHX", 279.2, 21890, 512,
-     "Assisted Generation - Qwen1.5-7B-Chat, PHX, with the 0.5B draft"),
+    (
+        "Qwen1.5-7B-Chat",
+        "w4a16",
+        "Qwen1.5-0.5B-Chat",
+        "PHX",
+        279.2,
+        21890,
+        512,
+        "Assisted Generation - Qwen1.5-7B-Chat, PHX, with the 0.5B draft",
+    ),
 ]
 PRECISIONS = ("bf16", "w8a8", "w8a16", "w4a16")
 
@@ -55,15 +63,30 @@ def sweep(model: str, drafts: list[str], quick: bool, resume: bool, extra: list[
     w4a16), all into one sweep directory: with `resume`, the model's latest one, whose finished jobs are
     skipped (a sweep resumes in its own directory)."""
     earlier = sorted((ROOT / "multirun").glob(f"bench-seeds-{model}-*")) if resume else []
-    sweep_dir = earlier[-1] if earlier else ROOT / "multirun" / f"bench-seeds-{model}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    sweep_dir = (
+        earlier[-1] if earlier else ROOT / "multirun" / f"bench-seeds-{model}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    )
     lengths = "[128,512]" if quick else "[4,8,16,32,64,128,256,512]"
-    base = [sys.executable, "-m", "src.run", "-m", f"model={model}", "model.weights=random", "task=benchmark",
-            f"task.prompt_lengths={lengths}", f"task.max_new_tokens={16 if quick else 60}",
-            f"hydra.sweep.dir={sweep_dir}",
-            # calibration of random weights calibrates nothing: the smallest that runs the real passes, and
-            # no AWQ clipping search (25 minutes at 7B here, to clip random numbers)
-            "precision.calib_samples=4", "precision.calib_seq_len=128", "precision.awq_search_tokens=512",
-            "precision.awq_grid=10", "precision.awq_clip=false", *extra]
+    base = [
+        sys.executable,
+        "-m",
+        "src.run",
+        "-m",
+        f"model={model}",
+        "model.weights=random",
+        "task=benchmark",
+        f"task.prompt_lengths={lengths}",
+        f"task.max_new_tokens={16 if quick else 60}",
+        f"hydra.sweep.dir={sweep_dir}",
+        # calibration of random weights calibrates nothing: the smallest that runs the real passes, and
+        # no AWQ clipping search (25 minutes at 7B here, to clip random numbers)
+        "precision.calib_samples=4",
+        "precision.calib_seq_len=128",
+        "precision.awq_search_tokens=512",
+        "precision.awq_grid=10",
+        "precision.awq_clip=false",
+        *extra,
+    ]
     code = 0
     for variant in [[f"precision={','.join(PRECISIONS)}"], *[["precision=w4a16", f"draft={d}"] for d in drafts]]:
         cmd = [*base, *variant]
@@ -75,9 +98,12 @@ def sweep(model: str, drafts: list[str], quick: bool, resume: bool, extra: list[
 def per_length(uri: str, job, metric: str, tokens: int) -> float:
     """The job's `metric` at the example of `tokens` prompt tokens (step = example number)."""
     from mlflow.tracking import MlflowClient
+
     client = MlflowClient(uri)
-    step = next((m.step for m in client.get_metric_history(job.run_id, f"{EXAMPLE}prompt_tokens")
-                 if int(m.value) == tokens), None)
+    step = next(
+        (m.step for m in client.get_metric_history(job.run_id, f"{EXAMPLE}prompt_tokens") if int(m.value) == tokens),
+        None,
+    )
     return {m.step: m.value for m in client.get_metric_history(job.run_id, EXAMPLE + metric)}.get(step, math.nan)
 
 
@@ -104,16 +130,34 @@ def main(argv: list[str]) -> int:
         for draft in drafts:
             for seed in [s for s in SEEDS if s[0] == model and s[2] == draft]:
                 rows.append(_row(uri, done.get(("w4a16", draft)), seed))
-    table = markdown_table(["model", "precision", "draft", "quantspec ms/token (this CPU)", "decode efficiency",
-                            "quantspec prefill ms", "at tokens", "seed NPU", "seed ms/token", "seed prefill ms",
-                            "seed source"], rows)
+    table = markdown_table(
+        [
+            "model",
+            "precision",
+            "draft",
+            "quantspec ms/token (this CPU)",
+            "decode efficiency",
+            "quantspec prefill ms",
+            "at tokens",
+            "seed NPU",
+            "seed ms/token",
+            "seed prefill ms",
+            "seed source",
+        ],
+        rows,
+    )
     print("\n" + table)
-    save_markdown(f"bench-seeds-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
-                  f"`bench_seeds.py {' '.join(argv)}`\n\n{table}\n")
-    benchpage.record(args.doc, "seven-b", "The seeds' table at the seeds' shapes, beside their NPU figures",
-                     f"One sweep per model (its precisions, then each assisted row: the seed's draft at bf16 beside "
-                     f"the target at w4a16), random weights{'; --quick: short prompts and cut calibration' if args.quick else ''}."
-                     f"\n\n{table}")
+    save_markdown(
+        f"bench-seeds-{time.strftime('%Y-%m-%d_%H-%M-%S')}", f"`bench_seeds.py {' '.join(argv)}`\n\n{table}\n"
+    )
+    benchpage.record(
+        args.doc,
+        "seven-b",
+        "The seeds' table at the seeds' shapes, beside their NPU figures",
+        f"One sweep per model (its precisions, then each assisted row: the seed's draft at bf16 beside "
+        f"the target at w4a16), random weights{'; --quick: short prompts and cut calibration' if args.quick else ''}."
+        f"\n\n{table}",
+    )
     return code
 
 
@@ -121,9 +165,19 @@ def _row(uri: str, job, seed) -> list:
     model, precision, draft, platform, seed_tpt, seed_prefill, tokens, source = seed
     metrics = job.metrics if job else {}
     prefill = per_length(uri, job, "prefill_ms", tokens) if job else math.nan
-    return [model, precision, draft, metrics.get("time_per_token_ms_median", math.nan),
-            metrics.get("decode_efficiency_median", math.nan), prefill, tokens, platform, seed_tpt, seed_prefill,
-            source]
+    return [
+        model,
+        precision,
+        draft,
+        metrics.get("time_per_token_ms_median", math.nan),
+        metrics.get("decode_efficiency_median", math.nan),
+        prefill,
+        tokens,
+        platform,
+        seed_tpt,
+        seed_prefill,
+        source,
+    ]
 
 
 if __name__ == "__main__":

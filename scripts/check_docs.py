@@ -34,13 +34,20 @@ def main(argv: list[str]) -> int:
             continue
         start = time.monotonic()
         try:
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], cwd=PROJECT_ROOT,
-                                  capture_output=True, text=True, timeout=args.timeout)
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", block.text],
+                cwd=PROJECT_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=args.timeout,
+            )
             ok, tail = done.returncode == 0, (done.stdout + done.stderr)[-2000:]
             why = f"exit {done.returncode}"
         except subprocess.TimeoutExpired:
             ok, tail, why = False, "", f"over {args.timeout} s"
-        print(f"{block.where}: {'ok' if ok else 'FAILED (' + why + ')'} in {time.monotonic() - start:.0f} s", flush=True)
+        print(
+            f"{block.where}: {'ok' if ok else 'FAILED (' + why + ')'} in {time.monotonic() - start:.0f} s", flush=True
+        )
         if not ok:
             failed += 1
             print(tail, file=sys.stderr)

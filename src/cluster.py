@@ -34,7 +34,7 @@ from src.tracking import Store, StoreUnreachable, key_of, probe
 from src.tracking.record import SweepAbort, fail_line
 
 log = logging.getLogger("quantspec")
-WAIT_S = 2.0   # how often the driver looks for finished jobs and lost nodes
+WAIT_S = 2.0  # how often the driver looks for finished jobs and lost nodes
 
 
 def _abort(message: str):
@@ -53,23 +53,29 @@ def _answers(address: str) -> bool:
 
 def _connect(address: str) -> None:
     import ray  # optional: the lab extra
+
     if ray.is_initialized():
         return
     target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
     if target and target != "auto" and not target.startswith("ray://") and not _answers(target):
-        raise _abort(f"no Ray cluster answers at {target}; start one with `ray start --head --resources="
-                     f"'{{\"hw-cpu\": 1, \"bench-slot\": 1}}'`, or use hydra/launcher=basic")
+        raise _abort(
+            f"no Ray cluster answers at {target}; start one with `ray start --head --resources="
+            f'\'{{"hw-cpu": 1, "bench-slot": 1}}\'`, or use hydra/launcher=basic'
+        )
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise _abort(f"no Ray cluster answers at address={address} ({str(err).strip().splitlines()[0][:120]}); "
-                     f"start one with `ray start --head --resources='{{\"hw-cpu\": 1, \"bench-slot\": 1}}'`, or "
-                     f"use hydra/launcher=basic") from None
+        raise _abort(
+            f"no Ray cluster answers at address={address} ({str(err).strip().splitlines()[0][:120]}); "
+            f'start one with `ray start --head --resources=\'{{"hw-cpu": 1, "bench-slot": 1}}\'`, or '
+            f"use hydra/launcher=basic"
+        ) from None
 
 
 def offered() -> dict[str, str]:
     """Each resource the cluster's live nodes advertise -> the id of one node offering it."""
     import ray  # optional: the lab extra
+
     found = {}
     for node in ray.nodes():
         if node.get("Alive"):
@@ -89,9 +95,11 @@ def _settings(config: DictConfig):
 def _check_store(sweep) -> None:
     uri = sweep.tracking.uri or ""
     if not uri.startswith(("http://", "https://")):
-        raise _abort("hydra/launcher=ray needs one tracking server for every node: start it with "
-                     "`bash scripts/tracking-server --host 0.0.0.0` and add tracking=server "
-                     "tracking.uri=http://HEAD:5000")
+        raise _abort(
+            "hydra/launcher=ray needs one tracking server for every node: start it with "
+            "`bash scripts/tracking-server --host 0.0.0.0` and add tracking=server "
+            "tracking.uri=http://HEAD:5000"
+        )
     if sweep.tracking.unreachable != "journal":
         try:
             probe(uri)
@@ -107,19 +115,29 @@ def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobRet
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(config)
-    return run_job(hydra_context=hydra_context, task_function=functools.partial(run.task, node=node), config=config,
-                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    return run_job(
+        hydra_context=hydra_context,
+        task_function=functools.partial(run.task, node=node),
+        config=config,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
 
 
 def _here(launcher, config: DictConfig, preset: tuple[str, str] | None) -> JobReturn:
     """The job code, in the driver: to record a job the cluster cannot run (preset: outcome and reason),
     or to let it say that a previous attempt of this sweep finished it."""
     HydraConfig.instance().set_config(config)
-    return run_job(hydra_context=launcher.hydra_context, task_function=functools.partial(run.task, preset=preset),
-                   config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    return run_job(
+        hydra_context=launcher.hydra_context,
+        task_function=functools.partial(run.task, preset=preset),
+        config=config,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
 
 
-_stores: dict = {}   # one Store per (uri, experiment) for the driver's lookups
+_stores: dict = {}  # one Store per (uri, experiment) for the driver's lookups
 
 
 def _in_store(config: DictConfig):
@@ -146,8 +164,15 @@ def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
     store, sweep_id, key, hc = _in_store(config)
     if store.end_job(sweep_id, key, "failed", reason):
         fail_line(f"job {' '.join(hc.overrides.task)} failed: {reason}")
-        return JobReturn(overrides=list(hc.overrides.task), cfg=config, hydra_cfg=config, working_dir=str(Path.cwd()),
-                         task_name=hc.job.name, status=JobStatus.COMPLETED, _return_value="failed")
+        return JobReturn(
+            overrides=list(hc.overrides.task),
+            cfg=config,
+            hydra_cfg=config,
+            working_dir=str(Path.cwd()),
+            task_name=hc.job.name,
+            status=JobStatus.COMPLETED,
+            _return_value="failed",
+        )
     return _here(launcher, config, ("failed", reason))
 
 
@@ -156,7 +181,7 @@ def _resource(config: DictConfig) -> str | None:
     config; None where that config is wrong."""
     try:
         hardware = hardware_config(OmegaConf.to_container(config.hardware, resolve=True, throw_on_missing=True))
-    except Exception:   # noqa: BLE001 - a wrong, missing or unresolvable value: the job code says which
+    except Exception:  # noqa: BLE001 - a wrong, missing or unresolvable value: the job code says which
         return None
     return hardware.resource or f"hw-{hardware.name}"
 
@@ -169,17 +194,17 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
     remote = ray.remote(_on_node)
     returns: list[JobReturn | None] = [None] * len(job_overrides)
-    running: dict = {}   # ObjectRef -> (index, config, resource)
+    running: dict = {}  # ObjectRef -> (index, config, resource)
     for index, overrides in enumerate(job_overrides):
         config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
         with open_dict(config):
             config.hydra.job.id = f"ray_{initial_job_idx + index}"
             config.hydra.job.num = initial_job_idx + index
-        if index == 0:   # before anything runs: a store every node can reach, then the cluster
+        if index == 0:  # before anything runs: a store every node can reach, then the cluster
             _check_store(_settings(config))
             _connect(launcher.address)
         resource = _resource(config)
-        if resource is None:   # its config is wrong: the job code says so in one line, here
+        if resource is None:  # its config is wrong: the job code says so in one line, here
             returns[index] = _here(launcher, config, None)
             continue
         log.info("\t#%d : %s -> %s", initial_job_idx + index, " ".join(filter_overrides(overrides)), resource)
@@ -189,9 +214,12 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
         if resource not in offered():
             returns[index] = _here(launcher, config, ("skipped", f"no node in the cluster offers {resource}"))
             continue
-        ref = remote.options(resources={resource: 1, launcher.slot: 1}, num_cpus=0, max_retries=0,
-                             name=f"quantspec job {initial_job_idx + index}").remote(
-            launcher.hydra_context, config, Singleton.get_state())
+        ref = remote.options(
+            resources={resource: 1, launcher.slot: 1},
+            num_cpus=0,
+            max_retries=0,
+            name=f"quantspec job {initial_job_idx + index}",
+        ).remote(launcher.hydra_context, config, Singleton.get_state())
         running[ref] = (index, config, resource)
     while running:
         done, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)

@@ -57,7 +57,7 @@ def short_dirname(name: str, limit: int = 120) -> str:
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
     if len(safe.encode()) <= limit:
         return safe if safe == name else f"{safe}-{digest}"
-    return f"{safe.encode()[:limit - 17].decode(errors='ignore')}-{digest}"
+    return f"{safe.encode()[: limit - 17].decode(errors='ignore')}-{digest}"
 
 
 OmegaConf.register_new_resolver("quantspec_dirname", lambda name: short_dirname(str(name)), replace=True)
@@ -70,7 +70,9 @@ def sweep_info(hc):
     # The default layout is multirun/<date>/<time>-<pid>; a named sweep directory names itself.
     name = f"{sweep_dir.parent.name} {sweep_dir.name}" if sweep_dir.parent.parent.name == "multirun" else sweep_dir.name
     # The sweep's own command line (hc.overrides.task is one job's share of it).
-    return SweepInfo(str(sweep_dir), f"sweep {name}", " ".join(a for a in sys.argv[1:] if a not in ("-m", "--multirun")))
+    return SweepInfo(
+        str(sweep_dir), f"sweep {name}", " ".join(a for a in sys.argv[1:] if a not in ("-m", "--multirun"))
+    )
 
 
 def task(cfg: DictConfig, preset: tuple[str, str] | None = None, node: dict | None = None) -> str:
@@ -84,8 +86,9 @@ def task(cfg: DictConfig, preset: tuple[str, str] | None = None, node: dict | No
         record.ledger.refuse(hc.job.override_dirname, unset_line(err))
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
-    return record.run_job(raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset,
-                          node)
+    return record.run_job(
+        raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset, node
+    )
 
 
 # An absolute path: Hydra resolves a relative one against the calling module, which differs between
@@ -105,19 +108,24 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         try:
             held = hold(sweep_dir / SWEEP_LOCK)
-        except OSError as err:   # a full or read-only file system: Hydra would only warn of a callback's error
+        except OSError as err:  # a full or read-only file system: Hydra would only warn of a callback's error
             raise SweepUnwritable(OSError(err.errno, err.strerror, str(sweep_dir))) from None
         if isinstance(held, str):
-            raise SweepAbort(f"the sweep directory {sweep_dir} is in use by {held}; wait for it to end (then "
-                             f"rerunning into it resumes the sweep) or choose another hydra.sweep.dir")
+            raise SweepAbort(
+                f"the sweep directory {sweep_dir} is in use by {held}; wait for it to end (then "
+                f"rerunning into it resumes the sweep) or choose another hydra.sweep.dir"
+            )
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         ledger = record.ledger
         counts = {o: ledger.outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
         if ledger.outcomes and len(ledger.refused) == len(ledger.outcomes):
             # every job was refused by its config (said above): no run exists, nothing to close or report
-            print(f"quantspec: sweep done: all {len(ledger.refused)} jobs refused by their config before a run "
-                  f"(said above)", flush=True)
+            print(
+                f"quantspec: sweep done: all {len(ledger.refused)} jobs refused by their config before a run "
+                f"(said above)",
+                flush=True,
+            )
             return
         try:
             sweep = settings(config)
@@ -129,11 +137,16 @@ class SweepCallback(Callback):
                 if sweep.report_at_end:
                     report.at_sweep_end(store.uri, sweep.experiment, parent.data.tags[SWEEP_ID])
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
-            fail_line(f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will")
-        print(f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
-              f"{counts['failed']} failed" + (f", {counts['killed']} killed" if counts.get("killed") else "")
-              + (f"; {len(ledger.refused)} refused by their config before a run (said above)" if ledger.refused else ""),
-              flush=True)
+            fail_line(
+                f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will"
+            )
+        print(
+            f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
+            f"{counts['failed']} failed"
+            + (f", {counts['killed']} killed" if counts.get("killed") else "")
+            + (f"; {len(ledger.refused)} refused by their config before a run (said above)" if ledger.refused else ""),
+            flush=True,
+        )
 
 
 def cli() -> None:
@@ -158,9 +171,9 @@ def cli() -> None:
     except SweepAbort as err:
         fail_line(str(err))
         sys.exit(2)
-    except SweepUnwritable as err:   # Hydra writing a job's folder: read-only, immutable, full
+    except SweepUnwritable as err:  # Hydra writing a job's folder: read-only, immutable, full
         sys.exit(record.unwritable(err.error))
-    except OSError as err:   # the sweep's own directory, before any job (its lock, multirun.yaml)
+    except OSError as err:  # the sweep's own directory, before any job (its lock, multirun.yaml)
         sys.exit(record.unwritable(err))
     # A sweep's outcome is the store's (its jobs may have run in other processes, on other machines).
     counts = record.ledger.counts
@@ -172,4 +185,5 @@ if __name__ == "__main__":
     # Hydra imports SweepCallback from `src.run`; running that same module (not this `__main__` copy)
     # keeps one record of job outcomes for the callback and the exit code.
     from src import run as entry
+
     entry.cli()

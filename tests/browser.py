@@ -23,10 +23,23 @@ class Page:
     def __init__(self, port: int, width: int = 1920, height: int = 1000):
         self._profile = tempfile.mkdtemp(prefix="quantspec-chromium-")
         self._proc = subprocess.Popen(
-            [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--disable-background-networking", "--no-first-run", f"--window-size={width},{height}",
-             f"--remote-debugging-port={port}", "--remote-allow-origins=*", f"--user-data-dir={self._profile}",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                BROWSER,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--disable-background-networking",
+                "--no-first-run",
+                f"--window-size={width},{height}",
+                f"--remote-debugging-port={port}",
+                "--remote-allow-origins=*",
+                f"--user-data-dir={self._profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.time() + 60
         while True:
             try:
@@ -70,6 +83,7 @@ class Page:
 
     def screenshot(self, path) -> None:
         import base64
+
         data = self.send("Page.captureScreenshot", format="png")["data"]
         path.write_bytes(base64.b64decode(data))
 

@@ -31,15 +31,25 @@ def compose_job(overrides: list[str]) -> tuple[dict, dict]:
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
         choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v}
         # hydra's own node has job-time fields (hydra.job.num) that only a launcher fills in.
-        raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-               for k in cfg if k != "hydra"}
+        raw = {
+            k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+            for k in cfg
+            if k != "hydra"
+        }
     return raw, choices
 
 
-def run_cli(args: list[str], timeout: int = 600, module: str = "src.run", cwd: Path = ROOT,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=cli_env(env))
+def run_cli(
+    args: list[str], timeout: int = 600, module: str = "src.run", cwd: Path = ROOT, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(env),
+    )
 
 
 def cli_env(extra: dict | None = None) -> dict:
@@ -58,6 +68,7 @@ def quant_spec(method: str, scheme: str, **fields):
     import dataclasses
 
     from src.quant.methods import METHODS
+
     cls = METHODS[method]
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "precision" / "_fields.yaml"))
     names = {f.name for f in dataclasses.fields(cls)}
@@ -67,14 +78,32 @@ def quant_spec(method: str, scheme: str, **fields):
     return cls(**values)
 
 
-def job_record(key: str, rnd: int, time_per_token_ms: float, busy: bool = False, outcome: str = "finished",
-               precision: str = "w8a8", **tags):
+def job_record(
+    key: str,
+    rnd: int,
+    time_per_token_ms: float,
+    busy: bool = False,
+    outcome: str = "finished",
+    precision: str = "w8a8",
+    **tags,
+):
     """One round of a job as the report reads it back from the store (src.tracking.sweeps.JobRecord), built
     by hand: its identity across rounds, round, busy flag, outcome and choices, its time per token."""
     from src.tracking.sweeps import JobRecord
-    tags = {"quantspec.config_key": key, "round": str(rnd), "host_busy": str(busy).lower(), "outcome": outcome,
-            "precision": precision, "model": "m", "hardware": "cpu", "draft": "none", "task": "decode",
-            "engine": "native", **tags}
+
+    tags = {
+        "quantspec.config_key": key,
+        "round": str(rnd),
+        "host_busy": str(busy).lower(),
+        "outcome": outcome,
+        "precision": precision,
+        "model": "m",
+        "hardware": "cpu",
+        "draft": "none",
+        "task": "decode",
+        "engine": "native",
+        **tags,
+    }
     return JobRecord(f"{key}-{rnd}", key, tags, {"time_per_token_ms_median": time_per_token_ms})
 
 
@@ -103,10 +132,28 @@ def mlflow_server(where: Path, port: int) -> subprocess.Popen:
     store in `where`, in its own process group
     (so a test can kill it with its workers, as a crash would), answering when this returns."""
     mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
-    proc = subprocess.Popen([mlflow, "server", "--app-name", "quantspec", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{where / 'server.db'}",
-                             "--artifacts-destination", str(where / "artifacts")],
-                            cwd=where, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            mlflow,
+            "server",
+            "--app-name",
+            "quantspec",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{where / 'server.db'}",
+            "--artifacts-destination",
+            str(where / "artifacts"),
+        ],
+        cwd=where,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     wait_healthy(f"http://127.0.0.1:{port}", proc, "mlflow server")
     return proc
 
@@ -115,14 +162,28 @@ def perplexity_by_engine(tmp_path: Path, engines: str, *overrides: str) -> dict[
     """`task=perplexity` on the tiny Llama at fp32, one job per engine in `engines` (a sweep's list), in a
     store and cache of their own: each engine's perplexity."""
     from mlflow.tracking import MlflowClient
+
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_cli(["-m", "model=tiny-llama", f"engine={engines}", "precision=fp32", "task=perplexity",
-                   "task.window=64", "task.windows=2", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}",
-                   *overrides],
-                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    out = run_cli(
+        [
+            "-m",
+            "model=tiny-llama",
+            f"engine={engines}",
+            "precision=fp32",
+            "task=perplexity",
+            "task.window=64",
+            "task.windows=2",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path / 's'}",
+            *overrides,
+        ],
+        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'"
+    )
     return {r.data.tags["engine"]: r.data.metrics["perplexity"] for r in runs}
 
 
@@ -132,6 +193,7 @@ def uncatalogued(store_uri: str, experiment: str = "quantspec") -> dict[str, lis
     from mlflow.tracking import MlflowClient
 
     from src.tracking import catalog
+
     client = MlflowClient(store_uri)
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     seen = {"metric": set(), "param": set(), "tag": set()}

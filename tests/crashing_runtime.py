@@ -26,7 +26,7 @@ def build(cfg, loaded, placement, corpus, recorder):
 
 def die(how: str) -> None:
     if how == "segv":
-        ctypes.string_at(0)   # a read of address 0: SIGSEGV, as native code's bug is
+        ctypes.string_at(0)  # a read of address 0: SIGSEGV, as native code's bug is
     os.kill(os.getpid(), signal.SIGABRT if how == "abort" else signal.SIGKILL)
 
 

@@ -26,7 +26,7 @@ def runtime_name(cfg, device: str) -> str:
 
 def build(cfg, loaded, placement, corpus, recorder):
     recorder.set_tags({"kernels": "example", "kernels_isa": "", "kernels_note": ""})
-    return partial(NoCache, loaded.model)   # made in the runtime's own process (src.engine.isolated)
+    return partial(NoCache, loaded.model)  # made in the runtime's own process (src.engine.isolated)
 
 
 class NoCache:
@@ -36,18 +36,27 @@ class NoCache:
     @torch.inference_mode()
     def window_score(self, ids, indices=None):
         from src.quality.scoring import score_logits
+
         logits = self.model(ids[None]).logits[0]
-        if os.environ.get("EXAMPLE_RUNTIME_NAN"):   # as a damaged export's weights give (a test's case)
+        if os.environ.get("EXAMPLE_RUNTIME_NAN"):  # as a damaged export's weights give (a test's case)
             logits = torch.full_like(logits, float("nan"))
         return score_logits(logits, ids, indices)
 
     @torch.inference_mode()
-    def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
-                 pad_token_id: int | None, stop=None) -> Generation:
+    def __call__(
+        self,
+        model,
+        input_ids,
+        max_new_tokens: int,
+        exact: bool,
+        sampling: Sampling,
+        pad_token_id: int | None,
+        stop=None,
+    ) -> Generation:
         ids, new, times = input_ids, [], []
         start = time.perf_counter()
         while len(new) < max_new_tokens:
-            token = int(self.model(ids).logits[0, -1].argmax())   # greedy, as the test runs it
+            token = int(self.model(ids).logits[0, -1].argmax())  # greedy, as the test runs it
             times.append(time.perf_counter())
             new.append(token)
             ids = torch.cat([ids, torch.tensor([[token]])], dim=1)

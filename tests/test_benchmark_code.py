@@ -28,7 +28,7 @@ def _bwrap_problem() -> str | None:
     return None
 
 
-BWRAP_PROBLEM = _bwrap_problem()   # scripts/setup installs bubblewrap as root; a host may still forbid it
+BWRAP_PROBLEM = _bwrap_problem()  # scripts/setup installs bubblewrap as root; a host may still forbid it
 needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bubblewrap cannot run here: {BWRAP_PROBLEM}")
 LIMITS = sandbox.Limits(timeout_s=3.0, memory_mb=512)
 PROBLEMS = humaneval_problems()[:6]
@@ -41,8 +41,8 @@ HARMFUL = {
     "sleeps": "    import time\n    time.sleep(60)\n",
     "hungry": "    x = bytearray(8 << 30)\n    return x\n",
     "network": "    import socket\n    socket.create_connection(('1.1.1.1', 53), timeout=2)\n",
-    "forks": "    import ctypes, os, time\n    ctypes.CDLL(None).prctl(15, b'qsforkedchild', 0, 0, 0)\n"   # its name
-             "    for _ in range(20):\n        if os.fork() == 0:\n            time.sleep(120)\n    time.sleep(120)\n",
+    "forks": "    import ctypes, os, time\n    ctypes.CDLL(None).prctl(15, b'qsforkedchild', 0, 0, 0)\n"  # its name
+    "    for _ in range(20):\n        if os.fork() == 0:\n            time.sleep(120)\n    time.sleep(120)\n",
 }
 
 
@@ -57,7 +57,7 @@ def test_sandbox_passes_canonical_solutions_and_contains_harmful_completions(tmp
     p = PROBLEMS[0]
     t0 = time.monotonic()
     got = dict(zip(HARMFUL, sandbox.run_many([program(p, c) for c in HARMFUL.values()], "bwrap", LIMITS, workers=4)))
-    assert time.monotonic() - t0 < 15   # the wall-clock limit holds: nothing runs on
+    assert time.monotonic() - t0 < 15  # the wall-clock limit holds: nothing runs on
     assert got["wrong"].status == "failed" and got["wrong"].detail == "AssertionError"
     assert got["crash"].detail == "NameError: name 'undefined_name' is not defined"
     assert got["endless"].status == got["sleeps"].status == got["forks"].status == "timed out"
@@ -103,7 +103,7 @@ def test_missing_bubblewrap_is_refused_in_one_line_naming_the_fix(monkeypatch):
     assert "\n" not in message and "apt-get install bubblewrap" in message and "task.sandbox=rlimit" in message
     if os.geteuid() != 0 or sandbox._others_can_run(*sandbox.interpreter()):
         sandbox.check("rlimit")  # the explicit fallback needs nothing more
-    else:   # as root it runs completions as nobody, who cannot run this Python: refused, naming bwrap
+    else:  # as root it runs completions as nobody, who cannot run this Python: refused, naming bwrap
         with pytest.raises(sandbox.SandboxUnavailable, match="task.sandbox=bwrap"):
             sandbox.check("rlimit")
 
@@ -116,9 +116,9 @@ def test_verdicts_equal_human_evals_own_evaluator(tmp_path):
     samples = []
     for i, p in enumerate(PROBLEMS):
         samples += [(p, canonical(p)), (p, HARMFUL["wrong"] if i % 2 else HARMFUL["crash"])]
-    samples.append((PROBLEMS[2], "    return 0.5\n"))            # right for some inputs only
+    samples.append((PROBLEMS[2], "    return 0.5\n"))  # right for some inputs only
     samples.append((PROBLEMS[2], canonical(PROBLEMS[2]) + "    print(1/0)\n"))  # dead code after return
-    samples.append((PROBLEMS[0], "    return False\nimport os\nos._exit(0)\n"))    # exits 0 before its tests
+    samples.append((PROBLEMS[0], "    return False\nimport os\nos._exit(0)\n"))  # exits 0 before its tests
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps({"task_id": p["task_id"], "completion": c}) + "\n" for p, c in samples))
     reference = evaluate_functional_correctness(str(path), k=[1], n_workers=2, timeout=3.0, ignore_incomplete=True)
@@ -137,7 +137,7 @@ def test_verdicts_equal_human_evals_own_evaluator(tmp_path):
 def test_pass_at_k_is_the_unbiased_estimator():
     assert pass_at_k(10, 0, 1) == 0 and pass_at_k(10, 10, 1) == 1
     assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
-    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)      # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
     assert pass_at_k(10, 3, 10) == 1.0
     outcomes = [sandbox.Outcome(s, "") for s in ("passed", "failed", "passed", "timed out")]
     summary = score(["a", "a", "b", "b"], outcomes, samples=2)
@@ -153,6 +153,7 @@ def test_completions_stop_at_the_protocols_stop_sequences():
     class Tok:  # characters as tokens
         def decode(self, ids, skip_special_tokens=True):
             return "".join(map(chr, ids))
+
     stop = StopAt(Tok())
     assert not stop([ord(c) for c in "    return 1\n"]) and stop([ord(c) for c in "    return 1\nif"])
 
@@ -165,8 +166,14 @@ def _runs(store):
 
 @needs_bwrap
 def test_tiny_model_runs_the_task_end_to_end_with_and_without_a_draft(store, tmp_path):
-    common = ["model=tiny-llama", "task=benchmark_code", "task.limit=3", "task.max_new_tokens=4", "task.warmup=0",
-              f"tracking.uri={store}"]
+    common = [
+        "model=tiny-llama",
+        "task=benchmark_code",
+        "task.limit=3",
+        "task.max_new_tokens=4",
+        "task.warmup=0",
+        f"tracking.uri={store}",
+    ]
     out = run_cli(["-m", *common, "draft=none,self_w8a8", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert out.returncode == 0, out.stderr[-2000:]
     client, runs = _runs(store)
@@ -176,8 +183,9 @@ def test_tiny_model_runs_the_task_end_to_end_with_and_without_a_draft(store, tmp
         assert run.data.tags["outcome"] == "finished" and run.data.tags["sandbox"] == "bwrap"
         assert m["passed"] + m["failed"] + m["timed_out"] == 3 and 0 <= m["pass_at_1"] <= 1
         assert m["time_per_token_ms_median"] > 0 and m["prefill_ms_median"] > 0
-        lines = [json.loads(x) for x in open(client.download_artifacts(run.info.run_id, "completions.jsonl",
-                                                                       str(tmp_path)))]
+        lines = [
+            json.loads(x) for x in open(client.download_artifacts(run.info.run_id, "completions.jsonl", str(tmp_path)))
+        ]
         assert [x["task_id"] for x in lines] == [f"HumanEval/{i}" for i in range(3)]
         assert all(x["result"].split(":")[0] in ("passed", "failed", "timed out") for x in lines)
         assert all(not any(s in x["completion"] for s in STOP) for x in lines)
@@ -185,19 +193,33 @@ def test_tiny_model_runs_the_task_end_to_end_with_and_without_a_draft(store, tmp
     m = drafted.data.metrics
     # greedy: the draft changes the speed, never the code
     assert m["pass_at_1_no_draft"] == m["pass_at_1"] and m["completions_identical_to_no_draft"] == 1.0
-    parent = next(r for r in client.search_runs([drafted.info.experiment_id])
-                  if r.data.tags.get("quantspec.role") == "sweep")
+    parent = next(
+        r for r in client.search_runs([drafted.info.experiment_id]) if r.data.tags.get("quantspec.role") == "sweep"
+    )
     report = open(client.download_artifacts(parent.info.run_id, "report/report.md", str(tmp_path))).read()
     assert "pass@1" in report and "with the draft" in report and "(equal; 100% of the completions identical)" in report
-    assert uncatalogued(store) == {}   # every name it logged is in the reference (src.tracking.catalog)
+    assert uncatalogued(store) == {}  # every name it logged is in the reference (src.tracking.catalog)
 
 
 def test_job_refuses_without_its_sandbox_before_loading_anything(store):
-    env = {"PATH": "/nonexistent"}   # no bwrap on the PATH (nor anything else the job would need later)
+    env = {"PATH": "/nonexistent"}  # no bwrap on the PATH (nor anything else the job would need later)
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "src.run", "model=tiny-llama", "task=benchmark_code", "task.limit=1",
-                          f"tracking.uri={store}"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **env})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "src.run",
+            "model=tiny-llama",
+            "task=benchmark_code",
+            "task.limit=1",
+            f"tracking.uri={store}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **env},
+    )
     assert out.returncode != 0 and time.monotonic() - t0 < 60
     lines = [line for line in (out.stdout + out.stderr).splitlines() if "apt-get install bubblewrap" in line]
     assert len(lines) == 1 and "task.sandbox=rlimit" in lines[0]
@@ -219,13 +241,22 @@ def test_samples_are_drawn_apart_and_scored_as_pass_at_k():
     from src.tasks.kinds import BenchmarkCode
 
     model, tok = tiny_model("llama")
-    task = BenchmarkCode(name="benchmark_code", max_new_tokens=6, code_max_new_tokens=6, exact_new_tokens=False,
-                         limit=1, warmup=0, samples=3, sandbox="rlimit")
+    task = BenchmarkCode(
+        name="benchmark_code",
+        max_new_tokens=6,
+        code_max_new_tokens=6,
+        exact_new_tokens=False,
+        limit=1,
+        warmup=0,
+        samples=3,
+        sandbox="rlimit",
+    )
     sampling = Sampling(do_sample=True, temperature=1.5, seed=3)
-    res = task.run(TaskInputs(model, tok, task, True, sampling, TINY_CONTEXT, corpus=lambda: "",
-                              generate=ENGINES["native"]))
+    res = task.run(
+        TaskInputs(model, tok, task, True, sampling, TINY_CONTEXT, corpus=lambda: "", generate=ENGINES["native"])
+    )
     lines = [json.loads(x) for x in res.artifacts["completions.jsonl"].splitlines()]
     assert [x["sample"] for x in lines] == [0, 1, 2] and len(res.rows) == 3
-    assert len({x["completion"] for x in lines}) > 1          # seeds 3, 4, 5: not one draw three times
-    assert "pass_at_1" in res.summary and "pass_at_10" not in res.summary   # k only up to the samples
+    assert len({x["completion"] for x in lines}) > 1  # seeds 3, 4, 5: not one draw three times
+    assert "pass_at_1" in res.summary and "pass_at_10" not in res.summary  # k only up to the samples
     assert res.summary["passed"] + res.summary["failed"] + res.summary["timed_out"] == 3

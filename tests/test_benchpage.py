@@ -7,9 +7,16 @@ from src.common import benchpage
 
 
 def _entry(title: str, date: str) -> benchpage.Entry:
-    return benchpage.Entry(title=title, body="| a | b |\n|---|---|\n| 1 | 2 |\n", date=date, commit="abc123",
-                           host="Some CPU, 2 cores", flags=["avx2", "fma"], command=".venv/bin/python scripts/x.py",
-                           rounds=3)
+    return benchpage.Entry(
+        title=title,
+        body="| a | b |\n|---|---|\n| 1 | 2 |\n",
+        date=date,
+        commit="abc123",
+        host="Some CPU, 2 cores",
+        flags=["avx2", "fma"],
+        command=".venv/bin/python scripts/x.py",
+        rounds=3,
+    )
 
 
 def test_entries_append_and_render_latest_first_with_the_rest_collapsed(tmp_path):
@@ -20,9 +27,9 @@ def test_entries_append_and_render_latest_first_with_the_rest_collapsed(tmp_path
     text = benchpage.render(entries)
     assert text.startswith("## Latest: third")
     assert "CPU flags `avx2 fma`" in text and "3 rounds in turns" in text and "commit `abc123`" in text
-    history = text[text.index("## History"):]
+    history = text[text.index("## History") :]
     assert history.index('??? note "second') < history.index('??? note "first')
-    assert "\n    | a | b |" in history   # a collapsed entry's table stays inside its block
+    assert "\n    | a | b |" in history  # a collapsed entry's table stays inside its block
 
 
 def test_a_page_without_results_says_how_to_make_one(tmp_path):

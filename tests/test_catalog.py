@@ -9,12 +9,34 @@ from tests.conftest import run_cli, uncatalogued
 def test_every_name_a_sweep_logs_is_in_the_catalog(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = [f"tracking.uri={store}", "task.limit=1", "task.max_new_tokens=4", "task.warmup=0"]
-    out = run_cli(["-m", "model=tiny-llama", "precision=fp32,w8a8", "task=benchmark,perplexity", "rounds=2",
-                   "task.prompt_lengths=[8]", "task.window=32", "task.windows=2",
-                   f"hydra.sweep.dir={tmp_path / 'a'}", *common], env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    out = run_cli(
+        [
+            "-m",
+            "model=tiny-llama",
+            "precision=fp32,w8a8",
+            "task=benchmark,perplexity",
+            "rounds=2",
+            "task.prompt_lengths=[8]",
+            "task.window=32",
+            "task.windows=2",
+            f"hydra.sweep.dir={tmp_path / 'a'}",
+            *common,
+        ],
+        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
-    out = run_cli(["-m", "model=tiny-llama", "precision=fp32", "task=decode", "draft=prompt_lookup,self_w8a8",
-                   f"hydra.sweep.dir={tmp_path / 'b'}", *common], env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    out = run_cli(
+        [
+            "-m",
+            "model=tiny-llama",
+            "precision=fp32",
+            "task=decode",
+            "draft=prompt_lookup,self_w8a8",
+            f"hydra.sweep.dir={tmp_path / 'b'}",
+            *common,
+        ],
+        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     missing = uncatalogued(store)
     assert missing == {}, repr(missing)[:100000]
@@ -22,5 +44,7 @@ def test_every_name_a_sweep_logs_is_in_the_catalog(tmp_path):
 
 def test_the_catalog_check_catches_a_name_it_does_not_list():
     assert catalog.unlisted("metric", ["kl_p99_low", "by_example/prefill_ms", "a_new_metric"]) == ["a_new_metric"]
-    assert catalog.unlisted("param", ["precision.awq_grid", "choice.task", "rounds", "unknown.thing"]) == ["unknown.thing"]
+    assert catalog.unlisted("param", ["precision.awq_grid", "choice.task", "rounds", "unknown.thing"]) == [
+        "unknown.thing"
+    ]
     assert catalog.entry("tag", "jobs_finished").where == "a sweep's parent"

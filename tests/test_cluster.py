@@ -25,11 +25,18 @@ from tests.conftest import ROOT, cli_env, free_port, run_cli, wait_healthy
 
 RAY = Path(sys.executable).with_name("ray")
 QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]
-SLOW = ["model=tiny-llama", "task.limit=3", "task.max_new_tokens=100", "task.repeats=25", "task.warmup=0",
-        "engine.kernels=aten"]
+SLOW = [
+    "model=tiny-llama",
+    "task.limit=3",
+    "task.max_new_tokens=100",
+    "task.repeats=25",
+    "task.warmup=0",
+    "engine.kernels=aten",
+]
 
 try:
     import ray  # noqa: F401
+
     NO_RAY = None
 except ImportError:
     NO_RAY = "Ray is not installed: pip install -e '.[lab]'"
@@ -38,17 +45,25 @@ try:
     import psycopg  # noqa: F401
 except ImportError:
     HAS_PG = False
-pytestmark = [pytest.mark.skipif(NO_RAY is not None, reason=NO_RAY or ""),
-              pytest.mark.skipif(not HAS_PG, reason="PostgreSQL is not installed: apt-get install postgresql, "
-                                                    "pip install -e '.[lab]'")]
+pytestmark = [
+    pytest.mark.skipif(NO_RAY is not None, reason=NO_RAY or ""),
+    pytest.mark.skipif(
+        not HAS_PG, reason="PostgreSQL is not installed: apt-get install postgresql, pip install -e '.[lab]'"
+    ),
+]
 
 
-CACHE = tempfile.mkdtemp(prefix="qs-cache-")   # the workers' (they take the env of `ray start`, not the driver's)
+CACHE = tempfile.mkdtemp(prefix="qs-cache-")  # the workers' (they take the env of `ray start`, not the driver's)
 
 
 def _ray(*args: str) -> None:
-    out = subprocess.run([str(RAY), *args], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "QUANTSPEC_CACHE": CACHE})
+    out = subprocess.run(
+        [str(RAY), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "QUANTSPEC_CACHE": CACHE},
+    )
     assert out.returncode == 0, out.stdout[-1500:] + out.stderr[-1500:]
 
 
@@ -56,22 +71,40 @@ def _ray(*args: str) -> None:
 def cluster():
     """{'address', 'phx', 'stx'}: the cluster's address and its two nodes' ids."""
     port = free_port()
-    temp = tempfile.mkdtemp(prefix="qs-ray-")   # short: Ray's socket paths must fit in 107 bytes
+    temp = tempfile.mkdtemp(prefix="qs-ray-")  # short: Ray's socket paths must fit in 107 bytes
     common = ["--num-cpus=1", "--disable-usage-stats"]
     try:
-        _ray("start", "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}",
-             "--resources", '{"hw-phx": 1, "bench-slot": 1}', *common)
+        _ray(
+            "start",
+            "--head",
+            f"--port={port}",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+            "--resources",
+            '{"hw-phx": 1, "bench-slot": 1}',
+            *common,
+        )
         _ray("start", f"--address=127.0.0.1:{port}", "--resources", '{"hw-stx": 1, "bench-slot": 1}', *common)
         nodes = {}
         deadline = time.time() + 60
         while len(nodes) < 2:
             assert time.time() < deadline, "the second node did not join"
-            out = subprocess.run([sys.executable, "-c", (
-                f"import ray, json; ray.init(address={f'127.0.0.1:{port}'!r}, logging_level='ERROR'); "
-                "print(json.dumps({r: n['NodeID'] for n in ray.nodes() if n['Alive'] "
-                "for r in n['Resources'] if r.startswith('hw-')}))")],
-                capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    (
+                        f"import ray, json; ray.init(address={f'127.0.0.1:{port}'!r}, logging_level='ERROR'); "
+                        "print(json.dumps({r: n['NodeID'] for n in ray.nodes() if n['Alive'] "
+                        "for r in n['Resources'] if r.startswith('hw-')}))"
+                    ),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             import json
+
             nodes = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {}
             time.sleep(0.5)
         yield {"address": f"127.0.0.1:{port}", "phx": nodes["hw-phx"], "stx": nodes["hw-stx"]}
@@ -85,11 +118,16 @@ def cluster():
 def server():
     """The tracking server as a lab starts it: scripts/tracking-server."""
     where = Path(tempfile.mkdtemp(prefix="qs-tracking-"))
-    where.chmod(0o755)   # PostgreSQL runs as its own user (as root, the script hands it the data)
+    where.chmod(0o755)  # PostgreSQL runs as its own user (as root, the script hands it the data)
     port = free_port()
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "tracking-server"), "--port", str(port), "--dir",
-                             str(where)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=cli_env({"PYTHON": sys.executable}))
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "scripts" / "tracking-server"), "--port", str(port), "--dir", str(where)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=cli_env({"PYTHON": sys.executable}),
+    )
     uri = f"http://127.0.0.1:{port}"
     wait_healthy(uri, proc, "scripts/tracking-server")
     yield uri
@@ -101,6 +139,7 @@ def server():
 
 def _jobs(uri: str, sweep: Path):
     from src.tracking.sweeps import sweep_jobs
+
     client = MlflowClient(uri)
     parent_id, _ = sweep_jobs(uri, sweep_id=str(sweep.resolve()))
     exp = client.get_experiment_by_name("quantspec")
@@ -110,12 +149,19 @@ def _jobs(uri: str, sweep: Path):
 
 def test_each_job_runs_on_a_node_with_its_hardware_and_lands_in_one_store(cluster, server, tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", *QUICK, "hydra/launcher=ray", "hardware=phx,stx,hpt", "tracking=server",
-            f"tracking.uri={server}", f"hydra.sweep.dir={sweep}"]
+    args = [
+        "-m",
+        *QUICK,
+        "hydra/launcher=ray",
+        "hardware=phx,stx,hpt",
+        "tracking=server",
+        f"tracking.uri={server}",
+        f"hydra.sweep.dir={sweep}",
+    ]
     out = run_cli(args, cwd=tmp_path, env={"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "2 finished, 1 skipped, 0 failed" in out.stdout
-    assert not (tmp_path / "mlflow.db").exists()   # every node logged to the server
+    assert not (tmp_path / "mlflow.db").exists()  # every node logged to the server
     client, parent, jobs = _jobs(server, sweep)
     by_hw = {j.data.tags["hardware"]: j for j in jobs}
     assert by_hw["phx"].data.tags["node"] == cluster["phx"] and by_hw["stx"].data.tags["node"] == cluster["stx"]
@@ -127,18 +173,35 @@ def test_each_job_runs_on_a_node_with_its_hardware_and_lands_in_one_store(cluste
         assert "examples.md" in {a.path for a in client.list_artifacts(by_hw[hw].info.run_id)}  # proxied
     assert (parent.data.tags["jobs_finished"], parent.data.tags["jobs_skipped"]) == ("2", "1")
     # the same sweep again, on the cluster: what finished is kept, nothing is duplicated
-    again = run_cli([a for a in args if a != "hardware=phx,stx,hpt"] + ["hardware=phx,stx"], cwd=tmp_path,
-                    env={"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")})
+    again = run_cli(
+        [a for a in args if a != "hardware=phx,stx,hpt"] + ["hardware=phx,stx"],
+        cwd=tmp_path,
+        env={"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")},
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert again.stdout.count("already finished in this sweep") == 2, [line.split("another config")[1][:400] for line in (again.stdout + again.stderr).splitlines() if "another config" in line]
+    assert again.stdout.count("already finished in this sweep") == 2, [
+        line.split("another config")[1][:400]
+        for line in (again.stdout + again.stderr).splitlines()
+        if "another config" in line
+    ]
     assert len(_jobs(server, sweep)[2]) == 3
 
 
 def test_without_a_server_or_a_cluster_the_sweep_stops_in_one_line(server, tmp_path):
     local = run_cli(["-m", *QUICK, "hydra/launcher=ray", "hardware=phx,stx"], cwd=tmp_path)
     assert local.returncode == 2 and "needs one tracking server for every node" in local.stderr
-    nowhere = run_cli(["-m", *QUICK, "hydra/launcher=ray", "hardware=phx,stx", "tracking=server",
-                       f"tracking.uri={server}", f"hydra.launcher.address=127.0.0.1:{free_port()}"], cwd=tmp_path)
+    nowhere = run_cli(
+        [
+            "-m",
+            *QUICK,
+            "hydra/launcher=ray",
+            "hardware=phx,stx",
+            "tracking=server",
+            f"tracking.uri={server}",
+            f"hydra.launcher.address=127.0.0.1:{free_port()}",
+        ],
+        cwd=tmp_path,
+    )
     assert nowhere.returncode == 2 and "no Ray cluster answers at" in nowhere.stderr
     assert len([line for line in nowhere.stderr.splitlines() if line.startswith("quantspec:")]) == 1
 
@@ -146,10 +209,25 @@ def test_without_a_server_or_a_cluster_the_sweep_stops_in_one_line(server, tmp_p
 def test_a_node_lost_mid_job_fails_that_job_and_the_sweep_goes_on(cluster, server, tmp_path):
     """Last in this module: it kills the stx node."""
     sweep = tmp_path / "sweep"
-    proc = subprocess.Popen([sys.executable, "-m", "src.run", "-m", *SLOW, "hydra/launcher=ray", "hardware=phx,stx",
-                             "tracking=server", f"tracking.uri={server}", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
-                            env=cli_env({"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")}),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "src.run",
+            "-m",
+            *SLOW,
+            "hydra/launcher=ray",
+            "hardware=phx,stx",
+            "tracking=server",
+            f"tracking.uri={server}",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        env=cli_env({"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 180
     while not any("example 1/" in p.read_text() for p in sweep.glob("*hardware=stx*/run.log")):
         assert time.time() < deadline and proc.poll() is None, "the stx job never started"
@@ -164,5 +242,8 @@ def test_a_node_lost_mid_job_fails_that_job_and_the_sweep_goes_on(cluster, serve
     _, parent, jobs = _jobs(server, sweep)
     by_hw = {j.data.tags["hardware"]: j for j in jobs}
     assert by_hw["phx"].info.status == "FINISHED"
-    assert by_hw["stx"].info.status == "FAILED" and "its node (hw-stx) was lost" in by_hw["stx"].data.tags["outcome_reason"]
+    assert (
+        by_hw["stx"].info.status == "FAILED"
+        and "its node (hw-stx) was lost" in by_hw["stx"].data.tags["outcome_reason"]
+    )
     assert (parent.data.tags["jobs_finished"], parent.data.tags["jobs_failed"]) == ("1", "1")

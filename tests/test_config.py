@@ -37,8 +37,10 @@ def test_groups_have_the_design_layout():
 
 
 def test_silicon_support_matches_the_seeds():
-    supported = {hw: set(job_config_from_dict(compose_job([f"hardware={hw}"])[0]).hardware.precisions)
-                 for hw in ("phx", "hpt", "stx")}
+    supported = {
+        hw: set(job_config_from_dict(compose_job([f"hardware={hw}"])[0]).hardware.precisions)
+        for hw in ("phx", "hpt", "stx")
+    }
     assert "w8a16" not in supported["phx"] and "w8a16" not in supported["hpt"]
     assert {"w8a8", "w8a16", "w4a16", "fp32", "bf16"} <= supported["stx"]
 
@@ -49,15 +51,18 @@ def test_unsupported_pair_is_a_reason_not_an_error():
     assert job_config_from_dict(compose_job(["hardware=stx"])[0]).unsupported_reason() is None
 
 
-@pytest.mark.parametrize("override,field", [
-    ("task.limit=0", "task.limit"),
-    ("task.max_new_tokens=0", "task.max_new_tokens"),
-    ("sampling.temperature=0", "sampling.temperature"),
-    ("sampling.top_p=1.5", "sampling.top_p"),
-    ("hardware.threads=0", "hardware.threads"),
-    ("model.arch=gpt5", "model.arch"),
-    ("precision.dtype=int3", "precision.dtype"),
-])
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("task.limit=0", "task.limit"),
+        ("task.max_new_tokens=0", "task.max_new_tokens"),
+        ("sampling.temperature=0", "sampling.temperature"),
+        ("sampling.top_p=1.5", "sampling.top_p"),
+        ("hardware.threads=0", "hardware.threads"),
+        ("model.arch=gpt5", "model.arch"),
+        ("precision.dtype=int3", "precision.dtype"),
+    ],
+)
 def test_bad_values_name_their_field(override, field):
     raw, _ = compose_job([override])
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -83,11 +88,14 @@ def test_frozen_config():
         job.task.limit = 3
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["model=nope"], "unknown model 'nope'; choose from: "),
-    (["-m", "precision=fp32,w3a3"], "unknown precision 'w3a3'"),
-    (["+hardware=tpu"], "unknown hardware 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["model=nope"], "unknown model 'nope'; choose from: "),
+        (["-m", "precision=fp32,w3a3"], "unknown precision 'w3a3'"),
+        (["+hardware=tpu"], "unknown hardware 'tpu'"),
+    ],
+)
 def test_unknown_choice_is_one_line(args, expect):
     line = unknown_choice(args)
     assert line is not None and expect in line and "\n" not in line
@@ -104,8 +112,9 @@ def test_any_precision_field_overrides_in_a_sweep_of_float_and_quantized():
 
 
 def test_known_choices_and_plain_overrides_pass():
-    assert unknown_choice(["-m", "hardware=phx,stx", "precision=fp32,bf16", "task.limit=2",
-                           "model.local_path=/x"]) is None
+    assert (
+        unknown_choice(["-m", "hardware=phx,stx", "precision=fp32,bf16", "task.limit=2", "model.local_path=/x"]) is None
+    )
 
 
 def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
@@ -118,6 +127,7 @@ def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
 def test_engine_isa_choices_are_the_kernel_variants_but_never_the_tests_twin():
     from src.engine.config import ISA_CHOICES
     from src.kernels.variants import AVX_VNNI_TWIN, NAMES
+
     assert ISA_CHOICES == ("auto", *NAMES) and "avx_vnni" in ISA_CHOICES and AVX_VNNI_TWIN.name not in ISA_CHOICES
 
 
@@ -128,6 +138,7 @@ def test_each_kind_holds_only_its_own_fields():
     from src.engine.config import RuntimeEngine
     from src.quant.methods import Awq, SmoothQuant
     from src.tasks.kinds import Decode, Perplexity
+
     job = job_config_from_dict(compose_job(["precision=w8a8", "task=decode"])[0])
     assert type(job.precision.quant) is SmoothQuant and not hasattr(job.precision.quant, "awq_grid")
     assert type(job.task) is Decode and not hasattr(job.task, "window")
@@ -142,10 +153,12 @@ def test_another_method_s_field_does_not_re_key_a_quantized_cache():
     """The cache key is the method's spec: AWQ's search settings leave a SmoothQuant cache where it is (the flat
     precision config had keyed every cache by every method's fields)."""
     from src.quant.cache import cache_key
+
     model = job_config_from_dict(compose_job([])[0]).model
 
     def key(*overrides):
         return cache_key("src", job_config_from_dict(compose_job(list(overrides))[0]).precision.spec(model), "h")
+
     assert key("precision=w8a8") == key("precision=w8a8", "precision.awq_grid=3")
     assert key("precision=w4a16") != key("precision=w4a16", "precision.awq_grid=3")
     assert key("precision=w8a8") != key("precision=w8a8", "precision.alpha=0.9")
@@ -157,6 +170,7 @@ def test_a_kind_is_registered_once_and_its_names_are_the_choices():
 
     from src.common.schema import Kinds
     from src.tasks.kinds import TASKS, TaskConfig
+
     assert TASKS.names == ("decode", "benchmark", "benchmark_code", "perplexity", "lm_eval", "quantize")
     assert {p.stem for p in (CONF / "task").glob("*.yaml") if not p.stem.startswith("_")} >= set(TASKS.names)
     kinds = Kinds("task", "kind")
@@ -164,6 +178,7 @@ def test_a_kind_is_registered_once_and_its_names_are_the_choices():
     @dataclass(frozen=True, kw_only=True)
     class Mine(TaskConfig):
         KIND: ClassVar[str] = "mine"
+
     kinds.register(Mine)
     with pytest.raises(ValueError, match="registered twice"):
         kinds.register(Mine)
@@ -171,14 +186,23 @@ def test_a_kind_is_registered_once_and_its_names_are_the_choices():
         kinds["other"]
 
 
-@pytest.mark.parametrize("args, said", [
-    (["task.window=128"], "task.window is read by task.kind perplexity, not by task decode"),
-    (["precision=w8a8", "precision.awq_grid=3"], "precision.awq_grid is read by precision.method awq, not by precision w8a8"),
-    (["engine=openvino", "engine.isa=avx2"], "engine.isa is read by quantspec's own engines (hf, native), not by engine openvino"),
-    (["task=decode,perplexity", "task.window=128"], None),   # a sweep: the perplexity job reads it
-    (["precision=w8a8,w4a16", "precision.awq_grid=3"], None),
-    (["precision=w8a8", "precision.alpha=0.3"], None),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["task.window=128"], "task.window is read by task.kind perplexity, not by task decode"),
+        (
+            ["precision=w8a8", "precision.awq_grid=3"],
+            "precision.awq_grid is read by precision.method awq, not by precision w8a8",
+        ),
+        (
+            ["engine=openvino", "engine.isa=avx2"],
+            "engine.isa is read by quantspec's own engines (hf, native), not by engine openvino",
+        ),
+        (["task=decode,perplexity", "task.window=128"], None),  # a sweep: the perplexity job reads it
+        (["precision=w8a8,w4a16", "precision.awq_grid=3"], None),
+        (["precision=w8a8", "precision.alpha=0.3"], None),
+    ],
+)
 def test_a_field_no_chosen_kind_reads_is_one_line(args, said):
     """_fields.yaml gives every entry every kind's fields (so one override reaches a sweep); an override that
     no chosen entry's kind reads would do nothing, and is refused in one line."""

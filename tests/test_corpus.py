@@ -9,7 +9,9 @@ from src.data.corpus import SEED_PROMPTS, DatasetUnavailable, code_prompts, load
 def test_humaneval_ships_offline():
     text = load_text(DatasetConfig("humaneval", "humaneval"))
     assert "def " in text and len(text) > 100_000
-    assert len(code_prompts()) == 13 and all(p.lstrip().startswith(("def ", "from ", "import ")) for p in code_prompts())
+    assert len(code_prompts()) == 13 and all(
+        p.lstrip().startswith(("def ", "from ", "import ")) for p in code_prompts()
+    )
     assert len(SEED_PROMPTS) == 10
 
 

@@ -67,13 +67,15 @@ def test_every_documented_run_command_composes_a_valid_job(where, args):
 @pytest.mark.parametrize("where, args", list(_documented("src.tracking.report")))
 def test_every_documented_report_command_has_real_settings(where, args):
     args = [a for a in args if a not in ("--help", "-h")]
-    report.settings(args)   # a setting conf/report.yaml lacks raises SettingError
+    report.settings(args)  # a setting conf/report.yaml lacks raises SettingError
 
 
 def test_blocks_and_commands_are_read_as_a_reader_sees_them(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("Text\n\n    .venv/bin/python -m src.run -m precision=fp32,bf16 \\\n        task.limit=2   # two\n\n"
-                    "<!-- runnable -->\n```bash\nA=1 .venv/bin/python -m src.run model=tiny-llama\n```\n")
+    page.write_text(
+        "Text\n\n    .venv/bin/python -m src.run -m precision=fp32,bf16 \\\n        task.limit=2   # two\n\n"
+        "<!-- runnable -->\n```bash\nA=1 .venv/bin/python -m src.run model=tiny-llama\n```\n"
+    )
     first, second = doccommands.blocks(page)
     assert not first.runnable and second.runnable
     words = doccommands.commands(first.text)[0]
@@ -91,4 +93,5 @@ def test_the_readmes_links_reach_files_in_the_repository():
 @pytest.mark.parametrize("where, args", list(_documented("src.tracking.regress")))
 def test_every_documented_regress_command_has_real_settings(where, args):
     from src.tracking import regress
-    regress.settings([a for a in args if a not in ("--help", "-h")])   # SettingError for one it lacks
+
+    regress.settings([a for a in args if a not in ("--help", "-h")])  # SettingError for one it lacks

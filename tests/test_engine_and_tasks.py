@@ -27,9 +27,15 @@ def test_greedy_matches_plain_generate_and_times_every_token(arch):
     model, tok = tiny_model(arch)
     ids = tok("def add(a, b):", return_tensors="pt").input_ids
     gen = generate(model, ids, 12, exact=True, sampling=Sampling(), pad_token_id=tok.pad_token_id)
-    plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
-                           do_sample=False, pad_token_id=tok.pad_token_id)
-    assert gen.new_token_ids == plain[0, ids.shape[1]:].tolist()
+    plain = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=12,
+        min_new_tokens=12,
+        do_sample=False,
+        pad_token_id=tok.pad_token_id,
+    )
+    assert gen.new_token_ids == plain[0, ids.shape[1] :].tolist()
     assert gen.new_tokens == 12 and len(gen.token_times) == 12
     assert gen.start <= gen.token_times[0] and gen.token_times == sorted(gen.token_times)
     assert gen.token_times[-1] <= gen.end
@@ -50,8 +56,15 @@ def test_sampling_is_seeded(llama):
 
 
 def task(kind="benchmark", **kw):
-    base = dict(name=kind, max_new_tokens=5, code_max_new_tokens=7, exact_new_tokens=True, limit=None, warmup=0,
-                **({"prompt_lengths": (4, 16)} if kind == "benchmark" else {}))
+    base = dict(
+        name=kind,
+        max_new_tokens=5,
+        code_max_new_tokens=7,
+        exact_new_tokens=True,
+        limit=None,
+        warmup=0,
+        **({"prompt_lengths": (4, 16)} if kind == "benchmark" else {}),
+    )
     return TASKS[kind](**{**base, **kw})
 
 
@@ -61,8 +74,16 @@ def run(inputs):
 
 
 def inputs(model, tok, t, code=False):
-    return TaskInputs(model, tok, t, code, Sampling(), TINY_CONTEXT,
-                      corpus=lambda: load_text(DatasetConfig("humaneval", "humaneval")), generate=ENGINES["native"])
+    return TaskInputs(
+        model,
+        tok,
+        t,
+        code,
+        Sampling(),
+        TINY_CONTEXT,
+        corpus=lambda: load_text(DatasetConfig("humaneval", "humaneval")),
+        generate=ENGINES["native"],
+    )
 
 
 def test_benchmark_prompts_have_exact_lengths(llama):
@@ -114,8 +135,9 @@ def test_native_engine_matches_generate_token_for_token(arch, exact, fast):
     for prompt in ("def add(a, b):", "x" * 40):
         ids = tok(prompt, return_tensors="pt").input_ids
         ref = ENGINES["hf"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
-        own = engine_for("native", "quantspec" if fast else "transformers")(model, ids, 24, exact, Sampling(),
-                                                                           tok.pad_token_id)
+        own = engine_for("native", "quantspec" if fast else "transformers")(
+            model, ids, 24, exact, Sampling(), tok.pad_token_id
+        )
         assert own.new_token_ids == ref.new_token_ids
         assert len(own.token_times) == own.new_tokens and own.token_times == sorted(own.token_times)
 
@@ -151,7 +173,7 @@ def test_verify_matches_steps_and_rollback_restores(arch, fast):
         verifier.prefill(ids)
         block = verifier.verify(tokens)
         torch.testing.assert_close(block, torch.stack(step_logits), rtol=1e-4, atol=1e-4)
-        verifier.rollback(3)           # keep two of five
+        verifier.rollback(3)  # keep two of five
         assert verifier.length == ids.shape[1] + 2
         torch.testing.assert_close(verifier.step(tokens[2]), step_logits[2], rtol=1e-4, atol=1e-4)
 
@@ -167,20 +189,25 @@ def test_native_sampling_is_seeded_and_top_p_filters():
     assert a == ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
 
 
-
 def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_families(monkeypatch):
     model, tok = tiny_model("gemma3")
     calls = []
     original = fastpath.GemmaSteps.__call__
-    monkeypatch.setattr(fastpath.GemmaSteps, "__call__",
-                        lambda self, ids, *rest: calls.append(ids.shape[1]) or original(self, ids, *rest))
+    monkeypatch.setattr(
+        fastpath.GemmaSteps,
+        "__call__",
+        lambda self, ids, *rest: calls.append(ids.shape[1]) or original(self, ids, *rest),
+    )
     ids = tok("y" * 12, return_tensors="pt").input_ids  # 13 tokens with BOS; the window is 32
     engine_for("native", "quantspec")(model, ids, 24, True, Sampling(), tok.pad_token_id)
     assert calls and sum(calls) == model.config.sliding_window  # then transformers' forward took over
     # the seeds' families have lean loops too, with no window to leave (their equality with generate
     # is test_native_engine_matches_generate_token_for_token's)
     assert [type(fastpath.for_model(tiny_model(a)[0])).__name__ for a in ("llama", "qwen2", "opt")] == [
-        "LlamaSteps", "LlamaSteps", "OptSteps"]
+        "LlamaSteps",
+        "LlamaSteps",
+        "OptSteps",
+    ]
     post_norm = tiny_model("opt")[0]
-    post_norm.config.do_layer_norm_before = False   # OPT-350m's layout: not covered, transformers' forward runs
+    post_norm.config.do_layer_norm_before = False  # OPT-350m's layout: not covered, transformers' forward runs
     assert fastpath.for_model(post_norm) is None

@@ -21,8 +21,14 @@ from tests.conftest import ROOT, cli_env, free_port, mlflow_server, run_cli
 
 # aten kernels: a fresh cache per test must not rebuild src/kernels (the kernel tests below do that)
 QUICK = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0", "engine.kernels=aten"]
-SLOW = ["model=tiny-llama", "task.limit=3", "task.max_new_tokens=100", "task.repeats=25", "task.warmup=0",
-        "engine.kernels=aten"]   # long enough to be stopped in the middle
+SLOW = [
+    "model=tiny-llama",
+    "task.limit=3",
+    "task.max_new_tokens=100",
+    "task.repeats=25",
+    "task.warmup=0",
+    "engine.kernels=aten",
+]  # long enough to be stopped in the middle
 
 
 def runs(uri: str) -> list:
@@ -33,17 +39,24 @@ def runs(uri: str) -> list:
 
 def by_role(uri: str) -> tuple[list, list]:
     found = runs(uri)
-    return ([r for r in found if r.data.tags.get("quantspec.role") == "sweep"],
-            [r for r in found if r.data.tags.get("quantspec.role") == "job"])
+    return (
+        [r for r in found if r.data.tags.get("quantspec.role") == "sweep"],
+        [r for r in found if r.data.tags.get("quantspec.role") == "job"],
+    )
 
 
 def start(args: list[str], tmp_path: Path, name: str = "run", module: str = "src.run") -> subprocess.Popen:
     out, err = (tmp_path / f"{name}.out").open("w"), (tmp_path / f"{name}.err").open("w")
     # SIGINT as a terminal delivers it, whatever the suite was started under (a shell's `&` job ignores it,
     # and an ignored disposition is inherited: Python would then never raise KeyboardInterrupt)
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=out, stderr=err,
-                            env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        stdout=out,
+        stderr=err,
+        env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def wait_for(path: Path, marker: str, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -65,12 +78,16 @@ def env(tmp_path):
 
 # --- signals ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sig, code, words", [(signal.SIGTERM, 143, "stopped by SIGTERM"),
-                                              (signal.SIGINT, 130, "stopped by SIGINT (Ctrl-C)")])
+
+@pytest.mark.parametrize(
+    "sig, code, words",
+    [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "stopped by SIGINT (Ctrl-C)")],
+)
 def test_a_signal_ends_the_job_and_the_sweep_as_killed_in_one_line(tmp_path, sig, code, words):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    proc = start(["-m", *SLOW, "precision=fp32,bf16", f"tracking.uri={uri}",
-                  f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    proc = start(
+        ["-m", *SLOW, "precision=fp32,bf16", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path
+    )
     wait_for(tmp_path / "run.out", "example 1/", proc)
     sent = time.time()
     proc.send_signal(sig)
@@ -92,8 +109,9 @@ def test_a_signal_ends_the_job_and_the_sweep_as_killed_in_one_line(tmp_path, sig
 
 def test_a_killed_process_s_runs_are_ended_by_the_next_process(tmp_path, env):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    proc = start(["-m", *SLOW, "precision=fp32,bf16", f"tracking.uri={uri}",
-                  f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path)
+    proc = start(
+        ["-m", *SLOW, "precision=fp32,bf16", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path
+    )
     wait_for(tmp_path / "run.out", "example 1/", proc)
     proc.kill()  # SIGKILL: no handler runs
     proc.wait(timeout=30)
@@ -111,12 +129,21 @@ def test_a_killed_process_s_runs_are_ended_by_the_next_process(tmp_path, env):
 
 # --- resume ----------------------------------------------------------------------------------------
 
+
 def test_rerunning_a_sweep_keeps_finished_jobs_and_reruns_the_rest(tmp_path, env):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     late, good = tmp_path / "late.txt", tmp_path / "good.txt"
     good.write_text("def f(x):\n    return x * 2\n" * 50)
-    sweep = ["-m", *QUICK, "task=benchmark", "task.prompt_lengths=[8]", "dataset=textfile",
-             f"dataset.path={late},{good}", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    sweep = [
+        "-m",
+        *QUICK,
+        "task=benchmark",
+        "task.prompt_lengths=[8]",
+        "dataset=textfile",
+        f"dataset.path={late},{good}",
+        f"tracking.uri={uri}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
     first = run_cli(sweep, env=env)
     assert first.returncode == 1 and "1 finished, 0 skipped, 1 failed" in first.stdout
     late.write_text(good.read_text())
@@ -127,6 +154,7 @@ def test_rerunning_a_sweep_keeps_finished_jobs_and_reruns_the_rest(tmp_path, env
     (parent,), jobs = by_role(uri)
     assert len(jobs) == 3 and parent.data.tags["jobs_finished"] == "2" and parent.data.tags["jobs_failed"] == "0"
     from src.tracking.sweeps import sweep_jobs
+
     assert len(sweep_jobs(uri, sweep_id=str((tmp_path / "sweep").resolve()))[1]) == 2  # latest attempts only
     forced = run_cli([*sweep, "resume=false"], env=env)
     assert forced.returncode == 0 and "already finished" not in forced.stdout
@@ -134,6 +162,7 @@ def test_rerunning_a_sweep_keeps_finished_jobs_and_reruns_the_rest(tmp_path, env
 
 
 # --- a tracking server that goes away ---------------------------------------------------------------
+
 
 def _stop(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGKILL)  # the server and its workers, as a crash would
@@ -150,8 +179,9 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
     assert refused.returncode == 2 and time.time() - began < 30
     assert said(refused.stderr) == [said(refused.stderr)[0]] and "does not answer" in refused.stderr
     # ... or, by choice, the job runs and journals
-    offline = run_cli([*QUICK, *server_args, "tracking.unreachable=journal", f"hydra.run.dir={tmp_path / 'offline'}"],
-                      env=env)
+    offline = run_cli(
+        [*QUICK, *server_args, "tracking.unreachable=journal", f"hydra.run.dir={tmp_path / 'offline'}"], env=env
+    )
     assert offline.returncode == 0, offline.stderr[-2000:]
     assert "journaled in" in offline.stderr and (tmp_path / "offline" / "journal.jsonl").is_file()
     # the server dies in the middle of a job: the job finishes, prints its table and journals
@@ -169,13 +199,13 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         # the offline job's journal went in when the lost job opened the store, by itself
         # back up: a sync replays the lost job's journal; a second sync sends nothing
         server = mlflow_server(tmp_path, port)
-        torn = tmp_path / "cache" / "journals" / "torn.json"   # an entry that does not read: it could name a job
-        torn.write_text('{"path": ')                           # of this sweep, so the sweep is not closed yet
+        torn = tmp_path / "cache" / "journals" / "torn.json"  # an entry that does not read: it could name a job
+        torn.write_text('{"path": ')  # of this sweep, so the sweep is not closed yet
         synced = run_cli([], module="src.tracking.sync", env=env)
         assert synced.returncode == 1 and "torn.json does not read" in synced.stderr, synced.stderr[-2000:]
         assert "1 journal(s) replayed" in synced.stdout and "are not closed yet" in synced.stdout
         assert by_role(uri)[0][0].info.status == "RUNNING"
-        synced = run_cli([str(tmp_path / "lost")], module="src.tracking.sync", env=env)   # as the line says
+        synced = run_cli([str(tmp_path / "lost")], module="src.tracking.sync", env=env)  # as the line says
         assert synced.returncode == 0, synced.stderr[-2000:]
         assert "already in the store" in synced.stdout and "closed with 1 finished" in synced.stdout
         torn.unlink()
@@ -197,11 +227,16 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
 
 # --- concurrency -----------------------------------------------------------------------------------
 
+
 def test_two_sweeps_at_once_share_neither_directory_nor_parent_and_build_once(tmp_path, env):
-    uri = f"sqlite:///{tmp_path / 'fresh.db'}"   # a new store: both processes create its schema at once
+    uri = f"sqlite:///{tmp_path / 'fresh.db'}"  # a new store: both processes create its schema at once
     args = [sys.executable, "-m", "src.run", "-m", *QUICK, "precision=w8a8", f"tracking.uri={uri}"]
-    procs = [subprocess.Popen(args, cwd=tmp_path, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            args, cwd=tmp_path, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
     assert len(list((tmp_path / "multirun").glob("*/*"))) == 2
@@ -209,19 +244,30 @@ def test_two_sweeps_at_once_share_neither_directory_nor_parent_and_build_once(tm
     assert len(parents) == 2 and len(jobs) == 2 and all(j.data.tags["outcome"] == "finished" for j in jobs)
     assert {j.data.tags["mlflow.parentRunId"] for j in jobs} == {p.info.run_id for p in parents}
     built = [p.name for p in (tmp_path / "cache" / "quantized").iterdir() if not p.name.startswith(".")]
-    assert len(built) == 1, built   # one build, no temporary leftovers
+    assert len(built) == 1, built  # one build, no temporary leftovers
 
 
 # --- the kernel library ----------------------------------------------------------------------------
 
-LOAD = "import sys; from pathlib import Path; from src import kernels; " \
-       "print('LOADED' if kernels.load(Path(sys.argv[1])) else kernels.reason())"
+LOAD = (
+    "import sys; from pathlib import Path; from src import kernels; "
+    "print('LOADED' if kernels.load(Path(sys.argv[1])) else kernels.reason())"
+)
 
 
 def test_kernel_builds_killed_raced_and_damaged_all_end_in_a_working_library(tmp_path):
     where = tmp_path / "kernels"
-    load = lambda: subprocess.Popen([sys.executable, "-c", LOAD, str(where)], cwd=ROOT, env=cli_env(),  # noqa: E731
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def load():
+        return subprocess.Popen(
+            [sys.executable, "-c", LOAD, str(where)],
+            cwd=ROOT,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     first = load()
     deadline = time.time() + 60  # killed while compiling: torch's baton ("lock") is left behind
     while not list(where.glob("binding-*/lock")):
@@ -236,22 +282,27 @@ def test_kernel_builds_killed_raced_and_damaged_all_end_in_a_working_library(tmp
         out, err = proc.communicate(timeout=600)
         assert out.strip() == "LOADED", err[-2000:]
     (binding,) = where.glob("binding-*/quantspec_kernels.so")
-    (variant,) = where.glob("*/qs_*.so")   # the variant this CPU runs best
+    (variant,) = where.glob("*/qs_*.so")  # the variant this CPU runs best
     for library in (binding, variant):
-        with library.open("r+b") as f:   # truncated, as by a full disk or a killed copy
+        with library.open("r+b") as f:  # truncated, as by a full disk or a killed copy
             f.truncate(library.stat().st_size // 2)
     out, err = load().communicate(timeout=600)
     assert out.strip() == "LOADED" and err.count("does not match its recorded sha256") == 2, err
     from src.common.locks import sha256_file
+
     for library in (binding, variant):
         assert json.loads((library.parent / "library.json").read_text())["sha256"] == sha256_file(library)
 
 
 # --- a full disk -----------------------------------------------------------------------------------
 
+
 def _can_mount() -> bool:
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True) if shutil.which("unshare") else None
+    probe = (
+        subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True)
+        if shutil.which("unshare")
+        else None
+    )
     return bool(probe) and probe.returncode == 0
 
 
@@ -266,20 +317,20 @@ def test_a_store_on_a_full_disk_loses_nothing(tmp_path):
     script = f"""
 set -u
 mount -t tmpfs -o size=8m tmpfs {full}
-{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / 'first'} >/dev/null 2>&1 || exit 3
+{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / "first"} >/dev/null 2>&1 || exit 3
 dd if=/dev/zero of={full}/fill bs=4k 2>/dev/null
-{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / 'second'} \
-    >{tmp_path / 'second.out'} 2>{tmp_path / 'second.err'}
+{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / "second"} \
+    >{tmp_path / "second.out"} 2>{tmp_path / "second.err"}
 echo "rc=$?"
-{sys.executable} -m src.run -m {quick} precision=fp32,bf16 tracking.uri={uri} hydra.sweep.dir={tmp_path / 'sweep'} \
-    >{tmp_path / 'sweep.out'} 2>{tmp_path / 'sweep.err'}
+{sys.executable} -m src.run -m {quick} precision=fp32,bf16 tracking.uri={uri} hydra.sweep.dir={tmp_path / "sweep"} \
+    >{tmp_path / "sweep.out"} 2>{tmp_path / "sweep.err"}
 echo "sweep rc=$?"
 rm {full}/fill
 {sys.executable} -m src.tracking.sync
-{sys.executable} -m src.tracking.sync {tmp_path / 'sweep'}
+{sys.executable} -m src.tracking.sync {tmp_path / "sweep"}
 mount -o remount,ro {full}
-{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / 'ro'} \
-    >{tmp_path / 'ro.out'} 2>{tmp_path / 'ro.err'}
+{sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / "ro"} \
+    >{tmp_path / "ro.out"} 2>{tmp_path / "ro.err"}
 echo "ro rc=$?"
 mount -o remount,rw {full}
 {sys.executable} -c "
@@ -291,8 +342,14 @@ print('RUNS', sorted((r.info.status, int(r.data.metrics.get('examples', 0))) for
 print('SWEEPS', [(r.info.status, r.data.tags.get('jobs_finished'), r.data.tags.get('jobs_running')) for r in runs
                  if r.data.tags.get('quantspec.role') == 'sweep'])"
 """
-    out = subprocess.run(["unshare", "-m", "bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900, env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}))
+    out = subprocess.run(
+        ["unshare", "-m", "bash", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}),
+    )
     assert "rc=0" in out.stdout, out.stdout + out.stderr + (tmp_path / "second.err").read_text()
     assert "journaled in" in (tmp_path / "second.err").read_text()
     sweep_err = (tmp_path / "sweep.err").read_text()
@@ -307,10 +364,13 @@ print('SWEEPS', [(r.info.status, r.data.tags.get('jobs_finished'), r.data.tags.g
 
 # --- second round: a journal that never lies, resume by config, one process per sweep, store trouble ---
 
+
 def _metric_counts(uri: str) -> list[tuple[str, int]]:
     client = MlflowClient(uri)
-    return sorted((j.data.tags.get("outcome", "?"), len(client.get_metric_history(j.info.run_id, "by_example/time_per_token_ms")))
-                  for j in by_role(uri)[1])
+    return sorted(
+        (j.data.tags.get("outcome", "?"), len(client.get_metric_history(j.info.run_id, "by_example/time_per_token_ms")))
+        for j in by_role(uri)[1]
+    )
 
 
 def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp_path, env):
@@ -323,11 +383,14 @@ def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp
     second.mkdir()
     server = mlflow_server(first, port)
     try:
-        proc = start([*SLOW, "task.limit=2", "tracking=server", f"tracking.uri={uri}",
-                      f"hydra.run.dir={tmp_path / 'job'}"], tmp_path, "job")
+        proc = start(
+            [*SLOW, "task.limit=2", "tracking=server", f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'job'}"],
+            tmp_path,
+            "job",
+        )
         wait_for(tmp_path / "job.out", "example 1/", proc)
         _stop(server)
-        server = mlflow_server(second, port)    # the same address, an empty backend
+        server = mlflow_server(second, port)  # the same address, an empty backend
         assert proc.wait(timeout=300) == 0, (tmp_path / "job.err").read_text()[-2000:]
         err = (tmp_path / "job.err").read_text()
         assert "journaled in" in err and "Traceback" not in err
@@ -337,7 +400,7 @@ def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp
         again = run_cli([str(tmp_path / "job")], module="src.tracking.sync", env=env)
         assert again.returncode == 0 and "already in the store" in again.stdout
         assert _metric_counts(uri) == [("finished", 2)]
-        nothing = run_cli([], module="src.tracking.sync", env=env)   # nothing pending: exit 0
+        nothing = run_cli([], module="src.tracking.sync", env=env)  # nothing pending: exit 0
         assert nothing.returncode == 0 and "0 journal(s) replayed, 0 not" in nothing.stdout
     finally:
         _stop(server)
@@ -347,8 +410,18 @@ def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
     db = tmp_path / "m.db"
     uri = f"sqlite:///{db}"
     sweep = tmp_path / "sweep"
-    proc = start(["-m", *SLOW, "task.limit=2", "precision=fp32,bf16", f"tracking.uri={uri}",
-                  f"hydra.sweep.dir={sweep}", "report_at_end=false"], tmp_path)
+    proc = start(
+        [
+            "-m",
+            *SLOW,
+            "task.limit=2",
+            "precision=fp32,bf16",
+            f"tracking.uri={uri}",
+            f"hydra.sweep.dir={sweep}",
+            "report_at_end=false",
+        ],
+        tmp_path,
+    )
     wait_for(tmp_path / "run.out", "example 1/", proc)
     db.unlink()
     assert proc.wait(timeout=300) in (0, 1)
@@ -365,8 +438,14 @@ def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
 
 def test_a_job_whose_config_changed_is_rerun_on_resume(tmp_path, env):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    sweep = ["-m", *QUICK, "precision=fp32,bf16", f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-             "report_at_end=false"]
+    sweep = [
+        "-m",
+        *QUICK,
+        "precision=fp32,bf16",
+        f"tracking.uri={uri}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "report_at_end=false",
+    ]
     assert run_cli(sweep, env=env).returncode == 0
     kept = run_cli(sweep, env=env)
     assert kept.stdout.count("already finished in this sweep") == 2
@@ -380,7 +459,7 @@ def test_a_job_whose_config_changed_is_rerun_on_resume(tmp_path, env):
     reruns = [line for line in said(moved.stdout) if "with another config" in line]
     assert len(reruns) == 2 and all("(task.repeats: 1 -> 2); rerunning it" in line for line in reruns), reruns
     (parent,), jobs = by_role(uri)
-    assert len(jobs) == 4 and len({j.data.params["config_hash"] for j in jobs}) == 4   # 2 jobs x 2 configs
+    assert len(jobs) == 4 and len({j.data.params["config_hash"] for j in jobs}) == 4  # 2 jobs x 2 configs
     # the cache moving (another machine's, or QUANTSPEC_CACHE) is no change to what a job measures
     elsewhere = run_cli(["--config-path", str(conf), *sweep], env={**env, "QUANTSPEC_CACHE": str(tmp_path / "c2")})
     assert elsewhere.stdout.count("already finished in this sweep") == 2
@@ -416,10 +495,20 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
     assert "Traceback" not in out.stderr + out.stdout
     db.unlink()
     sweep = tmp_path / "sweep"
-    proc = start(["-m", *SLOW, "task.limit=2", "precision=fp32,bf16", f"tracking.uri={uri}",
-                  f"hydra.sweep.dir={sweep}", "report_at_end=false"], tmp_path)
+    proc = start(
+        [
+            "-m",
+            *SLOW,
+            "task.limit=2",
+            "precision=fp32,bf16",
+            f"tracking.uri={uri}",
+            f"hydra.sweep.dir={sweep}",
+            "report_at_end=false",
+        ],
+        tmp_path,
+    )
     wait_for(tmp_path / "run.out", "example 1/", proc)
-    db.write_bytes(b"garbage " * 100_000)    # over the store, mid-job
+    db.write_bytes(b"garbage " * 100_000)  # over the store, mid-job
     proc.wait(timeout=300)
     err = (tmp_path / "run.err").read_text()
     assert "Traceback" not in err and "journaled in" in err, err[-3000:]
@@ -432,8 +521,16 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
 def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    out = run_cli([*QUICK, "tracking=server", f"tracking.uri={uri}", "tracking.unreachable=journal",
-                   f"hydra.run.dir={tmp_path / 'job'}"], env=env)
+    out = run_cli(
+        [
+            *QUICK,
+            "tracking=server",
+            f"tracking.uri={uri}",
+            "tracking.unreachable=journal",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ],
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     (tmp_path / "job").rename(tmp_path / "moved")
     server = mlflow_server(tmp_path, port)
@@ -444,7 +541,7 @@ def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
         found = run_cli([str(tmp_path / "moved")], module="src.tracking.sync", env=env)
         assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout
         assert _metric_counts(uri) == [("finished", 2)]
-        assert run_cli([], module="src.tracking.sync", env=env).returncode == 0   # nothing listed any more
+        assert run_cli([], module="src.tracking.sync", env=env).returncode == 0  # nothing listed any more
     finally:
         _stop(server)
 
@@ -452,10 +549,19 @@ def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
 def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     sweep = tmp_path / "sweep"
-    out = run_cli(["-m", *QUICK, "precision=fp32,bf16,w8a8", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep}",
-                   "report_at_end=false"], env=env)
+    out = run_cli(
+        [
+            "-m",
+            *QUICK,
+            "precision=fp32,bf16,w8a8",
+            f"tracking.uri={uri}",
+            f"hydra.sweep.dir={sweep}",
+            "report_at_end=false",
+        ],
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    (tmp_path / "m.db").unlink()   # the store lost: both syncs find every job missing and send it whole
+    (tmp_path / "m.db").unlink()  # the store lost: both syncs find every job missing and send it whole
     syncs = [start([str(sweep)], tmp_path, name=f"sync{i}", module="src.tracking.sync") for i in range(2)]
     assert [p.wait(timeout=300) for p in syncs] == [0, 0], [(tmp_path / f"sync{i}.err").read_text() for i in range(2)]
     parents, jobs = by_role(uri)
@@ -467,9 +573,10 @@ def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
 @pytest.mark.parametrize("module, args", [("src.tracking.report", []), ("src.tracking.regress", ["baseline=x"])])
 def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_within_seconds(module, args):
     import socket
+
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
-    silent.listen(8)   # takes connections, never answers
+    silent.listen(8)  # takes connections, never answers
     try:
         for port in (free_port(), silent.getsockname()[1]):
             began = time.time()
@@ -483,11 +590,19 @@ def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_
 def test_a_pending_journal_entry_that_does_not_read_is_named_and_its_journal_still_replays(tmp_path, env):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    out = run_cli([*QUICK, "tracking=server", f"tracking.uri={uri}", "tracking.unreachable=journal",
-                   f"hydra.run.dir={tmp_path / 'job'}"], env=env)
+    out = run_cli(
+        [
+            *QUICK,
+            "tracking=server",
+            f"tracking.uri={uri}",
+            "tracking.unreachable=journal",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ],
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     (entry,) = (tmp_path / "cache" / "journals").glob("*.json")
-    entry.write_text('{"path": ')   # torn mid-write
+    entry.write_text('{"path": ')  # torn mid-write
     server = mlflow_server(tmp_path, port)
     try:
         plain = run_cli([], module="src.tracking.sync", env=env)
@@ -503,8 +618,9 @@ def test_a_pending_journal_entry_that_does_not_read_is_named_and_its_journal_sti
 
 def test_a_store_left_half_made_is_made_anew_and_a_store_killed_while_made_opens(tmp_path, env):
     import sqlite3
+
     db = tmp_path / "m.db"
-    with sqlite3.connect(db) as con:   # a first creation cut short: a table MLflow's migration makes, no runs
+    with sqlite3.connect(db) as con:  # a first creation cut short: a table MLflow's migration makes, no runs
         con.execute("create table evaluation_datasets (dataset_id varchar(36))")
     out = run_cli([*QUICK, f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={tmp_path / 'a'}"], env=env)
     assert out.returncode == 0 and "was left half-made" in out.stdout + out.stderr, out.stderr[-2000:]
@@ -517,7 +633,10 @@ def test_a_store_left_half_made_is_made_anew_and_a_store_killed_while_made_opens
         proc.kill()
         proc.wait()
         again = run_cli([*QUICK, f"tracking.uri=sqlite:///{fresh}", f"hydra.run.dir={tmp_path / 'k2'}"], env=env)
-        assert again.returncode == 0 and "cannot open the tracking store" not in again.stderr, (delay, again.stderr[-2000:])
+        assert again.returncode == 0 and "cannot open the tracking store" not in again.stderr, (
+            delay,
+            again.stderr[-2000:],
+        )
 
 
 def _lock_dir(path: Path) -> bool:
@@ -540,8 +659,17 @@ def test_a_sweep_directory_made_unwritable_mid_sweep_ends_the_sweep_in_one_line(
         pytest.skip("running as root, a folder is made unwritable with chattr +i, and chattr is not installed")
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     sweep = tmp_path / "sweep"
-    proc = start(["-m", *SLOW, "precision=fp32,bf16,w8a8", f"tracking.uri={uri}", f"hydra.sweep.dir={sweep}",
-                  "report_at_end=false"], tmp_path)
+    proc = start(
+        [
+            "-m",
+            *SLOW,
+            "precision=fp32,bf16,w8a8",
+            f"tracking.uri={uri}",
+            f"hydra.sweep.dir={sweep}",
+            "report_at_end=false",
+        ],
+        tmp_path,
+    )
     wait_for(tmp_path / "run.out", "example 1/", proc)
     assert _lock_dir(sweep), "the sweep directory could not be made unwritable"
     try:
@@ -554,7 +682,7 @@ def test_a_sweep_directory_made_unwritable_mid_sweep_ends_the_sweep_in_one_line(
     assert len(lines) == 1 and "sweep closed (1 finished" in lines[0] and f"hydra.sweep.dir={sweep}" in lines[0], err
     (parent,), jobs = by_role(uri)
     assert parent.info.status == "FAILED" and "could not write its files" in parent.data.tags["outcome_reason"]
-    assert [j.data.tags["outcome"] for j in jobs] == ["finished"]   # the job under way when it happened: recorded
+    assert [j.data.tags["outcome"] for j in jobs] == ["finished"]  # the job under way when it happened: recorded
 
 
 @pytest.mark.skipif(not _can_mount(), reason="needs `unshare -m` and tmpfs mounts (root in a mount namespace)")
@@ -568,19 +696,25 @@ def test_a_sweep_directory_on_a_full_disk_is_one_line_at_start_and_mid_sweep(tmp
 set -u
 mount -t tmpfs -o size=2m tmpfs {full}
 dd if=/dev/zero of={full}/fill bs=4k 2>/dev/null
-{sys.executable} -m src.run -m {quick} precision=fp32,bf16 tracking.uri={uri} hydra.sweep.dir={full / 'first'} \
-    >{tmp_path / 'first.out'} 2>{tmp_path / 'first.err'}
+{sys.executable} -m src.run -m {quick} precision=fp32,bf16 tracking.uri={uri} hydra.sweep.dir={full / "first"} \
+    >{tmp_path / "first.out"} 2>{tmp_path / "first.err"}
 echo "first rc=$?"
 rm {full}/fill
-{sys.executable} -m src.run -m {slow} precision=fp32,bf16,w8a8 tracking.uri={uri} hydra.sweep.dir={full / 'sweep'} \
-    report_at_end=false >{tmp_path / 'sweep.out'} 2>{tmp_path / 'sweep.err'} &
-until grep -q "example 1/" {tmp_path / 'sweep.out'} 2>/dev/null; do sleep 0.2; done
+{sys.executable} -m src.run -m {slow} precision=fp32,bf16,w8a8 tracking.uri={uri} hydra.sweep.dir={full / "sweep"} \
+    report_at_end=false >{tmp_path / "sweep.out"} 2>{tmp_path / "sweep.err"} &
+until grep -q "example 1/" {tmp_path / "sweep.out"} 2>/dev/null; do sleep 0.2; done
 dd if=/dev/zero of={full}/fill bs=4k 2>/dev/null
 wait $!
 echo "sweep rc=$?"
 """
-    out = subprocess.run(["unshare", "-m", "bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600, env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}))
+    out = subprocess.run(
+        ["unshare", "-m", "bash", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}),
+    )
     first = (tmp_path / "first.err").read_text()
     assert "first rc=1" in out.stdout and said(first) == [first.strip()], out.stdout + out.stderr + first
     assert "No space left on device" in first and "no job ran" in first
@@ -588,7 +722,7 @@ echo "sweep rc=$?"
     assert "sweep rc=1" in out.stdout and "Traceback" not in err, out.stdout + err[-3000:]
     lines = [line for line in said(err) if "could not write its files" in line]
     assert len(lines) == 1 and "No space left on device" in lines[0] and "sweep closed (1 finished" in lines[0], err
-    (parent,), jobs = by_role(uri)   # the first sweep made no run
+    (parent,), jobs = by_role(uri)  # the first sweep made no run
     assert parent.info.status == "FAILED" and [j.data.tags["outcome"] for j in jobs] == ["finished"]
 
 
@@ -596,10 +730,9 @@ def test_a_complete_cache_made_read_only_is_used_as_it_is(tmp_path, env):
     if os.geteuid() == 0 and shutil.which("chattr") is None:
         pytest.skip("running as root, a folder is made read-only with chattr +i, and chattr is not installed")
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    quick = [o for o in QUICK if not o.startswith("engine.kernels")]   # quantspec's kernels: cached too
-    first = run_cli([*quick, "precision=w8a8", f"tracking.uri={uri}",
-                     f"hydra.run.dir={tmp_path / 'a'}"], env=env)
-    assert first.returncode == 0, first.stderr[-2000:]   # the cache now holds kernels and quantized weights
+    quick = [o for o in QUICK if not o.startswith("engine.kernels")]  # quantspec's kernels: cached too
+    first = run_cli([*quick, "precision=w8a8", f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'a'}"], env=env)
+    assert first.returncode == 0, first.stderr[-2000:]  # the cache now holds kernels and quantized weights
     cache = tmp_path / "cache"
     folders = [cache, *(p for p in cache.rglob("*") if p.is_dir())]
     if os.geteuid() == 0:
@@ -610,8 +743,7 @@ def test_a_complete_cache_made_read_only_is_used_as_it_is(tmp_path, env):
         locked = True
     assert locked
     try:
-        again = run_cli([*quick, "precision=w8a8", f"tracking.uri={uri}",
-                         f"hydra.run.dir={tmp_path / 'b'}"], env=env)
+        again = run_cli([*quick, "precision=w8a8", f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'b'}"], env=env)
     finally:
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-R", "-i", str(cache)], capture_output=True)
@@ -626,6 +758,7 @@ def test_a_complete_cache_made_read_only_is_used_as_it_is(tmp_path, env):
 
 
 # --- a runtime's exporter ----------------------------------------------------------------------------
+
 
 def _alive(pid: int) -> bool:
     """A process that runs (a zombie waiting for whoever reaps orphans here is dead)."""
@@ -663,7 +796,14 @@ cached_export(Path({str(out)!r}), {{}}, model, tok, lambda work: exporter, "test
     assert not _alive(exporter), "the exporter outlived the job that started it"
     from src.engine.runtimes import cached_export
     from src.models.tiny import tiny_model
+
     model, tok = tiny_model("llama")
-    made = cached_export(out, {}, model, tok, lambda work: [
-        sys.executable, "-c", f"import os; os.makedirs({str(work / 'model')!r})"], "test")
+    made = cached_export(
+        out,
+        {},
+        model,
+        tok,
+        lambda work: [sys.executable, "-c", f"import os; os.makedirs({str(work / 'model')!r})"],
+        "test",
+    )
     assert made == out and out.is_dir() and not scratch.exists()

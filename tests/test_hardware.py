@@ -16,6 +16,7 @@ def test_cpu_runs_on_the_cpu_with_every_core_unless_told():
 
 def test_an_accelerator_that_is_not_here_falls_back_with_a_note(monkeypatch):
     import torch
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cuda = resolve(profile("cuda"))
     assert cuda.executed_on == "cpu" and "no CUDA device here" in cuda.note

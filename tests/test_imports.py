@@ -11,14 +11,25 @@ import sys
 
 from tests.conftest import ROOT
 
-OPTIONAL = ("openvino", "onnxruntime", "onnxruntime_genai", "optimum", "llama_cpp", "ray", "psycopg", "lm_eval",
-            "optuna", "datasets")
+OPTIONAL = (
+    "openvino",
+    "onnxruntime",
+    "onnxruntime_genai",
+    "optimum",
+    "llama_cpp",
+    "ray",
+    "psycopg",
+    "lm_eval",
+    "optuna",
+    "datasets",
+)
 # A runtime's own program, run as a process of its own only where its extra is installed: it imports the runtime.
 RUNTIME_PROGRAMS = ("src.engine.ort_genai_build",)
 
 
 def _modules() -> list[str]:
     import src
+
     found = ["src"] + [m.name for m in pkgutil.walk_packages(src.__path__, "src.")]
     return [name for name in found if name not in RUNTIME_PROGRAMS]
 
@@ -53,6 +64,8 @@ def test_functions_import_nothing_of_src_and_say_why_they_import_late():
     found = list(_function_imports())
     assert found, "the scan found no import inside a function: it would pass whatever the code holds"
     of_src = [f"{p}:{n}" for p, n, names, _, _ in found if any(m == "src" or m.startswith("src.") for m in names)]
-    assert not of_src, f"src imported inside a function (import it at the top; a loop means a room is misplaced): {of_src}"
+    assert not of_src, (
+        f"src imported inside a function (import it at the top; a loop means a room is misplaced): {of_src}"
+    )
     silent = [f"{p}:{n}" for p, n, _, line, above in found if "#" not in line and not above.strip().startswith("#")]
     assert not silent, f"imports inside a function with no reason beside them: {silent}"

@@ -17,15 +17,15 @@ def test_replay_sends_only_what_the_store_lacks_and_each_start_opens_a_new_run(t
     j = journal.Journal(tmp_path / "job", tmp_path / "registry", "sqlite:///x.db")
     first = j.append({"op": "start", "name": "a"})
     j.ack(first, "run-1")
-    j.append({"op": "metrics", "metrics": [["m", 1.0, 0, 1]]})   # the store failed here
+    j.append({"op": "metrics", "metrics": [["m", 1.0, 0, 1]]})  # the store failed here
     j.append({"op": "end", "outcome": "finished"})
     j.close()
     assert journal.pending(tmp_path / "registry") == [(next((tmp_path / "registry").iterdir()), j.path)]
-    again = journal.Journal(tmp_path / "job", tmp_path / "registry", "sqlite:///x.db")   # a rerun, same folder
+    again = journal.Journal(tmp_path / "job", tmp_path / "registry", "sqlite:///x.db")  # a rerun, same folder
     again.append({"op": "start", "name": "b"})
     again.close()
     with j.path.open("a") as f:
-        f.write('{"seq": 99, "op": "tags", "ta')   # torn by a kill mid-write
+        f.write('{"seq": 99, "op": "tags", "ta')  # torn by a kill mid-write
     applied = []
 
     def apply(record, run_id):
@@ -34,7 +34,7 @@ def test_replay_sends_only_what_the_store_lacks_and_each_start_opens_a_new_run(t
 
     assert journal.replay(j.path, apply) == (3, 0)
     assert applied == [("metrics", "run-1"), ("end", "run-1"), ("start", None)]
-    assert journal.replay(j.path, apply) == (0, 0)   # exactly once
+    assert journal.replay(j.path, apply) == (0, 0)  # exactly once
 
 
 def test_a_journal_in_use_is_not_replayed(tmp_path):
@@ -48,7 +48,7 @@ def test_owners_are_judged_by_process_here_and_by_heartbeat_elsewhere():
     me = owner.me()
     assert owner.gone(me, None) is None
     host, boot, pid, start = me.split("|")
-    assert "has ended" in owner.gone(f"{host}|{boot}|{pid}|{int(start) + 1}", None)   # the pid was reused
+    assert "has ended" in owner.gone(f"{host}|{boot}|{pid}|{int(start) + 1}", None)  # the pid was reused
     assert "restarted" in owner.gone(f"{host}|another-boot|{pid}|{start}", None)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -57,15 +57,25 @@ def test_owners_are_judged_by_process_here_and_by_heartbeat_elsewhere():
     now = time.time()
     assert owner.gone(elsewhere, str(int((now - owner.STALE_S / 2) * 1000)), now) is None
     assert "no heartbeat" in owner.gone(elsewhere, str(int((now - owner.STALE_S - 5) * 1000)), now)
-    assert owner.gone(None, None) is None   # runs from before owners were recorded are left alone
+    assert owner.gone(None, None) is None  # runs from before owners were recorded are left alone
 
 
 def test_a_lock_whose_holder_died_is_taken_at_once(tmp_path):
     path = tmp_path / "build.lock"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from src.common.locks import file_lock\nwith file_lock(Path(sys.argv[1]), 'x'):\n"
-                               "    print('held', flush=True); time.sleep(600)", str(path)],
-                              cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from src.common.locks import file_lock\nwith file_lock(Path(sys.argv[1]), 'x'):\n"
+            "    print('held', flush=True); time.sleep(600)",
+            str(path),
+        ],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     holder.kill()
     holder.wait()
@@ -80,13 +90,14 @@ def test_a_refused_record_is_journaled_as_refused_never_as_delivered(tmp_path):
     from mlflow.exceptions import MlflowException
 
     from src.tracking import JobRun, Store
+
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     store = Store(uri, "quantspec")
     j = journal.Journal(tmp_path / "job", tmp_path / "registry", uri)
     run = JobRun(store, j, uri, "quantspec")
     run.start("job", None, {"a": "1"}, {}, "key")
     with pytest.raises(MlflowException):
-        run.log_params({"a": "2"})   # MLflow refuses to change a param's value
+        run.log_params({"a": "2"})  # MLflow refuses to change a param's value
     run.finish()
     lines = [json.loads(line) for line in j.path.read_text().splitlines()]
     refused = [line for line in lines if "refused" in line]
@@ -108,7 +119,7 @@ def test_a_replay_into_a_store_that_lost_the_run_sends_the_whole_job_once(tmp_pa
         applied.append((record["op"], run_id))
         return run_id or "new-run"
 
-    holds = lambda run_id: run_id == "new-run"   # noqa: E731 - the store has only what this replay made
+    holds = lambda run_id: run_id == "new-run"  # noqa: E731 - the store has only what this replay made
     assert journal.replay(j.path, apply, holds) == (3, 0)
     assert applied == [("start", None), ("metrics", "new-run"), ("end", "new-run")]
     assert journal.replay(j.path, apply, holds) == (0, 0) and journal.run_ids(j.path) == ["new-run"]
@@ -116,17 +127,19 @@ def test_a_replay_into_a_store_that_lost_the_run_sends_the_whole_job_once(tmp_pa
 
 def test_closing_a_sweep_again_clears_an_earlier_reason(tmp_path):
     from src.tracking import REASON, Store
+
     store = Store(f"sqlite:///{tmp_path / 'm.db'}", "quantspec")
     parent = store.sweep_parent({"id": "/sweep", "name": "sweep", "overrides": ""})
     store.close_sweep(parent, "FAILED", "interrupted: its process has ended")
-    store.close_sweep(parent)   # the same sweep, resumed and finished
+    store.close_sweep(parent)  # the same sweep, resumed and finished
     assert store.client.get_run(parent).data.tags[REASON] == ""
 
 
 def _claim_parent(uri: str, barrier, out) -> None:
     from src.tracking.store import Store
+
     store = Store(uri, "quantspec")
-    barrier.wait()   # every process asks at the same moment
+    barrier.wait()  # every process asks at the same moment
     out.put(store.sweep_parent({"id": "/sweeps/one", "name": "sweep one", "overrides": ""}, who="someone gone"))
 
 
@@ -134,9 +147,10 @@ def test_processes_asking_for_a_sweeps_parent_at_once_get_one(tmp_path, monkeypa
     import multiprocessing
 
     from src.tracking.store import Store
+
     monkeypatch.setenv("QUANTSPEC_CACHE", str(tmp_path / "cache"))
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    Store(uri, "quantspec")   # the schema made first: the race is over the parent, not the tables
+    Store(uri, "quantspec")  # the schema made first: the race is over the parent, not the tables
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(4), ctx.Queue()
     procs = [ctx.Process(target=_claim_parent, args=(uri, barrier, out)) for _ in range(4)]

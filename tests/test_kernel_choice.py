@@ -12,17 +12,23 @@ from src.kernels import variants
 
 def test_forcing_a_variant_this_cpu_lacks_is_one_line():
     avx2_only = {"avx2", "fma", "f16c", "sse4_2"}
-    with pytest.raises(kernels.IsaUnavailable, match=r"^engine.isa=avx512: this CPU lacks avx512f.*choose engine.isa=auto "
-                                                     r"or one of: avx2, reference$"):
+    with pytest.raises(
+        kernels.IsaUnavailable,
+        match=r"^engine.isa=avx512: this CPU lacks avx512f.*choose engine.isa=auto "
+        r"or one of: avx2, reference$",
+    ):
         kernels.candidates("avx512", avx2_only, "x86_64")
     assert [v.name for v in kernels.candidates("auto", avx2_only, "x86_64")] == ["avx2", "reference"]
-    assert [v.name for v in kernels.candidates("auto", {"asimd", "asimddp"}, "aarch64")] == ["neon_dotprod", "neon",
-                                                                                                "reference"]
+    assert [v.name for v in kernels.candidates("auto", {"asimd", "asimddp"}, "aarch64")] == [
+        "neon_dotprod",
+        "neon",
+        "reference",
+    ]
     with pytest.raises(kernels.IsaUnavailable, match="no kernel variant"):
         kernels.candidates("sse9", avx2_only, "x86_64")
     alder_lake = avx2_only | {"avx_vnni"}
     assert [v.name for v in kernels.candidates("auto", alder_lake, "x86_64")] == ["avx_vnni", "avx2", "reference"]
-    with pytest.raises(kernels.IsaUnavailable, match="no kernel variant"):   # the tests' twin is no choice
+    with pytest.raises(kernels.IsaUnavailable, match="no kernel variant"):  # the tests' twin is no choice
         kernels.candidates("avx_vnni_evex", alder_lake | {"avx512_vnni", "avx512vl"}, "x86_64")
 
 
@@ -34,7 +40,7 @@ def test_avx_vnni_is_built_with_the_vex_dot_products(tmp_path):
     variants.compile_variant(variants.by_name("avx_vnni"), library, variants.compiler())
     code = subprocess.run(["objdump", "-d", str(library)], capture_output=True, text=True, check=True).stdout
     assert "{vex} vpdpbusd" in code and "{vex} vpdpwssd" in code
-    assert "zmm" not in code and "%ymm16" not in code and "{%k" not in code   # nothing of AVX-512
+    assert "zmm" not in code and "%ymm16" not in code and "{%k" not in code  # nothing of AVX-512
 
 
 def test_a_variant_the_cpu_lacks_is_passed_over_never_loaded(tmp_path):
@@ -42,8 +48,9 @@ def test_a_variant_the_cpu_lacks_is_passed_over_never_loaded(tmp_path):
     instructions the CPU lacks: its first call would be SIGILL. It says why and takes the next one."""
     import os
     from pathlib import Path
+
     cache = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")) / "kernels"
     future = variants.Variant("future", platform.machine(), "reference.cpp", (), ("no_such_flag",))
     assert kernels.load_variants(cache, [future, variants.by_name("reference")])
     assert kernels.variant() == "reference" and kernels.reason() == "future: this CPU lacks no_such_flag"
-    assert not list(Path(cache).expanduser().glob("future-*"))   # not even built
+    assert not list(Path(cache).expanduser().glob("future-*"))  # not even built

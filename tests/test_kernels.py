@@ -28,8 +28,9 @@ ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 # The runtime's own build directory: CI compiles once for the tests and the main command.
 CACHE = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")) / "kernels"
 # On x86-64 also avx_vnni's code in its EVEX twin (variants.AVX_VNNI_TWIN), which AVX-512 VNNI hosts run.
-HOST_VARIANTS = [v.name for v in variants.for_arch()] + \
-    ([variants.AVX_VNNI_TWIN.name] if platform.machine() == "x86_64" else [])
+HOST_VARIANTS = [v.name for v in variants.for_arch()] + (
+    [variants.AVX_VNNI_TWIN.name] if platform.machine() == "x86_64" else []
+)
 
 
 def use(name: str) -> str:
@@ -107,9 +108,13 @@ def test_int4_weight_unpacks_to_bf16_for_prefill_and_the_gemv_reads_it_unrounded
     ref = (q.double().reshape(24, 2, 256) * scale.double()[..., None] + offset.double()[..., None]).reshape(24, 512)
     assert dense.dtype == torch.bfloat16 and torch.equal(dense, ref.float().bfloat16())
     x = torch.zeros(1, 512)
-    x[0, 300] = 1   # one input channel: the gemv returns that column of the weight, in float32
-    torch.testing.assert_close(torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 256)[0],
-                               ref[:, 300].float(), rtol=1e-6, atol=1e-6)
+    x[0, 300] = 1  # one input channel: the gemv returns that column of the weight, in float32
+    torch.testing.assert_close(
+        torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 256)[0],
+        ref[:, 300].float(),
+        rtol=1e-6,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("kind", ["w8a16", "w4a16"])
@@ -124,12 +129,13 @@ def test_16_bit_activations_are_as_precise_as_float32_not_bf16(kind):
         dense = w_q.double() * w_s.double()[:, None]
     else:
         q, scale, zero = qparams.int4_groups(w, 128)
-        y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(),
-                                           (zero - qparams.INT4_MID * scale).contiguous(), 128)
+        y = torch.ops.quantspec.gemv_w4a16(
+            x, pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 128
+        )
         dense = qparams.int4_dequant(q, scale, zero, 128).double()
     assert y.dtype == torch.float32
     assert _rel_err(y, x.double() @ dense.t()) < 2e-4
-    assert _rel_err(x.bfloat16().double() @ dense.t(), x.double() @ dense.t()) > 5e-4   # what bf16 x would cost
+    assert _rel_err(x.bfloat16().double() @ dense.t(), x.double() @ dense.t()) > 5e-4  # what bf16 x would cost
 
 
 def test_16_bit_activation_sums_cannot_overflow():
@@ -169,38 +175,44 @@ def test_decode_attention_matches_causal_sdpa_and_each_row_stands_alone(dtype):
     q = torch.randn(1, heads, queries, dim).to(dtype)
     k, v = (torch.randn(1, kv_heads, length, dim).to(dtype) for _ in range(2))
     visible = torch.arange(length)[None, :] <= torch.arange(length - queries, length)[:, None]
-    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=visible,
-                                                           scale=0.2, enable_gqa=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=visible, scale=0.2, enable_gqa=True
+    )
     out = torch.ops.quantspec.decode_attention(q, k, v, 0.2)
     assert _rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
     for i in range(queries):  # bit for bit what a one-query step over the shorter cache gives
-        alone = torch.ops.quantspec.decode_attention(q[:, :, i:i + 1], k[:, :, :length - queries + i + 1],
-                                                     v[:, :, :length - queries + i + 1], 0.2)
+        alone = torch.ops.quantspec.decode_attention(
+            q[:, :, i : i + 1], k[:, :, : length - queries + i + 1], v[:, :, : length - queries + i + 1], 0.2
+        )
         assert torch.equal(alone[:, :, 0], out[:, :, i])
 
 
 def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
     torch.manual_seed(1)
     w = torch.randn(48, 128)
-    for kind, tensors, dtype in (("w8a8", int8_tensors(w, None), torch.float32),
-                                 ("w4a16", int4_tensors(w, None, 128), torch.bfloat16),
-                                 ("w8a16", int8_tensors(w, None), torch.bfloat16)):
+    for kind, tensors, dtype in (
+        ("w8a8", int8_tensors(w, None), torch.float32),
+        ("w4a16", int4_tensors(w, None, 128), torch.bfloat16),
+        ("w8a16", int8_tensors(w, None), torch.bfloat16),
+    ):
         aten, fast = (build(kind, tensors, 128, dtype, gemv) for gemv in (False, True))
         assert type(fast).__name__.endswith("Gemv") and not type(aten).__name__.endswith("Gemv")
         x = torch.randn(2, 3, 128).to(dtype)
         assert _rel_err(fast(x), aten(x).double()) < 1e-2  # both round to bf16 (w4a16) differently
         many = torch.randn(1, 20, 128).to(dtype)  # more rows than MAX_ROWS: a prefill
-        if kind == "w4a16":   # the weight unpacked to bf16 as the gemv does, one GEMM: no ATen int4 copy kept
+        if kind == "w4a16":  # the weight unpacked to bf16 as the gemv does, one GEMM: no ATen int4 copy kept
             assert not hasattr(fast, "packed")
             assert _rel_err(fast(many), aten(many).double()) < 1e-2
-        else:                 # ATen's path, unchanged
+        else:  # ATen's path, unchanged
             torch.testing.assert_close(fast(many), aten(many), rtol=0, atol=0)
         cut = fast.select_rows(torch.tensor([0, 5])) if hasattr(fast, "select_rows") else None
-        assert cut is None or type(cut) is type(fast)   # a draft's cut head stays on the same kernels
-    assert type(build("w8a8", int8_tensors(torch.randn(8, 96), None), None, torch.float32, True)).__name__ \
-        == "W8A8Linear"   # K = 96 is no multiple of the w8a8 kernel's 64: ATen's
-    assert type(build("w4a16", int4_tensors(w, None, 64), 64, torch.bfloat16, True)).__name__ \
-        == "W4A16Linear"  # groups of 64 split the int4 kernel's 128-value loads: ATen's
+        assert cut is None or type(cut) is type(fast)  # a draft's cut head stays on the same kernels
+    assert (
+        type(build("w8a8", int8_tensors(torch.randn(8, 96), None), None, torch.float32, True)).__name__ == "W8A8Linear"
+    )  # K = 96 is no multiple of the w8a8 kernel's 64: ATen's
+    assert (
+        type(build("w4a16", int4_tensors(w, None, 64), 64, torch.bfloat16, True)).__name__ == "W4A16Linear"
+    )  # groups of 64 split the int4 kernel's 128-value loads: ATen's
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -241,21 +253,23 @@ def test_with_kernels_the_lean_path_verifies_exactly_like_steps(dtype, arch):
 
 def test_a_cut_head_keeps_its_kernels_when_it_is_cut_again():
     from src.engine.subset_head import cut_head
+
     model, _ = tiny_model("llama")
     cut_head(model, torch.tensor([1, 2, 3]))
     modules.install(model)
     head = model.get_output_embeddings()
     assert isinstance(head.head, modules.GemvLinear)
-    head.focus([5, 6])   # a prompt's own tokens: the rows are cut again, from the swapped full head
+    head.focus([5, 6])  # a prompt's own tokens: the rows are cut again, from the swapped full head
     assert isinstance(head.head, modules.GemvLinear) and {5, 6} <= set(head.ids.tolist())
 
 
 # --- every variant against the reference variant, and the invariants each must keep -----------------
 
+
 def _ops(kind: str, m: int, seed: int = 0):
     """One op of each kind with its inputs (m rows), as a function of x alone."""
     g = torch.Generator().manual_seed(seed)
-    k, n = 1024, 45   # 45: a tail of rows past the blocks of 4
+    k, n = 1024, 45  # 45: a tail of rows past the blocks of 4
     x = torch.randn(m, k, generator=g) * torch.logspace(-1, 1, k)
     w = torch.randn(n, k, generator=g)
     if kind in ("f32", "bf16"):
@@ -292,10 +306,10 @@ def test_each_variant_agrees_with_the_reference_variant(isa, kind):
 def test_a_rows_result_does_not_depend_on_how_many_rows_come_together(kind):
     x, op = _ops(kind, kernels.MAX_ROWS, seed=3)
     together = op(x)
-    for m in range(1, kernels.MAX_ROWS + 1):   # every row count a step or a verification can bring
+    for m in range(1, kernels.MAX_ROWS + 1):  # every row count a step or a verification can bring
         assert torch.equal(op(x[:m]), together[:m]), f"{m} rows"
     for i in range(kernels.MAX_ROWS):
-        assert torch.equal(op(x[i:i + 1])[0], together[i]), f"row {i} alone"
+        assert torch.equal(op(x[i : i + 1])[0], together[i]), f"row {i} alone"
 
 
 def test_the_int4_unpacking_and_the_norms_are_bit_for_bit_the_reference_variants(isa):
@@ -303,9 +317,13 @@ def test_the_int4_unpacking_and_the_norms_are_bit_for_bit_the_reference_variants
     q, scale, zero = qparams.int4_groups(torch.randn(36, 768), 256)
     args = (pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 256)
     x, w = torch.randn(5, 640).bfloat16(), torch.randn(640).bfloat16()
-    ours = [torch.ops.quantspec.dequant_w4a16(*args)] + [torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for g in (True, False)]
+    ours = [torch.ops.quantspec.dequant_w4a16(*args)] + [
+        torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for g in (True, False)
+    ]
     use("reference")
-    theirs = [torch.ops.quantspec.dequant_w4a16(*args)] + [torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for g in (True, False)]
+    theirs = [torch.ops.quantspec.dequant_w4a16(*args)] + [
+        torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for g in (True, False)
+    ]
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
@@ -315,9 +333,9 @@ def test_attention_agrees_with_the_reference_variant(isa, dtype, dim):
     torch.manual_seed(dim)
     q = torch.randn(1, 4, 3, dim).to(dtype)
     k, v = (torch.randn(1, 1, 37, dim).to(dtype) for _ in range(2))
-    out = torch.ops.quantspec.decode_attention(q, k, v, dim ** -0.5)
+    out = torch.ops.quantspec.decode_attention(q, k, v, dim**-0.5)
     use("reference")
-    ref = torch.ops.quantspec.decode_attention(q, k, v, dim ** -0.5)
+    ref = torch.ops.quantspec.decode_attention(q, k, v, dim**-0.5)
     assert _rel_err(out, ref.double()) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
@@ -339,8 +357,15 @@ def _projections(kind: str, sizes: list[int], k: int = 256):
     ws = [torch.randn(n, k) for n in sizes]
     if kind in ("f32", "bf16"):
         dtype = torch.float32 if kind == "f32" else torch.bfloat16
-        return [modules.GemvLinear(torch.nn.Linear(k, n, bias=False).to(dtype).requires_grad_(False).apply(
-            lambda m, w=w: m.weight.copy_(w))) for n, w in zip(sizes, ws)], dtype
+        return [
+            modules.GemvLinear(
+                torch.nn.Linear(k, n, bias=False)
+                .to(dtype)
+                .requires_grad_(False)
+                .apply(lambda m, w=w: m.weight.copy_(w))
+            )
+            for n, w in zip(sizes, ws)
+        ], dtype
     dtype = torch.float32 if kind == "w8a8" else torch.bfloat16
     tensors = [int4_tensors(w, None, 128) if kind == "w4a16" else int8_tensors(w, None) for w in ws]
     return [build(kind, t, 128, dtype, True) for t in tensors], dtype
@@ -349,6 +374,7 @@ def _projections(kind: str, sizes: list[int], k: int = 256):
 @pytest.mark.parametrize("kind", ["f32", "bf16", "w8a8", "w8a16", "w4a16"])
 def test_fused_projections_give_each_part_bit_for_bit_and_hold_no_second_copy(kind):
     from src.engine.fused import Projection
+
     parts, dtype = _projections(kind, [64, 32, 32])
     x = torch.randn(3, 256).to(dtype)
     alone = [p(x) for p in parts]
@@ -357,7 +383,7 @@ def test_fused_projections_give_each_part_bit_for_bit_and_hold_no_second_copy(ki
     for y, ref in zip(projection(x), alone):
         assert torch.equal(y, ref)
     fused = projection.calls[0][0]
-    for p in parts:   # the parts read views of the fused tensors, and still work alone (a prefill's calls)
+    for p in parts:  # the parts read views of the fused tensors, and still work alone (a prefill's calls)
         for name, t in p.named_buffers() if kind not in ("f32", "bf16") else p.named_parameters():
             assert t.untyped_storage().data_ptr() == getattr(fused, name).untyped_storage().data_ptr()
     many = torch.randn(20, 256).to(dtype)
@@ -368,9 +394,10 @@ def test_fused_projections_give_each_part_bit_for_bit_and_hold_no_second_copy(ki
 
 def test_projections_of_mixed_kinds_fuse_the_runs_that_share_one():
     from src.engine.fused import Projection
+
     (q, k), _ = _projections("w4a16", [64, 32])
     (v,), _ = _projections("w8a16", [32])
-    projection = Projection([q, k, v])   # w4a16's q and k, with v kept at 8 bits
+    projection = Projection([q, k, v])  # w4a16's q and k, with v kept at 8 bits
     assert projection.kernel_calls == 2 and projection.calls[1][0] is v
     x = torch.randn(1, 256).to(torch.bfloat16)
     refs = [q(x), k(x), v(x)]

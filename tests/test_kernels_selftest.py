@@ -22,8 +22,12 @@ def _selftest(tmp_path: Path, cxx: str, names: list[str], run: list[str]) -> dic
         variants.compile_variant(variants.by_name(name), tmp_path / f"{name}.so", cxx)
     outputs = {}
     for name in names:
-        done = subprocess.run([*run, str(program), str(tmp_path / f"{name}.so"), str(tmp_path / "reference.so")],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [*run, str(program), str(tmp_path / f"{name}.so"), str(tmp_path / "reference.so")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         outputs[name] = done.stdout + done.stderr
         assert done.returncode == 0, outputs[name]
         assert f"variant {name} against reference" in done.stdout and " 0 failed" in done.stdout, outputs[name]
@@ -34,8 +38,11 @@ def test_this_cpus_variants_pass_the_selftest(tmp_path):
     cxx = variants.compiler()
     assert cxx, "no C++ compiler: scripts/setup installs g++"
     features = variants.cpu_features()
-    names = [v.name for v in (*variants.for_arch(), variants.AVX_VNNI_TWIN)
-             if not variants.missing(v, features) and v.name != "reference"]
+    names = [
+        v.name
+        for v in (*variants.for_arch(), variants.AVX_VNNI_TWIN)
+        if not variants.missing(v, features) and v.name != "reference"
+    ]
     out = _selftest(tmp_path, cxx, names or ["reference"], [])
     assert all("22 passed, 0 failed" in text for text in out.values())
 
@@ -44,7 +51,9 @@ def test_this_cpus_variants_pass_the_selftest(tmp_path):
 def test_arm_variants_pass_the_selftest_under_qemu(tmp_path):
     lacking = [tool for tool in (ARM_CXX, QEMU) if shutil.which(tool) is None]
     if lacking:
-        pytest.skip(f"{' and '.join(lacking)} not installed (apt-get install g++-aarch64-linux-gnu qemu-user; "
-                    f"scripts/setup does it as root)")
+        pytest.skip(
+            f"{' and '.join(lacking)} not installed (apt-get install g++-aarch64-linux-gnu qemu-user; "
+            f"scripts/setup does it as root)"
+        )
     out = _selftest(tmp_path, ARM_CXX, ["neon_dotprod", "neon"], [QEMU, "-cpu", "max", "-L", ARM_ROOT])
     assert all("22 passed, 0 failed" in text for text in out.values())

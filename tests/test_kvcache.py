@@ -15,8 +15,18 @@ def _kv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 # a prefill, steps, a verification, a rejected draft cropped, growth past the first buffer (and, for a
 # window of 310, past the window: the sliding layer hands over to transformers' logic there)
-MOVES = [("add", 40), *[("add", 1)] * 5, ("add", 6), ("crop", 4), ("add", MIN_GROWTH), ("crop", 1), ("add", 3),
-         *[("add", 1)] * 3, ("add", 8), ("add", 1)]
+MOVES = [
+    ("add", 40),
+    *[("add", 1)] * 5,
+    ("add", 6),
+    ("crop", 4),
+    ("add", MIN_GROWTH),
+    ("crop", 1),
+    ("add", 3),
+    *[("add", 1)] * 3,
+    ("add", 8),
+    ("add", 1),
+]
 
 
 @pytest.mark.parametrize("kind", ["full", "sliding"])

@@ -12,8 +12,8 @@ def test_timing_row_follows_the_definitions():
     row = timing_row(3, 17, start=10.0, first_token=10.25, end=12.25, new_tokens=11)
     assert row.prefill_ms == pytest.approx(250.0)
     assert row.total_time_s == pytest.approx(2.25)
-    assert row.time_per_token_ms == pytest.approx(200.0)     # (2.25 - 0.25) s / 10
-    assert row.tokens_per_s == pytest.approx(5.0)            # 1000 / 200
+    assert row.time_per_token_ms == pytest.approx(200.0)  # (2.25 - 0.25) s / 10
+    assert row.tokens_per_s == pytest.approx(5.0)  # 1000 / 200
     assert (row.example, row.prompt_tokens, row.new_tokens) == (3, 17, 11)
 
 
@@ -32,7 +32,7 @@ def test_summary_medians_skip_nan():
     rows = [timing_row(i, 4, 0.0, p, p + 0.1 * 9, 10) for i, p in enumerate([0.1, 0.3, 0.2], 1)]
     rows.append(timing_row(4, 4, 0.0, 0.9, 0.9, 1))
     s = summarize(rows)
-    assert s["prefill_ms_median"] == pytest.approx(250.0)       # median of 100, 300, 200, 900
+    assert s["prefill_ms_median"] == pytest.approx(250.0)  # median of 100, 300, 200, 900
     assert s["time_per_token_ms_median"] == pytest.approx(100.0)
     assert s["tokens_per_s_median"] == pytest.approx(10.0)
     assert s["examples"] == 4 and s["new_tokens_total"] == 31
@@ -41,8 +41,15 @@ def test_summary_medians_skip_nan():
 def test_seed_table_has_the_seed_columns():
     table = seed_table([Row(1, 8, 30, 24.9415, 1003.36, 824.246, 1.21323)])
     header = table.splitlines()[0]
-    for col in ("Example#", "Prompt Length (tokens)", "New Tokens Generated", "Total Time (s)",
-                "Prefill Phase (ms)", "Time/Token (ms)", "Tokens/Sec"):
+    for col in (
+        "Example#",
+        "Prompt Length (tokens)",
+        "New Tokens Generated",
+        "Total Time (s)",
+        "Prefill Phase (ms)",
+        "Time/Token (ms)",
+        "Tokens/Sec",
+    ):
         assert col in header
     assert "824.246" in table and table.splitlines()[1].startswith("|---")
 

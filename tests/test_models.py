@@ -15,9 +15,11 @@ def write_files(out):
 
 def test_cache_is_built_once(tmp_path):
     calls = []
+
     def build(out):
         calls.append(out)
         write_files(out)
+
     d = tmp_path / "model"
     build_cached(d, build, {"key": "k"})
     build_cached(d, build, {"key": "k"})
@@ -26,8 +28,19 @@ def test_cache_is_built_once(tmp_path):
     assert not list(tmp_path.glob("*.tmp-*"))
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "manifest", "manifest null", "files null",
-                                    "entry null", "entry removed and weights truncated"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "flip",
+        "truncate",
+        "delete",
+        "manifest",
+        "manifest null",
+        "files null",
+        "entry null",
+        "entry removed and weights truncated",
+    ],
+)
 def test_damaged_cache_is_detected_and_rebuilt(tmp_path, damage):
     d = tmp_path / "model"
     build_cached(d, write_files, {})
@@ -42,7 +55,7 @@ def test_damaged_cache_is_detected_and_rebuilt(tmp_path, damage):
         (d / MANIFEST).write_text("{not json")
     elif damage == "manifest null":
         (d / MANIFEST).write_text("null")
-    else:   # the manifest's own entries damaged (the issue's cases), by hand or by a tool
+    else:  # the manifest's own entries damaged (the issue's cases), by hand or by a tool
         meta = json.loads((d / MANIFEST).read_text())
         if damage == "files null":
             meta["files"] = None
@@ -60,9 +73,11 @@ def test_damaged_cache_is_detected_and_rebuilt(tmp_path, damage):
 
 def test_failed_build_leaves_no_cache(tmp_path):
     d = tmp_path / "model"
+
     def explode(out):
         write_files(out)
         raise RuntimeError("conversion died")
+
     with pytest.raises(RuntimeError):
         build_cached(d, explode, {})
     # only the build lock stays (deleting an flock file while another process may wait on it is racy)
@@ -105,16 +120,19 @@ def test_a_builder_killed_mid_build_leaves_nothing_behind_after_the_next_build(t
     import time
 
     from tests.conftest import ROOT, cli_env
+
     d = tmp_path / "model"
-    code = (f"import time\nfrom pathlib import Path\nfrom src.models.load import build_cached\n"
-            f"def build(out):\n    (out / 'half.bin').write_bytes(b'x' * 1000)\n    time.sleep(60)\n"
-            f"build_cached(Path({str(d)!r}), build, {{'key': 'k'}})\n")
+    code = (
+        f"import time\nfrom pathlib import Path\nfrom src.models.load import build_cached\n"
+        f"def build(out):\n    (out / 'half.bin').write_bytes(b'x' * 1000)\n    time.sleep(60)\n"
+        f"build_cached(Path({str(d)!r}), build, {{'key': 'k'}})\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=cli_env())
     deadline = time.time() + 60
     while not list(tmp_path.glob("model.tmp-*/half.bin")):
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)   # no handler runs: its temporary directory stays
+    os.kill(proc.pid, signal.SIGKILL)  # no handler runs: its temporary directory stays
     proc.wait()
     assert list(tmp_path.glob("model.tmp-*"))
     build_cached(d, write_files, {"key": "k"})

@@ -33,17 +33,21 @@ def test_kl_against_the_full_vocabulary_is_torchs_kl_and_identical_models_agree_
     ids = _window(tok)
     ref_logits = model(ids[None]).logits[0]
     other_logits = _perturbed(model)(ids[None]).logits[0]
-    ref = reference_window(ref_logits, ids, k=10**6)            # all of the vocabulary kept
+    ref = reference_window(ref_logits, ids, k=10**6)  # all of the vocabulary kept
     assert ref.indices.shape[-1] == ref.vocab
     kl, tail = divergence.kl_per_token(ref, score_logits(other_logits, ids, ref.indices))
     p_log, q_log = F.log_softmax(ref_logits[:-1].double(), -1), F.log_softmax(other_logits[:-1].double(), -1)
     direct = (p_log.exp() * (p_log - q_log)).sum(-1)
     assert torch.allclose(kl, direct, atol=1e-5) and kl.mean() > 1e-3 and tail.abs().max() == 0
     same, _ = divergence.kl_per_token(ref, score_logits(ref_logits, ids, ref.indices))
-    assert same.abs().max() == 0                                  # identical models: KL 0 ...
-    summary = divergence.window_summary(same.numpy(), (score_logits(ref_logits, ids).top1 == ref.top1).numpy(),
-                                        -ref.target_logp.double().numpy(), -ref.target_logp.double().numpy())
-    assert summary["kl_mean"] == 0 and summary["top1_agreement"] == 1.0           # ... and top-1 1.0
+    assert same.abs().max() == 0  # identical models: KL 0 ...
+    summary = divergence.window_summary(
+        same.numpy(),
+        (score_logits(ref_logits, ids).top1 == ref.top1).numpy(),
+        -ref.target_logp.double().numpy(),
+        -ref.target_logp.double().numpy(),
+    )
+    assert summary["kl_mean"] == 0 and summary["top1_agreement"] == 1.0  # ... and top-1 1.0
     assert summary["delta_perplexity"] == 0 and summary["delta_perplexity_se"] == 0
 
 
@@ -76,7 +80,7 @@ def test_standard_errors_and_intervals():
     assert p == 0.5 and se == pytest.approx(0.25)
     rng = np.random.default_rng(0)
     ref = rng.gamma(2.0, 1.0, 4000)
-    d, d_se = stats.delta_perplexity(ref + 0.01, ref)   # the same tokens, each 0.01 nats harder
+    d, d_se = stats.delta_perplexity(ref + 0.01, ref)  # the same tokens, each 0.01 nats harder
     assert d == pytest.approx(math.exp(ref.mean()) * (math.exp(0.01) - 1))
     # a constant shift: the covariance cancels all but the spread of the perplexity itself, se(mean) * Δ
     assert d_se == pytest.approx(ref.std(ddof=1) / math.sqrt(ref.size) * d, rel=1e-6)
@@ -87,7 +91,7 @@ def test_standard_errors_and_intervals():
 def test_mcnemar_exact_and_the_paired_bootstrap():
     a = np.array([True] * 10 + [False] * 10)
     b = np.array([False] * 10 + [False] * 10)
-    m = paired.mcnemar(a, b)           # 10 items only a got: p = 2 / 2**10
+    m = paired.mcnemar(a, b)  # 10 items only a got: p = 2 / 2**10
     assert m.p == pytest.approx(2 / 1024) and m.difference == 0.5
     assert paired.mcnemar(a, a).p == 1.0
     rng = np.random.default_rng(0)
@@ -101,13 +105,21 @@ def test_mcnemar_exact_and_the_paired_bootstrap():
 
 
 def test_the_front_keeps_what_nothing_beats_on_both():
-    points = {"fp32": (40.0, 0.0), "bf16": (25.0, 0.001), "w8a8": (14.0, 0.02), "w4a16": (13.0, 0.05),
-              "slow_and_bad": (30.0, 0.05), "tie": (14.0, 0.03), "nan": (math.nan, 0.0)}
+    points = {
+        "fp32": (40.0, 0.0),
+        "bf16": (25.0, 0.001),
+        "w8a8": (14.0, 0.02),
+        "w4a16": (13.0, 0.05),
+        "slow_and_bad": (30.0, 0.05),
+        "tie": (14.0, 0.03),
+        "nan": (math.nan, 0.0),
+    }
     assert front.pareto(points) == {"fp32", "bf16", "w8a8", "w4a16"}
 
 
 def _instances(kind, args):
     from lm_eval.api.instance import Instance
+
     return [Instance(kind, {}, a, 0, ("t", i, 1)) for i, a in enumerate(args)]
 
 
@@ -115,10 +127,11 @@ def _instances(kind, args):
 def test_the_lm_eval_wrapper_scores_as_torch_does_on_the_same_weights():
     pytest.importorskip("lm_eval", reason="lm-eval not installed (scripts/setup installs it)")
     from src.quality.harness import make_lm
+
     model, tok = tiny_model("llama")
     lm = make_lm(torch_scorer(model), tok, max_context=512)
     context, continuation = "the quick brown", " fox jumps"
-    (logp, greedy), = lm.loglikelihood(_instances("loglikelihood", [(context, continuation)]))
+    ((logp, greedy),) = lm.loglikelihood(_instances("loglikelihood", [(context, continuation)]))
     head = tok(context, add_special_tokens=False).input_ids
     whole = tok(context + continuation, add_special_tokens=False).input_ids
     ids = torch.tensor(lm.prefix + whole)
@@ -127,17 +140,20 @@ def test_the_lm_eval_wrapper_scores_as_torch_does_on_the_same_weights():
     assert logp == pytest.approx(sum(lp[t - 1, ids[t]].item() for t in tail), rel=1e-5)
     assert greedy == all(lp[t - 1].argmax().item() == ids[t].item() for t in tail)
     # a trailing space moves to the continuation, as lm-eval's own HF model does
-    assert lm.loglikelihood(_instances("loglikelihood", [("the quick brown ", "fox jumps")]))[0][0] == \
-        pytest.approx(lm.loglikelihood(_instances("loglikelihood", [("the quick brown", " fox jumps")]))[0][0])
+    assert lm.loglikelihood(_instances("loglikelihood", [("the quick brown ", "fox jumps")]))[0][0] == pytest.approx(
+        lm.loglikelihood(_instances("loglikelihood", [("the quick brown", " fox jumps")]))[0][0]
+    )
     # rolling: every token once, in windows of the context (16) when the text is longer
     text = "the quick brown fox jumps over the lazy dog " * 4
     tokens = tok(text, add_special_tokens=False).input_ids
     assert len(tokens) > 16
-    (rolling,) = make_lm(torch_scorer(model), tok, max_context=16).loglikelihood_rolling(_instances("loglikelihood_rolling", [(text,)]))
+    (rolling,) = make_lm(torch_scorer(model), tok, max_context=16).loglikelihood_rolling(
+        _instances("loglikelihood_rolling", [(text,)])
+    )
     expected, start = 0.0, 0
     while start < len(tokens):
         end = min(len(tokens), start + 15)
-        window = torch.tensor((lm.prefix if start == 0 else tokens[start - 1:start]) + tokens[start:end])
+        window = torch.tensor((lm.prefix if start == 0 else tokens[start - 1 : start]) + tokens[start:end])
         w = F.log_softmax(model(window[None]).logits[0].double(), -1)
         expected += sum(w[t - 1, window[t]].item() for t in range(1, len(window)))
         start = end
@@ -147,11 +163,12 @@ def test_the_lm_eval_wrapper_scores_as_torch_does_on_the_same_weights():
 def test_the_lm_eval_wrapper_generates_through_the_engine_and_cuts_at_until():
     pytest.importorskip("lm_eval", reason="lm-eval not installed (scripts/setup installs it)")
     from src.quality.harness import make_lm
+
     model, tok = tiny_model("llama")
     said = tok("yes. no. maybe", add_special_tokens=False).input_ids
     asked = []
 
-    def generate(ids, n, stop):   # an engine that says `said`, one token at a time, until told to stop
+    def generate(ids, n, stop):  # an engine that says `said`, one token at a time, until told to stop
         asked.append((ids.shape, n))
         out = []
         for token in said:
@@ -163,13 +180,14 @@ def test_the_lm_eval_wrapper_generates_through_the_engine_and_cuts_at_until():
     lm = make_lm(torch_scorer(model), tok, max_context=64, generate=generate)
     (text,) = lm.generate_until(_instances("generate_until", [("Q: ok?", {"until": ["."], "max_gen_toks": 5})]))
     assert text == "yes" and asked[0][1] == 5
-    assert asked[0][0][1] == len(lm.prefix + tok("Q: ok?", add_special_tokens=False).input_ids)   # BOS + the context
+    assert asked[0][0][1] == len(lm.prefix + tok("Q: ok?", add_special_tokens=False).input_ids)  # BOS + the context
 
 
 def test_paired_comparisons_pair_only_the_same_tokens():
     # two perplexity jobs over other windows (another dataset, another window size) can hold as many tokens:
     # the reference's own NLL token by token tells the same tokens apart from merely as many
     from src.tracking.quality import _same_tokens
+
     a = {"kl": [0.1, 0.2], "reference_nll": [1.0, 2.0]}
     assert _same_tokens(a, {"kl": [0.3, 0.1], "reference_nll": [1.0, 2.0]})
     assert not _same_tokens(a, {"kl": [0.3, 0.1], "reference_nll": [1.5, 2.0]})

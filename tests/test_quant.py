@@ -99,7 +99,7 @@ def test_int8_modules_accept_misaligned_weights(kind):
     torch.manual_seed(0)
     n, k = 256, 640
     buf = torch.randint(-127, 127, (n * k + 64,), dtype=torch.int8)
-    w_q = buf[56:56 + n * k].view(n, k)
+    w_q = buf[56 : 56 + n * k].view(n, k)
     assert w_q.data_ptr() % 64 != 0
     module = build(kind, {"w_q": w_q, "w_scale": torch.rand(n) / 100}, None, torch.bfloat16)
     for rows in (1, 4, 8, 33):
@@ -142,8 +142,8 @@ def test_awq_search_on_sampled_output_channels_picks_what_all_of_them_pick():
     s_all, r_all = awq.search_scale(x, [lin], group=128, grid=20)
     s_some, r_some = awq.search_scale(x, [lin], group=128, grid=20, rows=256, seed=3)
     assert torch.equal(lin.weight, w)
-    assert abs(r_some - r_all) <= 0.05   # a 256-row sample ranks the grid as the 1024 rows do
-    assert awq.search_scale(x, [lin], 128, 20, rows=256, seed=3)[1] == r_some   # a fixed sample
+    assert abs(r_some - r_all) <= 0.05  # a 256-row sample ranks the grid as the 1024 rows do
+    assert awq.search_scale(x, [lin], 128, 20, rows=256, seed=3)[1] == r_some  # a fixed sample
     assert torch.equal(awq.search_scale(x, [lin], 128, 20, rows=4096)[0], s_all)  # rows >= N: all of them
 
 
@@ -181,8 +181,14 @@ def test_quantized_tiny_model_runs_real_kernels_and_generates(arch, precision):
     weights = quantize(model, arch, spec, calib(tok))
     model = install(model.to(DTYPE[precision]), weights, DTYPE[precision])
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # every linear swapped, head too
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6,
-                         do_sample=False, pad_token_id=tok.pad_token_id)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=6,
+        min_new_tokens=6,
+        do_sample=False,
+        pad_token_id=tok.pad_token_id,
+    )
     assert out.shape[1] == ids.shape[1] + 6
     # quantized logits stay close to float ones: the kernels compute the same function, approximately
     q_logits = logits(model, ids)
@@ -204,9 +210,20 @@ def test_tied_head_is_untied_and_the_embedding_kept():
 def test_cache_is_reused_and_a_corrupt_file_rebuilt(tmp_path):
     def run():
         model, tok = tiny_model("llama")
-        return quantize_model(model, tok, "llama", SPECS["w8a8"], "tiny:llama",
-                              lambda: "x = [i * i for i in range(10)]\n" * 400, 4, 64, tmp_path, "tiny-llama",
-                              torch.float32)
+        return quantize_model(
+            model,
+            tok,
+            "llama",
+            SPECS["w8a8"],
+            "tiny:llama",
+            lambda: "x = [i * i for i in range(10)]\n" * 400,
+            4,
+            64,
+            tmp_path,
+            "tiny-llama",
+            torch.float32,
+        )
+
     ids = torch.tensor([[1, 70, 71, 72]])
     first_model, first = run()
     second_model, second = run()
@@ -223,6 +240,7 @@ def test_cache_is_reused_and_a_corrupt_file_rebuilt(tmp_path):
 
 def test_cache_key_covers_every_parameter():
     from src.quant.cache import cache_key
+
     base = cache_key("src", SPECS["w4a16"], "h")
     assert base != cache_key("src", quant_spec("awq", "w4a16", group_size=64, awq_grid=5, awq_search_tokens=256), "h")
     assert base != cache_key("src", SPECS["w4a16"], "other-calibration")
@@ -248,13 +266,17 @@ def test_mixed_kernels_follow_the_spec():
     assert isinstance(model.lm_head, W8A16Linear)
 
 
-@pytest.mark.parametrize("override,expect", [
-    ("precision.method=gptq", "precision.method='gptq' is not one of: none, smoothquant, awq, rtn"),
-    ("precision.group_size=100", "precision.group_size=100 is not one the int4 kernel runs"),
-    ("precision.scheme=w3a16", "precision.scheme='w3a16' is not one of"),
-])
+@pytest.mark.parametrize(
+    "override,expect",
+    [
+        ("precision.method=gptq", "precision.method='gptq' is not one of: none, smoothquant, awq, rtn"),
+        ("precision.group_size=100", "precision.group_size=100 is not one the int4 kernel runs"),
+        ("precision.scheme=w3a16", "precision.scheme='w3a16' is not one of"),
+    ],
+)
 def test_bad_method_or_group_size_is_one_line(override, expect, store):
     from tests.conftest import run_cli
+
     out = run_cli(["model=tiny-llama", "precision=w4a16", override, f"tracking.uri={store}"])
     lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
     assert out.returncode == 1 and len(lines) == 1 and expect in lines[0], out.stderr[-1500:]

@@ -12,7 +12,7 @@ def test_both_paths_give_the_exact_int8_product():
     g = torch.Generator().manual_seed(0)
     x = torch.randint(-127, 128, (33, 640), dtype=torch.int8, generator=g)
     w = torch.randint(-127, 128, (48, 640), dtype=torch.int8, generator=g)
-    exact = (x.long() @ w.long().t()).float()   # |sums| < 2^24 here: exact in fp32 too
+    exact = (x.long() @ w.long().t()).float()  # |sums| < 2^24 here: exact in fp32 too
     for path in prefill.PATHS:
         assert torch.equal(prefill.int8_gemm(x, w, path), exact), path
 
@@ -23,10 +23,10 @@ def test_the_choice_is_measured_once_per_host_and_installed(tmp_path):
     cached = json.loads((tmp_path / prefill.CACHE).read_text())
     assert len(cached) == 1
     (tmp_path / prefill.CACHE).write_text(json.dumps({k: {"int_mm": 2.0, "float": 1.0} for k in cached}))
-    assert prefill.choose(tmp_path, "cpu", 2)[0] == "float"   # the cached measurement, not a new one
+    assert prefill.choose(tmp_path, "cpu", 2)[0] == "float"  # the cached measurement, not a new one
     model = torch.nn.Sequential(build("w8a8", int8_tensors(torch.randn(16, 64), None), None, torch.float32))
     assert install_prefill(model, "float") == 1 and model[0].prefill == "float"
-    x = torch.randn(40, 64)   # more rows than a step: the chosen path
+    x = torch.randn(40, 64)  # more rows than a step: the chosen path
     model[0].prefill = "int_mm"
     ref = model(x)
     model[0].prefill = "float"

@@ -11,8 +11,15 @@ from src.assembly.config import ConfigError, job_config_from_dict
 from src.models.random_weights import config_of, parameter_count, random_model, shapes
 from tests.conftest import compose_job, run_cli
 
-SEEDS = {"llama-2-7b": 6.74e9, "CodeLlama-7b-hf": 6.74e9, "opt-6.7b": 6.66e9, "Qwen1.5-7B-Chat": 7.72e9,
-         "llama-160m": 0.162e9, "opt-125m": 0.125e9, "Qwen1.5-0.5B-Chat": 0.464e9}
+SEEDS = {
+    "llama-2-7b": 6.74e9,
+    "CodeLlama-7b-hf": 6.74e9,
+    "opt-6.7b": 6.66e9,
+    "Qwen1.5-7B-Chat": 7.72e9,
+    "llama-160m": 0.162e9,
+    "opt-125m": 0.125e9,
+    "Qwen1.5-0.5B-Chat": 0.464e9,
+}
 
 
 def test_every_seed_model_has_its_published_shape():
@@ -30,11 +37,11 @@ def test_a_random_model_is_built_in_seconds_in_bf16_and_decodes(name):
     assert all(p.dtype == torch.bfloat16 for p in params.values())
     weights = [p for n, p in params.items() if p.dim() == 2]
     assert 0.015 < weights[1].float().std().item() < 0.025
-    assert not torch.equal(weights[1].flatten()[:1000], weights[2].flatten()[:1000])   # layers differ
+    assert not torch.equal(weights[1].flatten()[:1000], weights[2].flatten()[:1000])  # layers differ
     norms = [p for n, p in params.items() if "norm" in n and n.endswith("weight")]
     assert norms and all(bool((p == 1).all()) for p in norms)
     again, _ = random_model(name)
-    assert torch.equal(next(again.parameters()), next(model.parameters()))   # the same seed, the same model
+    assert torch.equal(next(again.parameters()), next(model.parameters()))  # the same seed, the same model
     ids = tokenizer("hello", return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > ids.shape[1] and torch.isfinite(model(ids).logits).all()
@@ -59,7 +66,7 @@ def test_a_job_that_cannot_fit_is_refused_before_loading():
     with pytest.raises(ConfigError, match=r"needs about .* GB of memory and 0\.5 GB is available"):
         memory.check(cfg, available=memory.GB // 2)
     seven = job_config_from_dict(compose_job(["model=llama-2-7b", "model.weights=random", "precision=fp32"])[0])
-    assert memory.estimate_bytes(seven) > 25 * memory.GB   # a float32 7B: refused on this 24 GB machine
+    assert memory.estimate_bytes(seven) > 25 * memory.GB  # a float32 7B: refused on this 24 GB machine
     w8 = job_config_from_dict(compose_job(["model=llama-2-7b", "model.weights=random", "precision=w8a16"])[0])
     assert memory.estimate_bytes(w8) < 20 * memory.GB
 
@@ -68,10 +75,23 @@ def test_a_random_weight_job_is_timed_tagged_and_its_peak_within_the_estimate(tm
     from mlflow.tracking import MlflowClient
 
     from src import kernels
-    kernels.load(tmp_path / "cache" / "kernels")   # built here: a build inside the job would be its peak
-    out = run_cli(["model=llama-160m", "model.weights=random", "task=benchmark", "task.prompt_lengths=[8,32]",
-                   "task.max_new_tokens=4", "task.warmup=0", "precision=w8a16", "draft=self_w8a8", "draft.k=2",
-                   f"tracking.uri={store}", f"cache_dir={tmp_path / 'cache'}"])
+
+    kernels.load(tmp_path / "cache" / "kernels")  # built here: a build inside the job would be its peak
+    out = run_cli(
+        [
+            "model=llama-160m",
+            "model.weights=random",
+            "task=benchmark",
+            "task.prompt_lengths=[8,32]",
+            "task.max_new_tokens=4",
+            "task.warmup=0",
+            "precision=w8a16",
+            "draft=self_w8a8",
+            "draft.k=2",
+            f"tracking.uri={store}",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "random weights: acceptance_rate" in out.stdout + out.stderr
     client = MlflowClient(store)
@@ -86,9 +106,10 @@ def test_a_random_weight_job_is_timed_tagged_and_its_peak_within_the_estimate(tm
 def test_freed_memory_is_returned_before_the_next_job_is_weighed():
     """glibc keeps freed heap pages (the OS counts them as used): a sweep's later 7B job was refused for it."""
     import psutil
+
     rss = lambda: psutil.Process().memory_info().rss  # noqa: E731
-    chunks = [bytearray(4096) for _ in range(150_000)]   # ~600 MB of small heap allocations
-    kept = chunks[::10]                                   # holes: the heap cannot simply shrink from its top
+    chunks = [bytearray(4096) for _ in range(150_000)]  # ~600 MB of small heap allocations
+    kept = chunks[::10]  # holes: the heap cannot simply shrink from its top
     del chunks
     before = rss()
     memory.release_freed()

@@ -12,8 +12,18 @@ from src.quality.stats import median_ratio_ci
 from src.tracking import regress
 from tests.conftest import run_cli
 
-SWEEP = ["-m", "model=tiny-llama", "task=benchmark", "task.prompt_lengths=[16]", "task.max_new_tokens=48",
-         "task.limit=1", "task.repeats=3", "task.warmup=1", "rounds=3", "report_at_end=false"]
+SWEEP = [
+    "-m",
+    "model=tiny-llama",
+    "task=benchmark",
+    "task.prompt_lengths=[16]",
+    "task.max_new_tokens=48",
+    "task.limit=1",
+    "task.repeats=3",
+    "task.warmup=1",
+    "rounds=3",
+    "report_at_end=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +36,9 @@ def sweeps(tmp_path_factory):
     # the new sweep shares the host with two processes that burn both cores while it runs
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        out = run_cli([*SWEEP, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'new'}"],
-                      env=env)
+        out = run_cli(
+            [*SWEEP, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'new'}"], env=env
+        )
     finally:
         for b in burners:
             b.kill()
@@ -42,12 +53,12 @@ def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
     base = regress.load(client, "quantspec", str(tmp / "base"))
     new = regress.load(client, "quantspec", str(tmp / "new"))
     c = regress.compare(client, base, new, 0.95)
-    (row,) = [r for r in c.rows if r.figure == "time/token"]   # fp32: the one job both sweeps ran
+    (row,) = [r for r in c.rows if r.figure == "time/token"]  # fp32: the one job both sweeps ran
     # one example: the rounds' figures, unpaired (a round timed busy is left out where a quiet one remains)
     assert row.name.startswith("tiny-llama·cpu·fp32") and " / " in row.basis and "rounds" in row.basis
     assert row.ratio > 1.3 and row.low > 1 and row.verdict == "slower", row
     assert [n.split("·")[2] for n in c.removed] == ["bf16"] and [n.split("·")[2] for n in c.added] == ["w8a8"]
-    assert c.failed == [] and c.host_changes == []   # one host, one commit, minutes apart
+    assert c.failed == [] and c.host_changes == []  # one host, one commit, minutes apart
 
 
 def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
@@ -61,26 +72,56 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     out = run_cli([*args, "fail_on=0.1"], module="src.tracking.regress")
     assert out.returncode == 1 and "slower than the baseline by more than 10%" in out.stderr, out.stderr[-2000:]
     # the other way round, the quiet sweep is faster: nothing to fail on
-    out = run_cli([f"baseline={tmp / 'new'}", f"sweep={tmp / 'base'}", f"tracking_uri={store}",
-                   f"out={tmp / 'reports'}", "fail_on=0.1"], module="src.tracking.regress")
+    out = run_cli(
+        [
+            f"baseline={tmp / 'new'}",
+            f"sweep={tmp / 'base'}",
+            f"tracking_uri={store}",
+            f"out={tmp / 'reports'}",
+            "fail_on=0.1",
+        ],
+        module="src.tracking.regress",
+    )
     assert out.returncode == 0 and "faster" in out.stdout, out.stderr[-2000:]
 
 
 def test_bad_settings_and_unknown_sweeps_are_one_line(sweeps, tmp_path):
     store, tmp = sweeps
-    for args, said in ((["baselin=x"], "is not a setting"), ([], "baseline=<sweep directory"),
-                       ([f"baseline={tmp / 'base'}", "fail_on=-1"], "must be 0 or more"),
-                       ([f"baseline={tmp_path / 'nope'}", f"tracking_uri={store}"], "no sweep"),
-                       ([f"baseline={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking_uri={store}"], "the same sweep")):
+    for args, said in (
+        (["baselin=x"], "is not a setting"),
+        ([], "baseline=<sweep directory"),
+        ([f"baseline={tmp / 'base'}", "fail_on=-1"], "must be 0 or more"),
+        ([f"baseline={tmp_path / 'nope'}", f"tracking_uri={store}"], "no sweep"),
+        ([f"baseline={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking_uri={store}"], "the same sweep"),
+    ):
         out = run_cli(args, module="src.tracking.regress")
-        assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)
+        assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, (
+            args,
+            out.stderr,
+        )
 
 
 def test_identity_leaves_out_what_names_the_sweep():
-    a = {"model.name": "m", "precision.name": "fp32", "task.limit": "1", "cache_dir": "/a", "rounds": "3",
-         "round": "1", "tracking.uri": "sqlite:///a", "host.torch": "2.13", "executed.kernels": "quantspec/avx2"}
-    b = {**a, "cache_dir": "/b", "rounds": "1", "round": "2", "tracking.uri": "http://x", "host.torch": "2.14",
-         "executed.kernels": "aten"}
+    a = {
+        "model.name": "m",
+        "precision.name": "fp32",
+        "task.limit": "1",
+        "cache_dir": "/a",
+        "rounds": "3",
+        "round": "1",
+        "tracking.uri": "sqlite:///a",
+        "host.torch": "2.13",
+        "executed.kernels": "quantspec/avx2",
+    }
+    b = {
+        **a,
+        "cache_dir": "/b",
+        "rounds": "1",
+        "round": "2",
+        "tracking.uri": "http://x",
+        "host.torch": "2.14",
+        "executed.kernels": "aten",
+    }
     assert regress.identity(a) == regress.identity(b)
     assert regress.identity(a) != regress.identity({**a, "task.limit": "2"})
 
@@ -99,4 +140,4 @@ def test_the_ratio_interval_and_verdicts():
     assert ratio == pytest.approx(2.025 / 1.0, rel=0.05) and 1 < low <= ratio <= high
     assert regress.verdict(low, high) == "slower" and regress.verdict(0.8, 0.9) == "faster"
     assert regress.verdict(0.9, 1.1) == "no change"
-    assert median_ratio_ci([1.0], [1.0, 2.0])[1] != median_ratio_ci([1.0], [1.0, 2.0])[1]   # NaN: one value
+    assert median_ratio_ci([1.0], [1.0, 2.0])[1] != median_ratio_ci([1.0], [1.0, 2.0])[1]  # NaN: one value

@@ -17,7 +17,9 @@ TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task
 def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     store = f"sqlite:///{tmp / 'mlflow.db'}"
-    out = run_cli(["-m", *TINY, "precision=fp32,bf16,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'sweep'}"])
+    out = run_cli(
+        ["-m", *TINY, "precision=fp32,bf16,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'sweep'}"]
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return store, tmp
 
@@ -56,9 +58,13 @@ def test_speedups_are_the_hand_computed_ratios(sweep):
         expect = jobs["fp32"]["time_per_token_ms_median"] / jobs[precision]["time_per_token_ms_median"]
         # one round: the median, min and max of one ratio
         assert (rows[precision].time.median, rows[precision].time.low, rows[precision].time.used) == (
-            pytest.approx(expect), pytest.approx(expect), 1)
+            pytest.approx(expect),
+            pytest.approx(expect),
+            1,
+        )
         assert rows[precision].prefill.median == pytest.approx(
-            jobs["fp32"]["prefill_ms_median"] / jobs[precision]["prefill_ms_median"])
+            jobs["fp32"]["prefill_ms_median"] / jobs[precision]["prefill_ms_median"]
+        )
     assert rows["fp32"].time.median == 1.0 and rows["fp32"].is_baseline
     # another baseline, chosen in config
     other = report.build(store, "quantspec", None, {"precision": "bf16"}, tmp / "reports")
@@ -69,8 +75,13 @@ def test_report_writes_plots_and_attaches_them_to_the_parent(sweep):
     store, tmp = sweep
     assert report.main([f"tracking_uri={store}", f"out={tmp / 'out'}"]) == 0
     written = {p.name for p in (tmp / "out").rglob("*") if p.is_file()}
-    assert {"report.md", "summary.csv", "time_per_token_ms_vs_prompt.png", "prefill_ms_vs_prompt.png",
-            "speedup.png"} <= written
+    assert {
+        "report.md",
+        "summary.csv",
+        "time_per_token_ms_vs_prompt.png",
+        "prefill_ms_vs_prompt.png",
+        "speedup.png",
+    } <= written
     client = MlflowClient(store)
     parent_id, _ = report.sweep_jobs(store)
     attached = {a.path for a in client.list_artifacts(parent_id, "report")}
@@ -81,8 +92,10 @@ def test_a_job_whose_kernels_fell_back_is_said_marked_and_kept_out_of_the_headli
     # No compiler on PATH and an empty cache: quantspec's kernels cannot be built, ATen's run.
     store, empty = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "bin"
     empty.mkdir()
-    out = run_cli(["-m", *TINY, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
-                  env={"PATH": str(empty), "CXX": "", "QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    out = run_cli(
+        ["-m", *TINY, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
+        env={"PATH": str(empty), "CXX": "", "QUANTSPEC_CACHE": str(tmp_path / "cache")},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     said = [line for line in (out.stdout + out.stderr).splitlines() if "quantspec kernels unavailable" in line]
     assert len(said) == 2 and all("times are ATen's, not the precision's" in line for line in said), said
@@ -114,13 +127,26 @@ def test_sweep_against_a_real_tracking_server(tmp_path):
     server = mlflow_server(tmp_path, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        out = run_cli(["-m", *TINY, "precision=fp32,bf16", "tracking=server", f"tracking.uri={base}",
-                       f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+        out = run_cli(
+            [
+                "-m",
+                *TINY,
+                "precision=fp32,bf16",
+                "tracking=server",
+                f"tracking.uri={base}",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            ]
+        )
         assert out.returncode == 0, out.stderr[-2000:]
-        exp = json.loads(urllib.request.urlopen(
-            f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=quantspec", timeout=10).read())
-        runs = _rest(f"{base}/api/2.0/mlflow/runs/search",
-                     {"experiment_ids": [exp["experiment"]["experiment_id"]], "max_results": 100})["runs"]
+        exp = json.loads(
+            urllib.request.urlopen(
+                f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=quantspec", timeout=10
+            ).read()
+        )
+        runs = _rest(
+            f"{base}/api/2.0/mlflow/runs/search",
+            {"experiment_ids": [exp["experiment"]["experiment_id"]], "max_results": 100},
+        )["runs"]
         tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
         jobs = [t for t in tags if t.get("quantspec.role") == "job"]
         parents = [t for t in tags if t.get("quantspec.role") == "sweep"]
@@ -152,9 +178,11 @@ def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path
     helped = run_cli(["--help", f"tracking_uri=sqlite:///{store}"], module="src.tracking.report")
     assert helped.returncode == 0 and "python -m src.tracking.report" in helped.stdout and "baseline:" in helped.stdout
     assert not store.exists() and not (tmp_path / "reports").exists()
-    for arg, words in (("baselin.precision=bf16", "baselin.precision is not a report setting"),
-                       ("baseline.precison=bf16", "baseline.precison is not a report setting"),
-                       ("sweep", "'sweep' is not key=value")):
+    for arg, words in (
+        ("baselin.precision=bf16", "baselin.precision is not a report setting"),
+        ("baseline.precison=bf16", "baseline.precison is not a report setting"),
+        ("sweep", "'sweep' is not key=value"),
+    ):
         out = run_cli([arg, f"tracking_uri=sqlite:///{store}"], module="src.tracking.report")
         lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
         assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
@@ -163,9 +191,19 @@ def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path
 
 def test_a_decode_sweep_gets_its_plots_and_no_empty_columns(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_cli(["-m", "model=tiny-llama", "task.limit=3", "task.max_new_tokens=4", "task.warmup=0",
-                   "precision=fp32,bf16", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}",
-                   "report_at_end=false"])
+    out = run_cli(
+        [
+            "-m",
+            "model=tiny-llama",
+            "task.limit=3",
+            "task.max_new_tokens=4",
+            "task.warmup=0",
+            "precision=fp32,bf16",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path / 's'}",
+            "report_at_end=false",
+        ]
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
     assert {"time_per_token_ms_by_job.png", "prefill_ms_by_job.png", "speedup.png"} <= set(rep.files)
@@ -189,8 +227,18 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
     import pandas
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    args = ["-m", "model=tiny-llama", "task=benchmark", "task.limit=2", "task.repeats=30", "hardware=phx",
-            "precision=fp32,bf16", "busy_reruns=1", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    args = [
+        "-m",
+        "model=tiny-llama",
+        "task=benchmark",
+        "task.limit=2",
+        "task.repeats=30",
+        "hardware=phx",
+        "precision=fp32,bf16",
+        "busy_reruns=1",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         out = run_cli(args, env={"QUANTSPEC_CPU_NAME": LONG_CPU, "QUANTSPEC_CACHE": str(tmp_path / "cache")})
@@ -199,12 +247,13 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
         burner.wait()
     assert out.returncode == 0, out.stderr[-2000:]
     assert "1 of 1 rounds ran on a busy host (host_busy); measuring round 2 (1 of at most 1 more)" in out.stdout
-    assert "sweep done: 4 finished" in out.stdout   # 2 jobs x (1 round + 1 measured again)
+    assert "sweep done: 4 finished" in out.stdout  # 2 jobs x (1 round + 1 measured again)
 
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("quantspec")
-    shown = {r.data.tags["precision"]: r for r in client.search_runs(
-        [exp.experiment_id], "tags.`quantspec.shown` = 'true'")}
+    shown = {
+        r.data.tags["precision"]: r for r in client.search_runs([exp.experiment_id], "tags.`quantspec.shown` = 'true'")
+    }
     bf16 = shown["bf16"].data
     assert bf16.tags["mlflow.note.content"].startswith("⚠ BUSY job+baseline · "), bf16.tags["mlflow.note.content"]
     assert bf16.metrics["busy"] == 1.0 and shown["fp32"].data.metrics["busy"] == 1.0
@@ -215,10 +264,16 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
     assert "BUSY" in parent.tags["best_speedup_condition"]
 
     # the report, built again in this process to look at its figures as drawn
-    drawn = []   # each plot's name, the box of everything it drew and its canvas, in inches, as saved
+    drawn = []  # each plot's name, the box of everything it drew and its canvas, in inches, as saved
     real_save = report._save
-    monkeypatch.setattr(report, "_save", lambda fig, path: (real_save(fig, path), drawn.append(
-        (path.name, fig.get_tightbbox(fig.canvas.get_renderer()), fig.get_size_inches()))))
+    monkeypatch.setattr(
+        report,
+        "_save",
+        lambda fig, path: (
+            real_save(fig, path),
+            drawn.append((path.name, fig.get_tightbbox(fig.canvas.get_renderer()), fig.get_size_inches())),
+        ),
+    )
     rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
     text = rep.files["report.md"].read_text()
     assert "[⚠ BUSY job+baseline] tiny-llama·phx·bf16" in text
@@ -239,14 +294,18 @@ def _run(key, rnd, tpt, busy=False, precision="bf16"):
     return job_record(key, rnd, tpt, busy=busy, precision=precision, ran_on=f"host CPU ({LONG_CPU})")
 
 
-@pytest.mark.parametrize("rounds, said", [
-    ([(False, True, 80.0)], "⚠ BUSY baseline, 1 round · 2.91× over fp32 · bf16"),    # the issue's case
-    ([(False, False, 46.0)], "1 round · 1.67× over fp32 · bf16"),
-    ([(True, False, 46.0)], "⚠ BUSY, 1 round · 1.67× over fp32 · bf16"),
-    ([(False, False, 46.0), (False, False, 44.0), (False, True, 90.0)], "1.64× over fp32 (1.6–1.67×) · bf16"),
-])
+@pytest.mark.parametrize(
+    "rounds, said",
+    [
+        ([(False, True, 80.0)], "⚠ BUSY baseline, 1 round · 2.91× over fp32 · bf16"),  # the issue's case
+        ([(False, False, 46.0)], "1 round · 1.67× over fp32 · bf16"),
+        ([(True, False, 46.0)], "⚠ BUSY, 1 round · 1.67× over fp32 · bf16"),
+        ([(False, False, 46.0), (False, False, 44.0), (False, True, 90.0)], "1.64× over fp32 (1.6–1.67×) · bf16"),
+    ],
+)
 def test_a_speedups_condition_comes_first_in_its_description(rounds, said):
     from src.tracking.compare import Config, speedups
+
     base = Config("fp32", [_run("fp32", r, tpt, busy=b, precision="fp32") for r, (_, b, tpt) in enumerate(rounds, 1)])
     job = Config("bf16", [_run("bf16", r, 27.5, busy=b) for r, (b, _, _) in enumerate(rounds, 1)])
     gain = next(u for u in speedups([base, job], {"precision": "fp32"}) if u.job is job)

@@ -20,12 +20,12 @@ TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task
 def test_each_round_rotates_the_jobs_so_each_takes_every_position_once():
     jobs = [["precision=fp32"], ["precision=bf16"], ["precision=w8a8"]]
     rounds = schedule(jobs, 3)
-    assert rounds[0] == jobs   # round 1 is the sweep without rounds: the same jobs, dirs and keys
+    assert rounds[0] == jobs  # round 1 is the sweep without rounds: the same jobs, dirs and keys
     assert [j[0] for j in rounds[1]] == ["precision=bf16", "precision=w8a8", "precision=fp32"]
     assert all(job[-1] == "round=2" for job in rounds[1]) and all(job[-1] == "round=3" for job in rounds[2])
     for position in range(3):
         assert sorted(r[position][0] for r in rounds) == sorted(j[0] for j in jobs)
-    assert schedule(jobs, 1, first=5)[0][0] == ["precision=bf16", "round=5"]   # an extra round goes on rotating
+    assert schedule(jobs, 1, first=5)[0][0] == ["precision=bf16", "round=5"]  # an extra round goes on rotating
     assert config_key("precision=w8a8,round=2,task.limit=2") == config_key("precision=w8a8,task.limit=2")
 
 
@@ -42,8 +42,14 @@ _run = job_record
 
 
 def test_a_speedup_is_the_median_of_ratios_taken_round_by_round_with_its_range():
-    base = Config("fp32", [_run("fp32", 1, 40.0, precision="fp32"), _run("fp32", 2, 80.0, precision="fp32"),
-                           _run("fp32", 3, 44.0, precision="fp32")])
+    base = Config(
+        "fp32",
+        [
+            _run("fp32", 1, 40.0, precision="fp32"),
+            _run("fp32", 2, 80.0, precision="fp32"),
+            _run("fp32", 3, 44.0, precision="fp32"),
+        ],
+    )
     job = Config("w8a8", [_run("w8a8", 1, 20.0), _run("w8a8", 2, 20.0, busy=True), _run("w8a8", 3, 20.0)])
     # round 2's 4x is taken while the job was busy: left out, though it would have been the maximum
     s = ratio_spread(job, base, "time_per_token_ms_median")
@@ -58,9 +64,18 @@ def test_a_speedup_is_the_median_of_ratios_taken_round_by_round_with_its_range()
 def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rounds(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # timed for over a second (the least over which others' CPU use is told): benchmark's prompts, 30 repeats
-    args = ["-m", "model=tiny-llama", "task=benchmark", "task.limit=2", "task.repeats=30", "precision=fp32,w8a8",
-            "rounds=2", "busy_reruns=1",
-            f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    args = [
+        "-m",
+        "model=tiny-llama",
+        "task=benchmark",
+        "task.limit=2",
+        "task.repeats=30",
+        "precision=fp32,w8a8",
+        "rounds=2",
+        "busy_reruns=1",
+        f"tracking.uri={store}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
     # a real neighbour: a process spinning on one of the host's cores for the whole sweep, so every round
     # is timed on a busy host and earns a re-measure, up to busy_reruns=1
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -72,10 +87,11 @@ def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rou
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2 of 2 rounds ran on a busy host (host_busy); measuring round 3 (1 of at most 1 more)" in out.stdout
     assert "3 of 3 rounds ran on a busy host (host_busy) and busy_reruns=1 are spent" in out.stdout
-    assert "sweep done: 6 finished" in out.stdout   # 2 jobs x (2 rounds + 1 re-measured)
+    assert "sweep done: 6 finished" in out.stdout  # 2 jobs x (2 rounds + 1 re-measured)
     parent_id, jobs = sweep_jobs(store, sweep_id=str((tmp_path / "sweep").resolve()))
     assert sorted((j.tags["precision"], j.tags["round"]) for j in jobs) == [
-        (p, r) for p in ("fp32", "w8a8") for r in ("1", "2", "3")]
+        (p, r) for p in ("fp32", "w8a8") for r in ("1", "2", "3")
+    ]
     client = MlflowClient(store)
     parent = client.get_run(parent_id).data
     assert parent.metrics["best_speedup_low"] <= parent.metrics["best_speedup"] <= parent.metrics["best_speedup_high"]
@@ -91,7 +107,9 @@ def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rou
     assert held.tags["quantspec.shown"] == "true" and held.tags["busy_rounds"] == "3 of 3"
     assert math.isclose(held.metrics["decode_speedup"], float(f"{ratios[1]:.3g}"))
     assert (held.metrics["decode_speedup_low"], held.metrics["decode_speedup_high"]) == (
-        float(f"{ratios[0]:.3g}"), float(f"{ratios[2]:.3g}"))
+        float(f"{ratios[0]:.3g}"),
+        float(f"{ratios[2]:.3g}"),
+    )
     history = client.get_metric_history(shown.run_id, "round/decode_speedup")
     assert sorted(p.step for p in history) == [1, 2, 3]
     assert sorted(p.value for p in history) == sorted(ratios)
@@ -104,9 +122,22 @@ def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rou
 
 
 def test_rounds_take_one_whole_value(tmp_path):
-    for n, (bad, said) in enumerate((("rounds=1,3", "rounds takes one value, not a sweep"), ("rounds=0", "rounds must be a whole"),
-                      ("rounds=two", "rounds must be a whole"))):
-        out = run_cli(["-m", *TINY, "precision=fp32", bad, f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
-                       f"hydra.sweep.dir={tmp_path / str(n)}"])
+    for n, (bad, said) in enumerate(
+        (
+            ("rounds=1,3", "rounds takes one value, not a sweep"),
+            ("rounds=0", "rounds must be a whole"),
+            ("rounds=two", "rounds must be a whole"),
+        )
+    ):
+        out = run_cli(
+            [
+                "-m",
+                *TINY,
+                "precision=fp32",
+                bad,
+                f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+                f"hydra.sweep.dir={tmp_path / str(n)}",
+            ]
+        )
         assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, out.stderr[-1500:]
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr

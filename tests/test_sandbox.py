@@ -21,7 +21,7 @@ KINDS = [pytest.param("bwrap", marks=needs_bwrap), "rlimit"]
 
 def named(marker: str) -> str:
     """Program lines naming its process (and every child it forks) `marker`, for pgrep to find."""
-    return f"import ctypes\nctypes.CDLL(None).prctl(15, {marker.encode()!r}, 0, 0, 0)\n"   # PR_SET_NAME
+    return f"import ctypes\nctypes.CDLL(None).prctl(15, {marker.encode()!r}, 0, 0, 0)\n"  # PR_SET_NAME
 
 
 def left_running(marker: str) -> list[str]:
@@ -29,7 +29,7 @@ def left_running(marker: str) -> list[str]:
     return subprocess.run(["pgrep", "-x", marker], capture_output=True, text=True).stdout.split()
 
 
-def test_left_running_sees_a_named_process():   # the check below cannot pass by seeing nothing
+def test_left_running_sees_a_named_process():  # the check below cannot pass by seeing nothing
     marker = f"qs{uuid.uuid4().hex[:10]}"
     proc = subprocess.Popen([sys.executable, "-c", named(marker) + "import time\ntime.sleep(30)\n"])
     try:
@@ -53,10 +53,12 @@ def test_bwrap_reads_nothing_its_user_could_not_and_says_little(tmp_path):
         out = sandbox.run(f"raise SystemExit(open({str(path)!r}).read())\n", "bwrap", LIMITS)
         assert out.status == "failed" and "TOP-SECRET" not in out.detail and "rows" not in out.detail
         assert "No such file" in out.detail or "Permission denied" in out.detail, out.detail
-    if os.geteuid() == 0:   # started as root: the program is nobody on the host, with no capabilities
-        check = ("import os\nassert os.getuid() == os.geteuid() == 65534\n"
-                 "caps = [l for l in open('/proc/self/status') if l.startswith('Cap')]\n"
-                 "assert all(l.split()[1] == '0000000000000000' for l in caps), caps\n")
+    if os.geteuid() == 0:  # started as root: the program is nobody on the host, with no capabilities
+        check = (
+            "import os\nassert os.getuid() == os.geteuid() == 65534\n"
+            "caps = [l for l in open('/proc/self/status') if l.startswith('Cap')]\n"
+            "assert all(l.split()[1] == '0000000000000000' for l in caps), caps\n"
+        )
         assert sandbox.run(check, "bwrap", LIMITS).passed
     long = sandbox.run("raise ValueError('x' * 5000)\n", "bwrap", LIMITS)
     assert len(long.detail) <= sandbox.DETAIL_CHARS
@@ -65,15 +67,19 @@ def test_bwrap_reads_nothing_its_user_could_not_and_says_little(tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_fork_bomb_is_capped_and_nothing_of_it_survives(kind):
     marker = f"qs{uuid.uuid4().hex[:10]}"
-    bomb = named(marker) + "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n" \
-                           "        time.sleep(0.01)\n"
+    bomb = (
+        named(marker) + "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+        "        time.sleep(0.01)\n"
+    )
     began = time.monotonic()
     out = sandbox.run(bomb, kind, LIMITS)
     # the kernel's RLIMIT_NPROC makes forks fail until the time limit; where the program stayed root
     # (rlimit, an interpreter nobody may run), the supervisor's own count ends it
     # stopped by whichever limit it reaches first: the time, the process count, or their memory together
-    assert out.status == "timed out" or out.detail in (f"started more than {sandbox.SUPERVISED} processes",
-                                                       f"its processes held more than {LIMITS.memory_mb} MB together"), out
+    assert out.status == "timed out" or out.detail in (
+        f"started more than {sandbox.SUPERVISED} processes",
+        f"its processes held more than {LIMITS.memory_mb} MB together",
+    ), out
     assert time.monotonic() - began < LIMITS.timeout_s + 10
     assert left_running(marker) == []
 
@@ -81,9 +87,11 @@ def test_a_fork_bomb_is_capped_and_nothing_of_it_survives(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_child_that_detaches_with_setsid_is_killed_at_the_limit(kind):
     marker = f"qs{uuid.uuid4().hex[:10]}"
-    program = (named(marker) + "import os, time\n"
-               "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(120)\n    os._exit(0)\n"
-               "time.sleep(0.5)\n")   # the parent ends at once: the sandbox's end, not its time limit
+    program = (
+        named(marker) + "import os, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(120)\n    os._exit(0)\n"
+        "time.sleep(0.5)\n"
+    )  # the parent ends at once: the sandbox's end, not its time limit
     out = sandbox.run(program, kind, LIMITS)
     assert out.passed, out
     assert left_running(marker) == []
@@ -96,7 +104,7 @@ def test_bwrap_caps_what_a_program_writes_in_all():
     out = sandbox.run(flood, "bwrap", LIMITS)
     assert out.status == "failed" and "No space left on device" in out.detail
     after = os.statvfs("/dev/shm")
-    assert (before.f_bfree - after.f_bfree) * after.f_frsize < (64 << 20)   # nothing of it left on the host
+    assert (before.f_bfree - after.f_bfree) * after.f_frsize < (64 << 20)  # nothing of it left on the host
 
 
 @needs_bwrap
@@ -104,30 +112,50 @@ def test_bwrap_in_a_user_namespace_gives_up_its_mount_capability():
     """The path taken when quantspec is not root: root of its own user namespace, which mounts the capped
     /tmp and then gives up every capability, also across exec."""
     exe, _ = sandbox.interpreter()
-    cmd = sandbox.bwrap_command(as_root=False) + [exe, "-I", "-c", sandbox._RUNNER, str(512 << 20), "4",
-                                                  str(1 << 20), "1000", str(1 << 20), "caps"]
+    cmd = sandbox.bwrap_command(as_root=False) + [
+        exe,
+        "-I",
+        "-c",
+        sandbox._RUNNER,
+        str(512 << 20),
+        "4",
+        str(1 << 20),
+        "1000",
+        str(1 << 20),
+        "caps",
+    ]
     # the runner reads the run's nonce first, then the program
-    status = subprocess.run(cmd, input=b"nonce\nimport os\nos.execv('/bin/cat', ['cat', '/proc/self/status'])\n",
-                            capture_output=True, timeout=30)
+    status = subprocess.run(
+        cmd,
+        input=b"nonce\nimport os\nos.execv('/bin/cat', ['cat', '/proc/self/status'])\n",
+        capture_output=True,
+        timeout=30,
+    )
     caps = [line.split() for line in status.stdout.decode().splitlines() if line.startswith("Cap")]
     assert len(caps) == 5 and all(value == "0000000000000000" for _, value in caps), status
-    full = subprocess.run(cmd, input=b"nonce\nopen('a', 'wb').write(b'x' * 900000)\nopen('b', 'wb').write(b'x' * 900000)\n",
-                          capture_output=True, timeout=30)
+    full = subprocess.run(
+        cmd,
+        input=b"nonce\nopen('a', 'wb').write(b'x' * 900000)\nopen('b', 'wb').write(b'x' * 900000)\n",
+        capture_output=True,
+        timeout=30,
+    )
     assert b"No space left on device" in full.stderr
 
 
-HUMANEVAL_0 = {"prompt": "def has_close_elements(numbers, threshold):\n",
-               "test": "def check(candidate):\n    assert candidate([1.0, 2.8, 3.0], 0.3) is True\n    assert candidate([1.0, 2.0], 0.5) is False\n",
-               "entry_point": "has_close_elements"}
-FORGERIES = {   # completions that try to be scored passed without passing their tests
+HUMANEVAL_0 = {
+    "prompt": "def has_close_elements(numbers, threshold):\n",
+    "test": "def check(candidate):\n    assert candidate([1.0, 2.8, 3.0], 0.3) is True\n    assert candidate([1.0, 2.0], 0.5) is False\n",
+    "entry_point": "has_close_elements",
+}
+FORGERIES = {  # completions that try to be scored passed without passing their tests
     "os._exit(0) before the tests": "    return False\nimport os\nos._exit(0)\n",
     "sys.exit(0) before the tests": "    return False\nimport sys\nsys.exit(0)\n",
     "raise SystemExit(0)": "    return False\nraise SystemExit(0)\n",
     "kills itself": "    return False\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
     "prints a marker of its own": "    return False\nimport os\nprint('\\nquantspec-sandbox-passed:' + '0' * 32)\nos._exit(0)\n",
     "imports the runner as __main__": "    return False\nimport __main__, os\n"
-                                      "[v() for k, v in vars(__main__).items() if callable(v) and k not in ('open',)]\n"
-                                      "os._exit(0)\n",
+    "[v() for k, v in vars(__main__).items() if callable(v) and k not in ('open',)]\n"
+    "os._exit(0)\n",
 }
 
 
@@ -135,50 +163,63 @@ FORGERIES = {   # completions that try to be scored passed without passing their
 @pytest.mark.parametrize("how", list(FORGERIES))
 def test_a_completion_cannot_fake_a_pass(kind, how):
     from src.tasks.benchmark_code import program
+
     out = sandbox.run(program(HUMANEVAL_0, FORGERIES[how]), kind, LIMITS)
     assert out.status == "failed", (how, out)
     honest = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
-    assert sandbox.run(program(HUMANEVAL_0, honest), kind, LIMITS).passed   # the same problem, solved
+    assert sandbox.run(program(HUMANEVAL_0, honest), kind, LIMITS).passed  # the same problem, solved
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_memory_is_limited_over_the_whole_process_tree(kind):
     """Six children of 420 MB each: each under the per-process limit, together far over it."""
-    forks = ("import os, time\nkids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
-             "        b = bytearray(420 << 20)\n        for j in range(0, len(b), 4096): b[j] = 1\n"
-             "        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\n"
-             "for k in kids:\n    assert os.waitpid(k, 0)[1] == 0\n")
+    forks = (
+        "import os, time\nkids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        b = bytearray(420 << 20)\n        for j in range(0, len(b), 4096): b[j] = 1\n"
+        "        time.sleep(3)\n        os._exit(0)\n    kids.append(pid)\n"
+        "for k in kids:\n    assert os.waitpid(k, 0)[1] == 0\n"
+    )
     out = sandbox.run(forks, kind, sandbox.Limits(timeout_s=8.0, memory_mb=512))
     assert out.status == "failed" and "held more than 512 MB together" in out.detail, out
     one = "b = bytearray(420 << 20)\nfor j in range(0, len(b), 4096): b[j] = 1\n"
-    assert sandbox.run(one, kind, sandbox.Limits(timeout_s=8.0, memory_mb=512)).passed   # one of them fits
+    assert sandbox.run(one, kind, sandbox.Limits(timeout_s=8.0, memory_mb=512)).passed  # one of them fits
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the rlimit kind's namespaces are made as root only (this run is not root)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the rlimit kind's namespaces are made as root only (this run is not root)"
+)
 def test_rlimit_as_root_reaches_no_network_and_none_of_the_jobs_processes():
     parent = os.getpid()
-    for program in ("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n",
-                    f"import os\nos.kill({parent}, 0)\n",                   # the job, by its host pid
-                    f"open('/proc/{parent}/environ').read()\n"):
+    for program in (
+        "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)\n",
+        f"import os\nos.kill({parent}, 0)\n",  # the job, by its host pid
+        f"open('/proc/{parent}/environ').read()\n",
+    ):
         out = sandbox.run(program, "rlimit", LIMITS)
         assert out.status == "failed", (program, out)
     assert "own network, process and mount namespaces" in sandbox.isolation("rlimit")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the rlimit kind's namespaces are made as root only (this run is not root)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the rlimit kind's namespaces are made as root only (this run is not root)"
+)
 def test_rlimit_as_root_hides_the_cache_and_working_directory_and_keeps_its_scratch_private(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "secret").write_text("token")
-    (cache / "secret").chmod(0o644)   # world-readable: only the mask keeps it out
+    (cache / "secret").chmod(0o644)  # world-readable: only the mask keeps it out
     monkeypatch.setenv("QUANTSPEC_CACHE", str(cache))
     name = f"qs-{uuid.uuid4().hex[:12]}"
-    for program in (f"open({str(cache / 'secret')!r}).read()\n",
-                    f"open({os.path.join(os.getcwd(), 'README.md')!r}).read()\n"):   # the job's own folder
+    for program in (
+        f"open({str(cache / 'secret')!r}).read()\n",
+        f"open({os.path.join(os.getcwd(), 'README.md')!r}).read()\n",
+    ):  # the job's own folder
         out = sandbox.run(program, "rlimit", LIMITS)
         assert out.status == "failed" and "No such file" in out.detail, (program, out)
-    for scratch in sandbox.SCRATCH:   # writable, but its own: nothing reaches the host's
-        wrote = f"import os\nopen({scratch!r} + '/{name}', 'w').write('x')\nassert os.listdir({scratch!r}) == [{name!r}]\n"
+    for scratch in sandbox.SCRATCH:  # writable, but its own: nothing reaches the host's
+        wrote = (
+            f"import os\nopen({scratch!r} + '/{name}', 'w').write('x')\nassert os.listdir({scratch!r}) == [{name!r}]\n"
+        )
         assert sandbox.run(wrote, "rlimit", LIMITS).passed, scratch
         assert not os.path.exists(f"{scratch}/{name}"), scratch
     said = sandbox.isolation("rlimit")

@@ -14,10 +14,24 @@ pytest.importorskip("optuna", reason="optuna not installed (scripts/setup instal
 
 def test_a_search_runs_its_trials_as_jobs_in_rounds_and_reports_the_front(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_cli(["-m", "hydra/sweeper=search", "model=tiny-llama", "precision=fp32,w8a8", "draft=none,prompt_lookup",
-                   "task.limit=2", "task.max_new_tokens=8", "rounds=2", "hydra.sweeper.trials=4", "hydra.sweeper.batch=2",
-                   f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}", "report_at_end=false"],
-                  env={"QUANTSPEC_CACHE": str(tmp_path / "cache")})
+    out = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=search",
+            "model=tiny-llama",
+            "precision=fp32,w8a8",
+            "draft=none,prompt_lookup",
+            "task.limit=2",
+            "task.max_new_tokens=8",
+            "rounds=2",
+            "hydra.sweeper.trials=4",
+            "hydra.sweeper.batch=2",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            "report_at_end=false",
+        ],
+        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "search done" in out.stdout and "on the front" in out.stdout
     table = (tmp_path / "sweep" / "search.md").read_text()
@@ -38,22 +52,43 @@ def test_a_search_runs_its_trials_as_jobs_in_rounds_and_reports_the_front(tmp_pa
     assert all("time_per_token_ms_median" in j.data.metrics and "divergent_share" in j.data.metrics for j in jobs)
 
 
-@pytest.mark.parametrize("args, said", [
-    (["precision=fp32"], "has nothing to search"),
-    (["precision=fp32,bf16", "hydra.sweeper.objectives=[speed:fastest]"], "is not metric:minimize"),
-    (["precision=fp32,bf16", "hydra.sweeper.sampler=grid"], "hydra.sweeper.sampler=grid is not one of"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["precision=fp32"], "has nothing to search"),
+        (["precision=fp32,bf16", "hydra.sweeper.objectives=[speed:fastest]"], "is not metric:minimize"),
+        (["precision=fp32,bf16", "hydra.sweeper.sampler=grid"], "hydra.sweeper.sampler=grid is not one of"),
+    ],
+)
 def test_a_search_that_cannot_run_says_why_in_one_line(tmp_path, args, said):
-    out = run_cli(["-m", "hydra/sweeper=search", "model=tiny-llama", *args, f"tracking.uri=sqlite:///{tmp_path / 'db'}",
-                   f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    out = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=search",
+            "model=tiny-llama",
+            *args,
+            f"tracking.uri=sqlite:///{tmp_path / 'db'}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ]
+    )
     assert out.returncode == 2 and said in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
 
 
 def test_the_space_reads_the_command_line():
     parser = OverridesParser.create()
-    plan = search.space(parser.parse_overrides(["precision=fp32,w8a8", "draft.k=range(2,5)", "task=decode,perplexity",
-                                                "precision.alpha=interval(0.3,0.9)", "model=tiny-llama", "rounds=2"]))
+    plan = search.space(
+        parser.parse_overrides(
+            [
+                "precision=fp32,w8a8",
+                "draft.k=range(2,5)",
+                "task=decode,perplexity",
+                "precision.alpha=interval(0.3,0.9)",
+                "model=tiny-llama",
+                "rounds=2",
+            ]
+        )
+    )
     axes = {a.key: a for a in plan.axes}
     assert axes["precision"].values == ["fp32", "w8a8"] and axes["draft.k"].values == ["2", "3", "4"]
     assert (axes["precision.alpha"].low, axes["precision.alpha"].high) == (0.3, 0.9)

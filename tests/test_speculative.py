@@ -23,11 +23,16 @@ ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 
 
 def drafters(arch):
-    other, _ = tiny_model(arch, seed=1)             # a different model: low acceptance
-    same, _ = tiny_model(arch)                       # the target itself: everything accepted
-    low = tiny_model(arch)[0].to(torch.bfloat16)     # self-speculation at a lower precision
-    return {"prompt_lookup": PromptLookup(), "other": ModelDrafter(other), "same": ModelDrafter(same),
-            "bf16_self": ModelDrafter(low), "fast_self": ModelDrafter(same, fast=True)}
+    other, _ = tiny_model(arch, seed=1)  # a different model: low acceptance
+    same, _ = tiny_model(arch)  # the target itself: everything accepted
+    low = tiny_model(arch)[0].to(torch.bfloat16)  # self-speculation at a lower precision
+    return {
+        "prompt_lookup": PromptLookup(),
+        "other": ModelDrafter(other),
+        "same": ModelDrafter(same),
+        "bf16_self": ModelDrafter(low),
+        "fast_self": ModelDrafter(same, fast=True),
+    }
 
 
 @pytest.mark.parametrize("exact", [True, False])
@@ -38,8 +43,18 @@ def test_greedy_output_is_the_targets(arch, exact):
     ref = ENGINES["native"](model, ids, 20, exact, Sampling(), tok.pad_token_id).new_token_ids
     for name, drafter in drafters(arch).items():
         for k, schedule in ((1, "constant"), (4, "constant"), (2, "heuristic")):
-            gen = generate(model, ids, 20, exact, Sampling(), tok.pad_token_id, drafter=drafter, k=k,
-                           schedule=schedule, fast=name == "fast_self")
+            gen = generate(
+                model,
+                ids,
+                20,
+                exact,
+                Sampling(),
+                tok.pad_token_id,
+                drafter=drafter,
+                k=k,
+                schedule=schedule,
+                fast=name == "fast_self",
+            )
             assert gen.new_token_ids == ref, (name, k, schedule)
             assert len(gen.token_times) == gen.new_tokens and gen.token_times == sorted(gen.token_times)
             stats = gen.spec
@@ -80,6 +95,7 @@ def test_heuristic_schedule_grows_on_full_acceptance_and_shrinks_otherwise():
 
 
 # --- the sampling rule -------------------------------------------------------------------------------
+
 
 def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
     """Pearson's test, bins with an expected count under 5 merged into one."""
@@ -140,8 +156,16 @@ def test_speculative_sampling_on_a_tiny_model_matches_plain_sampling():
     for seed in range(n):
         sampling = Sampling(do_sample=True, temperature=1.5, seed=seed)
         plain[ENGINES["native"](model, ids, 5, True, sampling, None).new_token_ids[1]] += 1
-        gen = generate(model, ids, 5, True, Sampling(do_sample=True, temperature=1.5, seed=10_000 + seed), None,
-                       drafter=drafter, k=3)
+        gen = generate(
+            model,
+            ids,
+            5,
+            True,
+            Sampling(do_sample=True, temperature=1.5, seed=10_000 + seed),
+            None,
+            drafter=drafter,
+            k=3,
+        )
         spec[gen.new_token_ids[1]] += 1
         proposed += gen.spec.proposed
     assert proposed > 0
@@ -157,10 +181,11 @@ def test_speculative_sampling_on_a_tiny_model_matches_plain_sampling():
 
 # --- Leviathan's estimate ------------------------------------------------------------------------------
 
+
 def test_expected_speedup_follows_the_paper():
     assert tokens_per_step(0.0, 4) == 1.0 and tokens_per_step(1.0, 4) == 5.0
-    assert expected_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8 ** 5) / 0.2)
-    assert expected_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / 0.2 / 1.2)
+    assert expected_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert expected_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / 0.2 / 1.2)
     assert expected_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)
     for alpha in (0.1, 0.5, 0.9):
         assert alpha_from_accepted(tokens_per_step(alpha, 3) - 1, 3) == pytest.approx(alpha, abs=1e-6)
@@ -169,8 +194,7 @@ def test_expected_speedup_follows_the_paper():
 
 # --- config, tokenizer refusal, and a whole job -----------------------------------------------------
 
-TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[16,32]", "task.max_new_tokens=12",
-        "task.warmup=0"]
+TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[16,32]", "task.max_new_tokens=12", "task.warmup=0"]
 
 
 def test_drafts_resolve_their_model_and_precision():
@@ -217,27 +241,46 @@ def test_a_draft_with_another_tokenizer_is_refused_with_one_line(store, monkeypa
         return model, tok
 
     monkeypatch.setattr(models, "tiny_model", with_extra_token)
-    raw, choices = compose_job([*TINY, "draft=self_w4a16", "+model@draft.model=tiny-opt", "precision@draft.precision=fp32",
-                                f"tracking.uri={store}"])
-    assert run_job(raw, choices, sweep=None, output_dir=Path(store.removeprefix('sqlite:///')).parent / 'out') == "failed"
+    raw, choices = compose_job(
+        [
+            *TINY,
+            "draft=self_w4a16",
+            "+model@draft.model=tiny-opt",
+            "precision@draft.precision=fp32",
+            f"tracking.uri={store}",
+        ]
+    )
+    assert (
+        run_job(raw, choices, sweep=None, output_dir=Path(store.removeprefix("sqlite:///")).parent / "out") == "failed"
+    )
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("quantspec:")]
     assert len(err) == 1 and "does not share tiny-llama's tokenizer (vocabularies of 260 and 259" in err[0]
 
 
 def test_a_draft_job_logs_acceptance_speedup_and_the_estimate(store):
     raw, choices = compose_job([*TINY, "draft=self_w8a8", "precision=bf16", f"tracking.uri={store}"])
-    assert run_job(raw, choices, sweep=None, output_dir=Path(store.removeprefix('sqlite:///')).parent / 'out') == "finished"
+    assert (
+        run_job(raw, choices, sweep=None, output_dir=Path(store.removeprefix("sqlite:///")).parent / "out")
+        == "finished"
+    )
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
     m = run.data.metrics
-    assert m["output_identical_fraction"] == 1.0   # greedy: the draft never changes the output
+    assert m["output_identical_fraction"] == 1.0  # greedy: the draft never changes the output
     assert 0 <= m["acceptance_rate_overall"] <= 1
     assert 1 <= m["draft_k_mean_overall"] <= 4  # fewer near the last token
-    assert m["speedup_vs_no_draft_median"] == pytest.approx(m["baseline_time_per_token_ms_median"]
-                                                            / m["time_per_token_ms_median"])
+    assert m["speedup_vs_no_draft_median"] == pytest.approx(
+        m["baseline_time_per_token_ms_median"] / m["time_per_token_ms_median"]
+    )
     assert m["expected_speedup"] > 0 and m["draft_cost_ratio"] > 0 and 0 <= m["alpha_estimated"] <= 1
-    for name in ("acceptance_rate", "accepted_per_step", "draft_ms_per_step", "verify_ms_per_step",
-                 "speedup_vs_no_draft", "baseline_time_per_token_ms"):
+    for name in (
+        "acceptance_rate",
+        "accepted_per_step",
+        "draft_ms_per_step",
+        "verify_ms_per_step",
+        "speedup_vs_no_draft",
+        "baseline_time_per_token_ms",
+    ):
         assert sorted(p.step for p in client.get_metric_history(run.info.run_id, f"by_example/{name}")) == [1, 2], name
     assert "draft_quantize_s" in m or "draft_quant_load_s" in m
 

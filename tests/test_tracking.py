@@ -31,8 +31,14 @@ def test_finished_job_logs_the_contract(store):
     assert run.info.status == "FINISHED"
     tags = run.data.tags
     assert {k: tags[k] for k in ("model", "hardware", "precision", "draft", "task", "executed_on", "outcome")} == {
-        "model": "tiny-llama", "hardware": "cpu", "precision": "fp32", "draft": "none", "task": "decode",
-        "executed_on": "cpu", "outcome": "finished"}
+        "model": "tiny-llama",
+        "hardware": "cpu",
+        "precision": "fp32",
+        "draft": "none",
+        "task": "decode",
+        "executed_on": "cpu",
+        "outcome": "finished",
+    }
     assert tags["git_commit"] and tags["cpu_model"]
     history = client.get_metric_history(run.info.run_id, "by_example/time_per_token_ms")
     assert sorted(m.step for m in history) == [1, 2]
@@ -76,6 +82,7 @@ def test_flatten_makes_dot_keys():
 
 def test_experiment_and_sweep_parent_are_found_not_duplicated(store):
     from src.tracking import SweepInfo
+
     first, second = Store(store, "quantspec"), Store(store, "quantspec")
     assert first.experiment_id == second.experiment_id
     sweep = SweepInfo("/tmp/sweep-x's", "sweep x", "a=1").as_dict()  # a quote in the id is harmless
@@ -83,8 +90,17 @@ def test_experiment_and_sweep_parent_are_found_not_duplicated(store):
 
 
 def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
-    out = run_cli(["-m", *TINY, "hardware=phx,stx", "precision=fp32,bf16", "hardware.precisions=[fp32]",
-                   f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    out = run_cli(
+        [
+            "-m",
+            *TINY,
+            "hardware=phx,stx",
+            "precision=fp32,bf16",
+            "hardware.precisions=[fp32]",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ]
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2 finished, 2 skipped, 0 failed" in out.stdout
     client, found = runs(store)
@@ -93,10 +109,15 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(children) == 4
     assert sorted((r.data.tags["hardware"], r.data.tags["precision"], r.data.tags["outcome"]) for r in children) == [
-        ("phx", "bf16", "skipped"), ("phx", "fp32", "finished"), ("stx", "bf16", "skipped"), ("stx", "fp32", "finished")]
+        ("phx", "bf16", "skipped"),
+        ("phx", "fp32", "finished"),
+        ("stx", "bf16", "skipped"),
+        ("stx", "fp32", "finished"),
+    ]
     assert parents[0].data.tags["jobs_finished"] == "2"
     # read back as a sweep: the latest by default, or by its directory
     from src.tracking.sweeps import sweep_jobs
+
     parent_id, jobs = sweep_jobs(store)
     assert parent_id == parents[0].info.run_id and len(jobs) == 4
     assert sweep_jobs(store, sweep_id=str((tmp_path / "sweep").resolve()))[0] == parent_id
@@ -118,15 +139,25 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
 def test_sweep_survives_a_failing_job_and_exits_nonzero(store, tmp_path):
     good = tmp_path / "corpus.txt"
     good.write_text("def f(x):\n    return x * 2\n" * 50)
-    out = run_cli(["-m", *TINY, "task=benchmark", "task.prompt_lengths=[8]", "dataset=textfile", "report_at_end=false",
-                   f"dataset.path={tmp_path / 'missing.txt'},{good}", f"tracking.uri={store}",
-                   f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    out = run_cli(
+        [
+            "-m",
+            *TINY,
+            "task=benchmark",
+            "task.prompt_lengths=[8]",
+            "dataset=textfile",
+            "report_at_end=false",
+            f"dataset.path={tmp_path / 'missing.txt'},{good}",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ]
+    )
     assert out.returncode == 1
     assert "1 finished, 0 skipped, 1 failed" in out.stdout
     _, found = runs(store, "tags.`quantspec.role` = 'job'")
     assert sorted(r.data.tags["outcome"] for r in found) == ["failed", "finished"]
     client, (parent,) = runs(store, "tags.`quantspec.role` = 'sweep'")
-    assert not client.list_artifacts(parent.info.run_id)   # report_at_end=false: no report
+    assert not client.list_artifacts(parent.info.run_id)  # report_at_end=false: no report
 
 
 def test_unknown_model_exits_with_one_line():

@@ -23,17 +23,31 @@ from src.tracking.record import _flag_busy_host
 from tests.browser import Page
 from tests.conftest import ROOT, free_port, mlflow_server, run_cli
 
-SCREENSHOT = ROOT / "docs" / "mlflow-ui-sweep.png"   # docs/concepts/mlflow-ui.md shows it
+SCREENSHOT = ROOT / "docs" / "mlflow-ui-sweep.png"  # docs/concepts/mlflow-ui.md shows it
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 
 
 def browse(url: str, *extra: str, width: int = 1920) -> str:
     """The page's DOM after its scripts ran (Chromium's virtual time lets the app fetch and render), or
     with --screenshot=PATH, the page as drawn."""
-    out = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                          "--disable-background-networking", "--no-first-run", f"--window-size={width},1000",
-                          "--virtual-time-budget=25000", *(extra or ["--dump-dom"]), url],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            BROWSER,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--no-first-run",
+            f"--window-size={width},1000",
+            "--virtual-time-budget=25000",
+            *(extra or ["--dump-dom"]),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return out.stdout
 
 
@@ -48,9 +62,22 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
     server = mlflow_server(tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
     try:
-        out = run_cli(["-m", "model=tiny-llama", "precision=fp32,w8a8", "task=benchmark", "task.limit=2",
-                       "task.repeats=30", "rounds=2", "tracking.busy_cores=64", "tracking=server", f"tracking.uri={uri}",
-                       "tracking.system_metrics_s=1", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+        out = run_cli(
+            [
+                "-m",
+                "model=tiny-llama",
+                "precision=fp32,w8a8",
+                "task=benchmark",
+                "task.limit=2",
+                "task.repeats=30",
+                "rounds=2",
+                "tracking.busy_cores=64",
+                "tracking=server",
+                f"tracking.uri={uri}",
+                "tracking.system_metrics_s=1",
+                f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            ]
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         url = re.search(r"compare the sweep in the MLflow UI: (\S+)", out.stdout).group(1)
         assert url.startswith(f"{uri}/quantspec/view/")
@@ -59,13 +86,16 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         exp = client.get_experiment_by_name("quantspec")
         runs = client.search_runs([exp.experiment_id], "tags.`quantspec.role` = 'job'")
         assert sorted(r.data.tags["round"] for r in runs) == ["1", "1", "2", "2"]
-        jobs = [r for r in runs if r.data.tags.get("quantspec.shown") == "true"]   # one per job: its round 1
+        jobs = [r for r in runs if r.data.tags.get("quantspec.shown") == "true"]  # one per job: its round 1
         assert sorted(j.data.tags["precision"] for j in jobs) == ["fp32", "w8a8"]
         parent = client.get_run(jobs[0].data.tags["mlflow.parentRunId"])
         # the records behind the view, through MLflow's client
         assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-        assert "quantspec/view/" in exp.tags["mlflow.note.content"] and "viewStateShareKey=latest" in exp.tags["mlflow.note.content"]
-        note = parent.data.tags["mlflow.note.content"]   # its link relative: any host and port serving the UI
+        assert (
+            "quantspec/view/" in exp.tags["mlflow.note.content"]
+            and "viewStateShareKey=latest" in exp.tags["mlflow.note.content"]
+        )
+        note = parent.data.tags["mlflow.note.content"]  # its link relative: any host and port serving the UI
         assert f"]({url.removeprefix(uri + '/')})" in note and "time/token (ms)" in note and "127.0.0.1" not in note
         assert {"best_speedup", "best_speedup_low", "best_speedup_high"} <= set(parent.data.metrics)
         corpus_digest = hashlib.sha256(load_text(DatasetConfig("humaneval", "humaneval")).encode()).hexdigest()[:16]
@@ -73,7 +103,10 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             (used,) = job.inputs.dataset_inputs
             assert (used.dataset.name, used.dataset.digest) == ("humaneval", corpus_digest)
             contexts = {"fp32": "evaluation", "w8a8": "calibration, evaluation"}
-            assert used.tags[0].value in (contexts[job.data.tags["precision"]], "evaluation")  # cached weights: no calibration
+            assert used.tags[0].value in (
+                contexts[job.data.tags["precision"]],
+                "evaluation",
+            )  # cached weights: no calibration
             cpu = client.get_metric_history(job.info.run_id, "system/cpu_utilization_percentage")
             assert cpu and all(0 <= m.value <= 100 for m in cpu)
             assert job.data.metrics["system/process_rss_megabytes"] > 50
@@ -83,30 +116,46 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         w8a8 = next(j for j in jobs if j.data.tags["precision"] == "w8a8")
         m = w8a8.data.metrics
         assert m["decode_speedup_low"] <= m["decode_speedup"] <= m["decode_speedup_high"]
-        assert all(len(f"{m[k]:g}".replace(".", "").lstrip("0")) <= 3 for k in ("decode_ms_per_token", "decode_speedup"))
+        assert all(
+            len(f"{m[k]:g}".replace(".", "").lstrip("0")) <= 3 for k in ("decode_ms_per_token", "decode_speedup")
+        )
         assert sorted(p.step for p in client.get_metric_history(w8a8.info.run_id, "round/decode_speedup")) == [1, 2]
 
         # the page a user opens: the runs view of this sweep, one row per job, its columns in reading order
-        dom = browse(url, width=2560)   # the grid draws only the columns in view: all of them, here
+        dom = browse(url, width=2560)  # the grid draws only the columns in view: all of them, here
         text = visible_text(dom)
         assert "Runs - Experiment" in text, text[:1500]
         # the columns drawn, left to right (MLflow names each header cell by its column)
-        columns = [c.split("`")[1] if "`" in c else c for c in re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', dom)]
+        columns = [
+            c.split("`")[1] if "`" in c else c for c in re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', dom)
+        ]
         columns = [c for c in columns if not re.fullmatch(r"\d+(_\d+)?|metrics_\d+|tags_\d+", c)]  # column groups
-        wanted = ["Run Name", "Description", "decode_ms_per_token", "decode_speedup", "decode_speedup_high",
-                  "decode_speedup_low", "prefill_ms", "tokens_per_s"]
+        wanted = [
+            "Run Name",
+            "Description",
+            "decode_ms_per_token",
+            "decode_speedup",
+            "decode_speedup_high",
+            "decode_speedup_low",
+            "prefill_ms",
+            "tokens_per_s",
+        ]
         assert [c for c in columns if c in wanted] == wanted, columns
-        assert "Dataset" not in columns and "host_busy" not in columns   # the same on every row: no column
+        assert "Dataset" not in columns and "host_busy" not in columns  # the same on every row: no column
         assert text.count("round 2") == 0 and all(j.info.run_name in text for j in jobs)
         assert f"{m['decode_ms_per_token']:g}" in text and f"{m['decode_speedup']:g}" in text
         # the description: the speedup and what ran, in the ~50 characters MLflow shows whatever the CPU's name
         note = w8a8.data.tags["mlflow.note.content"]
         assert re.match(r"[\d.]+× over fp32 \([\d.]+–[\d.]+×\) · w8a8 · no draft · host CPU \(", note), note
-        assert note[:30] in text, text[text.find("Description"):][:1500]
-        assert "BUSY" not in note and "busy" not in columns   # busy_cores=64: nothing here was busy
+        assert note[:30] in text, text[text.find("Description") :][:1500]
+        assert "BUSY" not in note and "busy" not in columns  # busy_cores=64: nothing here was busy
         # the chart view opens on the preset charts: time/token and speedup, per job and by precision
-        charts = visible_text(browse(url.replace("quantspec/view/1/", "#/experiments/1/runs?viewStateShareKey=")
-                                     + "&compareRunsMode=CHART&workflowType=machine_learning"))
+        charts = visible_text(
+            browse(
+                url.replace("quantspec/view/1/", "#/experiments/1/runs?viewStateShareKey=")
+                + "&compareRunsMode=CHART&workflowType=machine_learning"
+            )
+        )
         assert re.search(r"time per token and speedup \(4\) .*example \(", charts), charts[:2000]
         browse(url, f"--screenshot={SCREENSHOT}")
         assert SCREENSHOT.stat().st_size > 20_000
@@ -120,7 +169,8 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             for _ in range(2):
                 page.wait_for(f'{drawn}.includes("metrics.`decode_speedup`")')
                 assert "#/experiments/" in page.evaluate("location.href") and "quantspec.shown" in page.evaluate(
-                    "decodeURIComponent(location.href)")
+                    "decodeURIComponent(location.href)"
+                )
                 shown = [c.split("`")[1] if "`" in c else c for c in page.evaluate(drawn) if c]
                 shown = [c for c in shown if c in wanted]
                 assert shown == wanted, shown
@@ -128,18 +178,23 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         finally:
             page.close()
     finally:
-        os.killpg(server.pid, signal.SIGKILL)   # the server and its uvicorn workers
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its uvicorn workers
 
 
 def test_a_host_busy_with_other_processes_is_flagged_not_hidden(caplog):
     # a neighbour: not this process's child (the shell that starts it exits), as another user's job is
-    hog = int(subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
-                             capture_output=True, text=True).stdout)
+    hog = int(
+        subprocess.run(
+            ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     try:
         time.sleep(0.3)
         others = sysmetrics.OthersCpu()
         with others:
-            time.sleep(1.5)   # we idle; the hog takes a core
+            time.sleep(1.5)  # we idle; the hog takes a core
     finally:
         os.kill(hog, signal.SIGKILL)
     assert others.cores() > 0.5
@@ -157,7 +212,9 @@ def test_a_host_busy_with_other_processes_is_flagged_not_hidden(caplog):
 
     class Tags:
         tags = {}
-        def set_tags(self, tags): self.tags.update(tags)
+
+        def set_tags(self, tags):
+            self.tags.update(tags)
 
     run = Tags()
     _flag_busy_host(run, others.cores(), 0.2)
@@ -166,7 +223,7 @@ def test_a_host_busy_with_other_processes_is_flagged_not_hidden(caplog):
     quiet = Tags()
     _flag_busy_host(quiet, 0.01, 0.2)
     assert quiet.tags == {"host_busy": "false", "host_busy_others_cores": "0.01"}
-    assert sysmetrics.OthersCpu().cores() is None   # never timed: no verdict
+    assert sysmetrics.OthersCpu().cores() is None  # never timed: no verdict
 
 
 def test_system_metrics_are_sampled_while_a_job_runs():
@@ -174,12 +231,16 @@ def test_system_metrics_are_sampled_while_a_job_runs():
     with sysmetrics.Sampler(lambda values, step: logged.append((step, values)), 0.2):
         time.sleep(0.7)
     steps = [s for s, _ in logged]
-    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 3   # the last one taken when stopping
-    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
-            "system/process_rss_megabytes", "system/others_cpu_cores_per_interval"} <= logged[-1][1].keys()
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 3  # the last one taken when stopping
+    assert {
+        "system/cpu_utilization_percentage",
+        "system/system_memory_usage_megabytes",
+        "system/process_rss_megabytes",
+        "system/others_cpu_cores_per_interval",
+    } <= logged[-1][1].keys()
     sysmetrics.reset_peak_rss()
     before = sysmetrics.peak_rss_gb()
-    block = bytearray(300 * 2**20)   # touched: resident
+    block = bytearray(300 * 2**20)  # touched: resident
     assert sysmetrics.peak_rss_gb() - before > 0.25
     del block
 
@@ -188,7 +249,7 @@ def test_each_text_a_job_reads_is_one_dataset_input_with_its_uses(tmp_path):
     text_file = tmp_path / "corpus.txt"
     text_file.write_text("one two three")
     corpus = Corpus(DatasetConfig("mine", "textfile", path=str(text_file)))
-    assert corpus.used() == []   # nothing read yet: no input
+    assert corpus.used() == []  # nothing read yet: no input
     corpus.reader("calibration")()
     corpus.reader("evaluation")()
     corpus.reader("evaluation")()
@@ -202,7 +263,7 @@ def test_each_text_a_job_reads_is_one_dataset_input_with_its_uses(tmp_path):
 
 def test_a_journaled_dataset_input_reaches_the_store(tmp_path, store):
     registry = tmp_path / "registry"
-    run = JobRun(None, Journal(tmp_path / "job", registry, store), store, "quantspec")   # store down at start
+    run = JobRun(None, Journal(tmp_path / "job", registry, store), store, "quantspec")  # store down at start
     run.start("job", None, {}, {}, "k")
     run.log_input(prompts_input(False, ["What is recursion?"]), "evaluation")
     run.finish()

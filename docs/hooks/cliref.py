@@ -25,6 +25,7 @@ def _module_doc(name: str) -> str:
     # reference gives field by field; its docstring is its usage.
     if name == "src.run":
         import importlib
+
         return importlib.import_module(name).__doc__.strip()
     return _help(["-m", name])
 
@@ -47,8 +48,11 @@ def render() -> str:
     with ThreadPoolExecutor(4) as pool:
         modules = list(pool.map(_module_doc, MODULES))
         helps = list(pool.map(lambda s: _help([s]), scripts))
-    out = ["Every command quantspec ships, with the usage it prints itself. Run each with `.venv/bin/python` "
-           "from the project's root.", ""]
+    out = [
+        "Every command quantspec ships, with the usage it prints itself. Run each with `.venv/bin/python` "
+        "from the project's root.",
+        "",
+    ]
     for name, text in zip(MODULES, modules):
         out += _block(f"python -m {name}", text)
     for name, text in zip(scripts, helps):

@@ -140,8 +140,10 @@ def _fields(group: str) -> list[str]:
         read = (every if len(read_by) == len(kinds) else ", ".join(read_by)) if registry else ""
         if registry and not read_by:
             read = BASE_READER.get(group, every)
-        rows.append(f"| `{group}.{name}` | `{_cell(types.get(name) or 'str')}` | {_cell(_default(defaults.get(name)))} | "
-                    f"{read} | {_cell(comments.get(name) or class_notes.get(name, ''))} |")
+        rows.append(
+            f"| `{group}.{name}` | `{_cell(types.get(name) or 'str')}` | {_cell(_default(defaults.get(name)))} | "
+            f"{read} | {_cell(comments.get(name) or class_notes.get(name, ''))} |"
+        )
     return rows
 
 
@@ -155,8 +157,10 @@ def _top_level() -> list[str]:
             continue
         if isinstance(value, dict):
             for sub, subvalue in value.items():
-                rows.append(f"| `{key}.{sub}` | {_cell(_default(subvalue))} | "
-                            f"{_cell(comments.get(f'{key}.{sub}') or comments.get(key, ''))} |")
+                rows.append(
+                    f"| `{key}.{sub}` | {_cell(_default(subvalue))} | "
+                    f"{_cell(comments.get(f'{key}.{sub}') or comments.get(key, ''))} |"
+                )
         else:
             rows.append(f"| `{key}` | {_cell(_default(value))} | {_cell(comments.get(key, ''))} |")
     return rows
@@ -165,6 +169,7 @@ def _top_level() -> list[str]:
 def _search() -> list[str]:
     """hydra/sweeper=search's settings (hydra.sweeper.*), from its config class."""
     from hydra_plugins.quantspec_search.search_sweeper import SearchSweeperConf
+
     notes = class_comments(SearchSweeperConf)
     rows = ["| setting | type | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(SearchSweeperConf):
@@ -172,17 +177,32 @@ def _search() -> list[str]:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         kind = getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
-        rows.append(f"| `hydra.sweeper.{f.name}` | `{_cell(kind)}` | {_cell(_default(default))} | {_cell(notes.get(f.name, ''))} |")
+        rows.append(
+            f"| `hydra.sweeper.{f.name}` | `{_cell(kind)}` | {_cell(_default(default))} | {_cell(notes.get(f.name, ''))} |"
+        )
     return rows
 
 
 def render() -> str:
-    out = ["The defaults a job composes are in `conf/config.yaml`; each group below is a folder of `conf/`, "
-           "one YAML file per choice (`model=llama-2-7b`), and any field can be overridden on the command line "
-           "(`precision.awq_grid=10`). A field that no chosen entry reads is refused in one line.", "",
-           "## Top level (`conf/config.yaml`)", "", *_top_level(), ""]
+    out = [
+        "The defaults a job composes are in `conf/config.yaml`; each group below is a folder of `conf/`, "
+        "one YAML file per choice (`model=llama-2-7b`), and any field can be overridden on the command line "
+        "(`precision.awq_grid=10`). A field that no chosen entry reads is refused in one line.",
+        "",
+        "## Top level (`conf/config.yaml`)",
+        "",
+        *_top_level(),
+        "",
+    ]
     for group in GROUPS:
         out += [f"## `{group}`", "", "### Choices", "", *_choices(group), "", "### Fields", "", *_fields(group), ""]
-    out += ["## `hydra/sweeper=search`", "", "The search over the sweep's axes (docs: how-to/search.md); "
-            "`hydra/sweeper=rounds`, the default, takes `rounds` and `busy_reruns` above.", "", *_search(), ""]
+    out += [
+        "## `hydra/sweeper=search`",
+        "",
+        "The search over the sweep's axes (docs: how-to/search.md); "
+        "`hydra/sweeper=rounds`, the default, takes `rounds` and `busy_reruns` above.",
+        "",
+        *_search(),
+        "",
+    ]
     return "\n".join(out)

@@ -23,6 +23,7 @@ def _on_path() -> None:
         if path not in sys.path:
             sys.path.insert(0, path)
 
+
 MARKER = re.compile(r"<!-- (generated|results): ([\w-]+) -->")
 
 
@@ -30,12 +31,15 @@ def _generated(name: str) -> str:
     _on_path()
     if name == "config":
         import configref
+
         return configref.render()
     if name == "cli":
         import cliref
+
         return cliref.render()
     if name == "tracking":
         from src.tracking import catalog
+
         return catalog.render()
     raise ValueError(f"no generated page {name!r}")
 
@@ -46,6 +50,7 @@ def _replace(match: re.Match) -> str:
         return _generated(name)
     _on_path()
     from src.common import benchpage
+
     return benchpage.render(benchpage.load(name))
 
 

@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 @dataclass
 class RayLauncherConf:
     _target_: str = "hydra_plugins.quantspec_ray.ray_launcher.RayLauncher"
-    address: str = "auto"        # the cluster to join: auto (RAY_ADDRESS or a local head) or HOST:PORT
-    slot: str = "bench-slot"     # one unit per job, one per node: two timed jobs never share a machine
+    address: str = "auto"  # the cluster to join: auto (RAY_ADDRESS or a local head) or HOST:PORT
+    slot: str = "bench-slot"  # one unit per job, one per node: two timed jobs never share a machine
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="ray", node=RayLauncherConf, provider="quantspec")
@@ -38,4 +38,5 @@ class RayLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from src import cluster
+
         return cluster.launch(self, job_overrides, initial_job_idx)

@@ -46,12 +46,12 @@ MAX_EXPERIMENT_CHARS = 200
 
 @dataclass(frozen=True)
 class HardwareConfig:
-    name: str                       # the profile's name (conf/hardware/<name>.yaml)
-    description: str                # what the profile is, in words
-    device: str                     # cpu, cuda or npu: what its kernels were built for
-    precisions: tuple[str, ...]     # the precisions its silicon supports; others are skipped
-    threads: int | None = None      # threads a job runs with; null: every core
-    resource: str = ""   # the Ray resource of the nodes that have this hardware, e.g. hw-stx
+    name: str  # the profile's name (conf/hardware/<name>.yaml)
+    description: str  # what the profile is, in words
+    device: str  # cpu, cuda or npu: what its kernels were built for
+    precisions: tuple[str, ...]  # the precisions its silicon supports; others are skipped
+    threads: int | None = None  # threads a job runs with; null: every core
+    resource: str = ""  # the Ray resource of the nodes that have this hardware, e.g. hw-stx
 
     def validate(self) -> None:
         check_choice("hardware.device", self.device, DEVICES)
@@ -61,15 +61,15 @@ class HardwareConfig:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    name: str                       # the choice's name (conf/draft/<name>.yaml)
+    name: str  # the choice's name (conf/draft/<name>.yaml)
     kind: str = "none"
-    k: int = 4                        # proposals per verification step (the start, under a heuristic schedule)
-    schedule: str = "constant"        # constant | heuristic
-    k_max: int = 8                    # the heuristic schedule's ceiling
-    max_ngram: int = 3                # kind=prompt_lookup: the longest n-gram matched
-    min_ngram: int = 1              # kind=prompt_lookup: the shortest n-gram matched
-    baseline: bool = True             # also time each example without the draft, for the speedup
-    vocab: int | None = None          # kind=model: the draft scores only the corpus's N most frequent tokens
+    k: int = 4  # proposals per verification step (the start, under a heuristic schedule)
+    schedule: str = "constant"  # constant | heuristic
+    k_max: int = 8  # the heuristic schedule's ceiling
+    max_ngram: int = 3  # kind=prompt_lookup: the longest n-gram matched
+    min_ngram: int = 1  # kind=prompt_lookup: the shortest n-gram matched
+    baseline: bool = True  # also time each example without the draft, for the speedup
+    vocab: int | None = None  # kind=model: the draft scores only the corpus's N most frequent tokens
 
     @property
     def active(self) -> bool:
@@ -79,11 +79,14 @@ class DraftConfig:
         check_choice("draft.kind", self.kind, DRAFT_KINDS)
         check_choice("draft.schedule", self.schedule, DRAFT_SCHEDULES)
         if not 1 <= self.k <= MAX_DRAFT_K or not self.k <= self.k_max <= MAX_DRAFT_K:
-            raise ConfigError(f"draft.k={self.k} and draft.k_max={self.k_max} must satisfy 1 <= k <= k_max <= "
-                              f"{MAX_DRAFT_K}")
+            raise ConfigError(
+                f"draft.k={self.k} and draft.k_max={self.k_max} must satisfy 1 <= k <= k_max <= {MAX_DRAFT_K}"
+            )
         if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ConfigError(f"draft.min_ngram={self.min_ngram} and draft.max_ngram={self.max_ngram} must satisfy "
-                              f"1 <= min_ngram <= max_ngram")
+            raise ConfigError(
+                f"draft.min_ngram={self.min_ngram} and draft.max_ngram={self.max_ngram} must satisfy "
+                f"1 <= min_ngram <= max_ngram"
+            )
         if self.vocab is not None and (self.kind != "model" or self.vocab < 1):
             raise ConfigError(f"draft.vocab={self.vocab} needs a draft model (draft.kind=model) and at least 1 token")
 
@@ -94,10 +97,10 @@ TRACKING = Kinds("tracking", "kind")
 @dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
     KIND: ClassVar[str]
-    unreachable: str            # a store unreachable at start: fail in seconds, or journal and sync later
-    system_metrics_s: float     # MLflow system metrics every N seconds; 0: off
-    busy_cores: float           # others' CPU (cores) while timed above which a job is tagged host_busy
-    uri: str | None = None          # tracking=server: the server's address (http://host:port)
+    unreachable: str  # a store unreachable at start: fail in seconds, or journal and sync later
+    system_metrics_s: float  # MLflow system metrics every N seconds; 0: off
+    busy_cores: float  # others' CPU (cores) while timed above which a job is tagged host_busy
+    uri: str | None = None  # tracking=server: the server's address (http://host:port)
 
     @property
     def kind(self) -> str:
@@ -113,6 +116,7 @@ class TrackingConfig:
 @dataclass(frozen=True, kw_only=True)
 class SqliteTracking(TrackingConfig):
     """One SQLite file (uri null: the project's mlflow.db)."""
+
     KIND: ClassVar[str] = "sqlite"
 
 
@@ -120,6 +124,7 @@ class SqliteTracking(TrackingConfig):
 @dataclass(frozen=True, kw_only=True)
 class ServerTracking(TrackingConfig):
     """A running MLflow tracking server."""
+
     KIND: ClassVar[str] = "server"
 
     def validate(self) -> None:
@@ -139,25 +144,38 @@ class JobConfig:
     tracking: TrackingConfig
     engine: EngineConfig | RuntimeEngine
     sampling: Sampling = field(default_factory=Sampling)
-    draft_model: ModelConfig | None = None          # draft.kind=model: what drafts, at which precision
+    draft_model: ModelConfig | None = None  # draft.kind=model: what drafts, at which precision
     draft_precision: PrecisionConfig | None = None
     cache_dir: Path = Path("~/.cache/quantspec")
     experiment: str = "quantspec"
-    resume: bool = True      # a rerun into a sweep's directory keeps the jobs it already finished
+    resume: bool = True  # a rerun into a sweep's directory keeps the jobs it already finished
 
     def validate(self) -> None:
-        for part in (self.model, self.hardware, self.precision, self.draft, self.task, self.dataset,
-                     self.tracking, self.engine, self.sampling):
+        for part in (
+            self.model,
+            self.hardware,
+            self.precision,
+            self.draft,
+            self.task,
+            self.dataset,
+            self.tracking,
+            self.engine,
+            self.sampling,
+        ):
             part.validate()
         name = self.experiment
         if not name.strip() or len(name) > MAX_EXPERIMENT_CHARS or not name.isprintable():
-            raise ConfigError(f"experiment={name[:40]!r}{'...' if len(name) > 40 else ''} must be 1 to "
-                              f"{MAX_EXPERIMENT_CHARS} printable characters (it names the MLflow experiment)")
+            raise ConfigError(
+                f"experiment={name[:40]!r}{'...' if len(name) > 40 else ''} must be 1 to "
+                f"{MAX_EXPERIMENT_CHARS} printable characters (it names the MLflow experiment)"
+            )
         if self.cache_dir.exists() and not self.cache_dir.is_dir():
-            raise ConfigError(f"cache_dir={self.cache_dir} is a file, not a directory; point QUANTSPEC_CACHE "
-                              f"(or cache_dir=) at a directory")
+            raise ConfigError(
+                f"cache_dir={self.cache_dir} is a file, not a directory; point QUANTSPEC_CACHE "
+                f"(or cache_dir=) at a directory"
+            )
         if self.precision.quantized:
-            self.precision.spec(self.model)   # the method finds what it takes from the model (or says so)
+            self.precision.spec(self.model)  # the method finds what it takes from the model (or says so)
         self.task.check_job(self)
         if self.draft.active and self.engine.kind != "native":
             raise ConfigError(f"draft={self.draft.name} runs on quantspec's engine; use engine=native")
@@ -172,11 +190,15 @@ class JobConfig:
     def unsupported_reason(self) -> str | None:
         """Why this hardware cannot run this precision, or None. Not an error: the sweep records a skip."""
         if self.precision.name not in self.hardware.precisions:
-            return (f"{self.hardware.name} has no {self.precision.name} kernels "
-                    f"(it supports {', '.join(self.hardware.precisions)})")
+            return (
+                f"{self.hardware.name} has no {self.precision.name} kernels "
+                f"(it supports {', '.join(self.hardware.precisions)})"
+            )
         if self.draft_precision is not None and self.draft_precision.name not in self.hardware.precisions:
-            return (f"{self.hardware.name} has no {self.draft_precision.name} kernels for the draft "
-                    f"(it supports {', '.join(self.hardware.precisions)})")
+            return (
+                f"{self.hardware.name} has no {self.draft_precision.name} kernels for the draft "
+                f"(it supports {', '.join(self.hardware.precisions)})"
+            )
         if self.draft.active and not self.task.DECODES:
             return f"task {self.task.name} does not decode: draft {self.draft.name} would change nothing"
         other = runtime(self.engine)
@@ -184,9 +206,14 @@ class JobConfig:
 
 
 # Sections of one class; the axes with kinds (precision, task, engine, tracking) are built by _kind_of.
-_SECTIONS = {"model": ModelConfig, "hardware": HardwareConfig, "draft": DraftConfig, "dataset": DatasetConfig,
-             "sampling": Sampling}
-_KINDS = {"task": TASKS, "tracking": TRACKING}   # the axes chosen by their selector alone
+_SECTIONS = {
+    "model": ModelConfig,
+    "hardware": HardwareConfig,
+    "draft": DraftConfig,
+    "dataset": DatasetConfig,
+    "sampling": Sampling,
+}
+_KINDS = {"task": TASKS, "tracking": TRACKING}  # the axes chosen by their selector alone
 _SECTION_ORDER = ("model", "hardware", "precision", "draft", "task", "dataset", "tracking", "engine", "sampling")
 
 
@@ -217,8 +244,13 @@ def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-def _build(section: str, cls: type, raw: Mapping[str, Any], known: set[str] | None = None,
-           extra: Mapping[str, Any] | None = None) -> Any:
+def _build(
+    section: str,
+    cls: type,
+    raw: Mapping[str, Any],
+    known: set[str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Any:
     """cls from raw, its fields type-checked. `known`: the keys the section may hold (every kind's fields,
     for an axis with kinds); those that are not cls's own belong to another kind and are left out."""
     names = _fields(cls) - set(extra or {})
@@ -227,9 +259,14 @@ def _build(section: str, cls: type, raw: Mapping[str, Any], known: set[str] | No
         allowed = names if known is None else known
         raise ConfigError(f"{section} has unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
     raw = {k: v for k, v in raw.items() if k in names}
-    missing = sorted(f.name for f in dataclasses.fields(cls)
-                     if f.name in names and f.name not in raw and f.default is dataclasses.MISSING
-                     and f.default_factory is dataclasses.MISSING)
+    missing = sorted(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name in names
+        and f.name not in raw
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )
     if missing:
         raise ConfigError(f"{section} is missing {', '.join(missing)}")
     hints = typing.get_type_hints(cls)
@@ -323,19 +360,25 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
         parts[section] = _section(section, raw[section])
     if parts["draft"].kind == "model":
         if draft_model is None and draft_precision is None:
-            raise ConfigError(f"draft {parts['draft'].name}: a self-draft needs a precision of its own, e.g. "
-                              f"precision@draft.precision=w4a16 (or a model: +model@draft.model=...)")
+            raise ConfigError(
+                f"draft {parts['draft'].name}: a self-draft needs a precision of its own, e.g. "
+                f"precision@draft.precision=w4a16 (or a model: +model@draft.model=...)"
+            )
         parts["draft_model"] = _build("draft.model", ModelConfig, draft_model) if draft_model else parts["model"]
         if parts["model"].weights == "random":  # a real draft could not agree with a random target anyway
             parts["draft_model"] = dataclasses.replace(parts["draft_model"], weights="random")
-        parts["draft_precision"] = (_precision("draft.precision", draft_precision)
-                                    if draft_precision else parts["precision"])
+        parts["draft_precision"] = (
+            _precision("draft.precision", draft_precision) if draft_precision else parts["precision"]
+        )
     resume = raw.get("resume", True)
     if not isinstance(resume, bool):
         raise ConfigError(f"resume={resume!r} must be true or false")
-    job = JobConfig(**parts,
-                    cache_dir=Path(str(raw.get("cache_dir", "~/.cache/quantspec"))).expanduser(),
-                    experiment=str(raw.get("experiment", "quantspec")), resume=resume)
+    job = JobConfig(
+        **parts,
+        cache_dir=Path(str(raw.get("cache_dir", "~/.cache/quantspec"))).expanduser(),
+        experiment=str(raw.get("experiment", "quantspec")),
+        resume=resume,
+    )
     job.validate()
     return job
 
@@ -344,13 +387,14 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
 class SweepSettings:
     """What a sweep's sweeper, launchers and callbacks read of the composed config (each job reads its own
     JobConfig): converted once from Hydra's config by src.run.settings."""
+
     sweep_dir: Path
     experiment: str
     tracking: TrackingConfig
     report_at_end: bool = True
     resume: bool = True
-    rounds: int = 1             # interleaved rounds of every job (src.tracking.rounds)
-    busy_reruns: int = 0        # rounds measured again at most, where a round ran on a busy host
+    rounds: int = 1  # interleaved rounds of every job (src.tracking.rounds)
+    busy_reruns: int = 0  # rounds measured again at most, where a round ran on a busy host
 
 
 def sweep_settings(raw: Mapping[str, Any], sweep_dir: Path) -> SweepSettings:
@@ -360,8 +404,14 @@ def sweep_settings(raw: Mapping[str, Any], sweep_dir: Path) -> SweepSettings:
         kind = bool if key in ("report_at_end", "resume") else int
         if type(value) is not kind or (kind is int and value < (1 if key == "rounds" else 0)):
             want = "true or false" if kind is bool else f"a whole number >= {1 if key == 'rounds' else 0}"
-            raise ConfigError(f"{key} must be {want} (got {key}={value!r})" + ("; e.g. rounds=3" if kind is int else ""))
+            raise ConfigError(
+                f"{key} must be {want} (got {key}={value!r})" + ("; e.g. rounds=3" if kind is int else "")
+            )
     if raw.get("tracking") is None:
         raise ConfigError("the config has no 'tracking' group; check conf/config.yaml's defaults")
-    return SweepSettings(Path(sweep_dir).resolve(), str(raw.get("experiment", "quantspec")),
-                         _kind_of("tracking", TRACKING, raw["tracking"]), **values)
+    return SweepSettings(
+        Path(sweep_dir).resolve(),
+        str(raw.get("experiment", "quantspec")),
+        _kind_of("tracking", TRACKING, raw["tracking"]),
+        **values,
+    )

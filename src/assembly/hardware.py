@@ -21,7 +21,7 @@ log = logging.getLogger("quantspec")
 
 @dataclass(frozen=True)
 class Placement:
-    device: str              # the torch device the job runs on
+    device: str  # the torch device the job runs on
     threads: int
     note: str | None = None  # set when the profile's accelerator is not what executes
 
@@ -43,9 +43,13 @@ def npu_present() -> bool:
 def resolve(hw: HardwareConfig) -> Placement:
     cores = host_threads()
     threads = hw.threads or cores
-    if threads > cores:   # allowed (a deliberate oversubscription test), never silent
-        log.warning("hardware.threads=%d is more than the %d cores this process may use: threads will take turns "
-                    "on cores and every timing suffers; null uses each core once", threads, cores)
+    if threads > cores:  # allowed (a deliberate oversubscription test), never silent
+        log.warning(
+            "hardware.threads=%d is more than the %d cores this process may use: threads will take turns "
+            "on cores and every timing suffers; null uses each core once",
+            threads,
+            cores,
+        )
     if hw.device == "cpu":
         return Placement("cpu", threads)
     if hw.device == "cuda":

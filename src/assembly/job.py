@@ -53,11 +53,20 @@ class Recorder(Protocol):
 class Discard:
     """A recorder for scripts and tests: what building measures is dropped."""
 
-    def log_metrics(self, values, step=0): pass
-    def set_tags(self, tags): pass
-    def log_params(self, params): pass
-    def log_text(self, text, name): pass
-    def log_input(self, text, context): pass
+    def log_metrics(self, values, step=0):
+        pass
+
+    def set_tags(self, tags):
+        pass
+
+    def log_params(self, params):
+        pass
+
+    def log_text(self, text, name):
+        pass
+
+    def log_input(self, text, context):
+        pass
 
 
 @dataclass
@@ -69,19 +78,30 @@ class Job:
     model: nn.Module
     corpus: Corpus
     engine: Callable
-    baseline: Callable | None          # with a draft: the same engine without it, timed beside it
+    baseline: Callable | None  # with a draft: the same engine without it, timed beside it
     quant_metrics: dict[str, float]
     recorder: Recorder
-    on_row: Callable = lambda row, total: None   # each measured row, as it comes (src.tracking.record logs it)
+    on_row: Callable = lambda row, total: None  # each measured row, as it comes (src.tracking.record logs it)
 
     def inputs(self) -> TaskInputs:
         cfg = self.cfg
         # another runtime scores with its own logits, in its own process; torch's model otherwise
         score = getattr(self.engine, "window_score", None) or torch_scorer(self.model)
-        return TaskInputs(self.model, self.loaded.tokenizer, cfg.task, cfg.model.code, cfg.sampling,
-                          self.loaded.max_context, self.corpus.reader("evaluation"), self.engine,
-                          baseline=self.baseline, record_input=lambda text: self.corpus.note(text, "evaluation"),
-                          on_row=self.on_row, score=score, reference=self.reference())
+        return TaskInputs(
+            self.model,
+            self.loaded.tokenizer,
+            cfg.task,
+            cfg.model.code,
+            cfg.sampling,
+            self.loaded.max_context,
+            self.corpus.reader("evaluation"),
+            self.engine,
+            baseline=self.baseline,
+            record_input=lambda text: self.corpus.note(text, "evaluation"),
+            on_row=self.on_row,
+            score=score,
+            reference=self.reference(),
+        )
 
     def reference(self) -> Reference | None:
         """What the task measures the model against: the same weights in task.reference's float precision
@@ -90,15 +110,16 @@ class Job:
         precision = getattr(self.cfg.task, "reference", "none")
         if precision == "none" or self.cfg.model.weights == "random":
             return None
-        if precision == "auto":   # a 7B model's fp32 copy (28 GB) would not fit beside the job's own
+        if precision == "auto":  # a 7B model's fp32 copy (28 GB) would not fit beside the job's own
             precision = "fp32" if parameter_count(self.loaded.model.config) <= AUTO_FP32_PARAMS else "bf16"
-        return Reference(self.cfg.model, self.cfg.cache_dir, precision, self.cfg.task.reference_top_k,
-                         self.loaded.source_key)
+        return Reference(
+            self.cfg.model, self.cfg.cache_dir, precision, self.cfg.task.reference_top_k, self.loaded.source_key
+        )
 
     def run(self) -> TaskResult:
         try:
             result = self.cfg.task.run(self.inputs())
-        finally:   # another runtime's process ends with its task
+        finally:  # another runtime's process ends with its task
             getattr(self.engine, "close", lambda: None)()
         for text, contexts in self.corpus.used():
             self.recorder.log_input(text, contexts)
@@ -113,7 +134,7 @@ class Job:
         return result
 
 
-AUTO_FP32_PARAMS = 2_000_000_000   # task.reference=auto: fp32 up to this many parameters, bf16 above
+AUTO_FP32_PARAMS = 2_000_000_000  # task.reference=auto: fp32 up to this many parameters, bf16 above
 
 # What a draft's agreement with its target says: nothing, where both are random.
 QUALITY = ("acceptance_rate", "accepted_per_step", "tokens_per_step", "speedup_vs_no_draft", "expected_speedup")
@@ -125,8 +146,10 @@ def _drop_quality(result: TaskResult) -> None:
         result.summary.pop(key, None)
         result.series.pop(key, None)
     if dropped:
-        result.notes.append(f"random weights: {', '.join(dropped)} not logged (a random draft agrees with a random "
-                            f"target by chance only); the timings stand, as the cost of drafting")
+        result.notes.append(
+            f"random weights: {', '.join(dropped)} not logged (a random draft agrees with a random "
+            f"target by chance only); the timings stand, as the cost of drafting"
+        )
 
 
 def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
@@ -139,36 +162,51 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     torch.set_num_threads(placement.threads)
     _check_isa(cfg)
     env = environment.describe(placement.threads, placement.device)
-    recorder.set_tags({"executed_on": placement.executed_on, "placement_note": placement.note or "",
-                       "git_commit": env["git_commit"], "cpu_model": env["cpu_model"],
-                       "threads": str(placement.threads)})
+    recorder.set_tags(
+        {
+            "executed_on": placement.executed_on,
+            "placement_note": placement.note or "",
+            "git_commit": env["git_commit"],
+            "cpu_model": env["cpu_model"],
+            "threads": str(placement.threads),
+        }
+    )
     recorder.log_text(json.dumps(env, indent=2), "environment.json")
     _record_executed(cfg, placement, env, recorder)
 
-    memory.release_freed()   # a sweep's previous job is freed, and its memory returned, before this one is weighed
-    need = memory.check(cfg)   # before loading: a job that cannot fit says so now, in one line
+    memory.release_freed()  # a sweep's previous job is freed, and its memory returned, before this one is weighed
+    need = memory.check(cfg)  # before loading: a job that cannot fit says so now, in one line
     cfg.task.check_host()
     recorder.set_tags({"weights": cfg.model.weights, **cfg.task.tags()})
     if need is not None:
         recorder.log_metrics({"memory_estimate_gb": need / memory.GB})
     loaded = load_model(cfg.model, cfg.cache_dir)
     recorder.log_metrics({"model_load_s": loaded.load_s})
-    cfg.task.preflight(cfg, loaded)   # its context, before anything is quantized or timed
-    corpus = Corpus(cfg.dataset)   # read only by the tasks and calibration that need it
+    cfg.task.preflight(cfg, loaded)  # its context, before anything is quantized or timed
+    corpus = Corpus(cfg.dataset)  # read only by the tasks and calibration that need it
     other = runtimes.runtime(cfg.engine)
-    if other is not None:   # another runtime: it quantizes and runs its own export of the weights, in a process
+    if other is not None:  # another runtime: it quantizes and runs its own export of the weights, in a process
         # of its own, so that its crash fails this job and the sweep goes on
         make = other.build(cfg, loaded, placement, corpus, recorder)
         engine = Isolated(make, getattr(other, "TITLE", cfg.engine.name), getattr(other, "crash_hint", lambda: ""))
         return Job(cfg, placement, env, loaded, loaded.model, corpus, engine, None, {}, recorder)
-    gemv = _kernels(cfg, placement, recorder)   # chosen once: quantized modules are built for it
+    gemv = _kernels(cfg, placement, recorder)  # chosen once: quantized modules are built for it
     model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)
     model = _place(cfg, model, placement, gemv, recorder)
     plain = engine_for(cfg.engine.kind, cfg.engine.step_path)
     drafter = _prepare_draft(cfg, loaded, corpus, placement, gemv, recorder) if cfg.draft.active else None
-    engine = plain if drafter is None else engine_for(cfg.engine.kind, cfg.engine.step_path, drafter,
-                                                      k=cfg.draft.k, schedule=cfg.draft.schedule,
-                                                      k_max=cfg.draft.k_max)
+    engine = (
+        plain
+        if drafter is None
+        else engine_for(
+            cfg.engine.kind,
+            cfg.engine.step_path,
+            drafter,
+            k=cfg.draft.k,
+            schedule=cfg.draft.schedule,
+            k_max=cfg.draft.k_max,
+        )
+    )
     baseline = plain if drafter is not None and cfg.draft.baseline else None
     return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics, recorder)
 
@@ -180,8 +218,14 @@ def _record_executed(cfg, placement, env: dict, recorder) -> None:
     where = f"host CPU ({env['cpu_model']})" if placement.device == "cpu" else placement.device
     other = runtimes.runtime(cfg.engine)
     runtime = other.runtime_name(cfg, placement.device) if other is not None else cfg.engine.runtime_name()
-    recorder.log_params({"executed.device": placement.device, "executed.cpu": env["cpu_model"],
-                         "executed.threads": str(placement.threads), "executed.runtime": runtime})
+    recorder.log_params(
+        {
+            "executed.device": placement.device,
+            "executed.cpu": env["cpu_model"],
+            "executed.threads": str(placement.threads),
+            "executed.runtime": runtime,
+        }
+    )
     recorder.set_tags({"ran_on": f"{cfg.hardware.name} profile, ran on {where}" if placement.note else where})
 
 
@@ -194,14 +238,18 @@ def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
     draft_loaded = load_model(cfg.draft_model, cfg.cache_dir)
     mismatch = tokenizer_mismatch(loaded.tokenizer, draft_loaded.tokenizer)
     if mismatch:
-        raise ConfigError(f"draft model {cfg.draft_model.name} does not share {cfg.model.name}'s tokenizer "
-                          f"({mismatch}); pick a draft of the target's family")
+        raise ConfigError(
+            f"draft model {cfg.draft_model.name} does not share {cfg.model.name}'s tokenizer "
+            f"({mismatch}); pick a draft of the target's family"
+        )
     recorder.log_metrics({"draft_model_load_s": draft_loaded.load_s})
-    model, _ = _prepare_precision(cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, recorder, gemv,
-                                  "draft_")
+    model, _ = _prepare_precision(
+        cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, recorder, gemv, "draft_"
+    )
     if cfg.draft.vocab:
-        kept = cut_head(model, frequent_tokens(draft_loaded.tokenizer, corpus.reader("draft vocabulary")(),
-                                               cfg.draft.vocab))
+        kept = cut_head(
+            model, frequent_tokens(draft_loaded.tokenizer, corpus.reader("draft vocabulary")(), cfg.draft.vocab)
+        )
         recorder.log_metrics({"draft_vocab": kept})
     model = _place(cfg, model, placement, gemv)
     return ModelDrafter(model, fast=cfg.engine.step_path == "quantspec")
@@ -229,14 +277,21 @@ def _kernels(cfg, placement, recorder) -> bool:
             used = True
         else:
             fallback = True
-            note = (f"quantspec kernels unavailable ({kernels.reason()}): ATen's kernels run, so this job's "
-                    f"{cfg.precision.name} times are ATen's, not the precision's")
+            note = (
+                f"quantspec kernels unavailable ({kernels.reason()}): ATen's kernels run, so this job's "
+                f"{cfg.precision.name} times are ATen's, not the precision's"
+            )
     if note:
         log.warning(note)
     variant = kernels.variant() if used else None
     executed = f"quantspec/{variant}" if used else ("aten (fallback)" if fallback else "aten")
-    recorder.set_tags({"kernels": "quantspec" if used else ("fallback" if fallback else "aten"),
-                       "kernels_isa": variant or "", "kernels_note": note})
+    recorder.set_tags(
+        {
+            "kernels": "quantspec" if used else ("fallback" if fallback else "aten"),
+            "kernels_isa": variant or "",
+            "kernels_note": note,
+        }
+    )
     recorder.log_params({"executed.kernels": executed})
     return used
 
@@ -259,16 +314,25 @@ def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv
     model, report = prepare(loaded, model_cfg, precision, corpus.reader("calibration"), cfg.cache_dir, gemv)
     if report is None:
         return model, {}
-    log.info("%s%s %s in %.1f s (%s)", prefix.replace("_", " "),
-             "quantized" if report.built else "loaded quantized weights", precision.name, report.seconds,
-             report.cache_dir)
+    log.info(
+        "%s%s %s in %.1f s (%s)",
+        prefix.replace("_", " "),
+        "quantized" if report.built else "loaded quantized weights",
+        precision.name,
+        report.seconds,
+        report.cache_dir,
+    )
     metrics = {prefix + k: v for k, v in report.metrics().items()}
-    if w8a8_linears(model):   # their many-row path: whichever this host runs faster
+    if w8a8_linears(model):  # their many-row path: whichever this host runs faster
         path, seconds = prefill.choose(cfg.cache_dir, environment.cpu_model(), torch.get_num_threads())
         install_prefill(model, path)
         recorder.log_params({f"executed.{prefix}int8_gemm": path})
         metrics.update({f"{prefix}int8_gemm_probe_ms_{p}": s * 1e3 for p, s in seconds.items()})
     recorder.log_metrics(metrics)
-    recorder.set_tags({prefix + "quant_cache": str(report.cache_dir),
-                  **({prefix + "smoothquant_alpha": str(report.alpha)} if report.alpha is not None else {})})
+    recorder.set_tags(
+        {
+            prefix + "quant_cache": str(report.cache_dir),
+            **({prefix + "smoothquant_alpha": str(report.alpha)} if report.alpha is not None else {}),
+        }
+    )
     return model, metrics

@@ -35,14 +35,14 @@ def _shape(cfg: JobConfig):
     try:
         return config_of(cfg.model.name)
     except NoShape:
-        return None   # load_model says so in its own line
+        return None  # load_model says so in its own line
 
 
 def _kv_bytes(cfg: JobConfig, shape) -> int:
     heads = getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads
     head_dim = getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
     tokens = cfg.task.kv_tokens(cfg.model.code)
-    tokens += max(kvcache.MIN_GROWTH, int(tokens * kvcache.GROWTH))   # the cache's room to grow
+    tokens += max(kvcache.MIN_GROWTH, int(tokens * kvcache.GROWTH))  # the cache's room to grow
     return 2 * shape.num_hidden_layers * tokens * heads * head_dim * 2
 
 
@@ -51,7 +51,7 @@ def estimate_bytes(cfg: JobConfig) -> int | None:
     if shape is None:
         return None
     params = parameter_count(shape)
-    built = params * 2                                   # bf16, as random weights are built
+    built = params * 2  # bf16, as random weights are built
     # Quantizing a linear makes a float32 copy of it: the largest, Qwen1.5-7B's 152k-row head, is 2.5 GB
     # (measured: its w8a8 job peaked 1.2 GB above an estimate without this).
     largest = max(shape.vocab_size, getattr(shape, "intermediate_size", None) or shape.ffn_dim) * shape.hidden_size * 4
@@ -59,7 +59,7 @@ def estimate_bytes(cfg: JobConfig) -> int | None:
     draft = 0
     if cfg.draft_model is not None and cfg.draft_model.name != cfg.model.name:
         draft = parameter_count(config_of(cfg.draft_model.name)) * 2
-    elif cfg.draft_model is not None:                    # a self-draft: a second, quantized copy
+    elif cfg.draft_model is not None:  # a self-draft: a second, quantized copy
         draft = params
     return max(built, held) + draft + _kv_bytes(cfg, shape) + _calibration_bytes(cfg, shape) + RUNTIME_BYTES
 
@@ -67,8 +67,11 @@ def estimate_bytes(cfg: JobConfig) -> int | None:
 def _calibration_bytes(cfg: JobConfig, shape) -> int:
     """A calibration forward's largest tensor, the logits of every window (float32), which at a 150k-token
     vocabulary outweigh a 0.5B model; plus what the method's own pass holds (src.quant.methods)."""
-    specs = [(p, p.quant) for p in (cfg.precision, cfg.draft_precision)
-             if p is not None and p.quantized and p.quant.CALIBRATES]
+    specs = [
+        (p, p.quant)
+        for p in (cfg.precision, cfg.draft_precision)
+        if p is not None and p.quantized and p.quant.CALIBRATES
+    ]
     if not specs:
         return 0
     logits = max(p.calib_samples * p.calib_seq_len for p, _ in specs) * shape.vocab_size * 4
@@ -85,7 +88,7 @@ def release_freed() -> None:
     if libc:
         try:
             ctypes.CDLL(libc).malloc_trim(0)
-        except (OSError, AttributeError):   # not glibc: nothing to trim this way
+        except (OSError, AttributeError):  # not glibc: nothing to trim this way
             pass
 
 
@@ -97,6 +100,8 @@ def check(cfg: JobConfig, available: int | None = None) -> int | None:
         return None
     available = psutil.virtual_memory().available if available is None else available
     if need > available:
-        raise ConfigError(f"{cfg.model.name} at {cfg.precision.name} needs about {need / GB:.1f} GB of memory and "
-                          f"{available / GB:.1f} GB is available; free memory, or pick a smaller model or precision")
+        raise ConfigError(
+            f"{cfg.model.name} at {cfg.precision.name} needs about {need / GB:.1f} GB of memory and "
+            f"{available / GB:.1f} GB is available; free memory, or pick a smaller model or precision"
+        )
     return need

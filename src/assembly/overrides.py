@@ -14,7 +14,7 @@ from src.assembly.config import GROUPS, ConfigError, unread
 from src.common.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
-LAUNCHERS = ("basic", "ray")   # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)
+LAUNCHERS = ("basic", "ray")  # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)
 
 
 def config_dirs(args: list[str]) -> list[Path]:
@@ -24,8 +24,11 @@ def config_dirs(args: list[str]) -> list[Path]:
     for arg in args:
         match = re.fullmatch(r"\+{0,2}hydra\.searchpath=\[(.*)\]", arg)
         if match:
-            dirs += [Path(item.strip().strip("'\"")[len("file://"):]) for item in match.group(1).split(",")
-                     if item.strip().strip("'\"").startswith("file://")]
+            dirs += [
+                Path(item.strip().strip("'\"")[len("file://") :])
+                for item in match.group(1).split(",")
+                if item.strip().strip("'\"").startswith("file://")
+            ]
     return dirs
 
 
@@ -49,8 +52,10 @@ def unparsable(args: list[str]) -> str | None:
         except (OverrideParseException, HydraException) as err:
             shown = arg if len(arg) <= 60 else arg[:57] + "..."
             why = str(err).strip().splitlines()[0][:80]
-            return (f"cannot read the override {shown!r} ({why}); quote values that hold spaces, non-ASCII or "
-                    f"special characters, e.g. key='a value'")
+            return (
+                f"cannot read the override {shown!r} ({why}); quote values that hold spaces, non-ASCII or "
+                f"special characters, e.g. key='a value'"
+            )
     return None
 
 
@@ -64,15 +69,14 @@ def unknown_choice(args: list[str]) -> str | None:
         launcher = re.fullmatch(r"hydra/launcher=(.*)", arg)
         if launcher and launcher.group(1) not in LAUNCHERS:
             return f"unknown hydra/launcher {launcher.group(1)!r}; choose from: {', '.join(LAUNCHERS)}"
-        match = re.fullmatch(r"\+?(\w+)(?:@[\w.]+)?=([^()\[\]{}]*)", arg)   # also precision@draft.precision=
+        match = re.fullmatch(r"\+?(\w+)(?:@[\w.]+)?=([^()\[\]{}]*)", arg)  # also precision@draft.precision=
         if not match or match.group(1) not in GROUPS:
             continue
         group, values = match.groups()
         known = _known(group, dirs)
         for value in (v.strip() for v in values.split(",")):
             if value not in known:
-                return (f"unknown {group} {value!r}; choose from: {', '.join(known)} "
-                        f"(or add conf/{group}/{value}.yaml)")
+                return f"unknown {group} {value!r}; choose from: {', '.join(known)} (or add conf/{group}/{value}.yaml)"
     return None
 
 
@@ -80,8 +84,11 @@ def unknown_key(args: list[str]) -> str | None:
     """One line naming an override of a group's field that the chosen entry does not have, or None.
 
     Hydra's own message is five lines ending in a hint about HYDRA_FULL_ERROR."""
-    chosen = {g: [v.strip() for v in m.group(2).split(",")] for a in args
-              if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS}
+    chosen = {
+        g: [v.strip() for v in m.group(2).split(",")]
+        for a in args
+        if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS
+    }
     dirs = config_dirs(args)
     defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
     for entry in defaults:
@@ -93,7 +100,7 @@ def unknown_key(args: list[str]) -> str | None:
         if not match or match.group(1) not in GROUPS:
             continue
         group, path = match.groups()
-        unread_by = {}   # chosen entries whose kind does not read this field (another kind's, from _fields)
+        unread_by = {}  # chosen entries whose kind does not read this field (another kind's, from _fields)
         for value in chosen.get(group, []):
             try:
                 node = entry = group_entry(group, value, group, dirs)
@@ -101,15 +108,19 @@ def unknown_key(args: list[str]) -> str | None:
                 continue  # an unknown choice is unknown_choice's to report
             for part in path.split("."):
                 if not isinstance(node, dict) or part not in node:
-                    return (f"{group}.{path} is not a setting of {group} {value}; its settings: "
-                            f"{', '.join(sorted(node)) if isinstance(node, dict) else '(none below ' + part + ')'}")
+                    return (
+                        f"{group}.{path} is not a setting of {group} {value}; its settings: "
+                        f"{', '.join(sorted(node)) if isinstance(node, dict) else '(none below ' + part + ')'}"
+                    )
                 node = node[part]
             owner = unread(group, entry, path)
             if owner is not None:
                 unread_by[value] = owner
-        if unread_by and len(unread_by) == len(chosen.get(group, [])):   # in a sweep, one job reading it is enough
-            return (f"{group}.{path} is read by {next(iter(unread_by.values()))}, not by {group} "
-                    f"{', '.join(unread_by)}; pick one that reads it, or leave it out")
+        if unread_by and len(unread_by) == len(chosen.get(group, [])):  # in a sweep, one job reading it is enough
+            return (
+                f"{group}.{path} is read by {next(iter(unread_by.values()))}, not by {group} "
+                f"{', '.join(unread_by)}; pick one that reads it, or leave it out"
+            )
     return None
 
 
@@ -128,7 +139,7 @@ def group_entry(group: str, name: str, where: str, dirs: list[Path] | None = Non
         if isinstance(entry, str) and entry != "_self_":
             parts.append(OmegaConf.load(_entry_file(group, entry, dirs) or path.with_name(f"{entry}.yaml")))
         elif isinstance(entry, DictConfig):
-            for key, value in entry.items():   # /other_group@field: choice
+            for key, value in entry.items():  # /other_group@field: choice
                 other, _, field = str(key).lstrip("/").partition("@")
                 parts.append(OmegaConf.create({field or other: group_entry(other, str(value), where, dirs)}))
     return OmegaConf.to_container(OmegaConf.merge(*parts, node), resolve=True)

@@ -20,8 +20,11 @@ def settings(config: DictConfig) -> SweepSettings:
     """The sweep's settings (src.assembly.config.SweepSettings) from Hydra's config: ConfigError, one
     line, where they are wrong."""
     try:
-        top = {k: OmegaConf.to_container(config[k], resolve=True) if isinstance(config[k], DictConfig) else config[k]
-               for k in ("tracking", "experiment", "report_at_end", "resume", "rounds", "busy_reruns") if k in config}
+        top = {
+            k: OmegaConf.to_container(config[k], resolve=True) if isinstance(config[k], DictConfig) else config[k]
+            for k in ("tracking", "experiment", "report_at_end", "resume", "rounds", "busy_reruns")
+            if k in config
+        }
     except MissingMandatoryValue as err:
         raise ConfigError(unset_line(err)) from None
     return sweep_settings(top, Path(str(config.hydra.sweep.dir)))

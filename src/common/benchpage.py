@@ -23,22 +23,38 @@ from src.common.environment import PROJECT_ROOT, cpu_model, git_commit
 
 RESULTS = PROJECT_ROOT / "docs" / "benchmarks" / "results"
 # The flags that decide which kernel variant runs and how fast: what a reader must know of the host.
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
-         "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "sve")
+FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "sve",
+)
 
 
 @dataclass
 class Entry:
     title: str
-    body: str                      # markdown: the table and what the reader needs to read it
-    date: str                      # YYYY-MM-DD
-    commit: str                    # the code measured ("-dirty": with uncommitted changes)
-    host: str                      # the CPU's name and cores
+    body: str  # markdown: the table and what the reader needs to read it
+    date: str  # YYYY-MM-DD
+    commit: str  # the code measured ("-dirty": with uncommitted changes)
+    host: str  # the CPU's name and cores
     flags: list[str]
     command: str
     rounds: int | None = None
-    load: str = ""                 # what else ran, where the script knows (busy rounds)
-    origin: str = "script"         # script, or where an entry was carried from
+    load: str = ""  # what else ran, where the script knows (busy rounds)
+    origin: str = "script"  # script, or where an entry was carried from
     extra: dict = field(default_factory=dict)
 
 
@@ -57,19 +73,28 @@ def host_flags(cpuinfo: str | None = None) -> list[str]:
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--doc", action="store_true",
-                        help="also append the result to the docs' benchmark page (docs/benchmarks/results/)")
+    parser.add_argument(
+        "--doc",
+        action="store_true",
+        help="also append the result to the docs' benchmark page (docs/benchmarks/results/)",
+    )
 
 
 def entry(title: str, body: str, rounds: int | None = None, load: str = "", argv: list[str] | None = None) -> Entry:
     argv = sys.argv if argv is None else argv
     script = os.path.relpath(argv[0], PROJECT_ROOT) if argv and argv[0] else "?"
     commit = git_commit()
-    return Entry(title=title, body=body.strip() + "\n", date=dt.date.today().isoformat(),
-                 commit=commit[:12] + ("-dirty" if commit.endswith("-dirty") else ""),
-                 host=f"{cpu_model()}, {os.cpu_count()} cores", flags=host_flags(),
-                 command=shlex.join([".venv/bin/python", script, *[a for a in argv[1:] if a != "--doc"]]),
-                 rounds=rounds, load=load)
+    return Entry(
+        title=title,
+        body=body.strip() + "\n",
+        date=dt.date.today().isoformat(),
+        commit=commit[:12] + ("-dirty" if commit.endswith("-dirty") else ""),
+        host=f"{cpu_model()}, {os.cpu_count()} cores",
+        flags=host_flags(),
+        command=shlex.join([".venv/bin/python", script, *[a for a in argv[1:] if a != "--doc"]]),
+        rounds=rounds,
+        load=load,
+    )
 
 
 def append(page: str, item: Entry, results: Path = RESULTS) -> Path:
@@ -110,18 +135,20 @@ def _header(item: Entry) -> str:
 
 def _about(item: Entry) -> str:
     flags = " ".join(item.flags) or "not recorded"
-    lines = [f"*Host*: {item.host}; CPU flags `{flags}`.  ",
-             f"*Measured*: {item.date}, commit `{item.commit}`, "
-             f"{f'{item.rounds} rounds in turns' if item.rounds else 'one run'}"
-             f"{f'; {item.load}' if item.load else ''}.  ",
-             f"*Command*: `{item.command}`" + (f"  \n*From*: {item.origin}" if item.origin != "script" else "")]
+    lines = [
+        f"*Host*: {item.host}; CPU flags `{flags}`.  ",
+        f"*Measured*: {item.date}, commit `{item.commit}`, "
+        f"{f'{item.rounds} rounds in turns' if item.rounds else 'one run'}"
+        f"{f'; {item.load}' if item.load else ''}.  ",
+        f"*Command*: `{item.command}`" + (f"  \n*From*: {item.origin}" if item.origin != "script" else ""),
+    ]
     return "\n".join(lines)
 
 
 def render(entries: list[Entry]) -> str:
     """The latest entry in full, the earlier ones collapsed (Material's `???` blocks), newest first."""
     if not entries:
-        return ("*No result recorded yet: run the script above with `--doc`.*\n")
+        return "*No result recorded yet: run the script above with `--doc`.*\n"
     latest, *earlier = reversed(entries)
     out = [f"## Latest: {latest.title}", "", _about(latest), "", latest.body.strip(), ""]
     if earlier:

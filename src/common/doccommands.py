@@ -18,9 +18,9 @@ FENCE = re.compile(r"^```(\w*)\s*$")
 @dataclass(frozen=True)
 class Block:
     path: Path
-    line: int          # where the block starts (1-based)
+    line: int  # where the block starts (1-based)
     text: str
-    runnable: bool     # marked <!-- runnable --> right above it: the docs check runs it
+    runnable: bool  # marked <!-- runnable --> right above it: the docs check runs it
 
     @property
     def where(self) -> str:
@@ -42,7 +42,7 @@ def blocks(path: Path) -> list[Block]:
             j = i + 1
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
-            found.append(Block(path, i + 1, "\n".join(lines[i + 1:j]), marked))
+            found.append(Block(path, i + 1, "\n".join(lines[i + 1 : j]), marked))
             i = j + 1
             continue
         if lines[i].startswith("    ") and (i == 0 or not lines[i - 1].strip()):
@@ -76,7 +76,7 @@ def commands(text: str) -> list[list[str]]:
 def module_args(words: list[str], module: str) -> list[str] | None:
     """The arguments of `python -m <module>` in one command (after any `&&`), or None."""
     for start in range(len(words)):
-        if words[start:start + 2] == ["-m", module] and start and words[start - 1].endswith("python"):
-            rest = words[start + 2:]
-            return rest[:rest.index("&&")] if "&&" in rest else rest
+        if words[start : start + 2] == ["-m", module] and start and words[start - 1].endswith("python"):
+            rest = words[start + 2 :]
+            return rest[: rest.index("&&")] if "&&" in rest else rest
     return None

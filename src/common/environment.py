@@ -28,10 +28,16 @@ def cpu_model() -> str:
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                             timeout=5, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=PROJECT_ROOT,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -61,22 +67,26 @@ def host_state() -> dict[str, str]:
     """What can change a figure on the same code, where this host lets it be read: the CPU frequency governor,
     turbo (boost), transparent huge pages, the kernel, the libraries' versions and the commit (with -dirty)."""
     governor = _read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor") or "unreadable"
-    no_turbo, boost = _read("/sys/devices/system/cpu/intel_pstate/no_turbo"), _read("/sys/devices/system/cpu/cpufreq/boost")
+    no_turbo, boost = (
+        _read("/sys/devices/system/cpu/intel_pstate/no_turbo"),
+        _read("/sys/devices/system/cpu/cpufreq/boost"),
+    )
     turbo = {"0": "on", "1": "off"}.get(no_turbo) or {"1": "on", "0": "off"}.get(boost) or "unreadable"
     thp = _read("/sys/kernel/mm/transparent_hugepage/enabled")
-    thp = thp[thp.find("[") + 1:thp.find("]")] if "[" in thp else (thp or "unreadable")
+    thp = thp[thp.find("[") + 1 : thp.find("]")] if "[" in thp else (thp or "unreadable")
     state = {"governor": governor, "turbo": turbo, "thp": thp, "kernel": platform.release(), "commit": git_commit()}
     for name in (*PACKAGES, *RUNTIMES):
         try:
             state[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            pass   # absent: not installed here, nothing to compare
+            pass  # absent: not installed here, nothing to compare
     state["python"] = platform.python_version()
     return state
 
 
 def describe(threads: int, device: str) -> dict:
     import torch  # here, not at the top: scripts that set torch's ISA variables import this module first
+
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),

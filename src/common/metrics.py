@@ -20,8 +20,15 @@ from dataclasses import asdict, dataclass
 ROW_METRICS = ("prompt_tokens", "new_tokens", "total_time_s", "prefill_ms", "time_per_token_ms", "tokens_per_s")
 EXAMPLE = "by_example/"
 LEGACY_EXAMPLE = "example/"
-SEED_HEADERS = ("Example#", "Prompt Length (tokens)", "New Tokens Generated", "Total Time (s)",
-                "Prefill Phase (ms)", "Time/Token (ms)", "Tokens/Sec")
+SEED_HEADERS = (
+    "Example#",
+    "Prompt Length (tokens)",
+    "New Tokens Generated",
+    "Total Time (s)",
+    "Prefill Phase (ms)",
+    "Time/Token (ms)",
+    "Tokens/Sec",
+)
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,7 @@ class Row:
         return {EXAMPLE + k: float(v) for k, v in asdict(self).items() if k in ROW_METRICS}
 
 
-def timing_row(example: int, prompt_tokens: int, start: float, first_token: float, end: float,
-               new_tokens: int) -> Row:
+def timing_row(example: int, prompt_tokens: int, start: float, first_token: float, end: float, new_tokens: int) -> Row:
     """Times in seconds (perf_counter readings). With one new token there is no decode step: NaN, not 0."""
     if new_tokens < 1:
         raise ValueError("a generation with no new token has no timing")
@@ -47,8 +53,15 @@ def timing_row(example: int, prompt_tokens: int, start: float, first_token: floa
     total_s = end - start
     per_token_s = (total_s - prefill_s) / (new_tokens - 1) if new_tokens > 1 else math.nan
     per_token_ms = per_token_s * 1000
-    return Row(example, prompt_tokens, new_tokens, total_s, prefill_s * 1000, per_token_ms,
-               1000 / per_token_ms if per_token_ms > 0 else math.nan)
+    return Row(
+        example,
+        prompt_tokens,
+        new_tokens,
+        total_s,
+        prefill_s * 1000,
+        per_token_ms,
+        1000 / per_token_ms if per_token_ms > 0 else math.nan,
+    )
 
 
 def median(values: list[float]) -> float:
@@ -86,8 +99,21 @@ def summary_table(summary: dict[str, float]) -> str:
 
 
 def seed_table(rows: list[Row]) -> str:
-    return markdown_table(SEED_HEADERS, [[r.example, r.prompt_tokens, r.new_tokens, r.total_time_s, r.prefill_ms,
-                                          r.time_per_token_ms, r.tokens_per_s] for r in rows])
+    return markdown_table(
+        SEED_HEADERS,
+        [
+            [
+                r.example,
+                r.prompt_tokens,
+                r.new_tokens,
+                r.total_time_s,
+                r.prefill_ms,
+                r.time_per_token_ms,
+                r.tokens_per_s,
+            ]
+            for r in rows
+        ],
+    )
 
 
 def csv_text(rows: list[list]) -> str:

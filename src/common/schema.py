@@ -23,12 +23,12 @@ def check_choice(where: str, value: Any, allowed: tuple[str, ...]) -> None:
 class Kinds:
     """One axis's kinds: the value of `selector` (e.g. task.kind) -> the config class of that kind.
 
-        TASKS = Kinds("task", "kind")
-        @TASKS.register
-        @dataclass(frozen=True, kw_only=True)
-        class Perplexity(TaskConfig):
-            KIND: ClassVar[str] = "perplexity"
-            window: int = 512
+    TASKS = Kinds("task", "kind")
+    @TASKS.register
+    @dataclass(frozen=True, kw_only=True)
+    class Perplexity(TaskConfig):
+        KIND: ClassVar[str] = "perplexity"
+        window: int = 512
     """
 
     def __init__(self, axis: str, selector: str):
@@ -65,4 +65,3 @@ class Kinds:
         """Every kind's fields: the keys the axis's YAML may hold (conf/<axis>/_fields.yaml lists them all so
         one override reaches every job of a sweep that has it)."""
         return {f.name for cls in self._classes.values() for f in dataclasses.fields(cls)}
-

@@ -35,7 +35,7 @@ def _own_s(process: psutil.Process) -> float:
             c = child.cpu_times()
             total += c.user + c.system
         except psutil.Error:
-            pass   # ended between the listing and the reading: its time is in children_* once waited for
+            pass  # ended between the listing and the reading: its time is in children_* once waited for
     return total
 
 
@@ -79,10 +79,12 @@ class Sampler:
 
     def sample(self, others: OthersCpu | None) -> dict[str, float]:
         memory = psutil.virtual_memory()
-        values = {"system/cpu_utilization_percentage": psutil.cpu_percent(),
-                  "system/system_memory_usage_megabytes": (memory.total - memory.available) / MB,
-                  "system/system_memory_usage_percentage": memory.percent,
-                  "system/process_rss_megabytes": psutil.Process().memory_info().rss / MB}
+        values = {
+            "system/cpu_utilization_percentage": psutil.cpu_percent(),
+            "system/system_memory_usage_megabytes": (memory.total - memory.available) / MB,
+            "system/system_memory_usage_percentage": memory.percent,
+            "system/process_rss_megabytes": psutil.Process().memory_info().rss / MB,
+        }
         if others is not None:
             others.__exit__()
             if others.wall_s > 0:
@@ -104,7 +106,7 @@ class Sampler:
 
     def __enter__(self) -> Sampler:
         if self.interval_s > 0:
-            psutil.cpu_percent()   # the first call only starts psutil's interval
+            psutil.cpu_percent()  # the first call only starts psutil's interval
             self._thread = threading.Thread(target=self._loop, name="quantspec-system-metrics", daemon=True)
             self._thread.start()
         return self

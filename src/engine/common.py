@@ -17,10 +17,10 @@ from src.engine.config import Sampling  # the configured type itself: config imp
 class Generation:
     prompt_tokens: int
     new_token_ids: list[int]
-    start: float               # perf_counter at the call
-    token_times: list[float]   # perf_counter when each new token existed
-    end: float                 # perf_counter when the engine returned
-    spec: Any = None           # speculative decoding's SpecStats, when a drafter ran
+    start: float  # perf_counter at the call
+    token_times: list[float]  # perf_counter when each new token existed
+    end: float  # perf_counter when the engine returned
+    spec: Any = None  # speculative decoding's SpecStats, when a drafter ran
 
     @property
     def new_tokens(self) -> int:
@@ -61,8 +61,15 @@ def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator 
     return int(torch.multinomial(probabilities(logits, sampling), 1, generator=generator))
 
 
-def token_loop(next_logits: Callable[[list[int]], np.ndarray], ids: list[int], max_new_tokens: int, exact: bool,
-               eos: tuple[int, ...], sampling: Sampling, stop=None) -> Generation:
+def token_loop(
+    next_logits: Callable[[list[int]], np.ndarray],
+    ids: list[int],
+    max_new_tokens: int,
+    exact: bool,
+    eos: tuple[int, ...],
+    sampling: Sampling,
+    stop=None,
+) -> Generation:
     """Decoding over another runtime that gives the logits after some tokens (`next_logits`: the prompt's
     ids first, then one token at a time, appended to what it holds): each token chosen as every engine
     chooses (greedy, or sampled with top-p), timestamped when it exists; end of sequence banned while

@@ -26,20 +26,21 @@ STEP_PATHS = ("quantspec", "transformers")
 
 
 MIN_TEMPERATURE = 1e-3
-ENGINES = Kinds("engine", "kind")   # quantspec's own engines; another runtime is a RuntimeEngine
+ENGINES = Kinds("engine", "kind")  # quantspec's own engines; another runtime is a RuntimeEngine
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """quantspec's own engines: the model's forward on torch, with quantspec's kernels where asked."""
+
     KIND: ClassVar[str]
-    MODULE: ClassVar[str]   # its implementation: a module with generate(model, ids, ...) -> Generation
-    name: str                       # the choice's name (conf/engine/<name>.yaml)
-    attention: str          # conf/engine/*.yaml hold the values (measured defaults) and say why
-    kernels: str            # quantspec: decode-step matmuls through src/kernels where this CPU runs them
-    step_path: str          # quantspec: native steps through src.engine.fastpath where it covers
-    isa: str = "auto"       # which variant of src/kernels runs (engine.kernels=quantspec)
-    module: ClassVar[None] = None   # not another runtime
+    MODULE: ClassVar[str]  # its implementation: a module with generate(model, ids, ...) -> Generation
+    name: str  # the choice's name (conf/engine/<name>.yaml)
+    attention: str  # conf/engine/*.yaml hold the values (measured defaults) and say why
+    kernels: str  # quantspec: decode-step matmuls through src/kernels where this CPU runs them
+    step_path: str  # quantspec: native steps through src.engine.fastpath where it covers
+    isa: str = "auto"  # which variant of src/kernels runs (engine.kernels=quantspec)
+    module: ClassVar[None] = None  # not another runtime
 
     @property
     def kind(self) -> str:
@@ -54,9 +55,9 @@ class EngineConfig:
 
 @ENGINES.register
 @dataclass(frozen=True, kw_only=True)
-
 class HfEngine(EngineConfig):
     """transformers' generate: the reference."""
+
     KIND: ClassVar[str] = "hf"
     MODULE: ClassVar[str] = "src.engine.hf"
 
@@ -71,9 +72,9 @@ class HfEngine(EngineConfig):
 
 @ENGINES.register
 @dataclass(frozen=True, kw_only=True)
-
 class NativeEngine(EngineConfig):
     """quantspec's own loop: prefill, steps and k-token verifications over a KV cache (drafts run here)."""
+
     KIND: ClassVar[str] = "native"
     MODULE: ClassVar[str] = "src.engine.native"
 
@@ -85,8 +86,9 @@ class NativeEngine(EngineConfig):
 class RuntimeEngine:
     """Another runtime, named by its module (src/engine/runtimes.py): it brings its own kernels, attention
     and steps, so none of quantspec's engine fields apply."""
-    name: str                       # the choice's name (conf/engine/<name>.yaml)
-    kind: str                       # the engine's kind: native, hf, or another runtime's name
+
+    name: str  # the choice's name (conf/engine/<name>.yaml)
+    kind: str  # the engine's kind: native, hf, or another runtime's name
     module: str
 
     def validate(self) -> None:
@@ -96,6 +98,7 @@ class RuntimeEngine:
 @dataclass(frozen=True)
 class Sampling:
     """How the engines choose tokens (src.engine takes this type; greedy by default, as the seeds were)."""
+
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
@@ -104,9 +107,13 @@ class Sampling:
     def validate(self) -> None:
         # logits / temperature must stay finite: NaN, infinities and denormals fail here, not mid-job
         if not math.isfinite(self.temperature) or self.temperature < MIN_TEMPERATURE:
-            raise ConfigError(f"sampling.temperature={self.temperature} must be a finite number of at least "
-                              f"{MIN_TEMPERATURE} (greedy decoding is sampling.do_sample=false)")
+            raise ConfigError(
+                f"sampling.temperature={self.temperature} must be a finite number of at least "
+                f"{MIN_TEMPERATURE} (greedy decoding is sampling.do_sample=false)"
+            )
         if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             raise ConfigError(f"sampling.top_p={self.top_p} must be in (0, 1]")
-        if not 0 <= self.seed < 2 ** 63:
-            raise ConfigError(f"sampling.seed={self.seed} must be in [0, 2**63) (torch's generator takes a 64-bit seed)")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(
+                f"sampling.seed={self.seed} must be in [0, 2**63) (torch's generator takes a 64-bit seed)"
+            )

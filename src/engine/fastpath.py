@@ -26,7 +26,7 @@ class Steps:
     """One forward over [1, k] new tokens into the model's DynamicCache; the families differ in their
     embeddings and layers (below)."""
 
-    window: int | None = None   # a sliding window: beyond it, masks other than causality are needed
+    window: int | None = None  # a sliding window: beyond it, masks other than causality are needed
 
     def __init__(self, model, head_dim: int, scaling: float):
         self.model, self.head_dim, self.scaling = model, head_dim, scaling
@@ -43,8 +43,13 @@ class Steps:
     @staticmethod
     def _mask(past: int, k: int, device) -> torch.Tensor | None:
         # transformers' causal mask for k new tokens: query i sees keys 0 .. past + i
-        return None if k == 1 else (torch.arange(past + k, device=device)[None, :]
-                                    <= torch.arange(past, past + k, device=device)[:, None])
+        return (
+            None
+            if k == 1
+            else (
+                torch.arange(past + k, device=device)[None, :] <= torch.arange(past, past + k, device=device)[:, None]
+            )
+        )
 
     def _attend(self, q, key, value, mask) -> torch.Tensor:
         """[1, heads, k, head_dim] -> [1, k, heads * head_dim], scores scaled by self.scaling."""
@@ -63,7 +68,7 @@ class GemmaSteps(Steps):
 
     def __init__(self, model):
         cfg = model.config
-        super().__init__(model, cfg.head_dim, cfg.query_pre_attn_scalar ** -0.5)
+        super().__init__(model, cfg.head_dim, cfg.query_pre_attn_scalar**-0.5)
         self.layers = list(model.model.layers)
         self.attn_in = [Projection([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in self.layers)]
         self.mlp_in = [Projection([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in self.layers]
@@ -74,8 +79,11 @@ class GemmaSteps(Steps):
     @staticmethod
     def supports(model) -> bool:
         cfg = model.config
-        return (cfg.model_type == "gemma3_text" and cfg.attn_logit_softcapping is None
-                and not cfg.use_bidirectional_attention)
+        return (
+            cfg.model_type == "gemma3_text"
+            and cfg.attn_logit_softcapping is None
+            and not cfg.use_bidirectional_attention
+        )
 
     def __call__(self, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
         base = self.model.model
@@ -114,7 +122,7 @@ class LlamaSteps(Steps):
     def __init__(self, model):
         cfg = model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        super().__init__(model, head_dim, head_dim ** -0.5)
+        super().__init__(model, head_dim, head_dim**-0.5)
         self.layers = list(model.model.layers)
         self.attn_in = [Projection([a.q_proj, a.k_proj, a.v_proj]) for a in (layer.self_attn for layer in self.layers)]
         self.mlp_in = [Projection([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in self.layers]
@@ -149,7 +157,7 @@ class OptSteps(Steps):
     def __init__(self, model):
         cfg = model.config
         head_dim = cfg.hidden_size // cfg.num_attention_heads
-        super().__init__(model, head_dim, 1.0)   # q is scaled before attention, as OPT does
+        super().__init__(model, head_dim, 1.0)  # q is scaled before attention, as OPT does
         self.decoder = model.model.decoder
         self.layers = list(self.decoder.layers)
 

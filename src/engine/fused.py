@@ -21,9 +21,13 @@ from src.kernels.modules import GemvLinear
 from src.quant.linear import W4A16Gemv, W8A8Gemv, W8A16Gemv
 
 # The tensors of each gemv module kind that stack along output channels (dim 0).
-ROWS = {GemvLinear: ("weight",), W8A8Gemv: ("w_q", "w_scale", "w_sum"),
-        W8A16Gemv: ("w_q", "w_scale", "w_scale32"), W4A16Gemv: ("w4", "w4_scale", "w4_offset")}
-ALIGN = 64   # bytes: ATen's int8 kernel needs its weight 64-byte aligned (src.quant.linear._owned)
+ROWS = {
+    GemvLinear: ("weight",),
+    W8A8Gemv: ("w_q", "w_scale", "w_sum"),
+    W8A16Gemv: ("w_q", "w_scale", "w_scale32"),
+    W4A16Gemv: ("w4", "w4_scale", "w4_offset"),
+}
+ALIGN = 64  # bytes: ATen's int8 kernel needs its weight 64-byte aligned (src.quant.linear._owned)
 
 
 def _fusable(parts: list[nn.Module]) -> bool:
@@ -38,7 +42,8 @@ def _fusable(parts: list[nn.Module]) -> bool:
     offsets = [sum(p.out_features for p in parts[:i]) for i in range(len(parts))]
     matrices = [getattr(parts[0], name) for name in ROWS[kind] if getattr(parts[0], name).dim() == 2]
     return all(o % 4 == 0 for o in offsets) and all(
-        o * m.stride(0) * m.element_size() % ALIGN == 0 for m in matrices for o in offsets)
+        o * m.stride(0) * m.element_size() % ALIGN == 0 for m in matrices for o in offsets
+    )
 
 
 def fuse(parts: list[nn.Module]) -> nn.Module | None:
@@ -52,13 +57,17 @@ def fuse(parts: list[nn.Module]) -> nn.Module | None:
     names = ROWS[type(parts[0])] + (("bias",) if parts[0].bias is not None else ())
     for name in names:
         whole = torch.cat([getattr(p, name).detach() for p in parts])
-        setattr(fused, name, nn.Parameter(whole, requires_grad=False)
-                if isinstance(getattr(parts[0], name), nn.Parameter) else whole)
+        setattr(
+            fused,
+            name,
+            nn.Parameter(whole, requires_grad=False) if isinstance(getattr(parts[0], name), nn.Parameter) else whole,
+        )
         start = 0
         for p in parts:
-            view = whole[start:start + p.out_features]
-            setattr(p, name, nn.Parameter(view, requires_grad=False) if isinstance(getattr(p, name), nn.Parameter)
-                    else view)
+            view = whole[start : start + p.out_features]
+            setattr(
+                p, name, nn.Parameter(view, requires_grad=False) if isinstance(getattr(p, name), nn.Parameter) else view
+            )
             start += p.out_features
     return fused
 

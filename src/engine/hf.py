@@ -22,13 +22,20 @@ class _StepClock(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         self.times.append(time.perf_counter())
-        done = bool(self.stop and self.stop(input_ids[0, self.prompt_tokens:].tolist()))
+        done = bool(self.stop and self.stop(input_ids[0, self.prompt_tokens :].tolist()))
         return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
 @torch.inference_mode()
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
-             pad_token_id: int | None, stop: Callable[[list[int]], bool] | None = None) -> Generation:
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    exact: bool,
+    sampling: Sampling,
+    pad_token_id: int | None,
+    stop: Callable[[list[int]], bool] | None = None,
+) -> Generation:
     """One prompt (batch of 1). `exact` forbids stopping at end-of-sequence, so benchmark runs compare;
     `stop`, given the new tokens so far, ends the generation when true."""
     input_ids = input_ids.to(model.device)
@@ -44,8 +51,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, s
     clock = _StepClock(input_ids.shape[1], stop)
     attention_mask = torch.ones_like(input_ids)
     start = time.perf_counter()
-    out = model.generate(input_ids, attention_mask=attention_mask, stopping_criteria=StoppingCriteriaList([clock]),
-                         **kwargs)
+    out = model.generate(
+        input_ids, attention_mask=attention_mask, stopping_criteria=StoppingCriteriaList([clock]), **kwargs
+    )
     end = time.perf_counter()
-    new = out[0, input_ids.shape[1]:].tolist()
-    return Generation(input_ids.shape[1], new, start, clock.times[:len(new)], end)
+    new = out[0, input_ids.shape[1] :].tolist()
+    return Generation(input_ids.shape[1], new, start, clock.times[: len(new)], end)

@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-POLL_S = 0.2       # how often a waiting parent checks that its child still lives
+POLL_S = 0.2  # how often a waiting parent checks that its child still lives
 
 
 class RuntimeCrash(RuntimeError):
@@ -60,23 +60,29 @@ class Isolated:
         self.name, self.hint, self.calls = name, hint, 0
         child_reads, parent_writes = os.pipe()
         parent_reads, child_writes = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(ROOT), os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}
-        self._proc = subprocess.Popen([sys.executable, "-m", "src.engine.isolated", str(child_reads), str(child_writes)],
-                                      pass_fds=(child_reads, child_writes), env=env, cwd=os.getcwd())
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.getcwd(), os.environ.get("PYTHONPATH", "")) if p),
+        }
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "src.engine.isolated", str(child_reads), str(child_writes)],
+            pass_fds=(child_reads, child_writes),
+            env=env,
+            cwd=os.getcwd(),
+        )
         os.close(child_reads)
         os.close(child_writes)
         self._send = Connection(parent_writes, readable=False)
         self._recv = Connection(parent_reads, writable=False)
         self._stop_sent: object = None
-        self.close = weakref.finalize(self, _end, self._proc, self._send, self._recv)   # once: by hand or when collected
+        self.close = weakref.finalize(self, _end, self._proc, self._send, self._recv)  # once: by hand or when collected
         has_window_score = self._ask("its load", "make", make)
         if not has_window_score:
-            self.window_score = None   # quality tasks then score with torch's forward (src.quality.scoring)
+            self.window_score = None  # quality tasks then score with torch's forward (src.quality.scoring)
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling, pad_token_id, stop=None):
         self.calls += 1
-        if stop is not self._stop_sent:   # one stop rule serves a task's every call: sent once
+        if stop is not self._stop_sent:  # one stop rule serves a task's every call: sent once
             self._ask("its stop rule", "stop", stop)
             self._stop_sent = stop
         when = "its first decode" if self.calls == 1 else f"decode {self.calls}"
@@ -97,7 +103,7 @@ class Isolated:
             kind, value = pickle.loads(self._recv.recv_bytes())
         except (EOFError, OSError):
             self._died(when)
-        if kind == "error":   # a Python error in the child: its first line, its traceback kept as a note
+        if kind == "error":  # a Python error in the child: its first line, its traceback kept as a note
             line, child_traceback = value
             err = RuntimeError(f"{self.name} failed on {when}: {line}")
             err.add_note(f"in the runtime's process:\n{child_traceback}")
@@ -107,12 +113,14 @@ class Isolated:
     def _died(self, when: str):
         try:
             code = self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:   # its pipe closed but it lives: end it, said as what it was
+        except subprocess.TimeoutExpired:  # its pipe closed but it lives: end it, said as what it was
             self._proc.kill()
             code = self._proc.wait()
         hint = self.hint()
-        raise RuntimeCrash(f"{self.name} crashed ({death(code)}) on {when}; the job is failed, the sweep goes on"
-                           + (f" ({hint})" if hint else "")) from None
+        raise RuntimeCrash(
+            f"{self.name} crashed ({death(code)}) on {when}; the job is failed, the sweep goes on"
+            + (f" ({hint})" if hint else "")
+        ) from None
 
 
 def _end(proc: subprocess.Popen, send: Connection, recv: Connection) -> None:
@@ -130,10 +138,10 @@ def _end(proc: subprocess.Popen, send: Connection, recv: Connection) -> None:
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when the parent dies, so a killed sweep leaves no runtime behind."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:   # the parent died before prctl took effect
+    if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(1)
 
 
@@ -160,8 +168,10 @@ def serve(recv: Connection, send: Connection) -> None:
             answer = ("ok", value)
         except Exception as err:  # noqa: BLE001 - sent to the parent as the job's one-line failure
             text = str(err).strip()
-            answer = ("error", (f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300],
-                                traceback.format_exc()))
+            answer = (
+                "error",
+                (f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300], traceback.format_exc()),
+            )
         send.send_bytes(pickle.dumps(answer))
 
 

@@ -32,9 +32,9 @@ class _Buffered:
         new = key_states.shape[-2]
         if self._k is None or used + new > self._k.shape[-2]:
             self._grow(key_states, value_states, used, used + new)
-        self._k[..., used:used + new, :].copy_(key_states)
-        self._v[..., used:used + new, :].copy_(value_states)
-        self.keys, self.values = self._k[..., :used + new, :], self._v[..., :used + new, :]
+        self._k[..., used : used + new, :].copy_(key_states)
+        self._v[..., used : used + new, :].copy_(value_states)
+        self.keys, self.values = self._k[..., : used + new, :], self._v[..., : used + new, :]
         return self.keys, self.values
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, used: int, needed: int) -> None:
@@ -83,7 +83,12 @@ class GrowingSlidingLayer(_Buffered, DynamicSlidingWindowLayer):
 def growing_cache(config) -> DynamicCache:
     """transformers' DynamicCache for this model, each layer its growing counterpart."""
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer
-                    else GrowingSlidingLayer(layer.sliding_window) if type(layer) is DynamicSlidingWindowLayer
-                    else layer for layer in cache.layers]
+    cache.layers = [
+        GrowingLayer()
+        if type(layer) is DynamicLayer
+        else GrowingSlidingLayer(layer.sliding_window)
+        if type(layer) is DynamicSlidingWindowLayer
+        else layer
+        for layer in cache.layers
+    ]
     return cache

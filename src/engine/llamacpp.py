@@ -33,7 +33,7 @@ from src.quality.scoring import score_logits
 log = logging.getLogger("quantspec")
 
 TITLE = "llama.cpp"
-FTYPES = {"fp32": 0, "bf16": 32}   # llama.h's LLAMA_FTYPE_ALL_F32 and LLAMA_FTYPE_MOSTLY_BF16
+FTYPES = {"fp32": 0, "bf16": 32}  # llama.h's LLAMA_FTYPE_ALL_F32 and LLAMA_FTYPE_MOSTLY_BF16
 EXPORT_VERSION = 1
 
 
@@ -42,36 +42,51 @@ def available() -> str | None:
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
-        return ("llama-cpp-python is not installed (an optional extra, a source build of about 20 minutes: "
-                "pip install -e '.[llamacpp]')")
+        return (
+            "llama-cpp-python is not installed (an optional extra, a source build of about 20 minutes: "
+            "pip install -e '.[llamacpp]')"
+        )
     return None
 
 
 def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
     if cfg.precision.name not in FTYPES:
-        return (f"engine llamacpp has no {cfg.precision.name}: quantspec's weights go to llama.cpp exactly only "
-                f"as {' or '.join(FTYPES)} (its own Q8_0/Q4_K formats are other quantizations)")
+        return (
+            f"engine llamacpp has no {cfg.precision.name}: quantspec's weights go to llama.cpp exactly only "
+            f"as {' or '.join(FTYPES)} (its own Q8_0/Q4_K formats are other quantizations)"
+        )
     if cfg.model.source != "gguf_package":
-        return (f"engine llamacpp runs GGUF packages' models (model.source=gguf_package); {cfg.model.name} would "
-                f"need llama.cpp's Hugging Face converter, which llama-cpp-python does not ship")
+        return (
+            f"engine llamacpp runs GGUF packages' models (model.source=gguf_package); {cfg.model.name} would "
+            f"need llama.cpp's Hugging Face converter, which llama-cpp-python does not ship"
+        )
     return available()
 
 
 def crash_hint() -> str:
     """llama.cpp's native build takes the AMX path where the CPU has AMX, and it segfaulted on its first
     decode on such a host (a Xeon VM): the fix is a build without AMX."""
-    return ("this CPU has AMX, whose llama.cpp path has crashed on VMs: rebuild without it, CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
-            "-DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF\" pip install "
-            "--no-cache-dir --force-reinstall llama-cpp-python==0.3.36") if "amx_int8" in cpu_features() else ""
+    return (
+        (
+            'this CPU has AMX, whose llama.cpp path has crashed on VMs: rebuild without it, CMAKE_ARGS="-DGGML_NATIVE=OFF '
+            '-DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install '
+            "--no-cache-dir --force-reinstall llama-cpp-python==0.3.36"
+        )
+        if "amx_int8" in cpu_features()
+        else ""
+    )
 
 
 def runtime_name(cfg, device: str) -> str:
     import llama_cpp  # optional: the llamacpp extra
+
     flags = llama_cpp.llama_print_system_info().decode().split("|")
     built = " ".join(f.split("=")[0].strip().replace("CPU : ", "") for f in flags if f.strip().endswith("= 1"))
-    return (f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, built with {built}) CPU, "
-            f"{cfg.precision.name} GGUF written by llama_model_quantize from the package's file")
+    return (
+        f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, built with {built}) CPU, "
+        f"{cfg.precision.name} GGUF written by llama_model_quantize from the package's file"
+    )
 
 
 def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Path:
@@ -80,6 +95,7 @@ def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Pa
 
     def quantize(work: Path) -> None:
         import llama_cpp  # optional: the llamacpp extra
+
         (work / "model").mkdir()
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype, params.allow_requantize, params.nthread = FTYPES[precision], True, os.cpu_count() or 1
@@ -93,8 +109,12 @@ def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Pa
 def build(cfg, loaded, placement, corpus, recorder):
     """The job's weights as a GGUF at the precision (cached); what loads it with llama.cpp on the job's
     threads (in the runtime's own process: src.engine.isolated)."""
-    path = exported(recorder, lambda: export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key,
-                                             cfg.precision.name, cfg.cache_dir), "llamacpp", "llama.cpp/CPU")
+    path = exported(
+        recorder,
+        lambda: export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key, cfg.precision.name, cfg.cache_dir),
+        "llamacpp",
+        "llama.cpp/CPU",
+    )
     return partial(LlamaCpp, path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
 
 
@@ -110,9 +130,16 @@ class LlamaCpp:
 
     def _open(self, context: int, every_position: bool):
         import llama_cpp  # optional: the llamacpp extra
-        return llama_cpp.Llama(model_path=str(self.path), n_ctx=context, n_batch=min(context, 512),
-                               n_ubatch=min(context, 512), n_threads=self.threads, logits_all=every_position,
-                               verbose=False)
+
+        return llama_cpp.Llama(
+            model_path=str(self.path),
+            n_ctx=context,
+            n_batch=min(context, 512),
+            n_ubatch=min(context, 512),
+            n_threads=self.threads,
+            logits_all=every_position,
+            verbose=False,
+        )
 
     def window_score(self, ids, indices=None):
         """The window scored from llama.cpp's logits for every position (src.quality.scoring)."""
@@ -126,12 +153,21 @@ class LlamaCpp:
     def _next_logits(self, ids: list[int]) -> np.ndarray:
         """The logits after `ids`, appended to what the decoding context holds."""
         import llama_cpp  # optional: the llamacpp extra
+
         self._decoder.eval(ids)
         row = llama_cpp.llama_get_logits_ith(self._decoder.ctx, -1)
         return np.ctypeslib.as_array(row, shape=(self._decoder.n_vocab(),)).copy()
 
-    def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
-                 pad_token_id: int | None, stop=None) -> Generation:
+    def __call__(
+        self,
+        model,
+        input_ids,
+        max_new_tokens: int,
+        exact: bool,
+        sampling: Sampling,
+        pad_token_id: int | None,
+        stop=None,
+    ) -> Generation:
         if self._decoder is None:
             self._decoder = self._open(self.context, False)
         self._decoder.reset()

@@ -61,9 +61,16 @@ class Decoder:
 
 
 @torch.inference_mode()
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
-             pad_token_id: int | None, fast: bool = False, stop: Callable[[list[int]], bool] | None = None
-             ) -> Generation:
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    exact: bool,
+    sampling: Sampling,
+    pad_token_id: int | None,
+    fast: bool = False,
+    stop: Callable[[list[int]], bool] | None = None,
+) -> Generation:
     """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does;
     `fast` takes steps through src.engine.fastpath where it covers the model (see Decoder); `stop`, given
     the new tokens so far, ends the generation when true (a task's stop sequences)."""

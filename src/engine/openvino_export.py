@@ -18,19 +18,25 @@ def main(hf_dir: str, out_dir: str, precision: str, calibration: str, alpha: str
         config = None
     elif precision == "int8":
         config = OVWeightQuantizationConfig(bits=8, sym=False)
-    elif precision == "int4_awq":   # AWQ on quantspec's own calibration texts (no data set is fetched: offline)
-        config = (OVWeightQuantizationConfig(bits=4, sym=False, group_size=128, ratio=1.0, awq=True, dataset=texts,
-                                             num_samples=len(texts)) if texts else
-                  OVWeightQuantizationConfig(bits=4, sym=False, group_size=128, ratio=1.0))
+    elif precision == "int4_awq":  # AWQ on quantspec's own calibration texts (no data set is fetched: offline)
+        config = (
+            OVWeightQuantizationConfig(
+                bits=4, sym=False, group_size=128, ratio=1.0, awq=True, dataset=texts, num_samples=len(texts)
+            )
+            if texts
+            else OVWeightQuantizationConfig(bits=4, sym=False, group_size=128, ratio=1.0)
+        )
     elif precision == "int8_sq" and texts:
         # NNCF's full quantization: SmoothQuant at quantspec's alpha, then int8 weights (symmetric, per
         # channel) and int8 activations (static ranges from the same calibration texts)
-        config = OVQuantizationConfig(bits=8, sym=False, dataset=texts, num_samples=len(texts),
-                                      smooth_quant_alpha=float(alpha))
+        config = OVQuantizationConfig(
+            bits=8, sym=False, dataset=texts, num_samples=len(texts), smooth_quant_alpha=float(alpha)
+        )
     else:
         raise SystemExit(f"no export for {precision!r} (int8_sq needs calibration texts)")
-    model = OVModelForCausalLM.from_pretrained(hf_dir, export=True, compile=False, quantization_config=config,
-                                               load_in_8bit=False, stateful=True)
+    model = OVModelForCausalLM.from_pretrained(
+        hf_dir, export=True, compile=False, quantization_config=config, load_in_8bit=False, stateful=True
+    )
     model.save_pretrained(out_dir)
 
 

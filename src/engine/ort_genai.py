@@ -36,7 +36,7 @@ TITLE = "ONNX Runtime GenAI"
 PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4", "rtn": "int4"}
 # The hardware profile's device -> the execution provider the builder targets and the runtime uses.
 PROVIDERS = {"cpu": "cpu", "npu": "cpu", "cuda": "cuda"}
-EXPORT_VERSION = 1   # bump when the export's own steps change, so caches rebuild
+EXPORT_VERSION = 1  # bump when the export's own steps change, so caches rebuild
 
 
 def available() -> str | None:
@@ -52,31 +52,59 @@ def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
     precision = cfg.precision.name
     if precision not in PRECISIONS:
-        return (f"engine ort_genai has no {precision}: its model builder offers weight-only int8/int4 and fp32 on "
-                f"the CPU provider ({', '.join(PRECISIONS)})")
+        return (
+            f"engine ort_genai has no {precision}: its model builder offers weight-only int8/int4 and fp32 on "
+            f"the CPU provider ({', '.join(PRECISIONS)})"
+        )
     return available()
 
 
 def runtime_name(cfg, device: str) -> str:
     import onnxruntime  # optional: the ort extra
     import onnxruntime_genai  # optional: the ort extra
+
     precision, provider = cfg.precision.name, PROVIDERS.get(device, "cpu")
     quant = {"int4": "int4 MatMulNBits", "int8": "int8 MatMulNBits", "fp32": "fp32"}[PRECISIONS[precision]]
-    return (f"onnxruntime-genai {onnxruntime_genai.__version__} (onnxruntime {onnxruntime.__version__}), "
-            f"{provider} provider, {quant} (the builder's)")
+    return (
+        f"onnxruntime-genai {onnxruntime_genai.__version__} (onnxruntime {onnxruntime.__version__}), "
+        f"{provider} provider, {quant} (the builder's)"
+    )
 
 
 def export(model, tokenizer, source_key: str, precision: str, provider: str, cache_dir: Path) -> Path:
     """The model as ONNX Runtime GenAI runs it: built once per (weights, precision, provider), then cached."""
     import onnxruntime_genai  # optional: the ort extra
+
     key = f"{source_key}-{PRECISIONS[precision]}-{provider}"
-    want = {"version": EXPORT_VERSION, "builder": onnxruntime_genai.__version__, "source": source_key,
-            "precision": PRECISIONS[precision], "provider": provider}
+    want = {
+        "version": EXPORT_VERSION,
+        "builder": onnxruntime_genai.__version__,
+        "source": source_key,
+        "precision": PRECISIONS[precision],
+        "provider": provider,
+    }
     return cached_export(
-        Path(cache_dir) / "ort_genai" / key, want, model, tokenizer,
-        lambda work: [sys.executable, "-m", "src.engine.ort_genai_build", "-i", str(work / "hf"), "-o",
-                      str(work / "model"), "-p", PRECISIONS[precision], "-e", provider, "-c", str(work / "cache")],
-        f"ONNX Runtime GenAI ({PRECISIONS[precision]}, {provider} provider)")
+        Path(cache_dir) / "ort_genai" / key,
+        want,
+        model,
+        tokenizer,
+        lambda work: [
+            sys.executable,
+            "-m",
+            "src.engine.ort_genai_build",
+            "-i",
+            str(work / "hf"),
+            "-o",
+            str(work / "model"),
+            "-p",
+            PRECISIONS[precision],
+            "-e",
+            provider,
+            "-c",
+            str(work / "cache"),
+        ],
+        f"ONNX Runtime GenAI ({PRECISIONS[precision]}, {provider} provider)",
+    )
 
 
 def build(cfg, loaded, placement, corpus, recorder):
@@ -84,22 +112,30 @@ def build(cfg, loaded, placement, corpus, recorder):
     where it is here, else on the CPU provider, said; returned as what loads it (in the runtime's own process)."""
     provider = PROVIDERS.get(placement.device, "cpu")
     if cfg.hardware.device == "npu":
-        log.warning("%s profile: the Ryzen AI provider is not in this onnxruntime-genai; the CPU provider runs",
-                    cfg.hardware.name)
-    folder = exported(recorder, lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name,
-                                               provider, cfg.cache_dir), "onnxruntime", f"onnxruntime-genai/{provider}")
+        log.warning(
+            "%s profile: the Ryzen AI provider is not in this onnxruntime-genai; the CPU provider runs",
+            cfg.hardware.name,
+        )
+    folder = exported(
+        recorder,
+        lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, provider, cfg.cache_dir),
+        "onnxruntime",
+        f"onnxruntime-genai/{provider}",
+    )
     return partial(OrtGenAI, folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0))
 
 
 @dataclass
 class OrtGenAI:
     """The engine: called as every engine is (the torch model is ignored: the runtime holds its own)."""
+
     folder: Path
     provider: str
-    window: int = 0   # a sliding window: the runtime wants its KV cache at least this long
+    window: int = 0  # a sliding window: the runtime wants its KV cache at least this long
 
     def __post_init__(self):
         import onnxruntime_genai as og  # optional: the ort extra
+
         config = og.Config(str(self.folder))
         if self.provider != "cpu":
             config.clear_providers()
@@ -114,16 +150,26 @@ class OrtGenAI:
         import onnxruntime_genai as og  # optional: the ort extra
 
         params = og.GeneratorParams(self.model)
-        params.set_search_options(max_length=max(len(ids), self.window) if not self.context
-                                  else min(max(len(ids), self.window), self.context))
+        params.set_search_options(
+            max_length=max(len(ids), self.window) if not self.context else min(max(len(ids), self.window), self.context)
+        )
         generator = og.Generator(self.model, params)
         generator.append_tokens(ids.tolist())
         logits = torch.from_numpy(np.asarray(generator.get_output("logits"), dtype=np.float32)[0])
         return score_logits(logits, ids, indices)
 
-    def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling: Sampling,
-                 pad_token_id: int | None, stop=None) -> Generation:
+    def __call__(
+        self,
+        model,
+        input_ids,
+        max_new_tokens: int,
+        exact: bool,
+        sampling: Sampling,
+        pad_token_id: int | None,
+        stop=None,
+    ) -> Generation:
         import onnxruntime_genai as og  # optional: the ort extra
+
         ids = input_ids[0].tolist()
         params = og.GeneratorParams(self.model)
         length = max(len(ids) + max_new_tokens, self.window)
@@ -132,7 +178,7 @@ class OrtGenAI:
         options = dict(max_length=length, do_sample=sampling.do_sample)
         if sampling.do_sample:
             options.update(temperature=sampling.temperature, top_p=sampling.top_p, random_seed=sampling.seed)
-        if exact:   # as min_new_tokens does for the other engines: no end-of-sequence before the last token
+        if exact:  # as min_new_tokens does for the other engines: no end-of-sequence before the last token
             options["min_length"] = len(ids) + max_new_tokens
         params.set_search_options(**options)
         generator = og.Generator(self.model, params)

@@ -25,12 +25,23 @@ def main() -> None:
     builder.AutoConfig = _FlatRope
     args = builder.get_args()
     extra = builder.parse_extra_options(
-        args.model_name, args.input, args.output, args.precision, args.execution_provider, args.cache_dir,
-        args.extra_options, builder_config_version=args.builder_config_version, target_options=args.target_options,
-        drafter_options=args.drafter_options, speculative_options=args.speculative_options,
-        runtime_config=args.runtime_config, search=args.search)
-    builder.create_model(args.model_name, args.input, args.output, args.precision, args.execution_provider,
-                         args.cache_dir, **extra)
+        args.model_name,
+        args.input,
+        args.output,
+        args.precision,
+        args.execution_provider,
+        args.cache_dir,
+        args.extra_options,
+        builder_config_version=args.builder_config_version,
+        target_options=args.target_options,
+        drafter_options=args.drafter_options,
+        speculative_options=args.speculative_options,
+        runtime_config=args.runtime_config,
+        search=args.search,
+    )
+    builder.create_model(
+        args.model_name, args.input, args.output, args.precision, args.execution_provider, args.cache_dir, **extra
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from torch import nn
 from src.common.locks import atomic_write_text
 from src.common.metrics import Row, median
 
-PROBE_MB = 1024          # far beyond the last-level cache, so the probe reads DRAM
+PROBE_MB = 1024  # far beyond the last-level cache, so the probe reads DRAM
 PROBE_REPEATS = 5
 
 
@@ -28,7 +28,7 @@ def probe_bandwidth(threads: int, mb: int = PROBE_MB, repeats: int = PROBE_REPEA
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        x = torch.ones(mb * 2**20 // 4, dtype=torch.float32)   # touched, so pages are resident
+        x = torch.ones(mb * 2**20 // 4, dtype=torch.float32)  # touched, so pages are resident
         x.sum()
         best = math.inf
         for _ in range(repeats):
@@ -58,8 +58,9 @@ def host_bandwidth(cache_dir: Path, threads: int, cpu_model: str) -> float:
 
 
 def _buffer_bytes(module: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in (*module.parameters(recurse=False),
-                                                     *module.buffers(recurse=False)))
+    return sum(
+        t.numel() * t.element_size() for t in (*module.parameters(recurse=False), *module.buffers(recurse=False))
+    )
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -97,5 +98,9 @@ def efficiency(model: nn.Module, rows: list[Row], bandwidth_gbs: float) -> tuple
     """Per example and in summary: roofline time/token at the example's mean context, over measured."""
     ideal = [roofline_ms(model, r.prompt_tokens + r.new_tokens // 2, bandwidth_gbs) for r in rows]
     per_example = [i / r.time_per_token_ms if r.time_per_token_ms > 0 else math.nan for i, r in zip(ideal, rows)]
-    return per_example, {"decode_efficiency_median": median(per_example), "roofline_ms_median": median(ideal),
-                         "bandwidth_gbs": bandwidth_gbs, "step_weight_mb": weight_bytes(model) / 2**20}
+    return per_example, {
+        "decode_efficiency_median": median(per_example),
+        "roofline_ms_median": median(ideal),
+        "bandwidth_gbs": bandwidth_gbs,
+        "step_weight_mb": weight_bytes(model) / 2**20,
+    }

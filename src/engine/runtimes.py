@@ -37,7 +37,7 @@ from src.common.schema import ConfigError
 
 log = logging.getLogger("quantspec")
 
-NAMES = ("unsupported", "runtime_name", "build")   # what a runtime's module must define
+NAMES = ("unsupported", "runtime_name", "build")  # what a runtime's module must define
 
 
 def check_module(name: str) -> None:
@@ -46,17 +46,24 @@ def check_module(name: str) -> None:
     try:
         module = importlib.import_module(name)
     except ImportError as err:
-        raise ConfigError(f"engine.module={name} does not import ({err}); name a module such as "
-                          f"src.engine.ort_genai") from None
-    except (Exception, SystemExit) as err:   # noqa: BLE001 - the module's own code failed (or exited) on import
-        what = f"exits on import (SystemExit {err.code})" if isinstance(err, SystemExit) else \
-            f"fails on import ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})"
-        raise ConfigError(f"engine.module={name} {what}; fix the module or name another, such as "
-                          f"src.engine.ort_genai") from None
+        raise ConfigError(
+            f"engine.module={name} does not import ({err}); name a module such as src.engine.ort_genai"
+        ) from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the module's own code failed (or exited) on import
+        what = (
+            f"exits on import (SystemExit {err.code})"
+            if isinstance(err, SystemExit)
+            else f"fails on import ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})"
+        )
+        raise ConfigError(
+            f"engine.module={name} {what}; fix the module or name another, such as src.engine.ort_genai"
+        ) from None
     lacking = [n for n in NAMES if not callable(getattr(module, n, None))]
     if lacking:
-        raise ConfigError(f"engine.module={name} is no runtime: it lacks {', '.join(lacking)} "
-                          f"(src/engine/runtimes.py says what a runtime's module defines)")
+        raise ConfigError(
+            f"engine.module={name} is no runtime: it lacks {', '.join(lacking)} "
+            f"(src/engine/runtimes.py says what a runtime's module defines)"
+        )
 
 
 def runtime(engine):
@@ -100,7 +107,7 @@ def _clear_orphans(out: Path) -> None:
         except ProcessLookupError:
             shutil.rmtree(work, ignore_errors=True)
         except (ValueError, PermissionError):
-            pass   # not ours to judge: left alone
+            pass  # not ours to judge: left alone
 
 
 def cached(out: Path, want: dict, build: Callable[[Path], None], what: str) -> Path:
@@ -124,8 +131,11 @@ def cached(out: Path, want: dict, build: Callable[[Path], None], what: str) -> P
         shutil.rmtree(work, ignore_errors=True)
         raise
     log.info("exported to %s in %.1f s", what, time.perf_counter() - started)
-    files = {p.relative_to(work / "model").as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
-             for p in sorted((work / "model").rglob("*")) if p.is_file()}
+    files = {
+        p.relative_to(work / "model").as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted((work / "model").rglob("*"))
+        if p.is_file()
+    }
     (work / "model" / MANIFEST).write_text(json.dumps({"want": want, "files": files}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     (work / "model").rename(out)
@@ -133,11 +143,20 @@ def cached(out: Path, want: dict, build: Callable[[Path], None], what: str) -> P
     return out
 
 
-def cached_export(out: Path, want: dict, model, tokenizer, command: Callable[[Path], list[str]], what: str,
-                  files: dict[str, str] | None = None, env: dict | None = None) -> Path:
+def cached_export(
+    out: Path,
+    want: dict,
+    model,
+    tokenizer,
+    command: Callable[[Path], list[str]],
+    what: str,
+    files: dict[str, str] | None = None,
+    env: dict | None = None,
+) -> Path:
     """cached() for a runtime whose exporter is a process: the model written as a Hugging Face folder
     (`<work>/hf`, with `files` beside it), then `command(work)`, which writes `<work>/model`; its failure
     is the process's last line."""
+
     def build(work: Path) -> None:
         model.save_pretrained(work / "hf", safe_serialization=True)
         tokenizer.save_pretrained(work / "hf")
@@ -148,11 +167,12 @@ def cached_export(out: Path, want: dict, model, tokenizer, command: Callable[[Pa
         if done.returncode != 0:
             tail = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()][-1:]
             raise RuntimeError(f"the {what} export failed: {tail[0] if tail else done.returncode}")
+
     return cached(out, want, build, what)
 
 
 def _die_with_parent() -> None:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def exported(recorder, export: Callable[[], Path], kernels: str, executed: str) -> Path:

@@ -41,8 +41,8 @@ class PromptLookup:
                 continue
             tail = context[-n:]
             for start in range(len(context) - n - 1, -1, -1):
-                if context[start:start + n] == tail:
-                    tokens = context[start + n:start + n + k]
+                if context[start : start + n] == tail:
+                    tokens = context[start + n : start + n + k]
                     return tokens, [None] * len(tokens)
         return [], []
 
@@ -63,7 +63,7 @@ class ModelDrafter:
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Feed what the cache lacks; returns logits after the last context token."""
-        missing = context[self.fed:]
+        missing = context[self.fed :]
         self.fed = len(context)
         if self.decoder.length == 0:
             head = self.model.get_output_embeddings()
@@ -115,7 +115,7 @@ class SpecStats:
     accepted: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
-    per_step: list[int] = field(default_factory=list)   # accepted proposals per step
+    per_step: list[int] = field(default_factory=list)  # accepted proposals per step
 
     @property
     def acceptance_rate(self) -> float:
@@ -130,8 +130,9 @@ class SpecStats:
         return self.proposed / self.steps if self.steps else float("nan")
 
 
-def accept_or_resample(p: torch.Tensor, draft: list[int], q: list[torch.Tensor | None],
-                       generator: torch.Generator | None) -> tuple[int, int]:
+def accept_or_resample(
+    p: torch.Tensor, draft: list[int], q: list[torch.Tensor | None], generator: torch.Generator | None
+) -> tuple[int, int]:
     """The sampling rule. p: [len(draft) + 1, V] target probabilities after each position; q[i] the
     draft's distribution for draft[i] (None: a point mass). Returns (proposals kept, the next token)."""
     for i, x in enumerate(draft):
@@ -151,9 +152,21 @@ def accept_or_resample(p: torch.Tensor, draft: list[int], q: list[torch.Tensor |
 
 
 @torch.inference_mode()
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, sampling: Sampling,
-             pad_token_id: int | None, *, drafter, k: int, schedule: str = "constant", k_max: int = 8,
-             fast: bool = False, stop: Callable[[list[int]], bool] | None = None) -> Generation:
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    exact: bool,
+    sampling: Sampling,
+    pad_token_id: int | None,
+    *,
+    drafter,
+    k: int,
+    schedule: str = "constant",
+    k_max: int = 8,
+    fast: bool = False,
+    stop: Callable[[list[int]], bool] | None = None,
+) -> Generation:
     """One prompt with a drafter; the same call shape as the other engines. Greedy output equals the
     target's greedy output; sampled output follows the target's distribution. Stats in `.spec`."""
     eos, ban = eos_ids(model), eos_ban(model, exact)
@@ -194,8 +207,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, exact: bool, s
         target.rollback(len(draft) - kept)
         # End-of-sequence or a stop sequence ends the generation where plain decoding would.
         for i, t in enumerate(new):
-            if (not exact and t in eos) or (stop and i < len(new) - 1 and stop(tokens + new[:i + 1])):
-                new = new[:i + 1]
+            if (not exact and t in eos) or (stop and i < len(new) - 1 and stop(tokens + new[: i + 1])):
+                new = new[: i + 1]
                 break
         now = time.perf_counter()
         tokens += new

@@ -18,7 +18,7 @@ def frequent_tokens(tokenizer, corpus: str, n: int) -> torch.Tensor:
     """The n most frequent token ids of the corpus's second half (the half calibration reads, never
     the one perplexity or benchmark prompts come from), with the special tokens; sorted."""
     ids = tokenizer(corpus, add_special_tokens=False).input_ids
-    counts = Counter(ids[len(ids) // 2:])
+    counts = Counter(ids[len(ids) // 2 :])
     keep = {t for t, _ in counts.most_common(n)}
     keep |= {t for t in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
     return torch.tensor(sorted(keep), dtype=torch.long)
@@ -26,7 +26,7 @@ def frequent_tokens(tokenizer, corpus: str, n: int) -> torch.Tensor:
 
 def _rows(head: nn.Module, ids: torch.Tensor) -> nn.Module:
     """The head's output rows `ids`, as a module of the same kind."""
-    if hasattr(head, "select_rows"):            # quantized runtime modules and kernel modules: same kernels
+    if hasattr(head, "select_rows"):  # quantized runtime modules and kernel modules: same kernels
         return head.select_rows(ids)
     weight = getattr(head, "weight", None)
     if weight is None or weight.dim() != 2:

@@ -26,7 +26,7 @@ from src.kernels import variants
 
 log = logging.getLogger(__name__)
 BINDING = "quantspec_kernels"
-RECORD = "library.json"   # a built library's sha256, checked before every load
+RECORD = "library.json"  # a built library's sha256, checked before every load
 HERE = Path(__file__).parent
 # Up to this many rows (a step, a verification of up to 15 drafts) these kernels run; above it (a
 # prefill) ATen's blocked GEMMs win, as these re-read W per few rows. It must cover every verification:
@@ -42,6 +42,7 @@ class IsaUnavailable(ValueError):
 
 def _key(*parts: bytes) -> str:
     import torch  # here, not at import: scripts set the ISA environment torch reads before loading it
+
     return hashlib.sha256(b"".join(parts) + torch.__version__.encode()).hexdigest()[:16]
 
 
@@ -53,12 +54,15 @@ def candidates(isa: str, features: set[str] | None = None, arch: str | None = No
     if isa == "auto":
         return runnable
     if isa not in variants.NAMES:
-        raise IsaUnavailable(f"engine.isa={isa!r} is no kernel variant; choose auto or one of: "
-                             f"{', '.join(variants.NAMES)}")
+        raise IsaUnavailable(
+            f"engine.isa={isa!r} is no kernel variant; choose auto or one of: {', '.join(variants.NAMES)}"
+        )
     lacks = variants.missing(variants.by_name(isa), features, arch)
     if lacks:
-        raise IsaUnavailable(f"engine.isa={isa}: this CPU lacks {', '.join(lacks)}; choose engine.isa=auto or one "
-                             f"of: {', '.join(v.name for v in runnable)}")
+        raise IsaUnavailable(
+            f"engine.isa={isa}: this CPU lacks {', '.join(lacks)}; choose engine.isa=auto or one "
+            f"of: {', '.join(v.name for v in runnable)}"
+        )
     return [variants.by_name(isa)]
 
 
@@ -88,9 +92,12 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
         try:
             path = _built_variant(variant, directory)
         except Exception as err:  # an old compiler without these flags: the next variant down
-            skipped.append(f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}")
+            skipped.append(
+                f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
+            )
             continue
         import torch  # after the ISA environment a script sets (see _key)
+
         name = torch.ops.quantspec.use_variant(str(path))
         _state.update(ok=True, reason="; ".join(skipped) or None, variant=name)
         if skipped:
@@ -104,12 +111,17 @@ def _load_binding(directory: Path) -> str | None:
     """The torch binding (no ISA code): built with torch's extension builder. None, or why it failed."""
     if variants.compiler() is None:
         return "no C++ compiler (install g++ or set CXX)"
-    sources = [HERE / "binding.cpp", HERE / "core" / "api.h", HERE / "core" / "common.h",
-               Path(__file__)]   # this file: the build's flags
+    sources = [
+        HERE / "binding.cpp",
+        HERE / "core" / "api.h",
+        HERE / "core" / "common.h",
+        Path(__file__),
+    ]  # this file: the build's flags
     build = directory / f"binding-{_key(*(p.read_bytes() for p in sources))}"
     try:
-        if _recorded(build / f"{BINDING}.so", warn=False):   # built and whole: loaded without a lock (a read-only cache)
+        if _recorded(build / f"{BINDING}.so", warn=False):  # built and whole: loaded without a lock (a read-only cache)
             import torch  # after the ISA environment a script sets (see _key)
+
             torch.ops.load_library(str(build / f"{BINDING}.so"))
             return None
         with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):
@@ -125,6 +137,7 @@ def _build_and_load(build: Path) -> None:
     .so can crash the process inside dlopen, before any Python error could say why. Anything else is
     wiped and built again (the caller holds the build lock)."""
     import torch  # after the ISA environment a script sets (see _key)
+
     library = build / f"{BINDING}.so"
     if _recorded(library):
         torch.ops.load_library(str(library))
@@ -133,10 +146,17 @@ def _build_and_load(build: Path) -> None:
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
     from torch.utils import cpp_extension  # after the ISA environment a script sets (see _key)
+
     # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every call runs on one thread.
-    cpp_extension.load(name=BINDING, sources=[str(HERE / "binding.cpp")], extra_cflags=["-O2", "-fopenmp"],
-                       extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False,
-                       verbose=bool(os.environ.get("QUANTSPEC_VERBOSE_BUILD")))
+    cpp_extension.load(
+        name=BINDING,
+        sources=[str(HERE / "binding.cpp")],
+        extra_cflags=["-O2", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build),
+        is_python_module=False,
+        verbose=bool(os.environ.get("QUANTSPEC_VERBOSE_BUILD")),
+    )
     _record(library)
 
 
@@ -149,7 +169,7 @@ def _recorded(library: Path, warn: bool = True) -> bool:
     except json.JSONDecodeError:
         recorded = None
     if recorded != sha256_file(library):
-        if warn:   # said once, by the check under the build lock
+        if warn:  # said once, by the check under the build lock
             log.warning("kernel library %s does not match its recorded sha256; rebuilding it", library)
         return False
     return True
@@ -157,7 +177,10 @@ def _recorded(library: Path, warn: bool = True) -> bool:
 
 def _record(library: Path) -> None:
     import torch  # after the ISA environment a script sets (see _key)
-    atomic_write_text(library.with_name(RECORD), json.dumps({"sha256": sha256_file(library), "torch": torch.__version__}))
+
+    atomic_write_text(
+        library.with_name(RECORD), json.dumps({"sha256": sha256_file(library), "torch": torch.__version__})
+    )
 
 
 def _built_variant(variant: variants.Variant, directory: Path) -> Path:
@@ -165,11 +188,14 @@ def _built_variant(variant: variants.Variant, directory: Path) -> Path:
     cxx = variants.compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler")
-    key = _key(*(p.read_bytes() for p in variants.sources(variant)), " ".join(variants.COMMON_FLAGS + list(variant.flags)).encode(),
-               cxx.encode())
+    key = _key(
+        *(p.read_bytes() for p in variants.sources(variant)),
+        " ".join(variants.COMMON_FLAGS + list(variant.flags)).encode(),
+        cxx.encode(),
+    )
     build = directory / f"{variant.name}-{key}"
     library = build / f"qs_{variant.name}.so"
-    if _recorded(library, warn=False):   # built and whole: used without a lock (a read-only cache)
+    if _recorded(library, warn=False):  # built and whole: used without a lock (a read-only cache)
         return library
     with file_lock(build.with_name(f".{build.name}.lock"), f"the {variant.name} kernels"):
         if not _recorded(library):
@@ -193,4 +219,3 @@ def reason() -> str | None:
 def variant() -> str | None:
     """The variant in use ('avx512', 'avx_vnni', 'avx2', ..., 'reference'), or None."""
     return _state.get("variant") if _state.get("ok") else None  # type: ignore[return-value]
-

@@ -98,6 +98,6 @@ def install(model: nn.Module) -> Counter:
         if fast is not module:
             model.set_submodule(name, fast)
             counts[f"gemv_{str(module.weight.dtype).removeprefix('torch.')}"] += 1
-        elif type(module).__name__.endswith("Gemv"):   # built so by src.quant.linear
+        elif type(module).__name__.endswith("Gemv"):  # built so by src.quant.linear
             counts[f"gemv_{type(module).__name__}"] += 1
     return counts

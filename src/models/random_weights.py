@@ -23,8 +23,8 @@ from src.models.tiny import byte_tokenizer
 
 SHAPES = Path(__file__).parents[1] / "shapes"
 SEED = 0
-STD = 0.02              # the published models' initializer_range
-BLOCK = 1 << 22         # random values copied, shifted, into every weight
+STD = 0.02  # the published models' initializer_range
+BLOCK = 1 << 22  # random values copied, shifted, into every weight
 
 
 class NoShape(RuntimeError):
@@ -38,8 +38,9 @@ def shapes() -> list[str]:
 def config_of(name: str):
     path = SHAPES / f"{name}.json"
     if not path.is_file():
-        raise NoShape(f"model.weights=random needs {name}'s published shape and none is shipped; shapes: "
-                      f"{', '.join(shapes())}")
+        raise NoShape(
+            f"model.weights=random needs {name}'s published shape and none is shipped; shapes: {', '.join(shapes())}"
+        )
     spec = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_") and k != "architectures"}
     return AutoConfig.for_model(spec.pop("model_type"), **spec)
 
@@ -55,7 +56,7 @@ def fill(model: torch.nn.Module, seed: int = SEED) -> None:
     """Norm scales 1, biases 0, every other weight N(0, STD): one random block copied with a different
     shift into each tensor, so no two layers are alike and nothing is drawn 7 billion times."""
     generator = torch.Generator().manual_seed(seed)
-    block = (torch.randn(2 * BLOCK, generator=generator) * STD)
+    block = torch.randn(2 * BLOCK, generator=generator) * STD
     shift = 0
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -66,7 +67,7 @@ def fill(model: torch.nn.Module, seed: int = SEED) -> None:
             flat = param.view(-1)
             for start in range(0, flat.numel(), BLOCK):
                 n = min(BLOCK, flat.numel() - start)
-                flat[start:start + n].copy_(source[shift:shift + n])
+                flat[start : start + n].copy_(source[shift : shift + n])
                 shift = (shift + 7919) % BLOCK
 
 

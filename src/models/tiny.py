@@ -40,8 +40,14 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 def _config(arch: str, vocab_size: int):
     ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     # 128 wide so int4 groups of 128 (the default) divide every linear's input features.
-    common = dict(vocab_size=vocab_size, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=TINY_CONTEXT, **ids)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=TINY_CONTEXT,
+        **ids,
+    )
     if arch == "llama":
         return LlamaConfig(intermediate_size=256, num_key_value_heads=2, **common), LlamaForCausalLM
     if arch == "qwen2":
@@ -50,8 +56,14 @@ def _config(arch: str, vocab_size: int):
         return OPTConfig(ffn_dim=256, word_embed_proj_dim=128, **common), OPTForCausalLM
     if arch == "gemma3":
         # Gemma 3 mixes sliding-window and global layers; two layers of each keep both paths exercised.
-        cfg = Gemma3TextConfig(intermediate_size=256, num_key_value_heads=2, head_dim=32, sliding_window=32,
-                               layer_types=["sliding_attention", "full_attention"], **common)
+        cfg = Gemma3TextConfig(
+            intermediate_size=256,
+            num_key_value_heads=2,
+            head_dim=32,
+            sliding_window=32,
+            layer_types=["sliding_attention", "full_attention"],
+            **common,
+        )
         return cfg, Gemma3ForCausalLM
     raise ValueError(f"no tiny model for arch {arch!r}; known: llama, opt, qwen2, gemma3")
 

@@ -33,7 +33,7 @@ def kl_per_token(ref: ReferenceWindow, score: WindowScore) -> tuple[torch.Tensor
     logp, logq = ref.logp.double(), score.logp_at.double()
     p = logp.exp()
     kl = (p * (logp - logq)).sum(-1)
-    if ref.indices.shape[-1] >= ref.vocab:   # nothing cut: the sum is the whole KL
+    if ref.indices.shape[-1] >= ref.vocab:  # nothing cut: the sum is the whole KL
         return kl, torch.zeros_like(kl)
     r = (1 - p.sum(-1)).clamp(min=0.0)
     q_rest = (1 - logq.exp().sum(-1)).clamp(min=1e-300)
@@ -49,7 +49,7 @@ def window_summary(kl, same_top1, nll, reference_nll) -> dict[str, float]:
     out["kl_mean"], out["kl_mean_se"] = stats.mean_se(kl)
     for name, q in (("kl_median", 0.5), ("kl_p90", 0.9), ("kl_p99", 0.99)):
         out[name], out[f"{name}_low"], out[f"{name}_high"] = stats.quantile_ci(kl, q)
-    out["kl_max"] = float(kl.max())   # an extreme has no useful interval: it is what it is, over these tokens
+    out["kl_max"] = float(kl.max())  # an extreme has no useful interval: it is what it is, over these tokens
     out["top1_agreement"], out["top1_agreement_se"] = stats.proportion_se(same_top1)
     out["reference_perplexity"], out["reference_perplexity_se"] = stats.perplexity_se(reference_nll)
     out["delta_perplexity"], out["delta_perplexity_se"] = stats.delta_perplexity(nll, reference_nll)

@@ -21,8 +21,8 @@ import torch
 
 from src.data.corpus import bos_prefix
 
-LOCAL_TASKS = Path(__file__).parent / "lm_eval_tasks"   # tasks defined from this repository's files
-VERSION = "0.4.13"   # pinned (pyproject.toml): its task definitions and metrics are part of every figure
+LOCAL_TASKS = Path(__file__).parent / "lm_eval_tasks"  # tasks defined from this repository's files
+VERSION = "0.4.13"  # pinned (pyproject.toml): its task definitions and metrics are part of every figure
 
 
 def unavailable() -> str | None:
@@ -32,12 +32,10 @@ def unavailable() -> str | None:
     return None
 
 
-def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | None = None,
-            max_new_tokens: int = 60):
+def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | None = None, max_new_tokens: int = 60):
     """An lm_eval LM over `score(ids, None) -> WindowScore` (src.quality.scoring) and, for generate_until,
     `generate(ids (1, n), max_new_tokens, stop) -> new token ids`."""
     from lm_eval.api.model import LM  # here: lm-eval is an optional extra
-
 
     class QuantspecLM(LM):
         def __init__(self):
@@ -54,7 +52,7 @@ def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | N
             if spaces:
                 context, continuation = context[:-spaces], context[-spaces:] + continuation
             whole, head = self._encode(context + continuation), self._encode(context)
-            return head, whole[len(head):]
+            return head, whole[len(head) :]
 
         def _score(self, ids: list[int], n: int) -> tuple[float, bool]:
             """(log P of ids' last n tokens given what precedes them, whether each is the top token)."""
@@ -74,9 +72,9 @@ def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | N
             out = []
             for r in requests:
                 tokens, total, start = self._encode(r.args[0]), 0.0, 0
-                while start < len(tokens):   # each window's context: the token before it (the prefix first)
+                while start < len(tokens):  # each window's context: the token before it (the prefix first)
                     end = min(len(tokens), start + max_context - 1)
-                    before = self.prefix if start == 0 else tokens[start - 1:start]
+                    before = self.prefix if start == 0 else tokens[start - 1 : start]
                     total += self._score(before + tokens[start:end], end - start)[0]
                     start = end
                 out.append(total)
@@ -90,9 +88,9 @@ def make_lm(score: Callable, tokenizer, max_context: int, generate: Callable | N
                 context, kwargs = r.args
                 until = [u for u in (kwargs.get("until") or []) if u]
                 n = int(kwargs.get("max_gen_toks", max_new_tokens))
-                ids = torch.tensor([(self.prefix + self._encode(context))[-(max_context - n):]])
+                ids = torch.tensor([(self.prefix + self._encode(context))[-(max_context - n) :]])
 
-                def stop(new: list[int], until=until) -> bool:   # bound now: a request's own stop strings
+                def stop(new: list[int], until=until) -> bool:  # bound now: a request's own stop strings
                     text = tokenizer.decode(new, skip_special_tokens=True)
                     return any(u in text for u in until)
 

@@ -16,12 +16,12 @@ from src.quality.stats import BOOTSTRAP, SEED
 
 @dataclass
 class Paired:
-    test: str            # "paired bootstrap" or "McNemar (exact)"
-    n: int               # examples compared
-    difference: float    # mean of a − b (for McNemar: accuracy a − accuracy b)
-    low: float           # its 95% interval (NaN for McNemar)
+    test: str  # "paired bootstrap" or "McNemar (exact)"
+    n: int  # examples compared
+    difference: float  # mean of a − b (for McNemar: accuracy a − accuracy b)
+    low: float  # its 95% interval (NaN for McNemar)
     high: float
-    p: float             # two-sided
+    p: float  # two-sided
     bound: bool = False  # p is only bounded (no resample crossed 0): it is at most this
 
     def p_text(self) -> str:
@@ -36,7 +36,7 @@ def mcnemar(a, b) -> Paired:
         raise ValueError(f"paired scores need the same items: {a.size} against {b.size}")
     only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
     m, low = only_a + only_b, min(only_a, only_b)
-    p = 1.0 if m == 0 else min(1.0, 2 * sum(math.comb(m, i) for i in range(low + 1)) / 2 ** m)
+    p = 1.0 if m == 0 else min(1.0, 2 * sum(math.comb(m, i) for i in range(low + 1)) / 2**m)
     return Paired("McNemar (exact)", int(a.size), float(a.mean() - b.mean()), math.nan, math.nan, p)
 
 
@@ -52,5 +52,12 @@ def bootstrap(a, b, iters: int = BOOTSTRAP * 2) -> Paired:
     draws = d[rng.integers(0, d.size, size=(iters, d.size))].mean(axis=1)
     lo, hi = np.quantile(draws, [0.025, 0.975])
     side = min((draws <= 0).mean(), (draws >= 0).mean())
-    return Paired("paired bootstrap", int(d.size), float(d.mean()), float(lo), float(hi),
-                  float(min(1.0, max(2 * side, 1 / iters))), bound=bool(side == 0))
+    return Paired(
+        "paired bootstrap",
+        int(d.size),
+        float(d.mean()),
+        float(lo),
+        float(hi),
+        float(min(1.0, max(2 * side, 1 / iters))),
+        bound=bool(side == 0),
+    )

@@ -30,7 +30,7 @@ from src.quality.scoring import ReferenceWindow, reference_window
 
 log = logging.getLogger("quantspec")
 
-REFERENCES = {"fp32": torch.float32, "bf16": torch.bfloat16}   # task.reference: none turns it off
+REFERENCES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # task.reference: none turns it off
 FORMAT = 1
 
 
@@ -42,23 +42,27 @@ def _digest(payload) -> str:
 class Reference:
     model: ModelConfig
     cache_dir: Path
-    precision: str        # a key of REFERENCES
+    precision: str  # a key of REFERENCES
     top_k: int
-    source_key: str       # the model's exact weights (LoadedModel.source_key)
+    source_key: str  # the model's exact weights (LoadedModel.source_key)
 
     def describe(self, vocab: int | None = None) -> str:
-        cut = "" if vocab is None else (f", top-{min(self.top_k, vocab)} of {vocab} tokens" if self.top_k < vocab
-                                        else ", full vocabulary")
+        cut = (
+            ""
+            if vocab is None
+            else (f", top-{min(self.top_k, vocab)} of {vocab} tokens" if self.top_k < vocab else ", full vocabulary")
+        )
         return f"{self.model.name} {self.precision} (torch{cut})"
 
     def _directory(self, kind: str, payload) -> Path:
-        key = _digest({"format": FORMAT, "source": self.source_key, "reference": self.precision, "kind": kind,
-                       "what": payload})
+        key = _digest(
+            {"format": FORMAT, "source": self.source_key, "reference": self.precision, "kind": kind, "what": payload}
+        )
         return child(self.cache_dir / "reference", f"{self.model.name}-{self.precision}-{kind}-{key[:16]}")
 
     def _model(self):
         loaded = load_model(self.model, self.cache_dir)
-        if loaded.source_key != self.source_key:   # the cache's key would lie about what was scored
+        if loaded.source_key != self.source_key:  # the cache's key would lie about what was scored
             raise RuntimeError(f"the reference loaded {loaded.source_key}, not the job's {self.source_key}")
         return loaded.model.to(REFERENCES[self.precision]).eval()
 
@@ -77,17 +81,24 @@ class Reference:
             refs = [reference_window(model(input_ids=c[None]).logits[0], c, self.top_k) for c in chunks]
             del model
             gc.collect()
-            save_file({"indices": torch.stack([r.indices for r in refs]).to(torch.int32),
-                       "logp": torch.stack([r.logp for r in refs]).contiguous(),
-                       "target_logp": torch.stack([r.target_logp for r in refs]).contiguous()},
-                      str(tmp / "windows.safetensors"), metadata={"vocab": str(refs[0].vocab)})
+            save_file(
+                {
+                    "indices": torch.stack([r.indices for r in refs]).to(torch.int32),
+                    "logp": torch.stack([r.logp for r in refs]).contiguous(),
+                    "target_logp": torch.stack([r.target_logp for r in refs]).contiguous(),
+                },
+                str(tmp / "windows.safetensors"),
+                metadata={"vocab": str(refs[0].vocab)},
+            )
 
         build_cached(directory, build, {"reference": self.precision, "source": self.source_key})
-        with safe_open(str(directory / "windows.safetensors"), "pt") as f:   # one read: metadata and tensors
+        with safe_open(str(directory / "windows.safetensors"), "pt") as f:  # one read: metadata and tensors
             vocab = int(f.metadata()["vocab"])
             t = {name: f.get_tensor(name) for name in f.keys()}
-        return [ReferenceWindow(t["indices"][i].long(), t["logp"][i], t["target_logp"][i], vocab)
-                for i in range(len(chunks))], directory
+        return [
+            ReferenceWindow(t["indices"][i].long(), t["logp"][i], t["target_logp"][i], vocab)
+            for i in range(len(chunks))
+        ], directory
 
     def continuations(self, prompts: list[torch.Tensor], new_tokens: int) -> list[list[int]]:
         """The reference's greedy continuation of each prompt ((1, n) ids), exactly new_tokens long."""
@@ -96,14 +107,24 @@ class Reference:
 
         @torch.inference_mode()
         def build(tmp: Path) -> None:
-            log.info("reference %s: greedy continuations of %d prompts once (cached in %s)", self.precision,
-                     len(prompts), directory)
+            log.info(
+                "reference %s: greedy continuations of %d prompts once (cached in %s)",
+                self.precision,
+                len(prompts),
+                directory,
+            )
             model = self._model()
             out = []
             for p in prompts:
-                ids = model.generate(p, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                     attention_mask=torch.ones_like(p), pad_token_id=0)
-                out.append(ids[0, p.shape[1]:].tolist())
+                ids = model.generate(
+                    p,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    do_sample=False,
+                    attention_mask=torch.ones_like(p),
+                    pad_token_id=0,
+                )
+                out.append(ids[0, p.shape[1] :].tolist())
             del model
             gc.collect()
             (tmp / "continuations.json").write_text(json.dumps(out))

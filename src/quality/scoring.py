@@ -16,18 +16,20 @@ import torch.nn.functional as F
 @dataclass
 class WindowScore:
     """What a model said about each position of a window (n tokens: n-1 predictions)."""
-    target_logp: torch.Tensor          # (n-1,) float32: log-prob of the token that came next
-    top1: torch.Tensor                 # (n-1,) int64: the model's most likely next token
-    logp_at: torch.Tensor | None       # (n-1, k) float32: log-probs at the reference's top-k tokens
+
+    target_logp: torch.Tensor  # (n-1,) float32: log-prob of the token that came next
+    top1: torch.Tensor  # (n-1,) int64: the model's most likely next token
+    logp_at: torch.Tensor | None  # (n-1, k) float32: log-probs at the reference's top-k tokens
 
 
 @dataclass
 class ReferenceWindow:
     """The reference's view of a window: its k most likely next tokens at each position, most likely first."""
-    indices: torch.Tensor              # (n-1, k) int64
-    logp: torch.Tensor                 # (n-1, k) float32, descending
-    target_logp: torch.Tensor          # (n-1,) float32
-    vocab: int                         # the full vocabulary: k == vocab means nothing was cut
+
+    indices: torch.Tensor  # (n-1, k) int64
+    logp: torch.Tensor  # (n-1, k) float32, descending
+    target_logp: torch.Tensor  # (n-1,) float32
+    vocab: int  # the full vocabulary: k == vocab means nothing was cut
 
     @property
     def top1(self) -> torch.Tensor:
@@ -50,15 +52,17 @@ def reference_window(logits: torch.Tensor, ids: torch.Tensor, k: int) -> Referen
     """The reference's top-k (k clipped to the vocabulary: all of it is kept where it is small)."""
     logp = _log_probs(logits)
     k = min(k, logp.shape[-1])
-    values, indices = logp.topk(k, dim=-1)   # sorted, most likely first
+    values, indices = logp.topk(k, dim=-1)  # sorted, most likely first
     target = logp.gather(1, ids[1:].to(logp.device).long()[:, None])[:, 0]
     return ReferenceWindow(indices.cpu(), values.cpu(), target.cpu(), logp.shape[-1])
 
 
 def torch_scorer(model):
     """score(ids, indices) for a torch causal LM: one forward over the window."""
+
     @torch.inference_mode()
     def score(ids: torch.Tensor, indices: torch.Tensor | None = None) -> WindowScore:
         logits = model(input_ids=ids[None].to(model.device)).logits[0]
         return score_logits(logits, ids, indices)
+
     return score

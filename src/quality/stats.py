@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-BOOTSTRAP = 1000   # resamples: a 95% interval's ends move by well under its width from one seed to the next
-SEED = 0           # fixed: the same scores give the same interval
+BOOTSTRAP = 1000  # resamples: a 95% interval's ends move by well under its width from one seed to the next
+SEED = 0  # fixed: the same scores give the same interval
 
 
 def mean_se(values) -> tuple[float, float]:
@@ -68,7 +68,8 @@ def median_ratio_ci(new, old, level: float = 0.95, iters: int = BOOTSTRAP * 2) -
     if a.size < 2 or b.size < 2:
         return ratio, math.nan, math.nan
     rng = np.random.default_rng(SEED)
-    draws = (np.median(a[rng.integers(0, a.size, size=(iters, a.size))], axis=1)
-             / np.median(b[rng.integers(0, b.size, size=(iters, b.size))], axis=1))
+    draws = np.median(a[rng.integers(0, a.size, size=(iters, a.size))], axis=1) / np.median(
+        b[rng.integers(0, b.size, size=(iters, b.size))], axis=1
+    )
     tail = (1 - level) / 2
     return ratio, float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))

@@ -26,15 +26,37 @@ class ScaleGroup:
 # Per architecture: (norm before attention, norm before MLP, attention linears, value, out proj,
 # MLP input linears, MLP hidden-producing linear, MLP output linear)
 _LAYOUT = {
-    "llama": ("input_layernorm", "post_attention_layernorm", ["self_attn.q_proj", "self_attn.k_proj",
-              "self_attn.v_proj"], "self_attn.v_proj", "self_attn.o_proj", ["mlp.gate_proj", "mlp.up_proj"],
-              "mlp.up_proj", "mlp.down_proj"),
-    "opt": ("self_attn_layer_norm", "final_layer_norm", ["self_attn.q_proj", "self_attn.k_proj",
-            "self_attn.v_proj"], "self_attn.v_proj", "self_attn.out_proj", ["fc1"], "fc1", "fc2"),
+    "llama": (
+        "input_layernorm",
+        "post_attention_layernorm",
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        ["mlp.gate_proj", "mlp.up_proj"],
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ),
+    "opt": (
+        "self_attn_layer_norm",
+        "final_layer_norm",
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        "self_attn.v_proj",
+        "self_attn.out_proj",
+        ["fc1"],
+        "fc1",
+        "fc2",
+    ),
     # Gemma 3 normalizes again after attention and after the MLP; the MLP's input norm is the pre-FF one.
-    "gemma3": ("input_layernorm", "pre_feedforward_layernorm", ["self_attn.q_proj", "self_attn.k_proj",
-               "self_attn.v_proj"], "self_attn.v_proj", "self_attn.o_proj", ["mlp.gate_proj", "mlp.up_proj"],
-               "mlp.up_proj", "mlp.down_proj"),
+    "gemma3": (
+        "input_layernorm",
+        "pre_feedforward_layernorm",
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        ["mlp.gate_proj", "mlp.up_proj"],
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ),
 }
 _LAYOUT["qwen2"] = _LAYOUT["llama"]
 
@@ -49,8 +71,13 @@ def layer_prefix(arch: str, i: int) -> str:
 
 
 def _group(layer: nn.Module, prefix: str, prev: str, names: list[str], block: str | None = None) -> ScaleGroup:
-    return ScaleGroup(prefix + prev, layer.get_submodule(prev), [prefix + n for n in names],
-                      [layer.get_submodule(n) for n in names], layer.get_submodule(block) if block else None)
+    return ScaleGroup(
+        prefix + prev,
+        layer.get_submodule(prev),
+        [prefix + n for n in names],
+        [layer.get_submodule(n) for n in names],
+        layer.get_submodule(block) if block else None,
+    )
 
 
 def smooth_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
@@ -79,8 +106,12 @@ def awq_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
 
 
 def decoder_linears(model: nn.Module, arch: str) -> dict[str, nn.Linear]:
-    return {f"{layer_prefix(arch, i)}{n}": m for i, layer in enumerate(decoder_layers(model, arch))
-            for n, m in layer.named_modules() if isinstance(m, nn.Linear)}
+    return {
+        f"{layer_prefix(arch, i)}{n}": m
+        for i, layer in enumerate(decoder_layers(model, arch))
+        for n, m in layer.named_modules()
+        if isinstance(m, nn.Linear)
+    }
 
 
 def is_gemma_norm(module: nn.Module) -> bool:

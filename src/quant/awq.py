@@ -21,8 +21,15 @@ from src.quant.qparams import fake_int4_weight
 log = logging.getLogger(__name__)
 
 
-def search_scale(x: torch.Tensor, linears: list[nn.Linear], group: int, grid: int,
-                 block: nn.Module | None = None, rows: int | None = None, seed: int = 0) -> tuple[torch.Tensor, float]:
+def search_scale(
+    x: torch.Tensor,
+    linears: list[nn.Linear],
+    group: int,
+    grid: int,
+    block: nn.Module | None = None,
+    rows: int | None = None,
+    seed: int = 0,
+) -> tuple[torch.Tensor, float]:
     """The best s for one group of linears sharing input x, and its exponent r.
 
     The loss is the MSE of `block(x)` when a block is given (the MLP: errors seen through its
@@ -55,6 +62,7 @@ def search_scale(x: torch.Tensor, linears: list[nn.Linear], group: int, grid: in
             finally:
                 for lin, orig in zip(linears, originals):
                     lin.weight.copy_(orig)
+
     x_mean = x.abs().mean(dim=0)
     best_loss, best_s, best_r = float("inf"), torch.ones_like(x_mean), 0.0
     for i in range(grid):
@@ -67,16 +75,17 @@ def search_scale(x: torch.Tensor, linears: list[nn.Linear], group: int, grid: in
     return best_s, best_r
 
 
-def search_clip(x: torch.Tensor, w: torch.Tensor, group: int, grid: int = 20, min_ratio: float = 0.5,
-                rows: int = 512) -> torch.Tensor:
+def search_clip(
+    x: torch.Tensor, w: torch.Tensor, group: int, grid: int = 20, min_ratio: float = 0.5, rows: int = 512
+) -> torch.Tensor:
     """Per (output channel, group) max |w| that minimizes the group's output error: [N, K/group]."""
     n, k = w.shape
-    xg = x.reshape(-1, k // group, group).transpose(0, 1)               # [G, T, g]
+    xg = x.reshape(-1, k // group, group).transpose(0, 1)  # [G, T, g]
     best_clip = []
-    for lo in range(0, n, rows):                                         # bounded memory: T x rows x G
-        wg = w[lo:lo + rows].float().reshape(-1, k // group, group)       # [r, G, g]
-        ref = torch.bmm(xg, wg.permute(1, 2, 0))                          # [G, T, r]
-        w_max = wg.abs().amax(dim=-1)                                      # [r, G]
+    for lo in range(0, n, rows):  # bounded memory: T x rows x G
+        wg = w[lo : lo + rows].float().reshape(-1, k // group, group)  # [r, G, g]
+        ref = torch.bmm(xg, wg.permute(1, 2, 0))  # [G, T, r]
+        w_max = wg.abs().amax(dim=-1)  # [r, G]
         best_err = torch.full_like(w_max, float("inf"))
         best = w_max.clone()
         for i in range(int(grid * (1 - min_ratio)) + 1):
@@ -91,9 +100,18 @@ def search_clip(x: torch.Tensor, w: torch.Tensor, group: int, grid: int = 20, mi
 
 
 @torch.no_grad()
-def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: int, clip: bool,
-        search_tokens: int, block_loss: bool = False, clip_only: set[str] | None = None,
-        search_rows: int | None = None) -> tuple[set[str], dict[str, torch.Tensor]]:
+def awq(
+    model: nn.Module,
+    arch: str,
+    batches: torch.Tensor,
+    group: int,
+    grid: int,
+    clip: bool,
+    search_tokens: int,
+    block_loss: bool = False,
+    clip_only: set[str] | None = None,
+    search_rows: int | None = None,
+) -> tuple[set[str], dict[str, torch.Tensor]]:
     """Scale the float model in place. Returns the float parameters changed and per-linear clips."""
     groups = awq_groups(model, arch)
     linears = decoder_linears(model, arch)
@@ -109,7 +127,7 @@ def awq(model: nn.Module, arch: str, batches: torch.Tensor, group: int, grid: in
         x = kept.float()
         s, r = search_scale(x, g.linears, group, grid, g.block if block_loss else None, search_rows, seed=i)
         changed.update(scaling.apply(g, s))
-        if clip:   # what the scaled linears now see, for their clipping search; else freed as we go
+        if clip:  # what the scaled linears now see, for their clipping search; else freed as we go
             inputs[g.names[0]] = (x / s).to(kept.dtype)
         log.debug("awq %s: r=%.2f", g.prev_name, r)
 

@@ -23,13 +23,15 @@ from src.quant.pipeline import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3   # 3: "kernels" renamed "schemes" (a format-2 cache is rebuilt)
+FORMAT = 3  # 3: "kernels" renamed "schemes" (a format-2 cache is rebuilt)
 WEIGHTS, META = "quantized.safetensors", "quantized.json"
 
 
 def cache_key(source_key: str, spec: QuantSpec, calibration_hash: str) -> str:
-    blob = json.dumps({"format": FORMAT, "source": source_key, "spec": dataclasses.asdict(spec),
-                       "calibration": calibration_hash}, sort_keys=True)
+    blob = json.dumps(
+        {"format": FORMAT, "source": source_key, "spec": dataclasses.asdict(spec), "calibration": calibration_hash},
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -37,8 +39,12 @@ def save(directory: Path, weights: QuantizedWeights) -> None:
     tensors = {f"layer/{name}/{k}": t.contiguous() for name, ts in weights.layers.items() for k, t in ts.items()}
     tensors.update({f"float/{name}": t.contiguous() for name, t in weights.floats.items()})
     save_file(tensors, str(directory / WEIGHTS))
-    (directory / META).write_text(json.dumps({"format": FORMAT, "schemes": weights.schemes,
-                                              "group_size": weights.group_size, "info": weights.info}, indent=2))
+    (directory / META).write_text(
+        json.dumps(
+            {"format": FORMAT, "schemes": weights.schemes, "group_size": weights.group_size, "info": weights.info},
+            indent=2,
+        )
+    )
 
 
 def load(directory: Path) -> QuantizedWeights:
@@ -59,8 +65,9 @@ def load(directory: Path) -> QuantizedWeights:
     return QuantizedWeights(meta["schemes"], meta["group_size"], layers, floats, meta.get("info", {}))
 
 
-def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: dict,
-                  before_load: Callable[[], None] | None = None) -> tuple[QuantizedWeights, bool]:
+def load_or_build(
+    directory: Path, build: Callable[[], QuantizedWeights], meta: dict, before_load: Callable[[], None] | None = None
+) -> tuple[QuantizedWeights, bool]:
     """(weights, built_now). `before_load` runs just before a whole cache is read (the caller frees the
     float weights it replaces, so a 7B model is never held twice). A cache that verifies but will not
     parse is rebuilt once, where the float weights are still there to rebuild it from."""
@@ -81,8 +88,9 @@ def load_or_build(directory: Path, build: Callable[[], QuantizedWeights], meta: 
     except (ValueError, KeyError, TypeError, AttributeError, OSError, json.JSONDecodeError) as err:
         shutil.rmtree(directory)
         if before_load is not None:
-            raise RuntimeError(f"quantized cache {directory} is unreadable ({err}); removed: rerun the job to "
-                               f"rebuild it") from err
+            raise RuntimeError(
+                f"quantized cache {directory} is unreadable ({err}); removed: rerun the job to rebuild it"
+            ) from err
         log.warning("quantized cache %s is unreadable (%s); rebuilding it", directory, err)
         build_cached(directory, make, meta)
         return built[0], True

@@ -19,10 +19,12 @@ def calibration_ids(tokenizer, corpus: str, samples: int, seq_len: int) -> torch
     ids = torch.tensor(tokenizer(corpus, add_special_tokens=False).input_ids)
     half = len(ids) // 2
     if len(ids) - half < seq_len:
-        raise ValueError(f"the calibration corpus's second half has {len(ids) - half} tokens, fewer than one "
-                         f"window of {seq_len}; lower precision.calib_seq_len or use a larger dataset")
+        raise ValueError(
+            f"the calibration corpus's second half has {len(ids) - half} tokens, fewer than one "
+            f"window of {seq_len}; lower precision.calib_seq_len or use a larger dataset"
+        )
     starts = torch.linspace(half, len(ids) - seq_len, samples).long()
-    return torch.stack([ids[s:s + seq_len] for s in starts])
+    return torch.stack([ids[s : s + seq_len] for s in starts])
 
 
 def ids_hash(ids: torch.Tensor) -> str:
@@ -33,6 +35,7 @@ def ids_hash(ids: torch.Tensor) -> str:
 def _observe_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, observe) -> None:
     """Run the decoder stack over the batches, calling observe(name, x) with each named linear's input
     as rows [tokens, features]. The output head (a third of Gemma 3's weights) is not needed."""
+
     def hook(name):
         return lambda _module, args: observe(name, args[0].detach().reshape(-1, args[0].shape[-1]))
 
@@ -57,8 +60,9 @@ def input_absmax(model: nn.Module, linears: dict[str, nn.Module], batches: torch
     return stats
 
 
-def capture_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor,
-                   max_tokens: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def capture_inputs(
+    model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, max_tokens: int, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """A fixed random subset of `max_tokens` input rows at each named linear (AWQ's search data), in the
     model's dtype."""
     keep = torch.randperm(batches.numel(), generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values

@@ -17,11 +17,12 @@ DTYPES = ("float32", "bfloat16", "float16")
 class PrecisionConfig:
     """A precision: the float parts' dtype, calibration's size, and its quantization method's spec (None
     for a float precision; one of src.quant.methods.METHODS, holding only that method's fields)."""
-    name: str                       # the choice's name (conf/precision/<name>.yaml)
-    dtype: str                      # the float parts' dtype (norms, attention, embedding)
-    method: str                     # none, or a method of src.quant.methods
-    calib_samples: int              # calibration windows from the dataset's second half...
-    calib_seq_len: int              # ...of this many tokens (their hash is part of the cache key)
+
+    name: str  # the choice's name (conf/precision/<name>.yaml)
+    dtype: str  # the float parts' dtype (norms, attention, embedding)
+    method: str  # none, or a method of src.quant.methods
+    calib_samples: int  # calibration windows from the dataset's second half...
+    calib_seq_len: int  # ...of this many tokens (their hash is part of the cache key)
     quant: QuantSpec | None = None
 
     @property

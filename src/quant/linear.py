@@ -61,7 +61,7 @@ class W8A8Linear(QuantLinear):
     """int8 weights per output channel x int8 activations per token, quantized at run time."""
 
     STEP_BUFFERS = ("w_q", "w_scale")
-    prefill = "int_mm"   # the many-row path (src.quant.prefill: measured per host and set by the job)
+    prefill = "int_mm"  # the many-row path (src.quant.prefill: measured per host and set by the job)
 
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(w_q.shape[1], w_q.shape[0], bias)
@@ -85,8 +85,13 @@ class W8A16Linear(QuantLinear):
 
     STEP_BUFFERS = ("w_q", "w_scale")
 
-    def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
-                 dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self,
+        w_q: torch.Tensor,
+        w_scale: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+    ):
         super().__init__(w_q.shape[1], w_q.shape[0], None if bias is None else bias.to(dtype))
         self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
         self.register_buffer("w_scale", _owned(w_scale, dtype), persistent=False)  # ATen's kernel: x's dtype
@@ -117,8 +122,9 @@ class W4A16Linear(QuantLinear):
     N_MULTIPLE = 16  # the kernel packs output channels in blocks of 16
     STEP_BUFFERS = ("packed", "scales_zeros")
 
-    def __init__(self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
-                 bias: torch.Tensor | None = None):
+    def __init__(
+        self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
+    ):
         q = qparams.unpack_nibbles(q4)
         super().__init__(q.shape[1], q.shape[0], None if bias is None else bias.to(torch.bfloat16))
         self.group = group
@@ -134,17 +140,17 @@ class W4A16Linear(QuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
-        y = aten_ops.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group,
-                                       self.scales_zeros)
+        y = aten_ops.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group, self.scales_zeros)
         if y.shape[-1] != self.out_features:
-            y = y[:, :self.out_features]
+            y = y[:, : self.out_features]
         return self._finish(y, x, lead)
 
 
 # --- the same, with quantspec's kernels for a few rows (src/kernels; prefill stays on ATen's) -------
 
+
 class W8A8Gemv(W8A8Linear):
-    K_STEP = 64   # the kernel steps through K in 64s
+    K_STEP = 64  # the kernel steps through K in 64s
     STEP_BUFFERS = ("w_q", "w_scale", "w_sum")
 
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
@@ -178,8 +184,9 @@ class W4A16Gemv(QuantLinear):
     K_STEP = 128  # 128 values per 64-byte load; groups must be whole multiples of it
     STEP_BUFFERS = ("w4", "w4_scale", "w4_offset")
 
-    def __init__(self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
-                 bias: torch.Tensor | None = None):
+    def __init__(
+        self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
+    ):
         q = qparams.unpack_nibbles(q4)
         super().__init__(q.shape[1], q.shape[0], None if bias is None else bias.to(torch.bfloat16))
         self.group = group
@@ -207,32 +214,40 @@ class W4A16Gemv(QuantLinear):
         block = max(64, self.PREFILL_BYTES // (2 * self.in_features) // 64 * 64)
         for n0 in range(0, self.out_features, block):
             n1 = min(n0 + block, self.out_features)
-            w = torch.ops.quantspec.dequant_w4a16(self.w4[n0:n1], self.w4_scale[n0:n1], self.w4_offset[n0:n1],
-                                                  self.group)
+            w = torch.ops.quantspec.dequant_w4a16(
+                self.w4[n0:n1], self.w4_scale[n0:n1], self.w4_offset[n0:n1], self.group
+            )
             torch.mm(x2, w.t(), out=y[:, n0:n1])
         return y
 
 
 # --- portable tensors: what the quantizer produces and the cache stores ----------------------------
 
+
 def int8_tensors(weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
     w_q, w_scale = qparams.int8_per_channel(weight)
     return {"w_q": w_q, "w_scale": w_scale, **({"bias": bias.detach().float()} if bias is not None else {})}
 
 
-def int4_tensors(weight: torch.Tensor, bias: torch.Tensor | None, group: int,
-                 clip: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def int4_tensors(
+    weight: torch.Tensor, bias: torch.Tensor | None, group: int, clip: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     q, scale, zero = qparams.int4_groups(weight, group, clip)
-    return {"q4": qparams.pack_nibbles(q), "scale": scale, "zero": zero,
-            **({"bias": bias.detach().float()} if bias is not None else {})}
+    return {
+        "q4": qparams.pack_nibbles(q),
+        "scale": scale,
+        "zero": zero,
+        **({"bias": bias.detach().float()} if bias is not None else {}),
+    }
 
 
 ATEN = {"w8a8": W8A8Linear, "w8a16": W8A16Linear, "w4a16": W4A16Linear}
 GEMV = {"w8a8": W8A8Gemv, "w8a16": W8A16Gemv, "w4a16": W4A16Gemv}
 
 
-def build(kind: str, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype,
-          gemv: bool = False) -> nn.Module:
+def build(
+    kind: str, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype, gemv: bool = False
+) -> nn.Module:
     """The runtime module for these portable tensors: on ATen's kernels, or (gemv, where its K fits the
     kernel's step) with quantspec's for a few rows."""
     if kind not in ATEN:

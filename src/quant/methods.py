@@ -18,9 +18,9 @@ from src.common.schema import ConfigError, Kinds, check_choice
 from src.quant import awq, smoothquant
 from src.quant.arch import decoder_linears
 
-SCHEMES = ("w8a8", "w8a16", "w4a16")   # low-bit weights x activations (precision.scheme)
-INT4_GROUPS = (32, 64, 128, 256)       # what the CPU int4 kernel accepts
-HEAD = "lm_head"   # the output head's module name in every supported architecture
+SCHEMES = ("w8a8", "w8a16", "w4a16")  # low-bit weights x activations (precision.scheme)
+INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel accepts
+HEAD = "lm_head"  # the output head's module name in every supported architecture
 
 METHODS = Kinds("precision", "method")
 
@@ -29,14 +29,15 @@ METHODS = Kinds("precision", "method")
 class QuantSpec:
     """What every method shares: which low-bit scheme each linear runs. The defaults live in
     conf/precision/_fields.yaml, nowhere else."""
+
     KIND: ClassVar[str]
-    CALIBRATES: ClassVar[bool] = True   # reads calibration windows (their hash is part of the cache key)
+    CALIBRATES: ClassVar[bool] = True  # reads calibration windows (their hash is part of the cache key)
     method: str
-    scheme: str                     # the decoder linears' scheme (w8a8, w8a16, w4a16)
-    group_size: int | None          # int4 groups along the input features
-    quantize_head: bool             # False keeps the output head in float
-    head_scheme: str | None         # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
-    int8_linears: tuple[str, ...]   # decoder linears (name suffixes) kept at int8 under w4a16
+    scheme: str  # the decoder linears' scheme (w8a8, w8a16, w4a16)
+    group_size: int | None  # int4 groups along the input features
+    quantize_head: bool  # False keeps the output head in float
+    head_scheme: str | None  # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
+    int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept at int8 under w4a16
 
     def scheme_for(self, name: str) -> str:
         if name == HEAD:
@@ -50,8 +51,10 @@ class QuantSpec:
         if self.head_scheme is not None:
             check_choice("precision.head_scheme", self.head_scheme, SCHEMES)
         if self.scheme == "w4a16" and self.group_size not in INT4_GROUPS:
-            raise ConfigError(f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
-                              f"use one of: {', '.join(map(str, INT4_GROUPS))}")
+            raise ConfigError(
+                f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
+                f"use one of: {', '.join(map(str, INT4_GROUPS))}"
+            )
 
     def resolved(self, model) -> QuantSpec:
         """The spec with what it takes from the model (a ModelConfig) filled in: SmoothQuant's alpha."""
@@ -70,8 +73,9 @@ class QuantSpec:
 @dataclass(frozen=True, kw_only=True)
 class SmoothQuant(QuantSpec):
     """Activation outliers moved into the weights by per-channel scales, for 8-bit schemes."""
+
     KIND: ClassVar[str] = "smoothquant"
-    alpha: float | None             # migration strength; null: the model's smoothquant_alpha
+    alpha: float | None  # migration strength; null: the model's smoothquant_alpha
 
     def validate(self) -> None:
         super().validate()
@@ -84,8 +88,10 @@ class SmoothQuant(QuantSpec):
         if self.alpha is not None:
             return self
         if model.smoothquant_alpha is None:
-            raise ConfigError(f"model {model.name} has no smoothquant_alpha; set precision.alpha=0.5 (or "
-                              f"model.smoothquant_alpha in conf/model/{model.name}.yaml)")
+            raise ConfigError(
+                f"model {model.name} has no smoothquant_alpha; set precision.alpha=0.5 (or "
+                f"model.smoothquant_alpha in conf/model/{model.name}.yaml)"
+            )
         return replace(self, alpha=model.smoothquant_alpha)
 
     def scale(self, model, arch, calibration):
@@ -96,11 +102,12 @@ class SmoothQuant(QuantSpec):
 @dataclass(frozen=True, kw_only=True)
 class Awq(QuantSpec):
     """Activation-aware scales searched per group of linears, then a clipping search, for int4 weights."""
+
     KIND: ClassVar[str] = "awq"
-    awq_grid: int                   # exponents r = 0, 1/grid, ... for s = mean|x|^r
+    awq_grid: int  # exponents r = 0, 1/grid, ... for s = mean|x|^r
     awq_clip: bool
-    awq_search_tokens: int          # calibration tokens the scale search scores
-    awq_search_rows: int | None     # output channels sampled per scale search (null: all)
+    awq_search_tokens: int  # calibration tokens the scale search scores
+    awq_search_rows: int | None  # output channels sampled per scale search (null: all)
     awq_block_loss: bool
 
     def validate(self) -> None:
@@ -115,8 +122,18 @@ class Awq(QuantSpec):
 
     def scale(self, model, arch, calibration):
         int4 = {n for n in decoder_linears(model, arch) if self.scheme_for(n) == "w4a16"}
-        return awq.awq(model, arch, calibration, self.group_size, self.awq_grid, self.awq_clip,
-                       self.awq_search_tokens, self.awq_block_loss, clip_only=int4, search_rows=self.awq_search_rows)
+        return awq.awq(
+            model,
+            arch,
+            calibration,
+            self.group_size,
+            self.awq_grid,
+            self.awq_clip,
+            self.awq_search_tokens,
+            self.awq_block_loss,
+            clip_only=int4,
+            search_rows=self.awq_search_rows,
+        )
 
     def calibration_bytes(self, shape):
         """Every linear's sampled inputs (bf16, as the model) and, while a group's scales are searched, a few
@@ -134,6 +151,7 @@ class Awq(QuantSpec):
 @dataclass(frozen=True, kw_only=True)
 class Rtn(QuantSpec):
     """Round to nearest: no scaling, no data; the baseline the other methods must beat."""
+
     KIND: ClassVar[str] = "rtn"
     CALIBRATES: ClassVar[bool] = False
 

@@ -19,15 +19,16 @@ from src.quant.methods import HEAD, QuantSpec
 
 @dataclass
 class QuantizedWeights:
-    schemes: dict[str, str]                        # linear name -> the scheme it runs (w8a8, ...)
+    schemes: dict[str, str]  # linear name -> the scheme it runs (w8a8, ...)
     group_size: int | None
-    layers: dict[str, dict[str, torch.Tensor]]     # linear name -> portable tensors
-    floats: dict[str, torch.Tensor]                # float parameters the scaling changed
+    layers: dict[str, dict[str, torch.Tensor]]  # linear name -> portable tensors
+    floats: dict[str, torch.Tensor]  # float parameters the scaling changed
     info: dict = field(default_factory=dict)
 
 
-def _tensors(scheme: str, lin: nn.Linear, group: int | None, clip: torch.Tensor | None = None
-             ) -> dict[str, torch.Tensor]:
+def _tensors(
+    scheme: str, lin: nn.Linear, group: int | None, clip: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     if scheme == "w4a16":
         return int4_tensors(lin.weight.detach(), lin.bias, group, clip)
     return int8_tensors(lin.weight.detach(), lin.bias)
@@ -38,17 +39,18 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     """Quantize a float model. Mutates its float weights (scaling) and frees each quantized linear's float
     weight as it goes; `install` finishes the job."""
     start = time.perf_counter()
-    changed, clips = spec.scale(model, arch, calibration)   # the method's own pass (src.quant.methods)
+    changed, clips = spec.scale(model, arch, calibration)  # the method's own pass (src.quant.methods)
     linears = quantized_linears(model, arch, spec)
     schemes = {name: spec.scheme_for(name) for name in linears}
     layers = {}
     for name, lin in linears.items():
         layers[name] = _tensors(schemes[name], lin, spec.group_size, clips.get(name))
-        release(lin)   # its low-bit copy exists: freeing the float one keeps the peak at the float model's size
+        release(lin)  # its low-bit copy exists: freeing the float one keeps the peak at the float model's size
     quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
     floats = {name: model.get_parameter(name).detach().clone() for name in sorted(changed - quantized_params)}
-    return QuantizedWeights(schemes, spec.group_size, layers, floats,
-                            {"quantize_s": time.perf_counter() - start, "layers": len(layers)})
+    return QuantizedWeights(
+        schemes, spec.group_size, layers, floats, {"quantize_s": time.perf_counter() - start, "layers": len(layers)}
+    )
 
 
 def release(linear: nn.Module) -> None:

@@ -23,7 +23,7 @@ import torch
 from src.common.locks import atomic_write_text
 
 PATHS = ("int_mm", "float")
-PROBE = (128, 1024, 2048)   # rows, K, N: a short prefill through a small model's linear
+PROBE = (128, 1024, 2048)  # rows, K, N: a short prefill through a small model's linear
 CACHE = "int8_gemm.json"
 
 
@@ -42,7 +42,7 @@ def measure(repeats: int = 5) -> dict[str, float]:
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
     times: dict[str, list[float]] = {p: [] for p in PATHS}
     for path in PATHS:
-        int8_gemm(x, w, path)   # warm: oneDNN builds its kernel on first use
+        int8_gemm(x, w, path)  # warm: oneDNN builds its kernel on first use
     for _ in range(repeats):
         for path in PATHS:
             start = time.perf_counter()
@@ -54,14 +54,16 @@ def measure(repeats: int = 5) -> dict[str, float]:
 def choose(cache_dir: Path, cpu_model: str, threads: int) -> tuple[str, dict[str, float]]:
     """The faster path on this host (measured once per CPU, thread count, torch and ATen ISA; cached)."""
     path = Path(cache_dir) / CACHE
-    key = (f"{cpu_model}|{platform.node()}|threads={threads}|torch={torch.__version__}|"
-           f"aten={torch.backends.cpu.get_cpu_capability()}|onednn={torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled}")
+    key = (
+        f"{cpu_model}|{platform.node()}|threads={threads}|torch={torch.__version__}|"
+        f"aten={torch.backends.cpu.get_cpu_capability()}|onednn={torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled}"
+    )
     known = {}
     if path.is_file():
         try:
             known = json.loads(path.read_text())
         except json.JSONDecodeError:
-            known = {}   # a damaged cache is measured again, not trusted
+            known = {}  # a damaged cache is measured again, not trusted
     if key not in known:
         known[key] = measure()
         path.parent.mkdir(parents=True, exist_ok=True)

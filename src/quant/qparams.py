@@ -39,8 +39,9 @@ def check_group(k: int, group: int) -> None:
         raise ValueError(f"group size {group} must divide the input features {k}")
 
 
-def int4_groups(w: torch.Tensor, group: int, clip: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def int4_groups(
+    w: torch.Tensor, group: int, clip: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q uint8 [N, K] in 0..15, scale float32 [N, K/group], zero float32 [N, K/group]).
 
     `clip` ([N, K/group]) bounds each group's range to [-clip, clip] before the min/max are taken
@@ -77,6 +78,7 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 # --- fake quantization: references for tests and the loss inside AWQ's search, never the runtime path ---
+
 
 def fake_int8_weight(w: torch.Tensor) -> torch.Tensor:
     q, scale = int8_per_channel(w)

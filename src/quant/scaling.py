@@ -31,6 +31,7 @@ def apply(group: ScaleGroup, s: torch.Tensor) -> list[str]:
     divide_output(group.prev, s)
     for lin in group.linears:
         lin.weight.mul_(s[None, :].to(lin.weight.dtype))
-    changed = [f"{group.prev_name}.weight"] + ([f"{group.prev_name}.bias"] if getattr(group.prev, "bias", None)
-                                                is not None else [])
+    changed = [f"{group.prev_name}.weight"] + (
+        [f"{group.prev_name}.bias"] if getattr(group.prev, "bias", None) is not None else []
+    )
     return changed + [f"{n}.weight" for n in group.names]

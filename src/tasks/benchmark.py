@@ -16,8 +16,10 @@ def cut_prompts(tokenizer, corpus: str, lengths: list[int]) -> list[torch.Tensor
     for n in lengths:
         body = ids[: n - len(prefix)]
         if len(body) < n - len(prefix):
-            raise ValueError(f"the corpus has {len(ids)} tokens, too few for a {n}-token prompt; "
-                             f"use a larger dataset or shorter task.prompt_lengths")
+            raise ValueError(
+                f"the corpus has {len(ids)} tokens, too few for a {n}-token prompt; "
+                f"use a larger dataset or shorter task.prompt_lengths"
+            )
         prompts.append(torch.tensor([prefix + body]))
     return prompts
 
@@ -26,8 +28,14 @@ def run(inputs: TaskInputs) -> TaskResult:
     task = inputs.task
     new_tokens = task.new_tokens(inputs.code_model)
     fits = [n for n in task.prompt_lengths if n + new_tokens <= inputs.max_context]
-    notes = [f"prompt lengths {[n for n in task.prompt_lengths if n not in fits]} dropped: with {new_tokens} new "
-             f"tokens they exceed the model's context of {inputs.max_context}"] if len(fits) < len(task.prompt_lengths) else []
+    notes = (
+        [
+            f"prompt lengths {[n for n in task.prompt_lengths if n not in fits]} dropped: with {new_tokens} new "
+            f"tokens they exceed the model's context of {inputs.max_context}"
+        ]
+        if len(fits) < len(task.prompt_lengths)
+        else []
+    )
     fits = limit(fits, task.limit)
     if not fits:
         raise ValueError(f"no prompt length of task {task.name} fits the model's context of {inputs.max_context}")

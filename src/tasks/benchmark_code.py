@@ -55,8 +55,11 @@ def score(task_ids: list[str], outcomes: list[sandbox.Outcome], samples: int) ->
     """pass@k for each k the samples allow, averaged over problems, and the outcome counts."""
     correct = Counter(t for t, o in zip(task_ids, outcomes) if o.passed)
     problems = list(dict.fromkeys(task_ids))
-    summary = {f"pass_at_{k}": sum(pass_at_k(samples, correct[p], k) for p in problems) / len(problems)
-               for k in PASS_AT if k <= samples}
+    summary = {
+        f"pass_at_{k}": sum(pass_at_k(samples, correct[p], k) for p in problems) / len(problems)
+        for k in PASS_AT
+        if k <= samples
+    }
     counts = Counter(o.status for o in outcomes)
     summary.update(passed=counts["passed"], failed=counts["failed"], timed_out=counts["timed out"])
     return summary
@@ -69,39 +72,62 @@ def run(inputs: TaskInputs) -> TaskResult:
     limits = sandbox.Limits(task.sandbox_timeout_s, task.sandbox_memory_mb)
     stop = StopAt(tok)
     new_tokens = task.new_tokens(inputs.code_model)
-    examples = [Example(tok(p["prompt"], return_tensors="pt").input_ids, new_tokens, p["task_id"], stop, sample=j)
-                for p in problems for j in range(task.samples)]
+    examples = [
+        Example(tok(p["prompt"], return_tensors="pt").input_ids, new_tokens, p["task_id"], stop, sample=j)
+        for p in problems
+        for j in range(task.samples)
+    ]
     measured = measure(inputs, examples, exact=False)
     by_id = {p["task_id"]: p for p in problems}
 
     def check(outputs: list[list[int]]) -> tuple[list[str], list[sandbox.Outcome]]:
         completions = [truncate(tok.decode(ids, skip_special_tokens=True)) for ids in outputs]
-        outcomes = sandbox.run_many([program(by_id[ex.label], c) for ex, c in zip(examples, completions)],
-                                    task.sandbox, limits, task.sandbox_workers)
+        outcomes = sandbox.run_many(
+            [program(by_id[ex.label], c) for ex, c in zip(examples, completions)],
+            task.sandbox,
+            limits,
+            task.sandbox_workers,
+        )
         return completions, outcomes
 
     completions, outcomes = check(measured.outputs)
     ids = [ex.label for ex in examples]
     res = result(measured)
     res.summary.update(score(ids, outcomes, task.samples))
-    if measured.baseline_outputs:   # a draft: the completions without it, checked too
+    if measured.baseline_outputs:  # a draft: the completions without it, checked too
         plain_completions, plain_outcomes = check(measured.baseline_outputs)
         plain = score(ids, plain_outcomes, task.samples)
         res.summary["pass_at_1_no_draft"] = plain["pass_at_1"]
         same = sum(a == b for a, b in zip(completions, plain_completions))
         res.summary["completions_identical_to_no_draft"] = same / len(completions)
         equal = "equals" if plain["pass_at_1"] == res.summary["pass_at_1"] else "differs from"
-        why = ("greedy: the draft changes speed, never the tokens" if not inputs.sampling.do_sample
-               else "sampled: a draft keeps the distribution, not the draws")
-        res.notes.append(f"pass@1 with the draft ({res.summary['pass_at_1']:.3f}) {equal} pass@1 without it "
-                         f"({plain['pass_at_1']:.3f}); {same}/{len(completions)} completions identical ({why})")
-    lines = [{"task_id": ex.label, "sample": ex.sample, "completion": c, "result": str(o), "passed": o.passed,
-              "prompt_tokens": row.prompt_tokens, "new_tokens": row.new_tokens,
-              "time_per_token_ms": row.time_per_token_ms}
-             for ex, c, o, row in zip(examples, completions, outcomes, measured.rows)]
+        why = (
+            "greedy: the draft changes speed, never the tokens"
+            if not inputs.sampling.do_sample
+            else "sampled: a draft keeps the distribution, not the draws"
+        )
+        res.notes.append(
+            f"pass@1 with the draft ({res.summary['pass_at_1']:.3f}) {equal} pass@1 without it "
+            f"({plain['pass_at_1']:.3f}); {same}/{len(completions)} completions identical ({why})"
+        )
+    lines = [
+        {
+            "task_id": ex.label,
+            "sample": ex.sample,
+            "completion": c,
+            "result": str(o),
+            "passed": o.passed,
+            "prompt_tokens": row.prompt_tokens,
+            "new_tokens": row.new_tokens,
+            "time_per_token_ms": row.time_per_token_ms,
+        }
+        for ex, c, o, row in zip(examples, completions, outcomes, measured.rows)
+    ]
     res.artifacts["completions.jsonl"] = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-    res.notes.append(f"HumanEval: {res.summary['passed']} of {len(outcomes)} completions passed, "
-                     f"{res.summary['failed']} failed, {res.summary['timed_out']} timed out "
-                     f"(sandbox {task.sandbox}: {task.sandbox_timeout_s:g} s, {task.sandbox_memory_mb} MB each)")
-    res.notes.append(f"sandbox {sandbox.isolation(task.sandbox)}")   # what the completions could reach
+    res.notes.append(
+        f"HumanEval: {res.summary['passed']} of {len(outcomes)} completions passed, "
+        f"{res.summary['failed']} failed, {res.summary['timed_out']} timed out "
+        f"(sandbox {task.sandbox}: {task.sandbox_timeout_s:g} s, {task.sandbox_memory_mb} MB each)"
+    )
+    res.notes.append(f"sandbox {sandbox.isolation(task.sandbox)}")  # what the completions could reach
     return res

@@ -27,34 +27,34 @@ class TaskInputs:
     code_model: bool
     sampling: Sampling
     max_context: int
-    corpus: Callable[[], str]   # lazy: the decode task never reads the dataset
-    generate: Callable          # the engine: src.engine.engine_for(...)
-    baseline: Callable | None = None   # with a draft: the same engine without it, timed beside it
-    record_input: Callable = lambda text: None   # a task reading text the corpus did not give it says so
-    on_row: Callable = lambda row, total: None   # each example's row as it is measured (kept if the job stops)
+    corpus: Callable[[], str]  # lazy: the decode task never reads the dataset
+    generate: Callable  # the engine: src.engine.engine_for(...)
+    baseline: Callable | None = None  # with a draft: the same engine without it, timed beside it
+    record_input: Callable = lambda text: None  # a task reading text the corpus did not give it says so
+    on_row: Callable = lambda row, total: None  # each example's row as it is measured (kept if the job stops)
     # quality: the job's model scoring a window, score(ids, reference top-k or None) -> WindowScore
     # (src.quality.scoring), and the reference it is measured against (None: task.reference=none, or random weights)
     score: Callable | None = None
-    reference: object | None = None   # src.quality.reference.Reference
+    reference: object | None = None  # src.quality.reference.Reference
 
 
 @dataclass
 class Example:
-    prompt_ids: torch.Tensor    # shape (1, prompt_tokens)
+    prompt_ids: torch.Tensor  # shape (1, prompt_tokens)
     max_new_tokens: int
     label: str
-    stop: Callable[[list[int]], bool] | None = None   # new tokens so far -> end here (stop sequences)
-    sample: int = 0             # the n-th sample of one prompt: drawn with sampling.seed + n
+    stop: Callable[[list[int]], bool] | None = None  # new tokens so far -> end here (stop sequences)
+    sample: int = 0  # the n-th sample of one prompt: drawn with sampling.seed + n
 
 
 @dataclass
 class TaskResult:
     rows: list[Row]
     summary: dict[str, float]
-    artifacts: dict[str, str] = field(default_factory=dict)   # file name -> text
+    artifacts: dict[str, str] = field(default_factory=dict)  # file name -> text
     series: dict[str, list[float]] = field(default_factory=dict)  # metric -> one value per step
-    notes: list[str] = field(default_factory=list)            # things the user must be told
-    tags: dict[str, str] = field(default_factory=dict)        # what the run is tagged with (its reference)
+    notes: list[str] = field(default_factory=list)  # things the user must be told
+    tags: dict[str, str] = field(default_factory=dict)  # what the run is tagged with (its reference)
 
 
 def limit(examples: list, n: int | None) -> list:
@@ -64,10 +64,10 @@ def limit(examples: list, n: int | None) -> list:
 @dataclass
 class Measured:
     rows: list[Row]
-    outputs: list[list[int]]                                       # each example's new token ids
+    outputs: list[list[int]]  # each example's new token ids
     baseline_outputs: list[list[int]] = field(default_factory=list)  # with a draft: the same without it
-    series: dict[str, list[float]] = field(default_factory=dict)   # per example (draft metrics)
-    summary: dict[str, float] = field(default_factory=dict)        # over all examples (draft metrics)
+    series: dict[str, list[float]] = field(default_factory=dict)  # per example (draft metrics)
+    summary: dict[str, float] = field(default_factory=dict)  # over all examples (draft metrics)
 
 
 def _row(number: int, gen) -> Row:
@@ -89,30 +89,44 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
         first = examples[0]
         for engine in engines:
             engine(inputs.model, first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad)
-    sampling_of = lambda ex: (inputs.sampling if not ex.sample else  # noqa: E731
-                              dataclasses.replace(inputs.sampling, seed=inputs.sampling.seed + ex.sample))
+
+    def sampling_of(ex):
+        if not ex.sample:
+            return inputs.sampling
+        return dataclasses.replace(inputs.sampling, seed=inputs.sampling.seed + ex.sample)
+
     out = Measured([], [])
     specs, baseline_ms, identical = [], [], []
-    others = OthersCpu()   # what other processes took while we timed: a busy host is flagged, not hidden
+    others = OthersCpu()  # what other processes took while we timed: a busy host is flagged, not hidden
     for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
         runs: list[list] = [[] for _ in engines]
         with others:
             for _ in range(inputs.task.repeats):
                 for i, engine in enumerate(engines):
-                    runs[i].append(engine(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, sampling_of(ex), pad,
-                                          stop=ex.stop))
+                    runs[i].append(
+                        engine(
+                            inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, sampling_of(ex), pad, stop=ex.stop
+                        )
+                    )
         gen = _median_run(runs[0])
         row = _row(number, gen)
-        inputs.on_row(row, len(examples))   # journaled before it is said: "example n/" means it is kept
-        log.info("example %d/%d: %d prompt tokens, %d new, %.1f ms/token", number, len(examples),
-                 row.prompt_tokens, row.new_tokens, row.time_per_token_ms)
+        inputs.on_row(row, len(examples))  # journaled before it is said: "example n/" means it is kept
+        log.info(
+            "example %d/%d: %d prompt tokens, %d new, %.1f ms/token",
+            number,
+            len(examples),
+            row.prompt_tokens,
+            row.new_tokens,
+            row.time_per_token_ms,
+        )
         out.rows.append(row)
         out.outputs.append(gen.new_token_ids)
         if gen.spec is not None:
             plain = _median_run(runs[1]) if inputs.baseline else None
             base = _row(number, plain) if plain else None
-            for key, value in drafting.example_series(gen.spec, row.time_per_token_ms,
-                                                      base and base.time_per_token_ms).items():
+            for key, value in drafting.example_series(
+                gen.spec, row.time_per_token_ms, base and base.time_per_token_ms
+            ).items():
                 out.series.setdefault(key, []).append(value)
             specs.append(gen.spec)
             if base is not None:
@@ -121,8 +135,12 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
                 identical.append(gen.new_token_ids == plain.new_token_ids)
     if specs:
         greedy = not inputs.sampling.do_sample
-        out.summary = drafting.summary(specs, [r.time_per_token_ms for r in out.rows], baseline_ms or None,
-                                       identical if identical and greedy else None)
+        out.summary = drafting.summary(
+            specs,
+            [r.time_per_token_ms for r in out.rows],
+            baseline_ms or None,
+            identical if identical and greedy else None,
+        )
     if others.cores() is not None:
         out.summary["others_cpu_cores"] = others.cores()
     return out

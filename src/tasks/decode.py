@@ -20,7 +20,7 @@ def diverging(inputs: TaskInputs, examples: list[Example], new_tokens: int) -> t
     for ex, tokens in zip(examples, references):
         prompt = ex.prompt_ids[0]
         score = inputs.score(torch.cat([prompt, torch.tensor(tokens, dtype=prompt.dtype)]), None)
-        f, s = divergence.generation_divergence(score.top1[len(prompt) - 1:], tokens)
+        f, s = divergence.generation_divergence(score.top1[len(prompt) - 1 :], tokens)
         first.append(f)
         share.append(s)
     series = {"first_divergent_token": [float(f) for f in first], "divergent_share": share}
@@ -34,10 +34,12 @@ def run(inputs: TaskInputs) -> TaskResult:
     tok = inputs.tokenizer
     examples = [Example(tok(t, return_tensors="pt").input_ids, new_tokens, t) for t in texts]
     measured = measure(inputs, examples, exact=inputs.task.exact_new_tokens)
-    responses = [{"example": i, "prompt": ex.label, "response": tok.decode(ids, skip_special_tokens=True)}
-                 for i, (ex, ids) in enumerate(zip(examples, measured.outputs), start=1)]
+    responses = [
+        {"example": i, "prompt": ex.label, "response": tok.decode(ids, skip_special_tokens=True)}
+        for i, (ex, ids) in enumerate(zip(examples, measured.outputs), start=1)
+    ]
     tags = {}
-    if inputs.reference is not None:   # after the timing: the scoring passes are not timed
+    if inputs.reference is not None:  # after the timing: the scoring passes are not timed
         summary, series, references = diverging(inputs, examples, new_tokens)
         measured.summary.update(summary)
         measured.series.update(series)

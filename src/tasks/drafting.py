@@ -29,8 +29,9 @@ def example_series(spec, per_token_ms: float, baseline_ms: float | None) -> dict
     return out
 
 
-def summary(specs: list, per_token_ms: list[float], baseline_ms: list[float] | None,
-            identical: list[bool] | None) -> dict[str, float]:
+def summary(
+    specs: list, per_token_ms: list[float], baseline_ms: list[float] | None, identical: list[bool] | None
+) -> dict[str, float]:
     steps = sum(s.steps for s in specs)
     proposed = sum(s.proposed for s in specs)
     kept = sum(s.accepted for s in specs)
@@ -51,10 +52,14 @@ def summary(specs: list, per_token_ms: list[float], baseline_ms: list[float] | N
         base = median(baseline_ms)
         # c: one draft forward against one plain target step, both measured in this job
         c = draft_ms / k / base if k and k > 0 and base > 0 else math.nan
-        out.update({"baseline_time_per_token_ms_median": base,
-                    "speedup_vs_no_draft_median": base / median(per_token_ms),
-                    "draft_cost_ratio": c,
-                    "expected_speedup": expected_speedup(alpha, k, c)})
+        out.update(
+            {
+                "baseline_time_per_token_ms_median": base,
+                "speedup_vs_no_draft_median": base / median(per_token_ms),
+                "draft_cost_ratio": c,
+                "expected_speedup": expected_speedup(alpha, k, c),
+            }
+        )
     if identical is not None:
         out["output_identical_fraction"] = sum(identical) / len(identical)
     return out

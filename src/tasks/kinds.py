@@ -23,17 +23,18 @@ from src.tasks import sandbox
 log = logging.getLogger("quantspec")
 
 TASKS = Kinds("task", "kind")
-SANDBOXES = ("bwrap", "rlimit")   # where benchmark_code runs completions (src.tasks.sandbox)
-REFERENCES = ("auto", "fp32", "bf16", "none")   # what a quality task measures the job's model against
+SANDBOXES = ("bwrap", "rlimit")  # where benchmark_code runs completions (src.tasks.sandbox)
+REFERENCES = ("auto", "fp32", "bf16", "none")  # what a quality task measures the job's model against
 
 
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """What every task has: its name (a conf/task file: benchmark and benchmark_long are one kind)."""
+
     KIND: ClassVar[str]
-    MODULE: ClassVar[str]             # its implementation: a module with run(inputs) -> TaskResult
-    DECODES: ClassVar[bool] = False   # a draft changes what it measures
-    name: str                       # the choice's name (conf/task/<name>.yaml): benchmark and benchmark_long share a kind
+    MODULE: ClassVar[str]  # its implementation: a module with run(inputs) -> TaskResult
+    DECODES: ClassVar[bool] = False  # a draft changes what it measures
+    name: str  # the choice's name (conf/task/<name>.yaml): benchmark and benchmark_long share a kind
 
     @property
     def kind(self) -> str:
@@ -70,8 +71,9 @@ class Referenced:
     """A task that measures the job's model against the same weights in a float precision, run by torch
     (src.quality.reference; none: not measured; auto: fp32, or bf16 above 2B parameters, whose fp32 copy
     would not fit beside the job's model)."""
+
     reference: str = "auto"
-    reference_top_k: int = 512      # the reference's most likely tokens kept per position (src.quality.divergence)
+    reference_top_k: int = 512  # the reference's most likely tokens kept per position (src.quality.divergence)
 
     def validate_reference(self) -> None:
         check_choice("task.reference", self.reference, REFERENCES)
@@ -81,9 +83,11 @@ class Referenced:
 
 def _refuse_random(job, what: str, metric: str) -> None:
     if job.model.weights == "random":
-        raise ConfigError(f"task={job.task.name} measures {what}, and {job.model.name} has random weights "
-                          f"(model.weights=random): its {metric} would mean nothing; time it with task=benchmark, "
-                          f"or load the real weights")
+        raise ConfigError(
+            f"task={job.task.name} measures {what}, and {job.model.name} has random weights "
+            f"(model.weights=random): its {metric} would mean nothing; time it with task=benchmark, "
+            f"or load the real weights"
+        )
 
 
 def _fits(job, loaded, prompts: list[str], new: int, limit: int | None) -> None:
@@ -91,21 +95,24 @@ def _fits(job, loaded, prompts: list[str], new: int, limit: int | None) -> None:
     longest = max(len(loaded.tokenizer(p).input_ids) for p in prompts[:limit])
     if longest + new > loaded.max_context:
         field = f"task.{'code_' if job.model.code else ''}max_new_tokens"
-        raise ConfigError(f"{field}={new} with a {longest}-token prompt exceeds {job.model.name}'s context of "
-                          f"{loaded.max_context} tokens; use {field}={max(1, loaded.max_context - longest)} or "
-                          f"less, or a smaller task.limit")
+        raise ConfigError(
+            f"{field}={new} with a {longest}-token prompt exceeds {job.model.name}'s context of "
+            f"{loaded.max_context} tokens; use {field}={max(1, loaded.max_context - longest)} or "
+            f"less, or a smaller task.limit"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Generating(TaskConfig):
     """A task that times generation through the engine (prefill, per-token, seed columns)."""
+
     DECODES: ClassVar[bool] = True
-    max_new_tokens: int = 60        # new tokens per example (a general model)
-    code_max_new_tokens: int = 60   # new tokens for a code model (model.code)
-    exact_new_tokens: bool = True   # generate exactly that many (past EOS), so runs compare
-    limit: int | None = None        # the first N examples (null: all)
-    warmup: int = 1                 # untimed runs before the timed ones
-    repeats: int = 1                # timed runs per example; the median one is kept
+    max_new_tokens: int = 60  # new tokens per example (a general model)
+    code_max_new_tokens: int = 60  # new tokens for a code model (model.code)
+    exact_new_tokens: bool = True  # generate exactly that many (past EOS), so runs compare
+    limit: int | None = None  # the first N examples (null: all)
+    warmup: int = 1  # untimed runs before the timed ones
+    repeats: int = 1  # timed runs per example; the median one is kept
 
     def validate(self) -> None:
         for key in ("max_new_tokens", "code_max_new_tokens"):
@@ -122,7 +129,7 @@ class Generating(TaskConfig):
         return self.code_max_new_tokens if code_model else self.max_new_tokens
 
     def kv_tokens(self, code_model: bool) -> int:
-        return 512 + self.new_tokens(code_model)   # prompts of a few hundred tokens at most
+        return 512 + self.new_tokens(code_model)  # prompts of a few hundred tokens at most
 
 
 @TASKS.register
@@ -130,6 +137,7 @@ class Generating(TaskConfig):
 class Decode(Generating, Referenced):
     """The seeds' decode table: ten general prompts (thirteen HumanEval stubs for code models), and how far
     the model's greedy choices depart from the reference's on them (where the weights are real)."""
+
     KIND: ClassVar[str] = "decode"
     MODULE: ClassVar[str] = "src.tasks.decode"
 
@@ -145,9 +153,10 @@ class Decode(Generating, Referenced):
 @dataclass(frozen=True, kw_only=True)
 class Benchmark(Generating):
     """Prompts of fixed token lengths cut from the dataset, each timed for exactly max_new_tokens."""
+
     KIND: ClassVar[str] = "benchmark"
     MODULE: ClassVar[str] = "src.tasks.benchmark"
-    prompt_lengths: tuple[int, ...] = ()   # prompt lengths in tokens, cut from the dataset
+    prompt_lengths: tuple[int, ...] = ()  # prompt lengths in tokens, cut from the dataset
 
     def validate(self) -> None:
         super().validate()
@@ -163,41 +172,53 @@ class Benchmark(Generating):
         new, context = self.new_tokens(job.model.code), loaded.max_context
         dropped = [n for n in self.prompt_lengths if n + new > context]
         if len(dropped) == len(self.prompt_lengths):
-            raise ConfigError(f"no prompt length of task {self.name} fits {job.model.name}'s context of {context} "
-                              f"tokens with {new} new tokens")
+            raise ConfigError(
+                f"no prompt length of task {self.name} fits {job.model.name}'s context of {context} "
+                f"tokens with {new} new tokens"
+            )
         if dropped:  # said now, before the timing; the task drops them
-            log.warning("prompt lengths %s dropped: with %d new tokens they exceed the model's context of %d",
-                        dropped, new, context)
+            log.warning(
+                "prompt lengths %s dropped: with %d new tokens they exceed the model's context of %d",
+                dropped,
+                new,
+                context,
+            )
 
 
 @TASKS.register
 @dataclass(frozen=True, kw_only=True)
 class BenchmarkCode(Generating):
     """HumanEval's problems completed and timed, then each completion's tests run in a sandbox: pass@k."""
+
     KIND: ClassVar[str] = "benchmark_code"
     MODULE: ClassVar[str] = "src.tasks.benchmark_code"
-    samples: int = 1                # completions per problem (pass@k for k <= samples)
-    sandbox: str = "bwrap"          # bwrap, or rlimit where bubblewrap cannot run
+    samples: int = 1  # completions per problem (pass@k for k <= samples)
+    sandbox: str = "bwrap"  # bwrap, or rlimit where bubblewrap cannot run
     sandbox_timeout_s: float = 3.0  # wall clock per problem's tests
-    sandbox_memory_mb: int = 1024   # address space per problem's tests
-    sandbox_workers: int = 2        # problems tested at once
+    sandbox_memory_mb: int = 1024  # address space per problem's tests
+    sandbox_workers: int = 2  # problems tested at once
 
     def validate(self) -> None:
         super().validate()
         check_choice("task.sandbox", self.sandbox, SANDBOXES)
         if self.samples < 1 or self.sandbox_workers < 1:
-            raise ConfigError(f"task.samples={self.samples} and task.sandbox_workers={self.sandbox_workers} must "
-                              f"be at least 1")
+            raise ConfigError(
+                f"task.samples={self.samples} and task.sandbox_workers={self.sandbox_workers} must be at least 1"
+            )
         if self.sandbox_timeout_s <= 0 or self.sandbox_memory_mb < 64:
-            raise ConfigError(f"task.sandbox_timeout_s={self.sandbox_timeout_s} must be above 0 and "
-                              f"task.sandbox_memory_mb={self.sandbox_memory_mb} at least 64")
+            raise ConfigError(
+                f"task.sandbox_timeout_s={self.sandbox_timeout_s} must be above 0 and "
+                f"task.sandbox_memory_mb={self.sandbox_memory_mb} at least 64"
+            )
 
     def check_job(self, job) -> None:
         _refuse_random(job, "whether generated code works", "pass@1")
         if self.samples > 1 and not job.sampling.do_sample:
-            raise ConfigError(f"task.samples={self.samples} under greedy decoding gives identical completions; "
-                              f"set sampling.do_sample=true (e.g. sampling.temperature=0.8) for pass@k, or "
-                              f"task.samples=1")
+            raise ConfigError(
+                f"task.samples={self.samples} under greedy decoding gives identical completions; "
+                f"set sampling.do_sample=true (e.g. sampling.temperature=0.8) for pass@k, or "
+                f"task.samples=1"
+            )
 
     def check_host(self) -> None:
         try:
@@ -217,10 +238,11 @@ class BenchmarkCode(Generating):
 class Perplexity(Referenced, TaskConfig):
     """Perplexity over non-overlapping windows of the dataset, and the divergence from the reference there:
     quality beside speed."""
+
     KIND: ClassVar[str] = "perplexity"
     MODULE: ClassVar[str] = "src.tasks.perplexity"
-    window: int = 512               # tokens per window
-    windows: int = 8                # how many windows
+    window: int = 512  # tokens per window
+    windows: int = 8  # how many windows
 
     def validate(self) -> None:
         if self.window < 2 or self.windows < 1:
@@ -232,8 +254,10 @@ class Perplexity(Referenced, TaskConfig):
 
     def preflight(self, job, loaded) -> None:
         if self.window > loaded.max_context:
-            raise ConfigError(f"task.window={self.window} exceeds {job.model.name}'s context of {loaded.max_context} "
-                              f"tokens; use task.window={loaded.max_context} or less")
+            raise ConfigError(
+                f"task.window={self.window} exceeds {job.model.name}'s context of {loaded.max_context} "
+                f"tokens; use task.window={loaded.max_context} or less"
+            )
 
     def kv_tokens(self, code_model: bool) -> int:
         return self.window
@@ -244,19 +268,22 @@ class Perplexity(Referenced, TaskConfig):
 class LmEval(TaskConfig):
     """lm-evaluation-harness's tasks scored by the job's model, quantized, on its own kernels or another
     runtime's logits (src.quality.harness): accuracy with its standard error, each item's outcome kept."""
+
     KIND: ClassVar[str] = "lm_eval"
     MODULE: ClassVar[str] = "src.tasks.lm_eval"
     tasks: tuple[str, ...] = ("quantspec_facts",)
     num_fewshot: int = 0
-    limit: int | None = None        # items per task (None: all)
-    max_new_tokens: int = 60        # generate_until's cap where a task sets none
+    limit: int | None = None  # items per task (None: all)
+    max_new_tokens: int = 60  # generate_until's cap where a task sets none
 
     def validate(self) -> None:
         if not self.tasks:
             raise ConfigError("task.tasks is empty: name at least one lm-eval task (e.g. task.tasks=[quantspec_facts])")
         if self.num_fewshot < 0 or (self.limit is not None and self.limit < 1):
-            raise ConfigError(f"task.num_fewshot={self.num_fewshot} must be 0 or more and task.limit={self.limit} "
-                              f"at least 1 (or null)")
+            raise ConfigError(
+                f"task.num_fewshot={self.num_fewshot} must be 0 or more and task.limit={self.limit} "
+                f"at least 1 (or null)"
+            )
 
     def check_job(self, job) -> None:
         _refuse_random(job, "task accuracy", "accuracy")
@@ -274,6 +301,7 @@ class LmEval(TaskConfig):
 @dataclass(frozen=True, kw_only=True)
 class Quantize(TaskConfig):
     """Build the quantized-model cache ahead of a sweep."""
+
     KIND: ClassVar[str] = "quantize"
     MODULE: ClassVar[str] = "src.tasks.quantize"
 

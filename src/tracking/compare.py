@@ -37,11 +37,12 @@ def round_of(run: JobRecord) -> int:
 @dataclass
 class Spread:
     """A median with its min–max over the rounds it used."""
+
     median: float
     low: float
     high: float
-    used: int            # rounds in the figure
-    excluded: int = 0    # busy rounds left out
+    used: int  # rounds in the figure
+    excluded: int = 0  # busy rounds left out
     all_busy: bool = False
 
     def text(self, unit: str = "", digits: int = 3, what: str = "") -> str:
@@ -69,13 +70,20 @@ def spread(values: dict[int, tuple[float, bool]]) -> Spread:
     used = quiet or [v for v, _ in finite.values()]
     if not used:
         return NO_SPREAD
-    return Spread(statistics.median(used), min(used), max(used), len(used),
-                  excluded=len(finite) - len(quiet) if quiet else 0, all_busy=not quiet)
+    return Spread(
+        statistics.median(used),
+        min(used),
+        max(used),
+        len(used),
+        excluded=len(finite) - len(quiet) if quiet else 0,
+        all_busy=not quiet,
+    )
 
 
 @dataclass
 class Config:
     """One job of the sweep (its choices) across its rounds: the latest attempt of each round."""
+
     key: str
     runs: list[JobRecord] = field(default_factory=list)
 
@@ -113,14 +121,14 @@ def configs(jobs: list[JobRecord]) -> list[Config]:
     """The sweep's jobs grouped by their identity across rounds, in the order their first rounds ran."""
     out: dict[str, Config] = {}
     for job in jobs:
-        key = job.tags.get(CONFIG_KEY, job.run_id)   # runs from before rounds: one round each
+        key = job.tags.get(CONFIG_KEY, job.run_id)  # runs from before rounds: one round each
         out.setdefault(key, Config(key)).runs.append(job)
     return list(out.values())
 
 
 def baseline_of(config: Config, all_configs: list[Config], baseline: dict[str, str]) -> Config | None:
     """The job that differs from this one only in the baseline's choices, if it finished a round."""
-    want = {g: baseline.get(g, config.choice(g)) for g in AXES}   # a job's identity across its rounds
+    want = {g: baseline.get(g, config.choice(g)) for g in AXES}  # a job's identity across its rounds
     for other in all_configs:
         if other.finished() and all(other.choice(g) == v for g, v in want.items()):
             return other
@@ -143,7 +151,7 @@ def ratio_spread(config: Config, base: Config, metric: str, inverse: bool = True
 class Speedup:
     job: Config
     base: Config
-    time: Spread           # time/token: baseline's / the job's, per round
+    time: Spread  # time/token: baseline's / the job's, per round
     prefill: Spread
 
     @property
@@ -177,6 +185,12 @@ def speedups(all_configs: list[Config], baseline: dict[str, str]) -> list[Speedu
         base = baseline_of(config, all_configs, baseline)
         if base is None or not config.finished():
             continue
-        out.append(Speedup(config, base, ratio_spread(config, base, "time_per_token_ms_median"),
-                           ratio_spread(config, base, "prefill_ms_median")))
+        out.append(
+            Speedup(
+                config,
+                base,
+                ratio_spread(config, base, "time_per_token_ms_median"),
+                ratio_spread(config, base, "prefill_ms_median"),
+            )
+        )
     return out

@@ -29,11 +29,11 @@ class JobRun:
         self.uri, self.experiment = uri, experiment
         self.run_id: str | None = None
         self.parent_id: str | None = None
-        self.outcome: str | None = None       # finished, skipped, failed or killed once the run has ended
-        self.measured = (0, 0)                # examples measured and logged so far, of how many
+        self.outcome: str | None = None  # finished, skipped, failed or killed once the run has ended
+        self.measured = (0, 0)  # examples measured and logged so far, of how many
         self.offline: str | None = None if store else "the store was unreachable at start"
         self._beat: threading.Event | None = None
-        self._lock = threading.Lock()    # the system-metrics sampler records from its own thread
+        self._lock = threading.Lock()  # the system-metrics sampler records from its own thread
 
     def _record(self, op: str, **fields) -> None:
         with self._lock:
@@ -54,9 +54,9 @@ class JobRun:
                 reason = refusal(err)
                 if reason:  # the store is up and says no: a bug to see, not an outage
                     if seq is not None:
-                        self.journal.refuse(seq, self.run_id, reason)   # settled, never delivered
+                        self.journal.refuse(seq, self.run_id, reason)  # settled, never delivered
                     raise
-                self._go_offline(err)   # LOST among them: the journal keeps it for a store that has the run
+                self._go_offline(err)  # LOST among them: the journal keeps it for a store that has the run
             except Exception as err:  # noqa: BLE001 - any other store failure: stop talking to it, keep journaling
                 self._go_offline(err)
             else:
@@ -67,8 +67,9 @@ class JobRun:
                         self._drop_journal()  # the store holds it; a journal that cannot ack is only noise
                 return
         if self.journal is None:
-            raise StoreUnreachable(f"neither the tracking store ({self.offline}) nor a journal could record "
-                                   f"this job's results")
+            raise StoreUnreachable(
+                f"neither the tracking store ({self.offline}) nor a journal could record this job's results"
+            )
 
     def _go_offline(self, err: Exception) -> None:
         self.offline = first_line(err)[:160]
@@ -82,12 +83,19 @@ class JobRun:
             pass
         self.journal = None
 
-    def start(self, name: str, sweep: SweepInfo | None, params: dict[str, str], tags: dict[str, str],
-              job_key: str) -> None:
-        self._record("start", name=name, sweep=sweep.as_dict() if sweep else None, params=params,
-                     journal=self.journal.id if self.journal else key_of(f"{owner.me()}{time.time()}"),
-                     tags={ROLE: "job", JOB_KEY: job_key, OWNER: owner.me(), HEARTBEAT: str(journal.now_ms()), **tags},
-                     uri=self.uri, experiment=self.experiment)
+    def start(
+        self, name: str, sweep: SweepInfo | None, params: dict[str, str], tags: dict[str, str], job_key: str
+    ) -> None:
+        self._record(
+            "start",
+            name=name,
+            sweep=sweep.as_dict() if sweep else None,
+            params=params,
+            journal=self.journal.id if self.journal else key_of(f"{owner.me()}{time.time()}"),
+            tags={ROLE: "job", JOB_KEY: job_key, OWNER: owner.me(), HEARTBEAT: str(journal.now_ms()), **tags},
+            uri=self.uri,
+            experiment=self.experiment,
+        )
         if self.store is not None and self.offline is None:
             self.parent_id = self.store.client.get_run(self.run_id).data.tags.get("mlflow.parentRunId")
             self._start_heartbeat()

@@ -126,8 +126,12 @@ def unsettled(path: Path) -> int:
     return sum(1 for r in records if r["seq"] not in acks and r["seq"] not in refused)
 
 
-def replay(path: Path, apply: Callable[[dict, str | None], str], holds: Callable[[str], bool] = lambda run_id: True,
-           refusal: Callable[[Exception], str | None] = lambda err: None) -> tuple[int, int] | None:
+def replay(
+    path: Path,
+    apply: Callable[[dict, str | None], str],
+    holds: Callable[[str], bool] = lambda run_id: True,
+    refusal: Callable[[Exception], str | None] = lambda err: None,
+) -> tuple[int, int] | None:
     """Send a journal's undelivered records through `apply(record, run_id) -> run_id`, acking each.
     `holds(run_id)` says whether the store still has a job's run: where it does not, the job's records
     are all sent again (its start creates the run anew). `refusal(err)` turns the store's refusal of one
@@ -173,7 +177,7 @@ def pending(registry: Path, uri: str | None = None) -> list[tuple[Path, Path]]:
         try:
             entry = json.loads(pointer.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-            continue   # said by unreadable()
+            continue  # said by unreadable()
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
             continue
         if uri is None or entry.get("uri") == uri:
@@ -200,9 +204,11 @@ def unreadable(registry: Path) -> list[tuple[Path, str]]:
 
 
 def unreadable_line(pointer: Path, why: str) -> str:
-    return (f"the pending-journal entry {pointer} {why}: the journal it named is not replayed from the list; "
-            f"run python -m src.tracking.sync <that sweep's directory> (it finds the journals there), then delete "
-            f"{pointer.name}")
+    return (
+        f"the pending-journal entry {pointer} {why}: the journal it named is not replayed from the list; "
+        f"run python -m src.tracking.sync <that sweep's directory> (it finds the journals there), then delete "
+        f"{pointer.name}"
+    )
 
 
 def start_of(path: Path) -> dict:
@@ -218,5 +224,7 @@ def run_ids(path: Path) -> list[str]:
 
 def missing_line(path: Path) -> str:
     """What to say of a listed journal that is not where its job wrote it."""
-    return (f"journal {path} is listed as pending but is gone (its directory moved or was deleted); "
-            f"if it moved, python -m src.tracking.sync <its new folder> replays it")
+    return (
+        f"journal {path} is listed as pending but is gone (its directory moved or was deleted); "
+        f"if it moved, python -m src.tracking.sync <its new folder> replays it"
+    )

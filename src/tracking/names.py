@@ -18,13 +18,17 @@ from src.common.environment import PROJECT_ROOT
 ROLE, SWEEP_ID, SWEEP_KEY, JOB_KEY = "quantspec.role", "quantspec.sweep_id", "quantspec.sweep_key", "quantspec.job_key"
 OWNER, HEARTBEAT, JOURNAL = "quantspec.owner", "quantspec.heartbeat", "quantspec.journal"
 OUTCOME, REASON = "outcome", "outcome_reason"
-CONFIG_KEY = "quantspec.config_key"   # a job's identity across a sweep's rounds (src.tracking.rounds)
-CONFIG_HASH = "config_hash"   # a param: the digest of the job's resolved config (src.tracking.record.config_hash)
+CONFIG_KEY = "quantspec.config_key"  # a job's identity across a sweep's rounds (src.tracking.rounds)
+CONFIG_HASH = "config_hash"  # a param: the digest of the job's resolved config (src.tracking.record.config_hash)
 OUTCOMES = ("finished", "skipped", "failed", "killed")
-STATUS = {"finished": RunStatus.FINISHED, "skipped": RunStatus.KILLED, "failed": RunStatus.FAILED,
-          "killed": RunStatus.KILLED}
-MAX_PARAM_CHARS = 6000      # MLflow's limit on a param value
-BATCH = 100                 # MLflow's limit on params (and tags) per log_batch call
+STATUS = {
+    "finished": RunStatus.FINISHED,
+    "skipped": RunStatus.KILLED,
+    "failed": RunStatus.FAILED,
+    "killed": RunStatus.KILLED,
+}
+MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
+BATCH = 100  # MLflow's limit on params (and tags) per log_batch call
 PROBE_TRIES, PROBE_TIMEOUT_S = 3, 2.0
 # Answers of a store that is up but refuses the request: recorded as refused in the journal (a replay
 # would be refused again), never as delivered, and raised.
@@ -61,8 +65,12 @@ def quiet_store_logs() -> None:
 def bound_http_retries() -> None:
     """MLflow retries a lost server for minutes by default (7 retries, exponential backoff, 120 s
     timeouts); a job has measurements to journal, not minutes to wait. Users' own settings win."""
-    for name, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
-                        ("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.2"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")):
+    for name, value in (
+        ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"),
+        ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+        ("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0.2"),
+        ("MLFLOW_HTTP_REQUEST_TIMEOUT", "5"),
+    ):
         os.environ.setdefault(name, value)
 
 
@@ -102,7 +110,7 @@ def latest_attempts(runs: list) -> list:
 
 @dataclass
 class SweepInfo:
-    sweep_id: str        # the sweep directory: unique per sweep, and the same for all its jobs
+    sweep_id: str  # the sweep directory: unique per sweep, and the same for all its jobs
     name: str
     overrides: str
 
@@ -123,10 +131,14 @@ def _database_error(err: MlflowException) -> bool:
     too; that is an outage to journal through, not a refusal of the record."""
     return isinstance(err.__cause__, SQLAlchemyError) or str(err).lstrip().startswith("(sqlite3.")
 
-ROUND = "round"    # the job's round: a config key the sweeper sets, a tag and a param of each run
+
+ROUND = "round"  # the job's round: a config key the sweeper sets, a tag and a param of each run
 
 
 def config_key(override_dirname: str) -> str:
     """A job's identity across its rounds: its override_dirname without the `round=r` item."""
-    return ",".join(item for item in override_dirname.split(",") if not item.startswith(f"{ROUND}=")) \
-        if override_dirname else ""
+    return (
+        ",".join(item for item in override_dirname.split(",") if not item.startswith(f"{ROUND}="))
+        if override_dirname
+        else ""
+    )

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 HEARTBEAT_S = float(os.environ.get("QUANTSPEC_HEARTBEAT_S", "30"))
-STALE_S = 10 * HEARTBEAT_S   # a run on another host this long without a heartbeat is taken as lost
+STALE_S = 10 * HEARTBEAT_S  # a run on another host this long without a heartbeat is taken as lost
 
 
 def _boot_id() -> str:

@@ -25,8 +25,7 @@ from src.quality import front, paired
 from src.tracking.compare import NO_SPREAD, Config, Spread
 
 # The front's quality figures (report setting quality.metric), each with whether lower is better
-METRICS = {"kl_mean": True, "delta_perplexity": True, "perplexity": True, "divergent_share": True,
-           "accuracy": False}
+METRICS = {"kl_mean": True, "delta_perplexity": True, "perplexity": True, "divergent_share": True, "accuracy": False}
 TIMED = ("time_per_token_ms_median",)
 
 
@@ -38,8 +37,9 @@ def identity(config: Config) -> tuple[str, ...]:
 def label(config: Config) -> str:
     """The configuration's name without its task (model·hardware·precision·draft[·engine])."""
     engine = config.choice("engine")
-    return "·".join(config.choice(g) for g in ("model", "hardware", "precision", "draft")) + \
-        (f"·{engine}" if engine not in ("native", "?") else "")
+    return "·".join(config.choice(g) for g in ("model", "hardware", "precision", "draft")) + (
+        f"·{engine}" if engine not in ("native", "?") else ""
+    )
 
 
 def _figure(config: Config, metric: str) -> tuple[float, float]:
@@ -61,13 +61,15 @@ def quality_ratios(groups: list[Config], reference_precision: str) -> dict[tuple
         against = (c.shown.tags.get("reference", "").split(" ") + ["", ""])[1] or reference_precision
         if math.isnan(ratio) and not math.isnan(c.spread("accuracy").median):
             against = reference_precision
-            ref_id = tuple(reference_precision if g == "precision" else v for g, v in zip(
-                [g for g in AXES if g != "task"], identity(c)))
+            ref_id = tuple(
+                reference_precision if g == "precision" else v
+                for g, v in zip([g for g in AXES if g != "task"], identity(c))
+            )
             ref = by_id.get((ref_id, c.choice("task")))
             base = ref.spread("accuracy").median if ref else math.nan
             ratio = c.spread("accuracy").median / base if base and not math.isnan(base) else math.nan
         if not math.isnan(ratio) and ratio < out.get(identity(c), (math.inf, ""))[0]:
-            out[identity(c)] = (ratio, against)   # the worst of its quality tasks
+            out[identity(c)] = (ratio, against)  # the worst of its quality tasks
     return out
 
 
@@ -91,8 +93,9 @@ def _pm(value: float, se: float, digits: int = 3) -> str:
 QUALITY_TASKS = ("perplexity", "lm_eval", "decode")
 
 
-def quality_table(groups: list[Config], ratios: dict[tuple, tuple[float, str]], min_ratio: float,
-                  reference: str) -> str:
+def quality_table(
+    groups: list[Config], ratios: dict[tuple, tuple[float, str]], min_ratio: float, reference: str
+) -> str:
     """One row per quality measurement: KL (mean ± se, p99 with its 95% interval), top-1 agreement, Δppl ±
     se, the quality ratio; accuracy ± se; generation divergence. Empty where no job measured any."""
     rows = []
@@ -103,30 +106,48 @@ def quality_table(groups: list[Config], ratios: dict[tuple, tuple[float, str]], 
         p99, lo, hi = (c.spread(k).median for k in ("kl_p99", "kl_p99_low", "kl_p99_high"))
         ratio = ratios.get(identity(c), (math.nan, ""))[0]
         # accuracy has no reference pass of its own: the sweep's job at the reference precision is its reference
-        rows.append([c.name, c.shown.tags.get("reference", f"the {reference} job"), _pm(*_figure(c, "kl_mean")),
-                     "-" if math.isnan(p99) else f"{p99:.3g} ({lo:.3g}–{hi:.3g})",
-                     _pm(*_figure(c, "top1_agreement"), digits=4), _pm(*_figure(c, "delta_perplexity")),
-                     _pm(*_figure(c, "accuracy")), _pm(*_figure(c, "first_divergent_token")),
-                     _pm(*_figure(c, "divergent_share")),
-                     "-" if math.isnan(ratio) else f"{ratio:.4g}" + (" ⚠" if ratio < min_ratio else "")])
+        rows.append(
+            [
+                c.name,
+                c.shown.tags.get("reference", f"the {reference} job"),
+                _pm(*_figure(c, "kl_mean")),
+                "-" if math.isnan(p99) else f"{p99:.3g} ({lo:.3g}–{hi:.3g})",
+                _pm(*_figure(c, "top1_agreement"), digits=4),
+                _pm(*_figure(c, "delta_perplexity")),
+                _pm(*_figure(c, "accuracy")),
+                _pm(*_figure(c, "first_divergent_token")),
+                _pm(*_figure(c, "divergent_share")),
+                "-" if math.isnan(ratio) else f"{ratio:.4g}" + (" ⚠" if ratio < min_ratio else ""),
+            ]
+        )
     if not rows:
         return ""
-    headers = ["job", "reference", "KL mean ± se", "KL p99 (95% CI)", "top-1 agreement ± se", "Δ perplexity ± se",
-               "accuracy ± se", "first divergent token ± se", "divergent share ± se", "quality ratio"]
+    headers = [
+        "job",
+        "reference",
+        "KL mean ± se",
+        "KL p99 (95% CI)",
+        "top-1 agreement ± se",
+        "Δ perplexity ± se",
+        "accuracy ± se",
+        "first divergent token ± se",
+        "divergent share ± se",
+        "quality ratio",
+    ]
     keep = [i for i in range(len(headers)) if i < 2 or any(r[i] != "-" for r in rows)]
     return markdown_table([headers[i] for i in keep], [[r[i] for i in keep] for r in rows])
 
 
 @dataclass
 class Point:
-    name: str                 # the configuration
-    speed: Spread             # time/token (ms) over its rounds
-    speed_source: str         # "decode", or "scoring pass" where no timed job ran
+    name: str  # the configuration
+    speed: Spread  # time/token (ms) over its rounds
+    speed_source: str  # "decode", or "scoring pass" where no timed job ran
     quality: float
     quality_se: float
     on_front: bool = False
     flag: str = ""
-    quality_key: str = ""     # the quality job's config key (its run carries the point in the view)
+    quality_key: str = ""  # the quality job's config key (its run carries the point in the view)
 
 
 def points(groups: list[Config], metric: str, flagged: dict[str, str]) -> list[Point]:
@@ -146,10 +167,15 @@ def points(groups: list[Config], metric: str, flagged: dict[str, str]) -> list[P
             speed, source = t.spread(TIMED[0]), t.choice("task")
         else:
             tokens, seconds = c.spread("perplexity_tokens").median, c.spread("perplexity_eval_s")
-            speed = NO_SPREAD if math.isnan(tokens) else Spread(seconds.median / tokens * 1e3, seconds.low / tokens * 1e3,
-                                                                seconds.high / tokens * 1e3, seconds.used)
+            speed = (
+                NO_SPREAD
+                if math.isnan(tokens)
+                else Spread(
+                    seconds.median / tokens * 1e3, seconds.low / tokens * 1e3, seconds.high / tokens * 1e3, seconds.used
+                )
+            )
             source = "scoring pass"
-        if speed.used:   # a front needs both figures: an lm_eval job alone has no time of its own
+        if speed.used:  # a front needs both figures: an lm_eval job alone has no time of its own
             out.append(Point(label(c), speed, source, value, se, flag=flagged.get(c.key, ""), quality_key=c.key))
     best = front.pareto({p.name: (p.speed.median, p.quality if lower else -p.quality) for p in out})
     for p in out:
@@ -173,8 +199,16 @@ def speed_axis(pts: list[Point]) -> str:
 
 
 def front_table(pts: list[Point], metric: str) -> str:
-    rows = [[("★ " if p.on_front else "") + (f"[{p.flag}] " if p.flag else "") + p.name, p.speed.text(), p.speed_source, _pm(p.quality, p.quality_se),
-             "yes" if p.on_front else ""] for p in pts]
+    rows = [
+        [
+            ("★ " if p.on_front else "") + (f"[{p.flag}] " if p.flag else "") + p.name,
+            p.speed.text(),
+            p.speed_source,
+            _pm(p.quality, p.quality_se),
+            "yes" if p.on_front else "",
+        ]
+        for p in pts
+    ]
     return markdown_table(["configuration", "time/token (ms)", "timed by", f"{metric} ± se", "on the front"], rows)
 
 
@@ -188,11 +222,22 @@ def front_plot(pts: list[Point], metric: str, path: Path, save) -> Path | None:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
     for p in drawn:
-        ax.errorbar(p.speed.median, p.quality, xerr=[[p.speed.median - p.speed.low], [p.speed.high - p.speed.median]],
-                    yerr=None if math.isnan(p.quality_se) else p.quality_se, fmt="x" if p.flag else "o",
-                    color="tab:red" if p.flag else ("tab:blue" if p.on_front else "tab:gray"), capsize=3)
-        ax.annotate(p.name.split("·", 2)[-1] + (" ⚠" if p.flag else ""), (p.speed.median, p.quality), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")
+        ax.errorbar(
+            p.speed.median,
+            p.quality,
+            xerr=[[p.speed.median - p.speed.low], [p.speed.high - p.speed.median]],
+            yerr=None if math.isnan(p.quality_se) else p.quality_se,
+            fmt="x" if p.flag else "o",
+            color="tab:red" if p.flag else ("tab:blue" if p.on_front else "tab:gray"),
+            capsize=3,
+        )
+        ax.annotate(
+            p.name.split("·", 2)[-1] + (" ⚠" if p.flag else ""),
+            (p.speed.median, p.quality),
+            fontsize=7,
+            xytext=(4, 4),
+            textcoords="offset points",
+        )
     line = sorted((p for p in drawn if p.on_front), key=lambda p: p.speed.median)
     ax.plot([p.speed.median for p in line], [p.quality for p in line], color="tab:blue", linewidth=0.8)
     ax.set_xlabel(speed_axis(drawn) + "; whiskers: min–max over rounds")
@@ -237,9 +282,10 @@ def paired_table(client, groups: list[Config], limit: int = 28) -> str:
     per-token KL (paired bootstrap; A − B < 0: A departs less from the reference) and per-item accuracy
     (exact McNemar)."""
     rows = []
-    quality = [c for c in groups if not math.isnan(c.spread("kl_mean").median)
-               or not math.isnan(c.spread("accuracy").median)]
-    read: dict[str, object] = {}   # each run's records, downloaded once
+    quality = [
+        c for c in groups if not math.isnan(c.spread("kl_mean").median) or not math.isnan(c.spread("accuracy").median)
+    ]
+    read: dict[str, object] = {}  # each run's records, downloaded once
 
     def records(config: Config):
         run_id = config.shown.run_id

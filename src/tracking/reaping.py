@@ -21,10 +21,15 @@ def reap(store) -> list[str]:
             # Its jobs may all have ended (a store that was down when the sweep ended): then it is done.
             jobs = store.latest_jobs(run.info.run_id)
             done = jobs and all(j.data.tags.get(OUTCOME) in ("finished", "skipped") for j in jobs)
-            counts = store.close_sweep(run.info.run_id, "FINISHED" if done else "FAILED",
-                                      f"closed by a later process: {why}" if done else reason)
-            lines.append(f"{run.info.run_name} was left running ({why}); closed with "
-                         + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
+            counts = store.close_sweep(
+                run.info.run_id,
+                "FINISHED" if done else "FAILED",
+                f"closed by a later process: {why}" if done else reason,
+            )
+            lines.append(
+                f"{run.info.run_name} was left running ({why}); closed with "
+                + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+            )
         else:
             store.end_run(run.info.run_id, "failed", reason)
             lines.append(f"job {run.info.run_name} was left running ({why}); marked failed")

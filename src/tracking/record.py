@@ -40,7 +40,7 @@ from src.tracking.names import config_key as rounds_config_key
 from src.tracking.signals import Stopped
 
 log = logging.getLogger("quantspec")
-TAG_GROUPS = AXES[:-1]   # a job's name: its choices but the engine, added where it is not native
+TAG_GROUPS = AXES[:-1]  # a job's name: its choices but the engine, added where it is not native
 
 
 def fail_line(message: str) -> None:
@@ -57,11 +57,12 @@ class Ledger:
     """What this process saw of its sweep's jobs, for its summary line, its exit code and a signal's
     clean-up. Hydra calls each job as a bare function (`src.run.task`) and its callback apart, so this
     one object per process carries it between them; it holds outcomes, never a job's settings."""
-    outcomes: list[str] = field(default_factory=list)   # one per job run by this process
-    refused: list[str] = field(default_factory=list)    # jobs whose config was refused before any run existed
-    said: set[str] = field(default_factory=set)         # config errors said already (a sweep repeats them)
-    counts: dict[str, int] = field(default_factory=dict)   # the sweep's job counts as the store holds them
-    store: object = None    # the store, sweep and job run under way: closed when a signal stops us
+
+    outcomes: list[str] = field(default_factory=list)  # one per job run by this process
+    refused: list[str] = field(default_factory=list)  # jobs whose config was refused before any run existed
+    said: set[str] = field(default_factory=set)  # config errors said already (a sweep repeats them)
+    counts: dict[str, int] = field(default_factory=dict)  # the sweep's job counts as the store holds them
+    store: object = None  # the store, sweep and job run under way: closed when a signal stops us
     sweep: object = None
     job: object = None
 
@@ -79,7 +80,7 @@ class Ledger:
 
 
 ledger = Ledger()
-LOCAL = {"node": "local", "node_host": socket.gethostname()}   # where a job runs outside a Ray cluster
+LOCAL = {"node": "local", "node_host": socket.gethostname()}  # where a job runs outside a Ray cluster
 
 
 def stopped(err: BaseException) -> int:
@@ -94,8 +95,10 @@ def stopped(err: BaseException) -> int:
         try:
             parent = store.find_sweep(sweep.sweep_id)
             counts = store.close_sweep(parent.info.run_id, "KILLED", reason) if parent else {}
-            said += (f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
-                     f"resume with hydra.sweep.dir={sweep.sweep_id}")
+            said += (
+                f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
+                f"resume with hydra.sweep.dir={sweep.sweep_id}"
+            )
         except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
             said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
     print(said, file=sys.stderr, flush=True)
@@ -121,20 +124,30 @@ def unwritable(err: OSError) -> int:
     if store is not None and sweep is not None:
         try:
             parent = store.find_sweep(sweep.sweep_id)
-            counts = store.close_sweep(parent.info.run_id, "FAILED", f"could not write its files ({what})") \
-                if parent else {}
-            said += (f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
-                     f"make it writable (or free space) and rerun with hydra.sweep.dir={sweep.sweep_id} to resume")
+            counts = (
+                store.close_sweep(parent.info.run_id, "FAILED", f"could not write its files ({what})") if parent else {}
+            )
+            said += (
+                f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
+                f"make it writable (or free space) and rerun with hydra.sweep.dir={sweep.sweep_id} to resume"
+            )
         except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
             said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
-    else:   # before any job: nothing was recorded
+    else:  # before any job: nothing was recorded
         said += "; no job ran: free space or make it writable (or choose another hydra.sweep.dir) and rerun"
     print(said, file=sys.stderr, flush=True)
     return 1
 
 
-def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output_dir: Path | None = None,
-            preset: tuple[str, str] | None = None, node: dict | None = None) -> str:
+def run_job(
+    raw: dict,
+    choices: dict[str, str],
+    sweep,
+    job_key: str = "",
+    output_dir: Path | None = None,
+    preset: tuple[str, str] | None = None,
+    node: dict | None = None,
+) -> str:
     """Run one composed job and record it. Returns its outcome: finished, skipped, failed or killed.
 
     A config error is one line and no run. A job a previous attempt of the same sweep finished is kept,
@@ -142,9 +155,9 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     logged, so a store that fails mid-job loses nothing."""
 
     name = "·".join(choices.get(g, "?") for g in TAG_GROUPS)
-    if choices.get("engine", "native") != "native":   # another runtime's job is named by it too
+    if choices.get("engine", "native") != "native":  # another runtime's job is named by it too
         name += f"·{choices['engine']}"
-    if raw.get("round", 1) != 1:   # src.tracking.rounds: a later round of the same job, its own run
+    if raw.get("round", 1) != 1:  # src.tracking.rounds: a later round of the same job, its own run
         name += f" round {raw['round']}"
     try:
         cfg = job_config_from_dict(raw)
@@ -160,21 +173,29 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     ledger.store, ledger.sweep, ledger.job = store, sweep, None
     # the job across its rounds (src.tracking.rounds), and this round of it (every round is its own run)
     config_key, job_key = key_of(rounds_config_key(job_key) or name), key_of(job_key or name)
-    params = {**flatten({k: v for k, v in raw.items() if k != "hydra"}),
-              # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'
-              **{f"choice.{k.rpartition('@')[2]}": v for k, v in choices.items()}}
+    params = {
+        **flatten({k: v for k, v in raw.items() if k != "hydra"}),
+        # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'
+        **{f"choice.{k.rpartition('@')[2]}": v for k, v in choices.items()},
+    }
     params[CONFIG_HASH] = config_hash(raw)
     if sweep and store and cfg.resume:
         done = store.finished_job(sweep.sweep_id, job_key)
         if done is not None:
             changed = _changed(done.data.params, params)
             if not changed:
-                print(f"quantspec: job {name} already finished in this sweep (run {done.info.run_id}); kept "
-                      f"(resume=false reruns it)", flush=True)
+                print(
+                    f"quantspec: job {name} already finished in this sweep (run {done.info.run_id}); kept "
+                    f"(resume=false reruns it)",
+                    flush=True,
+                )
                 ledger.outcomes.append("finished")
                 return "finished"
-            print(f"quantspec: job {name} finished in this sweep (run {done.info.run_id}) with another config "
-                  f"({changed}); rerunning it", flush=True)
+            print(
+                f"quantspec: job {name} finished in this sweep (run {done.info.run_id}) with another config "
+                f"({changed}); rerunning it",
+                flush=True,
+            )
     try:
         journal = Journal(output_dir or Path("outputs") / "journals" / job_key, registry, uri)
     except OSError as err:
@@ -186,8 +207,18 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
         # what can change a figure on the same code, for comparing sweeps (src.tracking.regress); not part of
         # the job's identity (resume compares the config above)
         host = {f"host.{k}": v for k, v in host_state().items()}
-        job.start(name, sweep, {**params, **host}, {**{g: choices.get(g, "?") for g in AXES}, **(node or LOCAL),
-                                        ROUND: str(raw.get(ROUND, 1)), CONFIG_KEY: config_key}, job_key)
+        job.start(
+            name,
+            sweep,
+            {**params, **host},
+            {
+                **{g: choices.get(g, "?") for g in AXES},
+                **(node or LOCAL),
+                ROUND: str(raw.get(ROUND, 1)),
+                CONFIG_KEY: config_key,
+            },
+            job_key,
+        )
         if preset is not None:
             _record_preset(job, name, *preset)
         else:
@@ -210,8 +241,10 @@ def run_job(raw: dict, choices: dict[str, str], sweep, job_key: str = "", output
     finally:
         ledger.outcomes.append(job.outcome or "failed")
         if job.where():
-            fail_line(f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
-                      f"{job.where()} and go to the store with the next run or `python -m src.tracking.sync`")
+            fail_line(
+                f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
+                f"{job.where()} and go to the store with the next run or `python -m src.tracking.sync`"
+            )
     return job.outcome or "failed"
 
 
@@ -265,8 +298,12 @@ def _flag_busy_host(run, others_cores: float | None, limit: float) -> None:
     busy = others_cores > limit
     run.set_tags({"host_busy": str(busy).lower(), "host_busy_others_cores": f"{others_cores:.2f}"})
     if busy:
-        log.warning("host busy: other processes used %.2f cores on average while this job was timed "
-                    "(tracking.busy_cores=%g); its timings are noisy", others_cores, limit)
+        log.warning(
+            "host busy: other processes used %.2f cores on average while this job was timed "
+            "(tracking.busy_cores=%g); its timings are noisy",
+            others_cores,
+            limit,
+        )
 
 
 def _execute(cfg, raw: dict, run, name: str) -> None:
@@ -297,9 +334,9 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
     table = seed_table(result.rows) if result.rows else summary_table({**job.quant_metrics, **result.summary})
     print(f"\n{name} (executed on {job.placement.executed_on})\n{table}\n", flush=True)
     for row in result.rows:
-        if row.example not in logged:   # tasks that measure outside src.tasks.common.measure
+        if row.example not in logged:  # tasks that measure outside src.tasks.common.measure
             run.log_metrics(row.metrics(), step=row.example)
-    for metric, values in result.series.items():   # per example, unless the task named its own prefix
+    for metric, values in result.series.items():  # per example, unless the task named its own prefix
         name = metric if "/" in metric else EXAMPLE + metric
         for step, value in enumerate(values, start=1):
             run.log_metrics({name: value}, step=step)
@@ -313,12 +350,14 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         run.log_text(text, file_name)
     for note in result.notes:
         log.warning(note)
-    if result.notes:   # kept with the run, not only on the console
+    if result.notes:  # kept with the run, not only on the console
         run.log_text("\n".join(result.notes) + "\n", "notes.txt")
     # A headline figure that came back NaN (a damaged export, a numeric fault) is no result: the job fails
     # with its reason, after everything it measured is logged, rather than finishing with nothing to show.
     nan = [k for k in HEADLINE if isinstance(result.summary.get(k), float) and math.isnan(result.summary[k])]
     if nan:
-        raise RuntimeError(f"its {', '.join(nan)} came back NaN (a damaged model or runtime export, or a numeric "
-                           f"fault); what it measured is kept in its run")
+        raise RuntimeError(
+            f"its {', '.join(nan)} came back NaN (a damaged model or runtime export, or a numeric "
+            f"fault); what it measured is kept in its run"
+        )
     run.finish()

@@ -46,12 +46,22 @@ from src.tracking.sweeps import JobRecord, find_sweep
 # 1 - tolerance); anything else is no change. The intervals hold the
 # examples' and rounds' spread, not what moves a whole sweep (the host's state minutes apart): two sweeps of
 # the same code on the same host here differed by 0.2-1.3% with intervals a few tenths of a percent wide.
-SETTINGS = {"baseline": None, "sweep": None, "tracking_uri": None, "experiment": "quantspec", "confidence": 0.95,
-            "tolerance": 0.03, "fail_on": None, "out": "reports"}
+SETTINGS = {
+    "baseline": None,
+    "sweep": None,
+    "tracking_uri": None,
+    "experiment": "quantspec",
+    "confidence": 0.95,
+    "tolerance": 0.03,
+    "fail_on": None,
+    "out": "reports",
+}
 # The params that make a job what it is; what names the sweep or where it ran is not part of it.
 IDENTITY = ("model.", "hardware.", "precision.", "draft.", "task.", "engine.", "dataset.", "sampling.")
-FIGURES = (("time/token", "time_per_token_ms_median", "by_example/time_per_token_ms"),
-           ("prefill", "prefill_ms_median", "by_example/prefill_ms"))
+FIGURES = (
+    ("time/token", "time_per_token_ms_median", "by_example/time_per_token_ms"),
+    ("prefill", "prefill_ms_median", "by_example/prefill_ms"),
+)
 QUALITY = ("kl_mean", "perplexity", "divergent_share", "accuracy")
 
 
@@ -64,11 +74,15 @@ def settings(argv: list[str]) -> dict:
     for arg in argv:
         key, eq, value = arg.partition("=")
         if not eq or key not in cfg:
-            raise SettingError(f"{arg!r} is not a setting; settings: {', '.join(f'{k}=' for k in SETTINGS)} "
-                               f"(python -m src.tracking.regress --help)")
+            raise SettingError(
+                f"{arg!r} is not a setting; settings: {', '.join(f'{k}=' for k in SETTINGS)} "
+                f"(python -m src.tracking.regress --help)"
+            )
         cfg[key] = None if value in ("", "null", "none") else value
     if not cfg["baseline"]:
-        raise SettingError("baseline=<sweep directory, sweep id or parent run id> is needed: the sweep to compare against")
+        raise SettingError(
+            "baseline=<sweep directory, sweep id or parent run id> is needed: the sweep to compare against"
+        )
     try:
         cfg["confidence"] = float(cfg["confidence"])
         cfg["tolerance"] = float(cfg["tolerance"])
@@ -93,6 +107,7 @@ def identity(params: dict[str, str]) -> str:
 @dataclass
 class Job:
     """One job of a sweep: its rounds' runs (the latest attempt of each)."""
+
     name: str
     runs: list[JobRecord] = field(default_factory=list)
 
@@ -110,7 +125,7 @@ class Sweep:
     sweep_id: str
     parent_id: str
     jobs: dict[str, Job]
-    host: dict[str, str]      # what can change a figure on the same code
+    host: dict[str, str]  # what can change a figure on the same code
 
 
 def _resolve(client: MlflowClient, experiment: str, ref: str | None):
@@ -128,8 +143,11 @@ def _resolve(client: MlflowClient, experiment: str, ref: str | None):
 
 def load(client: MlflowClient, experiment: str, ref: str | None) -> Sweep:
     experiment_id, parent = _resolve(client, experiment, ref)
-    runs = latest_attempts(client.search_runs([experiment_id], max_results=5000,
-                                              filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"))
+    runs = latest_attempts(
+        client.search_runs(
+            [experiment_id], max_results=5000, filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+        )
+    )
     jobs: dict[str, Job] = {}
     host: dict[str, str] = {}
     for r in runs:
@@ -166,7 +184,7 @@ def per_example(client: MlflowClient, job: Job, series: str) -> dict[int, float]
     return {step: statistics.median(v) for step, v in values.items()}
 
 
-PAIRED_MIN = 3   # examples in both sweeps for the paired ratio; fewer: the rounds' figures, unpaired
+PAIRED_MIN = 3  # examples in both sweeps for the paired ratio; fewer: the rounds' figures, unpaired
 
 
 def ratio_of(client: MlflowClient, old: Job, new: Job, summary: str, series: str, confidence: float):
@@ -177,12 +195,18 @@ def ratio_of(client: MlflowClient, old: Job, new: Job, summary: str, series: str
     common = sorted(set(a) & set(b))
     rounds = f"{len(quiet_runs(old))} / {len(quiet_runs(new))} rounds"
     busy_runs = [sum(busy(r) for r in job.finished) for job in (old, new)]
-    if any(busy_runs):   # a side whose every round was busy keeps them: said beside its ratio
+    if any(busy_runs):  # a side whose every round was busy keeps them: said beside its ratio
         rounds += f", {busy_runs[0]} / {busy_runs[1]} busy"
     if len(common) >= PAIRED_MIN and all(a[s] > 0 for s in common):
         ratio, low, high = quantile_ci([b[s] / a[s] for s in common], 0.5, confidence)
-        return (statistics.median(a[s] for s in common), statistics.median(b[s] for s in common), ratio, low, high,
-                f"{len(common)} examples, paired ({rounds})")
+        return (
+            statistics.median(a[s] for s in common),
+            statistics.median(b[s] for s in common),
+            ratio,
+            low,
+            high,
+            f"{len(common)} examples, paired ({rounds})",
+        )
     old_values, new_values = per_round(old, summary), per_round(new, summary)
     if not old_values or not new_values:
         return None
@@ -242,41 +266,84 @@ def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float, to
             new_q = [r.metrics[metric] for r in new_job.finished if metric in r.metrics]
             if old_q and new_q:
                 a, b = statistics.median(old_q), statistics.median(new_q)
-                rows.append(Row(new_job.name, metric, a, b, b / a if a else math.nan, math.nan, math.nan,
-                                "the runs' own figures", "equal" if a == b else "differs"))
+                rows.append(
+                    Row(
+                        new_job.name,
+                        metric,
+                        a,
+                        b,
+                        b / a if a else math.nan,
+                        math.nan,
+                        math.nan,
+                        "the runs' own figures",
+                        "equal" if a == b else "differs",
+                    )
+                )
     added = sorted(new.jobs[k].name for k in set(new.jobs) - set(base.jobs))
     removed = sorted(base.jobs[k].name for k in set(base.jobs) - set(new.jobs))
-    failed = sorted(f"{j.name} ({side}: {j.outcome})" for side, sweep in (("baseline", base), ("new", new))
-                    for j in sweep.jobs.values() if j.outcome in ("failed", "killed"))
-    changes = [(k, base.host.get(k, "(not recorded)"), new.host.get(k, "(not recorded)"))
-               for k in sorted(set(base.host) | set(new.host)) if base.host.get(k) != new.host.get(k)]
+    failed = sorted(
+        f"{j.name} ({side}: {j.outcome})"
+        for side, sweep in (("baseline", base), ("new", new))
+        for j in sweep.jobs.values()
+        if j.outcome in ("failed", "killed")
+    )
+    changes = [
+        (k, base.host.get(k, "(not recorded)"), new.host.get(k, "(not recorded)"))
+        for k in sorted(set(base.host) | set(new.host))
+        if base.host.get(k) != new.host.get(k)
+    ]
     return Comparison(base, new, rows, added, removed, failed, changes, confidence, tolerance)
 
 
 def markdown(c: Comparison) -> str:
     level = f"{c.confidence:.0%}"
-    lines = [f"# {c.new.sweep_id} against {c.baseline.sweep_id}", "",
-             f"Ratios are new / baseline: above 1 is slower (or, for a quality figure, higher), with a {level} "
-             f"bootstrap interval: of the median of the examples' ratios where both sweeps ran the same examples "
-             f"(each side the median of its quiet rounds), else of the ratio of the rounds' medians. Verdicts: slower "
-             f"or faster where the whole interval is beyond 1 ± {c.tolerance:g} (tolerance), no change otherwise.", ""]
+    lines = [
+        f"# {c.new.sweep_id} against {c.baseline.sweep_id}",
+        "",
+        f"Ratios are new / baseline: above 1 is slower (or, for a quality figure, higher), with a {level} "
+        f"bootstrap interval: of the median of the examples' ratios where both sweeps ran the same examples "
+        f"(each side the median of its quiet rounds), else of the ratio of the rounds' medians. Verdicts: slower "
+        f"or faster where the whole interval is beyond 1 ± {c.tolerance:g} (tolerance), no change otherwise.",
+        "",
+    ]
     if c.rows:
-        lines += [markdown_table(["job", "figure", "baseline", "new", "new / baseline", f"{level} interval", "over",
-                                  "verdict"],
-                                 [[r.name, r.figure, f"{r.baseline:.4g}", f"{r.new:.4g}", f"{r.ratio:.3f}",
-                                   "–" if math.isnan(r.low) else f"{r.low:.3f}–{r.high:.3f}", r.basis, r.verdict]
-                                  for r in c.rows]), ""]
+        lines += [
+            markdown_table(
+                ["job", "figure", "baseline", "new", "new / baseline", f"{level} interval", "over", "verdict"],
+                [
+                    [
+                        r.name,
+                        r.figure,
+                        f"{r.baseline:.4g}",
+                        f"{r.new:.4g}",
+                        f"{r.ratio:.3f}",
+                        "–" if math.isnan(r.low) else f"{r.low:.3f}–{r.high:.3f}",
+                        r.basis,
+                        r.verdict,
+                    ]
+                    for r in c.rows
+                ],
+            ),
+            "",
+        ]
     else:
         lines += ["No job finished in both sweeps.", ""]
-    for title, items in (("New jobs (not in the baseline)", c.added), ("Removed jobs (only in the baseline)", c.removed),
-                         ("Failed or killed jobs", c.failed)):
+    for title, items in (
+        ("New jobs (not in the baseline)", c.added),
+        ("Removed jobs (only in the baseline)", c.removed),
+        ("Failed or killed jobs", c.failed),
+    ):
         if items:
             lines += [f"## {title}", "", *[f"- {i}" for i in items], ""]
     lines += ["## What differs between the two sweeps' hosts", ""]
     if c.host_changes:
-        lines += [markdown_table(["", "baseline", "new"], [list(ch) for ch in c.host_changes]), "",
-                  "A ratio between sweeps measured under different conditions is the code's change only where these "
-                  "do not matter.", ""]
+        lines += [
+            markdown_table(["", "baseline", "new"], [list(ch) for ch in c.host_changes]),
+            "",
+            "A ratio between sweeps measured under different conditions is the code's change only where these "
+            "do not matter.",
+            "",
+        ]
     else:
         lines += ["Nothing recorded differs (governor, turbo, huge pages, kernel, library versions, commit, CPU).", ""]
     return "\n".join(lines)
@@ -288,9 +355,15 @@ def plot(c: Comparison, path: Path) -> None:
     ax = fig.subplots()
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r.baseline for r in rows], 0.4, label="baseline")
-    ax.bar([i + 0.2 for i in x], [r.new for r in rows], 0.4, label="new",
-           color=["tab:red" if r.verdict == "slower" else "tab:green" if r.verdict == "faster" else "tab:gray"
-                  for r in rows])
+    ax.bar(
+        [i + 0.2 for i in x],
+        [r.new for r in rows],
+        0.4,
+        label="new",
+        color=[
+            "tab:red" if r.verdict == "slower" else "tab:green" if r.verdict == "faster" else "tab:gray" for r in rows
+        ],
+    )
     ax.set_xticks(list(x), [r.name for r in rows], rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("time/token (ms), median")
     ax.set_title("new (red: slower, green: faster, gray: no change) against the baseline")
@@ -334,8 +407,10 @@ def main(argv: list[str]) -> int:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2
     if base.parent_id == new.parent_id:
-        print(f"quantspec: baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...",
-              file=sys.stderr)
+        print(
+            f"quantspec: baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...",
+            file=sys.stderr,
+        )
         return 2
     c = compare(client, base, new, cfg["confidence"], cfg["tolerance"])
     folder = write(c, PROJECT_ROOT / cfg["out"])
@@ -344,8 +419,11 @@ def main(argv: list[str]) -> int:
     if cfg["fail_on"] is not None:
         slow = c.slower_than(cfg["fail_on"])
         if slow:
-            print(f"quantspec: {len(slow)} job(s) slower than the baseline by more than {cfg['fail_on']:.0%} at "
-                  f"{c.confidence:.0%} confidence: {', '.join(r.name for r in slow)}", file=sys.stderr)
+            print(
+                f"quantspec: {len(slow)} job(s) slower than the baseline by more than {cfg['fail_on']:.0%} at "
+                f"{c.confidence:.0%} confidence: {', '.join(r.name for r in slow)}",
+                file=sys.stderr,
+            )
             return 1
     return 0
 

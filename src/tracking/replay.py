@@ -26,21 +26,22 @@ def apply(store, record: dict, run_id: str | None) -> str:
         tags = {**record["tags"], JOURNAL: record["journal"]}
         if record.get("sweep"):
             tags["mlflow.parentRunId"] = store.sweep_parent(record["sweep"], record["tags"].get(OWNER))
-        run_id = store.client.create_run(store.experiment_id, run_name=record["name"], start_time=record["time"],
-                                        tags=tags).info.run_id
+        run_id = store.client.create_run(
+            store.experiment_id, run_name=record["name"], start_time=record["time"], tags=tags
+        ).info.run_id
         op = "params"
     if run_id is None:
         raise ValueError(f"journal record {record['seq']} ({op}) has no run")
     if op == "params":
         items = [Param(k, v) for k, v in record["params"].items()]
         for i in range(0, len(items), BATCH):
-            store.client.log_batch(run_id, params=items[i:i + BATCH])
+            store.client.log_batch(run_id, params=items[i : i + BATCH])
     elif op == "tags":
         store.set_tags(run_id, record["tags"])
     elif op == "metrics":
         metrics = [Metric(k, v, t, s) for k, v, t, s in record["metrics"]]
         for i in range(0, len(metrics), 1000):
-            store.client.log_batch(run_id, metrics=metrics[i:i + 1000])
+            store.client.log_batch(run_id, metrics=metrics[i : i + 1000])
     elif op == "text":
         store.client.log_text(run_id, record["text"], record["name"])
     elif op == "input":  # MLflow's dataset input: the UI's Dataset column and filter
@@ -71,8 +72,10 @@ def sync(store, registry: Path) -> list[str]:
         try:
             sent = replay(store, path, pointer)
         except Exception as err:  # noqa: BLE001 - one journal's trouble must not stop this job
-            lines.append(f"journal {path} not replayed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
-                         f"python -m src.tracking.sync {path.parent} retries it")
+            lines.append(
+                f"journal {path} not replayed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+                f"python -m src.tracking.sync {path.parent} retries it"
+            )
             continue
         if sent:
             lines.append(f"replayed {sent} journaled record(s) of {path.parent} into {store.uri}")
@@ -83,8 +86,9 @@ def replay(store, path: Path, pointer: Path | None = None) -> int | None:
     """Send a journal's undelivered records here (all of a job's, where this store lost its run); its
     pending entry goes once they are all settled, and the sweeps it touched recount their jobs.
     None: its job still runs (it holds the journal)."""
-    done = journal.replay(path, lambda record, run_id: apply(store, record, run_id),
-                          lambda run_id: holds(store, run_id), refusal)
+    done = journal.replay(
+        path, lambda record, run_id: apply(store, record, run_id), lambda run_id: holds(store, run_id), refusal
+    )
     if done is None:
         return None
     sent, refused = done
@@ -117,5 +121,5 @@ def recount(store, run_ids: list[str]) -> None:
             continue
     for parent_id in parents - {None}:
         parent = store.client.get_run(parent_id)
-        if parent.info.status != "RUNNING":   # a running sweep counts when it closes
+        if parent.info.status != "RUNNING":  # a running sweep counts when it closes
             store.close_sweep(parent_id, parent.info.status)

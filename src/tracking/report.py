@@ -34,38 +34,58 @@ from src.tracking import quality as q
 from src.tracking.compare import Config, Speedup, Spread, condition, configs, ratio, speedups
 from src.tracking.sweeps import JobRecord, sweep_jobs
 
-SUMMARY = (("time_per_token_ms_median", "time/token (ms)"), ("prefill_ms_median", "prefill (ms)"),
-           ("tokens_per_s_median", "tokens/s"), ("perplexity", "perplexity"), ("kl_mean", "KL mean"),
-           ("accuracy", "accuracy"), ("pass_at_1", "pass@1"),
-           ("decode_efficiency_median", "decode efficiency"), ("acceptance_rate_overall", "acceptance"),
-           ("speedup_vs_no_draft_median", "speedup vs no draft (measured)"),
-           ("expected_speedup", "expected speedup (Leviathan)"))
+SUMMARY = (
+    ("time_per_token_ms_median", "time/token (ms)"),
+    ("prefill_ms_median", "prefill (ms)"),
+    ("tokens_per_s_median", "tokens/s"),
+    ("perplexity", "perplexity"),
+    ("kl_mean", "KL mean"),
+    ("accuracy", "accuracy"),
+    ("pass_at_1", "pass@1"),
+    ("decode_efficiency_median", "decode efficiency"),
+    ("acceptance_rate_overall", "acceptance"),
+    ("speedup_vs_no_draft_median", "speedup vs no draft (measured)"),
+    ("expected_speedup", "expected speedup (Leviathan)"),
+)
 
 
 @dataclass
 class Report:
     parent_run_id: str
-    jobs: list[JobRecord]             # every run: each round of each job
-    configs: list[Config]             # the jobs across their rounds
-    tables: dict[str, str]            # run name -> its seed table
-    summary: list[list]               # one row per job
-    speedups: list[Speedup]           # one per job with a baseline
+    jobs: list[JobRecord]  # every run: each round of each job
+    configs: list[Config]  # the jobs across their rounds
+    tables: dict[str, str]  # run name -> its seed table
+    summary: list[list]  # one row per job
+    speedups: list[Speedup]  # one per job with a baseline
     files: dict[str, Path]
-    overview: str = ""                # the summary and speedup tables (the parent run's description)
-    view_url: str = ""                # where the MLflow UI shows the sweep's jobs side by side (publish)
-    flags: dict[str, str] = field(default_factory=dict)   # config key -> below quality.min_ratio, said
-    points: list = field(default_factory=list)            # the speed–quality points (src.tracking.quality)
+    overview: str = ""  # the summary and speedup tables (the parent run's description)
+    view_url: str = ""  # where the MLflow UI shows the sweep's jobs side by side (publish)
+    flags: dict[str, str] = field(default_factory=dict)  # config key -> below quality.min_ratio, said
+    points: list = field(default_factory=list)  # the speed–quality points (src.tracking.quality)
 
 
 def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:
     """Per-example rows rebuilt from the run's metric histories (step = example number)."""
-    prefix = EXAMPLE if EXAMPLE + "prompt_tokens" in job.metrics or LEGACY_EXAMPLE + "prompt_tokens" not in job.metrics \
-        else LEGACY_EXAMPLE   # a sweep recorded before the series were renamed
+    prefix = (
+        EXAMPLE
+        if EXAMPLE + "prompt_tokens" in job.metrics or LEGACY_EXAMPLE + "prompt_tokens" not in job.metrics
+        else LEGACY_EXAMPLE
+    )  # a sweep recorded before the series were renamed
     history = {m: {p.step: p.value for p in client.get_metric_history(job.run_id, prefix + m)} for m in ROW_METRICS}
     steps = sorted(history["prompt_tokens"])
     get = lambda m, s: history[m].get(s, math.nan)  # noqa: E731 - NaN: never logged (one-token example)
-    return [Row(s, int(get("prompt_tokens", s)), int(get("new_tokens", s)), get("total_time_s", s),
-                get("prefill_ms", s), get("time_per_token_ms", s), get("tokens_per_s", s)) for s in steps]
+    return [
+        Row(
+            s,
+            int(get("prompt_tokens", s)),
+            int(get("new_tokens", s)),
+            get("total_time_s", s),
+            get("prefill_ms", s),
+            get("time_per_token_ms", s),
+            get("tokens_per_s", s),
+        )
+        for s in steps
+    ]
 
 
 def kernels_of(job: JobRecord) -> str:
@@ -85,9 +105,11 @@ def fallback_lines(jobs: list[JobRecord]) -> list[str]:
     fell = [j for j in jobs if fallback(j)]
     if not fell:
         return []
-    return [f"**Kernels fell back**: {', '.join(j.name for j in fell)} ran on ATen's kernels because quantspec's "
-            f"could not run here ({fell[0].tags.get('kernels_note', '?')}). Their times are ATen's, not their "
-            f"precisions'; rows marked FALLBACK, and no headline metric uses them.\n"]
+    return [
+        f"**Kernels fell back**: {', '.join(j.name for j in fell)} ran on ATen's kernels because quantspec's "
+        f"could not run here ({fell[0].tags.get('kernels_note', '?')}). Their times are ATen's, not their "
+        f"precisions'; rows marked FALLBACK, and no headline metric uses them.\n"
+    ]
 
 
 def draft_quality_lines(jobs: list[JobRecord]) -> list[str]:
@@ -99,17 +121,28 @@ def draft_quality_lines(jobs: list[JobRecord]) -> list[str]:
             continue
         same = m.get("completions_identical_to_no_draft", math.nan)
         verdict = "equal" if m["pass_at_1"] == m["pass_at_1_no_draft"] else "different"
-        lines.append(f"- {job.name}: pass@1 {m['pass_at_1']:.3f} with the draft, {m['pass_at_1_no_draft']:.3f} "
-                     f"without ({verdict}; {same:.0%} of the completions identical)")
+        lines.append(
+            f"- {job.name}: pass@1 {m['pass_at_1']:.3f} with the draft, {m['pass_at_1_no_draft']:.3f} "
+            f"without ({verdict}; {same:.0%} of the completions identical)"
+        )
     return lines
 
 
-def _by_job(jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: str, label: str, out: Path,
-            flagged: dict[str, str] | None = None):
+def _by_job(
+    jobs: list[JobRecord],
+    rows_of: dict[str, list[Row]],
+    metric: str,
+    label: str,
+    out: Path,
+    flagged: dict[str, str] | None = None,
+):
     """Tasks whose prompts have no fixed lengths (decode, benchmark_code): each job's median over its
     examples, whiskers from its fastest to its slowest example. None where no such job has rows."""
-    drawn = [(j.name, [getattr(r, metric) for r in rows_of.get(j.name) or []]) for j in jobs
-             if j.choice("task") not in ("benchmark", "benchmark_long")]
+    drawn = [
+        (j.name, [getattr(r, metric) for r in rows_of.get(j.name) or []])
+        for j in jobs
+        if j.choice("task") not in ("benchmark", "benchmark_long")
+    ]
     drawn = [(name, [v for v in values if not math.isnan(v)]) for name, values in drawn]
     drawn = [(name, sorted(values)) for name, values in drawn if values]
     if not drawn:
@@ -122,8 +155,9 @@ def _by_job(jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: str, l
     high = [v[-1] - m for m, (_, v) in zip(medians, drawn)]
     flagged = flagged or {}
     said = [", ".join(s for s in ("⚠ BUSY" if name in busy else "", flagged.get(name, "")) if s) for name, _ in drawn]
-    bars = ax.barh([_marked(name, s) for (name, _), s in zip(drawn, said)], medians,
-                   xerr=[low, high], color="tab:blue", capsize=3)
+    bars = ax.barh(
+        [_marked(name, s) for (name, _), s in zip(drawn, said)], medians, xerr=[low, high], color="tab:blue", capsize=3
+    )
     _hatch_busy(bars, [name in busy for name, _ in drawn])
     ax.set_xlabel(f"{label}: median over the examples, whiskers from the fastest to the slowest")
     ax.set_title(f"{label} by job" + (" (hatched: timed while other processes used the CPU)" if busy else ""))
@@ -155,7 +189,7 @@ def _save(fig, path: Path) -> None:
             ax.set_xlabel(textwrap.fill(label, width=int(fig.get_figwidth() * 13)), fontsize=8)
     for _ in range(4):
         fig.tight_layout()
-        box = fig.get_tightbbox()   # inches
+        box = fig.get_tightbbox()  # inches
         width, height = fig.get_size_inches()
         over_x = max(0.0, -box.x0) + max(0.0, box.x1 - width)
         over_y = max(0.0, -box.y0) + max(0.0, box.y1 - height)
@@ -165,11 +199,20 @@ def _save(fig, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[Row]], speedups: list[Speedup],
-           out: Path, base_text: str = "the baseline", flags: dict[str, str] | None = None) -> dict[str, Path]:
+def _plots(
+    client: MlflowClient,
+    jobs: list[JobRecord],
+    rows_of: dict[str, list[Row]],
+    speedups: list[Speedup],
+    out: Path,
+    base_text: str = "the baseline",
+    flags: dict[str, str] | None = None,
+) -> dict[str, Path]:
     """flags: config key -> its quality flag (src.tracking.quality.flags), said on its bars too."""
     flags = flags or {}
-    flagged = {j.name: flags[j.tags.get(CONFIG_KEY, j.run_id)] for j in jobs if j.tags.get(CONFIG_KEY, j.run_id) in flags}
+    flagged = {
+        j.name: flags[j.tags.get(CONFIG_KEY, j.run_id)] for j in jobs if j.tags.get(CONFIG_KEY, j.run_id) in flags
+    }
 
     files = {}
     for metric, label in (("time_per_token_ms", "time/token (ms)"), ("prefill_ms", "prefill (ms)")):
@@ -181,10 +224,14 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
             if len(rows) < 2 or job.choice("task") not in ("benchmark", "benchmark_long"):
                 continue  # only fixed-length prompts make a curve against prompt length
             busy = job.tags.get("host_busy") == "true"
-            ax.plot([r.prompt_tokens for r in rows], [getattr(r, metric) for r in rows], marker="o",
-                    linestyle="--" if busy else "-",
-                    label=("⚠ BUSY " if busy else "") + f"{job.choice('precision')} · {job.choice('draft')} · "
-                                                       f"{job.choice('hardware')}")
+            ax.plot(
+                [r.prompt_tokens for r in rows],
+                [getattr(r, metric) for r in rows],
+                marker="o",
+                linestyle="--" if busy else "-",
+                label=("⚠ BUSY " if busy else "") + f"{job.choice('precision')} · {job.choice('draft')} · "
+                f"{job.choice('hardware')}",
+            )
             drawn += 1
         if drawn:
             ax.set_xscale("log", base=2)
@@ -205,17 +252,27 @@ def _plots(client: MlflowClient, jobs: list[JobRecord], rows_of: dict[str, list[
         ax = fig.subplots()
         medians = [u.time.median for u in drawn]
         said = [", ".join(s for s in (marker(u.job, u), flags.get(u.job.key, "")) if s) for u in drawn]
-        bars = ax.barh([_marked(u.job.name, m) for u, m in zip(drawn, said)], medians, color="tab:blue", capsize=3,
-                       xerr=[[u.time.median - u.time.low for u in drawn], [u.time.high - u.time.median for u in drawn]])
+        bars = ax.barh(
+            [_marked(u.job.name, m) for u, m in zip(drawn, said)],
+            medians,
+            color="tab:blue",
+            capsize=3,
+            xerr=[[u.time.median - u.time.low for u in drawn], [u.time.high - u.time.median for u in drawn]],
+        )
         busy = [busy_figure(u.job, u) for u in drawn]
         _hatch_busy(bars, busy)
         ax.axvline(1.0, color="black", linewidth=0.8)
         rounds = max(u.time.used for u in drawn)
-        ax.set_xlabel(f"time/token speedup over {base_text}" + (
-            f": median of the per-round ratios, whiskers their min–max ({rounds} rounds)" if rounds > 1 else ""))
-        ax.set_title("speedup over the baseline: the job that differs only in " + ", ".join(
-            sorted({k.split("=")[0] for k in base_text.split(", ")})) + " (same model, hardware, task, engine)"
-            + ("; hatched: timed busy" if any(busy) else ""))
+        ax.set_xlabel(
+            f"time/token speedup over {base_text}"
+            + (f": median of the per-round ratios, whiskers their min–max ({rounds} rounds)" if rounds > 1 else "")
+        )
+        ax.set_title(
+            "speedup over the baseline: the job that differs only in "
+            + ", ".join(sorted({k.split("=")[0] for k in base_text.split(", ")}))
+            + " (same model, hardware, task, engine)"
+            + ("; hatched: timed busy" if any(busy) else "")
+        )
         for y, u in enumerate(drawn):
             ax.text(u.time.high, y, f" {u.time.text('×')}", va="center", fontsize=7)
         # room right of the longest bar for its label: the axis, not the canvas, holds it
@@ -237,8 +294,11 @@ def save_markdown(name: str, text: str) -> Path:
 
 def _drop_empty(rows: list[list], headers: list[str], fixed: int = 4) -> tuple[list[list], list[str]]:
     """The summary without the metric columns no job has (all NaN: perplexity in a timing sweep)."""
-    keep = [i for i, h in enumerate(headers) if i < fixed or any(
-        not (isinstance(r[i], float) and math.isnan(r[i])) for r in rows)]
+    keep = [
+        i
+        for i, h in enumerate(headers)
+        if i < fixed or any(not (isinstance(r[i], float) and math.isnan(r[i])) for r in rows)
+    ]
     return [[r[i] for i in keep] for r in rows], [headers[i] for i in keep]
 
 
@@ -250,15 +310,25 @@ def summary_rows(groups: list[Config], flags: dict[str, str] | None = None) -> t
     for c in groups:
         time = c.spread("time_per_token_ms_median")
         values = [_sig3(c.spread(k).median) for k, _ in SUMMARY]
-        if several:   # the rounds, and time/token's range beside its median
-            values = [f"{len(c.finished())}" + (f" ({len(c.busy_rounds())} busy)" if c.busy_rounds() else ""),
-                      values[0], f"{time.low:.3g}–{time.high:.3g}" if time.used > 1 else math.nan, *values[1:]]
-        said = ", ".join(s for s in (marker(c, None) if busy_figure(c, None) else "", (flags or {}).get(c.key, "")) if s)
-        rows.append([_marked(c.name, said), c.outcome,
-                     c.shown.tags.get("ran_on", "?"), kernels_of(c.shown), *values])
+        if several:  # the rounds, and time/token's range beside its median
+            values = [
+                f"{len(c.finished())}" + (f" ({len(c.busy_rounds())} busy)" if c.busy_rounds() else ""),
+                values[0],
+                f"{time.low:.3g}–{time.high:.3g}" if time.used > 1 else math.nan,
+                *values[1:],
+            ]
+        said = ", ".join(
+            s for s in (marker(c, None) if busy_figure(c, None) else "", (flags or {}).get(c.key, "")) if s
+        )
+        rows.append([_marked(c.name, said), c.outcome, c.shown.tags.get("ran_on", "?"), kernels_of(c.shown), *values])
     names = [h for _, h in SUMMARY]
-    headers = ["job", "outcome", "ran on", "kernels",
-               *(["rounds", names[0], "time/token min–max (ms)", *names[1:]] if several else names)]
+    headers = [
+        "job",
+        "outcome",
+        "ran on",
+        "kernels",
+        *(["rounds", names[0], "time/token min–max (ms)", *names[1:]] if several else names),
+    ]
     return _drop_empty(rows, headers, fixed=4 + several)
 
 
@@ -269,22 +339,36 @@ def _marked(name: str, said: str) -> str:
 
 def speedup_table(gains: list[Speedup], flags: dict[str, str] | None = None) -> str:
     flags = flags or {}
-    rows = [[_marked(u.job.name, ", ".join(s for s in (marker(u.job, u), flags.get(u.job.key, "")) if s))
-             + (" (FALLBACK)" if fallback(u.job.shown) else ""),
-             u.base.name + (" (FALLBACK)" if fallback(u.base.shown) else ""),
-             *(["(the baseline)", "-", "-", "-"] if u.is_baseline else
-               [_sig3(u.time.median), f"{u.time.low:.3g}–{u.time.high:.3g}" if u.time.used > 1 else "-", u.time.used,
-                u.time.caveat().strip(" []") or "-"]),
-             _sig3(u.prefill.median)] for u in gains
-            # a task that times nothing (perplexity, lm_eval) has no speedup: its quality is in the quality table
-            if not math.isnan(u.job.spread("time_per_token_ms_median").median)]
-    rows, headers = _drop_empty(rows, ["job", "baseline", "time/token speedup", "range (min–max)", "rounds", "busy",
-                                       "prefill speedup"], fixed=6)
+    rows = [
+        [
+            _marked(u.job.name, ", ".join(s for s in (marker(u.job, u), flags.get(u.job.key, "")) if s))
+            + (" (FALLBACK)" if fallback(u.job.shown) else ""),
+            u.base.name + (" (FALLBACK)" if fallback(u.base.shown) else ""),
+            *(
+                ["(the baseline)", "-", "-", "-"]
+                if u.is_baseline
+                else [
+                    _sig3(u.time.median),
+                    f"{u.time.low:.3g}–{u.time.high:.3g}" if u.time.used > 1 else "-",
+                    u.time.used,
+                    u.time.caveat().strip(" []") or "-",
+                ]
+            ),
+            _sig3(u.prefill.median),
+        ]
+        for u in gains
+        # a task that times nothing (perplexity, lm_eval) has no speedup: its quality is in the quality table
+        if not math.isnan(u.job.spread("time_per_token_ms_median").median)
+    ]
+    rows, headers = _drop_empty(
+        rows, ["job", "baseline", "time/token speedup", "range (min–max)", "rounds", "busy", "prefill speedup"], fixed=6
+    )
     return markdown_table(headers, rows)
 
 
-def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path,
-          quality: dict | None = None) -> Report:
+def build(
+    uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path, quality: dict | None = None
+) -> Report:
     """quality: the report's quality settings (conf/report.yaml: metric, min_ratio); None: their defaults."""
     quality = {**OmegaConf.to_container(OmegaConf.load(SETTINGS).quality), **(quality or {})}
     parent_id, jobs = sweep_jobs(uri, experiment, sweep)
@@ -309,23 +393,51 @@ def build(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str]
         files[plot.name] = plot
     summary, headers = summary_rows(groups, flags)
     rounds = max((len(c.runs) for c in groups), default=1)
-    parts = [f"# {parent.info.run_name}\n", f"`{parent.data.tags.get('overrides', '')}`\n",
-             *fallback_lines(jobs), *rounds_lines(groups, rounds),
-             "## Summary\n", markdown_table(headers, summary) + "\n",
-             f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
-             (speedup_table(gains, flags) if gains else "(no job has its baseline in this sweep)") + "\n"]
+    parts = [
+        f"# {parent.info.run_name}\n",
+        f"`{parent.data.tags.get('overrides', '')}`\n",
+        *fallback_lines(jobs),
+        *rounds_lines(groups, rounds),
+        "## Summary\n",
+        markdown_table(headers, summary) + "\n",
+        f"## Speedup over the baseline ({base_text}; same model, hardware, task and engine)\n",
+        (speedup_table(gains, flags) if gains else "(no job has its baseline in this sweep)") + "\n",
+    ]
     table = q.quality_table(groups, ratios, quality["min_ratio"], reference)
     if table:
-        parts += [f"## Quality against the reference (a job below {quality['min_ratio']} of its reference's "
-                  f"quality is marked ⚠ wherever its speed is shown)\n", table + "\n"]
+        parts += [
+            f"## Quality against the reference (a job below {quality['min_ratio']} of its reference's "
+            f"quality is marked ⚠ wherever its speed is shown)\n",
+            table + "\n",
+        ]
     if points:
         instead = "" if metric == quality["metric"] else f", as no job measured quality.metric={quality['metric']}"
-        parts += [f"## Speed–quality front ({metric}{instead}; ★ on the front: no other configuration is at "
-                  f"least as fast and as good)\n", q.front_table(points, metric) + "\n"]
-        (out / "front.csv").write_text(csv_text([["configuration", "time_per_token_ms", "low", "high", "timed_by",
-                                                  metric, "se", "on_front", "flag"],
-                                                 *[[p.name, p.speed.median, p.speed.low, p.speed.high, p.speed_source,
-                                                    p.quality, p.quality_se, int(p.on_front), p.flag] for p in points]]))
+        parts += [
+            f"## Speed–quality front ({metric}{instead}; ★ on the front: no other configuration is at "
+            f"least as fast and as good)\n",
+            q.front_table(points, metric) + "\n",
+        ]
+        (out / "front.csv").write_text(
+            csv_text(
+                [
+                    ["configuration", "time_per_token_ms", "low", "high", "timed_by", metric, "se", "on_front", "flag"],
+                    *[
+                        [
+                            p.name,
+                            p.speed.median,
+                            p.speed.low,
+                            p.speed.high,
+                            p.speed_source,
+                            p.quality,
+                            p.quality_se,
+                            int(p.on_front),
+                            p.flag,
+                        ]
+                        for p in points
+                    ],
+                ]
+            )
+        )
         files["front.csv"] = out / "front.csv"
     pairs = q.paired_table(client, groups)
     if pairs:
@@ -347,20 +459,37 @@ def rounds_lines(groups: list[Config], rounds: int) -> list[str]:
     """How the figures were taken: rounds, and the busy rounds left out (said where the numbers are)."""
     if rounds <= 1:
         busy = [c.name for c in groups if c.busy_rounds()]
-        return [f"**Busy host**: {', '.join(busy)} ran while other processes used the CPU (host_busy); "
-                f"their times are noisy. More rounds (rounds=3) measure each job again in turns.\n"] if busy else []
+        return (
+            [
+                f"**Busy host**: {', '.join(busy)} ran while other processes used the CPU (host_busy); "
+                f"their times are noisy. More rounds (rounds=3) measure each job again in turns.\n"
+            ]
+            if busy
+            else []
+        )
     left = sorted({r for c in groups for r in c.busy_rounds()})
     asked = groups[0].shown.params.get("rounds", str(rounds))
-    extra = f" (rounds={asked}, and {rounds - int(asked)} more for busy rounds)" if asked.isdigit() and int(asked) < rounds else ""
-    return [f"Measured in {rounds} interleaved rounds{extra} (each job once per round, in a rotated order); each "
-            f"figure is the median over the rounds, each speedup the median of the per-round ratios, with "
-            f"their min–max. " + (f"Busy rounds ({', '.join(map(str, left))}: another process used the CPU) "
-                                 f"are left out of every figure that has a quiet round.\n" if left else
-                                 "No round was busy.\n")]
+    extra = (
+        f" (rounds={asked}, and {rounds - int(asked)} more for busy rounds)"
+        if asked.isdigit() and int(asked) < rounds
+        else ""
+    )
+    return [
+        f"Measured in {rounds} interleaved rounds{extra} (each job once per round, in a rotated order); each "
+        f"figure is the median over the rounds, each speedup the median of the per-round ratios, with "
+        f"their min–max. "
+        + (
+            f"Busy rounds ({', '.join(map(str, left))}: another process used the CPU) "
+            f"are left out of every figure that has a quiet round.\n"
+            if left
+            else "No round was busy.\n"
+        )
+    ]
 
 
-def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path,
-            quality: dict | None = None) -> Report:
+def publish(
+    uri: str, experiment: str, sweep: str | None, baseline: dict[str, str], out_root: Path, quality: dict | None = None
+) -> Report:
     """build(), then put it where the MLflow UI shows it: the files under the parent run's `report/`,
     the comparison tables as the parent's description, each job's figures (over its rounds) on the run
     that stands for it in the sweep's view, and the sweep's headline metrics on the parent (so the
@@ -372,10 +501,11 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
     gains = {u.job.key: u for u in report.speedups}
     on_point = {p.quality_key: p for p in report.points}
     for config in report.configs:
-        _publish_job(client, config, gains.get(config.key), baseline, report.flags.get(config.key, ""),
-                     on_point.get(config.key))
+        _publish_job(
+            client, config, gains.get(config.key), baseline, report.flags.get(config.key, ""), on_point.get(config.key)
+        )
     shown = {c.shown.run_id for c in report.configs}
-    for job in report.jobs:   # an earlier attempt that stood for its job no longer does
+    for job in report.jobs:  # an earlier attempt that stood for its job no longer does
         if job.tags.get(ui.SHOWN) == "true" and job.run_id not in shown:
             client.set_tag(job.run_id, ui.SHOWN, "false")
     parent = client.get_run(report.parent_run_id)
@@ -383,48 +513,69 @@ def publish(uri: str, experiment: str, sweep: str | None, baseline: dict[str, st
     shown_runs = [client.get_run(c.shown.run_id) for c in report.configs]
     report.view_url = ui.publish_view(client, parent.info.experiment_id, report.parent_run_id, key, shown_runs)
     # relative: the link holds on whatever host and port serve the UI
-    client.set_tag(report.parent_run_id, "mlflow.note.content",
-                   f"[The sweep's jobs side by side]({ui.page_path(parent.info.experiment_id, key)}) "
-                   f"([as a share link]({ui.view_path(parent.info.experiment_id, key)}), on a server without "
-                   f"`--app-name quantspec`, until reloaded)\n\n{report.overview}")
+    client.set_tag(
+        report.parent_run_id,
+        "mlflow.note.content",
+        f"[The sweep's jobs side by side]({ui.page_path(parent.info.experiment_id, key)}) "
+        f"([as a share link]({ui.view_path(parent.info.experiment_id, key)}), on a server without "
+        f"`--app-name quantspec`, until reloaded)\n\n{report.overview}",
+    )
     timed = [(c, c.spread("time_per_token_ms_median")) for c in report.configs if not fallback(c.shown)]
     timed = [(c, t) for c, t in timed if not math.isnan(t.median)]
     if timed:
         best, time = min(timed, key=lambda ct: ct[1].median)
-        _set_metric(client, report.parent_run_id, "best_time_per_token_ms", time.median, held.get("best_time_per_token_ms"))
+        _set_metric(
+            client, report.parent_run_id, "best_time_per_token_ms", time.median, held.get("best_time_per_token_ms")
+        )
         client.set_tag(report.parent_run_id, "best_time_per_token_job", best.name)
-    real = [u for u in report.speedups if not u.is_baseline and not math.isnan(u.time.median)
-            and not fallback(u.job.shown) and not fallback(u.base.shown)]
+    real = [
+        u
+        for u in report.speedups
+        if not u.is_baseline
+        and not math.isnan(u.time.median)
+        and not fallback(u.job.shown)
+        and not fallback(u.base.shown)
+    ]
     if real:
         # the best of the speedups measured quiet, where there is one: a busy baseline inflates a ratio
         quiet = [u for u in real if not u.time.all_busy]
         top = max(quiet or real, key=lambda u: u.time.median)
         figures = [("best_speedup", top.time.median)]
-        if top.time.used > 1:   # one round has no range: no low and high that would only repeat it
+        if top.time.used > 1:  # one round has no range: no low and high that would only repeat it
             figures += [("best_speedup_low", top.time.low), ("best_speedup_high", top.time.high)]
         for name, value in figures:
             _set_metric(client, report.parent_run_id, name, value, held.get(name))
         client.set_tag(report.parent_run_id, "best_speedup_job", top.job.name)
         client.set_tag(report.parent_run_id, "best_speedup_rounds", f"{top.time.used}{top.time.caveat()}")
-        client.set_tag(report.parent_run_id, "best_speedup_condition",
-                       condition(top.time, top.busy_sides()) or f"{top.time.used} quiet rounds")
+        client.set_tag(
+            report.parent_run_id,
+            "best_speedup_condition",
+            condition(top.time, top.busy_sides()) or f"{top.time.used} quiet rounds",
+        )
     if report.points:
         client.set_tag(report.parent_run_id, "front", ", ".join(p.name for p in report.points if p.on_front))
     if report.flags:
-        client.set_tag(report.parent_run_id, "below_quality", ", ".join(
-            f"{c.name} ({report.flags[c.key]})" for c in report.configs if c.key in report.flags))
+        client.set_tag(
+            report.parent_run_id,
+            "below_quality",
+            ", ".join(f"{c.name} ({report.flags[c.key]})" for c in report.configs if c.key in report.flags),
+        )
     return report
 
 
-def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, baseline: dict[str, str],
-                 flag: str = "", point=None) -> None:
+def _publish_job(
+    client: MlflowClient, config: Config, gain: Speedup | None, baseline: dict[str, str], flag: str = "", point=None
+) -> None:
     """The job's figures over its rounds, on the run that stands for it in the view (ui.VIEW_METRICS,
     3 significant digits: the UI shows a metric unrounded), with each round's as a series, and a
     description that says what ran and how sure the speedup is."""
     run = config.shown
     held = client.get_run(run.run_id).data.metrics
-    figures = {"decode_ms_per_token": config.spread("time_per_token_ms_median"),
-               "prefill_ms": config.spread("prefill_ms_median"), "tokens_per_s": config.spread("tokens_per_s_median")}
+    figures = {
+        "decode_ms_per_token": config.spread("time_per_token_ms_median"),
+        "prefill_ms": config.spread("prefill_ms_median"),
+        "tokens_per_s": config.spread("tokens_per_s_median"),
+    }
     if gain is not None and not gain.is_baseline:
         figures["decode_speedup"] = gain.time
     for name, figure in figures.items():
@@ -433,24 +584,31 @@ def _publish_job(client: MlflowClient, config: Config, gain: Speedup | None, bas
     # 1: the headline figure stands on busy timings only (the job's or its baseline's): a column that sorts
     # before the figures in the view (MLflow orders metric columns by name)
     _set_metric(client, run.run_id, "busy", float(busy_figure(config, gain)), held.get("busy"))
-    if flag:   # its configuration fell below quality.min_ratio of its reference (src.tracking.quality)
+    if flag:  # its configuration fell below quality.min_ratio of its reference (src.tracking.quality)
         _set_metric(client, run.run_id, "quality_below", 1.0, held.get("quality_below"))
     if point is not None and not math.isnan(point.speed.median):
         # the front's point on the run of its quality job, so the view's scatter draws it (src.tracking.ui)
-        for name, value in (("front_ms_per_token", _sig3(point.speed.median)), ("front_quality", point.quality),
-                            ("on_front", float(point.on_front))):
+        for name, value in (
+            ("front_ms_per_token", _sig3(point.speed.median)),
+            ("front_quality", point.quality),
+            ("on_front", float(point.on_front)),
+        ):
             _set_metric(client, run.run_id, name, value, held.get(name))
     # a range only where there is one: one round's low and high would only repeat its median
     if gain is not None and not gain.is_baseline and gain.time.used > 1:
         _set_metric(client, run.run_id, "decode_speedup_low", _sig3(gain.time.low), held.get("decode_speedup_low"))
         _set_metric(client, run.run_id, "decode_speedup_high", _sig3(gain.time.high), held.get("decode_speedup_high"))
     finished = config.finished()
-    per_round = {"round/decode_ms_per_token": {r: j.metrics.get("time_per_token_ms_median") for r, j in finished.items()}}
+    per_round = {
+        "round/decode_ms_per_token": {r: j.metrics.get("time_per_token_ms_median") for r, j in finished.items()}
+    }
     if gain is not None and not gain.is_baseline:
         theirs = gain.base.finished()
         per_round["round/decode_speedup"] = {
             r: ratio(theirs[r].metrics.get("time_per_token_ms_median"), j.metrics.get("time_per_token_ms_median"))
-            for r, j in finished.items() if r in theirs}
+            for r, j in finished.items()
+            if r in theirs
+        }
     if len(config.runs) > 1:
         for name, values in per_round.items():
             _set_series(client, run.run_id, name, values)
@@ -499,8 +657,10 @@ def describe(config: Config, gain: Speedup | None, baseline: dict[str, str], fla
         figure = f"the baseline ({', '.join(f'{k}={v}' for k, v in baseline.items())})"
     else:
         figure = ""
-    what = (f"{config.choice('precision')}{'' if engine in ('native', '?') else ' on ' + engine} · "
-            f"{'no draft' if draft == 'none' else 'draft ' + draft} · {run.tags.get('ran_on', config.choice('hardware'))}")
+    what = (
+        f"{config.choice('precision')}{'' if engine in ('native', '?') else ' on ' + engine} · "
+        f"{'no draft' if draft == 'none' else 'draft ' + draft} · {run.tags.get('ran_on', config.choice('hardware'))}"
+    )
     return " · ".join(part for part in (flag, said, figure, what) if part)
 
 
@@ -518,7 +678,7 @@ def _set_series(client: MlflowClient, run_id: str, key: str, values: dict[int, f
 
 
 SETTINGS = PROJECT_ROOT / "conf" / "report.yaml"
-BASELINE_KEYS = AXES   # the choices a job is tagged with
+BASELINE_KEYS = AXES  # the choices a job is tagged with
 
 
 class SettingError(ValueError):
@@ -532,12 +692,16 @@ def settings(argv: list[str] = ()):
         key, eq, _ = arg.partition("=")
         top, _, sub = key.partition(".")
         if not eq or not key:
-            raise SettingError(f"{arg!r} is not key=value; settings: {', '.join(base)} (python -m src.tracking.report --help)")
+            raise SettingError(
+                f"{arg!r} is not key=value; settings: {', '.join(base)} (python -m src.tracking.report --help)"
+            )
         nested = {"baseline": BASELINE_KEYS, "quality": tuple(base.quality)}
         if top not in base or (top in nested and sub not in nested[top]) or (top not in nested and sub):
-            raise SettingError(f"{key} is not a report setting; settings: {', '.join(base)}, baseline.<"
-                               f"{'|'.join(BASELINE_KEYS)}> and quality.<{'|'.join(base.quality)}> "
-                               f"(python -m src.tracking.report --help)")
+            raise SettingError(
+                f"{key} is not a report setting; settings: {', '.join(base)}, baseline.<"
+                f"{'|'.join(BASELINE_KEYS)}> and quality.<{'|'.join(base.quality)}> "
+                f"(python -m src.tracking.report --help)"
+            )
     merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
     if merged.quality.metric not in q.METRICS:
         raise SettingError(f"quality.metric={merged.quality.metric} is not one of: {', '.join(q.METRICS)}")
@@ -563,7 +727,8 @@ def store_problem(uri: str) -> str | None:
 def usage() -> str:
     """This module's docstring and its settings with their defaults and comments (conf/report.yaml)."""
     return f"{__doc__.strip()}\n\nSettings (conf/report.yaml):\n\n" + "\n".join(
-        f"    {line}" for line in SETTINGS.read_text().splitlines() if line.strip() and not line.startswith("#"))
+        f"    {line}" for line in SETTINGS.read_text().splitlines() if line.strip() and not line.startswith("#")
+    )
 
 
 def _set_metric(client: MlflowClient, run_id: str, key: str, value: float, current: float | None) -> None:
@@ -577,8 +742,10 @@ def ui_line(uri: str, view: str) -> str:
     `mlflow ui` serves it (it chooses its host and port: nothing here assumes one)."""
     if uri.startswith(("http://", "https://")):
         return view
-    return (f"/{view} on the address `mlflow ui --app-name quantspec --backend-store-uri {uri}` serves "
-            f"(http://127.0.0.1:5000 unless told)")
+    return (
+        f"/{view} on the address `mlflow ui --app-name quantspec --backend-store-uri {uri}` serves "
+        f"(http://127.0.0.1:5000 unless told)"
+    )
 
 
 def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
@@ -588,8 +755,11 @@ def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
         report = publish(uri, experiment, sweep_id, dict(cfg.baseline), PROJECT_ROOT / cfg.out, dict(cfg.quality))
         print(f"quantspec: compare the sweep in the MLflow UI: {ui_line(uri, report.view_url)}", flush=True)
     except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.tracking.report` can redo this
-        print(f"quantspec: the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
-              f"run python -m src.tracking.report", file=sys.stderr)
+        print(
+            f"quantspec: the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+            f"run python -m src.tracking.report",
+            file=sys.stderr,
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -607,15 +777,21 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         sweep = str(Path(cfg.sweep).resolve()) if cfg.sweep else None  # sweeps are keyed by absolute directory
-        report = (publish if cfg.attach else build)(uri, cfg.experiment, sweep, dict(cfg.baseline),
-                                                    PROJECT_ROOT / cfg.out, dict(cfg.quality))
+        report = (publish if cfg.attach else build)(
+            uri, cfg.experiment, sweep, dict(cfg.baseline), PROJECT_ROOT / cfg.out, dict(cfg.quality)
+        )
     except LookupError as err:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2
     print((report.files["report.md"]).read_text())
-    print(f"written to {report.files['report.md'].parent}"
-          + (f" and attached to the sweep's parent run; compare in the MLflow UI: {ui_line(uri, report.view_url)}"
-             if cfg.attach else ""))
+    print(
+        f"written to {report.files['report.md'].parent}"
+        + (
+            f" and attached to the sweep's parent run; compare in the MLflow UI: {ui_line(uri, report.view_url)}"
+            if cfg.attach
+            else ""
+        )
+    )
     return 0
 
 

@@ -34,7 +34,6 @@ from src.tracking.record import SweepAbort, SweepUnwritable
 log = logging.getLogger("quantspec")
 
 
-
 def schedule(jobs: list[list[str]], rounds: int, first: int = 1) -> list[list[list[str]]]:
     """Rounds `first`..`first + rounds - 1` of `jobs` (each a job's overrides): round r rotated by r - 1,
     round 1 as given, later rounds with `round=r` added."""
@@ -46,11 +45,9 @@ def schedule(jobs: list[list[str]], rounds: int, first: int = 1) -> list[list[li
     return out
 
 
-
-
 def _parts(batch: list[list[str]], size: int | None) -> list[list[list[str]]]:
     """A round's jobs in launches of at most `size` (hydra.sweeper.max_batch_size; None: one launch)."""
-    return [batch[i:i + size] for i in range(0, len(batch), size)] if size else [batch]
+    return [batch[i : i + size] for i in range(0, len(batch), size)] if size else [batch]
 
 
 def open_sweep_dir(config) -> Path:
@@ -75,8 +72,7 @@ class Rounds:
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         for o in overrides:
             if o.get_key_element() in ("rounds", "busy_reruns", ROUND) and o.is_sweep_override():
-                raise SweepAbort(f"{o.get_key_element()} takes one value, not a sweep ({o.input_line}); "
-                                 f"e.g. rounds=3")
+                raise SweepAbort(f"{o.get_key_element()} takes one value, not a sweep ({o.input_line}); e.g. rounds=3")
         try:
             sweep = settings(self.config)
         except ConfigError as err:
@@ -92,8 +88,12 @@ class Rounds:
         while True:
             r = done + 1
             (batch,) = schedule(jobs, 1, first=r)
-            log.info("round %d %s: %d jobs", r, f"of {rounds}" if r <= rounds else "(measured again: busy rounds)",
-                     len(batch))
+            log.info(
+                "round %d %s: %d jobs",
+                r,
+                f"of {rounds}" if r <= rounds else "(measured again: busy rounds)",
+                len(batch),
+            )
             finished = False
             for part in _parts(batch, self.max_batch_size):
                 returns.append(self._launch(part, index))
@@ -107,12 +107,18 @@ class Rounds:
                 break
             if done >= rounds + reruns:
                 if busy:
-                    print(f"quantspec: {busy} of {done} rounds ran on a busy host (host_busy) and busy_reruns={reruns} "
-                          f"are spent; the report leaves busy rounds out where it can and marks the rest", flush=True)
+                    print(
+                        f"quantspec: {busy} of {done} rounds ran on a busy host (host_busy) and busy_reruns={reruns} "
+                        f"are spent; the report leaves busy rounds out where it can and marks the rest",
+                        flush=True,
+                    )
                 break
             if done >= rounds:
-                print(f"quantspec: {busy} of {done} rounds ran on a busy host (host_busy); measuring round {r + 1} "
-                      f"({r + 1 - rounds} of at most {reruns} more)", flush=True)
+                print(
+                    f"quantspec: {busy} of {done} rounds ran on a busy host (host_busy); measuring round {r + 1} "
+                    f"({r + 1 - rounds} of at most {reruns} more)",
+                    flush=True,
+                )
         return returns
 
     def _launch(self, batch: list[list[str]], index: int):
@@ -120,7 +126,7 @@ class Rounds:
         (a composition error is said before any job runs), then launched, and each job's return read (an
         error a job raised is raised here, not passed over)."""
         self.validate_batch_is_legal(batch)
-        try:   # Hydra makes each job's folder and writes its config before the job runs
+        try:  # Hydra makes each job's folder and writes its config before the job runs
             results = self.launcher.launch(batch, initial_job_idx=index)
         except OSError as err:
             raise SweepUnwritable(err) from None

@@ -54,8 +54,8 @@ NOT_SEARCHED = ("rounds", "busy_reruns", ROUND, "task")
 @dataclass
 class Axis:
     key: str
-    values: list | None = None          # categorical
-    low: float | None = None            # interval
+    values: list | None = None  # categorical
+    low: float | None = None  # interval
     high: float | None = None
     integer: bool = False
 
@@ -70,8 +70,8 @@ class Axis:
 @dataclass
 class Space:
     axes: list[Axis]
-    fixed: list[str]                    # overrides every job has
-    tasks: list[str]                    # each trial runs one job per task (empty: the composed task)
+    fixed: list[str]  # overrides every job has
+    tasks: list[str]  # each trial runs one job per task (empty: the composed task)
 
 
 def objectives(specs) -> list[tuple[str, str]]:
@@ -94,7 +94,9 @@ def space(overrides: list[Override]) -> Space:
     for o in overrides:
         key = o.get_key_element()
         if key == "task":
-            tasks += [str(v) for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.get_value_element_as_str()]
+            tasks += (
+                [str(v) for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.get_value_element_as_str()]
+            )
         elif not o.is_sweep_override() or key in NOT_SEARCHED:
             fixed.append(o.input_line)
         elif isinstance(o.value(), IntervalSweep):
@@ -110,12 +112,12 @@ def space(overrides: list[Override]) -> Space:
 class Trial:
     number: int
     params: dict
-    jobs: list[list[str]]               # one per task: its overrides
-    keys: list[str] = field(default_factory=list)   # each job's override_dirname (its identity across rounds)
+    jobs: list[list[str]]  # one per task: its overrides
+    keys: list[str] = field(default_factory=list)  # each job's override_dirname (its identity across rounds)
     values: list[float] | None = None
     busy: bool = False
     state: str = "running"
-    runs: list[str] = field(default_factory=list)   # its jobs' runs, every round
+    runs: list[str] = field(default_factory=list)  # its jobs' runs, every round
     mads: list[float] = field(default_factory=list)  # each objective's median absolute deviation over rounds
 
 
@@ -130,6 +132,7 @@ def _pareto(trials: list[Trial], directions: list[str]) -> list[Trial]:
     def dominates(a: Trial, b: Trial) -> bool:
         pairs = [(s * x, s * y) for s, x, y in zip(sign, a.values, b.values)]
         return all(x <= y for x, y in pairs) and any(x < y for x, y in pairs)
+
     return [t for t in done if not any(dominates(o, t) for o in done if o is not t)]
 
 
@@ -156,16 +159,25 @@ class Search(Rounds):
             raise SweepAbort(str(err)) from None
         plan = space(overrides)
         if not plan.axes:
-            raise SweepAbort("hydra/sweeper=search has nothing to search: give an axis several values "
-                             "(precision=bf16,w8a8 or draft.k=range(2,7) or precision.alpha=interval(0.3,0.9))")
+            raise SweepAbort(
+                "hydra/sweeper=search has nothing to search: give an axis several values "
+                "(precision=bf16,w8a8 or draft.k=range(2,7) or precision.alpha=interval(0.3,0.9))"
+            )
         sweep_dir = open_sweep_dir(self.config)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        samplers = {"nsga2": lambda: optuna.samplers.NSGAIISampler(seed=self.seed, population_size=max(2, self.batch)),
-                    "tpe": lambda: optuna.samplers.TPESampler(seed=self.seed),
-                    "random": lambda: optuna.samplers.RandomSampler(seed=self.seed)}
+        samplers = {
+            "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=self.seed, population_size=max(2, self.batch)),
+            "tpe": lambda: optuna.samplers.TPESampler(seed=self.seed),
+            "random": lambda: optuna.samplers.RandomSampler(seed=self.seed),
+        }
         study = optuna.create_study(directions=[d for _, d in goals], sampler=samplers[self.sampler]())
-        log.info("search: %d trials of %s, objectives %s, %s", self.trials,
-                 " × ".join(a.key for a in plan.axes), ", ".join(f"{m} ({d})" for m, d in goals), self.sampler)
+        log.info(
+            "search: %d trials of %s, objectives %s, %s",
+            self.trials,
+            " × ".join(a.key for a in plan.axes),
+            ", ".join(f"{m} ({d})" for m, d in goals),
+            self.sampler,
+        )
         trials: list[Trial] = []
         returns, index, first_round = [], 0, 1
         while len(trials) < self.trials:
@@ -192,10 +204,15 @@ class Search(Rounds):
                     study.tell(asked_trial, state=optuna.trial.TrialState.FAIL)
                 else:
                     study.tell(asked_trial, trial.values)
-                log.info("trial %d %s: %s", trial.number, trial.params,
-                         trial.state if trial.values is None else
-                         ", ".join(f"{m} {v:.4g}" for (m, _), v in zip(goals, trial.values))
-                         + (" [every round busy]" if trial.busy else ""))
+                log.info(
+                    "trial %d %s: %s",
+                    trial.number,
+                    trial.params,
+                    trial.state
+                    if trial.values is None
+                    else ", ".join(f"{m} {v:.4g}" for (m, _), v in zip(goals, trial.values))
+                    + (" [every round busy]" if trial.busy else ""),
+                )
             trials += batch
         self._finish(trials, goals, sweep, sweep_dir)
         return returns
@@ -209,14 +226,14 @@ class Search(Rounds):
             r = first_round + done
             (order,) = schedule(jobs, 1, first=r)
             self.validate_batch_is_legal(order)
-            try:   # Hydra makes each job's folder and writes its config before the job runs
+            try:  # Hydra makes each job's folder and writes its config before the job runs
                 results = self.launcher.launch(order, initial_job_idx=index)
             except OSError as err:
                 raise SweepUnwritable(err) from None
             index += len(order)
             returns.append(results)
             for job, result in zip(order, results):
-                _ = result.return_value   # a job's own error is raised here, as Hydra's sweepers do
+                _ = result.return_value  # a job's own error is raised here, as Hydra's sweepers do
                 key = config_key(str(result.hydra_cfg.hydra.job.override_dirname)) if result.hydra_cfg else ""
                 plain = [o for o in job if not o.startswith(f"{ROUND}=")]
                 for trial in batch:
@@ -235,12 +252,17 @@ class Search(Rounds):
         parent = store.find_sweep(str(sweep.sweep_dir))
         runs = []
         for key in trial.keys:
-            runs += store.search(f"tags.mlflow.parentRunId = '{parent.info.run_id}' and "
-                                 f"tags.`{CONFIG_KEY}` = '{key_of(key)}' and tags.outcome = 'finished'")
+            runs += store.search(
+                f"tags.mlflow.parentRunId = '{parent.info.run_id}' and "
+                f"tags.`{CONFIG_KEY}` = '{key_of(key)}' and tags.outcome = 'finished'"
+            )
         values = []
         for metric, _ in goals:
-            have = [(r.data.metrics[metric], r.data.tags.get("host_busy") == "true") for r in runs
-                    if metric in r.data.metrics and not math.isnan(r.data.metrics[metric])]
+            have = [
+                (r.data.metrics[metric], r.data.tags.get("host_busy") == "true")
+                for r in runs
+                if metric in r.data.metrics and not math.isnan(r.data.metrics[metric])
+            ]
             quiet = [v for v, b in have if not b]
             if not have:
                 trial.state = f"no {metric} (its jobs did not finish, or none logs it)"
@@ -257,12 +279,27 @@ class Search(Rounds):
         front = _pareto(trials, [d for _, d in goals])
         keys = sorted({k for t in trials for k in t.params})
         head = ["trial", *keys, *[f"{m} ({d[:3]}), median ± MAD over rounds" for m, d in goals], "on the front"]
-        rows = [[t.number, *[t.params.get(k, "") for k in keys],
-                 *([f"{v:.4g} ± {mad:.2g}" for v, mad in zip(t.values, t.mads)] if t.values
-                   else [t.state] + [""] * (len(goals) - 1)),
-                 " ".join(x for x in ("★" if t in front else "", "[every round busy]" if t.busy else "",
-                                      f"({t.state})" if t.state.startswith("as trial") else "") if x)]
-                for t in trials]
+        rows = [
+            [
+                t.number,
+                *[t.params.get(k, "") for k in keys],
+                *(
+                    [f"{v:.4g} ± {mad:.2g}" for v, mad in zip(t.values, t.mads)]
+                    if t.values
+                    else [t.state] + [""] * (len(goals) - 1)
+                ),
+                " ".join(
+                    x
+                    for x in (
+                        "★" if t in front else "",
+                        "[every round busy]" if t.busy else "",
+                        f"({t.state})" if t.state.startswith("as trial") else "",
+                    )
+                    if x
+                ),
+            ]
+            for t in trials
+        ]
         table = markdown_table(head, rows)
         (sweep_dir / "search.md").write_text(f"# Search: {len(trials)} trials, {len(front)} on the front\n\n{table}\n")
         out = io.StringIO()
@@ -270,13 +307,22 @@ class Search(Rounds):
         writer.writerow(head)
         writer.writerows(rows)
         (sweep_dir / "search.csv").write_text(out.getvalue())
-        print(f"\nquantspec: search done, {len(front)} of {len(trials)} trials on the front "
-              f"({', '.join(m for m, _ in goals)}):\n{table}\n", flush=True)
+        print(
+            f"\nquantspec: search done, {len(front)} of {len(trials)} trials on the front "
+            f"({', '.join(m for m, _ in goals)}):\n{table}\n",
+            flush=True,
+        )
         try:
             store = record.ledger.store_for(sweep)
             parent = store.find_sweep(str(sweep.sweep_dir))
-            store.set_tags(parent.info.run_id, {"search_front": "; ".join(
-                f"trial {t.number}: " + ", ".join(f"{k}={v}" for k, v in t.params.items()) for t in front)})
+            store.set_tags(
+                parent.info.run_id,
+                {
+                    "search_front": "; ".join(
+                        f"trial {t.number}: " + ", ".join(f"{k}={v}" for k, v in t.params.items()) for t in front
+                    )
+                },
+            )
             for t in trials:
                 for run_id in t.runs:
                     store.set_tags(run_id, {"on_search_front": "true" if t in front else "false"})

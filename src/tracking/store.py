@@ -61,8 +61,10 @@ def probe(uri: str) -> None:
             problem = type(err).__name__
         if attempt + 1 < PROBE_TRIES:
             time.sleep(1)
-    raise StoreUnreachable(f"tracking server {uri} does not answer ({problem}); start it (docs: how-to/lab.md, A tracking "
-                           f"server), or run with tracking.unreachable=journal to record locally and sync later")
+    raise StoreUnreachable(
+        f"tracking server {uri} does not answer ({problem}); start it (docs: how-to/lab.md, A tracking "
+        f"server), or run with tracking.unreachable=journal to record locally and sync later"
+    )
 
 
 def _new_sqlite_store(db: Path) -> None:
@@ -72,10 +74,10 @@ def _new_sqlite_store(db: Path) -> None:
     db.parent.mkdir(parents=True, exist_ok=True)
     scratch = db.with_name(f".{db.name}.new-{os.getpid()}")
     scratch.unlink(missing_ok=True)
-    MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments(max_results=1)   # makes the schema
+    MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments(max_results=1)  # makes the schema
     _forget_engine(f"sqlite:///{scratch}")
     os.replace(scratch, db)
-    for stale in db.parent.glob(f".{db.name}.new-*"):   # a killed creation's scratch file
+    for stale in db.parent.glob(f".{db.name}.new-*"):  # a killed creation's scratch file
         stale.unlink(missing_ok=True)
 
 
@@ -102,13 +104,12 @@ def _half_made(db: Path, err: Exception) -> bool:
 def _sweep_lock(uri: str, sweep_id: str):
     """This host's lock on one sweep's parent in one store (flock: released when its holder dies). A cache
     that cannot hold a lock file (read-only) runs without it: the race it closes needs two writers at once."""
-    path = cache_root() / "locks" / \
-        f"sweep-{key_of(uri + ' ' + sweep_id)}.lock"
+    path = cache_root() / "locks" / f"sweep-{key_of(uri + ' ' + sweep_id)}.lock"
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(file_lock(path, "the sweep's parent run"))
         except OSError:
-            pass   # no lock file here (a read-only cache): as before, unlocked
+            pass  # no lock file here (a read-only cache): as before, unlocked
         yield
 
 
@@ -129,10 +130,14 @@ class Store:
                     if not _half_made(db, err):
                         raise
                     aside = db.with_name(f"{db.name}.half-made-{int(time.time())}")
-                    _forget_engine(uri)   # MLflow keeps one engine per address, still on the moved file
+                    _forget_engine(uri)  # MLflow keeps one engine per address, still on the moved file
                     os.replace(db, aside)
-                    log.warning("the tracking store %s was left half-made (its first creation killed mid-way) and "
-                                "held no runs; moved to %s and made anew", db, aside.name)
+                    log.warning(
+                        "the tracking store %s was left half-made (its first creation killed mid-way) and "
+                        "held no runs; moved to %s and made anew",
+                        db,
+                        aside.name,
+                    )
                     _new_sqlite_store(db)
                     self.client = MlflowClient(tracking_uri=uri)
                 self.experiment_id = self._experiment(experiment)
@@ -144,8 +149,9 @@ class Store:
         found = self.client.get_experiment_by_name(name)
         if found is None:
             try:
-                found = self.client.get_experiment(self.client.create_experiment(
-                    name, artifact_location=artifact_location(self.uri)))
+                found = self.client.get_experiment(
+                    self.client.create_experiment(name, artifact_location=artifact_location(self.uri))
+                )
             except MlflowException:  # another process created it between our look and our create
                 found = self.client.get_experiment_by_name(name)
         # How the experiment opens in the UI (its kind, its description): set by the first quantspec to
@@ -174,9 +180,18 @@ class Store:
         with _sweep_lock(self.uri, sweep["id"]):
             found = self.find_sweep(sweep["id"])
             if found is None:
-                return self.client.create_run(self.experiment_id, run_name=sweep["name"], tags={
-                    ROLE: "sweep", SWEEP_ID: sweep["id"], SWEEP_KEY: key_of(sweep["id"]),
-                    "overrides": sweep["overrides"], OWNER: who, HEARTBEAT: str(journal.now_ms())}).info.run_id
+                return self.client.create_run(
+                    self.experiment_id,
+                    run_name=sweep["name"],
+                    tags={
+                        ROLE: "sweep",
+                        SWEEP_ID: sweep["id"],
+                        SWEEP_KEY: key_of(sweep["id"]),
+                        "overrides": sweep["overrides"],
+                        OWNER: who,
+                        HEARTBEAT: str(journal.now_ms()),
+                    },
+                ).info.run_id
         run_id = found.info.run_id
         if who == owner.me() and (found.info.status != "RUNNING" or found.data.tags.get(OWNER) != who):
             self.client.update_run(run_id, status="RUNNING")
@@ -192,16 +207,22 @@ class Store:
         parent = self.find_sweep(sweep_id)
         if parent is None:
             return None
-        runs = self.search(f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`{JOB_KEY}` = '{job_key}' "
-                            f"and attributes.status = '{status}'", max_results=1)
+        runs = self.search(
+            f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`{JOB_KEY}` = '{job_key}' "
+            f"and attributes.status = '{status}'",
+            max_results=1,
+        )
         return runs[0] if runs else None
 
     def busy_round(self, sweep_id: str, r: int) -> bool:
         """Whether a job of the sweep's round r (src.tracking.rounds) was timed on a busy host."""
         parent = self.find_sweep(sweep_id)
-        return parent is not None and bool(self.search(
-            f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`round` = '{r}' and tags.host_busy = 'true'",
-            max_results=1))
+        return parent is not None and bool(
+            self.search(
+                f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`round` = '{r}' and tags.host_busy = 'true'",
+                max_results=1,
+            )
+        )
 
     def finished_job(self, sweep_id: str, job_key: str):
         """The FINISHED run of this job under this sweep, if a previous attempt got that far."""
@@ -231,7 +252,7 @@ class Store:
     def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
         items = [RunTag(k, str(v)) for k, v in tags.items()]
         for i in range(0, len(items), BATCH):
-            self.client.log_batch(run_id, tags=items[i:i + BATCH])
+            self.client.log_batch(run_id, tags=items[i : i + BATCH])
 
 
 def heartbeat(store: Store, run_ids: list[str]) -> None:
@@ -256,8 +277,10 @@ def open_store(uri: str, experiment: str, registry: Path, journal_if_unreachable
             return None
         if isinstance(err, StoreUnreachable):
             raise
-        raise StoreUnreachable(f"cannot open the tracking store {uri} ({first_line(err)}); fix or move it, or point "
-                               f"tracking.uri at another store") from None
+        raise StoreUnreachable(
+            f"cannot open the tracking store {uri} ({first_line(err)}); fix or move it, or point "
+            f"tracking.uri at another store"
+        ) from None
     for line in replay.sync(store, registry):
         log.warning(line)
     if (uri, experiment) not in _opened:  # once per process: a sweep's later jobs need not look again

@@ -44,10 +44,10 @@ def main(argv: list[str]) -> int:
     stores: dict[tuple[str, str], Store] = {}
     failed = replayed = 0
     unread = journal.unreadable(_registry()) if not argv else []
-    for pointer, why in unread:   # an entry that does not read hides its journal, so it is said, and counts
+    for pointer, why in unread:  # an entry that does not read hides its journal, so it is said, and counts
         print(f"quantspec: {journal.unreadable_line(pointer, why)}", file=sys.stderr)
         failed += 1
-    behind: set[str] = set()   # stores a journal could not be replayed into: their sweeps are not complete
+    behind: set[str] = set()  # stores a journal could not be replayed into: their sweeps are not complete
     for pointer, path in _journals(argv):
         if not path.is_file():
             print(f"quantspec: {journal.missing_line(path)}", file=sys.stderr)
@@ -66,12 +66,17 @@ def main(argv: list[str]) -> int:
             sent = replay.replay(stores[key], path, pointer)
         except Exception as err:  # noqa: BLE001 - one line per journal, then the next
             if journal.unsettled(path) == 0 and pointer is not None:
-                pointer.unlink(missing_ok=True)   # delivered before; nothing left to send
-                print(f"quantspec: {path}: delivered before; {key[0]} cannot be opened now "
-                      f"({first_line(err)}), so it stays unchecked and is unlisted")
+                pointer.unlink(missing_ok=True)  # delivered before; nothing left to send
+                print(
+                    f"quantspec: {path}: delivered before; {key[0]} cannot be opened now "
+                    f"({first_line(err)}), so it stays unchecked and is unlisted"
+                )
                 continue
-            print(f"quantspec: {path}: not replayed ({first_line(err)}); "
-                  f"fix the store and run python -m src.tracking.sync again", file=sys.stderr)
+            print(
+                f"quantspec: {path}: not replayed ({first_line(err)}); "
+                f"fix the store and run python -m src.tracking.sync again",
+                file=sys.stderr,
+            )
             failed += 1
             behind.add(key[0])
             continue
@@ -79,13 +84,18 @@ def main(argv: list[str]) -> int:
             print(f"quantspec: {path}: its job is still running; skipped")
             continue
         replayed += bool(sent)
-        print(f"quantspec: {path}: {sent} record(s) replayed into {key[0]}" if sent else
-              f"quantspec: {path}: already in the store")
+        print(
+            f"quantspec: {path}: {sent} record(s) replayed into {key[0]}"
+            if sent
+            else f"quantspec: {path}: already in the store"
+        )
     for store in stores.values():  # what a killed job left RUNNING there, now that its journal is in
-        if unread or store.uri in behind:   # closing a sweep now would close it without the jobs still unsent
-            print(f"quantspec: runs left running in {store.uri} are not closed yet: a journal was not replayed "
-                  f"(said above), and its jobs may belong to them; python -m src.tracking.sync <its sweep's directory> "
-                  f"replays it and closes them")
+        if unread or store.uri in behind:  # closing a sweep now would close it without the jobs still unsent
+            print(
+                f"quantspec: runs left running in {store.uri} are not closed yet: a journal was not replayed "
+                f"(said above), and its jobs may belong to them; python -m src.tracking.sync <its sweep's directory> "
+                f"replays it and closes them"
+            )
             continue
         try:
             lines = reaping.reap(store)

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 VIEW_TAG = "mlflow.sharedViewState."
 LATEST = "latest"
-SHOWN = "quantspec.shown"             # 'true' on the one run that stands for a job (its rounds) in the view
+SHOWN = "quantspec.shown"  # 'true' on the one run that stands for a job (its rounds) in the view
 # What MLflow's runs table cannot be told (its source, experimentPage.column-utils.tsx): it lays out
 # attribute columns first (Run Name, Created and Duration always; Description, Dataset where selected),
 # then metrics, then params, then tags, each group in alphabetical order, and columns cannot be moved.
@@ -28,17 +28,36 @@ SHOWN = "quantspec.shown"             # 'true' on the one run that stands for a 
 # description (an attribute column, before the metrics; the UI shows its first ~50 characters), and the
 # figures' names sort in the order they are read: `busy` (1 where the figure stands on busy timings only:
 # it sorts first), time per token, speedup and its range, prefill, tokens/s.
-VIEW_METRICS = ("busy", "quality_below", "decode_ms_per_token", "decode_speedup", "decode_speedup_low",
-                "decode_speedup_high", "prefill_ms", "tokens_per_s", "perplexity", "kl_mean", "top1_agreement",
-                "delta_perplexity", "accuracy", "on_front", "pass_at_1", "acceptance_rate_overall",
-                "speedup_vs_no_draft_median")
+VIEW_METRICS = (
+    "busy",
+    "quality_below",
+    "decode_ms_per_token",
+    "decode_speedup",
+    "decode_speedup_low",
+    "decode_speedup_high",
+    "prefill_ms",
+    "tokens_per_s",
+    "perplexity",
+    "kl_mean",
+    "top1_agreement",
+    "delta_perplexity",
+    "accuracy",
+    "on_front",
+    "pass_at_1",
+    "acceptance_rate_overall",
+    "speedup_vs_no_draft_median",
+)
 TAG_COLUMNS = ("host_busy", "busy_rounds", "sandbox")
 # A job timed too briefly to tell carries no host_busy tag: it was not flagged, which is what "false" says
 TAG_UNSET = {"host_busy": "false"}
 SORT = "decode_ms_per_token"
-FRONT = ("front_ms_per_token", "front_quality")   # a quality job's point: its configuration's speed, its quality
-CHARTS = (("decode_ms_per_token", "BAR"), ("decode_speedup", "BAR"), ("decode_ms_per_token", "SCATTER"),
-          ("decode_speedup", "SCATTER"))
+FRONT = ("front_ms_per_token", "front_quality")  # a quality job's point: its configuration's speed, its quality
+CHARTS = (
+    ("decode_ms_per_token", "BAR"),
+    ("decode_speedup", "BAR"),
+    ("decode_ms_per_token", "SCATTER"),
+    ("decode_speedup", "SCATTER"),
+)
 
 
 def experiment_tags(experiment_id: str) -> dict[str, str]:
@@ -56,7 +75,9 @@ def experiment_tags(experiment_id: str) -> dict[str, str]:
             "table and its `report/` artifacts the full report with plots. Each job is a child run named by its "
             "axes (model·hardware·precision·draft·task); more columns (decode_efficiency_median, peak_rss_gb, "
             "others_cpu_cores) are under Columns, charts under the chart view, CPU and memory per job under "
-            "each run's System metrics.")}
+            "each run's System metrics."
+        ),
+    }
 
 
 def view_state(parent_run_id: str, runs: list) -> dict:
@@ -64,42 +85,83 @@ def view_state(parent_run_id: str, runs: list) -> dict:
     flat rather than nested under the parent), fastest first, with the columns that tell them apart
     (one identical on every row says nothing), and charts of time per token and speedup: one bar per
     job, and the same by precision."""
+
     def differs(values: list) -> bool:
         return len(runs) < 2 or len({str(v) for v in values}) > 1
 
     columns = ["attributes.`Description`"] if differs([r.data.tags.get("mlflow.note.content") for r in runs]) else []
     busy = sorted(r.info.run_name for r in runs if r.data.metrics.get("busy"))
-    columns += [f"metrics.`{name}`" for name in VIEW_METRICS
-                if any(name in r.data.metrics for r in runs)
-                and (name == SORT or (name == "busy" and busy) or differs([r.data.metrics.get(name) for r in runs]))]
-    columns += [f"tags.`{name}`" for name in TAG_COLUMNS
-                if any(name in r.data.tags for r in runs)
-                and differs([r.data.tags.get(name, TAG_UNSET.get(name)) for r in runs])]
+    columns += [
+        f"metrics.`{name}`"
+        for name in VIEW_METRICS
+        if any(name in r.data.metrics for r in runs)
+        and (name == SORT or (name == "busy" and busy) or differs([r.data.metrics.get(name) for r in runs]))
+    ]
+    columns += [
+        f"tags.`{name}`"
+        for name in TAG_COLUMNS
+        if any(name in r.data.tags for r in runs)
+        and differs([r.data.tags.get(name, TAG_UNSET.get(name)) for r in runs])
+    ]
     ordered = any(SORT in r.data.metrics for r in runs)
     section = "quantspec"
     # a chart's bars carry no mark of their own: its title names the jobs whose figure was timed busy
     flag = f" (⚠ BUSY: {', '.join(busy)})" if busy else ""
-    charts = [{"uuid": f"quantspec-{kind.lower()}-{metric}", "type": kind, "metricSectionId": section,
-               "deleted": False, "isGenerated": False, "runsCountToCompare": 100,
-               **({"metricKey": metric, "displayName": metric + flag} if kind == "BAR" else
-                  {"xaxis": {"key": "choice.precision", "type": "PARAM"}, "yaxis": {"key": metric, "type": "METRIC"},
-                   "displayName": f"{metric} by precision{flag}"})}
-              for metric, kind in CHARTS if any(metric in r.data.metrics for r in runs)]
-    if any(FRONT[1] in r.data.metrics for r in runs):   # the speed–quality front (src.tracking.quality)
-        charts.append({"uuid": "quantspec-front", "type": "SCATTER", "metricSectionId": section, "deleted": False,
-                       "isGenerated": False, "runsCountToCompare": 100,
-                       "xaxis": {"key": FRONT[0], "type": "METRIC"}, "yaxis": {"key": FRONT[1], "type": "METRIC"},
-                       "displayName": "speed–quality front: the quality figure against decode ms/token "
-                                      "(on_front = 1: on the front; quality_below = 1: below the reference's)"})
-    return {"searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`{SHOWN}` = 'true'",
-            "orderByKey": f"metrics.`{SORT}`" if ordered else "attributes.start_time",
-            "orderByAsc": ordered,
-            "selectedColumns": columns,
-            "compareRunCharts": charts,
-            "compareRunSections": [{"uuid": section, "name": "time per token and speedup", "display": True,
-                                    "isReordered": False, "deleted": False, "isExpanded": True}],
-            # MLflow sorts chart sections by name unless told they were reordered: ours first, the rest after
-            "isAccordionReordered": True}
+    charts = [
+        {
+            "uuid": f"quantspec-{kind.lower()}-{metric}",
+            "type": kind,
+            "metricSectionId": section,
+            "deleted": False,
+            "isGenerated": False,
+            "runsCountToCompare": 100,
+            **(
+                {"metricKey": metric, "displayName": metric + flag}
+                if kind == "BAR"
+                else {
+                    "xaxis": {"key": "choice.precision", "type": "PARAM"},
+                    "yaxis": {"key": metric, "type": "METRIC"},
+                    "displayName": f"{metric} by precision{flag}",
+                }
+            ),
+        }
+        for metric, kind in CHARTS
+        if any(metric in r.data.metrics for r in runs)
+    ]
+    if any(FRONT[1] in r.data.metrics for r in runs):  # the speed–quality front (src.tracking.quality)
+        charts.append(
+            {
+                "uuid": "quantspec-front",
+                "type": "SCATTER",
+                "metricSectionId": section,
+                "deleted": False,
+                "isGenerated": False,
+                "runsCountToCompare": 100,
+                "xaxis": {"key": FRONT[0], "type": "METRIC"},
+                "yaxis": {"key": FRONT[1], "type": "METRIC"},
+                "displayName": "speed–quality front: the quality figure against decode ms/token "
+                "(on_front = 1: on the front; quality_below = 1: below the reference's)",
+            }
+        )
+    return {
+        "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`{SHOWN}` = 'true'",
+        "orderByKey": f"metrics.`{SORT}`" if ordered else "attributes.start_time",
+        "orderByAsc": ordered,
+        "selectedColumns": columns,
+        "compareRunCharts": charts,
+        "compareRunSections": [
+            {
+                "uuid": section,
+                "name": "time per token and speedup",
+                "display": True,
+                "isReordered": False,
+                "deleted": False,
+                "isExpanded": True,
+            }
+        ],
+        # MLflow sorts chart sections by name unless told they were reordered: ours first, the rest after
+        "isAccordionReordered": True,
+    }
 
 
 def view_path(experiment_id: str, key: str) -> str:

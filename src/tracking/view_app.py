@@ -55,8 +55,14 @@ def view_page(experiment_id: str, key: str) -> HTMLResponse:
     """The page that saves the view `key` of the experiment as the browser's own state, then opens it."""
     if not re.fullmatch(r"\d+", experiment_id) or not re.fullmatch(r"[\w.-]+", key):
         return HTMLResponse("quantspec: not a view's address (/quantspec/view/<experiment id>/<key>)", status_code=404)
-    return HTMLResponse(PAGE.format(experiment_id=experiment_id, key=key, tag=json.dumps(VIEW_TAG + key),
-                                    storage_key=json.dumps(STORAGE_KEY.format(experiment_id=experiment_id))))
+    return HTMLResponse(
+        PAGE.format(
+            experiment_id=experiment_id,
+            key=key,
+            tag=json.dumps(VIEW_TAG + key),
+            storage_key=json.dumps(STORAGE_KEY.format(experiment_id=experiment_id)),
+        )
+    )
 
 
 # before MLflow's own routes: its last one is the catch-all mount of its Flask app
