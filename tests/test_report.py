@@ -271,7 +271,7 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
         "_save",
         lambda fig, path: (
             real_save(fig, path),
-            drawn.append((path.name, fig.get_tightbbox(fig.canvas.get_renderer()), fig.get_size_inches())),
+            drawn.append((path.name, fig.get_tightbbox(), fig.get_size_inches())),
         ),
     )
     rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
