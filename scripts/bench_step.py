@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""Where one decode step's time goes, per precision, on the engine a sweep runs (quantspec's kernels and step path).
+
+    .venv/bin/python scripts/bench_step.py                          # gemma3-270m, every precision
+    .venv/bin/python scripts/bench_step.py --precisions w4a16 --steps 40
+
+Each precision's job is built as a sweep builds it (src.assembly.job.build) and stepped one token at a time
+after a 64-token prompt. The step's wall time (median over --steps, the precisions in turns over --rounds) is
+split, from torch.profiler's self time of every operator in a profiled run of the same steps, into:
+
+- weights: the matmul kernels that stream the weights (quantspec's gemv/linear ops, ATen's mm), less the head;
+- head: the output projection over the whole vocabulary, timed alone on the step's last hidden state;
+- attention and KV cache: the attention kernel and the cache's update;
+- norms, rotary, activations: every other operator (elementwise maths, copies, the embedding);
+- sampling: the greedy choice over the step's logits as the engines make it (src.engine.common.choose), alone;
+- framework: what is left of the profiled run's wall time, spent between operators (Python, the dispatcher).
+
+Each figure is the median over the rounds; within a round the parts come from one profiled run and the
+token's time from an unprofiled one just before it, so they need not add up exactly on a noisy host.
+
+The fixed cost per token is the step's time less the weights' and the head's (what a token costs whatever
+its weights weigh), and the roofline is the weights' bytes over the host's probed bandwidth
+(src.engine.roofline). Operators per step are the top-level calls the profiler saw. Printed with the host's
+CPU flags; --doc appends the table to docs/benchmarks/engine.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from scripts.bench_engine import build_job  # noqa: E402
+from src import kernels  # noqa: E402
+from src.common import benchpage  # noqa: E402
+from src.common.metrics import markdown_table  # noqa: E402
+from src.engine import roofline  # noqa: E402
+from src.engine.common import Sampling, choose  # noqa: E402
+from src.engine.native import Decoder  # noqa: E402
+from src.tasks.benchmark import cut_prompts  # noqa: E402
+
+GREEDY = Sampling()
+PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16"]
+PARTS = ("weights", "head", "attention and KV cache", "norms, rotary, activations", "sampling", "framework")
+MATMULS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm", "aten::_int_mm")
+WEIGHT_OPS = ("gemv", "gemm", "linear")  # quantspec's ops that stream a weight (rms_norm and attention do not)
+ATTENTION = (
+    "quantspec::decode_attention",
+    "aten::scaled_dot_product_attention",
+    "aten::_scaled_dot_product",
+    "aten::cat",
+    "aten::index_copy",
+    "aten::bmm",
+    "aten::_softmax",
+)
+
+
+def category(name: str) -> str:
+    if name.startswith(ATTENTION):
+        return "attention and KV cache"
+    if name.startswith(MATMULS) or (name.startswith("quantspec::") and any(k in name for k in WEIGHT_OPS)):
+        return "weights"
+    return "norms, rotary, activations"
+
+
+def median_s(fn, n: int) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class Stepper:
+    """One precision's job, prefilled once; each measurement steps one token and rolls it back."""
+
+    def __init__(self, precision: str):
+        self.precision = precision
+        self.job = build_job(precision)
+        prompt = cut_prompts(self.job.loaded.tokenizer, self.job.corpus.reader("evaluation")(), [64])[0]
+        self.token = int(prompt[0, -1])
+        self.decoder = Decoder(self.job.model, fast=self.job.cfg.engine.step_path == "quantspec")
+        self.decoder.prefill(prompt[:, :-1])
+        dtype = self.job.model.get_input_embeddings().weight.dtype  # what the final norm hands the head
+        self.hidden = torch.randn(1, 1, self.job.model.config.hidden_size).to(dtype)
+
+    def step(self) -> torch.Tensor:
+        logits = self.decoder.step(self.token)
+        self.decoder.rollback(1)
+        return logits
+
+    def wall_ms(self, steps: int) -> float:
+        return median_s(self.step, steps) * 1e3
+
+    def head_ms(self, steps: int) -> float:
+        head = self.job.model.lm_head
+        return median_s(lambda: head.forward(self.hidden), steps) * 1e3
+
+    def sampling_ms(self, steps: int) -> float:
+        logits = self.step()
+        return median_s(lambda: choose(logits, GREEDY, None), steps) * 1e3  # as the engines pick a token
+
+    def profiled(self, steps: int) -> tuple[dict[str, float], float]:
+        """ms per step of each part by the operators' self time, what is left of the profiled wall time
+        (framework), and the top-level operators per step."""
+        self.step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            for _ in range(steps):
+                self.step()
+            wall = (time.perf_counter() - start) * 1e3 / steps
+        parts: dict[str, float] = defaultdict(float)
+        top = 0
+        for event in prof.events():
+            if event.cpu_parent is None:
+                top += 1
+            parts[category(event.name)] += event.self_cpu_time_total / 1e3 / steps
+        parts["framework"] = max(0.0, wall - sum(parts.values()))
+        parts["wall"] = wall
+        return dict(parts), top / steps
+
+
+def measure(s: Stepper, steps: int) -> dict[str, float]:
+    """One round of one precision: the token's time unprofiled, then its parts from a profiled run of the
+    same steps, the head and the choice of a token timed alone. The fixed cost is the profiled step less the
+    time of the operators that stream weights (the head's included), plus the choice: what a token costs
+    whatever its weights weigh, within one measurement."""
+    token = s.wall_ms(steps)
+    parts, ops = s.profiled(steps)
+    head, sampling = s.head_ms(steps), s.sampling_ms(steps)
+    streamed = parts.get("weights", 0.0)
+    return {
+        "token": token + sampling,
+        "weights": max(0.0, streamed - head),
+        "head": head,
+        "attention and KV cache": parts.get("attention and KV cache", 0.0),
+        "norms, rotary, activations": parts.get("norms, rotary, activations", 0.0),
+        "sampling": sampling,
+        "framework": parts["framework"],
+        "fixed": parts["wall"] - streamed + sampling,
+        "ops": ops,
+    }
+
+
+@torch.inference_mode()
+def breakdown(precisions: list[str], steps: int, rounds: int) -> str:
+    steppers = [Stepper(p) for p in precisions]
+    if not kernels.loaded():
+        print(f"quantspec: quantspec kernels unavailable here ({kernels.reason()}): the step runs ATen's")
+    found: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for r in range(rounds):  # in turns: every precision sees the same machine load
+        for s in steppers:
+            found[s.precision].append(measure(s, steps))
+            print(
+                f"quantspec: round {r + 1}: {s.precision}: token {found[s.precision][-1]['token']:.2f} ms", flush=True
+            )
+    threads = torch.get_num_threads()
+    bandwidth = roofline.host_bandwidth(steppers[0].job.cfg.cache_dir, threads, steppers[0].job.env["cpu_model"])
+    rows = []
+    for s in steppers:
+        median = {k: statistics.median(m[k] for m in found[s.precision]) for k in found[s.precision][0]}
+        line = roofline.roofline_ms(s.job.model, 64, bandwidth)
+        rows.append(
+            [
+                s.precision,
+                median["token"],
+                *(median[p] for p in PARTS),
+                median["fixed"],
+                median["ops"],
+                line,
+                line / median["token"],
+            ]
+        )
+    return markdown_table(
+        [
+            "precision",
+            "token (ms)",
+            *(f"{p} (ms)" for p in PARTS),
+            "fixed cost (ms)",
+            "ops/step",
+            "roofline (ms)",
+            "efficiency",
+        ],
+        rows,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--steps", type=int, default=30, help="steps per timing")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the precisions in turns")
+    benchpage.add_argument(parser)
+    args = parser.parse_args()
+    table = breakdown(args.precisions.split(","), args.steps, args.rounds)
+    title = f"One decode step of gemma3-270m, where its time goes ({torch.get_num_threads()} threads)"
+    print(f"\n{title}; CPU flags: {' '.join(benchpage.host_flags())}\n\n{table}")
+    benchpage.record(args.doc, "engine", title, table, rounds=args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
