@@ -125,7 +125,13 @@ class Job:
             self.recorder.log_input(text, contexts)
         if self.cfg.model.weights == "random":
             _drop_quality(result)
-        if result.rows and runtimes.runtime(self.cfg.engine) is None:
+        if result.rows and runtimes.runtime(self.cfg.engine) is None and self.placement.device != "cpu":
+            # the roofline's bandwidth is the host memory's, probed on the CPU: a GPU's step is not set against it
+            result.notes.append(
+                f"decode_efficiency not computed on {self.placement.device}: the roofline's "
+                f"bandwidth is the host memory's"
+            )
+        elif result.rows and runtimes.runtime(self.cfg.engine) is None:
             # a timed task on torch's weights: set its decode steps against the memory-bandwidth roofline
             # (another runtime holds weights of its own, whose bytes per step are not the torch model's)
             bandwidth = roofline.host_bandwidth(self.cfg.cache_dir, self.placement.threads, self.env["cpu_model"])

@@ -131,7 +131,7 @@ CATALOG: list[Name] = [
         ("examples", "examples timed"),
         ("new_tokens_total", "tokens generated in all"),
         ("model_load_s", "loading the model"),
-        ("decode_efficiency_median", "roofline time/token over measured time/token"),
+        ("decode_efficiency_median", "roofline time/token over measured time/token (CPU jobs only)"),
         ("roofline_ms_median", "the memory roofline's time per token"),
         ("bandwidth_gbs", "the host's probed read bandwidth"),
         ("step_weight_mb", "bytes a decode step must read"),
