@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from scripts.bench_engine import build_job  # noqa: E402
+from scripts.bench_engine import _median_time, build_job  # noqa: E402
 from src import kernels  # noqa: E402
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
@@ -72,16 +72,6 @@ def category(name: str) -> str:
     return "norms, rotary, activations"
 
 
-def median_s(fn, n: int) -> float:
-    fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 class Stepper:
     """One precision's job, prefilled once; each measurement steps one token and rolls it back."""
 
@@ -101,15 +91,15 @@ class Stepper:
         return logits
 
     def wall_ms(self, steps: int) -> float:
-        return median_s(self.step, steps) * 1e3
+        return _median_time(self.step, steps) * 1e3
 
     def head_ms(self, steps: int) -> float:
         head = self.job.model.lm_head
-        return median_s(lambda: head.forward(self.hidden), steps) * 1e3
+        return _median_time(lambda: head.forward(self.hidden), steps) * 1e3
 
     def sampling_ms(self, steps: int) -> float:
         logits = self.step()
-        return median_s(lambda: choose(logits, GREEDY, None), steps) * 1e3  # as the engines pick a token
+        return _median_time(lambda: choose(logits, GREEDY, None), steps) * 1e3  # as the engines pick a token
 
     def profiled(self, steps: int) -> tuple[dict[str, float], float]:
         """ms per step of each part by the operators' self time, what is left of the profiled wall time

@@ -37,10 +37,6 @@ log = logging.getLogger("quantspec")
 WAIT_S = 2.0  # how often the driver looks for finished jobs and lost nodes
 
 
-def _abort(message: str):
-    return SweepAbort(message)
-
-
 def _answers(address: str) -> bool:
     """Whether HOST:PORT accepts a connection: Ray's own connect retries a dead address for minutes."""
     host, _, port = address.rpartition(":")
@@ -58,14 +54,14 @@ def _connect(address: str) -> None:
         return
     target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
     if target and target != "auto" and not target.startswith("ray://") and not _answers(target):
-        raise _abort(
+        raise SweepAbort(
             f"no Ray cluster answers at {target}; start one with `ray start --head --resources="
             f'\'{{"hw-cpu": 1, "bench-slot": 1}}\'`, or use hydra/launcher=basic'
         )
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise _abort(
+        raise SweepAbort(
             f"no Ray cluster answers at address={address} ({str(err).strip().splitlines()[0][:120]}); "
             f'start one with `ray start --head --resources=\'{{"hw-cpu": 1, "bench-slot": 1}}\'`, or '
             f"use hydra/launcher=basic"
@@ -89,13 +85,13 @@ def _settings(config: DictConfig):
     try:
         return settings(config)
     except ConfigError as err:
-        raise _abort(str(err)) from None
+        raise SweepAbort(str(err)) from None
 
 
 def _check_store(sweep) -> None:
     uri = sweep.tracking.uri or ""
     if not uri.startswith(("http://", "https://")):
-        raise _abort(
+        raise SweepAbort(
             "hydra/launcher=ray needs one tracking server for every node: start it with "
             "`bash scripts/tracking-server --host 0.0.0.0` and add tracking=server "
             "tracking.uri=http://HEAD:5000"
@@ -104,7 +100,7 @@ def _check_store(sweep) -> None:
         try:
             probe(uri)
         except StoreUnreachable as err:
-            raise _abort(str(err)) from None
+            raise SweepAbort(str(err)) from None
 
 
 def _on_node(hydra_context, config: DictConfig, singleton_state: dict) -> JobReturn:
