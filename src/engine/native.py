@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from src.engine import fastpath
+from src.engine import cstep, fastpath
 from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
 from src.engine.kvcache import growing_cache
 from src.kernels import MAX_ROWS
@@ -22,8 +22,11 @@ from src.kernels import MAX_ROWS
 class Decoder:
     """One sequence's KV cache and the forward calls that extend it.
 
-    `fast`: steps and verifications of at most MAX_FAST tokens through src.engine.fastpath where it
-    covers the model and the context (engine.step_path=quantspec); transformers' forward otherwise.
+    `fast` (engine.step_path=quantspec): where src.engine.cstep covers the model, every step and
+    verification is one C++ call into a cache of its own (a prompt longer than MAX_FAST goes through
+    transformers' forward first, its cache then handed over); else steps and verifications of at most
+    MAX_FAST tokens go through src.engine.fastpath where it covers the context. transformers' forward
+    otherwise.
     """
 
     MAX_FAST = MAX_ROWS  # longer inputs (prefills) take transformers' forward, where its overhead is small
@@ -31,12 +34,26 @@ class Decoder:
     def __init__(self, model, fast: bool = False):
         self.model = model
         self.cache = growing_cache(model.config)
-        self.fast = fastpath.for_model(model) if fast else None
+        self.compiled = cstep.for_model(model) if fast else None
+        self.fast = fastpath.for_model(model) if fast and self.compiled is None else None
+        self.own = None  # the C++ step's cache, once it holds the sequence
 
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         new = ids.shape[1]
+        if self.compiled is not None:
+            if self.own is None:
+                if new > self.MAX_FAST:  # a long prompt: ATen's GEMMs, then the cache handed to C++
+                    logits = self._transformers(ids, keep)
+                    self.own = self.compiled.take(self.cache)
+                    self.cache = None
+                    return logits
+                self.own = self.compiled.new_cache()
+            return self.compiled(ids, self.own, keep)
         if self.fast is not None and new <= self.MAX_FAST and self.fast.covers(self.length, new):
             return self.fast(ids, self.cache, keep)
+        return self._transformers(ids, keep)
+
+    def _transformers(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]
 
@@ -52,12 +69,14 @@ class Decoder:
         return self._forward(torch.tensor([tokens], device=self.model.device), len(tokens))
 
     def rollback(self, n: int) -> None:
-        if n:
+        if n and self.own is not None:
+            self.own.crop(n)
+        elif n:
             self.cache.crop(-n)
 
     @property
     def length(self) -> int:
-        return self.cache.get_seq_length()
+        return self.own.size() if self.own is not None else self.cache.get_seq_length()
 
 
 @torch.inference_mode()

@@ -113,6 +113,8 @@ def _load_binding(directory: Path) -> str | None:
         return "no C++ compiler (install g++ or set CXX)"
     sources = [
         HERE / "binding.cpp",
+        HERE / "step.cpp",
+        HERE / "ops.h",
         HERE / "core" / "api.h",
         HERE / "core" / "common.h",
         Path(__file__),
@@ -148,10 +150,12 @@ def _build_and_load(build: Path) -> None:
     from torch.utils import cpp_extension  # after the ISA environment a script sets (see _key)
 
     # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every call runs on one thread.
+    # -ffp-contract=off: step.cpp rounds each product and sum as ATen does; a fused multiply-add (Arm's
+    # baseline has one) would round once and the C++ step would drift from the Python one.
     cpp_extension.load(
         name=BINDING,
-        sources=[str(HERE / "binding.cpp")],
-        extra_cflags=["-O2", "-fopenmp"],
+        sources=[str(HERE / "binding.cpp"), str(HERE / "step.cpp")],
+        extra_cflags=["-O2", "-fopenmp", "-ffp-contract=off"],
         extra_ldflags=["-fopenmp"],
         build_directory=str(build),
         is_python_module=False,

@@ -14,6 +14,7 @@
 
 #include "core/api.h"
 #include "core/common.h"
+#include "ops.h"
 
 namespace {
 
@@ -40,10 +41,16 @@ std::string use_variant(const std::string& path) {
 
 std::string variant() { return g_kernels ? g_kernels->name : ""; }
 
+}  // namespace
+
+namespace qs_ops {
+
 const qs_kernels& k() {
   TORCH_CHECK(g_kernels, "quantspec: no kernel variant loaded (src.kernels.load chooses one)");
   return *g_kernels;
 }
+
+namespace {
 
 const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<c10::BFloat16>()); }
 uint16_t* bits_out(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<c10::BFloat16>()); }
@@ -79,6 +86,8 @@ at::Tensor columns(int64_t M, int64_t N, int64_t row_bytes, const at::Tensor& li
   });
   return bf16 || like.scalar_type() == at::kFloat ? yb : y.to(like.scalar_type());
 }
+
+}  // namespace
 
 at::Tensor gemv_float(const at::Tensor& x, const at::Tensor& w) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
@@ -209,7 +218,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& key, const at
   return out;
 }
 
-}  // namespace
+}  // namespace qs_ops
+
+using namespace qs_ops;
 
 TORCH_LIBRARY(quantspec, m) {
   m.def("use_variant(str path) -> str");

@@ -1,0 +1,176 @@
+"""The decode step as one C++ call (src/kernels/step.cpp), for models on quantspec's kernels.
+
+src.engine.fastpath took transformers' forward out of a step; what it left was still ~1000 operator
+calls a step from Python (~2.5 ms of the fixed cost per token on Gemma 3 270M, measured by
+scripts/bench_step.py: as much as streaming its 4-bit layers). Here the same layer loop runs in C++: the
+model's weights (the fused q/k/v and gate/up kernels of src.engine.fused, the norms) are handed to a
+`torch.classes.quantspec.Stepper` once per model, and a step is the embedding, one call, and the head.
+The sequence's keys and values live in a `StepCache` of its own, sliding windows included, so the step
+never leaves C++ for a mask or a window. The logits are the Python step path's, bit for bit
+(tests/test_cstep.py, every family and precision).
+
+It covers Gemma 3 text models and Llama/Qwen2 (the seeds' families but OPT) whose every linear runs on
+quantspec's kernels (engine=native with kernels loaded); otherwise the Decoder keeps src.engine.fastpath.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from src.engine import fastpath
+from src.kernels import MAX_ROWS, modules
+from src.quant.linear import W4A16Gemv, W8A8Gemv, W8A16Gemv
+
+QKV, O, GATE_UP, DOWN = range(4)
+ACTIVATIONS = {"GELUTanh": "gelu_tanh", "PytorchGELUTanh": "gelu_tanh", "SiLUActivation": "silu", "SiLU": "silu"}
+FIRST_TABLE = 1024  # rotary positions tabulated at first; doubled when a sequence outgrows them
+
+
+class Unsupported(Exception):
+    """This model has a part the C++ step does not reproduce exactly; the Python step path runs it."""
+
+
+def _call(module, act: torch.dtype) -> tuple[int, list[torch.Tensor], list[torch.Tensor], int, bool]:
+    """(kind, tensors, [bias], group, bf16 input) as step.cpp's Call runs it: what the module's forward
+    does for a few rows (src.kernels.modules, src.quant.linear)."""
+    kind = type(module)
+    bias = [module.bias.detach()] if module.bias is not None else []
+    if kind is modules.GemvLinear:
+        if module.weight.dtype != act:  # its forward would take F.linear
+            raise Unsupported(f"a {module.weight.dtype} linear in a {act} model")
+        return 0, [module.weight.detach()], bias, 0, act == torch.bfloat16
+    if kind is W8A8Gemv:
+        return 1, [module.w_q, module.w_scale, module.w_sum], bias, 0, act == torch.bfloat16
+    if kind is W8A16Gemv:
+        return 2, [module.w_q, module.w_scale32], bias, 0, act == torch.bfloat16
+    if kind is W4A16Gemv:
+        return 3, [module.w4, module.w4_scale, module.w4_offset], bias, module.group, True
+    raise Unsupported(f"{kind.__name__} is not on quantspec's kernels")
+
+
+def _norm(module, act: torch.dtype, conv: dict) -> torch.Tensor:
+    if not isinstance(module, modules.FusedRMSNorm) or module.weight.dtype != act:
+        raise Unsupported(f"{type(module).__name__} is not a fused {act} RMSNorm")
+    # one epsilon and one convention for the whole model (step.cpp holds one of each)
+    if conv.setdefault("eps", module.eps) != module.eps or conv.setdefault("gemma", module.gemma) != module.gemma:
+        raise Unsupported("norms with different epsilons or conventions")
+    return module.weight.detach()
+
+
+class CompiledSteps:
+    """A model's Stepper, and the rotary tables it reads. `new_cache()` starts a sequence; `take(cache)`
+    hands over transformers' cache after a prefill through its forward; calling it runs [1, k] new
+    tokens (in pieces of MAX_ROWS) and returns logits [keep, V]."""
+
+    def __init__(self, model, steps: fastpath.Steps):
+        if not steps.own_attention:
+            raise Unsupported("attention is not quantspec's kernel (head dim, or no kernels)")
+        self.model, self.steps = model, steps
+        self.gemma = isinstance(steps, fastpath.GemmaSteps)
+        cfg = model.config
+        act = model.model.embed_tokens.weight.dtype
+        if act not in (torch.float32, torch.bfloat16):
+            raise Unsupported(f"{act} activations")
+        layers = steps.layers
+        name = type(layers[0].mlp.act_fn).__name__
+        if name not in ACTIVATIONS:
+            raise Unsupported(f"activation {name}")
+        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        conv: dict = {}
+        self.types = list(steps.types) if self.gemma else ["full"]
+        rope_index = {t: i for i, t in enumerate(dict.fromkeys(self.types))}
+        slots = []  # gathered first: nothing reaches C++ unless the whole model is supported
+        for i, layer in enumerate(layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if self.gemma:
+                norms = [
+                    layer.input_layernorm,
+                    layer.post_attention_layernorm,
+                    layer.pre_feedforward_layernorm,
+                    layer.post_feedforward_layernorm,
+                    attn.q_norm,
+                    attn.k_norm,
+                ]
+                kind = self.types[i]
+                window = cfg.sliding_window if kind == "sliding_attention" else 0
+            else:
+                norms = [layer.input_layernorm, None, layer.post_attention_layernorm, None, None, None]
+                types = getattr(cfg, "layer_types", None) or []
+                kind, window = "full", (cfg.sliding_window if i < len(types) and types[i] == "sliding_attention" else 0)
+            weights = [torch.empty(0) if n is None else _norm(n, act, conv) for n in norms]
+            calls = [
+                [(QKV, _call(m, act)) for m, _ in steps.attn_in[i].calls],
+                [(O, _call(attn.o_proj, act))],
+                [(GATE_UP, _call(m, act)) for m, _ in steps.mlp_in[i].calls],
+                [(DOWN, _call(mlp.down_proj, act))],
+            ]
+            slots.append((weights, rope_index[kind], window or 0, [c for group in calls for c in group]))
+        final = _norm(model.model.norm, act, conv)
+        self.stepper = torch.classes.quantspec.Stepper(
+            heads, kv_heads, steps.head_dim, float(steps.scaling), float(conv["eps"]), conv["gemma"], ACTIVATIONS[name]
+        )
+        for i, (weights, rope, window, calls) in enumerate(slots):
+            self.stepper.add_layer(weights, rope, int(window))
+            for slot, (kind, tensors, bias, group, bf16_in) in calls:
+                self.stepper.add_call(i, slot, kind, tensors, bias, group, bf16_in)
+        self.stepper.set_final_norm(final)
+        self.rope_kinds, self.act = list(rope_index), act
+        self.positions = 0
+        self.softcap = getattr(steps, "softcap", None)
+
+    def _tables(self, needed: int) -> None:
+        """Rotary cos/sin for positions 0 .. needed-1 and more, from the model's own rotary embedding
+        (each position's values are those a step would compute for it alone)."""
+        if needed <= self.positions:
+            return
+        size = max(FIRST_TABLE, self.positions * 2, needed)
+        base = self.model.model
+        dummy = torch.zeros(1, size, 1, dtype=self.act)
+        positions = torch.arange(size)[None]
+        for i, kind in enumerate(self.rope_kinds):
+            rope = base.rotary_emb(dummy, positions, kind) if self.gemma else base.rotary_emb(dummy, positions)
+            cos, sin = fastpath._signed(rope)
+            self.stepper.set_rope(i, cos.reshape(size, -1).contiguous(), sin.reshape(size, -1).contiguous())
+        self.positions = size
+
+    def new_cache(self):
+        return torch.classes.quantspec.StepCache()
+
+    def take(self, cache) -> object:
+        """transformers' cache (after a prefill through its forward) copied into a StepCache."""
+        own = self.new_cache()
+        length = cache.get_seq_length()
+        for i, layer in enumerate(cache.layers):
+            self.stepper.load(own, i, layer.keys[0], layer.values[0], length)
+        return own
+
+    def __call__(self, ids: torch.Tensor, kv, keep: int) -> torch.Tensor:
+        n = ids.shape[1]
+        self._tables(kv.size() + n)
+        hidden = self.model.model.embed_tokens(ids)[0]
+        # pieces of at most MAX_ROWS rows (the kernels' regime; a row's result does not depend on the rest)
+        if keep > (n - 1) % MAX_ROWS + 1:
+            raise ValueError(f"logits for {keep} positions of {n}: at most the last {MAX_ROWS}-row piece's")
+        for start in range(0, n, MAX_ROWS):
+            piece = hidden[start : start + MAX_ROWS]
+            h = self.stepper.forward(piece, kv, keep if start + MAX_ROWS >= n else 1)
+        logits = self.model.lm_head.forward(h[None])
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits[0]
+
+
+def for_model(model) -> CompiledSteps | None:
+    """The C++ step for this model, or None where the Python step path stays (see the module's
+    docstring); built once per model and kept on it."""
+    steps = model.__dict__.get("_quantspec_cstep")
+    if steps is None:
+        lean = fastpath.for_model(model)
+        steps = False
+        if isinstance(lean, (fastpath.GemmaSteps, fastpath.LlamaSteps)) and modules.installed(model):
+            try:
+                steps = CompiledSteps(model, lean)
+            except Unsupported:
+                steps = False
+        model.__dict__["_quantspec_cstep"] = steps
+    return steps or None

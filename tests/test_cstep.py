@@ -1,0 +1,100 @@
+"""The C++ step (src.engine.cstep, src/kernels/step.cpp) against the Python step path it replaces: the same
+logits bit for bit, per family and precision, through steps, verifications, rollbacks and sliding windows,
+on the kernel variant this host picks (test_kernels.py checks each variant's kernels against the reference).
+"""
+
+import pytest
+import torch
+
+from src import kernels
+from src.engine import ENGINES, Sampling, cstep
+from src.engine.native import Decoder
+from src.kernels import modules
+from src.models.tiny import tiny_model
+from src.quant.pipeline import install, quantize
+from tests.conftest import quant_spec
+from tests.test_kernels import CACHE
+from tests.test_quant import calib
+
+QUANT = {
+    "w8a8": (quant_spec("smoothquant", "w8a8", alpha=0.5), torch.float32),
+    "w8a16": (quant_spec("smoothquant", "w8a16", alpha=0.5), torch.bfloat16),
+    "w4a16": (
+        quant_spec("rtn", "w4a16", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",)),
+        torch.bfloat16,
+    ),
+}
+PRECISIONS = ["fp32", "bf16", *QUANT]
+FAMILIES = ["gemma3", "llama", "qwen2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    if not kernels.load(CACHE):
+        pytest.fail(f"quantspec's kernels could not be built: {kernels.reason()}")
+
+
+def model_at(arch: str, precision: str):
+    model, tok = tiny_model(arch)
+    if precision in QUANT:
+        spec, dtype = QUANT[precision]
+        install(model.to(dtype), quantize(model, arch, spec, calib(tok)), dtype, gemv=True)
+    else:
+        model = model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
+    modules.install(model)
+    return model, tok
+
+
+def python_path(model) -> Decoder:
+    decoder = Decoder(model, fast=True)
+    decoder.compiled, decoder.fast = None, cstep.fastpath.for_model(model)
+    return decoder
+
+
+def run(decoder: Decoder, prompt: torch.Tensor, moves) -> list[torch.Tensor]:
+    out = [decoder.prefill(prompt)]
+    for kind, arg in moves:
+        if kind == "step":
+            out.append(decoder.step(arg))
+        elif kind == "verify":
+            out.append(decoder.verify(arg))
+        else:
+            decoder.rollback(arg)
+            out.append(torch.tensor(decoder.length))
+    return out
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_the_cpp_step_gives_the_python_steps_logits_bit_for_bit(arch, precision):
+    model, tok = model_at(arch, precision)
+    assert cstep.for_model(model) is not None, "the C++ step should cover this model"
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    moves = [("step", 70), ("step", 71), ("verify", [72, 73, 74, 75]), ("rollback", 2), ("step", 76)]
+    moves += [("step", 80 + i) for i in range(6)]
+    with torch.inference_mode():
+        own = Decoder(model, fast=True)
+        assert own.compiled is not None
+        ours, theirs = run(own, ids, moves), run(python_path(model), ids, moves)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "w4a16"])
+def test_the_cpp_step_keeps_greedy_output_past_the_sliding_window_and_after_a_long_prompt(precision):
+    """gemma3's tiny window is 32 keys: the Python path hands such a context back to transformers; the C++
+    step keeps it, masking by the window itself, and must still decode what transformers decodes. A prompt
+    longer than a step goes through transformers' forward and its cache is handed over."""
+    model, tok = model_at("gemma3", precision)
+    for prompt in ("y" * 12, "x" * 40):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        ref = ENGINES["hf"](model, ids, 40, True, Sampling(), tok.pad_token_id)
+        own = ENGINES["native"](model, ids, 40, True, Sampling(), tok.pad_token_id)
+        assert own.new_token_ids == ref.new_token_ids
+
+
+def test_models_it_does_not_cover_keep_the_python_path():
+    plain, _ = tiny_model("gemma3")  # no kernels installed: ATen's linears
+    assert cstep.for_model(plain) is None
+    opt, _ = model_at("opt", "fp32")  # layer norms and learned positions: the Python step path's
+    assert cstep.for_model(opt) is None and Decoder(opt, fast=True).fast is not None
