@@ -140,7 +140,7 @@ def verify_costs(precisions: list[str], reps: int) -> str:
         job = build_job(p)  # the defaults: quantspec's kernels and step path
         if not kernels.loaded():
             return f"(quantspec kernels unavailable on this machine: {kernels.reason()})"
-        decoder = Decoder(job.model, fast=job.cfg.engine.step_path == "quantspec")
+        decoder = Decoder(job.model, job.cfg.engine.step_path)
         decoder.prefill(prompt)
         one = timer(decoder, 1)()
         rows.append(
@@ -192,8 +192,8 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
     ours = {}
     for p, job in jobs.items():
         ids = job.loaded.tokenizer(prompt, return_tensors="pt").input_ids
-        fast = job.cfg.engine.step_path == "quantspec"
-        ours[p] = lambda m=job.model, i=ids, f=fast: per_token_ms(generate(m, i, tokens, True, Sampling(), None, f))
+        path = job.cfg.engine.step_path
+        ours[p] = lambda m=job.model, i=ids, f=path: per_token_ms(generate(m, i, tokens, True, Sampling(), None, f))
     llama_run()
     for run in ours.values():
         run()  # warm-up

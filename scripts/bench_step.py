@@ -80,7 +80,7 @@ class Stepper:
         self.job = build_job(precision)
         prompt = cut_prompts(self.job.loaded.tokenizer, self.job.corpus.reader("evaluation")(), [64])[0]
         self.token = int(prompt[0, -1])
-        self.decoder = Decoder(self.job.model, fast=self.job.cfg.engine.step_path == "quantspec")
+        self.decoder = Decoder(self.job.model, self.job.cfg.engine.step_path)
         self.decoder.prefill(prompt[:, :-1])
         dtype = self.job.model.get_input_embeddings().weight.dtype  # what the final norm hands the head
         self.hidden = torch.randn(1, 1, self.job.model.config.hidden_size).to(dtype)

@@ -46,9 +46,7 @@ def model_at(arch: str, precision: str):
 
 
 def python_path(model) -> Decoder:
-    decoder = Decoder(model, fast=True)
-    decoder.compiled, decoder.fast = None, cstep.fastpath.for_model(model)
-    return decoder
+    return Decoder(model, "python")
 
 
 def run(decoder: Decoder, prompt: torch.Tensor, moves) -> list[torch.Tensor]:
@@ -73,7 +71,7 @@ def test_the_cpp_step_gives_the_python_steps_logits_bit_for_bit(arch, precision)
     moves = [("step", 70), ("step", 71), ("verify", [72, 73, 74, 75]), ("rollback", 2), ("step", 76)]
     moves += [("step", 80 + i) for i in range(6)]
     with torch.inference_mode():
-        own = Decoder(model, fast=True)
+        own = Decoder(model, "quantspec")
         assert own.compiled is not None
         ours, theirs = run(own, ids, moves), run(python_path(model), ids, moves)
     for a, b in zip(ours, theirs, strict=True):
@@ -97,4 +95,4 @@ def test_models_it_does_not_cover_keep_the_python_path():
     plain, _ = tiny_model("gemma3")  # no kernels installed: ATen's linears
     assert cstep.for_model(plain) is None
     opt, _ = model_at("opt", "fp32")  # layer norms and learned positions: the Python step path's
-    assert cstep.for_model(opt) is None and Decoder(opt, fast=True).fast is not None
+    assert cstep.for_model(opt) is None and Decoder(opt, "quantspec").fast is not None

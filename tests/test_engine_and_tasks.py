@@ -126,18 +126,16 @@ def test_decode_uses_seed_prompts_or_code_prompts(llama):
     assert code_prompts()[0].startswith("from typing import List")
 
 
-@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("path", ["transformers", "python", "quantspec"])
 @pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_native_engine_matches_generate_token_for_token(arch, exact, fast):
+def test_native_engine_matches_generate_token_for_token(arch, exact, path):
     model, tok = tiny_model(arch)
     # gemma3's sliding window is 32: the short prompt starts on the lean step path and leaves it
     for prompt in ("def add(a, b):", "x" * 40):
         ids = tok(prompt, return_tensors="pt").input_ids
         ref = ENGINES["hf"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
-        own = engine_for("native", "quantspec" if fast else "transformers")(
-            model, ids, 24, exact, Sampling(), tok.pad_token_id
-        )
+        own = engine_for("native", path)(model, ids, 24, exact, Sampling(), tok.pad_token_id)
         assert own.new_token_ids == ref.new_token_ids
         assert len(own.token_times) == own.new_tokens and own.token_times == sorted(own.token_times)
 
@@ -159,9 +157,9 @@ def test_native_engine_stops_at_end_of_sequence_unless_exact(llama):
     assert free.new_tokens < 20 and forced.new_tokens == 20 and tok.eos_token_id not in forced.new_token_ids
 
 
-@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("path", ["transformers", "python"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_verify_matches_steps_and_rollback_restores(arch, fast):
+def test_verify_matches_steps_and_rollback_restores(arch, path):
     model, tok = tiny_model(arch)
     ids = tok("def f(x):", return_tensors="pt").input_ids
     with torch.inference_mode():
@@ -169,7 +167,7 @@ def test_verify_matches_steps_and_rollback_restores(arch, fast):
         stepper.prefill(ids)
         tokens = [70, 71, 72, 73, 74]
         step_logits = [stepper.step(t) for t in tokens]
-        verifier = Decoder(model, fast)
+        verifier = Decoder(model, path)
         verifier.prefill(ids)
         block = verifier.verify(tokens)
         torch.testing.assert_close(block, torch.stack(step_logits), rtol=1e-4, atol=1e-4)

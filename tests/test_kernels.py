@@ -243,7 +243,7 @@ def test_with_kernels_the_lean_path_verifies_exactly_like_steps(dtype, arch):
     ids = tok("def f(x):", return_tensors="pt").input_ids
     tokens = [70, 71, 72, 73, 74]
     with torch.inference_mode():
-        stepper, verifier = Decoder(model, fast=True), Decoder(model, fast=True)
+        stepper, verifier = Decoder(model, "quantspec"), Decoder(model, "quantspec")
         stepper.prefill(ids)
         verifier.prefill(ids)
         steps = torch.stack([stepper.step(t) for t in tokens])

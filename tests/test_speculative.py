@@ -31,7 +31,7 @@ def drafters(arch):
         "other": ModelDrafter(other),
         "same": ModelDrafter(same),
         "bf16_self": ModelDrafter(low),
-        "fast_self": ModelDrafter(same, fast=True),
+        "fast_self": ModelDrafter(same, path="quantspec"),
     }
 
 
@@ -53,7 +53,7 @@ def test_greedy_output_is_the_targets(arch, exact):
                 drafter=drafter,
                 k=k,
                 schedule=schedule,
-                fast=name == "fast_self",
+                path="quantspec" if name == "fast_self" else "transformers",
             )
             assert gen.new_token_ids == ref, (name, k, schedule)
             assert len(gen.token_times) == gen.new_tokens and gen.token_times == sorted(gen.token_times)

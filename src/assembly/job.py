@@ -258,7 +258,7 @@ def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
         )
         recorder.log_metrics({"draft_vocab": kept})
     model = _place(cfg, model, placement, gemv)
-    return ModelDrafter(model, fast=cfg.engine.step_path == "quantspec")
+    return ModelDrafter(model, path=cfg.engine.step_path)
 
 
 def _check_isa(cfg) -> None:

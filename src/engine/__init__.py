@@ -21,14 +21,14 @@ ENGINES = {kind: importlib.import_module(KINDS[kind].MODULE).generate for kind i
 
 def engine_for(kind: str, step_path: str = "transformers", drafter=None, **draft):
     """The engine function a task calls: (model, ids, max_new_tokens, exact, sampling, pad) -> Generation.
-    native steps through the lean layer loop when asked; with a drafter it decodes speculatively
-    (`draft`: k, schedule, k_max)."""
-    fast = kind == "native" and step_path == "quantspec"
+    native steps through the C++ step or the lean layer loop when asked (engine.step_path); with a drafter
+    it decodes speculatively (`draft`: k, schedule, k_max)."""
+    path = step_path if kind == "native" else "transformers"
     if drafter is not None:
         if kind != "native":
             raise ValueError("speculative decoding runs on the native engine")
-        return partial(speculative.generate, drafter=drafter, fast=fast, **draft)
-    return partial(native.generate, fast=True) if fast else ENGINES[kind]
+        return partial(speculative.generate, drafter=drafter, path=path, **draft)
+    return partial(native.generate, path=path) if path != "transformers" else ENGINES[kind]
 
 
 __all__ = ["ENGINES", "STEP_PATHS", "Generation", "Sampling", "engine_for"]

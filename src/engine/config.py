@@ -22,7 +22,7 @@ KERNEL_CHOICES = ("quantspec", "aten")
 # name forces one, refused in one line where the CPU lacks it.
 
 ISA_CHOICES = ("auto", *kernel_variants.NAMES)
-STEP_PATHS = ("quantspec", "transformers")
+STEP_PATHS = ("quantspec", "python", "transformers")
 
 
 MIN_TEMPERATURE = 1e-3
@@ -38,7 +38,7 @@ class EngineConfig:
     name: str  # the choice's name (conf/engine/<name>.yaml)
     attention: str  # conf/engine/*.yaml hold the values (measured defaults) and say why
     kernels: str  # quantspec: decode-step matmuls through src/kernels where this CPU runs them
-    step_path: str  # quantspec: native steps through src.engine.fastpath where it covers
+    step_path: str  # quantspec: C++ steps (src.engine.cstep), else python's lean loop (src.engine.fastpath)
     isa: str = "auto"  # which variant of src/kernels runs (engine.kernels=quantspec)
     module: ClassVar[None] = None  # not another runtime
 
@@ -66,8 +66,8 @@ class HfEngine(EngineConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.step_path == "quantspec":
-            raise ConfigError("engine.step_path=quantspec is the native engine's; use engine=native")
+        if self.step_path != "transformers":
+            raise ConfigError(f"engine.step_path={self.step_path} is the native engine's; use engine=native")
 
 
 @ENGINES.register

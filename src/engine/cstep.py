@@ -21,7 +21,7 @@ from src.engine import fastpath
 from src.kernels import MAX_ROWS, modules
 from src.quant.linear import W4A16Gemv, W8A8Gemv, W8A16Gemv
 
-QKV, O, GATE_UP, DOWN = range(4)
+QKV, OUT, GATE_UP, DOWN = range(4)  # step.cpp's Slot
 ACTIVATIONS = {"GELUTanh": "gelu_tanh", "PytorchGELUTanh": "gelu_tanh", "SiLUActivation": "silu", "SiLU": "silu"}
 FIRST_TABLE = 1024  # rotary positions tabulated at first; doubled when a sequence outgrows them
 
@@ -100,7 +100,7 @@ class CompiledSteps:
             weights = [torch.empty(0) if n is None else _norm(n, act, conv) for n in norms]
             calls = [
                 [(QKV, _call(m, act)) for m, _ in steps.attn_in[i].calls],
-                [(O, _call(attn.o_proj, act))],
+                [(OUT, _call(attn.o_proj, act))],
                 [(GATE_UP, _call(m, act)) for m, _ in steps.mlp_in[i].calls],
                 [(DOWN, _call(mlp.down_proj, act))],
             ]

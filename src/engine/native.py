@@ -22,20 +22,21 @@ from src.kernels import MAX_ROWS
 class Decoder:
     """One sequence's KV cache and the forward calls that extend it.
 
-    `fast` (engine.step_path=quantspec): where src.engine.cstep covers the model, every step and
+    `path` (engine.step_path): quantspec: where src.engine.cstep covers the model, every step and
     verification is one C++ call into a cache of its own (a prompt longer than MAX_FAST goes through
-    transformers' forward first, its cache then handed over); else steps and verifications of at most
-    MAX_FAST tokens go through src.engine.fastpath where it covers the context. transformers' forward
-    otherwise.
+    transformers' forward first, its cache then handed over), else as python; python: steps and
+    verifications of at most MAX_FAST tokens through src.engine.fastpath where it covers the context;
+    transformers' forward otherwise, and for transformers.
     """
 
     MAX_FAST = MAX_ROWS  # longer inputs (prefills) take transformers' forward, where its overhead is small
 
-    def __init__(self, model, fast: bool = False):
+    def __init__(self, model, path: str = "transformers"):
         self.model = model
         self.cache = growing_cache(model.config)
-        self.compiled = cstep.for_model(model) if fast else None
-        self.fast = fastpath.for_model(model) if fast and self.compiled is None else None
+        self.compiled = cstep.for_model(model) if path == "quantspec" else None
+        lean = path in ("quantspec", "python") and self.compiled is None
+        self.fast = fastpath.for_model(model) if lean else None
         self.own = None  # the C++ step's cache, once it holds the sequence
 
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
@@ -87,11 +88,11 @@ def generate(
     exact: bool,
     sampling: Sampling,
     pad_token_id: int | None,
-    fast: bool = False,
+    path: str = "transformers",
     stop: Callable[[list[int]], bool] | None = None,
 ) -> Generation:
     """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does;
-    `fast` takes steps through src.engine.fastpath where it covers the model (see Decoder); `stop`, given
+    `path` is engine.step_path (see Decoder); `stop`, given
     the new tokens so far, ends the generation when true (a task's stop sequences)."""
     eos, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
@@ -99,7 +100,7 @@ def generate(
     def pick(logits: torch.Tensor) -> int:
         return choose(ban(logits), sampling, generator)
 
-    decoder = Decoder(model, fast)
+    decoder = Decoder(model, path)
     input_ids = input_ids.to(model.device)
     start = time.perf_counter()
     token = pick(decoder.prefill(input_ids))

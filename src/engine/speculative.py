@@ -53,12 +53,12 @@ class PromptLookup:
 class ModelDrafter:
     """A draft model decoding over its own cache, kept in step with the accepted context."""
 
-    def __init__(self, model, fast: bool = False):
-        self.model, self.fast = model, fast
+    def __init__(self, model, path: str = "transformers"):
+        self.model, self.path = model, path  # engine.step_path
         self.start()
 
     def start(self) -> None:
-        self.decoder = Decoder(self.model, self.fast)
+        self.decoder = Decoder(self.model, self.path)
         self.fed = 0  # context tokens in the draft cache
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
@@ -164,7 +164,7 @@ def generate(
     k: int,
     schedule: str = "constant",
     k_max: int = 8,
-    fast: bool = False,
+    path: str = "transformers",
     stop: Callable[[list[int]], bool] | None = None,
 ) -> Generation:
     """One prompt with a drafter; the same call shape as the other engines. Greedy output equals the
@@ -183,7 +183,7 @@ def generate(
         return sample(logits)[0]
 
     stats, plan = SpecStats(), Schedule(k, schedule, k_max)
-    target = Decoder(model, fast)
+    target = Decoder(model, path)
     drafter.start()
     prompt = input_ids[0].tolist()
     start = time.perf_counter()

@@ -10,6 +10,7 @@
 // one sequence's keys and values ([KV heads, capacity, head dim] per layer, growing by a quarter).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -41,6 +42,10 @@ struct Call {
   at::ScalarType in;
 
   at::Tensor run(const at::Tensor& x, at::ScalarType act) const {
+    // named as the Python path's operators, so scripts/bench_step.py files them alike (free unless profiled)
+    static const char* names[] = {"quantspec::gemv_float", "quantspec::gemv_w8a8", "quantspec::gemv_w8a16",
+                                  "quantspec::gemv_w4a16"};
+    RECORD_FUNCTION(names[kind], std::vector<c10::IValue>());
     const at::Tensor xi = x.scalar_type() == in ? x : x.to(in);
     at::Tensor y;
     switch (kind) {
@@ -163,6 +168,7 @@ struct Stepper : torch::CustomClassHolder {
   // h [k, hidden], the new tokens' embeddings -> the final norm of the last `keep` rows [keep, hidden];
   // the k positions join the cache.
   at::Tensor forward(at::Tensor h, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
+    RECORD_FUNCTION("quantspec::step", std::vector<c10::IValue>());  // its self time: the loops' glue
     TORCH_CHECK(h.dim() == 2 && keep >= 1 && keep <= h.size(0), "quantspec Stepper: h [k, hidden], 1 <= keep <= k");
     const int64_t past = cache->length, n = h.size(0);
     for (const at::Tensor& table : cos)
@@ -177,6 +183,7 @@ struct Stepper : torch::CustomClassHolder {
  private:
   template <typename T>
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w, int64_t d) const {
+    RECORD_FUNCTION("quantspec::rms_norm", std::vector<c10::IValue>());
     at::Tensor y = at::empty_like(x);
     const int64_t rows = x.numel() / d;
     if constexpr (std::is_same_v<T, float>)
@@ -231,34 +238,37 @@ struct Stepper : torch::CustomClassHolder {
       if (L.norms[K_NORM].defined()) key = norm<T>(key, L.norms[K_NORM], dim);
       rotate<T>(q, heads, cos[L.rope], sin[L.rope], past);
       rotate<T>(key, kv_heads, cos[L.rope], sin[L.rope], past);
-      // the new keys and values into the cache: [n, KV heads, dim] -> [KV heads, past + i, dim]
-      at::Tensor& K = cache.keys[l];
-      at::Tensor& V = cache.values[l];
-      K.narrow(1, past, n).copy_(key.view({n, kv_heads, dim}).transpose(0, 1));
-      V.narrow(1, past, n).copy_(value.reshape({n, kv_heads, dim}).transpose(0, 1));
-      // each (query, head) on its own, query i at position past + i seeing its window's keys
       at::Tensor out = at::empty({n, qw}, h.options());
-      const T *qp = q.data_ptr<T>(), *kp = K.data_ptr<T>(), *vp = V.data_ptr<T>();
-      T* op = out.data_ptr<T>();
-      const int64_t window = L.window;
-      const float scale = float(scaling);
-      at::parallel_for(0, n * heads, 1, [&](int64_t i0, int64_t i1) {
-        for (int64_t item = i0; item < i1;) {
-          const int64_t i = item / heads, h0 = item % heads, h1 = std::min(heads, h0 + (i1 - item));
-          const int64_t pos = past + i, start = window ? std::max<int64_t>(0, pos - window + 1) : 0;
-          const int64_t len = pos - start + 1;
-          const T* qi = qp + i * qw;
-          T* oi = op + i * qw;
-          if constexpr (std::is_same_v<T, float>)
-            k().attention_f32(qi, kp + start * dim, vp + start * dim, cap * dim, heads, kv_heads, 1, len, dim, scale,
-                              h0, h1, oi);
-          else
-            k().attention_bf16(reinterpret_cast<const uint16_t*>(qi), reinterpret_cast<const uint16_t*>(kp + start * dim),
-                               reinterpret_cast<const uint16_t*>(vp + start * dim), cap * dim, heads, kv_heads, 1, len,
-                               dim, scale, h0, h1, reinterpret_cast<uint16_t*>(oi));
-          item += h1 - h0;
-        }
-      });
+      {  // the cache's update and attention, one profiler record (scripts/bench_step.py)
+        RECORD_FUNCTION("quantspec::decode_attention", std::vector<c10::IValue>());
+        // the new keys and values into the cache: [n, KV heads, dim] -> [KV heads, past + i, dim]
+        at::Tensor& K = cache.keys[l];
+        at::Tensor& V = cache.values[l];
+        K.narrow(1, past, n).copy_(key.view({n, kv_heads, dim}).transpose(0, 1));
+        V.narrow(1, past, n).copy_(value.reshape({n, kv_heads, dim}).transpose(0, 1));
+        // each (query, head) on its own, query i at position past + i seeing its window's keys
+        const T *qp = q.data_ptr<T>(), *kp = K.data_ptr<T>(), *vp = V.data_ptr<T>();
+        T* op = out.data_ptr<T>();
+        const int64_t window = L.window;
+        const float scale = float(scaling);
+        at::parallel_for(0, n * heads, 1, [&](int64_t i0, int64_t i1) {
+          for (int64_t item = i0; item < i1;) {
+            const int64_t i = item / heads, h0 = item % heads, h1 = std::min(heads, h0 + (i1 - item));
+            const int64_t pos = past + i, start = window ? std::max<int64_t>(0, pos - window + 1) : 0;
+            const int64_t len = pos - start + 1;
+            const T* qi = qp + i * qw;
+            T* oi = op + i * qw;
+            if constexpr (std::is_same_v<T, float>)
+              k().attention_f32(qi, kp + start * dim, vp + start * dim, cap * dim, heads, kv_heads, 1, len, dim, scale,
+                                h0, h1, oi);
+            else
+              k().attention_bf16(reinterpret_cast<const uint16_t*>(qi), reinterpret_cast<const uint16_t*>(kp + start * dim),
+                                 reinterpret_cast<const uint16_t*>(vp + start * dim), cap * dim, heads, kv_heads, 1, len,
+                                 dim, scale, h0, h1, reinterpret_cast<uint16_t*>(oi));
+            item += h1 - h0;
+          }
+        });
+      }
       at::Tensor o = project(L.calls[O], out, act_type);
       if (L.norms[ATTN_OUT].defined()) o = norm<T>(o, L.norms[ATTN_OUT], o.size(1));
       add_into<T>(h, o);
