@@ -3,12 +3,15 @@
 
     .venv/bin/python scripts/bench_llamacpp.py                 # w8a8 and w4a16, 3 rounds
     .venv/bin/python scripts/bench_llamacpp.py --precisions w8a8 --rounds 5
+    .venv/bin/python scripts/bench_llamacpp.py --precisions w4a16 "w4a16 precision.head_scheme=w4a16"
     .venv/bin/python scripts/bench_llamacpp.py --isa avx2 --aten-isa avx2     # as on an AVX2-only host
 
 Each round runs `python -m src.run precision=<p> task=decode` for each precision (a whole job, as a user runs it: its
 time/token is the median over the ten seed prompts, read back from its MLflow run) and then llama.cpp
 (llama-cpp-python, a reference, not a dependency) on the same ten prompts with the same 30 greedy
-tokens, timed alike (per token after the first), so both see the same machine load.
+tokens, timed alike (per token after the first), so both see the same machine load. A precision may carry
+overrides after it, in one argument ("w4a16 precision.head_scheme=w4a16"). Each job's decode efficiency
+(its roofline over its time per token, src.engine.roofline) is printed beside its time.
 
 --isa forces quantspec's kernel variant (engine.isa); --aten-isa holds the jobs' ATen, oneDNN and MKL to
 that ISA (scripts/bench_kernels.py says how), so with --isa avx2 --aten-isa avx2 an AVX-512 host runs the
@@ -40,7 +43,9 @@ from src.tracking.sweeps import sweep_jobs  # noqa: E402
 TOKENS = 30  # the decode task's max_new_tokens
 
 
-def ours(precision: str, store: str, n: str, isa: str, env: dict) -> float:
+def ours(precision: str, store: str, n: str, isa: str, env: dict) -> tuple[float, float]:
+    """(ms per token, decode efficiency) of one decode job: `precision` and any overrides after it."""
+    precision, *extra = precision.split()
     sweep_dir = Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
     subprocess.run(
         [
@@ -49,6 +54,7 @@ def ours(precision: str, store: str, n: str, isa: str, env: dict) -> float:
             "src.run",
             "-m",
             f"precision={precision}",
+            *extra,
             "task=decode",
             f"engine.isa={isa}",
             f"tracking.uri={store}",
@@ -61,7 +67,7 @@ def ours(precision: str, store: str, n: str, isa: str, env: dict) -> float:
         env={**os.environ, **env},
     )
     _, (job,) = sweep_jobs(store, sweep_id=str((sweep_dir / str(n)).resolve()))
-    return job.metrics["time_per_token_ms_median"]
+    return job.metrics["time_per_token_ms_median"], job.metrics.get("decode_efficiency_median", float("nan"))
 
 
 def llama_cpp_ms(llm) -> float:
@@ -123,16 +129,25 @@ def main(argv: list[str]) -> int:
     }
     reference = f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF)"
     times: dict[str, list[float]] = {**{name: [] for name in ours_names.values()}, reference: []}
+    efficiency: dict[str, list[float]] = {name: [] for name in ours_names.values()}
     for n in range(args.rounds):
         said = []
-        for p, name in ours_names.items():
-            times[name].append(ours(p, store, f"{n}-{p}", args.isa, env))
-            said.append(f"quantspec {p} {times[name][-1]:.1f}")
+        for i, (p, name) in enumerate(ours_names.items()):
+            ms, eff = ours(p, store, f"{n}-{i}", args.isa, env)
+            times[name].append(ms)
+            efficiency[name].append(eff)
+            said.append(f"quantspec {p} {ms:.1f} (efficiency {eff:.2f})")
         times[reference].append(llama_cpp_ms(llm))
         print(f"round {n + 1}: {', '.join(said)}, llama.cpp {times[reference][-1]:.1f} ms/token", flush=True)
     ref = statistics.median(times[reference])
-    rows = [[name, statistics.median(t), min(t), max(t), statistics.median(t) / ref] for name, t in times.items()]
-    table = markdown_table(["decoder", "ms/token (median of rounds)", "min", "max", "/ llama.cpp"], rows)
+    rows = [
+        [name, statistics.median(t), min(t), max(t), statistics.median(t) / ref]
+        + [statistics.median(efficiency[name]) if name in efficiency else "-"]
+        for name, t in times.items()
+    ]
+    table = markdown_table(
+        ["decoder", "ms/token (median of rounds)", "min", "max", "/ llama.cpp", "decode efficiency"], rows
+    )
     print("\n" + table)
     save_markdown(
         f"bench-llamacpp-{time.strftime('%Y-%m-%d_%H-%M-%S')}",

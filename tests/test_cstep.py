@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from src import kernels
-from src.engine import ENGINES, Sampling, cstep
+from src.engine import ENGINES, Sampling, cstep, speculative
 from src.engine.native import Decoder
 from src.kernels import modules
 from src.models.tiny import tiny_model
@@ -96,3 +96,19 @@ def test_models_it_does_not_cover_keep_the_python_path():
     assert cstep.for_model(plain) is None
     opt, _ = model_at("opt", "fp32")  # layer norms and learned positions: the Python step path's
     assert cstep.for_model(opt) is None and Decoder(opt, "quantspec").fast is not None
+
+
+def test_a_draft_and_its_target_on_the_cpp_step_decode_the_targets_greedy_output():
+    """Assisted generation with both models on the C++ step: verification of k drafted tokens and the
+    rollback of the rejected ones go through it, and the output is the target's own greedy output."""
+    target, tok = model_at("llama", "bf16")
+    draft, _ = model_at("llama", "w4a16")
+    assert cstep.for_model(target) is not None and cstep.for_model(draft) is not None
+    ids = tok("def add(a, b):\n    return a + b\n\ndef add(a, b):", return_tensors="pt").input_ids
+    plain = ENGINES["native"](target, ids, 30, True, Sampling(), tok.pad_token_id, "quantspec")
+    drafter = speculative.ModelDrafter(draft, path="quantspec")
+    assisted = speculative.generate(
+        target, ids, 30, True, Sampling(), tok.pad_token_id, drafter=drafter, k=4, path="quantspec"
+    )
+    assert assisted.new_token_ids == plain.new_token_ids
+    assert assisted.spec.proposed > 0 and 0 < assisted.spec.accepted <= assisted.spec.proposed

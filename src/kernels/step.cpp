@@ -19,7 +19,10 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
 #include "core/api.h"
+#include "core/common.h"
 #include "ops.h"
 
 namespace {
@@ -32,32 +35,17 @@ enum Slot : int64_t { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
 enum Norm : int64_t { ATTN_IN = 0, ATTN_OUT = 1, MLP_IN = 2, MLP_OUT = 3, Q_NORM = 4, K_NORM = 5 };
 
 // One kernel call of a projection: a GemvLinear or a quantized *Gemv module, or several of them fused
-// (src.engine.fused), as its Python forward makes it: x cast to the kernel's input type, the kernel, the
-// bias added, the result cast to the activations' type.
+// (src.engine.fused), computed as its Python forward computes it: x cast to the kernel's input type, the
+// kernel (a bf16 input gets bf16 output, as binding.cpp's columns() rounds it), the bias added in the type
+// ATen promotes the two to, the result cast to the activations' type.
 struct Call {
   int64_t kind;
   std::vector<at::Tensor> t;
   at::Tensor bias;  // undefined: none
   int64_t group;
   at::ScalarType in;
-
-  at::Tensor run(const at::Tensor& x, at::ScalarType act) const {
-    // named as the Python path's operators, so scripts/bench_step.py files them alike (free unless profiled)
-    static const char* names[] = {"quantspec::gemv_float", "quantspec::gemv_w8a8", "quantspec::gemv_w8a16",
-                                  "quantspec::gemv_w4a16"};
-    RECORD_FUNCTION(names[kind], std::vector<c10::IValue>());
-    const at::Tensor xi = x.scalar_type() == in ? x : x.to(in);
-    at::Tensor y;
-    switch (kind) {
-      case FLOAT: y = qs_ops::gemv_float(xi, t[0]); break;
-      case W8A8: y = qs_ops::gemv_w8a8(xi, t[0], t[1], t[2]); break;
-      case W8A16: y = qs_ops::gemv_w8a16(xi, t[0], t[1]); break;
-      case W4A16: y = qs_ops::gemv_w4a16(xi, t[0], t[1], t[2], group); break;
-      default: TORCH_CHECK(false, "quantspec Stepper: unknown kernel kind ", kind);
-    }
-    if (bias.defined()) y = y + bias;
-    return y.scalar_type() == act ? y : y.to(act);
-  }
+  int64_t K = 0, N = 0;
+  int64_t offset = 0;  // its first column in the projection's output (calls of one projection side by side)
 };
 
 struct Layer {
@@ -65,17 +53,19 @@ struct Layer {
   at::Tensor norms[6];         // by Norm; undefined: the family has none there
   int64_t rope = 0;            // which rotary table
   int64_t window = 0;          // a sliding window (query p sees keys p - window < j <= p); 0: none
+  int64_t width[4] = {0, 0, 0, 0};  // each projection's output columns
 };
-
-at::Tensor project(const std::vector<Call>& calls, const at::Tensor& x, at::ScalarType act) {
-  if (calls.size() == 1) return calls[0].run(x, act);
-  std::vector<at::Tensor> ys;
-  for (const Call& c : calls) ys.push_back(c.run(x, act));
-  return at::cat(ys, 1);
-}
 
 uint16_t* u16(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<BF>()); }
 const uint16_t* u16(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<BF>()); }
+
+template <typename T>
+float to_f(T v) { return static_cast<float>(v); }
+inline float round_bf16(float v) { return qs::bf16_to_f32(qs::f32_to_bf16(v)); }
+
+// as the Python path's operators are named, so that scripts/bench_step.py files them alike
+const char* const NAMES[] = {"quantspec::gemv_float", "quantspec::gemv_w8a8", "quantspec::gemv_w8a16",
+                             "quantspec::gemv_w4a16"};
 
 struct StepCache : torch::CustomClassHolder {
   std::vector<at::Tensor> keys, values;  // per layer [KV heads, capacity, head dim]
@@ -111,6 +101,16 @@ struct StepCache : torch::CustomClassHolder {
   }
 };
 
+// Each thread's own buffers: the residual stream and what feeds a kernel are computed by every thread
+// alike (a few thousand values), so that only a kernel's output, split by columns, is shared and waits
+// at a barrier.
+struct Private {
+  at::Tensor h, x, act_out;  // activations' type: the residual stream [n, hidden], a kernel's input
+  at::Tensor xin;            // a kernel's input in its own type, where that differs from the activations'
+  at::Tensor xf;             // float32 copy for the quantizers
+  at::Tensor xq, xs, sums;   // quantized rows, their scales, int4 group sums
+};
+
 struct Stepper : torch::CustomClassHolder {
   int64_t heads, kv_heads, dim;
   double scaling, eps;
@@ -119,6 +119,7 @@ struct Stepper : torch::CustomClassHolder {
   std::vector<Layer> layers;
   std::vector<at::Tensor> cos, sin;  // rotary tables [positions, dim], sin's first half negated
   at::Tensor final_norm;
+  int64_t max_k = 0, max_n = 0;
 
   Stepper(int64_t heads, int64_t kv_heads, int64_t dim, double scaling, double eps, bool gemma, std::string act)
       : heads(heads), kv_heads(kv_heads), dim(dim), scaling(scaling), eps(eps), gemma(gemma), act(std::move(act)) {
@@ -138,9 +139,23 @@ struct Stepper : torch::CustomClassHolder {
   void add_call(int64_t layer, int64_t slot, int64_t kind, std::vector<at::Tensor> tensors,
                 std::vector<at::Tensor> bias, int64_t group, bool bf16_in) {
     TORCH_CHECK(layer < static_cast<int64_t>(layers.size()) && slot >= 0 && slot < 4, "quantspec Stepper: slot");
-    Call call{kind, std::move(tensors), bias.empty() ? at::Tensor() : bias[0], group,
+    TORCH_CHECK(kind >= FLOAT && kind <= W4A16 && !tensors.empty(), "quantspec Stepper: unknown kernel kind ", kind);
+    for (const at::Tensor& t : tensors) TORCH_CHECK(t.is_contiguous(), "quantspec Stepper: contiguous weights");
+    const at::Tensor& w = tensors[0];
+    const int64_t steps[] = {w.scalar_type() == at::kFloat ? 16 : 32, 64, 32, 128};
+    Call call{kind, std::move(tensors), bias.empty() ? at::Tensor() : bias[0].contiguous(), group,
               bf16_in ? at::kBFloat16 : at::kFloat};
-    layers[layer].calls[slot].push_back(std::move(call));
+    call.N = w.size(0);
+    call.K = kind == W4A16 ? w.size(1) * 2 : w.size(1);
+    TORCH_CHECK(call.K % steps[kind] == 0 && (kind != W4A16 || (group % 128 == 0 && call.K % group == 0)),
+                "quantspec Stepper: K = ", call.K, " does not fit the kernel");
+    TORCH_CHECK(kind != FLOAT || w.scalar_type() == call.in, "quantspec Stepper: a float weight takes its own type");
+    Layer& L = layers[layer];
+    call.offset = L.width[slot];
+    L.width[slot] += call.N;
+    max_k = std::max(max_k, call.K);
+    max_n = std::max(max_n, L.width[slot]);
+    L.calls[slot].push_back(std::move(call));
   }
 
   void set_rope(int64_t index, at::Tensor c, at::Tensor s) {
@@ -168,38 +183,35 @@ struct Stepper : torch::CustomClassHolder {
   // h [k, hidden], the new tokens' embeddings -> the final norm of the last `keep` rows [keep, hidden];
   // the k positions join the cache.
   at::Tensor forward(at::Tensor h, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
-    RECORD_FUNCTION("quantspec::step", std::vector<c10::IValue>());  // its self time: the loops' glue
+    RECORD_FUNCTION("quantspec::step", std::vector<c10::IValue>());  // its self time: the glue and the waits
     TORCH_CHECK(h.dim() == 2 && keep >= 1 && keep <= h.size(0), "quantspec Stepper: h [k, hidden], 1 <= keep <= k");
+    TORCH_CHECK(!layers.empty() && final_norm.defined(), "quantspec Stepper: no layers");
     const int64_t past = cache->length, n = h.size(0);
     for (const at::Tensor& table : cos)
-      TORCH_CHECK(table.size(0) >= past + n, "quantspec Stepper: rotary table shorter than ", past + n);
+      TORCH_CHECK(table.size(0) >= past + n && table.scalar_type() == h.scalar_type(),
+                  "quantspec Stepper: rotary table shorter than ", past + n, " or of another type");
     cache->reserve(layers.size(), kv_heads, dim, h.scalar_type(), past + n);
-    h = h.contiguous().clone();  // the residual stream, updated in place
-    if (h.scalar_type() == at::kBFloat16) return run<BF>(h, *cache, keep);
+    if (h.scalar_type() == at::kBFloat16) return run<BF>(h.contiguous(), *cache, keep);
     TORCH_CHECK(h.scalar_type() == at::kFloat, "quantspec Stepper: float32 or bfloat16 activations");
-    return run<float>(h, *cache, keep);
+    return run<float>(h.contiguous(), *cache, keep);
   }
 
  private:
   template <typename T>
-  at::Tensor norm(const at::Tensor& x, const at::Tensor& w, int64_t d) const {
-    RECORD_FUNCTION("quantspec::rms_norm", std::vector<c10::IValue>());
-    at::Tensor y = at::empty_like(x);
-    const int64_t rows = x.numel() / d;
+  void norm_rows(const T* x, const at::Tensor& w, int64_t d, int64_t rows, T* y) const {
     if constexpr (std::is_same_v<T, float>)
-      k().rms_norm_f32(x.data_ptr<float>(), w.data_ptr<float>(), d, float(eps), gemma, 0, rows, y.data_ptr<float>());
+      k().rms_norm_f32(x, w.data_ptr<float>(), d, float(eps), gemma, 0, rows, y);
     else
-      k().rms_norm_bf16(u16(x), u16(w), d, float(eps), gemma, 0, rows, u16(y));
-    return y;
+      k().rms_norm_bf16(reinterpret_cast<const uint16_t*>(x), u16(w), d, float(eps), gemma, 0, rows,
+                        reinterpret_cast<uint16_t*>(y));
   }
 
-  // x [n, heads * dim] in place: x * cos + roll(x, dim / 2) * sin' (the Python path's three rounded ops).
+  // rows [n, nheads * dim] in place: x * cos + roll(x, dim / 2) * sin' (the Python path's three rounded ops).
   template <typename T>
-  void rotate(at::Tensor& x, int64_t nheads, const at::Tensor& c, const at::Tensor& s, int64_t past) const {
-    T* p = x.data_ptr<T>();
+  void rotate(T* p, int64_t n, int64_t nheads, const at::Tensor& c, const at::Tensor& s, int64_t past) const {
     const T* cp = c.data_ptr<T>();
     const T* sp = s.data_ptr<T>();
-    const int64_t half = dim / 2, n = x.size(0);
+    const int64_t half = dim / 2;
     std::vector<T> row(dim);
     for (int64_t i = 0; i < n; ++i) {
       const T* ci = cp + (past + i) * dim;
@@ -216,72 +228,211 @@ struct Stepper : torch::CustomClassHolder {
     }
   }
 
+  // This thread's share of a projection: x [n, K] (activations' type, this thread's own copy) through each
+  // call's kernel over this thread's blocks of 4 columns, finished into out [n, width] (shared).
   template <typename T>
-  static void add_into(at::Tensor& h, const at::Tensor& x) {
-    T* hp = h.data_ptr<T>();
-    const T* xp = x.data_ptr<T>();
-    for (int64_t i = 0, e = h.numel(); i < e; ++i) hp[i] = hp[i] + xp[i];
+  void project(const std::vector<Call>& calls, int64_t width, const T* x, int64_t n, Private& p, float* y, T* out,
+               int tid, int nt) const {
+    const qs_kernels& kern = k();
+    for (const Call& c : calls) {
+      const int64_t K = c.K, N = c.N, blocks = (N + 3) / 4;
+      const int64_t n0 = 4 * (blocks * tid / nt), n1 = std::min(N, 4 * (blocks * (tid + 1) / nt));
+      const bool bf16_in = c.in == at::kBFloat16;
+      // the kernel's input: x in its own type, then (quantized kinds) as float32 for the quantizers
+      const void* xin = x;
+      if (bf16_in != std::is_same_v<T, BF>) {
+        if (bf16_in) {
+          uint16_t* xb = u16(p.xin);
+          for (int64_t i = 0; i < n * K; ++i) xb[i] = qs::f32_to_bf16(to_f(x[i]));
+          xin = xb;
+        } else {
+          float* xf = p.xin.data_ptr<float>();
+          for (int64_t i = 0; i < n * K; ++i) xf[i] = to_f(x[i]);
+          xin = xf;
+        }
+      }
+      const float* xs = p.xs.data_ptr<float>();
+      if (c.kind != FLOAT) {
+        float* xf = p.xf.data_ptr<float>();
+        if (bf16_in)
+          for (int64_t i = 0; i < n * K; ++i) xf[i] = qs::bf16_to_f32(static_cast<const uint16_t*>(xin)[i]);
+        else
+          std::copy(static_cast<const float*>(xin), static_cast<const float*>(xin) + n * K, xf);
+        if (c.kind == W8A8)
+          kern.quantize_x8(xf, n, K, p.xq.data_ptr<uint8_t>(), p.xs.data_ptr<float>());
+        else
+          kern.quantize_x16(xf, n, K, c.kind == W4A16 ? c.group : 0, reinterpret_cast<int16_t*>(p.xq.data_ptr<uint8_t>()),
+                            p.xs.data_ptr<float>(), c.kind == W4A16 ? p.sums.data_ptr<float>() : nullptr);
+      }
+      float* yc = y + n * c.offset;  // each call's own [n, N] (the kernels' layout), side by side
+      if (n0 < n1) {
+        const int16_t* q16 = reinterpret_cast<const int16_t*>(p.xq.data_ptr<uint8_t>());
+        switch (c.kind) {
+          case FLOAT:
+            if (bf16_in)
+              kern.gemv_bf16(static_cast<const uint16_t*>(xin), u16(c.t[0]), n, K, N, n0, n1, yc);
+            else
+              kern.gemv_f32(static_cast<const float*>(xin), c.t[0].data_ptr<float>(), n, K, N, n0, n1, yc);
+            break;
+          case W8A8:
+            kern.gemv_w8a8(p.xq.data_ptr<uint8_t>(), xs, c.t[0].data_ptr<int8_t>(), c.t[1].data_ptr<float>(),
+                           c.t[2].data_ptr<int32_t>(), n, K, N, n0, n1, yc);
+            break;
+          case W8A16:
+            kern.gemv_w8a16(q16, xs, c.t[0].data_ptr<int8_t>(), c.t[1].data_ptr<float>(), n, K, N, n0, n1, yc);
+            break;
+          default:
+            kern.gemv_w4a16(q16, xs, p.sums.data_ptr<float>(), c.t[0].data_ptr<uint8_t>(), c.t[1].data_ptr<float>(),
+                            c.t[2].data_ptr<float>(), c.group, n, K, N, n0, n1, yc);
+        }
+        const bool has_bias = c.bias.defined();
+        const bool bias_bf16 = has_bias && c.bias.scalar_type() == at::kBFloat16;
+        for (int64_t m = 0; m < n; ++m)
+          for (int64_t j = n0; j < n1; ++j) {
+            float v = yc[m * N + j];
+            if (bf16_in) v = round_bf16(v);
+            if (has_bias) {
+              v = v + (bias_bf16 ? to_f(c.bias.data_ptr<BF>()[j]) : c.bias.data_ptr<float>()[j]);
+              if (bf16_in && bias_bf16) v = round_bf16(v);
+            }
+            out[m * width + c.offset + j] = T(v);
+          }
+      }
+    }
   }
 
   template <typename T>
-  at::Tensor run(at::Tensor& h, StepCache& cache, int64_t keep) {
-    const at::ScalarType act_type = h.scalar_type();
-    const int64_t n = h.size(0), past = cache.length, cap = cache.capacity();
+  at::Tensor run(const at::Tensor& input, StepCache& cache, int64_t keep) {
+    const at::ScalarType act_type = input.scalar_type();
+    const int64_t n = input.size(0), hidden = input.size(1), past = cache.length, cap = cache.capacity();
     const int64_t qw = heads * dim, kw = kv_heads * dim;
-    for (size_t l = 0; l < layers.size(); ++l) {
-      const Layer& L = layers[l];
-      const at::Tensor x = norm<T>(h, L.norms[ATTN_IN], h.size(1));
-      const at::Tensor qkv = project(L.calls[QKV], x, act_type);
-      at::Tensor q = qkv.narrow(1, 0, qw).contiguous(), key = qkv.narrow(1, qw, kw).contiguous();
-      const at::Tensor value = qkv.narrow(1, qw + kw, kw);
-      if (L.norms[Q_NORM].defined()) q = norm<T>(q, L.norms[Q_NORM], dim);
-      if (L.norms[K_NORM].defined()) key = norm<T>(key, L.norms[K_NORM], dim);
-      rotate<T>(q, heads, cos[L.rope], sin[L.rope], past);
-      rotate<T>(key, kv_heads, cos[L.rope], sin[L.rope], past);
-      at::Tensor out = at::empty({n, qw}, h.options());
-      {  // the cache's update and attention, one profiler record (scripts/bench_step.py)
+    const int want = std::max(1, at::get_num_threads());
+    const auto opt = input.options();
+    const auto fopt = opt.dtype(at::kFloat);
+    // shared: the kernels' float output, each projection's finished output, the attention's
+    at::Tensor y = at::empty({n, max_n}, fopt), proj = at::empty({n, max_n}, opt), q = at::empty({n, qw}, opt);
+    at::Tensor kbuf = at::empty({n, kw}, opt), attn = at::empty({n, qw}, opt);
+    std::vector<Private> priv(want);
+    const int64_t x8 = std::max<int64_t>(k().x8_bytes, 2);
+    for (Private& p : priv) {
+      p.h = input.clone();
+      p.x = at::empty({n, max_k}, opt);
+      p.xin = at::empty({n, max_k}, opt.dtype(act_type == at::kFloat ? at::kBFloat16 : at::kFloat));
+      p.xf = at::empty({n, max_k}, fopt);
+      p.xq = at::empty({n, max_k * x8}, opt.dtype(at::kByte));
+      p.xs = at::empty({n}, fopt);
+      p.sums = at::empty({n, max_k / 128 + 1}, fopt);
+    }
+    const float scale = float(scaling);
+    T *pp = proj.data_ptr<T>(), *qp = q.data_ptr<T>(), *kp_new = kbuf.data_ptr<T>(), *ap = attn.data_ptr<T>();
+    float* yp = y.data_ptr<float>();
+#pragma omp parallel num_threads(want)
+    {
+      const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+      Private& me = priv[tid];
+      T* h = me.h.data_ptr<T>();
+      T* x = me.x.data_ptr<T>();
+      for (size_t l = 0; l < layers.size(); ++l) {
+        const Layer& L = layers[l];
+        // q, k, v
+        norm_rows<T>(h, L.norms[ATTN_IN], hidden, n, x);
+        {  // one profiler record per projection on the calling thread, its wait at the barrier included
+          RECORD_FUNCTION(NAMES[L.calls[QKV][0].kind], std::vector<c10::IValue>());
+          project<T>(L.calls[QKV], L.width[QKV], x, n, me, yp, pp, tid, nt);
+#pragma omp barrier
+        }
+        // q/k norms, rotary positions and the cache's new rows (a few thousand values, one thread), attention
+        {
         RECORD_FUNCTION("quantspec::decode_attention", std::vector<c10::IValue>());
-        // the new keys and values into the cache: [n, KV heads, dim] -> [KV heads, past + i, dim]
         at::Tensor& K = cache.keys[l];
         at::Tensor& V = cache.values[l];
-        K.narrow(1, past, n).copy_(key.view({n, kv_heads, dim}).transpose(0, 1));
-        V.narrow(1, past, n).copy_(value.reshape({n, kv_heads, dim}).transpose(0, 1));
-        // each (query, head) on its own, query i at position past + i seeing its window's keys
-        const T *qp = q.data_ptr<T>(), *kp = K.data_ptr<T>(), *vp = V.data_ptr<T>();
-        T* op = out.data_ptr<T>();
-        const int64_t window = L.window;
-        const float scale = float(scaling);
-        at::parallel_for(0, n * heads, 1, [&](int64_t i0, int64_t i1) {
+        T* kc = K.data_ptr<T>();
+        T* vc = V.data_ptr<T>();
+        if (tid == 0) {
+          const int64_t w = L.width[QKV];
+          for (int64_t i = 0; i < n; ++i) {
+            std::copy(pp + i * w, pp + i * w + qw, qp + i * qw);
+            std::copy(pp + i * w + qw, pp + i * w + qw + kw, kp_new + i * kw);
+          }
+          if (L.norms[Q_NORM].defined()) norm_rows<T>(qp, L.norms[Q_NORM], dim, n * heads, qp);
+          if (L.norms[K_NORM].defined()) norm_rows<T>(kp_new, L.norms[K_NORM], dim, n * kv_heads, kp_new);
+          rotate<T>(qp, n, heads, cos[L.rope], sin[L.rope], past);
+          rotate<T>(kp_new, n, kv_heads, cos[L.rope], sin[L.rope], past);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t g = 0; g < kv_heads; ++g) {
+              std::copy(kp_new + i * kw + g * dim, kp_new + i * kw + (g + 1) * dim, kc + (g * cap + past + i) * dim);
+              const T* v = pp + i * w + qw + kw + g * dim;
+              std::copy(v, v + dim, vc + (g * cap + past + i) * dim);
+            }
+        }
+#pragma omp barrier
+        // attention: each (query, head) alone, query i at position past + i seeing its window's keys
+        {
+          const int64_t items = n * heads, i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
           for (int64_t item = i0; item < i1;) {
             const int64_t i = item / heads, h0 = item % heads, h1 = std::min(heads, h0 + (i1 - item));
-            const int64_t pos = past + i, start = window ? std::max<int64_t>(0, pos - window + 1) : 0;
+            const int64_t pos = past + i, start = L.window ? std::max<int64_t>(0, pos - L.window + 1) : 0;
             const int64_t len = pos - start + 1;
-            const T* qi = qp + i * qw;
-            T* oi = op + i * qw;
             if constexpr (std::is_same_v<T, float>)
-              k().attention_f32(qi, kp + start * dim, vp + start * dim, cap * dim, heads, kv_heads, 1, len, dim, scale,
-                                h0, h1, oi);
+              k().attention_f32(qp + i * qw, kc + start * dim, vc + start * dim, cap * dim, heads, kv_heads, 1, len,
+                                dim, scale, h0, h1, ap + i * qw);
             else
-              k().attention_bf16(reinterpret_cast<const uint16_t*>(qi), reinterpret_cast<const uint16_t*>(kp + start * dim),
-                                 reinterpret_cast<const uint16_t*>(vp + start * dim), cap * dim, heads, kv_heads, 1, len,
-                                 dim, scale, h0, h1, reinterpret_cast<uint16_t*>(oi));
+              k().attention_bf16(reinterpret_cast<const uint16_t*>(qp + i * qw),
+                                 reinterpret_cast<const uint16_t*>(kc + start * dim),
+                                 reinterpret_cast<const uint16_t*>(vc + start * dim), cap * dim, heads, kv_heads, 1,
+                                 len, dim, scale, h0, h1, reinterpret_cast<uint16_t*>(ap + i * qw));
             item += h1 - h0;
           }
-        });
+        }
+#pragma omp barrier
+        }
+        // the output projection, its norm (Gemma) and the residual, each thread on its own copy
+        {  // one profiler record per projection on the calling thread, its wait at the barrier included
+          RECORD_FUNCTION(NAMES[L.calls[O][0].kind], std::vector<c10::IValue>());
+          project<T>(L.calls[O], L.width[O], ap, n, me, yp, pp, tid, nt);
+#pragma omp barrier
+        }
+        const int64_t ow = L.width[O];
+        if (L.norms[ATTN_OUT].defined()) {
+          norm_rows<T>(pp, L.norms[ATTN_OUT], ow, n, x);
+          for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + x[i];
+        } else {
+          for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + pp[i];
+        }
+#pragma omp barrier  // every thread has read the output projection's before gate/up overwrite it
+        norm_rows<T>(h, L.norms[MLP_IN], hidden, n, x);
+        {  // one profiler record per projection on the calling thread, its wait at the barrier included
+          RECORD_FUNCTION(NAMES[L.calls[GATE_UP][0].kind], std::vector<c10::IValue>());
+          project<T>(L.calls[GATE_UP], L.width[GATE_UP], x, n, me, yp, pp, tid, nt);
+#pragma omp barrier
+        }
+        // the activation is ATen's own (its vectorised tanh/exp), on the same [n, I] views as the Python path
+        const int64_t inter = L.width[GATE_UP] / 2;
+        {
+          const at::Tensor both = at::from_blob(pp, {n, 2 * inter}, opt);
+          const at::Tensor gate = both.narrow(1, 0, inter), up = both.narrow(1, inter, inter);
+          me.act_out = (act == "silu" ? at::silu(gate) : at::gelu(gate, "tanh")).mul_(up);
+        }
+#pragma omp barrier  // every thread has its activation before down overwrites gate/up
+        {  // one profiler record per projection on the calling thread, its wait at the barrier included
+          RECORD_FUNCTION(NAMES[L.calls[DOWN][0].kind], std::vector<c10::IValue>());
+          project<T>(L.calls[DOWN], L.width[DOWN], me.act_out.data_ptr<T>(), n, me, yp, pp, tid, nt);
+#pragma omp barrier
+        }
+        const int64_t dw = L.width[DOWN];
+        if (L.norms[MLP_OUT].defined()) {
+          norm_rows<T>(pp, L.norms[MLP_OUT], dw, n, x);
+          for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + x[i];
+        } else {
+          for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + pp[i];
+        }
+#pragma omp barrier  // every thread has read down's output before the next layer's q/k/v overwrite it
       }
-      at::Tensor o = project(L.calls[O], out, act_type);
-      if (L.norms[ATTN_OUT].defined()) o = norm<T>(o, L.norms[ATTN_OUT], o.size(1));
-      add_into<T>(h, o);
-      const at::Tensor gu = project(L.calls[GATE_UP], norm<T>(h, L.norms[MLP_IN], h.size(1)), act_type);
-      const int64_t inter = gu.size(1) / 2;
-      const at::Tensor gate = gu.narrow(1, 0, inter), up = gu.narrow(1, inter, inter);
-      const at::Tensor a = (act == "silu" ? at::silu(gate) : at::gelu(gate, "tanh")) * up;
-      at::Tensor d = project(L.calls[DOWN], a, act_type);
-      if (L.norms[MLP_OUT].defined()) d = norm<T>(d, L.norms[MLP_OUT], d.size(1));
-      add_into<T>(h, d);
     }
     cache.length = past + n;
-    return norm<T>(h.narrow(0, n - keep, keep).contiguous(), final_norm, h.size(1));
+    at::Tensor out = at::empty({keep, hidden}, opt);
+    norm_rows<T>(priv[0].h.data_ptr<T>() + (n - keep) * hidden, final_norm, hidden, keep, out.data_ptr<T>());
+    return out;
   }
 };
 
