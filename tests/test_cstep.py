@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from src import kernels
-from src.engine import ENGINES, Sampling, cstep, speculative
+from src.engine import ENGINES, Sampling, cstep, engine_for, speculative
 from src.engine.native import Decoder
 from src.kernels import modules
 from src.models.tiny import tiny_model
@@ -87,7 +87,7 @@ def test_the_cpp_step_keeps_greedy_output_past_the_sliding_window_and_after_a_lo
     for prompt in ("y" * 12, "x" * 40):
         ids = tok(prompt, return_tensors="pt").input_ids
         ref = ENGINES["hf"](model, ids, 40, True, Sampling(), tok.pad_token_id)
-        own = ENGINES["native"](model, ids, 40, True, Sampling(), tok.pad_token_id)
+        own = engine_for("native", "quantspec")(model, ids, 40, True, Sampling(), tok.pad_token_id)
         assert own.new_token_ids == ref.new_token_ids
 
 
@@ -112,3 +112,24 @@ def test_a_draft_and_its_target_on_the_cpp_step_decode_the_targets_greedy_output
     )
     assert assisted.new_token_ids == plain.new_token_ids
     assert assisted.spec.proposed > 0 and 0 < assisted.spec.accepted <= assisted.spec.proposed
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "w4a16"])
+def test_the_greedy_token_chosen_inside_the_cpp_step_is_torchs_argmax(precision):
+    """The fused head's argmax (the logits never leave C++) against torch.argmax over the logits of the
+    same step, with banned ids left out as eos_ban's -inf does; bf16 logits tie often, and torch takes the
+    first index."""
+    model, tok = model_at("gemma3", precision)
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        fused, plain = Decoder(model, "quantspec"), Decoder(model, "quantspec")
+        fused.prefill(ids)
+        plain.prefill(ids)
+        token = 70
+        for i in range(12):
+            logits = plain.step(token)
+            banned = torch.tensor([int(logits.float().argmax())] if i % 3 == 2 else [], dtype=torch.long)
+            expected = int(logits.index_fill(-1, banned, float("-inf")).float().argmax())
+            assert fused.greedy_step(token, banned) == expected
+            assert fused.length == plain.length
+            token = expected

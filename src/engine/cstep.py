@@ -117,6 +117,7 @@ class CompiledSteps:
         self.rope_kinds, self.act = list(rope_index), act
         self.positions = 0
         self.softcap = getattr(steps, "softcap", None)
+        self.head, self.fused = None, False  # the lm_head module the stepper holds (_fused_head)
 
     def _tables(self, needed: int) -> None:
         """Rotary cos/sin for positions 0 .. needed-1 and more, from the model's own rotary embedding
@@ -144,20 +145,51 @@ class CompiledSteps:
             self.stepper.load(own, i, layer.keys[0], layer.values[0], length)
         return own
 
-    def __call__(self, ids: torch.Tensor, kv, keep: int) -> torch.Tensor:
+    def _fused_head(self) -> bool:
+        """Whether the stepper computes the head: the model's lm_head on quantspec's kernels and no
+        soft-capping. Checked each call: a draft's head may be cut down (src.engine.subset_head) after."""
+        head = self.model.lm_head
+        if head is not self.head:
+            self.head = head
+            try:
+                if self.softcap is not None:
+                    raise Unsupported("a soft-capped head")
+                self.stepper.set_head(*_call(head, self.act))
+                self.fused = True
+            except Unsupported:
+                self.stepper.clear_head()
+                self.fused = False
+        return self.fused
+
+    def _layers(self, ids: torch.Tensor, kv) -> torch.Tensor:
+        """The new tokens' embeddings: every piece of MAX_ROWS but the last run through the layers (the
+        kernels' regime; a row's result does not depend on the rest), the last returned."""
         n = ids.shape[1]
         self._tables(kv.size() + n)
         hidden = self.model.model.embed_tokens(ids)[0]
-        # pieces of at most MAX_ROWS rows (the kernels' regime; a row's result does not depend on the rest)
+        last = (n - 1) // MAX_ROWS * MAX_ROWS
+        for start in range(0, last, MAX_ROWS):
+            self.stepper.forward(hidden[start : start + MAX_ROWS], kv, 1)
+        return hidden[last:]
+
+    def __call__(self, ids: torch.Tensor, kv, keep: int) -> torch.Tensor:
+        n = ids.shape[1]
         if keep > (n - 1) % MAX_ROWS + 1:
             raise ValueError(f"logits for {keep} positions of {n}: at most the last {MAX_ROWS}-row piece's")
-        for start in range(0, n, MAX_ROWS):
-            piece = hidden[start : start + MAX_ROWS]
-            h = self.stepper.forward(piece, kv, keep if start + MAX_ROWS >= n else 1)
-        logits = self.model.lm_head.forward(h[None])
+        piece = self._layers(ids, kv)
+        if self._fused_head():
+            return self.stepper.logits(piece, kv, keep)
+        logits = self.model.lm_head.forward(self.stepper.forward(piece, kv, keep)[None])
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits[0]
+
+    def greedy(self, ids: torch.Tensor, kv, banned: torch.Tensor) -> int | None:
+        """The greedy next token after ids, `banned` ids left out, the argmax taken where the head's
+        columns are computed; None (nothing run) where the head is not the stepper's."""
+        if not self._fused_head():
+            return None
+        return self.stepper.greedy(self._layers(ids, kv), kv, banned)
 
 
 def for_model(model) -> CompiledSteps | None:

@@ -65,6 +65,13 @@ class Decoder:
     def step(self, token: int) -> torch.Tensor:
         return self._forward(torch.tensor([[token]], device=self.model.device), 1)[-1]
 
+    def greedy_step(self, token: int, banned: torch.Tensor) -> int | None:
+        """step() and the greedy choice over its logits (`banned` ids left out) in one C++ call, the
+        logits never materialised; None, with nothing run, where the C++ step does not compute the head."""
+        if self.own is None or self.compiled is None:
+            return None
+        return self.compiled.greedy(torch.tensor([[token]], device=self.model.device), self.own, banned)
+
     def verify(self, tokens: list[int]) -> torch.Tensor:
         """k tokens in one forward -> logits [k, V]: row i predicts the token after tokens[i]."""
         return self._forward(torch.tensor([tokens], device=self.model.device), len(tokens))
@@ -100,13 +107,21 @@ def generate(
     def pick(logits: torch.Tensor) -> int:
         return choose(ban(logits), sampling, generator)
 
+    def advance(token: int) -> int:
+        if not sampling.do_sample:  # greedy: the argmax in the C++ step where it computes the head
+            chosen = decoder.greedy_step(token, banned)
+            if chosen is not None:
+                return chosen
+        return pick(decoder.step(token))
+
     decoder = Decoder(model, path)
+    banned = torch.tensor(sorted(eos) if exact else [], dtype=torch.long)  # as eos_ban's -inf does
     input_ids = input_ids.to(model.device)
     start = time.perf_counter()
     token = pick(decoder.prefill(input_ids))
     tokens, times = [token], [time.perf_counter()]
     while len(tokens) < max_new_tokens and token not in eos and not (stop and stop(tokens)):
-        token = pick(decoder.step(token))
+        token = advance(token)
         tokens.append(token)
         times.append(time.perf_counter())
     return Generation(input_ids.shape[1], tokens, start, times, time.perf_counter())

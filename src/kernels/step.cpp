@@ -16,6 +16,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,7 @@ using qs_ops::k;
 enum Kind : int64_t { FLOAT = 0, W8A8 = 1, W8A16 = 2, W4A16 = 3 };
 enum Slot : int64_t { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
 enum Norm : int64_t { ATTN_IN = 0, ATTN_OUT = 1, MLP_IN = 2, MLP_OUT = 3, Q_NORM = 4, K_NORM = 5 };
+enum Mode { HIDDEN, LOGITS, GREEDY };  // what a call returns: the final norm's rows, the head's, its argmax
 
 // One kernel call of a projection: a GemvLinear or a quantized *Gemv module, or several of them fused
 // (src.engine.fused), computed as its Python forward computes it: x cast to the kernel's input type, the
@@ -119,6 +122,7 @@ struct Stepper : torch::CustomClassHolder {
   std::vector<Layer> layers;
   std::vector<at::Tensor> cos, sin;  // rotary tables [positions, dim], sin's first half negated
   at::Tensor final_norm;
+  std::vector<Call> head;  // the output projection, where it runs here (set_head)
   int64_t max_k = 0, max_n = 0;
 
   Stepper(int64_t heads, int64_t kv_heads, int64_t dim, double scaling, double eps, bool gemma, std::string act)
@@ -139,6 +143,27 @@ struct Stepper : torch::CustomClassHolder {
   void add_call(int64_t layer, int64_t slot, int64_t kind, std::vector<at::Tensor> tensors,
                 std::vector<at::Tensor> bias, int64_t group, bool bf16_in) {
     TORCH_CHECK(layer < static_cast<int64_t>(layers.size()) && slot >= 0 && slot < 4, "quantspec Stepper: slot");
+    Call call = make_call(kind, std::move(tensors), std::move(bias), group, bf16_in);
+    Layer& L = layers[layer];
+    call.offset = L.width[slot];
+    L.width[slot] += call.N;
+    max_n = std::max(max_n, L.width[slot]);
+    L.calls[slot].push_back(std::move(call));
+  }
+
+  // The output projection over the whole vocabulary, so that a step's logits (or its greedy token) come
+  // from the same call; none: forward() returns the final norm's rows and the caller applies its head.
+  void set_head(int64_t kind, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
+                bool bf16_in) {
+    head.clear();
+    head.push_back(make_call(kind, std::move(tensors), std::move(bias), group, bf16_in));
+    max_n = std::max(max_n, head[0].N);
+  }
+
+  void clear_head() { head.clear(); }
+
+  Call make_call(int64_t kind, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
+                 bool bf16_in) {
     TORCH_CHECK(kind >= FLOAT && kind <= W4A16 && !tensors.empty(), "quantspec Stepper: unknown kernel kind ", kind);
     for (const at::Tensor& t : tensors) TORCH_CHECK(t.is_contiguous(), "quantspec Stepper: contiguous weights");
     const at::Tensor& w = tensors[0];
@@ -150,12 +175,8 @@ struct Stepper : torch::CustomClassHolder {
     TORCH_CHECK(call.K % steps[kind] == 0 && (kind != W4A16 || (group % 128 == 0 && call.K % group == 0)),
                 "quantspec Stepper: K = ", call.K, " does not fit the kernel");
     TORCH_CHECK(kind != FLOAT || w.scalar_type() == call.in, "quantspec Stepper: a float weight takes its own type");
-    Layer& L = layers[layer];
-    call.offset = L.width[slot];
-    L.width[slot] += call.N;
     max_k = std::max(max_k, call.K);
-    max_n = std::max(max_n, L.width[slot]);
-    L.calls[slot].push_back(std::move(call));
+    return call;
   }
 
   void set_rope(int64_t index, at::Tensor c, at::Tensor s) {
@@ -183,7 +204,28 @@ struct Stepper : torch::CustomClassHolder {
   // h [k, hidden], the new tokens' embeddings -> the final norm of the last `keep` rows [keep, hidden];
   // the k positions join the cache.
   at::Tensor forward(at::Tensor h, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
+    return enter(h, *cache, keep, HIDDEN, at::Tensor());
+  }
+
+  // The head's logits for the last `keep` rows [keep, vocabulary] (set_head first).
+  at::Tensor logits(at::Tensor h, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
+    TORCH_CHECK(!head.empty(), "quantspec Stepper: no head set");
+    return enter(h, *cache, keep, LOGITS, at::Tensor());
+  }
+
+  // The last row's greedy token: the first index of the largest logit (torch.argmax's choice, a NaN
+  // counting as the largest), `banned` ids left out (as eos_ban's -inf does), without the logits ever
+  // leaving the threads that computed them.
+  int64_t greedy(at::Tensor h, const c10::intrusive_ptr<StepCache>& cache, at::Tensor banned) {
+    TORCH_CHECK(!head.empty(), "quantspec Stepper: no head set");
+    TORCH_CHECK(banned.scalar_type() == at::kLong && banned.dim() == 1, "quantspec Stepper: banned ids int64 [b]");
+    return enter(h, *cache, 1, GREEDY, banned.contiguous()).item<int64_t>();
+  }
+
+ private:
+  at::Tensor enter(at::Tensor h, StepCache& cache_ref, int64_t keep, Mode mode, const at::Tensor& banned) {
     RECORD_FUNCTION("quantspec::step", std::vector<c10::IValue>());  // its self time: the glue and the waits
+    StepCache* cache = &cache_ref;
     TORCH_CHECK(h.dim() == 2 && keep >= 1 && keep <= h.size(0), "quantspec Stepper: h [k, hidden], 1 <= keep <= k");
     TORCH_CHECK(!layers.empty() && final_norm.defined(), "quantspec Stepper: no layers");
     const int64_t past = cache->length, n = h.size(0);
@@ -191,12 +233,10 @@ struct Stepper : torch::CustomClassHolder {
       TORCH_CHECK(table.size(0) >= past + n && table.scalar_type() == h.scalar_type(),
                   "quantspec Stepper: rotary table shorter than ", past + n, " or of another type");
     cache->reserve(layers.size(), kv_heads, dim, h.scalar_type(), past + n);
-    if (h.scalar_type() == at::kBFloat16) return run<BF>(h.contiguous(), *cache, keep);
+    if (h.scalar_type() == at::kBFloat16) return run<BF>(h.contiguous(), *cache, keep, mode, banned);
     TORCH_CHECK(h.scalar_type() == at::kFloat, "quantspec Stepper: float32 or bfloat16 activations");
-    return run<float>(h.contiguous(), *cache, keep);
+    return run<float>(h.contiguous(), *cache, keep, mode, banned);
   }
-
- private:
   template <typename T>
   void norm_rows(const T* x, const at::Tensor& w, int64_t d, int64_t rows, T* y) const {
     if constexpr (std::is_same_v<T, float>)
@@ -302,7 +342,7 @@ struct Stepper : torch::CustomClassHolder {
   }
 
   template <typename T>
-  at::Tensor run(const at::Tensor& input, StepCache& cache, int64_t keep) {
+  at::Tensor run(const at::Tensor& input, StepCache& cache, int64_t keep, Mode mode, const at::Tensor& banned) {
     const at::ScalarType act_type = input.scalar_type();
     const int64_t n = input.size(0), hidden = input.size(1), past = cache.length, cap = cache.capacity();
     const int64_t qw = heads * dim, kw = kv_heads * dim;
@@ -326,6 +366,18 @@ struct Stepper : torch::CustomClassHolder {
     const float scale = float(scaling);
     T *pp = proj.data_ptr<T>(), *qp = q.data_ptr<T>(), *kp_new = kbuf.data_ptr<T>(), *ap = attn.data_ptr<T>();
     float* yp = y.data_ptr<float>();
+    const int64_t vocab = head.empty() ? 0 : head[0].N, rows = mode == GREEDY ? 1 : keep;
+    at::Tensor out = mode == HIDDEN ? at::empty({keep, hidden}, opt) : at::empty({rows, vocab}, opt);
+    T* outp = out.data_ptr<T>();
+    std::vector<float> best(want, -std::numeric_limits<float>::infinity());
+    std::vector<int64_t> best_at(want, -1);
+    std::vector<char> banned_mask;
+    if (mode == GREEDY) {
+      banned_mask.assign(vocab, 0);
+      const int64_t* b = banned.data_ptr<int64_t>();
+      for (int64_t i = 0; i < banned.numel(); ++i)
+        if (b[i] >= 0 && b[i] < vocab) banned_mask[b[i]] = 1;
+    }
 #pragma omp parallel num_threads(want)
     {
       const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -428,11 +480,54 @@ struct Stepper : torch::CustomClassHolder {
         }
 #pragma omp barrier  // every thread has read down's output before the next layer's q/k/v overwrite it
       }
+      // the final norm of the rows kept; then the head, split by columns like any projection
+      const T* last = h + (n - rows) * hidden;
+      if (mode == HIDDEN) {
+        if (tid == 0) norm_rows<T>(h + (n - keep) * hidden, final_norm, hidden, keep, outp);
+      } else {
+        norm_rows<T>(last, final_norm, hidden, rows, x);
+        RECORD_FUNCTION(NAMES[head[0].kind], std::vector<c10::IValue>());
+        project<T>(head, vocab, x, rows, me, yp, outp, tid, nt);
+        if (mode == GREEDY) {  // this thread's columns (those it computed, still in its cache)
+          const int64_t blocks = (vocab + 3) / 4;
+          const int64_t n0 = 4 * (blocks * tid / nt), n1 = std::min(vocab, 4 * (blocks * (tid + 1) / nt));
+          float top = -std::numeric_limits<float>::infinity();
+          int64_t where = -1;
+          for (int64_t j = n0; j < n1; ++j) {
+            if (banned_mask[j]) continue;
+            const float v = to_f(outp[j]);
+            if (std::isnan(v)) {
+              top = v;
+              where = j;
+              break;
+            }
+            if (where < 0 || v > top) {
+              top = v;
+              where = j;
+            }
+          }
+          best[tid] = top;
+          best_at[tid] = where;
+        }
+      }
     }
     cache.length = past + n;
-    at::Tensor out = at::empty({keep, hidden}, opt);
-    norm_rows<T>(priv[0].h.data_ptr<T>() + (n - keep) * hidden, final_norm, hidden, keep, out.data_ptr<T>());
-    return out;
+    if (mode != GREEDY) return out;
+    // the threads' columns in order: the first NaN, else the largest, the first index among equals
+    int64_t chosen = -1;
+    float top = 0.f;
+    for (int t = 0; t < want; ++t) {
+      if (best_at[t] < 0) continue;
+      if (std::isnan(best[t])) {
+        chosen = best_at[t];
+        break;
+      }
+      if (chosen < 0 || best[t] > top) {
+        top = best[t];
+        chosen = best_at[t];
+      }
+    }
+    return at::scalar_tensor(chosen, at::kLong);
   }
 };
 
@@ -449,6 +544,10 @@ TORCH_LIBRARY_FRAGMENT(quantspec, m) {
       .def("add_call", &Stepper::add_call)
       .def("set_rope", &Stepper::set_rope)
       .def("set_final_norm", &Stepper::set_final_norm)
+      .def("set_head", &Stepper::set_head)
+      .def("clear_head", &Stepper::clear_head)
+      .def("logits", &Stepper::logits)
+      .def("greedy", &Stepper::greedy)
       .def("load", &Stepper::load)
       .def("forward", &Stepper::forward);
 }
