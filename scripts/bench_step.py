@@ -3,6 +3,8 @@
 
     .venv/bin/python scripts/bench_step.py                          # gemma3-270m, every precision
     .venv/bin/python scripts/bench_step.py --precisions w4a16 --steps 40
+    .venv/bin/python scripts/bench_step.py --paths python,quantspec     # the Python step loop beside the C++ one
+    .venv/bin/python scripts/bench_step.py model=llama-160m model.weights=random    # a draft's shape
 
 Each precision's job is built as a sweep builds it (src.assembly.job.build) and stepped one token at a time
 after a 64-token prompt. The step's wall time (median over --steps, the precisions in turns over --rounds) is
@@ -12,7 +14,8 @@ split, from torch.profiler's self time of every operator in a profiled run of th
 - head: the output projection over the whole vocabulary, timed alone on the step's last hidden state;
 - attention and KV cache: the attention kernel and the cache's update;
 - norms, rotary, activations: every other operator (elementwise maths, copies, the embedding);
-- sampling: the greedy choice over the step's logits as the engines make it (src.engine.common.choose), alone;
+- sampling: the greedy choice over the step's logits as the engines make it (src.engine.common.choose), alone
+  (0 where the C++ step takes the argmax itself: its time is then inside the step's);
 - framework: what is left of the profiled run's wall time, spent between operators (Python, the dispatcher).
 
 Each figure is the median over the rounds; within a round the parts come from one profiled run and the
@@ -49,6 +52,7 @@ from src.engine.native import Decoder  # noqa: E402
 from src.tasks.benchmark import cut_prompts  # noqa: E402
 
 GREEDY = Sampling()
+BANNED = torch.tensor([], dtype=torch.long)
 PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16"]
 PARTS = ("weights", "head", "attention and KV cache", "norms, rotary, activations", "sampling", "framework")
 MATMULS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm", "aten::_int_mm")
@@ -73,22 +77,25 @@ def category(name: str) -> str:
 
 
 class Stepper:
-    """One precision's job, prefilled once; each measurement steps one token and rolls it back."""
+    """One precision's job on one step path, prefilled once; each measurement steps one token and rolls it
+    back. Step paths of one precision share its job (its model)."""
 
-    def __init__(self, precision: str):
-        self.precision = precision
-        self.job = build_job(precision)
+    def __init__(self, job, precision: str, path: str):
+        self.precision, self.path, self.job = precision, path, job
         prompt = cut_prompts(self.job.loaded.tokenizer, self.job.corpus.reader("evaluation")(), [64])[0]
         self.token = int(prompt[0, -1])
-        self.decoder = Decoder(self.job.model, self.job.cfg.engine.step_path)
+        self.decoder = Decoder(self.job.model, path)
         self.decoder.prefill(prompt[:, :-1])
         dtype = self.job.model.get_input_embeddings().weight.dtype  # what the final norm hands the head
         self.hidden = torch.randn(1, 1, self.job.model.config.hidden_size).to(dtype)
 
-    def step(self) -> torch.Tensor:
-        logits = self.decoder.step(self.token)
+    def step(self) -> torch.Tensor | int:
+        """One greedy token as the decode task takes it: where the C++ step computes the head, its argmax is
+        taken there (Decoder.greedy_step) and the choice costs nothing apart; else the step's logits."""
+        chosen = self.decoder.greedy_step(self.token, BANNED)
+        out = self.decoder.step(self.token) if chosen is None else chosen
         self.decoder.rollback(1)
-        return logits
+        return out
 
     def wall_ms(self, steps: int) -> float:
         return _median_time(self.step, steps) * 1e3
@@ -99,6 +106,8 @@ class Stepper:
 
     def sampling_ms(self, steps: int) -> float:
         logits = self.step()
+        if isinstance(logits, int):  # chosen inside the step, its time in the step's
+            return 0.0
         return _median_time(lambda: choose(logits, GREEDY, None), steps) * 1e3  # as the engines pick a token
 
     def profiled(self, steps: int) -> tuple[dict[str, float], float]:
@@ -144,26 +153,30 @@ def measure(s: Stepper, steps: int) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def breakdown(precisions: list[str], steps: int, rounds: int) -> str:
-    steppers = [Stepper(p) for p in precisions]
+def breakdown(precisions: list[str], paths: list[str], steps: int, rounds: int, overrides: list[str]) -> str:
+    steppers = []
+    for p in precisions:
+        job = build_job(p, *overrides)
+        steppers += [Stepper(job, p, path) for path in paths]
     if not kernels.loaded():
         print(f"quantspec: quantspec kernels unavailable here ({kernels.reason()}): the step runs ATen's")
-    found: dict[str, list[dict[str, float]]] = defaultdict(list)
+    found: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
     for r in range(rounds):  # in turns: every precision sees the same machine load
         for s in steppers:
-            found[s.precision].append(measure(s, steps))
-            print(
-                f"quantspec: round {r + 1}: {s.precision}: token {found[s.precision][-1]['token']:.2f} ms", flush=True
-            )
+            found[s.precision, s.path].append(measure(s, steps))
+            token = found[s.precision, s.path][-1]["token"]
+            print(f"quantspec: round {r + 1}: {s.precision} ({s.path}): token {token:.2f} ms", flush=True)
     threads = torch.get_num_threads()
     bandwidth = roofline.host_bandwidth(steppers[0].job.cfg.cache_dir, threads, steppers[0].job.env["cpu_model"])
     rows = []
     for s in steppers:
-        median = {k: statistics.median(m[k] for m in found[s.precision]) for k in found[s.precision][0]}
+        runs = found[s.precision, s.path]
+        median = {k: statistics.median(m[k] for m in runs) for k in runs[0]}
         line = roofline.roofline_ms(s.job.model, 64, bandwidth)
         rows.append(
             [
                 s.precision,
+                s.path,
                 median["token"],
                 *(median[p] for p in PARTS),
                 median["fixed"],
@@ -175,6 +188,7 @@ def breakdown(precisions: list[str], steps: int, rounds: int) -> str:
     return markdown_table(
         [
             "precision",
+            "step path",
             "token (ms)",
             *(f"{p} (ms)" for p in PARTS),
             "fixed cost (ms)",
@@ -189,12 +203,20 @@ def breakdown(precisions: list[str], steps: int, rounds: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument(
+        "--paths", default="quantspec", help="engine.step_path values to set side by side (quantspec,python)"
+    )
     parser.add_argument("--steps", type=int, default=30, help="steps per timing")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the precisions in turns")
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides for every job (model=llama-160m model.weights=random)"
+    )
     benchpage.add_argument(parser)
     args = parser.parse_args()
-    table = breakdown(args.precisions.split(","), args.steps, args.rounds)
-    title = f"One decode step of gemma3-270m, where its time goes ({torch.get_num_threads()} threads)"
+    table = breakdown(args.precisions.split(","), args.paths.split(","), args.steps, args.rounds, args.overrides)
+    model = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model=")), "gemma3-270m")
+    extra = f", {' '.join(args.overrides)}" if args.overrides else ""
+    title = f"One decode step of {model}, where its time goes ({torch.get_num_threads()} threads{extra})"
     print(f"\n{title}; CPU flags: {' '.join(benchpage.host_flags())}\n\n{table}")
     benchpage.record(args.doc, "engine", title, table, rounds=args.rounds)
     return 0

@@ -1,6 +1,6 @@
 """The C++ step (src.engine.cstep, src/kernels/step.cpp) against the Python step path it replaces: the same
 logits bit for bit, per family and precision, through steps, verifications, rollbacks and sliding windows,
-on the kernel variant this host picks (test_kernels.py checks each variant's kernels against the reference).
+on every kernel variant this host runs (test_kernels.py checks each variant's kernels against the reference).
 """
 
 import pytest
@@ -9,11 +9,11 @@ import torch
 from src import kernels
 from src.engine import ENGINES, Sampling, cstep, engine_for, speculative
 from src.engine.native import Decoder
-from src.kernels import modules
+from src.kernels import modules, variants
 from src.models.tiny import tiny_model
 from src.quant.pipeline import install, quantize
 from tests.conftest import quant_spec
-from tests.test_kernels import CACHE
+from tests.test_kernels import CACHE, use
 from tests.test_quant import calib
 
 QUANT = {
@@ -28,10 +28,17 @@ PRECISIONS = ["fp32", "bf16", *QUANT]
 FAMILIES = ["gemma3", "llama", "qwen2"]
 
 
+@pytest.fixture(autouse=True, params=[v.name for v in variants.for_arch()])
+def isa(request):
+    """Every kernel variant this CPU runs (the step calls the variant's table: AVX2's too on an AVX-512
+    host); one it lacks is skipped, saying which instructions."""
+    return use(request.param)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def loaded():
-    if not kernels.load(CACHE):
-        pytest.fail(f"quantspec's kernels could not be built: {kernels.reason()}")
+def best_variant_after():
+    yield
+    kernels.load(CACHE)  # the tests after these run on the variant a job would pick
 
 
 def model_at(arch: str, precision: str):
