@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_draft.py                          # gemma3-270m, bf16 and fp32 targets
     .venv/bin/python scripts/bench_draft.py precision=w8a8 draft.k=3 # any extra Hydra overrides
+    .venv/bin/python scripts/bench_draft.py task=decode              # one task instead of decode,benchmark
     .venv/bin/python scripts/bench_draft.py --doc                    # also on the docs' benchmark page
 
 One sweep over precision (the target) x draft=prompt_lookup,self_w4a16,self_w8a8,self_w8a8_vocab4k x
@@ -51,16 +52,17 @@ def main(argv: list[str]) -> int:
     uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
     sweep_dir = ROOT / "multirun" / f"bench-draft-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     target = next((o.split("=", 1)[1] for o in overrides if o.startswith("precision=")), "bf16,fp32")
+    tasks = next((o.split("=", 1)[1] for o in overrides if o.startswith("task=")), "decode,benchmark")
     cmd = [
         sys.executable,
         "-m",
         "src.run",
         "-m",
         f"draft={','.join(DRAFTS)}",
-        "task=decode,benchmark",
+        f"task={tasks}",
         f"precision={target}",
         f"hydra.sweep.dir={sweep_dir}",
-        *[o for o in overrides if not o.startswith("precision=")],
+        *[o for o in overrides if not o.startswith(("precision=", "task="))],
     ]
     print("running:", " ".join(cmd[1:]), flush=True)
     done = subprocess.run(cmd, cwd=ROOT)
