@@ -3,13 +3,12 @@ w8a8, w8a16, w4a16), the int4 unpacking for prefill, RMSNorm, and attention for 
 rows do not depend on how many arrive together.
 
 One library, several ISA variants (src/kernels/variants.py: avx512, avx_vnni, avx2, neon_dotprod, neon,
-reference),
-each a plain shared library compiled from core/ with its own flags, behind one torch binding
-(binding.cpp, torch.ops.quantspec.*). `load(directory, isa)` builds what it needs once per machine and
-torch version into `directory`, picks the best variant this CPU runs (or the one `isa` names), and
-returns True; `variant()` names the one in use. With no compiler it returns False and `reason()` says
-why: callers keep ATen's kernels and must say so. Forcing a variant this CPU cannot run raises
-IsaUnavailable, one line.
+reference), each a plain shared library compiled from core/ with its own flags, behind one torch binding
+(binding.cpp: torch.ops.quantspec.*; step.cpp: a whole decode step as one call, for src.engine.cstep).
+`load(directory, isa)` builds what it needs once per machine and torch version into `directory`, picks
+the best variant this CPU runs (or the one `isa` names), and returns True; `variant()` names the one in
+use. With no compiler it returns False and `reason()` says why: callers keep ATen's kernels and must say
+so. Forcing a variant this CPU cannot run raises IsaUnavailable, one line.
 """
 
 from __future__ import annotations

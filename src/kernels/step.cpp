@@ -268,6 +268,16 @@ struct Stepper : torch::CustomClassHolder {
     }
   }
 
+  // h += norm(out) (Gemma's sandwich norms) or h += out, on this thread's copy of the residual stream.
+  template <typename T>
+  void add_residual(T* h, const T* out, const at::Tensor& norm, int64_t hidden, int64_t n, T* scratch) const {
+    if (norm.defined()) {
+      norm_rows<T>(out, norm, hidden, n, scratch);
+      out = scratch;
+    }
+    for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + out[i];
+  }
+
   // This thread's share of a projection: x [n, K] (activations' type, this thread's own copy) through each
   // call's kernel over this thread's blocks of 4 columns, finished into out [n, width] (shared).
   template <typename T>
@@ -384,80 +394,69 @@ struct Stepper : torch::CustomClassHolder {
       Private& me = priv[tid];
       T* h = me.h.data_ptr<T>();
       T* x = me.x.data_ptr<T>();
+      // a projection into the shared output (pp), then a barrier: one profiler record on the calling
+      // thread, its wait included
+      auto projected = [&](const Layer& L, int slot, const T* in) {
+        RECORD_FUNCTION(NAMES[L.calls[slot][0].kind], std::vector<c10::IValue>());
+        project<T>(L.calls[slot], L.width[slot], in, n, me, yp, pp, tid, nt);
+#pragma omp barrier
+      };
       for (size_t l = 0; l < layers.size(); ++l) {
         const Layer& L = layers[l];
         // q, k, v
         norm_rows<T>(h, L.norms[ATTN_IN], hidden, n, x);
-        {  // one profiler record per projection on the calling thread, its wait at the barrier included
-          RECORD_FUNCTION(NAMES[L.calls[QKV][0].kind], std::vector<c10::IValue>());
-          project<T>(L.calls[QKV], L.width[QKV], x, n, me, yp, pp, tid, nt);
-#pragma omp barrier
-        }
+        projected(L, QKV, x);
         // q/k norms, rotary positions and the cache's new rows (a few thousand values, one thread), attention
         {
-        RECORD_FUNCTION("quantspec::decode_attention", std::vector<c10::IValue>());
-        at::Tensor& K = cache.keys[l];
-        at::Tensor& V = cache.values[l];
-        T* kc = K.data_ptr<T>();
-        T* vc = V.data_ptr<T>();
-        if (tid == 0) {
-          const int64_t w = L.width[QKV];
-          for (int64_t i = 0; i < n; ++i) {
-            std::copy(pp + i * w, pp + i * w + qw, qp + i * qw);
-            std::copy(pp + i * w + qw, pp + i * w + qw + kw, kp_new + i * kw);
-          }
-          if (L.norms[Q_NORM].defined()) norm_rows<T>(qp, L.norms[Q_NORM], dim, n * heads, qp);
-          if (L.norms[K_NORM].defined()) norm_rows<T>(kp_new, L.norms[K_NORM], dim, n * kv_heads, kp_new);
-          rotate<T>(qp, n, heads, cos[L.rope], sin[L.rope], past);
-          rotate<T>(kp_new, n, kv_heads, cos[L.rope], sin[L.rope], past);
-          for (int64_t i = 0; i < n; ++i)
-            for (int64_t g = 0; g < kv_heads; ++g) {
-              std::copy(kp_new + i * kw + g * dim, kp_new + i * kw + (g + 1) * dim, kc + (g * cap + past + i) * dim);
-              const T* v = pp + i * w + qw + kw + g * dim;
-              std::copy(v, v + dim, vc + (g * cap + past + i) * dim);
+          RECORD_FUNCTION("quantspec::decode_attention", std::vector<c10::IValue>());
+          at::Tensor& K = cache.keys[l];
+          at::Tensor& V = cache.values[l];
+          T* kc = K.data_ptr<T>();
+          T* vc = V.data_ptr<T>();
+          if (tid == 0) {
+            const int64_t w = L.width[QKV];
+            for (int64_t i = 0; i < n; ++i) {
+              std::copy(pp + i * w, pp + i * w + qw, qp + i * qw);
+              std::copy(pp + i * w + qw, pp + i * w + qw + kw, kp_new + i * kw);
             }
-        }
-#pragma omp barrier
-        // attention: each (query, head) alone, query i at position past + i seeing its window's keys
-        {
-          const int64_t items = n * heads, i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
-          for (int64_t item = i0; item < i1;) {
-            const int64_t i = item / heads, h0 = item % heads, h1 = std::min(heads, h0 + (i1 - item));
-            const int64_t pos = past + i, start = L.window ? std::max<int64_t>(0, pos - L.window + 1) : 0;
-            const int64_t len = pos - start + 1;
-            if constexpr (std::is_same_v<T, float>)
-              k().attention_f32(qp + i * qw, kc + start * dim, vc + start * dim, cap * dim, heads, kv_heads, 1, len,
-                                dim, scale, h0, h1, ap + i * qw);
-            else
-              k().attention_bf16(reinterpret_cast<const uint16_t*>(qp + i * qw),
-                                 reinterpret_cast<const uint16_t*>(kc + start * dim),
-                                 reinterpret_cast<const uint16_t*>(vc + start * dim), cap * dim, heads, kv_heads, 1,
-                                 len, dim, scale, h0, h1, reinterpret_cast<uint16_t*>(ap + i * qw));
-            item += h1 - h0;
+            if (L.norms[Q_NORM].defined()) norm_rows<T>(qp, L.norms[Q_NORM], dim, n * heads, qp);
+            if (L.norms[K_NORM].defined()) norm_rows<T>(kp_new, L.norms[K_NORM], dim, n * kv_heads, kp_new);
+            rotate<T>(qp, n, heads, cos[L.rope], sin[L.rope], past);
+            rotate<T>(kp_new, n, kv_heads, cos[L.rope], sin[L.rope], past);
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t g = 0; g < kv_heads; ++g) {
+                std::copy(kp_new + i * kw + g * dim, kp_new + i * kw + (g + 1) * dim, kc + (g * cap + past + i) * dim);
+                const T* v = pp + i * w + qw + kw + g * dim;
+                std::copy(v, v + dim, vc + (g * cap + past + i) * dim);
+              }
           }
-        }
+#pragma omp barrier
+          // attention: each (query, head) alone, query i at position past + i seeing its window's keys
+          {
+            const int64_t items = n * heads, i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
+            for (int64_t item = i0; item < i1;) {
+              const int64_t i = item / heads, h0 = item % heads, h1 = std::min(heads, h0 + (i1 - item));
+              const int64_t pos = past + i, start = L.window ? std::max<int64_t>(0, pos - L.window + 1) : 0;
+              const int64_t len = pos - start + 1;
+              if constexpr (std::is_same_v<T, float>)
+                k().attention_f32(qp + i * qw, kc + start * dim, vc + start * dim, cap * dim, heads, kv_heads, 1, len,
+                                  dim, scale, h0, h1, ap + i * qw);
+              else
+                k().attention_bf16(reinterpret_cast<const uint16_t*>(qp + i * qw),
+                                   reinterpret_cast<const uint16_t*>(kc + start * dim),
+                                   reinterpret_cast<const uint16_t*>(vc + start * dim), cap * dim, heads, kv_heads, 1,
+                                   len, dim, scale, h0, h1, reinterpret_cast<uint16_t*>(ap + i * qw));
+              item += h1 - h0;
+            }
+          }
 #pragma omp barrier
         }
         // the output projection, its norm (Gemma) and the residual, each thread on its own copy
-        {  // one profiler record per projection on the calling thread, its wait at the barrier included
-          RECORD_FUNCTION(NAMES[L.calls[O][0].kind], std::vector<c10::IValue>());
-          project<T>(L.calls[O], L.width[O], ap, n, me, yp, pp, tid, nt);
-#pragma omp barrier
-        }
-        const int64_t ow = L.width[O];
-        if (L.norms[ATTN_OUT].defined()) {
-          norm_rows<T>(pp, L.norms[ATTN_OUT], ow, n, x);
-          for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + x[i];
-        } else {
-          for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + pp[i];
-        }
+        projected(L, O, ap);
+        add_residual<T>(h, pp, L.norms[ATTN_OUT], hidden, n, x);
 #pragma omp barrier  // every thread has read the output projection's before gate/up overwrite it
         norm_rows<T>(h, L.norms[MLP_IN], hidden, n, x);
-        {  // one profiler record per projection on the calling thread, its wait at the barrier included
-          RECORD_FUNCTION(NAMES[L.calls[GATE_UP][0].kind], std::vector<c10::IValue>());
-          project<T>(L.calls[GATE_UP], L.width[GATE_UP], x, n, me, yp, pp, tid, nt);
-#pragma omp barrier
-        }
+        projected(L, GATE_UP, x);
         // the activation is ATen's own (its vectorised tanh/exp), on the same [n, I] views as the Python path
         const int64_t inter = L.width[GATE_UP] / 2;
         {
@@ -466,18 +465,8 @@ struct Stepper : torch::CustomClassHolder {
           me.act_out = (act == "silu" ? at::silu(gate) : at::gelu(gate, "tanh")).mul_(up);
         }
 #pragma omp barrier  // every thread has its activation before down overwrites gate/up
-        {  // one profiler record per projection on the calling thread, its wait at the barrier included
-          RECORD_FUNCTION(NAMES[L.calls[DOWN][0].kind], std::vector<c10::IValue>());
-          project<T>(L.calls[DOWN], L.width[DOWN], me.act_out.data_ptr<T>(), n, me, yp, pp, tid, nt);
-#pragma omp barrier
-        }
-        const int64_t dw = L.width[DOWN];
-        if (L.norms[MLP_OUT].defined()) {
-          norm_rows<T>(pp, L.norms[MLP_OUT], dw, n, x);
-          for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + x[i];
-        } else {
-          for (int64_t i = 0; i < n * hidden; ++i) h[i] = h[i] + pp[i];
-        }
+        projected(L, DOWN, me.act_out.data_ptr<T>());
+        add_residual<T>(h, pp, L.norms[MLP_OUT], hidden, n, x);
 #pragma omp barrier  // every thread has read down's output before the next layer's q/k/v overwrite it
       }
       // the final norm of the rows kept; then the head, split by columns like any projection
