@@ -22,6 +22,7 @@ from src.kernels import MAX_ROWS, modules
 from src.quant.linear import W4A16Gemv, W8A8Gemv, W8A16Gemv
 
 QKV, OUT, GATE_UP, DOWN = range(4)  # step.cpp's Slot
+EMBEDDINGS = ("Embedding", "Gemma3TextScaledWordEmbedding")  # a lookup, and Gemma's times its scale
 ACTIVATIONS = {"GELUTanh": "gelu_tanh", "PytorchGELUTanh": "gelu_tanh", "SiLUActivation": "silu", "SiLU": "silu"}
 FIRST_TABLE = 1024  # rotary positions tabulated at first; doubled when a sequence outgrows them
 
@@ -106,6 +107,10 @@ class CompiledSteps:
             ]
             slots.append((weights, rope_index[kind], window or 0, [c for group in calls for c in group]))
         final = _norm(model.model.norm, act, conv)
+        embedding = model.model.embed_tokens
+        if type(embedding).__name__ not in EMBEDDINGS:
+            raise Unsupported(f"a {type(embedding).__name__} embedding")
+        scale = getattr(embedding, "embed_scale", None)  # Gemma's sqrt(hidden), multiplied in the weight's type
         self.stepper = torch.classes.quantspec.Stepper(
             heads, kv_heads, steps.head_dim, float(steps.scaling), float(conv["eps"]), conv["gemma"], ACTIVATIONS[name]
         )
@@ -114,6 +119,7 @@ class CompiledSteps:
             for slot, (kind, tensors, bias, group, bf16_in) in calls:
                 self.stepper.add_call(i, slot, kind, tensors, bias, group, bf16_in)
         self.stepper.set_final_norm(final)
+        self.stepper.set_embedding(embedding.weight.detach(), [] if scale is None else [scale])
         self.rope_kinds, self.act = list(rope_index), act
         self.positions = 0
         self.softcap = getattr(steps, "softcap", None)
@@ -162,15 +168,15 @@ class CompiledSteps:
         return self.fused
 
     def _layers(self, ids: torch.Tensor, kv) -> torch.Tensor:
-        """The new tokens' embeddings: every piece of MAX_ROWS but the last run through the layers (the
-        kernels' regime; a row's result does not depend on the rest), the last returned."""
+        """ids [1, k]: every piece of MAX_ROWS tokens but the last run through the layers (the kernels'
+        regime; a row's result does not depend on the rest), the last piece's ids returned."""
         n = ids.shape[1]
         self._tables(kv.size() + n)
-        hidden = self.model.model.embed_tokens(ids)[0]
+        ids = ids[0].cpu()
         last = (n - 1) // MAX_ROWS * MAX_ROWS
         for start in range(0, last, MAX_ROWS):
-            self.stepper.forward(hidden[start : start + MAX_ROWS], kv, 1)
-        return hidden[last:]
+            self.stepper.forward(ids[start : start + MAX_ROWS], kv, 1)
+        return ids[last:]
 
     def __call__(self, ids: torch.Tensor, kv, keep: int) -> torch.Tensor:
         n = ids.shape[1]

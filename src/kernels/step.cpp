@@ -122,6 +122,7 @@ struct Stepper : torch::CustomClassHolder {
   std::vector<Layer> layers;
   std::vector<at::Tensor> cos, sin;  // rotary tables [positions, dim], sin's first half negated
   at::Tensor final_norm;
+  at::Tensor embedding, embed_scale;  // [vocabulary, hidden]; Gemma's scale (0-dim), undefined for none
   std::vector<Call> head;  // the output projection, where it runs here (set_head)
   int64_t max_k = 0, max_n = 0;
 
@@ -190,6 +191,12 @@ struct Stepper : torch::CustomClassHolder {
 
   void set_final_norm(at::Tensor w) { final_norm = w.contiguous(); }
 
+  // The token embedding, times `scale` where the model scales it (Gemma: sqrt(hidden) in the weight's type).
+  void set_embedding(at::Tensor weight, std::vector<at::Tensor> scale) {
+    embedding = weight.contiguous();
+    embed_scale = scale.empty() ? at::Tensor() : scale[0].to(weight.scalar_type());
+  }
+
   // Keys and values that transformers' cache holds for a layer ([KV heads, n, dim], the last n of
   // `length` positions: a sliding layer keeps only its window), after a prefill through its forward.
   void load(const c10::intrusive_ptr<StepCache>& cache, int64_t layer, at::Tensor key, at::Tensor value,
@@ -201,41 +208,65 @@ struct Stepper : torch::CustomClassHolder {
     cache->length = length;
   }
 
-  // h [k, hidden], the new tokens' embeddings -> the final norm of the last `keep` rows [keep, hidden];
-  // the k positions join the cache.
-  at::Tensor forward(at::Tensor h, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
-    return enter(h, *cache, keep, HIDDEN, at::Tensor());
+  // ids [k], the new tokens -> the final norm of the last `keep` rows [keep, hidden]; the k positions
+  // join the cache.
+  at::Tensor forward(at::Tensor ids, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
+    return enter(ids, *cache, keep, HIDDEN, at::Tensor());
   }
 
   // The head's logits for the last `keep` rows [keep, vocabulary] (set_head first).
-  at::Tensor logits(at::Tensor h, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
+  at::Tensor logits(at::Tensor ids, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
     TORCH_CHECK(!head.empty(), "quantspec Stepper: no head set");
-    return enter(h, *cache, keep, LOGITS, at::Tensor());
+    return enter(ids, *cache, keep, LOGITS, at::Tensor());
   }
 
   // The last row's greedy token: the first index of the largest logit (torch.argmax's choice, a NaN
   // counting as the largest), `banned` ids left out (as eos_ban's -inf does), without the logits ever
   // leaving the threads that computed them.
-  int64_t greedy(at::Tensor h, const c10::intrusive_ptr<StepCache>& cache, at::Tensor banned) {
+  int64_t greedy(at::Tensor ids, const c10::intrusive_ptr<StepCache>& cache, at::Tensor banned) {
     TORCH_CHECK(!head.empty(), "quantspec Stepper: no head set");
     TORCH_CHECK(banned.scalar_type() == at::kLong && banned.dim() == 1, "quantspec Stepper: banned ids int64 [b]");
-    return enter(h, *cache, 1, GREEDY, banned.contiguous()).item<int64_t>();
+    return enter(ids, *cache, 1, GREEDY, banned.contiguous()).item<int64_t>();
   }
 
  private:
-  at::Tensor enter(at::Tensor h, StepCache& cache_ref, int64_t keep, Mode mode, const at::Tensor& banned) {
+  at::Tensor enter(const at::Tensor& ids, StepCache& cache, int64_t keep, Mode mode, const at::Tensor& banned) {
     RECORD_FUNCTION("quantspec::step", std::vector<c10::IValue>());  // its self time: the glue and the waits
-    StepCache* cache = &cache_ref;
-    TORCH_CHECK(h.dim() == 2 && keep >= 1 && keep <= h.size(0), "quantspec Stepper: h [k, hidden], 1 <= keep <= k");
-    TORCH_CHECK(!layers.empty() && final_norm.defined(), "quantspec Stepper: no layers");
-    const int64_t past = cache->length, n = h.size(0);
+    TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && keep >= 1 && keep <= ids.size(0),
+                "quantspec Stepper: ids int64 [k], 1 <= keep <= k");
+    TORCH_CHECK(!layers.empty() && final_norm.defined() && embedding.defined(), "quantspec Stepper: not set up");
+    const int64_t past = cache.length, n = ids.size(0), vocab = embedding.size(0);
     for (const at::Tensor& table : cos)
-      TORCH_CHECK(table.size(0) >= past + n && table.scalar_type() == h.scalar_type(),
+      TORCH_CHECK(table.size(0) >= past + n && table.scalar_type() == embedding.scalar_type(),
                   "quantspec Stepper: rotary table shorter than ", past + n, " or of another type");
-    cache->reserve(layers.size(), kv_heads, dim, h.scalar_type(), past + n);
-    if (h.scalar_type() == at::kBFloat16) return run<BF>(h.contiguous(), *cache, keep, mode, banned);
-    TORCH_CHECK(h.scalar_type() == at::kFloat, "quantspec Stepper: float32 or bfloat16 activations");
-    return run<float>(h.contiguous(), *cache, keep, mode, banned);
+    const at::Tensor tokens = ids.contiguous();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = tokens.data_ptr<int64_t>()[i];
+      TORCH_CHECK(t >= 0 && t < vocab, "quantspec Stepper: token ", t, " outside the vocabulary of ", vocab);
+    }
+    cache.reserve(layers.size(), kv_heads, dim, embedding.scalar_type(), past + n);
+    if (embedding.scalar_type() == at::kBFloat16) return run<BF>(embed<BF>(tokens), cache, keep, mode, banned);
+    TORCH_CHECK(embedding.scalar_type() == at::kFloat, "quantspec Stepper: float32 or bfloat16 activations");
+    return run<float>(embed<float>(tokens), cache, keep, mode, banned);
+  }
+
+  // The tokens' rows of the embedding [n, hidden], times its scale as the model's module multiplies them.
+  template <typename T>
+  at::Tensor embed(const at::Tensor& tokens) const {
+    const int64_t n = tokens.size(0), hidden = embedding.size(1);
+    at::Tensor h = at::empty({n, hidden}, embedding.options());
+    const T* table = embedding.data_ptr<T>();
+    T* out = h.data_ptr<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = table + tokens.data_ptr<int64_t>()[i] * hidden;
+      if (!embed_scale.defined()) {
+        std::copy(row, row + hidden, out + i * hidden);
+        continue;
+      }
+      const T scale = embed_scale.data_ptr<T>()[0];
+      for (int64_t j = 0; j < hidden; ++j) out[i * hidden + j] = row[j] * scale;
+    }
+    return h;
   }
   template <typename T>
   void norm_rows(const T* x, const at::Tensor& w, int64_t d, int64_t rows, T* y) const {
@@ -372,7 +403,10 @@ struct Stepper : torch::CustomClassHolder {
     const auto opt = input.options();
     const auto fopt = opt.dtype(at::kFloat);
     // shared: the kernels' float output, each projection's finished output, the attention's
-    at::Tensor y = at::empty({n, max_n}, fopt), proj = at::empty({n, max_n}, opt), q = at::empty({n, qw}, opt);
+    // two shared outputs, taken in turns (q/k/v and gate/up into one, o and down into the other), so that a
+    // projection never overwrites what a thread may still be reading and needs no barrier before it
+    at::Tensor y = at::empty({n, max_n}, fopt), proj_a = at::empty({n, max_n}, opt);
+    at::Tensor proj_b = at::empty({n, hidden}, opt), q = at::empty({n, qw}, opt);
     at::Tensor kbuf = at::empty({n, kw}, opt), attn = at::empty({n, qw}, opt);
     std::vector<Private> priv(want);
     const int64_t x8 = std::max<int64_t>(k().x8_bytes, 2);
@@ -386,7 +420,7 @@ struct Stepper : torch::CustomClassHolder {
       p.sums = at::empty({n, max_k / 128 + 1}, fopt);
     }
     const float scale = float(scaling);
-    T *pp = proj.data_ptr<T>(), *qp = q.data_ptr<T>(), *kp_new = kbuf.data_ptr<T>(), *ap = attn.data_ptr<T>();
+    T *pa = proj_a.data_ptr<T>(), *pb = proj_b.data_ptr<T>(), *qp = q.data_ptr<T>(), *kp_new = kbuf.data_ptr<T>(), *ap = attn.data_ptr<T>();
     float* yp = y.data_ptr<float>();
     const int64_t vocab = head.empty() ? 0 : head[0].N, rows = mode == GREEDY ? 1 : keep;
     at::Tensor out = mode == HIDDEN ? at::empty({keep, hidden}, opt) : at::empty({rows, vocab}, opt);
@@ -408,16 +442,16 @@ struct Stepper : torch::CustomClassHolder {
       T* x = me.x.data_ptr<T>();
       // a projection into the shared output (pp), then a barrier: one profiler record on the calling
       // thread, its wait included
-      auto projected = [&](const Layer& L, int slot, const T* in) {
+      auto projected = [&](const Layer& L, int slot, const T* in, T* out) {
         RECORD_FUNCTION(NAMES[L.calls[slot][0].kind], std::vector<c10::IValue>());
-        project<T>(L.calls[slot], L.width[slot], in, n, me, yp, pp, tid, nt);
+        project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt);
 #pragma omp barrier
       };
       for (size_t l = 0; l < layers.size(); ++l) {
         const Layer& L = layers[l];
         // q, k, v
         norm_rows<T>(h, L.norms[ATTN_IN], hidden, n, x);
-        projected(L, QKV, x);
+        projected(L, QKV, x, pa);
         // q/k norms, rotary positions and the cache's new rows (a few thousand values, one thread), attention
         {
           RECORD_FUNCTION("quantspec::decode_attention", std::vector<c10::IValue>());
@@ -428,8 +462,8 @@ struct Stepper : torch::CustomClassHolder {
           if (tid == 0) {
             const int64_t w = L.width[QKV];
             for (int64_t i = 0; i < n; ++i) {
-              std::copy(pp + i * w, pp + i * w + qw, qp + i * qw);
-              std::copy(pp + i * w + qw, pp + i * w + qw + kw, kp_new + i * kw);
+              std::copy(pa + i * w, pa + i * w + qw, qp + i * qw);
+              std::copy(pa + i * w + qw, pa + i * w + qw + kw, kp_new + i * kw);
             }
             if (L.norms[Q_NORM].defined()) norm_rows<T>(qp, L.norms[Q_NORM], dim, n * heads, qp);
             if (L.norms[K_NORM].defined()) norm_rows<T>(kp_new, L.norms[K_NORM], dim, n * kv_heads, kp_new);
@@ -438,7 +472,7 @@ struct Stepper : torch::CustomClassHolder {
             for (int64_t i = 0; i < n; ++i)
               for (int64_t g = 0; g < kv_heads; ++g) {
                 std::copy(kp_new + i * kw + g * dim, kp_new + i * kw + (g + 1) * dim, kc + (g * cap + past + i) * dim);
-                const T* v = pp + i * w + qw + kw + g * dim;
+                const T* v = pa + i * w + qw + kw + g * dim;
                 std::copy(v, v + dim, vc + (g * cap + past + i) * dim);
               }
           }
@@ -464,22 +498,19 @@ struct Stepper : torch::CustomClassHolder {
 #pragma omp barrier
         }
         // the output projection, its norm (Gemma) and the residual, each thread on its own copy
-        projected(L, O, ap);
-        add_residual<T>(h, pp, L.norms[ATTN_OUT], hidden, n, x);
-#pragma omp barrier  // every thread has read the output projection's before gate/up overwrite it
+        projected(L, O, ap, pb);
+        add_residual<T>(h, pb, L.norms[ATTN_OUT], hidden, n, x);
         norm_rows<T>(h, L.norms[MLP_IN], hidden, n, x);
-        projected(L, GATE_UP, x);
+        projected(L, GATE_UP, x, pa);
         // the activation is ATen's own (its vectorised tanh/exp), on the same [n, I] views as the Python path
         const int64_t inter = L.width[GATE_UP] / 2;
         {
-          const at::Tensor both = at::from_blob(pp, {n, 2 * inter}, opt);
+          const at::Tensor both = at::from_blob(pa, {n, 2 * inter}, opt);
           const at::Tensor gate = both.narrow(1, 0, inter), up = both.narrow(1, inter, inter);
           me.act_out = (act == "silu" ? at::silu(gate) : at::gelu(gate, "tanh")).mul_(up);
         }
-#pragma omp barrier  // every thread has its activation before down overwrites gate/up
-        projected(L, DOWN, me.act_out.data_ptr<T>());
-        add_residual<T>(h, pp, L.norms[MLP_OUT], hidden, n, x);
-#pragma omp barrier  // every thread has read down's output before the next layer's q/k/v overwrite it
+        projected(L, DOWN, me.act_out.data_ptr<T>(), pb);
+        add_residual<T>(h, pb, L.norms[MLP_OUT], hidden, n, x);
       }
       // the final norm of the rows kept; then the head, split by columns like any projection
       const T* last = h + (n - rows) * hidden;
@@ -545,6 +576,7 @@ TORCH_LIBRARY_FRAGMENT(quantspec, m) {
       .def("add_call", &Stepper::add_call)
       .def("set_rope", &Stepper::set_rope)
       .def("set_final_norm", &Stepper::set_final_norm)
+      .def("set_embedding", &Stepper::set_embedding)
       .def("set_head", &Stepper::set_head)
       .def("clear_head", &Stepper::clear_head)
       .def("logits", &Stepper::logits)
