@@ -68,3 +68,24 @@ def test_a_profile_that_ran_elsewhere_says_what_executed(tmp_path):
     assert kept.params["executed.device"] == "cpu" and kept.params["executed.kernels"] == "aten"
     assert kept.tags["ran_on"] == f"phx profile, ran on host CPU ({kept.params['executed.cpu']})"
     assert kept.params["executed.runtime"].startswith("transformers ") and "generate" in kept.params["executed.runtime"]
+
+
+def test_a_native_job_says_which_step_path_runs_its_model():
+    """executed.step_path: the C++ step where it covers the model (on quantspec's kernels), the Python loop
+    where it does not (ATen's kernels)."""
+    from tests.test_kernels import CACHE
+
+    said = {}
+    for kernels_choice in ("quantspec", "aten"):
+        raw, _ = compose_job(
+            [
+                "model=tiny-gemma3",
+                "task.limit=1",
+                f"engine.kernels={kernels_choice}",
+                f"cache_dir={CACHE.parent.expanduser()}",
+            ]
+        )
+        kept = Kept()
+        build(job_config_from_dict(raw), kept)
+        said[kernels_choice] = kept.params["executed.step_path"]
+    assert said == {"quantspec": "quantspec", "aten": "python"}

@@ -25,7 +25,7 @@ from src.assembly.config import ConfigError, JobConfig
 from src.assembly.hardware import Placement
 from src.common import environment
 from src.data.corpus import Corpus, TextInput
-from src.engine import engine_for, roofline, runtimes
+from src.engine import engine_for, native, roofline, runtimes
 from src.engine.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
@@ -200,6 +200,8 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)
     model = _place(cfg, model, placement, gemv, recorder)
     plain = engine_for(cfg.engine.kind, cfg.engine.step_path)
+    if cfg.engine.kind == "native":  # what the step path covers, said (and the C++ step built) before timing
+        recorder.log_params({"executed.step_path": native.executed_path(model, cfg.engine.step_path)})
     drafter = _prepare_draft(cfg, loaded, corpus, placement, gemv, recorder) if cfg.draft.active else None
     engine = (
         plain

@@ -2,12 +2,13 @@
 
 src.engine.fastpath took transformers' forward out of a step; what it left was still ~1000 operator
 calls a step from Python (~2.5 ms of the fixed cost per token on Gemma 3 270M, measured by
-scripts/bench_step.py: as much as streaming its 4-bit layers). Here the same layer loop runs in C++: the
-model's weights (the fused q/k/v and gate/up kernels of src.engine.fused, the norms) are handed to a
-`torch.classes.quantspec.Stepper` once per model, and a step is the embedding, one call, and the head.
-The sequence's keys and values live in a `StepCache` of its own, sliding windows included, so the step
-never leaves C++ for a mask or a window. The logits are the Python step path's, bit for bit
-(tests/test_cstep.py, every family and precision).
+scripts/bench_step.py: as much as streaming its 4-bit layers). Here the same loop runs in C++: the
+model's weights (the embedding, the fused q/k/v and gate/up kernels of src.engine.fused, the norms, the
+head) are handed to a `torch.classes.quantspec.Stepper` once per model, and a step is one call from
+token ids to logits, or for greedy decoding to the next token (the argmax taken where the head's columns
+are computed). The sequence's keys and values live in a `StepCache` of its own, sliding windows
+included, so the step never leaves C++ for a mask or a window. The logits are the Python step path's,
+bit for bit (tests/test_cstep.py, every family and precision).
 
 It covers Gemma 3 text models and Llama/Qwen2 (the seeds' families but OPT) whose every linear runs on
 quantspec's kernels (engine=native with kernels loaded); otherwise the Decoder keeps src.engine.fastpath.
@@ -61,7 +62,8 @@ def _norm(module, act: torch.dtype, conv: dict) -> torch.Tensor:
 class CompiledSteps:
     """A model's Stepper, and the rotary tables it reads. `new_cache()` starts a sequence; `take(cache)`
     hands over transformers' cache after a prefill through its forward; calling it runs [1, k] new
-    tokens (in pieces of MAX_ROWS) and returns logits [keep, V]."""
+    tokens (in pieces of MAX_ROWS) and returns logits [keep, V]; `greedy` returns the next token.
+    A head the stepper cannot run (a draft's cut-down head, a soft-capped one) runs in Python after it."""
 
     def __init__(self, model, steps: fastpath.Steps):
         if not steps.own_attention:

@@ -87,6 +87,16 @@ class Decoder:
         return self.own.size() if self.own is not None else self.cache.get_seq_length()
 
 
+def executed_path(model, path: str) -> str:
+    """The step path a Decoder with engine.step_path=`path` runs for this model (param
+    executed.step_path): quantspec where the C++ step covers it, python where the Python loop does."""
+    if path == "quantspec" and cstep.for_model(model) is not None:
+        return "quantspec"
+    if path in ("quantspec", "python") and fastpath.for_model(model) is not None:
+        return "python"
+    return "transformers"
+
+
 @torch.inference_mode()
 def generate(
     model,

@@ -55,6 +55,11 @@ CATALOG: list[Name] = [
             "another runtime with its version and settings",
         ),
         ("executed.kernels", "quantspec/<variant>, aten, or aten (fallback)"),
+        (
+            "executed.step_path",
+            "native engine: the step path that runs the model (quantspec: the C++ step; python: the Python "
+            "layer loop where the C++ step does not cover the model; transformers: its own forward)",
+        ),
         ("executed.int8_gemm", "w8a8's many-row path on this host: int_mm or float (the probe's choice)"),
         ("executed.draft_int8_gemm", "the same for a w8a8 draft"),
         ("kernels.<kind>", "how many modules of each kind run on quantspec's kernels"),
