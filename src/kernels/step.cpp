@@ -124,7 +124,7 @@ struct Stepper : torch::CustomClassHolder {
   at::Tensor final_norm;
   at::Tensor embedding, embed_scale;  // [vocabulary, hidden]; Gemma's scale (0-dim), undefined for none
   std::vector<Call> head;  // the output projection, where it runs here (set_head)
-  int64_t max_k = 0, max_n = 0;
+  int64_t max_k = 0, max_n = 0;  // the widest kernel input; the widest layer projection (not the head)
 
   Stepper(int64_t heads, int64_t kv_heads, int64_t dim, double scaling, double eps, bool gemma, std::string act)
       : heads(heads), kv_heads(kv_heads), dim(dim), scaling(scaling), eps(eps), gemma(gemma), act(std::move(act)) {
@@ -158,7 +158,6 @@ struct Stepper : torch::CustomClassHolder {
                 bool bf16_in) {
     head.clear();
     head.push_back(make_call(kind, std::move(tensors), std::move(bias), group, bf16_in));
-    max_n = std::max(max_n, head[0].N);
   }
 
   void clear_head() { head.clear(); }
@@ -405,7 +404,9 @@ struct Stepper : torch::CustomClassHolder {
     // shared: the kernels' float output, each projection's finished output, the attention's
     // two shared outputs, taken in turns (q/k/v and gate/up into one, o and down into the other), so that a
     // projection never overwrites what a thread may still be reading and needs no barrier before it
-    at::Tensor y = at::empty({n, max_n}, fopt), proj_a = at::empty({n, max_n}, opt);
+    // the head writes its own output and needs the float scratch vocabulary-wide only when it runs
+    const int64_t widest = mode == HIDDEN || head.empty() ? max_n : std::max(max_n, head[0].N);
+    at::Tensor y = at::empty({n, widest}, fopt), proj_a = at::empty({n, max_n}, opt);
     at::Tensor proj_b = at::empty({n, hidden}, opt), q = at::empty({n, qw}, opt);
     at::Tensor kbuf = at::empty({n, kw}, opt), attn = at::empty({n, qw}, opt);
     std::vector<Private> priv(want);
