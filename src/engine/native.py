@@ -34,9 +34,7 @@ class Decoder:
     def __init__(self, model, path: str = "transformers"):
         self.model = model
         self.cache = growing_cache(model.config)
-        self.compiled = cstep.for_model(model) if path == "quantspec" else None
-        lean = path in ("quantspec", "python") and self.compiled is None
-        self.fast = fastpath.for_model(model) if lean else None
+        self.compiled, self.fast = _steps(model, path)
         self.own = None  # the C++ step's cache, once it holds the sequence
 
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
@@ -87,14 +85,19 @@ class Decoder:
         return self.own.size() if self.own is not None else self.cache.get_seq_length()
 
 
+def _steps(model, path: str):
+    """(the C++ step, the Python loop) a Decoder with engine.step_path=`path` uses for this model: at most
+    one of them, None where neither covers it."""
+    compiled = cstep.for_model(model) if path == "quantspec" else None
+    lean = path in ("quantspec", "python") and compiled is None
+    return compiled, fastpath.for_model(model) if lean else None
+
+
 def executed_path(model, path: str) -> str:
     """The step path a Decoder with engine.step_path=`path` runs for this model (param
     executed.step_path): quantspec where the C++ step covers it, python where the Python loop does."""
-    if path == "quantspec" and cstep.for_model(model) is not None:
-        return "quantspec"
-    if path in ("quantspec", "python") and fastpath.for_model(model) is not None:
-        return "python"
-    return "transformers"
+    compiled, fast = _steps(model, path)
+    return "quantspec" if compiled is not None else "python" if fast is not None else "transformers"
 
 
 @torch.inference_mode()
