@@ -161,18 +161,20 @@ def breakdown(precisions: list[str], paths: list[str], steps: int, rounds: int, 
     if not kernels.loaded():
         print(f"quantspec: quantspec kernels unavailable here ({kernels.reason()}): the step runs ATen's")
     found: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
+    probe = roofline.Probe(torch.get_num_threads())
     for r in range(rounds):  # in turns: every precision sees the same machine load
         for s in steppers:
             found[s.precision, s.path].append(measure(s, steps))
-            token = found[s.precision, s.path][-1]["token"]
+            # each timing's roofline at the bandwidth probed right after it
+            timed = found[s.precision, s.path][-1]
+            timed["roofline"] = roofline.roofline_ms(s.job.model, 64, probe())
+            timed["efficiency"] = timed["roofline"] / timed["token"]
+            token = timed["token"]
             print(f"quantspec: round {r + 1}: {s.precision} ({s.path}): token {token:.2f} ms", flush=True)
-    threads = torch.get_num_threads()
-    bandwidth = roofline.host_bandwidth(steppers[0].job.cfg.cache_dir, threads, steppers[0].job.env["cpu_model"])
     rows = []
     for s in steppers:
         runs = found[s.precision, s.path]
         median = {k: statistics.median(m[k] for m in runs) for k in runs[0]}
-        line = roofline.roofline_ms(s.job.model, 64, bandwidth)
         rows.append(
             [
                 s.precision,
@@ -181,8 +183,8 @@ def breakdown(precisions: list[str], paths: list[str], steps: int, rounds: int, 
                 *(median[p] for p in PARTS),
                 median["fixed"],
                 median["ops"],
-                line,
-                line / median["token"],
+                median["roofline"],
+                median["efficiency"],
             ]
         )
     return markdown_table(

@@ -1,5 +1,7 @@
 """A job built and run from its typed config alone: no Hydra run, no MLflow."""
 
+import pytest
+
 from src.assembly.config import job_config_from_dict
 from src.assembly.job import build
 from tests.conftest import compose_job
@@ -47,6 +49,9 @@ def test_build_then_run_gives_rows_and_reports_what_it_decided(tmp_path):
     assert [r.new_tokens for r in result.rows] == [3, 3]
     assert kept.inputs == {"humaneval": "calibration", "seed-prompts": "evaluation"}  # what it read, and what for
     assert len(result.series["decode_efficiency"]) == 2 and result.summary["examples"] == 2
+    # the bandwidth was probed beside each example, and the summary's is their median
+    assert len(result.series["bandwidth_gbs"]) == 2 and min(result.series["bandwidth_gbs"]) > 0
+    assert result.summary["bandwidth_gbs"] == pytest.approx(sum(result.series["bandwidth_gbs"]) / 2)
 
 
 def test_a_profile_that_ran_elsewhere_says_what_executed(tmp_path):

@@ -1,6 +1,5 @@
-"""The roofline's byte counts and efficiency arithmetic, and the bandwidth probe's cache."""
+"""The roofline's byte counts, its efficiency arithmetic, and the bandwidth probe."""
 
-import json
 import math
 
 import pytest
@@ -50,27 +49,26 @@ def test_kv_bytes_caps_sliding_layers():
     assert roofline.kv_bytes(model.config, 100, 4) == (32 + 100) * per_position
 
 
-def test_efficiency_is_roofline_over_measured():
+def test_efficiency_is_roofline_over_measured_at_each_examples_own_bandwidth():
     model, _ = tiny_model("llama")
-    rows = [Row(1, 8, 11, 1.0, 5.0, 2.0, 500.0), Row(2, 8, 1, 1.0, 5.0, math.nan, math.nan)]
-    per_example, summary = roofline.efficiency(model, rows, bandwidth_gbs=10.0)
+    rows = [
+        Row(1, 8, 11, 1.0, 5.0, 2.0, 500.0),
+        Row(2, 8, 11, 1.0, 5.0, 2.0, 500.0),
+        Row(3, 8, 1, 1.0, 5.0, math.nan, math.nan),
+    ]
+    per_example, summary = roofline.efficiency(model, rows, [10.0, 20.0, 30.0])
     ideal = roofline.roofline_ms(model, 8 + 5, 10.0)
-    assert per_example[0] == pytest.approx(ideal / 2.0) and math.isnan(per_example[1])
-    assert summary["decode_efficiency_median"] == pytest.approx(ideal / 2.0)
-    assert summary["bandwidth_gbs"] == 10.0
+    # the same time per token is twice as far from a roofline whose bandwidth was twice as high
+    assert per_example[0] == pytest.approx(ideal / 2.0) and per_example[1] == pytest.approx(ideal / 4.0)
+    assert math.isnan(per_example[2])
+    assert summary["decode_efficiency_median"] == pytest.approx((ideal / 2.0 + ideal / 4.0) / 2)
+    assert summary["bandwidth_gbs"] == 20.0
+    with pytest.raises(ValueError, match="3 examples but 2 bandwidth probes"):
+        roofline.efficiency(model, rows, [10.0, 20.0])
 
 
-def test_bandwidth_is_probed_once_and_cached(tmp_path, monkeypatch):
-    calls = []
-    monkeypatch.setattr(roofline, "probe_bandwidth", lambda threads: calls.append(threads) or 12.5)
-    assert roofline.host_bandwidth(tmp_path, 2, "cpu x") == 12.5
-    assert roofline.host_bandwidth(tmp_path, 2, "cpu x") == 12.5
-    assert calls == [2]
-    (tmp_path / "roofline.json").write_text("{broken")
-    assert roofline.host_bandwidth(tmp_path, 2, "cpu x") == 12.5 and calls == [2, 2]
-    assert json.loads((tmp_path / "roofline.json").read_text())
-
-
-def test_probe_measures_something_plausible():
-    gbs = roofline.probe_bandwidth(1, mb=64, repeats=2)
-    assert 0.1 < gbs < 10_000
+def test_the_probe_measures_something_plausible_each_time_it_is_called():
+    probe = roofline.Probe(1, mb=64, repeats=2)
+    first, second = probe(), probe()
+    assert 0.1 < first < 10_000 and 0.1 < second < 10_000
+    assert probe._buffer is not None and probe._buffer.numel() * 4 == 64 * 2**20  # one buffer, kept

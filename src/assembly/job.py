@@ -10,6 +10,7 @@ nothing. src.tracking.record (for src.run) and scripts/ both build jobs here, so
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from src.quality.scoring import torch_scorer
 from src.quant import prefill
 from src.quant.apply import prepare
 from src.quant.linear import install_prefill, w8a8_linears
-from src.tasks.common import TaskInputs, TaskResult
+from src.tasks.common import BANDWIDTH, TaskInputs, TaskResult
 
 log = logging.getLogger("quantspec")
 
@@ -99,6 +100,7 @@ class Job:
             baseline=self.baseline,
             record_input=lambda text: self.corpus.note(text, "evaluation"),
             on_row=self.on_row,
+            bandwidth=self.probe if self.roofline_applies() else None,
             score=score,
             reference=self.reference(),
         )
@@ -126,18 +128,27 @@ class Job:
         if self.cfg.model.weights == "random":
             _drop_quality(result)
         if result.rows and runtimes.runtime(self.cfg.engine) is None and self.placement.device != "cpu":
-            # the roofline's bandwidth is the host memory's, probed on the CPU: a GPU's step is not set against it
             result.notes.append(
                 f"decode_efficiency not computed on {self.placement.device}: the roofline's "
                 f"bandwidth is the host memory's"
             )
-        elif result.rows and runtimes.runtime(self.cfg.engine) is None:
-            # a timed task on torch's weights: set its decode steps against the memory-bandwidth roofline
-            # (another runtime holds weights of its own, whose bytes per step are not the torch model's)
-            bandwidth = roofline.host_bandwidth(self.cfg.cache_dir, self.placement.threads, self.env["cpu_model"])
-            result.series["decode_efficiency"], extra = roofline.efficiency(self.model, result.rows, bandwidth)
+        elif result.rows and self.roofline_applies():
+            # each example against the bandwidth probed beside it; a task that times outside
+            # src.tasks.common.measure (no probes) is set against one probe taken now
+            bandwidths = result.series.get(BANDWIDTH) or [self.probe()] * len(result.rows)
+            result.series["decode_efficiency"], extra = roofline.efficiency(self.model, result.rows, bandwidths)
             result.summary.update(extra)
         return result
+
+    def roofline_applies(self) -> bool:
+        """A timed task on torch's weights, on the CPU: its steps are set against the memory-bandwidth
+        roofline (another runtime holds weights of its own, whose bytes per step are not the torch
+        model's; a GPU's step is not bound by the host memory the probe reads)."""
+        return runtimes.runtime(self.cfg.engine) is None and self.placement.device == "cpu"
+
+    @functools.cached_property
+    def probe(self) -> roofline.Probe:
+        return roofline.Probe(self.placement.threads)
 
 
 AUTO_FP32_PARAMS = 2_000_000_000  # task.reference=auto: fp32 up to this many parameters, bf16 above

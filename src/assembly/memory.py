@@ -23,7 +23,7 @@ from src.models.random_weights import NoShape, config_of, parameter_count
 
 GB = 2**30
 # python, torch, transformers, Hydra, MLflow: ~1.1 GB resident measured here; plus the bandwidth probe's
-# buffer (src.engine.roofline, 1 GB, on a host's first timed job)
+# buffer (src.engine.roofline, kept through a timed job)
 RUNTIME_BYTES = int(1.5 * GB) + PROBE_MB * 2**20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

@@ -3,58 +3,50 @@
 A decode step of a small batch must read every weight it multiplies by once, plus the KV cache; on
 a CPU that read, not the arithmetic, bounds it. So: roofline time/token = bytes per step / the host's
 read bandwidth, and decode_efficiency = roofline time/token / measured time/token (1.0 = at the bound).
+
+The bandwidth is probed beside the timing, after each example, not once per host: on a shared host
+the memory a job gets moves within minutes (43-84 GB/s read on this project's 2-core EPYC within one
+hour), so a bandwidth from another time would rate the same step anywhere from 0.7 to 1.3.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import platform
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from src.common.locks import atomic_write_text
 from src.common.metrics import Row, median
 
-PROBE_MB = 1024  # far beyond the last-level cache, so the probe reads DRAM
-PROBE_REPEATS = 5
+PROBE_MB = 256  # several times the last-level caches seen here (32-105 MB), so the probe reads DRAM
+PROBE_REPEATS = 3
 
 
-def probe_bandwidth(threads: int, mb: int = PROBE_MB, repeats: int = PROBE_REPEATS) -> float:
-    """Read bandwidth in GB/s: the best of a few full passes of a sum over a buffer."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        x = torch.ones(mb * 2**20 // 4, dtype=torch.float32)  # touched, so pages are resident
-        x.sum()
-        best = math.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            x.sum()
-            best = min(best, time.perf_counter() - start)
-        return x.numel() * 4 / best / 1e9
-    finally:
-        torch.set_num_threads(previous)
+class Probe:
+    """Read bandwidth in GB/s, measured now: the best of a few passes of a sum over a buffer (torch's
+    sum reads as fast as a hand-written AVX-512 loop here: 80-84 against 83-85 GB/s, taken in turns).
+    The buffer is touched once, when first measured, and kept for the probes that follow."""
 
+    def __init__(self, threads: int, mb: int = PROBE_MB, repeats: int = PROBE_REPEATS):
+        self.threads, self.mb, self.repeats = threads, mb, repeats
+        self._buffer: torch.Tensor | None = None
 
-def host_bandwidth(cache_dir: Path, threads: int, cpu_model: str) -> float:
-    """The probe's result for this CPU and thread count, measured once and cached as JSON."""
-    path = cache_dir / "roofline.json"
-    key = f"{cpu_model}|{platform.node()}|threads={threads}"
-    known = {}
-    if path.is_file():
+    def __call__(self) -> float:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
         try:
-            known = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            known = {}  # a damaged cache is re-measured, not trusted
-    if key not in known:
-        known[key] = probe_bandwidth(threads)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(known, indent=2))  # two jobs may probe at once
-    return float(known[key])
+            if self._buffer is None:
+                self._buffer = torch.ones(self.mb * 2**20 // 4, dtype=torch.float32)  # touched: pages resident
+            x = self._buffer
+            best = math.inf
+            for _ in range(self.repeats):
+                start = time.perf_counter()
+                x.sum()
+                best = min(best, time.perf_counter() - start)
+            return x.numel() * 4 / best / 1e9
+        finally:
+            torch.set_num_threads(previous)
 
 
 def _buffer_bytes(module: nn.Module) -> int:
@@ -94,13 +86,16 @@ def roofline_ms(model: nn.Module, context: int, bandwidth_gbs: float) -> float:
     return (weight_bytes(model) + kv_bytes(model.config, context, element)) / (bandwidth_gbs * 1e9) * 1000
 
 
-def efficiency(model: nn.Module, rows: list[Row], bandwidth_gbs: float) -> tuple[list[float], dict[str, float]]:
-    """Per example and in summary: roofline time/token at the example's mean context, over measured."""
-    ideal = [roofline_ms(model, r.prompt_tokens + r.new_tokens // 2, bandwidth_gbs) for r in rows]
+def efficiency(model: nn.Module, rows: list[Row], bandwidths: list[float]) -> tuple[list[float], dict[str, float]]:
+    """Per example and in summary: roofline time/token at the example's mean context and the bandwidth
+    probed beside it, over measured."""
+    if len(bandwidths) != len(rows):
+        raise ValueError(f"{len(rows)} examples but {len(bandwidths)} bandwidth probes")
+    ideal = [roofline_ms(model, r.prompt_tokens + r.new_tokens // 2, b) for r, b in zip(rows, bandwidths)]
     per_example = [i / r.time_per_token_ms if r.time_per_token_ms > 0 else math.nan for i, r in zip(ideal, rows)]
     return per_example, {
         "decode_efficiency_median": median(per_example),
         "roofline_ms_median": median(ideal),
-        "bandwidth_gbs": bandwidth_gbs,
+        "bandwidth_gbs": median(bandwidths),
         "step_weight_mb": weight_bytes(model) / 2**20,
     }

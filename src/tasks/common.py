@@ -19,6 +19,9 @@ from src.tasks.kinds import TaskConfig
 log = logging.getLogger(__name__)
 
 
+BANDWIDTH = "bandwidth_gbs"  # the series of each example's bandwidth probe
+
+
 @dataclass
 class TaskInputs:
     model: torch.nn.Module
@@ -36,6 +39,9 @@ class TaskInputs:
     # (src.quality.scoring), and the reference it is measured against (None: task.reference=none, or random weights)
     score: Callable | None = None
     reference: object | None = None  # src.quality.reference.Reference
+    # the host's read bandwidth in GB/s, probed now (src.engine.roofline.Probe), after each timed example:
+    # its roofline is set against the memory that example met. None where no roofline applies.
+    bandwidth: Callable[[], float] | None = None
 
 
 @dataclass
@@ -108,6 +114,8 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
                             inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, sampling_of(ex), pad, stop=ex.stop
                         )
                     )
+        if inputs.bandwidth is not None:  # outside `others`: the probe's own threads are not another's load
+            out.series.setdefault(BANDWIDTH, []).append(inputs.bandwidth())
         gen = _median_run(runs[0])
         row = _row(number, gen)
         inputs.on_row(row, len(examples))  # journaled before it is said: "example n/" means it is kept

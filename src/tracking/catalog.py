@@ -138,7 +138,7 @@ CATALOG: list[Name] = [
         ("model_load_s", "loading the model"),
         ("decode_efficiency_median", "roofline time/token over measured time/token (CPU jobs only)"),
         ("roofline_ms_median", "the memory roofline's time per token"),
-        ("bandwidth_gbs", "the host's probed read bandwidth"),
+        ("bandwidth_gbs", "the host's read bandwidth, probed after each timed example (the median)"),
         ("step_weight_mb", "bytes a decode step must read"),
         ("peak_rss_gb", "the job's peak resident memory"),
         ("memory_estimate_gb", "its estimate before loading"),
@@ -147,7 +147,7 @@ CATALOG: list[Name] = [
         (
             "by_example/<metric>",
             "per example, step = example number: prompt_tokens, new_tokens, total_time_s, "
-            "prefill_ms, time_per_token_ms, tokens_per_s, decode_efficiency, and the draft's "
+            "prefill_ms, time_per_token_ms, tokens_per_s, decode_efficiency, bandwidth_gbs, and the draft's "
             "and the quality task's per-example figures",
         ),
         ("system/<metric>", "MLflow's system metrics while the job runs, and system/others_cpu_cores_per_interval"),

@@ -50,7 +50,6 @@ using namespace qs;
 
 constexpr int kRows = 4;   // weight rows per block
 constexpr int kMaxM = 2;   // x rows per pass: 2 x 4 accumulators + 4 weights + x + temporaries fit in 16
-constexpr int kAhead = kRows;
 
 // Four sums at once (lane i: the sum of a[i]'s 8 lanes).
 inline __m128 sum4(const __m256* a) {

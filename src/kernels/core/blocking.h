@@ -1,7 +1,7 @@
 // The blocking every SIMD variant shares: R weight rows against M rows of x, each weight register used
 // for all M rows, so verifying k draft tokens reads W once per pass. Included by a variant after it has
 // defined, for its vector types:
-//   kRows (4), kMaxM (x rows per pass), kAhead (rows prefetched ahead),
+//   kRows (4), kMaxM (x rows per pass),
 //   sum4(const Sum*) -> four lane sums, sum1(Sum) -> one, put(float* y, four sums, lanes),
 // and its formats, each with: Acc, V, Sum (the type sums are kept in: Acc, or a float vector for a
 // format whose integer sums are folded into fp32 once per span), kStep (values per madd), kSub (madd
@@ -10,16 +10,20 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 namespace qs {
 
-// Besides the next block's rows into L1, the bytes kFarBytes ahead into L2. Rows are contiguous, so short
-// rows (Gemma 3's head: 262144 x 640) cross a 4 KB page every few rows, where the hardware's L2 streamer
-// stops and starts again; prefetches into L1 alone are capped by its few fill buffers. Measured on the
-// head, in turns: AVX2 w8a8 9.7 -> 4.8 ms, bf16 16.9 -> 7.9 ms; AVX-512 w8a8 9.2 -> 6.1 ms (4 and 8 KB
-// ahead gained less, 32 KB the same); no loss on Llama-2-7B's long rows.
-constexpr int kFarBytes = 16384;
+// Every 64-byte line of weights is prefetched once, kAheadBytes ahead of the row that reads it, into L1.
+// A block's rows are adjacent in memory, so the lines ahead of each row are the rows after it, then the
+// next blocks': one stream as the hardware sees it, kept ~6 KB ahead, which the L2 streamer alone does
+// not do (it stops at every 4 KB page; Gemma 3's head rows are 640 bytes). Measured on the head in turns,
+// 2 threads, GB/s of weights: against the next block's rows into L1 plus 16 KB ahead into L2 (two
+// prefetches a step, four per line for AVX-512 w8a16), f32 41 -> 46, bf16 42 -> 45, w8a8 44 -> 46,
+// w8a16 43 -> 45 on a loaded AVX-512 host, and 61 -> 68, 59 -> 69, 62 -> 71 and 72 -> 75 when it was
+// quiet; AVX2 alike or better (f32 38 -> 41); 4 KB ahead gained less, 8-12 KB no more.
+constexpr int kAheadBytes = 6144;
 
 template <typename F, typename = void> struct Folds { static constexpr bool value = false; };
 template <typename F> struct Folds<F, std::void_t<decltype(F::kFolds)>> { static constexpr bool value = F::kFolds; };
@@ -47,6 +51,9 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
   typename F::Acc acc[M][R];
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < R; ++r) sum[m][r] = F::sum_zero();
+  // bytes of one row per k step: a step under a line prefetches at the step that starts in each line
+  constexpr int U = F::kSub;
+  const int64_t step_bytes = reinterpret_cast<const char*>(f.at(n0, F::kStep * U)) - reinterpret_cast<const char*>(f.at(n0, 0));
   for (int64_t k0 = 0; k0 < f.K; k0 += f.span()) {
     const int64_t k1 = std::min(k0 + f.span(), f.K);
     typename F::State state[R];
@@ -55,11 +62,16 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
       for (int r = 0; r < R; ++r) {
         if constexpr (folds) acc[m][r] = F::zero(); else acc[m][r] = sum[m][r];
       }
-    constexpr int U = F::kSub;
     for (int64_t k = k0; k < k1; k += F::kStep * U) {
       // A prefetch past the last row is harmless: prefetches never fault.
-      for (int r = 0; r < R; ++r) __builtin_prefetch(f.at(n0 + r + kAhead, k), 0, 3);
-      for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(f.at(n0 + r, k)) + kFarBytes, 0, 2);
+      for (int r = 0; r < R; ++r) {
+        const char* ahead = reinterpret_cast<const char*>(f.at(n0 + r, k)) + kAheadBytes;
+        if (step_bytes >= 64) {
+          for (int64_t b = 0; b < step_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+        } else if ((reinterpret_cast<uintptr_t>(ahead) & 63) < static_cast<uintptr_t>(step_bytes)) {
+          __builtin_prefetch(ahead, 0, 3);
+        }
+      }
 #pragma GCC unroll 8
       for (int i = 0; i < U; ++i) {
         const int u = Ordered<F>::at(i);

@@ -23,7 +23,6 @@ using namespace qs;
 
 constexpr int kRows = 4;
 constexpr int kMaxM = 4;   // 32 registers: 4 x 4 accumulators, 4 weights, x
-constexpr int kAhead = kRows;
 
 inline float32x4_t sum4(const float32x4_t* a) { return vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3])); }
 inline int32x4_t sum4(const int32x4_t* a) { return vpaddq_s32(vpaddq_s32(a[0], a[1]), vpaddq_s32(a[2], a[3])); }
