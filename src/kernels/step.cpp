@@ -37,6 +37,27 @@ enum Slot : int64_t { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
 enum Norm : int64_t { ATTN_IN = 0, ATTN_OUT = 1, MLP_IN = 2, MLP_OUT = 3, Q_NORM = 4, K_NORM = 5 };
 enum Mode { HIDDEN, LOGITS, GREEDY };  // what a call returns: the final norm's rows, the head's, its argmax
 
+// The greedy choice over one thread's columns of the head, seen in ascending order as each piece is
+// finished (while its values are in cache; the logits are never stored): the first NaN, else the first
+// index of the largest value, as torch.argmax picks; banned ids left out, as eos_ban's -inf does.
+struct Pick {
+  const char* banned;
+  float top = -std::numeric_limits<float>::infinity();
+  int64_t where = -1;
+  bool nan = false;
+  inline __attribute__((always_inline)) void see(int64_t j, float v) {
+    if (nan || banned[j]) return;
+    if (std::isnan(v)) {
+      top = v;
+      where = j;
+      nan = true;
+    } else if (where < 0 || v > top) {
+      top = v;
+      where = j;
+    }
+  }
+};
+
 // One kernel call of a projection: a GemvLinear or a quantized *Gemv module, or several of them fused
 // (src.engine.fused), computed as its Python forward computes it: x cast to the kernel's input type, the
 // kernel (a bf16 input gets bf16 output, as binding.cpp's columns() rounds it), the bias added in the type
@@ -309,10 +330,11 @@ struct Stepper : torch::CustomClassHolder {
   }
 
   // This thread's share of a projection: x [n, K] (activations' type, this thread's own copy) through each
-  // call's kernel over this thread's blocks of 4 columns, finished into out [n, width] (shared).
+  // call's kernel over this thread's blocks of 4 columns, finished into out [n, width] (shared), or with
+  // `pick` (the head of a greedy step, one row) each finished value seen by it instead of stored.
   template <typename T>
   void project(const std::vector<Call>& calls, int64_t width, const T* x, int64_t n, Private& p, float* y, T* out,
-               int tid, int nt) const {
+               int tid, int nt, Pick* pick = nullptr) const {
     const qs_kernels& kern = k();
     for (const Call& c : calls) {
       const int64_t K = c.K, N = c.N, blocks = (N + 3) / 4;
@@ -374,20 +396,30 @@ struct Stepper : torch::CustomClassHolder {
         }
         for (int64_t m = 0; m < n; ++m) {
           const float* ym = yc + m * N;
-          T* om = out + m * width + c.offset;
           if (!has_bias && bf16_in == std::is_same_v<T, BF>) {  // the common case: one rounding at most
-            for (int64_t j = a; j < b; ++j) om[j] = T(ym[j]);
+            if (pick != nullptr) {
+              for (int64_t j = a; j < b; ++j) pick->see(c.offset + j, to_f(T(ym[j])));
+            } else {
+              T* om = out + m * width + c.offset;
+              for (int64_t j = a; j < b; ++j) om[j] = T(ym[j]);
+            }
             continue;
           }
-          for (int64_t j = a; j < b; ++j) {
+          auto finished = [&](int64_t j) -> T {  // the value the Python path's module returns
             float v = ym[j];
             if (bf16_in) v = round_bf16(v);
             if (has_bias) {
               v = v + (bias_bf16 ? to_f(c.bias.data_ptr<BF>()[j]) : c.bias.data_ptr<float>()[j]);
               if (bf16_in && bias_bf16) v = round_bf16(v);
             }
-            om[j] = T(v);
+            return T(v);
+          };
+          if (pick != nullptr) {
+            for (int64_t j = a; j < b; ++j) pick->see(c.offset + j, to_f(finished(j)));
+            continue;
           }
+          T* om = out + m * width + c.offset;
+          for (int64_t j = a; j < b; ++j) om[j] = finished(j);
         }
       }
     }
@@ -424,7 +456,8 @@ struct Stepper : torch::CustomClassHolder {
     T *pa = proj_a.data_ptr<T>(), *pb = proj_b.data_ptr<T>(), *qp = q.data_ptr<T>(), *kp_new = kbuf.data_ptr<T>(), *ap = attn.data_ptr<T>();
     float* yp = y.data_ptr<float>();
     const int64_t vocab = head.empty() ? 0 : head[0].N, rows = mode == GREEDY ? 1 : keep;
-    at::Tensor out = mode == HIDDEN ? at::empty({keep, hidden}, opt) : at::empty({rows, vocab}, opt);
+    // a greedy step's logits are never stored (Pick)
+    at::Tensor out = mode == HIDDEN ? at::empty({keep, hidden}, opt) : at::empty({rows, mode == GREEDY ? 0 : vocab}, opt);
     T* outp = out.data_ptr<T>();
     std::vector<float> best(want, -std::numeric_limits<float>::infinity());
     std::vector<int64_t> best_at(want, -1);
@@ -520,27 +553,13 @@ struct Stepper : torch::CustomClassHolder {
       } else {
         norm_rows<T>(last, final_norm, hidden, rows, x);
         RECORD_FUNCTION(NAMES[head[0].kind], std::vector<c10::IValue>());
-        project<T>(head, vocab, x, rows, me, yp, outp, tid, nt);
-        if (mode == GREEDY) {  // this thread's columns (those it computed, still in its cache)
-          const int64_t blocks = (vocab + 3) / 4;
-          const int64_t n0 = 4 * (blocks * tid / nt), n1 = std::min(vocab, 4 * (blocks * (tid + 1) / nt));
-          float top = -std::numeric_limits<float>::infinity();
-          int64_t where = -1;
-          for (int64_t j = n0; j < n1; ++j) {
-            if (banned_mask[j]) continue;
-            const float v = to_f(outp[j]);
-            if (std::isnan(v)) {
-              top = v;
-              where = j;
-              break;
-            }
-            if (where < 0 || v > top) {
-              top = v;
-              where = j;
-            }
-          }
-          best[tid] = top;
-          best_at[tid] = where;
+        if (mode == GREEDY) {  // this thread's columns, seen as they are computed
+          Pick pick{banned_mask.data()};
+          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, &pick);
+          best[tid] = pick.top;
+          best_at[tid] = pick.where;
+        } else {
+          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt);
         }
       }
     }

@@ -60,6 +60,12 @@ CATALOG: list[Name] = [
             "native engine: the step path that runs the model (quantspec: the C++ step; python: the Python "
             "layer loop where the C++ step does not cover the model; transformers: its own forward)",
         ),
+        (
+            "executed.huge_pages",
+            "CPU jobs: how much of the weights the step streams sits on 2 MB pages (collapsed before timing), "
+            "or why none",
+        ),
+        ("executed.draft_huge_pages", "the same for a draft model"),
         ("executed.int8_gemm", "w8a8's many-row path on this host: int_mm or float (the probe's choice)"),
         ("executed.draft_int8_gemm", "the same for a w8a8 draft"),
         ("kernels.<kind>", "how many modules of each kind run on quantspec's kernels"),
