@@ -129,6 +129,32 @@ def test_a_draft_and_its_target_on_the_cpp_step_decode_the_targets_greedy_output
     assert cut.new_token_ids == plain.new_token_ids and cstep.for_model(draft)._fused_head() is False
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_equal_logits_in_both_threads_columns_give_the_first_index(precision):
+    """Every row of the head alike: the logits tie (all but the last few columns, which a kernel sums in
+    another order), so each thread's choice is the first column it computed, and only the merge of the
+    threads' choices decides. It must give torch.argmax's first index among the largest (banned ids left
+    out), not the other thread's."""
+    model, tok = tiny_model("gemma3")
+    with torch.no_grad():
+        model.lm_head.weight.copy_(model.lm_head.weight[5].expand_as(model.lm_head.weight))
+    model = model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
+    modules.install(model)
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        decoder = Decoder(model, "quantspec")
+        decoder.prefill(ids)
+        logits = decoder.step(70).float().flatten()
+        decoder.rollback(1)
+        body = logits[: logits.numel() // 4 * 4]  # the columns summed in blocks of 4: bit-for-bit alike
+        assert int((body == body.max()).sum()) == body.numel()  # ties across every piece
+        for banned in ([], [0], [0, 1, 2]):
+            banned = torch.tensor(banned, dtype=torch.long)
+            expected = int(logits.index_fill(-1, banned, float("-inf")).argmax())
+            assert decoder.greedy_step(70, banned) == expected
+            decoder.rollback(1)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "w4a16"])
 def test_the_greedy_token_chosen_inside_the_cpp_step_is_torchs_argmax(precision):
     """The fused head's argmax (the logits never leave C++) against torch.argmax over the logits of the
