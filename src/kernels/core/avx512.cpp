@@ -145,14 +145,13 @@ struct Int16X {
 };
 
 struct W8A16 : Int16X {  // 32 per step: int8 weights sign-extended to int16
-  // two steps per 64-byte line, so the line is prefetched once (the madds keep their order: same sums)
-  using State = NoState; static constexpr int kSub = 2;
+  using State = NoState; static constexpr int kSub = 1;
   const int8_t* w; const float* w_scale;
   int64_t span() const { return std::min<int64_t>(K, 4096); }
   State begin(int64_t, int64_t) const { return {}; }
   const int8_t* at(int64_t n, int64_t k) const { return w + n * K + k; }
-  V wv(const State&, int64_t n, int64_t k, int u) const {
-    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k + 32 * u))));
+  V wv(const State&, int64_t n, int64_t k) const {
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k))));
   }
   static __m512 fold(__m512 sum, Acc a, const State&) { return _mm512_add_ps(sum, _mm512_cvtepi32_ps(a)); }
   __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
@@ -181,15 +180,27 @@ struct W4A16 : Int16X {
   static __m512 fold(__m512 sum, Acc a, const State& s) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(s), sum);
   }
-  // The offsets' share, sum over groups of offset x group sum: a few groups a row (5 for K = 640), so a
-  // plain loop; a vector reduction per row was a fifth of a 4-bit head's time (47 -> 58 GB/s without).
+  // The offsets' share, sum over groups of offset x group sum. A few groups a row (5 for K = 640): a plain
+  // loop, as a vector reduction per row was a fifth of a 4-bit head's time (47 -> 58 GB/s without it);
+  // many (86 for K = 11008): 16 at a time, as the plain loop cost as much (43 -> 34 GB/s with it).
   __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
     const int64_t G = K / group;
     alignas(16) float off[4] = {0, 0, 0, 0};
     for (int r = 0; r < lanes; ++r) {
-      float acc = 0.f;
-      for (int64_t g = 0; g < G; ++g) acc = std::fma(offset[(n + r) * G + g], x_group[m * G + g], acc);
-      off[r] = acc;
+      const float* o = offset + (n + r) * G;
+      const float* xg = x_group + m * G;
+      if (G <= 16) {
+        float acc = 0.f;
+        for (int64_t g = 0; g < G; ++g) acc = std::fma(o[g], xg[g], acc);
+        off[r] = acc;
+        continue;
+      }
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t g = 0; g < G; g += 16) {
+        const __mmask16 k = G - g >= 16 ? 0xFFFF : (1 << (G - g)) - 1;
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, o + g), _mm512_maskz_loadu_ps(k, xg + g), acc);
+      }
+      off[r] = _mm512_reduce_add_ps(acc);
     }
     return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale[m]));
   }

@@ -15,15 +15,18 @@
 
 namespace qs {
 
-// Every 64-byte line of weights is prefetched once, kAheadBytes ahead of the row that reads it, into L1.
-// A block's rows are adjacent in memory, so the lines ahead of each row are the rows after it, then the
-// next blocks': one stream as the hardware sees it, kept ~6 KB ahead, which the L2 streamer alone does
-// not do (it stops at every 4 KB page; Gemma 3's head rows are 640 bytes). Measured on the head in turns,
-// 2 threads, GB/s of weights: against the next block's rows into L1 plus 16 KB ahead into L2 (two
-// prefetches a step, four per line for AVX-512 w8a16), f32 41 -> 46, bf16 42 -> 45, w8a8 44 -> 46,
-// w8a16 43 -> 45 on a loaded AVX-512 host, and 61 -> 68, 59 -> 69, 62 -> 71 and 72 -> 75 when it was
-// quiet; AVX2 alike or better (f32 38 -> 41); 4 KB ahead gained less, 8-12 KB no more.
-constexpr int kAheadBytes = 6144;
+// Every 64-byte line of weights is prefetched once, into L1, kSlotAhead bytes ahead in its row slot's
+// stream, or a whole row where rows are longer: row slot r of a block reads row n0 + r, and next row
+// n0 + r + R in the next block, so its stream is those rows end to end. The L2 streamer alone does not
+// keep ahead of short rows (it stops at every 4 KB page; Gemma 3's head rows are 640 bytes), and long
+// 4-bit rows (Llama-2-7B's 11008-wide down projection) need their next row's start fetched a row ahead.
+// Measured in turns against the scheme before (the next block's rows into L1 and 16 KB ahead into L2,
+// two prefetches a step), 2 threads, GB/s of weights, on Gemma 3's head with lines ~6 KB ahead in memory
+// (what this is for its rows): f32 41 -> 46, bf16 42 -> 45, w8a8 44 -> 46, w8a16 43 -> 45 on a loaded
+// AVX-512 host (61 -> 68, 59 -> 69, 62 -> 71, 72 -> 75 quiet; 4 KB ahead gained less, 8-12 KB no more),
+// AVX2 alike or better (f32 38 -> 41); with this scheme, Llama-2-7B's shapes alike or better (4096-wide
+// w8a8 53 -> 60, 11008-wide bf16 57 -> 63 and w4a16 49 -> 51).
+constexpr int kSlotAhead = 1536;
 
 template <typename F, typename = void> struct Folds { static constexpr bool value = false; };
 template <typename F> struct Folds<F, std::void_t<decltype(F::kFolds)>> { static constexpr bool value = F::kFolds; };
@@ -51,9 +54,14 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
   typename F::Acc acc[M][R];
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < R; ++r) sum[m][r] = F::sum_zero();
-  // bytes of one row per k step: a step under a line prefetches at the step that starts in each line
   constexpr int U = F::kSub;
-  const int64_t step_bytes = reinterpret_cast<const char*>(f.at(n0, F::kStep * U)) - reinterpret_cast<const char*>(f.at(n0, 0));
+  const char* const base = reinterpret_cast<const char*>(f.at(n0, 0));
+  const int64_t row_bytes = reinterpret_cast<const char*>(f.at(n0 + 1, 0)) - base;
+  // bytes of a row per k step: a step under a line prefetches at the step that starts in each line
+  const int64_t step_bytes = reinterpret_cast<const char*>(f.at(n0, F::kStep * U)) - base;
+  // where the prefetches are, as (blocks on, byte in the row) of row slot 0's stream, advanced each step
+  const int64_t slot_ahead = std::max<int64_t>(kSlotAhead, row_bytes);
+  int64_t ahead_blocks = slot_ahead / row_bytes, ahead_byte = slot_ahead % row_bytes;
   for (int64_t k0 = 0; k0 < f.K; k0 += f.span()) {
     const int64_t k1 = std::min(k0 + f.span(), f.K);
     typename F::State state[R];
@@ -64,13 +72,18 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
       }
     for (int64_t k = k0; k < k1; k += F::kStep * U) {
       // A prefetch past the last row is harmless: prefetches never fault.
-      for (int r = 0; r < R; ++r) {
-        const char* ahead = reinterpret_cast<const char*>(f.at(n0 + r, k)) + kAheadBytes;
+      const char* ahead = base + (R * ahead_blocks) * row_bytes + ahead_byte;
+      for (int r = 0; r < R; ++r, ahead += row_bytes) {
         if (step_bytes >= 64) {
           for (int64_t b = 0; b < step_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
         } else if ((reinterpret_cast<uintptr_t>(ahead) & 63) < static_cast<uintptr_t>(step_bytes)) {
           __builtin_prefetch(ahead, 0, 3);
         }
+      }
+      ahead_byte += step_bytes;
+      if (ahead_byte >= row_bytes) {
+        ahead_byte -= row_bytes;
+        ++ahead_blocks;
       }
 #pragma GCC unroll 8
       for (int i = 0; i < U; ++i) {
