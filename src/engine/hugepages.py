@@ -70,13 +70,14 @@ def back_with_huge_pages(model: nn.Module) -> str:
         elif not failure:
             err = ctypes.get_errno()
             failure = (
-                "this kernel has no MADV_COLLAPSE (Linux 6.1+): khugepaged collapses them in its own time"
+                "weights mapped from a file (the cache's safetensors, read in place), or a kernel before "
+                "Linux 6.1"
                 if err == errno.EINVAL
                 else f"MADV_COLLAPSE: {os.strerror(err)}"
             )
     said = f"{collapsed / 2**20:.0f} of {total / 2**20:.0f} MB of weights on 2 MB pages"
     if collapsed < advised:
-        said += f" ({(advised - collapsed) / 2**20:.0f} MB advised only: {failure})"
+        said += f" ({(advised - collapsed) / 2**20:.0f} MB could not be: {failure})"
     return said
 
 
