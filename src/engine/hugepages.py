@@ -70,8 +70,7 @@ def back_with_huge_pages(model: nn.Module) -> str:
         elif not failure:
             err = ctypes.get_errno()
             failure = (
-                "weights mapped from a file (the cache's safetensors, read in place), or a kernel before "
-                "Linux 6.1"
+                "weights mapped from a file (the cache's safetensors, read in place), or a kernel before Linux 6.1"
                 if err == errno.EINVAL
                 else f"MADV_COLLAPSE: {os.strerror(err)}"
             )

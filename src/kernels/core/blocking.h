@@ -15,18 +15,16 @@
 
 namespace qs {
 
-// Every 64-byte line of weights is prefetched once, into L1, kSlotAhead bytes ahead in its row slot's
-// stream, or a whole row where rows are longer: row slot r of a block reads row n0 + r, and next row
-// n0 + r + R in the next block, so its stream is those rows end to end. The L2 streamer alone does not
-// keep ahead of short rows (it stops at every 4 KB page; Gemma 3's head rows are 640 bytes), and long
-// 4-bit rows (Llama-2-7B's 11008-wide down projection) need their next row's start fetched a row ahead.
-// Measured in turns against the scheme before (the next block's rows into L1 and 16 KB ahead into L2,
-// two prefetches a step), 2 threads, GB/s of weights, on Gemma 3's head with lines ~6 KB ahead in memory
-// (what this is for its rows): f32 41 -> 46, bf16 42 -> 45, w8a8 44 -> 46, w8a16 43 -> 45 on a loaded
-// AVX-512 host (61 -> 68, 59 -> 69, 62 -> 71, 72 -> 75 quiet; 4 KB ahead gained less, 8-12 KB no more),
-// AVX2 alike or better (f32 38 -> 41); with this scheme, Llama-2-7B's shapes alike or better (4096-wide
-// w8a8 53 -> 60, 11008-wide bf16 57 -> 63 and w4a16 49 -> 51).
-constexpr int kSlotAhead = 1536;
+// Every 64-byte line of weights is prefetched once, into L1, from the rows a whole number of blocks
+// ahead, the fewest that put it at least kAheadBytes ahead in memory: the next block for long rows, three
+// on for Gemma 3's 640-byte head rows, where the hardware's L2 streamer, which stops at every 4 KB page,
+// does not keep ahead. Measured in turns, 2 threads, GB/s of weights, against the scheme before (the next
+// block's rows into L1 and 16 KB ahead into L2, two prefetches a step): Gemma 3's head with ~6 KB ahead,
+// f32 41 -> 46, bf16 42 -> 45, w8a8 44 -> 46 on a loaded AVX-512 host (61 -> 68, 59 -> 69, 62 -> 71
+// quiet; 4 KB ahead gained less, 8-12 KB no more), AVX2 alike or better (f32 38 -> 41); this rule, loaded:
+// head f32 38 -> 42, bf16 40 -> 42, Llama-2-7B's 11008-wide f32 44 -> 48, its 4-bit 36 -> 33 (noise of
+// about that size on this host).
+constexpr int kAheadBytes = 6144;
 
 template <typename F, typename = void> struct Folds { static constexpr bool value = false; };
 template <typename F> struct Folds<F, std::void_t<decltype(F::kFolds)>> { static constexpr bool value = F::kFolds; };
@@ -59,9 +57,7 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
   const int64_t row_bytes = reinterpret_cast<const char*>(f.at(n0 + 1, 0)) - base;
   // bytes of a row per k step: a step under a line prefetches at the step that starts in each line
   const int64_t step_bytes = reinterpret_cast<const char*>(f.at(n0, F::kStep * U)) - base;
-  // where the prefetches are, as (blocks on, byte in the row) of row slot 0's stream, advanced each step
-  const int64_t slot_ahead = std::max<int64_t>(kSlotAhead, row_bytes);
-  int64_t ahead_blocks = slot_ahead / row_bytes, ahead_byte = slot_ahead % row_bytes;
+  const int64_t ahead_rows = R * std::max<int64_t>(1, (kAheadBytes + R * row_bytes - 1) / (R * row_bytes));
   for (int64_t k0 = 0; k0 < f.K; k0 += f.span()) {
     const int64_t k1 = std::min(k0 + f.span(), f.K);
     typename F::State state[R];
@@ -72,18 +68,13 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
       }
     for (int64_t k = k0; k < k1; k += F::kStep * U) {
       // A prefetch past the last row is harmless: prefetches never fault.
-      const char* ahead = base + (R * ahead_blocks) * row_bytes + ahead_byte;
+      const char* ahead = reinterpret_cast<const char*>(f.at(n0 + ahead_rows, k));
       for (int r = 0; r < R; ++r, ahead += row_bytes) {
         if (step_bytes >= 64) {
           for (int64_t b = 0; b < step_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
         } else if ((reinterpret_cast<uintptr_t>(ahead) & 63) < static_cast<uintptr_t>(step_bytes)) {
           __builtin_prefetch(ahead, 0, 3);
         }
-      }
-      ahead_byte += step_bytes;
-      if (ahead_byte >= row_bytes) {
-        ahead_byte -= row_bytes;
-        ++ahead_blocks;
       }
 #pragma GCC unroll 8
       for (int i = 0; i < U; ++i) {
