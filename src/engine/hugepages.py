@@ -3,9 +3,11 @@
 A decode step streams every weight once; on 4 KB pages that is a TLB miss, and a stop of the hardware
 prefetcher, every 4 KB. Gemma 3's int8 head (168 MB) read at 67 GB/s on 4 KB pages and 76 on 2 MB pages,
 a float32 weight of the same size 73 and 77 (2 cores of an AVX-512 EPYC, the same weights, in turns).
-torch allocates large tensors with mmap on 4 KB pages, and Debian's default `madvise` policy gives huge
-pages only to memory that asks, so each large weight asks (MADV_HUGEPAGE) and has its pages collapsed
-into huge ones now (MADV_COLLAPSE, Linux 6.1+), rather than whenever khugepaged gets to them.
+torch allocates large tensors with mmap on 4 KB pages, and under the `madvise` policy (this host's) the
+kernel gives huge pages only to memory that asks, so each large weight asks (MADV_HUGEPAGE) and has its
+pages collapsed into huge ones now (MADV_COLLAPSE, Linux 6.1+), rather than whenever
+khugepaged gets to them. Weights mapped in place from a file (fp32 read from the cache's safetensors)
+cannot be collapsed, and are said so.
 """
 
 from __future__ import annotations
