@@ -12,14 +12,16 @@ from src.quality.stats import median_ratio_ci
 from src.tracking import regress
 from tests.conftest import run_cli
 
+# Long enough to time that two burners slow it systematically: with the C++ step the tiny Llama's token takes
+# ~0.05 ms, and 3 repeats of 48 tokens (7 ms a round) were timed faster or slower by chance.
 SWEEP = [
     "-m",
     "model=tiny-llama",
     "task=benchmark",
     "task.prompt_lengths=[16]",
-    "task.max_new_tokens=48",
+    "task.max_new_tokens=200",
     "task.limit=1",
-    "task.repeats=3",
+    "task.repeats=10",
     "task.warmup=1",
     "rounds=3",
     "report_at_end=false",
@@ -72,8 +74,12 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     assert "slower" in out.stdout and "## Removed jobs" in out.stdout and "## New jobs" in out.stdout
     (folder,) = (tmp / "reports").glob("regress-*")
     assert {p.name for p in folder.iterdir()} == {"regress.md", "regress.csv", "regress.png"}
-    out = run_cli([*args, "fail_on=0.1"], module="src.tracking.regress")
-    assert out.returncode == 1 and "slower than the baseline by more than 10%" in out.stderr, out.stderr[-2000:]
+    # the gate at what the burners guarantee (slower with confidence: the interval's low end above 1, as the
+    # test above checks); how much slower moves with the host's own load, so a 10% gate here failed once
+    out = run_cli([*args, "fail_on=0"], module="src.tracking.regress")
+    assert out.returncode == 1 and "slower than the baseline by more than 0%" in out.stderr, out.stderr[-2000:]
+    out = run_cli([*args, "fail_on=10"], module="src.tracking.regress")  # not 1000% slower: passes
+    assert out.returncode == 0, out.stderr[-2000:]
     # the other way round, the quiet sweep is faster: nothing to fail on
     out = run_cli(
         [
