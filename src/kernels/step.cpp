@@ -44,14 +44,9 @@ struct Pick {
   const char* banned;
   float top = -std::numeric_limits<float>::infinity();
   int64_t where = -1;
-  bool nan = false;
   inline __attribute__((always_inline)) void see(int64_t j, float v) {
-    if (nan || banned[j]) return;
-    if (std::isnan(v)) {
-      top = v;
-      where = j;
-      nan = true;
-    } else if (where < 0 || v > top) {
+    if (banned[j] || std::isnan(top)) return;  // a NaN seen is the choice
+    if (std::isnan(v) || where < 0 || v > top) {
       top = v;
       where = j;
     }
@@ -565,20 +560,11 @@ struct Stepper : torch::CustomClassHolder {
     }
     cache.length = past + n;
     if (mode != GREEDY) return out;
-    // the threads' columns in order: the first NaN, else the largest, the first index among equals
-    int64_t chosen = -1;
-    float top = 0.f;
-    for (int t = 0; t < want; ++t) {
-      if (best_at[t] < 0) continue;
-      if (std::isnan(best[t])) {
-        chosen = best_at[t];
-        break;
-      }
-      if (chosen < 0 || best[t] > top) {
-        top = best[t];
-        chosen = best_at[t];
-      }
-    }
+    // the threads' choices, seen in their columns' order by the same rule as each thread's own
+    Pick all{banned_mask.data()};
+    for (int t = 0; t < want; ++t)
+      if (best_at[t] >= 0) all.see(best_at[t], best[t]);
+    const int64_t chosen = all.where;
     return at::scalar_tensor(chosen, at::kLong);
   }
 };
