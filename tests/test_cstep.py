@@ -155,6 +155,41 @@ def test_equal_logits_in_both_threads_columns_give_the_first_index(precision):
             decoder.rollback(1)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_head_of_many_pieces_gives_torchs_argmax_and_its_first_nan(precision):
+    """A head wide enough that each thread computes it in many pieces (~256 KB of weights each): the step
+    skips a piece whose largest value cannot beat the choice so far, so the choice must still be
+    torch.argmax's with banned ids left out, and a NaN in a late piece must still be taken (torch.argmax
+    returns the first NaN; banned, the next)."""
+    model, tok = tiny_model("gemma3")
+    vocab = 40_000  # fp32 rows of 128 values: 512 a piece, ~40 pieces per thread
+    generator = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(model.config.hidden_size, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, model.config.hidden_size, generator=generator))
+    model.lm_head = head
+    model = model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
+    modules.install(model)
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        fused, plain = Decoder(model, "quantspec"), Decoder(model, "quantspec")
+        fused.prefill(ids)
+        plain.prefill(ids)
+        token = 70
+        for i in range(6):
+            if i == 4:  # rows 31000 and 35000 NaN: their logits are NaN, the first of them the choice
+                with torch.no_grad():
+                    model.lm_head.weight[[31_000, 35_000]] = float("nan")
+            logits = plain.step(token).float()
+            top = int(logits.argmax())
+            banned = torch.tensor([top, 7] if i % 2 else [], dtype=torch.long)
+            expected = int(logits.index_fill(-1, banned, float("-inf")).argmax())
+            assert fused.greedy_step(token, banned) == expected
+            if i >= 4:  # the first NaN, or with it banned the next
+                assert expected == (31_000 if i == 4 else 35_000)
+            token = expected % 259  # a token of the tiny vocabulary
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "w4a16"])
 def test_the_greedy_token_chosen_inside_the_cpp_step_is_torchs_argmax(precision):
     """The fused head's argmax (the logits never leave C++) against torch.argmax over the logits of the

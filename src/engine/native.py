@@ -68,7 +68,8 @@ class Decoder:
         logits never materialised; None, with nothing run, where the C++ step does not compute the head."""
         if self.own is None or self.compiled is None:
             return None
-        return self.compiled.greedy(torch.tensor([[token]], device=self.model.device), self.own, banned)
+        # the C++ step runs on the CPU: no device to look up (transformers' model.device walks the parameters)
+        return self.compiled.greedy(torch.tensor([[token]]), self.own, banned)
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
         """k tokens in one forward -> logits [k, V]: row i predicts the token after tokens[i]."""

@@ -51,7 +51,27 @@ struct Pick {
       where = j;
     }
   }
+  // Whether any of a piece's values can be chosen, from its largest (`largest` rounded to the activations'
+  // type, as see() is shown them: rounding never reverses an order) and whether it has a NaN: most of the
+  // head's pieces cannot once a good token has been seen, and are not looked at one by one.
+  bool may_take(float largest, bool nan) const {
+    if (where >= 0 && std::isnan(top)) return false;
+    return where < 0 || nan || largest > top;
+  }
 };
+
+// The largest of v[0..count) and whether any is NaN (then the largest means nothing), vectorised.
+inline float largest_of(const float* v, int64_t count, bool* nan) {
+  float m = -std::numeric_limits<float>::infinity();
+  int any = 0;
+#pragma omp simd reduction(max : m) reduction(| : any)
+  for (int64_t i = 0; i < count; ++i) {
+    m = std::max(m, v[i]);
+    any |= v[i] != v[i];
+  }
+  *nan = any != 0;
+  return m;
+}
 
 // One kernel call of a projection: a GemvLinear or a quantized *Gemv module, or several of them fused
 // (src.engine.fused), computed as its Python forward computes it: x cast to the kernel's input type, the
@@ -141,6 +161,7 @@ struct Stepper : torch::CustomClassHolder {
   at::Tensor embedding, embed_scale;  // [vocabulary, hidden]; Gemma's scale (0-dim), undefined for none
   std::vector<Call> head;  // the output projection, where it runs here (set_head)
   int64_t max_k = 0, max_n = 0;  // the widest kernel input; the widest layer projection (not the head)
+  std::vector<char> banned_mask;  // a greedy step's banned ids, by id (all 0 outside a call)
 
   Stepper(int64_t heads, int64_t kv_heads, int64_t dim, double scaling, double eps, bool gemma, std::string act)
       : heads(heads), kv_heads(kv_heads), dim(dim), scaling(scaling), eps(eps), gemma(gemma), act(std::move(act)) {
@@ -292,26 +313,16 @@ struct Stepper : torch::CustomClassHolder {
                         reinterpret_cast<uint16_t*>(y));
   }
 
-  // rows [n, nheads * dim] in place: x * cos + roll(x, dim / 2) * sin' (the Python path's three rounded ops).
+  // One head's row r [dim] at position pos, in place: x * cos + roll(x, dim / 2) * sin' (the Python path's
+  // three rounded ops); `row` is scratch of dim values.
   template <typename T>
-  void rotate(T* p, int64_t n, int64_t nheads, const at::Tensor& c, const at::Tensor& s, int64_t past) const {
-    const T* cp = c.data_ptr<T>();
-    const T* sp = s.data_ptr<T>();
+  void rotate(T* r, int64_t pos, const at::Tensor& c, const at::Tensor& s, T* row) const {
+    const T* ci = c.data_ptr<T>() + pos * dim;
+    const T* si = s.data_ptr<T>() + pos * dim;
     const int64_t half = dim / 2;
-    std::vector<T> row(dim);
-    for (int64_t i = 0; i < n; ++i) {
-      const T* ci = cp + (past + i) * dim;
-      const T* si = sp + (past + i) * dim;
-      for (int64_t h = 0; h < nheads; ++h) {
-        T* r = p + (i * nheads + h) * dim;
-        std::copy(r, r + dim, row.begin());
-        for (int64_t j = 0; j < dim; ++j) {
-          const T a = row[j] * ci[j];
-          const T b = row[(j + half) % dim] * si[j];
-          r[j] = a + b;
-        }
-      }
-    }
+    std::copy(r, r + dim, row);
+    for (int64_t j = 0; j < half; ++j) r[j] = row[j] * ci[j] + row[j + half] * si[j];
+    for (int64_t j = half; j < dim; ++j) r[j] = row[j] * ci[j] + row[j - half] * si[j];
   }
 
   // h += norm(out) (Gemma's sandwich norms) or h += out, on this thread's copy of the residual stream.
@@ -366,34 +377,44 @@ struct Stepper : torch::CustomClassHolder {
       // columns() does: one call over a whole slice of the head measured 13% slower in bf16).
       const int64_t row_bytes = c.kind == W4A16 ? K / 2 : c.kind == FLOAT ? (bf16_in ? 2 : 4) * K : K;
       const int64_t piece = 4 * std::max<int64_t>(1, (256 << 10) / (4 * row_bytes));
-      const int16_t* q16 = reinterpret_cast<const int16_t*>(p.xq.data_ptr<uint8_t>());
+      // the buffers' addresses taken once: data_ptr<T>()'s type check was 2% of a step, called per piece
+      const void* w = c.t[0].data_ptr();
+      const float* w1 = c.t.size() > 1 ? static_cast<const float*>(c.t[1].data_ptr()) : nullptr;
+      const void* w2 = c.t.size() > 2 ? c.t[2].data_ptr() : nullptr;
+      const uint8_t* xq = static_cast<const uint8_t*>(p.xq.data_ptr());
+      const int16_t* q16 = reinterpret_cast<const int16_t*>(xq);
+      const float* sums = static_cast<const float*>(p.sums.data_ptr());
       const bool has_bias = c.bias.defined();
       const bool bias_bf16 = has_bias && c.bias.scalar_type() == at::kBFloat16;
+      const void* bias = has_bias ? c.bias.data_ptr() : nullptr;
       for (int64_t a = n0; a < n1; a += piece) {
         const int64_t b = std::min(n1, a + piece);
         switch (c.kind) {
           case FLOAT:
             if (bf16_in)
-              kern.gemv_bf16(static_cast<const uint16_t*>(xin), u16(c.t[0]), n, K, N, a, b, yc);
+              kern.gemv_bf16(static_cast<const uint16_t*>(xin), static_cast<const uint16_t*>(w), n, K, N, a, b, yc);
             else
-              kern.gemv_f32(static_cast<const float*>(xin), c.t[0].data_ptr<float>(), n, K, N, a, b, yc);
+              kern.gemv_f32(static_cast<const float*>(xin), static_cast<const float*>(w), n, K, N, a, b, yc);
             break;
           case W8A8:
-            kern.gemv_w8a8(p.xq.data_ptr<uint8_t>(), xs, c.t[0].data_ptr<int8_t>(), c.t[1].data_ptr<float>(),
-                           c.t[2].data_ptr<int32_t>(), n, K, N, a, b, yc);
+            kern.gemv_w8a8(xq, xs, static_cast<const int8_t*>(w), w1, static_cast<const int32_t*>(w2), n, K, N, a, b,
+                           yc);
             break;
           case W8A16:
-            kern.gemv_w8a16(q16, xs, c.t[0].data_ptr<int8_t>(), c.t[1].data_ptr<float>(), n, K, N, a, b, yc);
+            kern.gemv_w8a16(q16, xs, static_cast<const int8_t*>(w), w1, n, K, N, a, b, yc);
             break;
           default:
-            kern.gemv_w4a16(q16, xs, p.sums.data_ptr<float>(), c.t[0].data_ptr<uint8_t>(), c.t[1].data_ptr<float>(),
-                            c.t[2].data_ptr<float>(), c.group, n, K, N, a, b, yc);
+            kern.gemv_w4a16(q16, xs, sums, static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2), c.group,
+                            n, K, N, a, b, yc);
         }
         for (int64_t m = 0; m < n; ++m) {
           const float* ym = yc + m * N;
           if (!has_bias && bf16_in == std::is_same_v<T, BF>) {  // the common case: one rounding at most
             if (pick != nullptr) {
-              for (int64_t j = a; j < b; ++j) pick->see(c.offset + j, to_f(T(ym[j])));
+              bool nan;
+              const float largest = largest_of(ym + a, b - a, &nan);
+              if (pick->may_take(to_f(T(largest)), nan))
+                for (int64_t j = a; j < b; ++j) pick->see(c.offset + j, to_f(T(ym[j])));
             } else {
               T* om = out + m * width + c.offset;
               for (int64_t j = a; j < b; ++j) om[j] = T(ym[j]);
@@ -404,7 +425,7 @@ struct Stepper : torch::CustomClassHolder {
             float v = ym[j];
             if (bf16_in) v = round_bf16(v);
             if (has_bias) {
-              v = v + (bias_bf16 ? to_f(c.bias.data_ptr<BF>()[j]) : c.bias.data_ptr<float>()[j]);
+              v = v + (bias_bf16 ? to_f(static_cast<const BF*>(bias)[j]) : static_cast<const float*>(bias)[j]);
               if (bf16_in && bias_bf16) v = round_bf16(v);
             }
             return T(v);
@@ -435,7 +456,7 @@ struct Stepper : torch::CustomClassHolder {
     const int64_t widest = mode == HIDDEN || head.empty() ? max_n : std::max(max_n, head[0].N);
     at::Tensor y = at::empty({n, widest}, fopt), proj_a = at::empty({n, max_n}, opt);
     at::Tensor proj_b = at::empty({n, hidden}, opt), q = at::empty({n, qw}, opt);
-    at::Tensor kbuf = at::empty({n, kw}, opt), attn = at::empty({n, qw}, opt);
+    at::Tensor attn = at::empty({n, qw}, opt);
     std::vector<Private> priv(want);
     const int64_t x8 = std::max<int64_t>(k().x8_bytes, 2);
     for (Private& p : priv) {
@@ -448,7 +469,7 @@ struct Stepper : torch::CustomClassHolder {
       p.sums = at::empty({n, max_k / 128 + 1}, fopt);
     }
     const float scale = float(scaling);
-    T *pa = proj_a.data_ptr<T>(), *pb = proj_b.data_ptr<T>(), *qp = q.data_ptr<T>(), *kp_new = kbuf.data_ptr<T>(), *ap = attn.data_ptr<T>();
+    T *pa = proj_a.data_ptr<T>(), *pb = proj_b.data_ptr<T>(), *qp = q.data_ptr<T>(), *ap = attn.data_ptr<T>();
     float* yp = y.data_ptr<float>();
     const int64_t vocab = head.empty() ? 0 : head[0].N, rows = mode == GREEDY ? 1 : keep;
     // a greedy step's logits are never stored (Pick)
@@ -456,19 +477,26 @@ struct Stepper : torch::CustomClassHolder {
     T* outp = out.data_ptr<T>();
     std::vector<float> best(want, -std::numeric_limits<float>::infinity());
     std::vector<int64_t> best_at(want, -1);
-    std::vector<char> banned_mask;
-    if (mode == GREEDY) {
-      banned_mask.assign(vocab, 0);
-      const int64_t* b = banned.data_ptr<int64_t>();
-      for (int64_t i = 0; i < banned.numel(); ++i)
-        if (b[i] >= 0 && b[i] < vocab) banned_mask[b[i]] = 1;
-    }
+    const int64_t* ban = mode == GREEDY ? banned.data_ptr<int64_t>() : nullptr;
+    // the mask is kept all 0 between calls (rather than filled vocabulary-wide each token): set here, and
+    // cleared when this call ends, however it ends
+    auto mark = [&](char on) {
+      for (int64_t i = 0; ban != nullptr && i < banned.numel(); ++i)
+        if (ban[i] >= 0 && ban[i] < vocab) banned_mask[ban[i]] = on;
+    };
+    if (mode == GREEDY) banned_mask.resize(vocab, 0);
+    mark(1);
+    struct Unmark {
+      decltype(mark)& f;
+      ~Unmark() { f(0); }
+    } unmark{mark};
 #pragma omp parallel num_threads(want)
     {
       const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
       Private& me = priv[tid];
       T* h = me.h.data_ptr<T>();
       T* x = me.x.data_ptr<T>();
+      std::vector<T> row(dim);  // rotate()'s scratch
       // a projection into the shared output (pp), then a barrier: one profiler record on the calling
       // thread, its wait included
       auto projected = [&](const Layer& L, int slot, const T* in, T* out) {
@@ -481,30 +509,36 @@ struct Stepper : torch::CustomClassHolder {
         // q, k, v
         norm_rows<T>(h, L.norms[ATTN_IN], hidden, n, x);
         projected(L, QKV, x, pa);
-        // q/k norms, rotary positions and the cache's new rows (a few thousand values, one thread), attention
+        // q/k norms, rotary positions and the cache's new rows: each thread readies the query heads it
+        // attends (no other thread reads them), the first thread the keys, the last the values; attention
         {
           RECORD_FUNCTION("quantspec::decode_attention", std::vector<c10::IValue>());
           at::Tensor& K = cache.keys[l];
           at::Tensor& V = cache.values[l];
           T* kc = K.data_ptr<T>();
           T* vc = V.data_ptr<T>();
-          if (tid == 0) {
-            const int64_t w = L.width[QKV];
-            for (int64_t i = 0; i < n; ++i) {
-              std::copy(pa + i * w, pa + i * w + qw, qp + i * qw);
-              std::copy(pa + i * w + qw, pa + i * w + qw + kw, kp_new + i * kw);
-            }
-            if (L.norms[Q_NORM].defined()) norm_rows<T>(qp, L.norms[Q_NORM], dim, n * heads, qp);
-            if (L.norms[K_NORM].defined()) norm_rows<T>(kp_new, L.norms[K_NORM], dim, n * kv_heads, kp_new);
-            rotate<T>(qp, n, heads, cos[L.rope], sin[L.rope], past);
-            rotate<T>(kp_new, n, kv_heads, cos[L.rope], sin[L.rope], past);
+          const int64_t w = L.width[QKV], items = n * heads, i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
+          for (int64_t item = i0; item < i1; ++item) {
+            const int64_t i = item / heads, hd = item % heads;
+            T* qh = qp + i * qw + hd * dim;
+            std::copy(pa + i * w + hd * dim, pa + i * w + (hd + 1) * dim, qh);
+            if (L.norms[Q_NORM].defined()) norm_rows<T>(qh, L.norms[Q_NORM], dim, 1, qh);
+            rotate<T>(qh, past + i, cos[L.rope], sin[L.rope], row.data());
+          }
+          if (tid == 0)
             for (int64_t i = 0; i < n; ++i)
               for (int64_t g = 0; g < kv_heads; ++g) {
-                std::copy(kp_new + i * kw + g * dim, kp_new + i * kw + (g + 1) * dim, kc + (g * cap + past + i) * dim);
+                T* kh = kc + (g * cap + past + i) * dim;
+                std::copy(pa + i * w + qw + g * dim, pa + i * w + qw + (g + 1) * dim, kh);
+                if (L.norms[K_NORM].defined()) norm_rows<T>(kh, L.norms[K_NORM], dim, 1, kh);
+                rotate<T>(kh, past + i, cos[L.rope], sin[L.rope], row.data());
+              }
+          if (tid == nt - 1)
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t g = 0; g < kv_heads; ++g) {
                 const T* v = pa + i * w + qw + kw + g * dim;
                 std::copy(v, v + dim, vc + (g * cap + past + i) * dim);
               }
-          }
 #pragma omp barrier
           // attention: each (query, head) alone, query i at position past + i seeing its window's keys
           {
@@ -564,8 +598,7 @@ struct Stepper : torch::CustomClassHolder {
     Pick all{banned_mask.data()};
     for (int t = 0; t < want; ++t)
       if (best_at[t] >= 0) all.see(best_at[t], best[t]);
-    const int64_t chosen = all.where;
-    return at::scalar_tensor(chosen, at::kLong);
+    return at::scalar_tensor(all.where, at::kLong);
   }
 };
 
