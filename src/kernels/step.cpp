@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -37,27 +38,34 @@ enum Slot : int64_t { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
 enum Norm : int64_t { ATTN_IN = 0, ATTN_OUT = 1, MLP_IN = 2, MLP_OUT = 3, Q_NORM = 4, K_NORM = 5 };
 enum Mode { HIDDEN, LOGITS, GREEDY };  // what a call returns: the final norm's rows, the head's, its argmax
 
-// The greedy choice over one thread's columns of the head, seen in ascending order as each piece is
-// finished (while its values are in cache; the logits are never stored): the first NaN, else the first
-// index of the largest value, as torch.argmax picks; banned ids left out, as eos_ban's -inf does.
+// The greedy choice over the columns of the head a thread computes, in whatever order it computes them
+// (the logits are never stored): the first NaN, else the first index of the largest value, as
+// torch.argmax picks; banned ids left out, as eos_ban's -inf does. The threads' choices are merged by the
+// same rule.
 struct Pick {
   const char* banned;
   float top = -std::numeric_limits<float>::infinity();
   int64_t where = -1;
   inline __attribute__((always_inline)) void see(int64_t j, float v) {
-    if (banned[j] || std::isnan(top)) return;  // a NaN seen is the choice
-    if (std::isnan(v) || where < 0 || v > top) {
-      top = v;
-      where = j;
+    if (banned[j]) return;
+    if (std::isnan(v) || std::isnan(top)) {  // a NaN beats any number; of two NaNs the first
+      if (std::isnan(v) && (!std::isnan(top) || j < where)) top = v, where = j;
+      return;
     }
+    if (where < 0 || v > top || (v == top && j < where)) top = v, where = j;
   }
   // Whether any of a piece's values can be chosen, from its largest (`largest` rounded to the activations'
   // type, as see() is shown them: rounding never reverses an order) and whether it has a NaN: most of the
   // head's pieces cannot once a good token has been seen, and are not looked at one by one.
   bool may_take(float largest, bool nan) const {
-    if (where >= 0 && std::isnan(top)) return false;
-    return where < 0 || nan || largest > top;
+    if (where >= 0 && std::isnan(top)) return nan;
+    return where < 0 || nan || largest >= top;
   }
+};
+
+// A counter of the chunks of one thread's columns handed out, alone on its cache line.
+struct alignas(64) Ticket {
+  std::atomic<int64_t> n{0};
 };
 
 // The largest of v[0..count) and whether any is NaN (then the largest means nothing), vectorised.
@@ -336,15 +344,15 @@ struct Stepper : torch::CustomClassHolder {
   }
 
   // This thread's share of a projection: x [n, K] (activations' type, this thread's own copy) through each
-  // call's kernel over this thread's blocks of 4 columns, finished into out [n, width] (shared), or with
-  // `pick` (the head of a greedy step, one row) each finished value seen by it instead of stored.
+  // call's kernel over the chunks of columns this thread takes (`tickets`: the call's, one per thread; moved
+  // past them), finished into out [n, width] (shared), or with `pick` (the head of a greedy step, one row)
+  // each finished value seen by it instead of stored.
   template <typename T>
   void project(const std::vector<Call>& calls, int64_t width, const T* x, int64_t n, Private& p, float* y, T* out,
-               int tid, int nt, Pick* pick = nullptr) const {
+               int tid, int nt, Ticket*& tickets, Pick* pick = nullptr) const {
     const qs_kernels& kern = k();
     for (const Call& c : calls) {
       const int64_t K = c.K, N = c.N, blocks = (N + 3) / 4;
-      const int64_t n0 = 4 * (blocks * tid / nt), n1 = std::min(N, 4 * (blocks * (tid + 1) / nt));
       const bool bf16_in = c.in == at::kBFloat16;
       // the kernel's input: x in its own type, then (quantized kinds) as float32 for the quantizers
       const void* xin = x;
@@ -387,8 +395,7 @@ struct Stepper : torch::CustomClassHolder {
       const bool has_bias = c.bias.defined();
       const bool bias_bf16 = has_bias && c.bias.scalar_type() == at::kBFloat16;
       const void* bias = has_bias ? c.bias.data_ptr() : nullptr;
-      for (int64_t a = n0; a < n1; a += piece) {
-        const int64_t b = std::min(n1, a + piece);
+      auto work = [&](int64_t a, int64_t b) {
         switch (c.kind) {
           case FLOAT:
             if (bf16_in)
@@ -437,7 +444,29 @@ struct Stepper : torch::CustomClassHolder {
           T* om = out + m * width + c.offset;
           for (int64_t j = a; j < b; ++j) om[j] = finished(j);
         }
+      };
+      // This thread's blocks in chunks from the front, then, its own done, chunks from the back of the
+      // blocks of the thread before it (each thread's range has one such helper; a shared counter per
+      // range hands out each chunk once): the threads reach the barrier together however the host
+      // slows one of them. Each column is computed alike whoever computes it.
+      const int64_t chunk = std::min(piece, 4 * std::max<int64_t>(1, std::clamp<int64_t>(
+                                                N * row_bytes / (8 * nt), 16 << 10, 256 << 10) / (4 * row_bytes)));
+      auto range = [&](int t, int64_t& r0, int64_t& r1) {
+        r0 = 4 * (blocks * t / nt);
+        r1 = std::min(N, 4 * (blocks * (t + 1) / nt));
+        return (r1 - r0 + chunk - 1) / chunk;
+      };
+      int64_t r0, r1;
+      const int64_t own = range(tid, r0, r1);
+      for (int64_t i = 0; tickets[tid].n.fetch_add(1, std::memory_order_relaxed) < own; ++i)
+        work(r0 + i * chunk, std::min(r1, r0 + (i + 1) * chunk));
+      if (nt > 1) {
+        const int victim = (tid + nt - 1) % nt;
+        const int64_t theirs = range(victim, r0, r1);
+        for (int64_t i = theirs - 1; tickets[victim].n.fetch_add(1, std::memory_order_relaxed) < theirs; --i)
+          work(r0 + i * chunk, std::min(r1, r0 + (i + 1) * chunk));
       }
+      tickets += nt;
     }
   }
 
@@ -477,6 +506,10 @@ struct Stepper : torch::CustomClassHolder {
     T* outp = out.data_ptr<T>();
     std::vector<float> best(want, -std::numeric_limits<float>::infinity());
     std::vector<int64_t> best_at(want, -1);
+    size_t sites = head.size();  // the kernel calls of a step, each with a Ticket per thread (project())
+    for (const Layer& L : layers)
+      for (const auto& slot : L.calls) sites += slot.size();
+    std::vector<Ticket> tickets(sites * want);
     const int64_t* ban = mode == GREEDY ? banned.data_ptr<int64_t>() : nullptr;
     // the mask is kept all 0 between calls (rather than filled vocabulary-wide each token): set here, and
     // cleared when this call ends, however it ends
@@ -494,6 +527,7 @@ struct Stepper : torch::CustomClassHolder {
     {
       const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
       Private& me = priv[tid];
+      Ticket* next = tickets.data();  // the next call's tickets (every thread makes the same calls in turn)
       T* h = me.h.data_ptr<T>();
       T* x = me.x.data_ptr<T>();
       std::vector<T> row(dim);  // rotate()'s scratch
@@ -501,7 +535,7 @@ struct Stepper : torch::CustomClassHolder {
       // thread, its wait included
       auto projected = [&](const Layer& L, int slot, const T* in, T* out) {
         RECORD_FUNCTION(NAMES[L.calls[slot][0].kind], std::vector<c10::IValue>());
-        project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt);
+        project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt, next);
 #pragma omp barrier
       };
       for (size_t l = 0; l < layers.size(); ++l) {
@@ -584,11 +618,11 @@ struct Stepper : torch::CustomClassHolder {
         RECORD_FUNCTION(NAMES[head[0].kind], std::vector<c10::IValue>());
         if (mode == GREEDY) {  // this thread's columns, seen as they are computed
           Pick pick{banned_mask.data()};
-          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, &pick);
+          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next, &pick);
           best[tid] = pick.top;
           best_at[tid] = pick.where;
         } else {
-          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt);
+          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next);
         }
       }
     }
