@@ -93,18 +93,21 @@ struct Call {
   at::ScalarType in;
   int64_t K = 0, N = 0;
   int64_t offset = 0;  // its first column in the projection's output (calls of one projection side by side)
+  // The tensors' addresses, read once: a step's stream of weights evicts everything between two calls, and
+  // a tensor's data_ptr() is a chain of dependent loads (each then a miss to memory).
+  const void *w = nullptr, *w2 = nullptr, *bias_p = nullptr;
+  const float* w1 = nullptr;
 };
 
 struct Layer {
   std::vector<Call> calls[4];  // by Slot
   at::Tensor norms[6];         // by Norm; undefined: the family has none there
+  const void* norm[6] = {};    // their addresses (Call's why); null: none
   int64_t rope = 0;            // which rotary table
   int64_t window = 0;          // a sliding window (query p sees keys p - window < j <= p); 0: none
   int64_t width[4] = {0, 0, 0, 0};  // each projection's output columns
 };
 
-uint16_t* u16(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<BF>()); }
-const uint16_t* u16(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<BF>()); }
 
 template <typename T>
 float to_f(T v) { return static_cast<float>(v); }
@@ -156,6 +159,9 @@ struct Private {
   at::Tensor xin;            // a kernel's input in its own type, where that differs from the activations'
   at::Tensor xf;             // float32 copy for the quantizers
   at::Tensor xq, xs, sums;   // quantized rows, their scales, int4 group sums
+  void* xin_p;               // their addresses (Call's why)
+  float *xf_p, *xs_p, *sums_p;
+  uint8_t* xq_p;
 };
 
 struct Stepper : torch::CustomClassHolder {
@@ -165,6 +171,7 @@ struct Stepper : torch::CustomClassHolder {
   std::string act;  // gelu_tanh or silu
   std::vector<Layer> layers;
   std::vector<at::Tensor> cos, sin;  // rotary tables [positions, dim], sin's first half negated
+  std::vector<const void*> cos_p, sin_p;  // their addresses (Call's why)
   at::Tensor final_norm;
   at::Tensor embedding, embed_scale;  // [vocabulary, hidden]; Gemma's scale (0-dim), undefined for none
   std::vector<Call> head;  // the output projection, where it runs here (set_head)
@@ -180,7 +187,10 @@ struct Stepper : torch::CustomClassHolder {
     TORCH_CHECK(norms.size() == 6, "quantspec Stepper: six norm slots");
     Layer layer;
     for (int i = 0; i < 6; ++i)
-      if (norms[i].numel()) layer.norms[i] = norms[i].contiguous();
+      if (norms[i].numel()) {
+        layer.norms[i] = norms[i].contiguous();
+        layer.norm[i] = layer.norms[i].data_ptr();
+      }
     layer.rope = rope;
     layer.window = window;
     layers.push_back(std::move(layer));
@@ -215,6 +225,10 @@ struct Stepper : torch::CustomClassHolder {
     const int64_t steps[] = {w.scalar_type() == at::kFloat ? 16 : 32, 64, 32, 128};
     Call call{kind, std::move(tensors), bias.empty() ? at::Tensor() : bias[0].contiguous(), group,
               bf16_in ? at::kBFloat16 : at::kFloat};
+    call.w = call.t[0].data_ptr();
+    call.w1 = call.t.size() > 1 ? static_cast<const float*>(call.t[1].data_ptr()) : nullptr;
+    call.w2 = call.t.size() > 2 ? call.t[2].data_ptr() : nullptr;
+    call.bias_p = call.bias.defined() ? call.bias.data_ptr() : nullptr;
     call.N = w.size(0);
     call.K = kind == W4A16 ? w.size(1) * 2 : w.size(1);
     TORCH_CHECK(call.K % steps[kind] == 0 && (kind != W4A16 || (group % 128 == 0 && call.K % group == 0)),
@@ -228,9 +242,13 @@ struct Stepper : torch::CustomClassHolder {
     if (static_cast<int64_t>(cos.size()) <= index) {
       cos.resize(index + 1);
       sin.resize(index + 1);
+      cos_p.resize(index + 1);
+      sin_p.resize(index + 1);
     }
     cos[index] = c.contiguous();
     sin[index] = s.contiguous();
+    cos_p[index] = cos[index].data_ptr();
+    sin_p[index] = sin[index].data_ptr();
   }
 
   void set_final_norm(at::Tensor w) { final_norm = w.contiguous(); }
@@ -313,20 +331,20 @@ struct Stepper : torch::CustomClassHolder {
     return h;
   }
   template <typename T>
-  void norm_rows(const T* x, const at::Tensor& w, int64_t d, int64_t rows, T* y) const {
+  void norm_rows(const T* x, const void* w, int64_t d, int64_t rows, T* y) const {
     if constexpr (std::is_same_v<T, float>)
-      k().rms_norm_f32(x, w.data_ptr<float>(), d, float(eps), gemma, 0, rows, y);
+      k().rms_norm_f32(x, static_cast<const float*>(w), d, float(eps), gemma, 0, rows, y);
     else
-      k().rms_norm_bf16(reinterpret_cast<const uint16_t*>(x), u16(w), d, float(eps), gemma, 0, rows,
-                        reinterpret_cast<uint16_t*>(y));
+      k().rms_norm_bf16(reinterpret_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w), d, float(eps), gemma,
+                        0, rows, reinterpret_cast<uint16_t*>(y));
   }
 
   // One head's row r [dim] at position pos, in place: x * cos + roll(x, dim / 2) * sin' (the Python path's
   // three rounded ops); `row` is scratch of dim values.
   template <typename T>
-  void rotate(T* r, int64_t pos, const at::Tensor& c, const at::Tensor& s, T* row) const {
-    const T* ci = c.data_ptr<T>() + pos * dim;
-    const T* si = s.data_ptr<T>() + pos * dim;
+  void rotate(T* r, int64_t pos, const void* c, const void* s, T* row) const {
+    const T* ci = static_cast<const T*>(c) + pos * dim;
+    const T* si = static_cast<const T*>(s) + pos * dim;
     const int64_t half = dim / 2;
     std::copy(r, r + dim, row);
     for (int64_t j = 0; j < half; ++j) r[j] = row[j] * ci[j] + row[j + half] * si[j];
@@ -335,8 +353,8 @@ struct Stepper : torch::CustomClassHolder {
 
   // h += norm(out) (Gemma's sandwich norms) or h += out, on this thread's copy of the residual stream.
   template <typename T>
-  void add_residual(T* h, const T* out, const at::Tensor& norm, int64_t hidden, int64_t n, T* scratch) const {
-    if (norm.defined()) {
+  void add_residual(T* h, const T* out, const void* norm, int64_t hidden, int64_t n, T* scratch) const {
+    if (norm != nullptr) {
       norm_rows<T>(out, norm, hidden, n, scratch);
       out = scratch;
     }
@@ -358,44 +376,40 @@ struct Stepper : torch::CustomClassHolder {
       const void* xin = x;
       if (bf16_in != std::is_same_v<T, BF>) {
         if (bf16_in) {
-          uint16_t* xb = u16(p.xin);
+          uint16_t* xb = static_cast<uint16_t*>(p.xin_p);
           for (int64_t i = 0; i < n * K; ++i) xb[i] = qs::f32_to_bf16(to_f(x[i]));
           xin = xb;
         } else {
-          float* xf = p.xin.data_ptr<float>();
+          float* xf = static_cast<float*>(p.xin_p);
           for (int64_t i = 0; i < n * K; ++i) xf[i] = to_f(x[i]);
           xin = xf;
         }
       }
-      const float* xs = p.xs.data_ptr<float>();
+      const float* xs = p.xs_p;
       if (c.kind != FLOAT) {
-        float* xf = p.xf.data_ptr<float>();
+        float* xf = p.xf_p;
         if (bf16_in)
           for (int64_t i = 0; i < n * K; ++i) xf[i] = qs::bf16_to_f32(static_cast<const uint16_t*>(xin)[i]);
         else
           std::copy(static_cast<const float*>(xin), static_cast<const float*>(xin) + n * K, xf);
         if (c.kind == W8A8)
-          kern.quantize_x8(xf, n, K, p.xq.data_ptr<uint8_t>(), p.xs.data_ptr<float>());
+          kern.quantize_x8(xf, n, K, p.xq_p, p.xs_p);
         else
-          kern.quantize_x16(xf, n, K, c.kind == W4A16 ? c.group : 0, reinterpret_cast<int16_t*>(p.xq.data_ptr<uint8_t>()),
-                            p.xs.data_ptr<float>(), c.kind == W4A16 ? p.sums.data_ptr<float>() : nullptr);
+          kern.quantize_x16(xf, n, K, c.kind == W4A16 ? c.group : 0, reinterpret_cast<int16_t*>(p.xq_p), p.xs_p,
+                            c.kind == W4A16 ? p.sums_p : nullptr);
       }
       float* yc = y + n * c.offset;  // each call's own [n, N] (the kernels' layout), side by side
       // In pieces of ~256 KB of weights, each finished while its outputs are in cache (as binding.cpp's
       // columns() does: one call over a whole slice of the head measured 13% slower in bf16).
       const int64_t row_bytes = c.kind == W4A16 ? K / 2 : c.kind == FLOAT ? (bf16_in ? 2 : 4) * K : K;
       const int64_t piece = 4 * std::max<int64_t>(1, (256 << 10) / (4 * row_bytes));
-      // the buffers' addresses taken once: data_ptr<T>()'s type check was 2% of a step, called per piece
-      const void* w = c.t[0].data_ptr();
-      const float* w1 = c.t.size() > 1 ? static_cast<const float*>(c.t[1].data_ptr()) : nullptr;
-      const void* w2 = c.t.size() > 2 ? c.t[2].data_ptr() : nullptr;
-      const uint8_t* xq = static_cast<const uint8_t*>(p.xq.data_ptr());
+      const void *w = c.w, *w2 = c.w2, *bias = c.bias_p;
+      const float *w1 = c.w1, *sums = p.sums_p;
+      const uint8_t* xq = p.xq_p;
       const int16_t* q16 = reinterpret_cast<const int16_t*>(xq);
-      const float* sums = static_cast<const float*>(p.sums.data_ptr());
-      const bool has_bias = c.bias.defined();
+      const bool has_bias = bias != nullptr;
       const bool bias_bf16 = has_bias && c.bias.scalar_type() == at::kBFloat16;
-      const void* bias = has_bias ? c.bias.data_ptr() : nullptr;
-      auto work = [&](int64_t a, int64_t b) {
+      auto finish = [&](int64_t a, int64_t b) {  // b - a <= piece
         switch (c.kind) {
           case FLOAT:
             if (bf16_in)
@@ -445,26 +459,38 @@ struct Stepper : torch::CustomClassHolder {
           for (int64_t j = a; j < b; ++j) om[j] = finished(j);
         }
       };
-      // This thread's blocks in chunks from the front, then, its own done, chunks from the back of the
-      // blocks of the thread before it (each thread's range has one such helper; a shared counter per
-      // range hands out each chunk once): the threads reach the barrier together however the host
-      // slows one of them. Each column is computed alike whoever computes it.
-      const int64_t chunk = std::min(piece, 4 * std::max<int64_t>(1, std::clamp<int64_t>(
-                                                N * row_bytes / (8 * nt), 16 << 10, 256 << 10) / (4 * row_bytes)));
-      auto range = [&](int t, int64_t& r0, int64_t& r1) {
-        r0 = 4 * (blocks * t / nt);
-        r1 = std::min(N, 4 * (blocks * (t + 1) / nt));
-        return (r1 - r0 + chunk - 1) / chunk;
+      auto work = [&](int64_t a, int64_t b) {
+        for (; a < b; a += piece) finish(a, std::min(b, a + piece));
       };
-      int64_t r0, r1;
-      const int64_t own = range(tid, r0, r1);
-      for (int64_t i = 0; tickets[tid].n.fetch_add(1, std::memory_order_relaxed) < own; ++i)
-        work(r0 + i * chunk, std::min(r1, r0 + (i + 1) * chunk));
+      // This thread's columns in chunks from the front, then, its own done, chunks from the back of the
+      // previous thread's (each thread's range has one such helper; a counter per range hands out each
+      // chunk once, its atomic add being the only cost): the threads reach the barrier together however the
+      // host slows one of them. A range's first 3/4 are one chunk, its last quarter four or more chunks of
+      // at least 16 KB and at most a piece: what is left to share is the end, and few atomics are paid.
+      // Each column is computed alike whoever computes it.
+      struct Chunks {
+        int64_t r0, r1, first, size, count;
+        int64_t begin(int64_t i) const { return i == 0 ? r0 : std::min(r1, first + (i - 1) * size); }
+        int64_t end(int64_t i) const { return i == 0 ? first : std::min(r1, first + i * size); }
+      };
+      auto chunks = [&](int t) {
+        Chunks ch;
+        ch.r0 = 4 * (blocks * t / nt);
+        ch.r1 = std::min(N, 4 * (blocks * (t + 1) / nt));
+        ch.first = ch.r0 + 4 * ((ch.r1 - ch.r0) * 3 / 16);
+        const int64_t tail = ch.r1 - ch.first;
+        ch.size = std::min(piece, 4 * std::max<int64_t>(1, std::max<int64_t>(16 << 10, tail * row_bytes / 4) / (4 * row_bytes)));
+        ch.count = 1 + (tail + ch.size - 1) / ch.size;
+        return ch;
+      };
+      const Chunks own = chunks(tid);
+      for (int64_t i = 0; tickets[tid].n.fetch_add(1, std::memory_order_relaxed) < own.count; ++i)
+        work(own.begin(i), own.end(i));
       if (nt > 1) {
         const int victim = (tid + nt - 1) % nt;
-        const int64_t theirs = range(victim, r0, r1);
-        for (int64_t i = theirs - 1; tickets[victim].n.fetch_add(1, std::memory_order_relaxed) < theirs; --i)
-          work(r0 + i * chunk, std::min(r1, r0 + (i + 1) * chunk));
+        const Chunks theirs = chunks(victim);
+        for (int64_t i = theirs.count - 1; tickets[victim].n.fetch_add(1, std::memory_order_relaxed) < theirs.count; --i)
+          work(theirs.begin(i), theirs.end(i));
       }
       tickets += nt;
     }
@@ -496,6 +522,11 @@ struct Stepper : torch::CustomClassHolder {
       p.xq = at::empty({n, max_k * x8}, opt.dtype(at::kByte));
       p.xs = at::empty({n}, fopt);
       p.sums = at::empty({n, max_k / 128 + 1}, fopt);
+      p.xin_p = p.xin.data_ptr();
+      p.xf_p = p.xf.data_ptr<float>();
+      p.xs_p = p.xs.data_ptr<float>();
+      p.sums_p = p.sums.data_ptr<float>();
+      p.xq_p = p.xq.data_ptr<uint8_t>();
     }
     const float scale = float(scaling);
     T *pa = proj_a.data_ptr<T>(), *pb = proj_b.data_ptr<T>(), *qp = q.data_ptr<T>(), *ap = attn.data_ptr<T>();
@@ -541,7 +572,7 @@ struct Stepper : torch::CustomClassHolder {
       for (size_t l = 0; l < layers.size(); ++l) {
         const Layer& L = layers[l];
         // q, k, v
-        norm_rows<T>(h, L.norms[ATTN_IN], hidden, n, x);
+        norm_rows<T>(h, L.norm[ATTN_IN], hidden, n, x);
         projected(L, QKV, x, pa);
         // q/k norms, rotary positions and the cache's new rows: each thread readies the query heads it
         // attends (no other thread reads them), the first thread the keys, the last the values; attention
@@ -556,16 +587,16 @@ struct Stepper : torch::CustomClassHolder {
             const int64_t i = item / heads, hd = item % heads;
             T* qh = qp + i * qw + hd * dim;
             std::copy(pa + i * w + hd * dim, pa + i * w + (hd + 1) * dim, qh);
-            if (L.norms[Q_NORM].defined()) norm_rows<T>(qh, L.norms[Q_NORM], dim, 1, qh);
-            rotate<T>(qh, past + i, cos[L.rope], sin[L.rope], row.data());
+            if (L.norm[Q_NORM]) norm_rows<T>(qh, L.norm[Q_NORM], dim, 1, qh);
+            rotate<T>(qh, past + i, cos_p[L.rope], sin_p[L.rope], row.data());
           }
           if (tid == 0)
             for (int64_t i = 0; i < n; ++i)
               for (int64_t g = 0; g < kv_heads; ++g) {
                 T* kh = kc + (g * cap + past + i) * dim;
                 std::copy(pa + i * w + qw + g * dim, pa + i * w + qw + (g + 1) * dim, kh);
-                if (L.norms[K_NORM].defined()) norm_rows<T>(kh, L.norms[K_NORM], dim, 1, kh);
-                rotate<T>(kh, past + i, cos[L.rope], sin[L.rope], row.data());
+                if (L.norm[K_NORM]) norm_rows<T>(kh, L.norm[K_NORM], dim, 1, kh);
+                rotate<T>(kh, past + i, cos_p[L.rope], sin_p[L.rope], row.data());
               }
           if (tid == nt - 1)
             for (int64_t i = 0; i < n; ++i)
@@ -596,8 +627,8 @@ struct Stepper : torch::CustomClassHolder {
         }
         // the output projection, its norm (Gemma) and the residual, each thread on its own copy
         projected(L, O, ap, pb);
-        add_residual<T>(h, pb, L.norms[ATTN_OUT], hidden, n, x);
-        norm_rows<T>(h, L.norms[MLP_IN], hidden, n, x);
+        add_residual<T>(h, pb, L.norm[ATTN_OUT], hidden, n, x);
+        norm_rows<T>(h, L.norm[MLP_IN], hidden, n, x);
         projected(L, GATE_UP, x, pa);
         // the activation is ATen's own (its vectorised tanh/exp), on the same [n, I] views as the Python path
         const int64_t inter = L.width[GATE_UP] / 2;
@@ -607,14 +638,14 @@ struct Stepper : torch::CustomClassHolder {
           me.act_out = (act == "silu" ? at::silu(gate) : at::gelu(gate, "tanh")).mul_(up);
         }
         projected(L, DOWN, me.act_out.data_ptr<T>(), pb);
-        add_residual<T>(h, pb, L.norms[MLP_OUT], hidden, n, x);
+        add_residual<T>(h, pb, L.norm[MLP_OUT], hidden, n, x);
       }
       // the final norm of the rows kept; then the head, split by columns like any projection
       const T* last = h + (n - rows) * hidden;
       if (mode == HIDDEN) {
-        if (tid == 0) norm_rows<T>(h + (n - keep) * hidden, final_norm, hidden, keep, outp);
+        if (tid == 0) norm_rows<T>(h + (n - keep) * hidden, final_norm.data_ptr(), hidden, keep, outp);
       } else {
-        norm_rows<T>(last, final_norm, hidden, rows, x);
+        norm_rows<T>(last, final_norm.data_ptr(), hidden, rows, x);
         RECORD_FUNCTION(NAMES[head[0].kind], std::vector<c10::IValue>());
         if (mode == GREEDY) {  // this thread's columns, seen as they are computed
           Pick pick{banned_mask.data()};
