@@ -108,7 +108,6 @@ struct Layer {
   int64_t width[4] = {0, 0, 0, 0};  // each projection's output columns
 };
 
-
 template <typename T>
 float to_f(T v) { return static_cast<float>(v); }
 inline float round_bf16(float v) { return qs::bf16_to_f32(qs::f32_to_bf16(v)); }
