@@ -155,6 +155,15 @@ def test_equal_logits_in_both_threads_columns_give_the_first_index(precision):
             decoder.rollback(1)
 
 
+def prefilled_pair(model, tok) -> tuple[Decoder, Decoder]:
+    """Two C++-step decoders prefilled alike: one to choose greedily, one to show its logits."""
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    pair = Decoder(model, "quantspec"), Decoder(model, "quantspec")
+    for decoder in pair:
+        decoder.prefill(ids)
+    return pair
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_head_of_many_pieces_gives_torchs_argmax_and_its_first_nan(precision):
     """A head wide enough that each thread computes it in many pieces (~256 KB of weights each): the step
@@ -170,11 +179,8 @@ def test_a_head_of_many_pieces_gives_torchs_argmax_and_its_first_nan(precision):
     model.lm_head = head
     model = model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
     modules.install(model)
-    ids = tok("def f(x):", return_tensors="pt").input_ids
     with torch.inference_mode():
-        fused, plain = Decoder(model, "quantspec"), Decoder(model, "quantspec")
-        fused.prefill(ids)
-        plain.prefill(ids)
+        fused, plain = prefilled_pair(model, tok)
         token = 70
         for i in range(6):
             if i == 4:  # rows 31000 and 35000 NaN: their logits are NaN, the first of them the choice
@@ -196,11 +202,8 @@ def test_the_greedy_token_chosen_inside_the_cpp_step_is_torchs_argmax(precision)
     same step, with banned ids left out as eos_ban's -inf does; bf16 logits tie often, and torch takes the
     first index."""
     model, tok = model_at("gemma3", precision)
-    ids = tok("def f(x):", return_tensors="pt").input_ids
     with torch.inference_mode():
-        fused, plain = Decoder(model, "quantspec"), Decoder(model, "quantspec")
-        fused.prefill(ids)
-        plain.prefill(ids)
+        fused, plain = prefilled_pair(model, tok)
         token = 70
         for i in range(12):
             logits = plain.step(token)
