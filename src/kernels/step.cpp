@@ -102,7 +102,7 @@ struct Call {
 struct Layer {
   std::vector<Call> calls[4];  // by Slot
   at::Tensor norms[6];         // by Norm; undefined: the family has none there
-  const void* norm[6] = {};    // their addresses (Call's why); null: none
+  const void* norm_p[6] = {};  // their addresses (Call's why); null: none
   int64_t rope = 0;            // which rotary table
   int64_t window = 0;          // a sliding window (query p sees keys p - window < j <= p); 0: none
   int64_t width[4] = {0, 0, 0, 0};  // each projection's output columns
@@ -188,7 +188,7 @@ struct Stepper : torch::CustomClassHolder {
     for (int i = 0; i < 6; ++i)
       if (norms[i].numel()) {
         layer.norms[i] = norms[i].contiguous();
-        layer.norm[i] = layer.norms[i].data_ptr();
+        layer.norm_p[i] = layer.norms[i].data_ptr();
       }
     layer.rope = rope;
     layer.window = window;
@@ -571,7 +571,7 @@ struct Stepper : torch::CustomClassHolder {
       for (size_t l = 0; l < layers.size(); ++l) {
         const Layer& L = layers[l];
         // q, k, v
-        norm_rows<T>(h, L.norm[ATTN_IN], hidden, n, x);
+        norm_rows<T>(h, L.norm_p[ATTN_IN], hidden, n, x);
         projected(L, QKV, x, pa);
         // q/k norms, rotary positions and the cache's new rows: each thread readies the query heads it
         // attends (no other thread reads them), the first thread the keys, the last the values; attention
@@ -586,7 +586,7 @@ struct Stepper : torch::CustomClassHolder {
             const int64_t i = item / heads, hd = item % heads;
             T* qh = qp + i * qw + hd * dim;
             std::copy(pa + i * w + hd * dim, pa + i * w + (hd + 1) * dim, qh);
-            if (L.norm[Q_NORM]) norm_rows<T>(qh, L.norm[Q_NORM], dim, 1, qh);
+            if (L.norm_p[Q_NORM]) norm_rows<T>(qh, L.norm_p[Q_NORM], dim, 1, qh);
             rotate<T>(qh, past + i, cos_p[L.rope], sin_p[L.rope], row.data());
           }
           if (tid == 0)
@@ -594,7 +594,7 @@ struct Stepper : torch::CustomClassHolder {
               for (int64_t g = 0; g < kv_heads; ++g) {
                 T* kh = kc + (g * cap + past + i) * dim;
                 std::copy(pa + i * w + qw + g * dim, pa + i * w + qw + (g + 1) * dim, kh);
-                if (L.norm[K_NORM]) norm_rows<T>(kh, L.norm[K_NORM], dim, 1, kh);
+                if (L.norm_p[K_NORM]) norm_rows<T>(kh, L.norm_p[K_NORM], dim, 1, kh);
                 rotate<T>(kh, past + i, cos_p[L.rope], sin_p[L.rope], row.data());
               }
           if (tid == nt - 1)
@@ -626,8 +626,8 @@ struct Stepper : torch::CustomClassHolder {
         }
         // the output projection, its norm (Gemma) and the residual, each thread on its own copy
         projected(L, O, ap, pb);
-        add_residual<T>(h, pb, L.norm[ATTN_OUT], hidden, n, x);
-        norm_rows<T>(h, L.norm[MLP_IN], hidden, n, x);
+        add_residual<T>(h, pb, L.norm_p[ATTN_OUT], hidden, n, x);
+        norm_rows<T>(h, L.norm_p[MLP_IN], hidden, n, x);
         projected(L, GATE_UP, x, pa);
         // the activation is ATen's own (its vectorised tanh/exp), on the same [n, I] views as the Python path
         const int64_t inter = L.width[GATE_UP] / 2;
@@ -637,7 +637,7 @@ struct Stepper : torch::CustomClassHolder {
           me.act_out = (act == "silu" ? at::silu(gate) : at::gelu(gate, "tanh")).mul_(up);
         }
         projected(L, DOWN, me.act_out.data_ptr<T>(), pb);
-        add_residual<T>(h, pb, L.norm[MLP_OUT], hidden, n, x);
+        add_residual<T>(h, pb, L.norm_p[MLP_OUT], hidden, n, x);
       }
       // the final norm of the rows kept; then the head, split by columns like any projection
       const T* last = h + (n - rows) * hidden;
