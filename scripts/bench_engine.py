@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import HydraException, OverrideParseException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from src import kernels  # noqa: E402
@@ -106,8 +107,15 @@ def _median_time(fn, n: int) -> float:
 
 def build_job(precision: str, *overrides: str) -> Job:
     """The job a sweep at this precision builds (src.assembly.job.build), here in process to time its parts."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"precision={precision}", *overrides])
+    try:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[f"precision={precision}", *overrides])
+    except HydraException as e:  # one line, not Hydra's traceback: what was wrong and what an override is
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        hint = (
+            "overrides are key=value, e.g. model=llama-160m" if isinstance(e, OverrideParseException) else "see conf/"
+        )
+        raise SystemExit(f"quantspec: {first} ({hint})") from None
     return build(
         job_config_from_dict(
             {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg}
