@@ -367,6 +367,23 @@ struct Stepper : torch::CustomClassHolder {
     for (int64_t j = half; j < dim; ++j) r[j] = row[j] * ci[j] + row[j - half] * si[j];
   }
 
+  // The cached keys and values a layer's attention will read (its window's, before this step's rows),
+  // asked for before q, k and v stream in so that they arrive meanwhile: the step's stream of weights has
+  // evicted them since the last step, and read cold they were ~15% of the attention's time (timed in
+  // turns: ~20 us of ~130 a step on gemma3-270m). Into L2 (prefetcht2), as measured a little better than L1.
+  template <typename T>
+  void fetch_cache_rows(const StepCache& cache, size_t l, int64_t past, int64_t window) const {
+    const int64_t start = window ? std::max<int64_t>(0, past - window + 1) : 0, row = dim * sizeof(T);
+    const int64_t cap = cache.capacity();
+    const char* kb = static_cast<const char*>(cache.keys[l].data_ptr());
+    const char* vb = static_cast<const char*>(cache.values[l].data_ptr());
+    for (int64_t g = 0; g < kv_heads; ++g)
+      for (int64_t b = (g * cap + start) * row; b < (g * cap + past) * row; b += 64) {
+        __builtin_prefetch(kb + b, 0, 1);
+        __builtin_prefetch(vb + b, 0, 1);
+      }
+  }
+
   // h += norm(out) (Gemma's sandwich norms) or h += out, on this thread's copy of the residual stream.
   template <typename T>
   void add_residual(T* h, const T* out, const void* norm, int64_t hidden, int64_t n, T* scratch) const {
@@ -601,6 +618,7 @@ struct Stepper : torch::CustomClassHolder {
         const Layer& L = layers[l];
         // q, k, v
         norm_rows<T>(h, L.norm_p[ATTN_IN], hidden, n, x);
+        fetch_cache_rows<T>(cache, l, past, L.window);
         projected(L, QKV, x, pa);
         // q/k norms, rotary positions and the cache's new rows: each thread readies the query heads it
         // attends (no other thread reads them), the first thread the keys, the last the values; attention
