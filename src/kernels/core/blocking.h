@@ -33,8 +33,10 @@ namespace qs {
 // AVX-512 host, each half of a head-sized weight in the C++ step's 256 KB pieces, GB/s: Gemma 3's head
 // (K = 640) w8a16 42 -> 46, w8a8 39 -> 43, bf16 43 -> 49, w4a16 51 -> 54; K = 2048 w8a16 43 -> 51, w4a16
 // 49 -> 59; AVX2 w8a16 38 -> 51, bf16 38 -> 47; Gemma 3's decode step, in turns in one process: w4a16
-// 1-10% faster, w8a16 9-17%, w8a8 13-16%, bf16 4-15%. Longer rows keep one line per row: fp32's
-// 2560-byte rows (K = 640) were 6% slower in address order in quiet spells.
+// 1-10% faster, w8a16 9-17%, w8a8 13-16%, bf16 4-15%. It is a gain where the memory is contended (this
+// shared host, loaded): in quiet spells the two orders timed alike within the noise (+-5%, each
+// projection of a step timed alone). Longer rows keep one line per row: fp32's 2560-byte rows (K = 640)
+// were 6% slower in address order in quiet spells, no faster loaded.
 constexpr int kShortRow = 2048;
 constexpr int kAheadBytes = 6144;
 
