@@ -157,13 +157,14 @@ def test_gemv_rejects_a_k_it_cannot_step_through():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("norm_cls,gemma", [(Gemma3RMSNorm, True), (LlamaRMSNorm, False)])
-def test_fused_rms_norm_matches_transformers(norm_cls, gemma, dtype):
+@pytest.mark.parametrize("d", [96, 100])  # 100: a sum of squares' tail after its 16 running sums
+def test_fused_rms_norm_matches_transformers(norm_cls, gemma, dtype, d):
     torch.manual_seed(0)
-    norm = norm_cls(96, eps=1e-6)
+    norm = norm_cls(d, eps=1e-6)
     with torch.no_grad():
         norm.weight.normal_()
     norm = norm.to(dtype)
-    x = torch.randn(3, 5, 96).to(dtype)
+    x = torch.randn(3, 5, d).to(dtype)
     fused = modules.FusedRMSNorm(norm, gemma)
     torch.testing.assert_close(fused(x), norm(x), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
 
@@ -316,15 +317,17 @@ def test_the_int4_unpacking_and_the_norms_are_bit_for_bit_the_reference_variants
     torch.manual_seed(2)
     q, scale, zero = qparams.int4_groups(torch.randn(36, 768), 256)
     args = (pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 256)
-    x, w = torch.randn(5, 640).bfloat16(), torch.randn(640).bfloat16()
-    ours = [torch.ops.quantspec.dequant_w4a16(*args)] + [
-        torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for g in (True, False)
-    ]
+    # d = 100: the sum of squares' 16 running sums and the 4 values after them
+    norms = [(torch.randn(5, d).to(t), torch.randn(d).to(t)) for d in (640, 100) for t in (torch.bfloat16, torch.float)]
+
+    def outputs():
+        return [torch.ops.quantspec.dequant_w4a16(*args)] + [
+            torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for x, w in norms for g in (True, False)
+        ]
+
+    ours = outputs()
     use("reference")
-    theirs = [torch.ops.quantspec.dequant_w4a16(*args)] + [
-        torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for g in (True, False)
-    ]
-    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert all(torch.equal(a, b) for a, b in zip(ours, outputs()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
