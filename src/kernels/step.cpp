@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -85,17 +84,12 @@ inline float largest_of(const float* v, int64_t count, bool* nan) {
   return m;
 }
 
-// y's values rounded to bf16 as c10::BFloat16 rounds them (to nearest even, a NaN to 0x7FC0), written
-// without a branch so that it is vectorised: every layer projection's output passes here.
+// y's values rounded to bf16 as c10::BFloat16 rounds them (qs::f32_to_bf16, branch-free), vectorised:
+// every layer projection's output passes here.
 inline void round_into(const float* y, int64_t count, BF* out) {
   uint16_t* o = reinterpret_cast<uint16_t*>(out);
 #pragma omp simd
-  for (int64_t j = 0; j < count; ++j) {
-    uint32_t u;
-    memcpy(&u, y + j, 4);
-    const uint32_t r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16;
-    o[j] = (u & 0x7FFFFFFF) > 0x7F800000 ? uint16_t(0x7FC0) : uint16_t(r);
-  }
+  for (int64_t j = 0; j < count; ++j) o[j] = qs::f32_to_bf16(y[j]);
 }
 
 // One kernel call of a projection: a GemvLinear or a quantized *Gemv module, or several of them fused
