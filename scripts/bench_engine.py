@@ -34,6 +34,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from src import kernels  # noqa: E402
 from src.assembly.config import job_config_from_dict  # noqa: E402
 from src.assembly.job import Job, build  # noqa: E402
+from src.assembly.overrides import unknown_choice, unknown_key, unparsable  # noqa: E402
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
 from src.engine.native import Decoder  # noqa: E402
@@ -107,15 +108,18 @@ def _median_time(fn, n: int) -> float:
 
 def build_job(precision: str, *overrides: str) -> Job:
     """The job a sweep at this precision builds (src.assembly.job.build), here in process to time its parts."""
-    try:
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=[f"precision={precision}", *overrides])
-    except HydraException as e:  # one line, not Hydra's traceback: what was wrong and what an override is
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        hint = (
-            "overrides are key=value, e.g. model=llama-160m" if isinstance(e, OverrideParseException) else "see conf/"
-        )
-        raise SystemExit(f"quantspec: {first} ({hint})") from None
+    args = [f"precision={precision}", *overrides]
+    problem = unparsable(args) or unknown_choice(args) or unknown_key(args)  # src.run's one-line checks
+    if problem is None:
+        try:
+            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+                cfg = compose("config", overrides=args)
+        except HydraException as e:  # what those leave to Hydra, e.g. a word without '=': one line, no traceback
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            hint = " (overrides are key=value, e.g. model=llama-160m)" if isinstance(e, OverrideParseException) else ""
+            problem = first + hint
+    if problem is not None:
+        raise SystemExit(f"quantspec: {problem}")
     return build(
         job_config_from_dict(
             {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg}
