@@ -37,7 +37,7 @@ from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
 from src.data.corpus import SEED_PROMPTS  # noqa: E402
 from src.kernels.variants import ATEN_ISA  # noqa: E402
-from src.tracking.compare import busy  # noqa: E402
+from src.tracking.compare import busy, quiet  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
 
@@ -69,9 +69,8 @@ def ours(precision: str, store: str, n: str, isa: str, env: dict) -> tuple[float
     )
     # a round timed while other processes were busy is measured again (busy_reruns): the last quiet one counts
     _, runs = sweep_jobs(store, sweep_id=str((sweep_dir / str(n)).resolve()))
-    quiet = [r for r in runs if not busy(r)]
-    job = (quiet or runs)[-1]
-    if not quiet:
+    job = quiet(runs)[-1]
+    if busy(job):
         print(f"quantspec: {precision} was timed on a busy host in every round (host_busy)", file=sys.stderr)
     return job.metrics["time_per_token_ms_median"], job.metrics.get("decode_efficiency_median", float("nan"))
 

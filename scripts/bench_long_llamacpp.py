@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import EXAMPLE, markdown_table  # noqa: E402
-from src.tracking.compare import busy  # noqa: E402
+from src.tracking.compare import quiet  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 from src.tracking.sweeps import sweep_jobs  # noqa: E402
 
@@ -171,7 +171,7 @@ def ours(precision: str, lengths: list[int], store: str, extra: list[str]) -> di
     )
     # a round timed while other processes were busy is measured again (busy_reruns): the last quiet one counts
     _, runs = sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))
-    job = ([r for r in runs if not busy(r)] or runs)[-1]
+    job = quiet(runs)[-1]
     client = MlflowClient(store)
     history = {
         m: {h.step: h.value for h in client.get_metric_history(job.run_id, EXAMPLE + m)}

@@ -27,6 +27,11 @@ def busy(run: JobRecord) -> bool:
     return run.tags.get("host_busy") == "true"
 
 
+def quiet(runs: list[JobRecord]) -> list[JobRecord]:
+    """The rounds timed on a quiet host; all of them where every round was busy."""
+    return [r for r in runs if not busy(r)] or runs
+
+
 def round_of(run: JobRecord) -> int:
     try:
         return int(run.tags.get("round", "1"))

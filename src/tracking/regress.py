@@ -38,7 +38,7 @@ from src.common.environment import PROJECT_ROOT
 from src.common.metrics import markdown_table
 from src.quality.stats import median_ratio_ci, quantile_ci
 from src.tracking import ROLE, SWEEP_ID, default_uri, key_of, latest_attempts
-from src.tracking.compare import busy, round_of
+from src.tracking.compare import busy, quiet, round_of
 from src.tracking.report import store_problem
 from src.tracking.sweeps import JobRecord, find_sweep
 
@@ -166,8 +166,7 @@ def load(client: MlflowClient, experiment: str, ref: str | None) -> Sweep:
 
 def quiet_runs(job: Job) -> list[JobRecord]:
     """The job's finished rounds timed on a quiet host; all of them where every round was busy."""
-    runs = job.finished
-    return [r for r in runs if not busy(r)] or runs
+    return quiet(job.finished)
 
 
 def per_round(job: Job, summary: str) -> list[float]:
