@@ -7,7 +7,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-from functools import partial
+
+from src.engine.isolated import Maker
 
 TITLE = "crashing runtime"
 
@@ -21,7 +22,9 @@ def runtime_name(cfg, device: str) -> str:
 
 
 def build(cfg, loaded, placement, corpus, recorder):
-    return partial(Crashing, os.environ.get("CRASH_AT", "decode"), os.environ.get("CRASH_WITH", "segv"))
+    return Maker(
+        "tests.crashing_runtime:Crashing", os.environ.get("CRASH_AT", "decode"), os.environ.get("CRASH_WITH", "segv")
+    )
 
 
 def die(how: str) -> None:
@@ -52,3 +55,13 @@ class Echo:
 
     def window_score(self, ids, indices=None):
         return float(ids[0])
+
+
+class Counting:
+    """An engine whose new tokens are 0, 1, 2, ...: it asks the call's stop rule after each, as engines do."""
+
+    def __call__(self, model, input_ids, max_new_tokens, exact, sampling, pad_token_id, stop=None):
+        new: list[int] = []
+        while len(new) < max_new_tokens and not (new and stop is not None and stop(new)):
+            new.append(len(new))
+        return new

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import time
-from functools import partial
+from pathlib import Path
 
 import torch
 
 from src.engine.common import Generation, Sampling
+from src.engine.isolated import Maker
+from src.engine.runtimes import cached
 
 
 def unsupported(cfg) -> str | None:
@@ -25,13 +27,23 @@ def runtime_name(cfg, device: str) -> str:
 
 
 def build(cfg, loaded, placement, corpus, recorder):
+    """Its export: the job's weights as safetensors (cached, as every runtime's export is), loaded by torch in
+    the runtime's own process (src.engine.isolated)."""
     recorder.set_tags({"kernels": "example", "kernels_isa": "", "kernels_note": ""})
-    return partial(NoCache, loaded.model)  # made in the runtime's own process (src.engine.isolated)
+    folder = cached(
+        Path(cfg.cache_dir) / "example" / loaded.source_key,
+        {"source": loaded.source_key},
+        lambda work: loaded.model.save_pretrained(work / "model"),
+        "example",
+    )
+    return Maker("tests.example_runtime:NoCache", folder)
 
 
 class NoCache:
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, folder: Path):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
     @torch.inference_mode()
     def window_score(self, ids, indices=None):

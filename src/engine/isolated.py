@@ -2,13 +2,15 @@
 
 llama.cpp, OpenVINO and ONNX Runtime GenAI run native code that quantspec does not control: a segfault,
 an abort or the kernel's out-of-memory kill in one of them would end the sweep's process and every job
-after it. `Isolated(make, name)` starts `python -m src.engine.isolated`, builds the engine there
-(`make()`: a picklable zero-argument callable, such as `functools.partial(Engine, folder, ...)`, which is
-where the runtime loads its model), and forwards every call to it: `engine(model, input_ids, ...)` and,
+after it. `Isolated(maker, name)` starts `python -m src.engine.isolated`, builds the engine there
+(`Maker("src.engine.llamacpp:LlamaCpp", path, eos, threads)`: that class called with those arguments, which
+is where the runtime loads its model), and forwards every call to it: `engine(model, input_ids, ...)` and,
 where the child's engine has it, `window_score(ids, indices)`. Each token's timestamp is taken in the child with
 `time.perf_counter` (CLOCK_MONOTONIC: one clock for every process of the host), so timings mean what they
-mean in process. A call's arguments and answer cross a pipe (the torch model argument is not sent:
-another runtime holds weights of its own); the stop rule of a call is sent once and reused.
+mean in process. A call's arguments and answer cross a pipe as JSON and raw tensor bytes (src.engine.wire;
+the torch model argument is not sent: another runtime holds weights of its own). A call's stop rule (a
+tokenizer's, a task's) stays in this process: the child asks it after each new token, and waits for the
+answer, as the rule's own call would take its time in process.
 
 A child that dies is said in one line, by what killed it and when (`llama.cpp crashed (SIGSEGV) on its
 first decode`), as the RuntimeError its job fails with; a Python error in the child is its first line.
@@ -18,12 +20,8 @@ The child dies with its parent (PR_SET_PDEATHSIG) and is ended when the engine i
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
-
-# Messages between this process and the runtime's process it started: both run this code, nothing is read
-# from disk or from anyone else, and a call's stop rule (a tokenizer's) and the engine's maker are Python
-# objects with no plainer form. Caches stay safetensors + JSON.
-import pickle
 import signal
 import subprocess
 import sys
@@ -32,6 +30,8 @@ import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
+
+from src.engine import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.2  # how often a waiting parent checks that its child still lives
@@ -52,10 +52,30 @@ def death(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
+class Maker:
+    """What the runtime's process calls to make the engine: `target` ("package.module:Name") with these
+    arguments, which must be values src.engine.wire carries (a folder, numbers, a tuple of token ids): a
+    maker holding anything else is a TypeError here, where it is made, not in the child."""
+
+    def __init__(self, target: str, *args, **kwargs):
+        module, sep, name = target.partition(":")
+        if not (sep and module and name):
+            raise ValueError(f"Maker({target!r}): name what makes the engine as 'package.module:Name'")
+        wire.check((args, kwargs))
+        self.target, self.args, self.kwargs = target, args, kwargs
+
+    def __repr__(self) -> str:
+        return f"Maker({self.target!r}, ...)"
+
+    def __call__(self):
+        module, _, name = self.target.partition(":")
+        return getattr(importlib.import_module(module), name)(*self.args, **self.kwargs)
+
+
 class Isolated:
     """The engine `make()` builds, run in a child process; called as every engine is."""
 
-    def __init__(self, make: Callable[[], Callable], name: str, hint: Callable[[], str] = lambda: ""):
+    def __init__(self, make: Maker, name: str, hint: Callable[[], str] = lambda: ""):
         """`hint()`: what to do about a crash on this host (asked only when one happens)."""
         self.name, self.hint, self.calls = name, hint, 0
         child_reads, parent_writes = os.pipe()
@@ -74,41 +94,56 @@ class Isolated:
         os.close(child_writes)
         self._send = Connection(parent_writes, readable=False)
         self._recv = Connection(parent_reads, writable=False)
-        self._stop_sent: object = None
+        self._stop, self._new = None, []  # the call under way's stop rule, and its new tokens as the child said
         self.close = weakref.finalize(self, _end, self._proc, self._send, self._recv)  # once: by hand or when collected
-        has_window_score = self._ask("its load", "make", make)
+        has_window_score = self._ask("its load", "make", make.target, make.args, make.kwargs)
         if not has_window_score:
             self.window_score = None  # quality tasks then score with torch's forward (src.quality.scoring)
 
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling, pad_token_id, stop=None):
         self.calls += 1
-        if stop is not self._stop_sent:  # one stop rule serves a task's every call: sent once
-            self._ask("its stop rule", "stop", stop)
-            self._stop_sent = stop
         when = "its first decode" if self.calls == 1 else f"decode {self.calls}"
-        return self._ask(when, "call", input_ids, max_new_tokens, exact, sampling, pad_token_id)
+        self._stop, self._new = stop, []
+        try:
+            return self._ask(when, "call", input_ids, max_new_tokens, exact, sampling, pad_token_id, stop is not None)
+        finally:
+            self._stop = None
 
     def window_score(self, ids, indices=None):
         return self._ask("a scored window", "window_score", ids, indices)
 
     def _ask(self, when: str, op: str, *args):
-        try:
-            self._send.send_bytes(pickle.dumps((op, args)))
-        except (BrokenPipeError, OSError):
-            self._died(when)
-        while not self._recv.poll(POLL_S):
-            if self._proc.poll() is not None:
+        self._post(when, (op, args))
+        while True:
+            while not self._recv.poll(POLL_S):
+                if self._proc.poll() is not None:
+                    self._died(when)
+            try:
+                kind, value = wire.receive(self._recv)
+            except (EOFError, OSError):
                 self._died(when)
-        try:
-            kind, value = pickle.loads(self._recv.recv_bytes())
-        except (EOFError, OSError):
-            self._died(when)
+            if kind != "stop?":
+                break
+            keep, more = value  # the new tokens so far: the first `keep` as last asked, then `more`
+            self._new[keep:] = more
+            try:  # the call's stop rule, asked with the new tokens so far
+                verdict = bool(self._stop(list(self._new)))
+            except BaseException:  # the child waits for an answer it will not get: end it, then say why
+                self.close()
+                raise
+            self._post(when, ("stop", verdict))
         if kind == "error":  # a Python error in the child: its first line, its traceback kept as a note
             line, child_traceback = value
             err = RuntimeError(f"{self.name} failed on {when}: {line}")
             err.add_note(f"in the runtime's process:\n{child_traceback}")
             raise err
         return value
+
+    def _post(self, when: str, message) -> None:
+        try:
+            wire.send(self._send, message)
+        except (BrokenPipeError, OSError):
+            self._died(when)
 
     def _died(self, when: str):
         try:
@@ -126,7 +161,7 @@ class Isolated:
 def _end(proc: subprocess.Popen, send: Connection, recv: Connection) -> None:
     if proc.poll() is None:
         try:
-            send.send_bytes(pickle.dumps(("exit", ())))
+            wire.send(send, ("exit", ()))
             proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
@@ -147,22 +182,34 @@ def _die_with_parent() -> None:
 
 def serve(recv: Connection, send: Connection) -> None:
     """The child's loop: build the engine, then answer each call until told to exit."""
-    engine, stop = None, None
+    engine = None
+
+    told: list[int] = []  # the new tokens the parent has been sent in this call
+
+    def stop(new: list[int]) -> bool:  # the parent's stop rule, asked across the pipe
+        keep = len(told) if new[: len(told)] == told else 0  # only what the parent has not seen
+        wire.send(send, ("stop?", (keep, list(new[keep:]))))
+        told[:] = new
+        op, verdict = wire.receive(recv)
+        if op != "stop":  # the parent ended this process instead (its stop rule failed)
+            os._exit(0)
+        return verdict
+
     while True:
         try:
-            op, args = pickle.loads(recv.recv_bytes())
+            op, args = wire.receive(recv)
         except EOFError:
             return
         if op == "exit":
             return
         try:
             if op == "make":
-                engine = args[0]()
+                engine = Maker(args[0], *args[1], **args[2])()
                 value = callable(getattr(engine, "window_score", None))
-            elif op == "stop":
-                stop, value = args[0], None
             elif op == "call":
-                value = engine(None, *args, stop=stop)
+                *call, has_stop = args
+                told.clear()
+                value = engine(None, *call, stop=stop if has_stop else None)
             else:
                 value = engine.window_score(*args)
             answer = ("ok", value)
@@ -172,7 +219,10 @@ def serve(recv: Connection, send: Connection) -> None:
                 "error",
                 (f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300], traceback.format_exc()),
             )
-        send.send_bytes(pickle.dumps(answer))
+        try:
+            wire.send(send, answer)
+        except TypeError as err:  # an answer that cannot cross (checked before anything was written)
+            wire.send(send, ("error", (f"TypeError: {err}"[:300], traceback.format_exc())))
 
 
 if __name__ == "__main__":

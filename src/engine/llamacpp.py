@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from src.engine.common import Generation, Sampling, eos_ids, token_loop
+from src.engine.isolated import Maker
 from src.engine.runtimes import cached, exported
 from src.kernels.variants import cpu_features
 from src.models.load import gguf_path
@@ -115,7 +115,7 @@ def build(cfg, loaded, placement, corpus, recorder):
         "llamacpp",
         "llama.cpp/CPU",
     )
-    return partial(LlamaCpp, path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
+    return Maker("src.engine.llamacpp:LlamaCpp", path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
 
 
 class LlamaCpp:

@@ -23,13 +23,13 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from src.engine.common import Generation, Sampling, eos_ids, token_loop
+from src.engine.isolated import Maker
 from src.engine.runtimes import cached_export, exported
 from src.quality.scoring import score_logits
 
@@ -148,7 +148,12 @@ def build(cfg, loaded, placement, corpus, recorder):
         "openvino",
         "openvino/CPU",
     )
-    return partial(OpenVINO, folder, tuple(sorted(eos_ids(loaded.model))), f32=_f32(cfg.precision.name))
+    return Maker(
+        "src.engine.openvino_engine:OpenVINO",
+        folder,
+        tuple(sorted(eos_ids(loaded.model))),
+        f32=_f32(cfg.precision.name),
+    )
 
 
 @dataclass

@@ -18,13 +18,13 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from src.engine.common import Generation, Sampling
+from src.engine.isolated import Maker
 from src.engine.runtimes import cached_export, exported
 from src.quality.scoring import score_logits
 
@@ -122,7 +122,9 @@ def build(cfg, loaded, placement, corpus, recorder):
         "onnxruntime",
         f"onnxruntime-genai/{provider}",
     )
-    return partial(OrtGenAI, folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0))
+    return Maker(
+        "src.engine.ort_genai:OrtGenAI", folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0)
+    )
 
 
 @dataclass

@@ -3,10 +3,11 @@ kernels, and is one module with these names:
 
 - `unsupported(cfg) -> str | None`: why it cannot run that job (the sweep records a skip with it);
 - `runtime_name(cfg, device) -> str`: the runtime, its version and what it runs (param executed.runtime);
-- `build(cfg, loaded, placement, corpus, recorder)`: its export built or cached, and a picklable
-  zero-argument callable that makes the engine (e.g. `functools.partial(Engine, folder)`): the engine is
-  made and run in a child process of its own (src.engine.isolated), so a crash of the runtime's native
-  code is that job's failure with its reason, not the end of the sweep;
+- `build(cfg, loaded, placement, corpus, recorder)`: its export built or cached, and a
+  `src.engine.isolated.Maker("package.module:Engine", folder, ...)` that makes the engine: the engine is
+  made and run in a child process of its own (src.engine.isolated; the maker's arguments cross as JSON,
+  src.engine.wire), so a crash of the runtime's native code is that job's failure with its reason, not the
+  end of the sweep;
 - the engine has `window_score(ids, indices=None)` where the runtime gives logits for every position: its
   logits reduced by src.quality.scoring.score_logits (perplexity, divergence from the reference, lm_eval);
 - optionally `TITLE` (the runtime's name in a failure line) and `crash_hint()` (what to do about a crash
