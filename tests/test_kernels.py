@@ -304,8 +304,9 @@ def test_each_variant_agrees_with_the_reference_variant(isa, kind):
 
 
 @pytest.mark.parametrize("kind", GEMVS)
-def test_a_rows_result_does_not_depend_on_how_many_rows_come_together(kind):
-    """Also the AVX-512 variant's one-row 4-bit path (gemv_w4a16_g128) against its blocking for several rows."""
+def test_a_rows_result_does_not_depend_on_how_many_rows_come_together(isa, kind):
+    """On every variant this host runs; also each SIMD variant's one-row 4-bit path (gemv_w4a16_g128) against
+    its blocking for several rows."""
     x, op = _ops(kind, kernels.MAX_ROWS, seed=3)
     together = op(x)
     for m in range(1, kernels.MAX_ROWS + 1):  # every row count a step or a verification can bring
