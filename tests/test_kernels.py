@@ -305,7 +305,7 @@ def test_each_variant_agrees_with_the_reference_variant(isa, kind):
 
 @pytest.mark.parametrize("kind", GEMVS)
 def test_a_rows_result_does_not_depend_on_how_many_rows_come_together(isa, kind):
-    """On every variant this host runs; also each SIMD variant's one-row 4-bit path (gemv_w4a16_g128) against
+    """On every variant this host runs; also each SIMD variant's one-row 4-bit path (blocking.h one_row_groups) against
     its blocking for several rows."""
     x, op = _ops(kind, kernels.MAX_ROWS, seed=3)
     together = op(x)

@@ -213,6 +213,24 @@ struct W4A16 : Int16X {
   static __m256 fold(__m256 sum, Acc a, const State& s) {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(s), sum);
   }
+  // Group g (of 128) of 4 rows from w, one row of x, for one_row_groups (blocking.h): block's steps in its
+  // order (half 0's four, then half 1's), each half of the 4 rows loaded once. Measured in turns on the AMD
+  // EPYC host (this file's builds forced), against block<1, 4>: one thread, K = 640, from cache AVX2 28 -> 32
+  // GB/s and the VNNI twin 31 -> 37, from memory 26 -> 30 and 29 -> 33; 2 threads through 18 layers of Gemma
+  // 3's 4-bit projections 2-8% faster (AVX2); its decode step on engine.isa=avx2 about 1%.
+  void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
+    const int16_t* xg = x + 128 * g;
+    const __m256i low = _mm256_set1_epi16(0xF);
+    for (int r = 0; r < 4; ++r) acc[r] = zero();
+    for (int h = 0; h < 2; ++h) {
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 64 * g + 32 * h));
+      for (int u = 0; u < 4; ++u) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 32 * u + 16 * h));
+        for (int r = 0; r < 4; ++r) acc[r] = madd(acc[r], _mm256_and_si256(_mm256_srli_epi16(v[r], 4 * u), low), xv);
+      }
+    }
+  }
   __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
     const int64_t G = K / group;
     alignas(16) float off[4] = {0, 0, 0, 0};
@@ -267,49 +285,10 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
   gemv(W8A16Pairs{{paired.data(), K, x_scale}, w, w_scale}, M, N, n0, n1, y);
 }
 
-// One row of x (a decode step) against 4-bit weights in groups of 128, rows of at most kShortRow bytes: as
-// avx512.cpp's gemv_w4a16_g128, the generic block's per-group bookkeeping (a division for the group's scale,
-// the prefetch loop's bounds) left out; the same steps in the same order (half 0's four, then half 1's) and
-// the same prefetched lines, so the sums are the generic block's bit for bit. Measured in turns on the AMD
-// EPYC host (AVX-512, this file's builds forced): one thread, K = 640, from cache AVX2 28 -> 32 GB/s and the
-// VNNI twin 31 -> 37; from memory 26 -> 30 and 29 -> 33; 2 threads through 18 layers of Gemma 3's 4-bit
-// projections 2-8% faster (AVX2); its decode step on engine.isa=avx2 about 1%.
-void gemv_w4a16_g128(const W4A16& f, int64_t N, int64_t n0, int64_t n1, float* y) {
-  const int64_t G = f.K / 128, row_bytes = f.K / 2;
-  const int64_t ahead_rows = kRows * std::max<int64_t>(1, (kAheadBytes + (2 * kRows - 1) * row_bytes - 1) / (kRows * row_bytes));
-  const __m256i low = _mm256_set1_epi16(0xF);
-  int64_t n = n0;
-  for (; n + kRows <= n1; n += kRows) {
-    const uint8_t* w = f.w + n * row_bytes;
-    const float* s = f.scale + n * G;
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w + ahead_rows * row_bytes);
-    __m256 sum[kRows];
-    for (int r = 0; r < kRows; ++r) sum[r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-      const char* p = reinterpret_cast<const char*>((ahead + kRows * 64 * g + 63) & ~uintptr_t(63));
-      for (int i = 0; i < kRows; ++i) __builtin_prefetch(p + 64 * i, 0, 3);
-      const int16_t* x = f.x + 128 * g;
-      __m256i acc[kRows];
-      for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_si256();
-      for (int h = 0; h < 2; ++h) {
-        __m256i v[kRows];
-        for (int r = 0; r < kRows; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 64 * g + 32 * h));
-        for (int u = 0; u < 4; ++u) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * u + 16 * h));
-          for (int r = 0; r < kRows; ++r) acc[r] = W4A16::madd(acc[r], _mm256_and_si256(_mm256_srli_epi16(v[r], 4 * u), low), xv);
-        }
-      }
-      for (int r = 0; r < kRows; ++r) sum[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(s[r * G + g]), sum[r]);
-    }
-    put(y + n, f.finish(sum4(sum), n, 0, kRows), kRows);
-  }
-  for (; n < n1; ++n) block<1, 1>(f, 0, n, y, N);
-}
-
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   const W4A16 f{{xq, K, x_scale}, w, scale, offset, group_sums, group};
-  if (M == 1 && group == 128 && K / 2 <= kShortRow) return gemv_w4a16_g128(f, N, n0, n1, y);
+  if (M == 1 && group == 128 && K / 2 <= kShortRow) return one_row_groups(f, N, n0, n1, y);  // a decode step
   gemv(f, M, N, n0, n1, y);
 }
 

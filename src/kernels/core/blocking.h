@@ -138,6 +138,37 @@ void passes(const F& f, int64_t M, int m0, int64_t n0, int64_t n1, float* y, int
   pass<P>(f, m0, n0, n1, y, N);
 }
 
+// One row of x (a decode step) against a grouped format whose group is one load per row (4-bit in groups of
+// 128: 64 bytes), rows of at most kShortRow bytes. block<1, kRows> would run its span loop once per load, and
+// that loop's bookkeeping (the group's scale found by a division, the prefetch loop's bounds, moves between
+// registers) cost about as many instructions as the group's dot products; here each row's scales (f.scale,
+// [N, K / group]) are walked by index and the block ahead's lines are prefetched in straight-line code.
+// F::group(w, row_bytes, g, acc) computes group g of kRows rows from w into acc, in block's order of steps,
+// and the prefetched lines are block's, so the sums are block's bit for bit.
+template <typename F>
+void one_row_groups(const F& f, int64_t N, int64_t n0, int64_t n1, float* y) {
+  const int64_t G = f.K / f.group, row_bytes = f.K / 2, line_steps = kRows * (f.group / 2) / 64;
+  const int64_t ahead_rows =
+      kRows * std::max<int64_t>(1, (kAheadBytes + (2 * kRows - 1) * row_bytes - 1) / (kRows * row_bytes));
+  int64_t n = n0;
+  for (; n + kRows <= n1; n += kRows) {
+    const uint8_t* w = f.w + n * row_bytes;
+    const float* s = f.scale + n * G;
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(w + ahead_rows * row_bytes);
+    typename F::Sum sum[kRows];
+    for (int r = 0; r < kRows; ++r) sum[r] = F::sum_zero();
+    for (int64_t g = 0; g < G; ++g) {
+      const char* p = reinterpret_cast<const char*>((ahead + 64 * line_steps * g + 63) & ~uintptr_t(63));
+      for (int64_t i = 0; i < line_steps; ++i) __builtin_prefetch(p + 64 * i, 0, 3);
+      typename F::Acc acc[kRows];
+      f.group_dot(w, row_bytes, g, acc);
+      for (int r = 0; r < kRows; ++r) sum[r] = F::fold(sum[r], acc[r], s[r * G + g]);
+    }
+    put(y + n, f.finish(sum4(sum), n, 0, kRows), kRows);
+  }
+  for (; n < n1; ++n) block<1, 1>(f, 0, n, y, N);
+}
+
 template <typename F>
 void gemv(const F& f, int64_t M, int64_t N, int64_t n0, int64_t n1, float* y) {
   for (int m0 = 0; m0 < M; m0 += kMaxM) passes<kMaxM>(f, M, m0, n0, n1, y, N);
