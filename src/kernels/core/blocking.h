@@ -143,7 +143,7 @@ void passes(const F& f, int64_t M, int m0, int64_t n0, int64_t n1, float* y, int
 // that loop's bookkeeping (the group's scale found by a division, the prefetch loop's bounds, moves between
 // registers) cost about as many instructions as the group's dot products; here each row's scales (f.scale,
 // [N, K / group]) are walked by index and the block ahead's lines are prefetched in straight-line code.
-// F::group(w, row_bytes, g, acc) computes group g of kRows rows from w into acc, in block's order of steps,
+// f.group_dot(w, row_bytes, g, acc) computes group g of kRows rows from w into acc, in block's order of steps,
 // and the prefetched lines are block's, so the sums are block's bit for bit.
 template <typename F>
 void one_row_groups(const F& f, int64_t N, int64_t n0, int64_t n1, float* y) {
