@@ -341,9 +341,7 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  const W4A16 f{{xq, K, x_scale}, w, scale, offset, group_sums, group};
-  if (M == 1 && group == 128 && K / 2 <= kShortRow) return one_row_groups(f, N, n0, n1, y);  // a decode step
-  gemv(f, M, N, n0, n1, y);
+  gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
 void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,

@@ -138,8 +138,13 @@ void passes(const F& f, int64_t M, int m0, int64_t n0, int64_t n1, float* y, int
   pass<P>(f, m0, n0, n1, y, N);
 }
 
+// Whether a format gives group_dot (one_row_groups below): the x86 variants' 4-bit formats.
+template <typename F, typename = void> struct GroupDot { static constexpr bool value = false; };
+template <typename F> struct GroupDot<F, std::void_t<decltype(&F::group_dot)>> { static constexpr bool value = true; };
+
 // One row of x (a decode step) against a grouped format whose group is one load per row (4-bit in groups of
-// 128: 64 bytes), rows of at most kShortRow bytes. block<1, kRows> would run its span loop once per load, and
+// 128: 64 bytes), rows of at most kShortRow bytes (gemv below takes it where these hold). block<1, kRows>
+// would run its span loop once per load, and
 // that loop's bookkeeping (the group's scale found by a division, the prefetch loop's bounds, moves between
 // registers) cost about as many instructions as the group's dot products; here each row's scales (f.scale,
 // [N, K / group]) are walked by index and the block ahead's lines are prefetched in straight-line code.
@@ -171,6 +176,9 @@ void one_row_groups(const F& f, int64_t N, int64_t n0, int64_t n1, float* y) {
 
 template <typename F>
 void gemv(const F& f, int64_t M, int64_t N, int64_t n0, int64_t n1, float* y) {
+  if constexpr (GroupDot<F>::value) {
+    if (M == 1 && f.group == 128 && f.K / 2 <= kShortRow) return one_row_groups(f, N, n0, n1, y);  // a decode step
+  }
   for (int m0 = 0; m0 < M; m0 += kMaxM) passes<kMaxM>(f, M, m0, n0, n1, y, N);
 }
 
