@@ -62,14 +62,13 @@ class Maker:
         if not (sep and module and name):
             raise ValueError(f"Maker({target!r}): name what makes the engine as 'package.module:Name'")
         wire.check((args, kwargs))
-        self.target, self.args, self.kwargs = target, args, kwargs
+        self.target, self.module, self.name, self.args, self.kwargs = target, module, name, args, kwargs
 
     def __repr__(self) -> str:
         return f"Maker({self.target!r}, ...)"
 
     def __call__(self):
-        module, _, name = self.target.partition(":")
-        return getattr(importlib.import_module(module), name)(*self.args, **self.kwargs)
+        return getattr(importlib.import_module(self.module), self.name)(*self.args, **self.kwargs)
 
 
 class Isolated:
@@ -94,7 +93,6 @@ class Isolated:
         os.close(child_writes)
         self._send = Connection(parent_writes, readable=False)
         self._recv = Connection(parent_reads, writable=False)
-        self._stop, self._new = None, []  # the call under way's stop rule, and its new tokens as the child said
         self.close = weakref.finalize(self, _end, self._proc, self._send, self._recv)  # once: by hand or when collected
         has_window_score = self._ask("its load", "make", make.target, make.args, make.kwargs)
         if not has_window_score:
@@ -103,17 +101,16 @@ class Isolated:
     def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling, pad_token_id, stop=None):
         self.calls += 1
         when = "its first decode" if self.calls == 1 else f"decode {self.calls}"
-        self._stop, self._new = stop, []
-        try:
-            return self._ask(when, "call", input_ids, max_new_tokens, exact, sampling, pad_token_id, stop is not None)
-        finally:
-            self._stop = None
+        args = (input_ids, max_new_tokens, exact, sampling, pad_token_id, stop is not None)
+        return self._ask(when, "call", *args, stop=stop)
 
     def window_score(self, ids, indices=None):
         return self._ask("a scored window", "window_score", ids, indices)
 
-    def _ask(self, when: str, op: str, *args):
+    def _ask(self, when: str, op: str, *args, stop=None):
+        """Send op and wait for its answer, answering the child's questions to the call's `stop` rule meanwhile."""
         self._post(when, (op, args))
+        new: list[int] = []  # the call's new tokens as the child has told them
         while True:
             while not self._recv.poll(POLL_S):
                 if self._proc.poll() is not None:
@@ -125,9 +122,9 @@ class Isolated:
             if kind != "stop?":
                 break
             keep, more = value  # the new tokens so far: the first `keep` as last asked, then `more`
-            self._new[keep:] = more
+            new[keep:] = more
             try:  # the call's stop rule, asked with the new tokens so far
-                verdict = bool(self._stop(list(self._new)))
+                verdict = bool(stop(list(new)))
             except BaseException:  # the child waits for an answer it will not get: end it, then say why
                 self.close()
                 raise
