@@ -57,6 +57,14 @@ template <typename F> struct Ordered<F, std::void_t<decltype(F::order(0))>> {
   static constexpr int at(int u) { return F::order(u); }
 };
 
+// How many rows ahead (a whole number of blocks of R) a block of R rows prefetches: the fewest that put each
+// line at least kAheadBytes ahead of its read; in address order (short rows) one block further, so that the
+// block's last row too is asked for that early. block and one_row_groups both use it, so they prefetch the
+// same lines.
+inline int64_t rows_ahead(int R, int64_t row_bytes, bool in_order) {
+  return R * std::max<int64_t>(1, (kAheadBytes + (in_order ? 2 * R - 1 : R) * row_bytes - 1) / (R * row_bytes));
+}
+
 // R weight rows from n0 against M rows of x from m0, into y [., N]. A folding format's integer sums
 // start afresh each span and are folded into its float sums at the span's end.
 template <int M, int R, typename F>
@@ -72,8 +80,7 @@ inline void block(const F& f, int m0, int64_t n0, float* y, int64_t N) {
   // bytes of a row per k step: a step under a line prefetches at the step that starts in each line
   const int64_t step_bytes = reinterpret_cast<const char*>(f.at(n0, F::kStep * U)) - base;
   const bool in_order = row_bytes <= kShortRow;
-  const int64_t ahead_rows =
-      R * std::max<int64_t>(1, (kAheadBytes + (in_order ? 2 * R - 1 : R) * row_bytes - 1) / (R * row_bytes));
+  const int64_t ahead_rows = rows_ahead(R, row_bytes, in_order);
   for (int64_t k0 = 0; k0 < f.K; k0 += f.span()) {
     const int64_t k1 = std::min(k0 + f.span(), f.K);
     typename F::State state[R];
@@ -144,17 +151,16 @@ template <typename F> struct GroupDot<F, std::void_t<decltype(&F::group_dot)>> {
 
 // One row of x (a decode step) against a grouped format whose group is one load per row (4-bit in groups of
 // 128: 64 bytes), rows of at most kShortRow bytes (gemv below takes it where these hold). block<1, kRows>
-// would run its span loop once per load, and
-// that loop's bookkeeping (the group's scale found by a division, the prefetch loop's bounds, moves between
-// registers) cost about as many instructions as the group's dot products; here each row's scales (f.scale,
-// [N, K / group]) are walked by index and the block ahead's lines are prefetched in straight-line code.
+// would run its span loop once per load, and that loop's bookkeeping (the group's scale found by a division,
+// the prefetch loop's bounds, moves between registers) cost about as many instructions as the group's dot
+// products; here each row's scales (f.scale, [N, K / group]) are walked by index and the block ahead's lines
+// are prefetched in straight-line code.
 // f.group_dot(w, row_bytes, g, acc) computes group g of kRows rows from w into acc, in block's order of steps,
 // and the prefetched lines are block's, so the sums are block's bit for bit.
 template <typename F>
 void one_row_groups(const F& f, int64_t N, int64_t n0, int64_t n1, float* y) {
   const int64_t G = f.K / f.group, row_bytes = f.K / 2, line_steps = kRows * (f.group / 2) / 64;
-  const int64_t ahead_rows =
-      kRows * std::max<int64_t>(1, (kAheadBytes + (2 * kRows - 1) * row_bytes - 1) / (kRows * row_bytes));
+  const int64_t ahead_rows = rows_ahead(kRows, row_bytes, true);
   int64_t n = n0;
   for (; n + kRows <= n1; n += kRows) {
     const uint8_t* w = f.w + n * row_bytes;
