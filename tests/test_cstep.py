@@ -86,6 +86,31 @@ def test_the_cpp_step_gives_the_python_steps_logits_bit_for_bit(arch, precision)
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_the_steps_logits_do_not_depend_on_how_many_threads_compute_them(precision):
+    """The step picks its thread count per call (step.cpp's Threads): every count must give the same logits
+    and the same greedy token, bit for bit, or adapting to a busy host would change what is decoded."""
+    model, tok = model_at("gemma3", precision)
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    moves = [("step", 70), ("verify", [72, 73, 74]), ("rollback", 1), *[("step", 80 + i) for i in range(4)]]
+    stepper = cstep.for_model(model).stepper
+    previous = torch.get_num_threads()
+    outs = []
+    try:
+        stepper.adapt_threads(False)
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                outs.append(run(Decoder(model, "quantspec"), ids, moves))
+    finally:
+        torch.set_num_threads(previous)
+        stepper.adapt_threads(True)
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other, strict=True):
+            assert torch.equal(a, b)
+    assert {1, 2, 3} <= set(cstep.thread_counts(model))  # each count ran, and was counted
+
+
 @pytest.mark.parametrize("precision", ["fp32", "w4a16"])
 def test_the_cpp_step_keeps_greedy_output_past_the_sliding_window_and_after_a_long_prompt(precision):
     """gemma3's tiny window is 32 keys: the Python path hands such a context back to transformers; the C++

@@ -26,7 +26,7 @@ from src.assembly.config import ConfigError, JobConfig
 from src.assembly.hardware import Placement
 from src.common import environment
 from src.data.corpus import Corpus, TextInput
-from src.engine import engine_for, hugepages, native, roofline, runtimes
+from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes
 from src.engine.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
@@ -138,7 +138,31 @@ class Job:
             bandwidths = result.series.get(BANDWIDTH) or [self.probe()] * len(result.rows)
             result.series["decode_efficiency"], extra = roofline.efficiency(self.model, result.rows, bandwidths)
             result.summary.update(extra)
+            if extra["bandwidth_probe_short"]:
+                result.notes.append(
+                    f"the bandwidth probe read slower than the decode step itself in "
+                    f"{extra['bandwidth_probe_short']:.0f} of {len(result.rows)} examples (the step up to "
+                    f"{extra['bandwidth_probe_short_max']:.2f}x the probe's rate): their decode_efficiency is "
+                    f"taken as 1.0, against the step's own rate"
+                )
+        self._note_step_threads(result)
         return result
+
+    def _note_step_threads(self, result: TaskResult) -> None:
+        """How many threads the C++ step's calls ran on (src/kernels/step.cpp's Threads picks per call): the
+        share of calls on fewer than hardware.threads is a metric, and a note where there were any."""
+        counts = cstep.thread_counts(self.model)
+        calls = sum(counts.values())
+        if not calls:
+            return
+        fewer = sum(n for threads, n in counts.items() if threads < self.placement.threads)
+        result.summary["step_fewer_threads_share"] = fewer / calls
+        if fewer:
+            spread = ", ".join(f"{n} on {t}" for t, n in sorted(counts.items(), reverse=True))
+            result.notes.append(
+                f"the decode step ran {fewer} of its {calls} calls on fewer than {self.placement.threads} threads "
+                f"({spread}): they were faster so while the host gave this job less than its cores"
+            )
 
     def roofline_applies(self) -> bool:
         """A timed task on torch's weights, on the CPU: its steps are set against the memory-bandwidth

@@ -200,6 +200,16 @@ class CompiledSteps:
         return self.stepper.greedy(self._layers(ids, kv), kv, banned)
 
 
+def thread_counts(model) -> dict[int, int]:
+    """{thread count: calls} the model's C++ step has run so far (step.cpp's Threads chooses the count per
+    call, fewer than torch's where the host gives the job less than its cores); empty where it has none."""
+    steps = getattr(model, "__dict__", {}).get("_quantspec_cstep")  # another runtime's job has no torch model
+    if not steps:
+        return {}
+    flat = steps.stepper.thread_counts()
+    return {int(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2) if flat[i + 1]}
+
+
 def for_model(model) -> CompiledSteps | None:
     """The C++ step for this model, or None where the Python step path stays (see the module's
     docstring); built once per model and kept on it."""

@@ -15,10 +15,14 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,6 +65,142 @@ struct Pick {
     if (where >= 0 && std::isnan(top)) return nan;
     return where < 0 || nan || largest >= top;
   }
+};
+
+// The step's barrier: spin a little, then yield the core. OpenMP's own barrier spins for ~300k rounds
+// before it sleeps; with a neighbour on the host two of the step's threads can share one core, and then a
+// thread spinning at a barrier burns the very time slice its partner needs to arrive (Gemma 3 270M's w4a16
+// step went from 11 to 28-55 ms beside one spinning process, ~90 barriers a step). Spinning first keeps a
+// quiet host's barrier as quick as before: there the threads arrive within microseconds of each other.
+struct alignas(64) Barrier {
+  std::atomic<int> waiting{0};
+  alignas(64) std::atomic<int> phase{0};
+  std::atomic<int> n{1};
+  static constexpr int SPINS = 4096;  // ~10-40 us of pause before yielding: a quiet step's waits are shorter
+
+  void wait() {
+    const int count = n.load(std::memory_order_relaxed);
+    if (count == 1) return;
+    const int ph = phase.load(std::memory_order_relaxed);
+    if (waiting.fetch_add(1, std::memory_order_acq_rel) == count - 1) {  // the last to arrive lets the rest go
+      waiting.store(0, std::memory_order_relaxed);
+      phase.store(ph + 1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; phase.load(std::memory_order_acquire) == ph; ++spins) {
+      if (spins < SPINS) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        asm volatile("yield");
+#endif
+      } else {
+        sched_yield();
+      }
+    }
+  }
+};
+
+// How many threads a step runs on. The step's threads meet at ~90 barriers a step, so when the host gives
+// one of them less than a core (a neighbour's process, a laptop's other work) every barrier waits for it:
+// beside one busy core Gemma 3 270M's w4a16 step took 28-55 ms on two threads against 21-25 on one. The
+// results do not depend on the count (each column and attention item is computed alike by whichever thread
+// takes it), so the count is chosen by measurement: each kind of call (rows, head or not) keeps a running
+// time per candidate count (all, all but one, one), runs on the fastest, and now and then tries another for
+// one step, more rarely while the tries keep losing; a step much slower than its usual time (a neighbour has
+// arrived) asks for a try at once.
+class Threads : public torch::CustomClassHolder {
+ public:
+  static constexpr int64_t FIRST_TRY = 8;  // steps on all threads before the first try of another count
+  static constexpr int64_t MAX_GAP_ALL = 256;  // on all threads, tries at most this far apart: ~0.5% of a quiet
+                                               // run's time on two cores, where one thread is 2.2x slower
+  static constexpr int64_t MAX_GAP_FEW = 32;   // on fewer: a neighbour that leaves is noticed within ~32 steps
+  static constexpr double BETTER = 0.9;        // a try wins when it took < 0.9 of the current count's time
+  static constexpr double SLOWER = 1.5;        // the current count this much slower than usual: try at once
+
+  bool adaptive = true;
+
+  // The count for the next call of this kind; `want` is the caller's (torch's thread count).
+  int choose(int64_t key, int want) {
+    Kind& k = kinds[key];
+    if (k.want != want) k = Kind(want);
+    if (!adaptive || k.options.size() == 1) return k.trying = -1, want;
+    k.trying = -1;
+    if (k.step >= k.next_try) {
+      k.turn = (k.turn + 1) % static_cast<int>(k.options.size());
+      if (k.turn == k.current) k.turn = (k.turn + 1) % static_cast<int>(k.options.size());
+      k.trying = k.turn;
+    }
+    return k.options[k.trying >= 0 ? k.trying : k.current].threads;
+  }
+
+  // The call's wall time, in seconds, on the count choose() gave.
+  void took(int64_t key, double seconds) {
+    Kind& k = kinds[key];
+    ++k.step;
+    if (!adaptive || k.options.size() == 1) return;
+    Option& cur = k.options[k.current];
+    if (k.trying < 0) {
+      cur.time = cur.seen ? 0.8 * cur.time + 0.2 * seconds : seconds;
+      ++cur.seen;
+      if (cur.usual == 0 || cur.time < cur.usual) cur.usual = cur.time;
+      else cur.usual = 0.99 * cur.usual + 0.01 * cur.time;  // drifts up slowly as the context grows
+      if (cur.seen > 4 && cur.time > SLOWER * cur.usual && k.next_try > k.step) {  // the host changed
+        k.gap = FIRST_TRY;
+        k.next_try = k.step;
+        cur.usual = cur.time;
+      }
+      return;
+    }
+    Option& tried = k.options[k.trying];
+    tried.time = seconds;
+    tried.seen = 1;
+    if (seconds < BETTER * cur.time) {  // the other count is faster now: it becomes the current one
+      tried.usual = seconds;
+      k.current = k.trying;
+      k.gap = FIRST_TRY;
+    } else {
+      k.gap = std::min(2 * k.gap, k.current == 0 ? MAX_GAP_ALL : MAX_GAP_FEW);
+    }
+    k.next_try = k.step + k.gap;
+  }
+
+  // Steps run so far on each thread count, over every kind of call: what a job records.
+  const std::map<int64_t, int64_t>& steps_by_count() const { return runs; }
+
+  void count(int threads) { ++runs[threads]; }
+
+  // choose() and took() as one call, for tests and scripts that drive the choice with times of their own.
+  int64_t next(int64_t key, int64_t want) { return choose(key, static_cast<int>(want)); }
+  void record(int64_t key, int64_t threads, double seconds) {
+    took(key, seconds);
+    count(static_cast<int>(threads));
+  }
+  std::vector<int64_t> counts() const {
+    std::vector<int64_t> out;
+    for (const auto& [count, calls] : steps_by_count()) out.insert(out.end(), {count, calls});
+    return out;
+  }
+
+ private:
+  struct Option {
+    int threads;
+    double time = 0, usual = 0;  // running time per call; its usual (lowest, slowly drifting) level
+    int64_t seen = 0;
+  };
+  struct Kind {
+    int want = 0;
+    std::vector<Option> options;  // all threads first
+    int current = 0, trying = -1, turn = 0;
+    int64_t step = 0, next_try = FIRST_TRY, gap = FIRST_TRY;
+    Kind() = default;
+    explicit Kind(int want) : want(want) {
+      for (int t : {want, want - 1, want / 2, 1})
+        if (t >= 1 && (options.empty() || options.back().threads > t)) options.push_back(Option{t});
+    }
+  };
+  std::map<int64_t, Kind> kinds;
+  std::map<int64_t, int64_t> runs;  // calls by thread count, whatever their kind
 };
 
 // A counter of the chunks of one thread's columns handed out, alone on its cache line; it starts at 1, the
@@ -187,6 +327,12 @@ struct Stepper : torch::CustomClassHolder {
   std::vector<Call> head;  // the output projection, where it runs here (set_head)
   int64_t max_k = 0, max_n = 0;  // the widest kernel input; the widest layer projection (not the head)
   std::vector<char> banned_mask;  // a greedy step's banned ids, by id (all 0 outside a call)
+  Threads threads;                 // how many threads each call runs on
+
+  // Whether the thread count adapts to the host (Threads); off, every call runs on torch's thread count.
+  void adapt_threads(bool on) { threads.adaptive = on; }
+  // [count, calls, count, calls, ...]: the calls run so far on each thread count.
+  std::vector<int64_t> thread_counts() const { return threads.counts(); }
 
   Stepper(int64_t heads, int64_t kv_heads, int64_t dim, double scaling, double eps, bool gemma, std::string act)
       : heads(heads), kv_heads(kv_heads), dim(dim), scaling(scaling), eps(eps), gemma(gemma), act(std::move(act)) {
@@ -317,9 +463,16 @@ struct Stepper : torch::CustomClassHolder {
       TORCH_CHECK(t >= 0 && t < vocab, "quantspec Stepper: token ", t, " outside the vocabulary of ", vocab);
     }
     cache.reserve(layers.size(), kv_heads, dim, embedding.scalar_type(), past + n);
-    if (embedding.scalar_type() == at::kBFloat16) return run<BF>(embed<BF>(tokens), cache, keep, mode, banned);
-    TORCH_CHECK(embedding.scalar_type() == at::kFloat, "quantspec Stepper: float32 or bfloat16 activations");
-    return run<float>(embed<float>(tokens), cache, keep, mode, banned);
+    TORCH_CHECK(embedding.scalar_type() == at::kFloat || embedding.scalar_type() == at::kBFloat16,
+                "quantspec Stepper: float32 or bfloat16 activations");
+    const int64_t kind = 2 * n + (mode != HIDDEN);  // calls alike in cost share their thread counts' times
+    const int nt = threads.choose(kind, std::max(1, at::get_num_threads()));
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor out = embedding.scalar_type() == at::kBFloat16 ? run<BF>(embed<BF>(tokens), cache, keep, mode, banned, nt)
+                                                               : run<float>(embed<float>(tokens), cache, keep, mode, banned, nt);
+    threads.took(kind, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    threads.count(nt);
+    return out;
   }
 
   // The tokens' rows of the embedding [n, hidden], times its scale as the model's module multiplies them.
@@ -536,11 +689,11 @@ struct Stepper : torch::CustomClassHolder {
   }
 
   template <typename T>
-  at::Tensor run(const at::Tensor& input, StepCache& cache, int64_t keep, Mode mode, const at::Tensor& banned) {
+  at::Tensor run(const at::Tensor& input, StepCache& cache, int64_t keep, Mode mode, const at::Tensor& banned,
+                 int want) {
     const at::ScalarType act_type = input.scalar_type();
     const int64_t n = input.size(0), hidden = input.size(1), past = cache.length, cap = cache.capacity();
     const int64_t qw = heads * dim, kw = kv_heads * dim;
-    const int want = std::max(1, at::get_num_threads());
     const auto opt = input.options();
     const auto fopt = opt.dtype(at::kFloat);
     // shared: the kernels' float output, each projection's finished output, the attention's
@@ -593,9 +746,11 @@ struct Stepper : torch::CustomClassHolder {
       decltype(mark)& f;
       ~Unmark() { f(0); }
     } unmark{mark};
+    Barrier bar;
 #pragma omp parallel num_threads(want)
     {
       const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+      bar.n.store(nt, std::memory_order_relaxed);  // every thread stores the same count before it first waits
       Private& me = priv[tid];
       Ticket* next = tickets.data();  // the next call's tickets (every thread makes the same calls in turn)
       T* h = me.h.data_ptr<T>();
@@ -609,7 +764,7 @@ struct Stepper : torch::CustomClassHolder {
       auto projected = [&](const Layer& L, int slot, const T* in, T* out) {
         RECORD_FUNCTION(NAMES[L.calls[slot][0].kind], std::vector<c10::IValue>());
         project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt, next);
-#pragma omp barrier
+        bar.wait();
       };
       for (size_t l = 0; l < layers.size(); ++l) {
         const Layer& L = layers[l];
@@ -647,7 +802,7 @@ struct Stepper : torch::CustomClassHolder {
                 const T* v = pa + i * w + qw + kw + g * dim;
                 std::copy(v, v + dim, vc + (g * cap + past + i) * dim);
               }
-#pragma omp barrier
+          bar.wait();
           // attention: each (query, head) alone, query i at position past + i seeing its window's keys
           {
             const int64_t items = n * heads, i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
@@ -666,7 +821,7 @@ struct Stepper : torch::CustomClassHolder {
               item += h1 - h0;
             }
           }
-#pragma omp barrier
+          bar.wait();
         }
         // the output projection, its norm (Gemma) and the residual, each thread on its own copy
         projected(L, O, ap, pb);
@@ -722,6 +877,11 @@ struct Stepper : torch::CustomClassHolder {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(quantspec, m) {
+  m.class_<Threads>("Threads")
+      .def(torch::init<>())
+      .def("next", &Threads::next)
+      .def("record", &Threads::record)
+      .def("counts", &Threads::counts);
   m.class_<StepCache>("StepCache")
       .def(torch::init<>())
       .def("size", &StepCache::size)
@@ -738,5 +898,7 @@ TORCH_LIBRARY_FRAGMENT(quantspec, m) {
       .def("logits", &Stepper::logits)
       .def("greedy", &Stepper::greedy)
       .def("load", &Stepper::load)
+      .def("adapt_threads", &Stepper::adapt_threads)
+      .def("thread_counts", &Stepper::thread_counts)
       .def("forward", &Stepper::forward);
 }
