@@ -63,14 +63,14 @@ def test_a_speedup_is_the_median_of_ratios_taken_round_by_round_with_its_range()
 
 def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rounds(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # timed for over a second (the least over which others' CPU use is told): benchmark's prompts, 400 repeats
-    # (30 were enough for the Python step loop; the C++ step, ~0.05 ms a token here, needs ~400 for 2 s)
+    # timed for over a second (the least over which others' CPU use is told): each of two prompts for 0.6 s,
+    # sized by time (a count of repeats tuned on one host took 70-80 s an example on another, under load)
     args = [
         "-m",
         "model=tiny-llama",
         "task=benchmark",
         "task.limit=2",
-        "task.repeats=400",
+        "task.min_time_s=0.6",
         "precision=fp32,w8a8",
         "rounds=2",
         "busy_reruns=1",

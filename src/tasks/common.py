@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,7 +108,10 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
     for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
         runs: list[list] = [[] for _ in engines]
         with others:
-            for _ in range(inputs.task.repeats):
+            # at least `repeats` runs, and more until min_time_s has passed: a timing sized by time holds
+            # on any host and any load, where a count tuned on one host can take minutes on another
+            deadline = time.perf_counter() + inputs.task.min_time_s
+            while len(runs[0]) < inputs.task.repeats or time.perf_counter() < deadline:
                 for i, engine in enumerate(engines):
                     runs[i].append(
                         engine(

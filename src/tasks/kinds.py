@@ -113,6 +113,7 @@ class Generating(TaskConfig):
     limit: int | None = None  # the first N examples (null: all)
     warmup: int = 1  # untimed runs before the timed ones
     repeats: int = 1  # timed runs per example; the median one is kept
+    min_time_s: float = 0.0  # more runs until the example has been timed this long (how long, not how many)
 
     def validate(self) -> None:
         for key in ("max_new_tokens", "code_max_new_tokens"):
@@ -122,6 +123,8 @@ class Generating(TaskConfig):
             raise ConfigError(f"task.limit={self.limit} must be at least 1 (or null for every example)")
         if self.repeats < 1:
             raise ConfigError(f"task.repeats={self.repeats} must be at least 1")
+        if not 0 <= self.min_time_s <= 3600:
+            raise ConfigError(f"task.min_time_s={self.min_time_s} must be between 0 and 3600 seconds")
         if self.warmup < 0:
             raise ConfigError(f"task.warmup={self.warmup} must be 0 or more")
 
