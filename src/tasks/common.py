@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
