@@ -72,3 +72,25 @@ def test_the_probe_measures_something_plausible_each_time_it_is_called():
     first, second = probe(), probe()
     assert 0.1 < first < 10_000 and 0.1 < second < 10_000
     assert probe._buffer is not None and probe._buffer.numel() * 4 == 64 * 2**20  # one buffer, kept
+
+
+def test_a_step_that_outran_the_probe_is_rated_one_and_counted_not_hidden():
+    model, _ = tiny_model("llama")
+    ideal = roofline.roofline_ms(model, 8 + 5, 10.0)
+    rows = [Row(1, 8, 11, 1.0, 5.0, ideal / 1.25, 0.0), Row(2, 8, 11, 1.0, 5.0, ideal * 2, 0.0)]
+    per_example, summary = roofline.efficiency(model, rows, [10.0, 10.0])
+    assert per_example == [1.0, pytest.approx(0.5)]  # the first step read 1.25x the probe's rate
+    assert summary["bandwidth_probe_short"] == 1.0 and summary["bandwidth_probe_short_max"] == pytest.approx(1.25)
+    _, fine = roofline.efficiency(model, rows[1:], [10.0])
+    assert fine["bandwidth_probe_short"] == 0.0 and "bandwidth_probe_short_max" not in fine
+
+
+def test_the_probe_reads_with_quantspecs_kernel_beside_torchs_sum_and_takes_the_faster():
+    from src import kernels
+    from tests.test_kernels import CACHE
+
+    assert kernels.load(CACHE), kernels.reason()
+    probe = roofline.Probe(1, mb=64, repeats=2)
+    rates = probe.rates()
+    assert set(rates) == {"torch.sum", "quantspec gemv"} and all(0.1 < r < 10_000 for r in rates.values())
+    assert probe() >= min(rates.values())  # the faster reader, probed anew

@@ -239,6 +239,7 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     plain = engine_for(cfg.engine.kind, cfg.engine.step_path)
     if cfg.engine.kind == "native":  # what the step path covers, said (and the C++ step built) before timing
         recorder.log_params({"executed.step_path": native.executed_path(model, cfg.engine.step_path)})
+        cstep.adapt_threads(model, cfg.engine.adapt_threads)
     drafter = _prepare_draft(cfg, loaded, corpus, placement, gemv, recorder) if cfg.draft.active else None
     engine = (
         plain

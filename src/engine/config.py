@@ -40,6 +40,7 @@ class EngineConfig:
     kernels: str  # quantspec: decode-step matmuls through src/kernels where this CPU runs them
     step_path: str  # quantspec: C++ steps (src.engine.cstep), else python's lean loop (src.engine.fastpath)
     isa: str = "auto"  # which variant of src/kernels runs (engine.kernels=quantspec)
+    adapt_threads: bool = True  # the C++ step picks its thread count per call by measurement (step.cpp)
     module: ClassVar[None] = None  # not another runtime
 
     @property

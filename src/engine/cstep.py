@@ -200,6 +200,13 @@ class CompiledSteps:
         return self.stepper.greedy(self._layers(ids, kv), kv, banned)
 
 
+def adapt_threads(model, on: bool) -> None:
+    """Whether the model's C++ step (where it has one) picks its thread count per call (engine.adapt_threads)."""
+    steps = for_model(model) if isinstance(model, torch.nn.Module) else None
+    if steps is not None:
+        steps.stepper.adapt_threads(on)
+
+
 def thread_counts(model) -> dict[int, int]:
     """{thread count: calls} the model's C++ step has run so far (step.cpp's Threads chooses the count per
     call, fewer than torch's where the host gives the job less than its cores); empty where it has none."""

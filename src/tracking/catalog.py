@@ -142,7 +142,16 @@ CATALOG: list[Name] = [
         ("examples", "examples timed"),
         ("new_tokens_total", "tokens generated in all"),
         ("model_load_s", "loading the model"),
-        ("decode_efficiency_median", "roofline time/token over measured time/token (CPU jobs only)"),
+        ("decode_efficiency_median", "roofline time/token over measured time/token (CPU jobs only; at most 1)"),
+        (
+            "bandwidth_probe_short",
+            "examples whose step read faster than the bandwidth probe: rated 1.0 against the step's own rate",
+        ),
+        ("bandwidth_probe_short_max", "where there were any, the step's rate over the probe's, at worst"),
+        (
+            "step_fewer_threads_share",
+            "the C++ step's calls run on fewer than hardware.threads (engine.adapt_threads), over all its calls",
+        ),
         ("roofline_ms_median", "the memory roofline's time per token"),
         ("bandwidth_gbs", "the host's read bandwidth, probed after each timed example (the median)"),
         ("step_weight_mb", "bytes a decode step must read"),
