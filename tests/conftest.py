@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -60,6 +61,21 @@ def cli_env(extra: dict | None = None) -> dict:
 @pytest.fixture
 def store(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+KERNELS = Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser() / "kernels"
+
+
+def fresh_cache(path: Path) -> Path:
+    """A cache directory of its own for a test's jobs (their QUANTSPEC_CACHE or cache_dir), holding only the
+    kernels this test session built once: a job's own kernel build takes ~20 s here, and only the tests of
+    kernel builds (tests/test_faults.py) need to watch one happen. Copies, not links: a test may damage or
+    lock what is in its cache."""
+    from src import kernels
+
+    if kernels.load(KERNELS):  # built once for the session (a no-op after the first)
+        shutil.copytree(KERNELS, path / "kernels", ignore=shutil.ignore_patterns(".*.lock"), dirs_exist_ok=True)
+    return path
 
 
 def quant_spec(method: str, scheme: str, **fields):
@@ -177,7 +193,7 @@ def perplexity_by_engine(tmp_path: Path, engines: str, *overrides: str) -> dict[
             f"hydra.sweep.dir={tmp_path / 's'}",
             *overrides,
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     client = MlflowClient(store)

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.tracking.record import run_job
-from tests.conftest import compose_job, run_cli
+from tests.conftest import compose_job, fresh_cache, run_cli
 
 QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]
 
@@ -64,7 +64,7 @@ def test_config_errors_are_one_line_and_record_no_run(tmp_path, override, words)
             f"tracking.uri=sqlite:///{db}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode in (1, 2)
     assert words in one_line(out.stderr)
@@ -196,7 +196,7 @@ def test_user_strings_in_overrides_stay_inside_the_sweep_directory(tmp_path):
             f"hydra.sweep.dir={sweep}",
             "report_at_end=false",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
@@ -205,7 +205,7 @@ def test_user_strings_in_overrides_stay_inside_the_sweep_directory(tmp_path):
 
 
 def test_inputs_past_their_limits_are_said_in_one_line(tmp_path, store):
-    env = {"QUANTSPEC_CACHE": str(tmp_path / "cache")}
+    env = {"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))}
     big = tmp_path / "big.txt"
     big.write_text("def f(x):\n    return x\n" * 100_000)  # 2.3 MB
     out = run_cli(

@@ -3,7 +3,7 @@ that logs what timed jobs, rounds, drafts, w8a8's probe, perplexity against the 
 write, checked name by name. The quality and code tasks' own names are checked on their suites' stores."""
 
 from src.tracking import catalog
-from tests.conftest import run_cli, uncatalogued
+from tests.conftest import fresh_cache, run_cli, uncatalogued
 
 
 def test_every_name_a_sweep_logs_is_in_the_catalog(tmp_path):
@@ -22,7 +22,7 @@ def test_every_name_a_sweep_logs_is_in_the_catalog(tmp_path):
             f"hydra.sweep.dir={tmp_path / 'a'}",
             *common,
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     out = run_cli(
@@ -35,7 +35,7 @@ def test_every_name_a_sweep_logs_is_in_the_catalog(tmp_path):
             f"hydra.sweep.dir={tmp_path / 'b'}",
             *common,
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     missing = uncatalogued(store)

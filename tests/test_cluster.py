@@ -28,8 +28,8 @@ QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warm
 SLOW = [
     "model=tiny-llama",
     "task.limit=3",
-    "task.max_new_tokens=100",
-    "task.repeats=25",
+    "task.max_new_tokens=20",
+    "task.min_time_s=1.5",  # each example timed for 1.5 s on any host: sized by time, not by a count of repeats
     "task.warmup=0",
     "engine.kernels=aten",
 ]

@@ -11,7 +11,7 @@ from src.engine import openvino_engine as ov
 from src.engine.common import Sampling
 from src.models.tiny import tiny_model
 from src.quality.scoring import torch_scorer
-from tests.conftest import perplexity_by_engine, run_cli
+from tests.conftest import fresh_cache, perplexity_by_engine, run_cli
 
 pytestmark = pytest.mark.skipif(ov.available() is not None, reason=str(ov.available()))
 
@@ -51,7 +51,7 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
             f"tracking.uri={store}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "sweep done: 3 finished, 1 skipped" in out.stdout and "engine openvino has no bf16" in out.stdout

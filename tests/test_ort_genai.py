@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from src.engine import ort_genai
 from src.engine.common import Sampling
 from src.models.tiny import tiny_model
-from tests.conftest import perplexity_by_engine, run_cli
+from tests.conftest import fresh_cache, perplexity_by_engine, run_cli
 
 pytestmark = pytest.mark.skipif(ort_genai.available() is not None, reason=str(ort_genai.available()))
 
@@ -55,7 +55,7 @@ def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(t
             f"tracking.uri={store}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "sweep done: 5 finished, 1 skipped" in out.stdout

@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.tracking import report, ui
-from tests.conftest import run_cli, uncatalogued
+from tests.conftest import fresh_cache, run_cli, uncatalogued
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (scripts/setup installs it)")
 
@@ -34,7 +34,7 @@ def sweep(tmp_path_factory):
             f"hydra.sweep.dir={tmp / 'sweep'}",
             "report_at_end=false",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp / "cache"))},
     )
     assert out.returncode == 0 and "6 finished" in out.stdout, out.stderr[-3000:]
     client = MlflowClient(store)
@@ -146,7 +146,7 @@ def test_a_task_lm_eval_cannot_have_here_is_one_line(tmp_path):
             f"hydra.sweep.dir={tmp_path / 's'}",
             "report_at_end=false",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     lines = [line for line in out.stderr.splitlines() if "failed:" in line]
     assert "lm-eval 0.4.13 has no task no_such_task; local tasks: quantspec_facts" in lines[0]

@@ -9,7 +9,7 @@ import torch
 from src.assembly import memory
 from src.assembly.config import ConfigError, job_config_from_dict
 from src.models.random_weights import config_of, parameter_count, random_model, shapes
-from tests.conftest import compose_job, run_cli
+from tests.conftest import compose_job, fresh_cache, run_cli
 
 SEEDS = {
     "llama-2-7b": 6.74e9,
@@ -74,9 +74,7 @@ def test_a_job_that_cannot_fit_is_refused_before_loading():
 def test_a_random_weight_job_is_timed_tagged_and_its_peak_within_the_estimate(tmp_path, store):
     from mlflow.tracking import MlflowClient
 
-    from src import kernels
-
-    kernels.load(tmp_path / "cache" / "kernels")  # built here: a build inside the job would be its peak
+    fresh_cache(tmp_path / "cache")  # the kernels built already: a build inside the job would be its peak
     out = run_cli(
         [
             "model=llama-160m",

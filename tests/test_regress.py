@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from src.quality.stats import median_ratio_ci
 from src.tracking import regress
-from tests.conftest import run_cli
+from tests.conftest import fresh_cache, run_cli
 
 # Long enough to time that two burners slow it systematically: with the C++ step the tiny Llama's token takes
 # ~0.05 ms, and 3 repeats of 48 tokens (7 ms a round) were timed faster or slower by chance.
@@ -35,7 +35,7 @@ SWEEP = [
 def sweeps(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("regress")
     store = f"sqlite:///{tmp / 'mlflow.db'}"
-    env = {"QUANTSPEC_CACHE": str(tmp / "cache")}
+    env = {"QUANTSPEC_CACHE": str(fresh_cache(tmp / "cache"))}
     out = run_cli([*SWEEP, "precision=fp32,bf16", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'base'}"], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     # the new sweep shares the host with two processes that burn both cores while it runs

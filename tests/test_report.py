@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.tracking import report
-from tests.conftest import free_port, job_record, mlflow_server, run_cli
+from tests.conftest import free_port, fresh_cache, job_record, mlflow_server, run_cli
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 
@@ -241,7 +241,9 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
     ]
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        out = run_cli(args, env={"QUANTSPEC_CPU_NAME": LONG_CPU, "QUANTSPEC_CACHE": str(tmp_path / "cache")})
+        out = run_cli(
+            args, env={"QUANTSPEC_CPU_NAME": LONG_CPU, "QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))}
+        )
     finally:
         burner.kill()
         burner.wait()

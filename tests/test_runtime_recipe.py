@@ -5,7 +5,7 @@ Nothing else is told of it, and a sweep, its skip, its records and perplexity ta
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, perplexity_by_engine, run_cli
+from tests.conftest import ROOT, fresh_cache, perplexity_by_engine, run_cli
 
 YAML = """defaults:
   - _fields
@@ -39,7 +39,7 @@ def test_a_runtime_added_by_one_module_and_one_yaml_runs_a_sweep_beside_native(t
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
             _conf(tmp_path),
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "sweep done: 3 finished, 1 skipped" in out.stdout and "engine example runs fp32 only" in out.stdout
@@ -99,7 +99,7 @@ def test_a_result_that_comes_back_nan_fails_the_job_with_its_reason(tmp_path):
             f"hydra.run.dir={tmp_path / 'run'}",
             _conf(tmp_path),
         ],
-        env={"EXAMPLE_RUNTIME_NAN": "1", "QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"EXAMPLE_RUNTIME_NAN": "1", "QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "its perplexity, kl_mean came back NaN" in out.stderr
@@ -141,7 +141,7 @@ def test_a_runtime_that_crashes_fails_its_job_and_the_sweep_goes_on(tmp_path, at
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
             f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache"), "CRASH_AT": at, "CRASH_WITH": how},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache")), "CRASH_AT": at, "CRASH_WITH": how},
     )
     assert out.returncode == 1, out.stderr[-2000:]  # a job failed: the sweep's exit code says so
     assert "sweep done: 1 finished, 0 skipped, 1 failed" in out.stdout, out.stdout[-2000:]
