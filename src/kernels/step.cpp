@@ -78,7 +78,8 @@ struct alignas(64) Barrier {
   std::atomic<int> n{1};
   static constexpr int SPINS = 4096;  // ~10-40 us of pause before yielding: a quiet step's waits are shorter
 
-  void wait() {
+  // `waited`: the calling thread's seconds spent here, added to (Threads reads their sum).
+  void wait(double& waited) {
     const int count = n.load(std::memory_order_relaxed);
     if (count == 1) return;
     const int ph = phase.load(std::memory_order_relaxed);
@@ -87,6 +88,12 @@ struct alignas(64) Barrier {
       phase.store(ph + 1, std::memory_order_release);
       return;
     }
+    const auto start = std::chrono::steady_clock::now();
+    struct Timed {
+      double& waited;
+      std::chrono::steady_clock::time_point start;
+      ~Timed() { waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+    } timed{waited, start};
     for (int spins = 0; phase.load(std::memory_order_acquire) == ph; ++spins) {
       if (spins < SPINS) {
 #if defined(__x86_64__)
@@ -102,21 +109,25 @@ struct alignas(64) Barrier {
 };
 
 // How many threads a step runs on. The step's threads meet at ~90 barriers a step, so when the host gives
-// one of them less than a core (a neighbour's process, a laptop's other work) every barrier waits for it:
-// beside one busy core Gemma 3 270M's w4a16 step took 28-55 ms on two threads against 21-25 on one. The
-// results do not depend on the count (each column and attention item is computed alike by whichever thread
-// takes it), so the count is chosen by measurement: each kind of call (rows, head or not) keeps a running
-// time per candidate count (all, all but one, one), runs on the fastest, and now and then tries another for
-// one step, more rarely while the tries keep losing; a step much slower than its usual time (a neighbour has
-// arrived) asks for a try at once.
+// one of them less than a core (a neighbour's process, a laptop's other work) every barrier waits for it.
+// The results do not depend on the count (each column and attention item is computed alike by whichever
+// thread takes it), so the count is chosen by measurement: each kind of call (rows, head or not) keeps a
+// running time per candidate count (all, all but one, half, one) and runs on the fastest. On all threads it
+// watches the share of the step its threads spent waiting at barriers (under 1% on a quiet host): when that
+// passes 8%, or a step is much slower than usual, it tries another count for one step (such tries, while
+// they lose, ever more rarely: 8 steps apart doubling to 256). So a quiet host pays for one try in 1024 steps. On fewer threads it tries all threads every 8 steps
+// doubling to 32, so that a neighbour's leaving is noticed within ~32 steps.
 class Threads : public torch::CustomClassHolder {
  public:
-  static constexpr int64_t FIRST_TRY = 8;  // steps on all threads before the first try of another count
-  static constexpr int64_t MAX_GAP_ALL = 256;  // on all threads, tries at most this far apart: ~0.5% of a quiet
-                                               // run's time on two cores, where one thread is 2.2x slower
-  static constexpr int64_t MAX_GAP_FEW = 32;   // on fewer: a neighbour that leaves is noticed within ~32 steps
-  static constexpr double BETTER = 0.9;        // a try wins when it took < 0.9 of the current count's time
-  static constexpr double SLOWER = 1.5;        // the current count this much slower than usual: try at once
+  static constexpr int64_t FIRST_TRY = 8;     // on fewer threads: the first try of another count this soon
+  static constexpr int64_t MAX_GAP_FEW = 32;  // ... doubling to this
+  static constexpr int64_t MAX_GAP_ALL = 256; // on all threads, triggered tries that lose: gaps doubling to this
+  static constexpr int64_t GAP_ALL = 1024;    // on all threads, untriggered tries this far apart (~0.1% of a
+                                              // quiet run on two cores, where one thread is 2.2x slower)
+  static constexpr double BETTER = 0.9;       // a try wins when it took < 0.9 of the current count's time
+  static constexpr double SLOWER = 1.5;       // the current count this much slower than usual: try at once
+  static constexpr double WAITING = 0.08;     // ... or its threads waiting this share of the step (measured
+                                              // 0.007 quiet, 0.09-0.28 beside a busy core: Gemma 3 w4a16)
 
   bool adaptive = true;
 
@@ -134,21 +145,25 @@ class Threads : public torch::CustomClassHolder {
     return k.options[k.trying >= 0 ? k.trying : k.current].threads;
   }
 
-  // The call's wall time, in seconds, on the count choose() gave.
-  void took(int64_t key, double seconds) {
+  // The call's wall time in seconds on the count choose() gave, and the share of it its threads waited at
+  // barriers (their waits summed over threads x wall time).
+  void took(int64_t key, double seconds, double waiting) {
     Kind& k = kinds[key];
     ++k.step;
     if (!adaptive || k.options.size() == 1) return;
     Option& cur = k.options[k.current];
     if (k.trying < 0) {
       cur.time = cur.seen ? 0.8 * cur.time + 0.2 * seconds : seconds;
+      k.waiting = cur.seen ? 0.8 * k.waiting + 0.2 * waiting : waiting;
       ++cur.seen;
       if (cur.usual == 0 || cur.time < cur.usual) cur.usual = cur.time;
       else cur.usual = 0.99 * cur.usual + 0.01 * cur.time;  // drifts up slowly as the context grows
-      if (cur.seen > 4 && cur.time > SLOWER * cur.usual && k.next_try > k.step) {  // the host changed
-        k.gap = FIRST_TRY;
+      const bool slower = cur.time > SLOWER * cur.usual, stalled = k.current == 0 && k.waiting > WAITING;
+      // the host changed: try now, unless such tries have kept losing (then ever more rarely, as on fewer)
+      if (cur.seen > 4 && (slower || stalled) && k.step >= k.allowed && k.next_try > k.step) {
         k.next_try = k.step;
-        cur.usual = cur.time;
+        cur.time = cur.usual = std::max(cur.time, seconds);  // the try is held against now, not the average
+        k.waiting = 0;
       }
       return;
     }
@@ -162,7 +177,8 @@ class Threads : public torch::CustomClassHolder {
     } else {
       k.gap = std::min(2 * k.gap, k.current == 0 ? MAX_GAP_ALL : MAX_GAP_FEW);
     }
-    k.next_try = k.step + k.gap;
+    k.allowed = k.step + k.gap;
+    k.next_try = k.step + (k.current == 0 ? GAP_ALL : k.gap);
   }
 
   // Steps run so far on each thread count, over every kind of call: what a job records.
@@ -172,8 +188,8 @@ class Threads : public torch::CustomClassHolder {
 
   // choose() and took() as one call, for tests and scripts that drive the choice with times of their own.
   int64_t next(int64_t key, int64_t want) { return choose(key, static_cast<int>(want)); }
-  void record(int64_t key, int64_t threads, double seconds) {
-    took(key, seconds);
+  void record(int64_t key, int64_t threads, double seconds, double waiting) {
+    took(key, seconds, waiting);
     count(static_cast<int>(threads));
   }
   std::vector<int64_t> counts() const {
@@ -192,7 +208,8 @@ class Threads : public torch::CustomClassHolder {
     int want = 0;
     std::vector<Option> options;  // all threads first
     int current = 0, trying = -1, turn = 0;
-    int64_t step = 0, next_try = FIRST_TRY, gap = FIRST_TRY;
+    int64_t step = 0, next_try = GAP_ALL, gap = FIRST_TRY, allowed = 0;  // allowed: a triggered try's earliest
+    double waiting = 0;  // running share of the step spent at barriers, on all threads
     Kind() = default;
     explicit Kind(int want) : want(want) {
       for (int t : {want, want - 1, want / 2, 1})
@@ -328,6 +345,11 @@ struct Stepper : torch::CustomClassHolder {
   int64_t max_k = 0, max_n = 0;  // the widest kernel input; the widest layer projection (not the head)
   std::vector<char> banned_mask;  // a greedy step's banned ids, by id (all 0 outside a call)
   Threads threads;                 // how many threads each call runs on
+  std::vector<double> waits;       // seconds each thread of the last call waited at barriers
+  double last_waiting = 0;         // their sum over threads x the call's wall time
+
+  // The share of the last call its threads spent waiting at barriers (scripts/bench_contention.py says it).
+  double waiting_share() const { return last_waiting; }
 
   // Whether the thread count adapts to the host (Threads); off, every call runs on torch's thread count.
   void adapt_threads(bool on) { threads.adaptive = on; }
@@ -470,7 +492,11 @@ struct Stepper : torch::CustomClassHolder {
     const auto start = std::chrono::steady_clock::now();
     at::Tensor out = embedding.scalar_type() == at::kBFloat16 ? run<BF>(embed<BF>(tokens), cache, keep, mode, banned, nt)
                                                                : run<float>(embed<float>(tokens), cache, keep, mode, banned, nt);
-    threads.took(kind, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double waited = 0;
+    for (double w : waits) waited += w;
+    last_waiting = seconds > 0 ? waited / (nt * seconds) : 0;
+    threads.took(kind, seconds, last_waiting);
     threads.count(nt);
     return out;
   }
@@ -747,10 +773,12 @@ struct Stepper : torch::CustomClassHolder {
       ~Unmark() { f(0); }
     } unmark{mark};
     Barrier bar;
+    waits.assign(want, 0.0);
 #pragma omp parallel num_threads(want)
     {
       const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
       bar.n.store(nt, std::memory_order_relaxed);  // every thread stores the same count before it first waits
+      double& waited = waits[tid];
       Private& me = priv[tid];
       Ticket* next = tickets.data();  // the next call's tickets (every thread makes the same calls in turn)
       T* h = me.h.data_ptr<T>();
@@ -764,7 +792,7 @@ struct Stepper : torch::CustomClassHolder {
       auto projected = [&](const Layer& L, int slot, const T* in, T* out) {
         RECORD_FUNCTION(NAMES[L.calls[slot][0].kind], std::vector<c10::IValue>());
         project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt, next);
-        bar.wait();
+        bar.wait(waited);
       };
       for (size_t l = 0; l < layers.size(); ++l) {
         const Layer& L = layers[l];
@@ -802,7 +830,7 @@ struct Stepper : torch::CustomClassHolder {
                 const T* v = pa + i * w + qw + kw + g * dim;
                 std::copy(v, v + dim, vc + (g * cap + past + i) * dim);
               }
-          bar.wait();
+          bar.wait(waited);
           // attention: each (query, head) alone, query i at position past + i seeing its window's keys
           {
             const int64_t items = n * heads, i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
@@ -821,7 +849,7 @@ struct Stepper : torch::CustomClassHolder {
               item += h1 - h0;
             }
           }
-          bar.wait();
+          bar.wait(waited);
         }
         // the output projection, its norm (Gemma) and the residual, each thread on its own copy
         projected(L, O, ap, pb);
@@ -900,5 +928,6 @@ TORCH_LIBRARY_FRAGMENT(quantspec, m) {
       .def("load", &Stepper::load)
       .def("adapt_threads", &Stepper::adapt_threads)
       .def("thread_counts", &Stepper::thread_counts)
+      .def("waiting_share", &Stepper::waiting_share)
       .def("forward", &Stepper::forward);
 }
