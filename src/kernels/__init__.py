@@ -193,7 +193,7 @@ def _built_variant(variant: variants.Variant, directory: Path) -> Path:
         raise RuntimeError("no C++ compiler")
     key = _key(
         *(p.read_bytes() for p in variants.sources(variant)),
-        " ".join(variants.COMMON_FLAGS + list(variant.flags)).encode(),
+        " ".join(variants.build_flags(variant)).encode(),
         cxx.encode(),
     )
     build = directory / f"{variant.name}-{key}"

@@ -132,11 +132,29 @@ def _compile(cmd: list[str], what: str) -> None:
         raise RuntimeError(f"{cmd[0]} could not compile {what}: {lines[0].strip()}")
 
 
+def prefetch_flags(cpuinfo: str | None = None) -> list[str]:
+    """The cache the weights' prefetches fill (core/blocking.h's QS_PREFETCH_LOCALITY, measured there):
+    L2 on Intel CPUs, L1 (the default) elsewhere; QUANTSPEC_PREFETCH=l1 or l2 forces one, to measure."""
+    forced = os.environ.get("QUANTSPEC_PREFETCH", "").lower()
+    if forced in ("l1", "l2"):
+        return ["-DQS_PREFETCH_LOCALITY=1"] if forced == "l2" else []
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return []
+    intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in cpuinfo.splitlines())
+    return ["-DQS_PREFETCH_LOCALITY=1"] if intel else []
+
+
+def build_flags(variant: Variant) -> list[str]:
+    """Everything a variant is compiled with (its build folder is keyed by them)."""
+    return [*COMMON_FLAGS, *variant.flags, *prefetch_flags()]
+
+
 def compile_variant(variant: Variant, out: Path, cxx: str) -> None:
     """Compile one variant to the shared library `out`."""
-    _compile(
-        [cxx, *COMMON_FLAGS, *variant.flags, str(CORE / variant.source), "-o", str(out)], f"the {variant.name} kernels"
-    )
+    _compile([cxx, *build_flags(variant), str(CORE / variant.source), "-o", str(out)], f"the {variant.name} kernels")
 
 
 def compile_selftest(out: Path, cxx: str) -> None:
