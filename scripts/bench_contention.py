@@ -36,11 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.bench_llamacpp import TOKENS, cache_dir, import_llama_cpp  # noqa: E402
+from scripts.bench_llamacpp import TOKENS, cache_dir, decode_job, import_llama_cpp, llama_cpp_ms  # noqa: E402
 from src.common import benchpage  # noqa: E402
 from src.common.metrics import markdown_table  # noqa: E402
-from src.data.corpus import SEED_PROMPTS  # noqa: E402
-from src.tracking.sweeps import sweep_jobs  # noqa: E402
 
 # (name, overrides for quantspec's job, neighbour, llama.cpp threads: None for the job's own count)
 CONDITIONS = [
@@ -69,38 +67,10 @@ def neighbour(on: bool):
 
 def ours(precision: str, overrides: list[str], limit: int, store: str, sweep_dir: Path) -> tuple[float, float]:
     """(ms per token, share of steps on fewer threads) of one decode job."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "src.run",
-            "-m",
-            f"precision={precision}",
-            "task=decode",
-            f"task.limit={limit}",
-            *overrides,
-            "busy_reruns=0",  # busy is the point here: measured once, as it came
-            f"tracking.uri={store}",
-            f"hydra.sweep.dir={sweep_dir}",
-            "report_at_end=false",
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    )
-    _, runs = sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))
+    # busy is the point here: measured once, as it came (busy_reruns=0)
+    runs = decode_job(store, sweep_dir, [f"precision={precision}", f"task.limit={limit}", *overrides, "busy_reruns=0"])
     metrics = runs[-1].metrics
     return metrics["time_per_token_ms_median"], metrics.get("step_fewer_threads_share", float("nan"))
-
-
-def llama_ms(llm, limit: int) -> float:
-    """The median over the first `limit` seed prompts of llama.cpp's time per token after the first, greedy."""
-    per_prompt = []
-    for prompt in SEED_PROMPTS[:limit]:
-        llm.reset()
-        times = [time.perf_counter() for _ in llm(prompt, max_tokens=TOKENS, temperature=0.0, stream=True)]
-        per_prompt.append((times[-1] - times[0]) / max(len(times) - 1, 1) * 1000)
-    return statistics.median(per_prompt)
 
 
 def main(argv: list[str]) -> int:
@@ -124,7 +94,7 @@ def main(argv: list[str]) -> int:
         path = str(package.assemble(cache_dir() / "gguf" / package.MODEL_NAME))
         for n in {threads, 1}:
             llms[n] = llama_cpp.Llama(model_path=path, n_threads=n, n_ctx=512, verbose=False)
-            llama_ms(llms[n], 1)  # warm-up
+            llama_cpp_ms(llms[n], 1)  # warm-up
     else:
         print("quantspec: llama.cpp left out (pip install -e '.[llamacpp]' to time it beside quantspec)")
     store_dir = Path(tempfile.mkdtemp(prefix="bench-contention-"))
@@ -142,7 +112,7 @@ def main(argv: list[str]) -> int:
                     fewer.setdefault((f"quantspec {p}", condition), []).append(share)
                     said.append(f"quantspec {p} {ms:.1f} ms/token ({share:.0%} of steps on fewer threads)")
                 if llms and "fixed threads" not in condition:  # llama.cpp has no adaptation to turn off
-                    ms = llama_ms(llms[llama_threads or threads], args.limit)
+                    ms = llama_cpp_ms(llms[llama_threads or threads], args.limit)
                     times.setdefault(("llama.cpp Q4_K_M", condition), []).append(ms)
                     said.append(f"llama.cpp {ms:.1f} ms/token")
             print(f"round {r + 1}, {condition}: {', '.join(said)}", flush=True)

@@ -44,41 +44,46 @@ from src.tracking.sweeps import sweep_jobs  # noqa: E402
 TOKENS = 30  # the decode task's max_new_tokens
 
 
-def ours(precision: str, store: str, n: str, isa: str, env: dict) -> tuple[float, float]:
-    """(ms per token, decode efficiency) of one decode job: `precision` and any overrides after it."""
-    precision, *extra = precision.split()
-    sweep_dir = Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
+def decode_job(store: str, sweep_dir: Path, overrides: list[str], env: dict | None = None) -> list:
+    """The runs of one `python -m src.run -m task=decode <overrides>` sweep (a whole job as a user runs it),
+    read back from its store."""
     subprocess.run(
         [
             sys.executable,
             "-m",
             "src.run",
             "-m",
-            f"precision={precision}",
-            *extra,
             "task=decode",
-            f"engine.isa={isa}",
+            *overrides,
             f"tracking.uri={store}",
-            f"hydra.sweep.dir={sweep_dir}/{n}",
+            f"hydra.sweep.dir={sweep_dir}",
             "report_at_end=false",
         ],
         cwd=ROOT,
         check=True,
         capture_output=True,
-        env={**os.environ, **env},
+        env={**os.environ, **(env or {})},
     )
+    return sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))[1]
+
+
+def ours(precision: str, store: str, n: str, isa: str, env: dict) -> tuple[float, float]:
+    """(ms per token, decode efficiency) of one decode job: `precision` and any overrides after it."""
+    precision, *extra = precision.split()
+    sweep_dir = Path(tempfile.mkdtemp(prefix="bench-llamacpp-")) / n
+    runs = decode_job(store, sweep_dir, [f"precision={precision}", *extra, f"engine.isa={isa}"], env)
     # a round timed while other processes were busy is measured again (busy_reruns): the last quiet one counts
-    _, runs = sweep_jobs(store, sweep_id=str((sweep_dir / str(n)).resolve()))
     job = quiet(runs)[-1]
     if busy(job):
         print(f"quantspec: {precision} was timed on a busy host in every round (host_busy)", file=sys.stderr)
     return job.metrics["time_per_token_ms_median"], job.metrics.get("decode_efficiency_median", float("nan"))
 
 
-def llama_cpp_ms(llm) -> float:
-    """The median over the seed prompts of the time per token after the first, greedy."""
+def llama_cpp_ms(llm, limit: int | None = None) -> float:
+    """The median over the seed prompts (the first `limit` of them) of the time per token after the first,
+    greedy."""
     per_prompt = []
-    for prompt in SEED_PROMPTS:
+    for prompt in SEED_PROMPTS[:limit]:
         llm.reset()
         times = [time.perf_counter() for _ in llm(prompt, max_tokens=TOKENS, temperature=0.0, stream=True)]
         per_prompt.append((times[-1] - times[0]) / max(len(times) - 1, 1) * 1000)

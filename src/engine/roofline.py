@@ -116,8 +116,9 @@ def efficiency(model: nn.Module, rows: list[Row], bandwidths: list[float]) -> tu
     ideal = [roofline_ms(model, r.prompt_tokens + r.new_tokens // 2, b) for r, b in zip(rows, bandwidths)]
     raw = [i / r.time_per_token_ms if r.time_per_token_ms > 0 else math.nan for i, r in zip(ideal, rows)]
     short = [e for e in raw if e > 1.0]
+    rated = [min(e, 1.0) for e in raw]  # min keeps a NaN (it compares false), as a step with no time has
     summary = {
-        "decode_efficiency_median": median([min(e, 1.0) for e in raw]),
+        "decode_efficiency_median": median(rated),
         "roofline_ms_median": median(ideal),
         "bandwidth_gbs": median(bandwidths),
         "step_weight_mb": weight_bytes(model) / 2**20,
@@ -125,4 +126,4 @@ def efficiency(model: nn.Module, rows: list[Row], bandwidths: list[float]) -> tu
     }
     if short:
         summary["bandwidth_probe_short_max"] = max(short)  # the step's rate over the probe's, at worst
-    return [min(e, 1.0) for e in raw], summary
+    return rated, summary

@@ -115,8 +115,9 @@ struct alignas(64) Barrier {
 // running time per candidate count (all, all but one, half, one) and runs on the fastest. On all threads it
 // watches the share of the step its threads spent waiting at barriers (under 1% on a quiet host): when that
 // passes 8%, or a step is much slower than usual, it tries another count for one step (such tries, while
-// they lose, ever more rarely: 8 steps apart doubling to 256). So a quiet host pays for one try in 1024 steps. On fewer threads it tries all threads every 8 steps
-// doubling to 32, so that a neighbour's leaving is noticed within ~32 steps.
+// they lose, ever more rarely: 8 steps apart doubling to 256). So a quiet host pays for one try in 1024
+// steps. On fewer threads it tries all threads every 8 steps doubling to 32, so that a neighbour's leaving
+// is noticed within ~32 steps.
 class Threads : public torch::CustomClassHolder {
  public:
   static constexpr int64_t FIRST_TRY = 8;     // on fewer threads: the first try of another count this soon
@@ -181,9 +182,6 @@ class Threads : public torch::CustomClassHolder {
     k.next_try = k.step + (k.current == 0 ? GAP_ALL : k.gap);
   }
 
-  // Steps run so far on each thread count, over every kind of call: what a job records.
-  const std::map<int64_t, int64_t>& steps_by_count() const { return runs; }
-
   void count(int threads) { ++runs[threads]; }
 
   // choose() and took() as one call, for tests and scripts that drive the choice with times of their own.
@@ -192,9 +190,11 @@ class Threads : public torch::CustomClassHolder {
     took(key, seconds, waiting);
     count(static_cast<int>(threads));
   }
+  // [count, calls, count, calls, ...]: the calls run so far on each thread count, over every kind of call
+  // (what a job records).
   std::vector<int64_t> counts() const {
     std::vector<int64_t> out;
-    for (const auto& [count, calls] : steps_by_count()) out.insert(out.end(), {count, calls});
+    for (const auto& [count, calls] : runs) out.insert(out.end(), {count, calls});
     return out;
   }
 

@@ -90,13 +90,17 @@ def for_arch(arch: str | None = None) -> list[Variant]:
     return [v for v in VARIANTS if v.arch in (arch, "")]
 
 
+def _cpuinfo() -> str:
+    """/proc/cpuinfo's text, empty where there is none."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_features(cpuinfo: str | None = None) -> set[str]:
     """The CPU's feature flags as Linux reports them (the kernel clears those the OS does not enable)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
+    cpuinfo = _cpuinfo() if cpuinfo is None else cpuinfo
     for line in cpuinfo.splitlines():
         if line.startswith(("flags", "Features")):
             return set(line.split(":", 1)[1].split())
@@ -138,11 +142,7 @@ def prefetch_flags(cpuinfo: str | None = None) -> list[str]:
     forced = os.environ.get("QUANTSPEC_PREFETCH", "").lower()
     if forced in ("l1", "l2"):
         return ["-DQS_PREFETCH_LOCALITY=1"] if forced == "l2" else []
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
+    cpuinfo = _cpuinfo() if cpuinfo is None else cpuinfo
     intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in cpuinfo.splitlines())
     return ["-DQS_PREFETCH_LOCALITY=1"] if intel else []
 
