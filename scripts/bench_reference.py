@@ -32,7 +32,7 @@ from src.assembly.config import job_config_from_dict  # noqa: E402
 from src.assembly.job import build  # noqa: E402
 from src.common import benchpage  # noqa: E402
 from src.common.environment import cpu_model  # noqa: E402
-from src.common.metrics import markdown_table  # noqa: E402
+from src.common.metrics import markdown_table, md_text  # noqa: E402
 from src.tasks.perplexity import windows  # noqa: E402
 from src.tracking.report import save_markdown  # noqa: E402
 
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     title = (
         f"{job.cfg.model.name} {job.cfg.precision.name}, {len(chunks)} windows of {task.window} tokens, reference "
         f"{ref.precision} top-{task.reference_top_k}, {args.rounds} rounds in turns, {torch.get_num_threads()} "
-        f"threads, {cpu_model()}"
+        f"threads, {md_text(cpu_model())}"
     )
     text = f"{title}\n\n" + markdown_table(["step", "median s", "min–max s", "÷ job scoring alone"], rows)
     print("\n" + text)

@@ -35,9 +35,11 @@ from transformers.utils import logging as hf_logging
 
 from src.assembly.overrides import CONF_DIR, unknown_choice, unknown_key, unparsable
 from src.assembly.sweep import settings, unset_line
+from src.common import envvars
 from src.common.locks import hold
 from src.common.progress import watched
 from src.tracking import SWEEP_ID, SweepInfo, bound_http_retries, quiet_store_logs, record, report, signals
+from src.tracking.locks import replay_lock
 from src.tracking.record import SweepAbort, SweepUnwritable, fail_line
 from src.tracking.signals import Stopped
 
@@ -132,7 +134,8 @@ class SweepCallback(Callback):
             store = ledger.store_for(sweep)
             parent = store.find_sweep(str(sweep.sweep_dir))
             if parent is not None:
-                counts = store.close_sweep(parent.info.run_id)
+                with replay_lock(store.uri):  # not while a sync here sends this sweep's journaled jobs
+                    counts = store.close_sweep(parent.info.run_id)
                 ledger.counts.update(counts)
                 if sweep.report_at_end:
                     report.at_sweep_end(store.uri, sweep.experiment, parent.data.tags[SWEEP_ID])
@@ -151,6 +154,10 @@ class SweepCallback(Callback):
 
 def cli() -> None:
     problem = unparsable(sys.argv[1:]) or unknown_choice(sys.argv[1:]) or unknown_key(sys.argv[1:])
+    try:
+        envvars.check()  # before any job: a variable read mid-run (the heartbeat's) would fail it there
+    except envvars.EnvError as err:
+        problem = problem or str(err)
     if problem:
         fail_line(problem)
         sys.exit(2)

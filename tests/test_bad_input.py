@@ -36,6 +36,8 @@ def one_line(text: str) -> str:
         ),
         ("sampling.do_sample=true sampling.temperature=nan", "sampling.temperature=nan must be a finite number"),
         ("sampling.do_sample=true sampling.temperature=1e-320", "sampling.temperature=1e-320 must be a finite number"),
+        ("tracking.busy_cores=nan", "tracking.busy_cores=nan must be a finite number"),  # would flag no round busy
+        ("task.min_time_s=inf", "task.min_time_s=inf must be a finite number"),
         ("sampling.seed=100000000000000000000000", "sampling.seed=100000000000000000000000 must be in [0, 2**63)"),
         ("sampling.seed=1e23", "sampling.seed=1e+23 must be an integer"),
         ("experiment=", "experiment='' must be 1 to 200 printable characters"),
@@ -244,8 +246,82 @@ def test_inputs_past_their_limits_are_said_in_one_line(tmp_path, store):
     )
     line = one_line(out.stderr)
     assert "config.json cannot be read as JSON" in line and "hub" not in line
+    (model / "config.json").write_text("null")  # JSON, but no config: one line, not a TypeError
+    out = run_cli(
+        [
+            *QUICK,
+            "model=llama-2-7b",
+            f"model.local_path={model}",
+            "model.weights=real",
+            f"tracking.uri={store}",
+            f"hydra.run.dir={tmp_path / 'model-run2'}",
+        ],
+        env=env,
+    )
+    assert "config.json holds NoneType, not a model's config" in one_line(out.stderr)
     # more threads than cores: runs, and says so in one line
     out = run_cli(
         [*QUICK, "hardware.threads=1000", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 't'}"], env=env
     )
     assert out.returncode == 0 and "hardware.threads=1000 is more than the" in out.stdout + out.stderr
+
+
+ENV_PROBLEMS = [
+    ({"QUANTSPEC_HEARTBEAT_S": "abc"}, "QUANTSPEC_HEARTBEAT_S='abc' must be a number of seconds from 1 to 3600"),
+    ({"QUANTSPEC_HEARTBEAT_S": "inf"}, "QUANTSPEC_HEARTBEAT_S='inf' must be a number of seconds"),
+    ({"QUANTSPEC_HEARTBEAT_S": "0"}, "QUANTSPEC_HEARTBEAT_S='0' must be a number of seconds"),  # a busy loop
+    ({"QUANTSPEC_CACHE": ""}, "QUANTSPEC_CACHE is set but empty"),  # not the working directory
+    ({"QUANTSPEC_PREFETCH": "l3"}, "QUANTSPEC_PREFETCH='l3' must be l1 or l2"),
+]
+
+
+@pytest.mark.parametrize(
+    "module, env, words",
+    [("src.tracking.sync", *problem) for problem in ENV_PROBLEMS] + [("src.tracking.report", *ENV_PROBLEMS[3])],
+)
+def test_environment_variables_are_checked_at_the_start_in_one_line(tmp_path, module, env, words):
+    out = run_cli([], module=module, env=env, cwd=tmp_path)
+    assert out.returncode == 2 and words in one_line(out.stderr), out.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # nothing written where it ran
+
+
+def test_a_job_refuses_a_bad_environment_variable_before_it_starts(tmp_path):
+    store = tmp_path / "m.db"
+    for env, words in ENV_PROBLEMS[::2]:
+        out = run_cli([*QUICK, f"tracking.uri=sqlite:///{store}", f"hydra.run.dir={tmp_path / 'run'}"], env=env)
+        assert out.returncode == 2 and words in one_line(out.stderr), out.stderr[-2000:]
+    assert not store.exists() and not (tmp_path / "run").exists()
+
+
+def test_the_commands_that_read_a_store_say_a_store_they_cannot_read_in_one_line(tmp_path):
+    """A store whose schema is behind MLflow's, and a file that is not SQLite: one line each, no traceback."""
+    import sqlite3
+
+    behind = tmp_path / "old.db"
+    MlflowClient(f"sqlite:///{behind}").search_experiments(max_results=1)
+    with sqlite3.connect(behind) as con:
+        con.execute("update alembic_version set version_num = '451aebb31d03'")  # an older MLflow's schema
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database " * 100)
+    for module, args, store, words in (
+        ("src.tracking.report", [], behind, "Detected out-of-date database schema"),
+        ("src.tracking.regress", ["baseline=x"], garbage, "is not a SQLite database"),
+    ):
+        out = run_cli([*args, f"tracking_uri=sqlite:///{store}"], module=module)
+        assert out.returncode == 2 and words in one_line(out.stderr), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["task.limit=0"], "task.limit=0 must be at least 1 (or null: every document)"),  # num_fewshot is not blamed
+        (["task.num_fewshot=-1"], "task.num_fewshot=-1 must be 0 or more"),
+    ],
+)
+def test_an_lm_eval_setting_is_blamed_alone(overrides, words):
+    from src.assembly.config import ConfigError, job_config_from_dict
+
+    raw, _ = compose_job(["task=lm_eval", *overrides])
+    with pytest.raises(ConfigError) as err:
+        job_config_from_dict(raw)  # validated as it is converted, once, at the entry
+    assert str(err.value) == words

@@ -52,8 +52,10 @@ def canonical(problem: dict) -> str:
 
 @needs_bwrap
 def test_sandbox_passes_canonical_solutions_and_contains_harmful_completions(tmp_path):
-    ok = sandbox.run_many([program(p, canonical(p)) for p in PROBLEMS], "bwrap", LIMITS, workers=2)
-    assert all(o.passed for o in ok), [str(o) for o in ok]
+    # all 164: each problem's tests run in the judge, apart from the completion, as its own evaluator runs them
+    problems = humaneval_problems()
+    ok = sandbox.run_many([program(p, canonical(p)) for p in problems], "bwrap", sandbox.Limits(10.0, 512), workers=2)
+    assert [(p["task_id"], str(o)) for p, o in zip(problems, ok) if not o.passed] == []
     p = PROBLEMS[0]
     t0 = time.monotonic()
     got = dict(zip(HARMFUL, sandbox.run_many([program(p, c) for c in HARMFUL.values()], "bwrap", LIMITS, workers=4)))

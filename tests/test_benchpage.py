@@ -47,3 +47,21 @@ def test_an_entry_records_this_host_and_the_command_without_doc():
     assert item.command.endswith("scripts/bench_x.py --rounds 2") and item.rounds == 2
     assert item.host.endswith("cores") and len(item.date) == 10
     assert benchpage.host_flags("flags\t\t: fpu avx2 avx512f fma\n") == ["avx2", "fma", "avx512f"]
+
+
+def test_values_from_the_host_cannot_break_the_page():
+    """A CPU name holding a quote, a newline, a `|` and HTML (QUANTSPEC_CPU_NAME, a VM's odd model string): shown as
+    text; no heading injected, no admonition title closed early, no raw HTML, no table split."""
+    from src.common.metrics import markdown_table
+
+    evil = 'AMD "Epyc"\n## injected <img src=x onerror=alert(1)> a|b'
+    old = benchpage.Entry(title=f"on {evil}", body="body", date="d", commit="c`1", host=evil, flags=[], command="x\ny")
+    page = benchpage.render([old, old])
+    lines = page.splitlines()
+    assert [line for line in lines if line.startswith("#")] == [lines[0], "## History"]
+    assert "<img" not in page and "&lt;img" in page
+    (note,) = [line for line in lines if line.startswith("??? note")]
+    assert note.count('"') == 2 and note.endswith('"')
+    assert "*Command*: `x y`" in page and "commit `` c`1 ``" in page
+    table = markdown_table(["cpu", "ms"], [[evil, 1.0]]).splitlines()
+    assert len(table) == 3 and all(line.count(" | ") == 1 for line in (table[0], table[2]))  # two cells a row

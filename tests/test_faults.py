@@ -292,6 +292,14 @@ def test_kernel_builds_killed_raced_and_damaged_all_end_in_a_working_library(tmp
 
     for library in (binding, variant):
         assert json.loads((library.parent / "library.json").read_text())["sha256"] == sha256_file(library)
+    # records that read as JSON but are not a record: rebuilt like damaged ones, never a lesser variant
+    (binding.parent / "library.json").write_text("[1]")
+    (variant.parent / "library.json").write_text("null")
+    out, err = load().communicate(timeout=600)
+    assert out.strip() == "LOADED" and err.count("does not match its recorded sha256") == 2, err
+    assert list(where.glob("*/qs_*.so")) == [variant] and "not built here" not in err
+    for library in (binding, variant):
+        assert json.loads((library.parent / "library.json").read_text())["sha256"] == sha256_file(library)
 
 
 # --- a full disk -----------------------------------------------------------------------------------
@@ -407,6 +415,8 @@ def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp
 
 
 def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
+    """Deleted while the second of three jobs runs: the first job's journal was settled (the store had it)
+    and unlisted, yet a plain sync, which starts from the listed journals, brings back all three."""
     db = tmp_path / "m.db"
     uri = f"sqlite:///{db}"
     sweep = tmp_path / "sweep"
@@ -415,25 +425,28 @@ def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
             "-m",
             *SLOW,
             "task.limit=2",
-            "precision=fp32,bf16",
+            "precision=fp32,bf16,w8a8",
             f"tracking.uri={uri}",
             f"hydra.sweep.dir={sweep}",
             "report_at_end=false",
         ],
         tmp_path,
     )
-    wait_for(tmp_path / "run.out", "example 1/", proc)
+    deadline = time.time() + 300
+    while (tmp_path / "run.out").read_text().count("example 1/") < 2:  # the second job is under way
+        assert proc.poll() is None and time.time() < deadline, (tmp_path / "run.out").read_text()[-2000:]
+        time.sleep(0.1)
     db.unlink()
     assert proc.wait(timeout=300) in (0, 1)
     assert "Traceback" not in (tmp_path / "run.err").read_text()
-    synced = run_cli([str(sweep)], module="src.tracking.sync", env=env)
+    synced = run_cli([], module="src.tracking.sync", env=env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
-    assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
+    assert _metric_counts(uri) == [("finished", 2)] * 3, synced.stdout
     (parent,), _ = by_role(uri)
-    assert parent.data.tags["jobs_finished"] == "2"
+    assert parent.data.tags["jobs_finished"] == "3"
     again = run_cli([str(sweep)], module="src.tracking.sync", env=env)
-    assert again.returncode == 0 and again.stdout.count("already in the store") == 2
-    assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
+    assert again.returncode == 0 and again.stdout.count("already in the store") == 3
+    assert _metric_counts(uri) == [("finished", 2)] * 3
 
 
 def test_a_job_whose_config_changed_is_rerun_on_resume(tmp_path, env):
@@ -568,6 +581,25 @@ def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
     assert len(parents) == 1 and len(jobs) == 3, (len(parents), len(jobs))
     assert all(j.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for j in jobs)
     assert parents[0].data.tags["jobs_finished"] == "3"
+
+
+def test_sync_writes_only_to_a_store_the_user_chose_not_to_any_a_journal_names(tmp_path, env):
+    """A journal planted in a folder names a store elsewhere: sync of that folder refuses it in one line and
+    creates nothing there; named on the command line, the same store gets it."""
+    from src.tracking import JobRun, journal
+
+    planted = tmp_path / "elsewhere" / "planted.db"
+    uri = f"sqlite:///{planted}"
+    run = JobRun(None, journal.Journal(tmp_path / "folder" / "job", tmp_path / "registry", uri), uri, "quantspec")
+    run.start("planted", None, {"a": "1"}, {}, "key")
+    run.finish()
+    out = run_cli([str(tmp_path / "folder")], module="src.tracking.sync", env=env)
+    assert out.returncode == 1 and not (tmp_path / "elsewhere").exists(), out.stdout + out.stderr
+    (line,) = said(out.stderr)
+    assert f"written for the store '{uri}'" in line and "tracking_uri=<that store>" in line
+    out = run_cli([str(tmp_path / "folder"), f"tracking_uri={uri}"], module="src.tracking.sync", env=env)
+    assert out.returncode == 0 and "record(s) replayed into" in out.stdout, out.stdout + out.stderr
+    assert [r.info.run_name for r in runs(uri)] == ["planted"]
 
 
 @pytest.mark.parametrize("module, args", [("src.tracking.report", []), ("src.tracking.regress", ["baseline=x"])])

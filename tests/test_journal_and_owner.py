@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -55,8 +56,10 @@ def test_owners_are_judged_by_process_here_and_by_heartbeat_elsewhere():
     assert "has ended" in owner.gone(f"{host}|{boot}|{dead.pid}|1", None)
     elsewhere = f"not-{socket.gethostname()}|b|1|1"
     now = time.time()
-    assert owner.gone(elsewhere, str(int((now - owner.STALE_S / 2) * 1000)), now) is None
-    assert "no heartbeat" in owner.gone(elsewhere, str(int((now - owner.STALE_S - 5) * 1000)), now)
+    assert owner.gone(elsewhere, str(int((now - owner.STALE_HEARTBEATS * owner.heartbeat_s() / 2) * 1000)), now) is None
+    assert "no heartbeat" in owner.gone(
+        elsewhere, str(int((now - owner.STALE_HEARTBEATS * owner.heartbeat_s() - 5) * 1000)), now
+    )
     assert owner.gone(None, None) is None  # runs from before owners were recorded are left alone
 
 
@@ -83,6 +86,45 @@ def test_a_lock_whose_holder_died_is_taken_at_once(tmp_path):
     with file_lock(path, "x"):
         assert time.time() - began < 2
     assert json.dumps(path.read_text())  # the lock names its last holder
+
+
+def test_a_lock_whose_holder_is_stopped_is_given_up_in_one_line(tmp_path):
+    """A build lock held by a process stopped with SIGSTOP: the waiter gives up within seconds, naming the
+    holder and what to do, instead of waiting forever."""
+    import signal
+
+    import pytest
+
+    from src.common.locks import LockStuck
+
+    path = tmp_path / "build.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from src.common.locks import file_lock\nwith file_lock(Path(sys.argv[1]), 'x'):\n"
+            "    print('held', flush=True); time.sleep(600)",
+            str(path),
+        ],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.kill(holder.pid, signal.SIGSTOP)
+        began = time.time()
+        with pytest.raises(
+            LockStuck, match=rf"its holder, pid {holder.pid} on .*, was stopped .*kill -CONT {holder.pid}"
+        ):
+            with file_lock(path, "the kernels"):
+                pass
+        assert time.time() - began < 20
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_refused_record_is_journaled_as_refused_never_as_delivered(tmp_path):
@@ -160,3 +202,70 @@ def test_processes_asking_for_a_sweeps_parent_at_once_get_one(tmp_path, monkeypa
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0] * 4
     assert len({out.get(timeout=5) for _ in procs}) == 1
+
+
+def _journal_a_job_and_exit(tmp_path, uri: str) -> None:
+    """A sweep's job that recorded only to its journal (its store was down), in a process that then ends."""
+    from src.tracking import JobRun
+    from src.tracking.names import SweepInfo
+
+    run = JobRun(None, journal.Journal(tmp_path / "job", tmp_path / "registry", uri), uri, "quantspec")
+    run.start("job", SweepInfo("/sweeps/two", "sweep two", ""), {"a": "1"}, {}, "key")
+    run.log_metrics({"decode_ms_per_token": 1.0})
+    run.finish()
+
+
+def _replay_pausing_after_the_start(uri: str, path, started, go) -> None:
+    from src.tracking import replay
+    from src.tracking.store import Store
+
+    store, apply = Store(uri, "quantspec"), replay.apply
+
+    def slow_apply(record, run_id):
+        run_id = apply(store, record, run_id)
+        if record["op"] == "start":  # the job's run and its sweep's parent exist, RUNNING, owned by the dead job
+            started.set()
+            go.wait(60)
+        return run_id
+
+    replay.apply = lambda store_, record, run_id: slow_apply(record, run_id)
+    replay.replay(store, path)
+
+
+def test_a_reaping_waits_for_a_replay_under_way_and_the_sweep_closes_with_every_job(tmp_path, monkeypatch):
+    """Two syncs at once: the second reaps while the first is half-way through a journal. Its runs' owner
+    (the job) is gone, yet they are being ended: the reaper waits, so the sweep closes finished, counting it."""
+    import multiprocessing
+    import threading
+
+    from src.tracking import OUTCOME, reaping
+    from src.tracking.store import Store
+
+    monkeypatch.setenv("QUANTSPEC_CACHE", str(tmp_path / "cache"))
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    store = Store(uri, "quantspec")
+    ctx = multiprocessing.get_context("fork")
+    job = ctx.Process(target=_journal_a_job_and_exit, args=(tmp_path, uri))
+    job.start()
+    job.join(60)
+    assert job.exitcode == 0
+    path = next((tmp_path / "job").rglob(journal.FILE))
+    started, go = ctx.Event(), ctx.Event()
+    replayer = ctx.Process(target=_replay_pausing_after_the_start, args=(uri, path, started, go))
+    replayer.start()
+    try:
+        assert started.wait(60)
+        reaped: list[str] = []
+        reaper = threading.Thread(target=lambda: reaped.extend(reaping.reap(store)))
+        reaper.start()
+        reaper.join(1.5)
+        assert reaper.is_alive(), f"reaped during a replay: {reaped}"
+    finally:
+        go.set()
+        replayer.join(60)
+    reaper.join(60)
+    assert replayer.exitcode == 0
+    (parent,) = store.search("tags.`quantspec.role` = 'sweep'")
+    (run,) = store.search("tags.`quantspec.role` = 'job'")
+    assert run.data.tags[OUTCOME] == "finished" and run.info.status == "FINISHED"
+    assert parent.info.status == "FINISHED" and parent.data.tags["jobs_finished"] == "1", reaped

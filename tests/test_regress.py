@@ -78,8 +78,12 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     # test above checks); how much slower moves with the host's own load, so a 10% gate here failed once
     out = run_cli([*args, "fail_on=0"], module="src.tracking.regress")
     assert out.returncode == 1 and "slower than the baseline by more than 0%" in out.stderr, out.stderr[-2000:]
-    out = run_cli([*args, "fail_on=10"], module="src.tracking.regress")  # not 1000% slower: passes
-    assert out.returncode == 0, out.stderr[-2000:]
+    # not 1000% slower, but bf16 is missing from the new sweep: the gate could not judge it, and fails closed
+    out = run_cli([*args, "fail_on=10"], module="src.tracking.regress")
+    assert out.returncode == 3 and "could not judge 1 thing(s)" in out.stderr, out.stderr[-2000:]
+    assert "bf16" in out.stderr and "not in the new sweep" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = run_cli([*args, "fail_on=10", "unjudged=pass"], module="src.tracking.regress")
+    assert out.returncode == 0 and "## Not judged" in out.stdout, out.stderr[-2000:]
     # the other way round, the quiet sweep is faster: nothing to fail on
     out = run_cli(
         [
@@ -88,6 +92,7 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
             f"tracking_uri={store}",
             f"out={tmp / 'reports'}",
             "fail_on=0.1",
+            "unjudged=pass",
         ],
         module="src.tracking.regress",
     )
@@ -100,6 +105,9 @@ def test_bad_settings_and_unknown_sweeps_are_one_line(sweeps, tmp_path):
         (["baselin=x"], "is not a setting"),
         ([], "baseline=<sweep directory"),
         ([f"baseline={tmp / 'base'}", "fail_on=-1"], "must be 0 or more"),
+        ([f"baseline={tmp / 'base'}", "fail_on=nan"], "fail_on=nan must be a finite number"),  # a gate switched off
+        ([f"baseline={tmp / 'base'}", "confidence=inf"], "confidence=inf must be a finite number"),
+        ([f"baseline={tmp / 'base'}", "unjudged=maybe"], "unjudged=maybe must be fail or pass"),
         ([f"baseline={tmp_path / 'nope'}", f"tracking_uri={store}"], "no sweep"),
         ([f"baseline={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking_uri={store}"], "the same sweep"),
     ):
@@ -150,3 +158,52 @@ def test_the_ratio_interval_and_verdicts():
     assert regress.verdict(low, high) == "slower" and regress.verdict(0.8, 0.9) == "faster"
     assert regress.verdict(0.9, 1.1) == "no change"
     assert median_ratio_ci([1.0], [1.0, 2.0])[1] != median_ratio_ci([1.0], [1.0, 2.0])[1]  # NaN: one value
+
+
+class _NoHistory:
+    """A store with the runs' summaries only (no per-example series): the rounds' figures are all there is."""
+
+    def get_metric_history(self, run_id, key):
+        return []
+
+
+def _job(name: str, outcome: str, *ms: float) -> regress.Job:
+    """A job's rounds, one per figure given (a failed job: one round without one)."""
+    figures = [{"time_per_token_ms_median": m} for m in ms] or [{}]
+    tags = [{"outcome": outcome, "round": str(i + 1)} for i in range(len(figures))]
+    return regress.Job(
+        name, [regress.JobRecord(f"{name}{i}", name, t, f) for i, (t, f) in enumerate(zip(tags, figures))]
+    )
+
+
+def test_the_gate_lists_what_it_could_not_judge():
+    """One round a side (no interval, however far apart: 0.10 -> 44 ms), a job failed in the new sweep, a job
+    missing from it, and two sweeps with nothing in common: each is named, none passes as judged."""
+    base = regress.Sweep(
+        "a",
+        "1",
+        {
+            "k1": _job("one", "finished", 0.10),
+            "k2": _job("two", "finished", 1.0, 1.1),
+            "k3": _job("three", "finished", 2.0),
+        },
+        {},
+    )
+    new = regress.Sweep("b", "2", {"k1": _job("one", "finished", 44.07), "k2": _job("two", "failed")}, {})
+    c = regress.compare(_NoHistory(), base, new, 0.95)
+    (row,) = c.rows
+    assert row.verdict == "no interval" and row.ratio > 400
+    assert [u.split(":")[0] for u in c.unjudged] == ["one", "two", "three"], c.unjudged
+    assert "no interval" in c.unjudged[0] and "failed in the new sweep" in c.unjudged[1]
+    assert "## Not judged" in regress.markdown(c)
+    other = regress.Sweep("c", "3", {"k9": _job("nine", "finished", 1.0, 1.0, 1.0)}, {})
+    c = regress.compare(_NoHistory(), base, other, 0.95)
+    assert c.unjudged[0] == "no job finished in both sweeps with a time/token"
+    two = {"k2": base.jobs["k2"]}
+    judged = regress.compare(
+        _NoHistory(),
+        regress.Sweep("a", "1", two, {}),
+        regress.Sweep("b", "2", {"k2": _job("two", "finished", 1.0, 1.05)}, {}),
+        0.95,
+    )
+    assert judged.unjudged == [] and judged.rows[0].verdict != "no interval"

@@ -1,6 +1,7 @@
 """The export cache every runtime shares (src.engine.runtimes.cached and cached_export): built once in a
 scratch folder, kept while its manifest matches, and a failure is one line that leaves nothing behind."""
 
+import os
 import sys
 
 import pytest
@@ -98,6 +99,28 @@ def test_what_crosses_to_a_runtimes_process_is_json_and_tensor_bytes_never_pickl
         Maker("tests.crashing_runtime:Echo", lambda: 1)
     with pytest.raises(ValueError, match=r"'package.module:Name'"):
         Maker("tests.crashing_runtime.Echo")
+
+
+def test_a_runtimes_process_stopped_or_wedged_fails_its_call_in_one_line_within_a_bound(monkeypatch):
+    """SIGSTOP on the runtime's process mid-job: the call fails within seconds, naming what happened, and the
+    process is ended; one that lives but uses no CPU (a deadlock) fails after the idle bound."""
+    import signal
+    import time
+
+    from src.common import liveness
+    from src.engine.isolated import Isolated, Maker, RuntimeCrash
+
+    engine = Isolated(Maker("tests.crashing_runtime:Echo"), "echo")
+    os.kill(engine._proc.pid, signal.SIGSTOP)
+    began = time.monotonic()
+    with pytest.raises(RuntimeCrash, match=r"^echo's process was stopped \(SIGSTOP, or a debugger\) for over 5 s on "):
+        engine(None, [[1, 2]], 3, False, None, None)
+    assert time.monotonic() - began < liveness.STOPPED_S + 10 and engine._proc.poll() is not None
+    monkeypatch.setattr(liveness, "IDLE_S", 2.0)
+    engine = Isolated(Maker("tests.crashing_runtime:Sleeping"), "sleeper")
+    with pytest.raises(RuntimeCrash, match=r"^sleeper's process used no CPU for 2 s \(wedged\) on its first decode"):
+        engine(None, [[1, 2]], 3, False, None, None)
+    assert engine._proc.poll() is not None
 
 
 def test_a_calls_stop_rule_stays_in_the_job_and_is_asked_after_each_token():

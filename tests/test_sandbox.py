@@ -124,10 +124,10 @@ def test_bwrap_in_a_user_namespace_gives_up_its_mount_capability():
         str(1 << 20),
         "caps",
     ]
-    # the runner reads the run's nonce first, then the program
+    # the runner reads the program, then the run's nonce
     status = subprocess.run(
         cmd,
-        input=b"nonce\nimport os\nos.execv('/bin/cat', ['cat', '/proc/self/status'])\n",
+        input=sandbox.job_input("import os\nos.execv('/bin/cat', ['cat', '/proc/self/status'])\n", "0" * 32),
         capture_output=True,
         timeout=30,
     )
@@ -135,7 +135,9 @@ def test_bwrap_in_a_user_namespace_gives_up_its_mount_capability():
     assert len(caps) == 5 and all(value == "0000000000000000" for _, value in caps), status
     full = subprocess.run(
         cmd,
-        input=b"nonce\nopen('a', 'wb').write(b'x' * 900000)\nopen('b', 'wb').write(b'x' * 900000)\n",
+        input=sandbox.job_input(
+            "open('a', 'wb').write(b'x' * 900000)\nopen('b', 'wb').write(b'x' * 900000)\n", "0" * 32
+        ),
         capture_output=True,
         timeout=30,
     )
@@ -147,6 +149,46 @@ HUMANEVAL_0 = {
     "test": "def check(candidate):\n    assert candidate([1.0, 2.8, 3.0], 0.3) is True\n    assert candidate([1.0, 2.0], 0.5) is False\n",
     "entry_point": "has_close_elements",
 }
+FORGE = """import gc, os, re, sys
+found = set()
+frame = sys._getframe()
+while frame is not None:
+    found.update(repr(v) for v in frame.f_locals.values())
+    found.update(repr(v) for v in frame.f_globals.values())
+    frame = frame.f_back
+for o in gc.get_objects():
+    try:
+        found.add(repr(o)[:100000])
+    except Exception:
+        pass
+hexes = set()
+for text in found:
+    hexes.update(re.findall(r'[0-9a-f]{32}', text))
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+for pid in pids:
+    try:
+        with open('/proc/%s/maps' % pid) as maps, open('/proc/%s/mem' % pid, 'rb', buffering=0) as mem:
+            for line in maps:
+                lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
+                if 'r' not in line.split()[1] or hi - lo > 1 << 26:
+                    continue
+                try:
+                    mem.seek(lo)
+                    hexes.update(m.decode() for m in re.findall(rb'[0-9a-f]{32}', mem.read(hi - lo)))
+                except (OSError, ValueError, OverflowError):
+                    pass
+    except OSError:
+        pass
+marks = ''.join('\\nquantspec-sandbox-passed:%s\\n' % h for h in hexes).encode()
+outs = [1, 2] + ['/proc/%s/fd/%d' % (pid, fd) for pid in pids for fd in range(8)]
+for out in outs:
+    try:
+        fd = out if isinstance(out, int) else os.open(out, os.O_WRONLY)
+        os.write(fd, marks)
+    except OSError:
+        pass
+os._exit(0)
+"""
 FORGERIES = {  # completions that try to be scored passed without passing their tests
     "os._exit(0) before the tests": "    return False\nimport os\nos._exit(0)\n",
     "sys.exit(0) before the tests": "    return False\nimport sys\nsys.exit(0)\n",
@@ -156,6 +198,12 @@ FORGERIES = {  # completions that try to be scored passed without passing their 
     "imports the runner as __main__": "    return False\nimport __main__, os\n"
     "[v() for k, v in vars(__main__).items() if callable(v) and k not in ('open',)]\n"
     "os._exit(0)\n",
+    # every 32-hex-digit string it can find: in its frames (the runner's own included), among the objects the
+    # collector tracks, in the memory of every process it can see (its own, the judge's, the supervisor's);
+    # each written as the pass to every output it can open (its own, every visible process's through /proc)
+    "walks frames, objects and its memory for the nonce": "    return False\n" + FORGE,
+    "returns an object equal to everything": "    class Yes:\n        def __eq__(self, other):\n"
+    "            return True\n    return Yes()\n",
 }
 
 

@@ -58,6 +58,17 @@ def test_a_search_runs_its_trials_as_jobs_in_rounds_and_reports_the_front(tmp_pa
         (["precision=fp32"], "has nothing to search"),
         (["precision=fp32,bf16", "hydra.sweeper.objectives=[speed:fastest]"], "is not metric:minimize"),
         (["precision=fp32,bf16", "hydra.sweeper.sampler=grid"], "hydra.sweeper.sampler=grid is not one of"),
+        (["precision=w8a8", "precision.alpha=interval(0.9,0.3)"], "an interval runs from a lower to a higher"),
+        # a metric no job logs: the first batch's finished jobs say so, and the search ends there
+        (
+            [
+                "precision=fp32,bf16",
+                "task.limit=1",
+                "task.max_new_tokens=2",
+                "hydra.sweeper.objectives=[speed:minimize]",
+            ],
+            "names speed, which the trial's finished jobs do not log (they log ",
+        ),
     ],
 )
 def test_a_search_that_cannot_run_says_why_in_one_line(tmp_path, args, said):
@@ -72,7 +83,7 @@ def test_a_search_that_cannot_run_says_why_in_one_line(tmp_path, args, said):
         ]
     )
     assert out.returncode == 2 and said in out.stderr, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
+    assert "Traceback" not in out.stderr and len([x for x in out.stderr.splitlines() if "quantspec:" in x]) == 1
 
 
 def test_the_space_reads_the_command_line():

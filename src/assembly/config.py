@@ -15,6 +15,7 @@ YAML's other kinds' fields (conf/<axis>/_fields.yaml) are left out.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -233,8 +234,10 @@ def _type_problem(value: Any, hint: Any) -> str | None:
         if not isinstance(value, (list, tuple)):
             return f"a list of {_TYPE_NAMES.get(args[0], args[0])}s"
         return next((f"a list of {_TYPE_NAMES[args[0]]}s" for v in value if _type_problem(v, args[0])), None)
-    if hint is float:
-        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else _TYPE_NAMES[float]
+    if hint is float:  # nan and inf are refused: every comparison with nan is false, so it would switch a check off
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return _TYPE_NAMES[float]
+        return None if math.isfinite(value) else "a finite number"
     if hint in (int, str, bool):
         return None if type(value) is hint else _TYPE_NAMES[hint]
     return None

@@ -14,12 +14,14 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from src.common.environment import PROJECT_ROOT, cpu_model, git_commit
+from src.common.metrics import md_text
 
 RESULTS = PROJECT_ROOT / "docs" / "benchmarks" / "results"
 # The flags that decide which kernel variant runs and how fast: what a reader must know of the host.
@@ -128,19 +130,27 @@ def load(page: str, results: Path = RESULTS) -> list[Entry]:
     return entries
 
 
+def _code(text: str) -> str:
+    """Text as an inline code span: on one line, fenced by more backticks than it holds in a row."""
+    one_line = " ".join(str(text).splitlines())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", one_line)), default=0) + 1)
+    return f"{fence} {one_line} {fence}" if len(fence) > 1 else f"`{one_line}`"
+
+
 def _header(item: Entry) -> str:
     rounds = f"{item.rounds} rounds in turns" if item.rounds else "one run"
-    return f"{item.date} · {item.host} · {rounds} · commit `{item.commit}`"
+    return f"{md_text(item.date)} · {md_text(item.host)} · {rounds} · commit {_code(item.commit)}"
 
 
 def _about(item: Entry) -> str:
     flags = " ".join(item.flags) or "not recorded"
     lines = [
-        f"*Host*: {item.host}; CPU flags `{flags}`.  ",
-        f"*Measured*: {item.date}, commit `{item.commit}`, "
+        f"*Host*: {md_text(item.host)}; CPU flags {_code(flags)}.  ",
+        f"*Measured*: {md_text(item.date)}, commit {_code(item.commit)}, "
         f"{f'{item.rounds} rounds in turns' if item.rounds else 'one run'}"
-        f"{f'; {item.load}' if item.load else ''}.  ",
-        f"*Command*: `{item.command}`" + (f"  \n*From*: {item.origin}" if item.origin != "script" else ""),
+        f"{f'; {md_text(item.load)}' if item.load else ''}.  ",
+        f"*Command*: {_code(item.command)}"
+        + (f"  \n*From*: {md_text(item.origin)}" if item.origin != "script" else ""),
     ]
     return "\n".join(lines)
 
@@ -150,11 +160,12 @@ def render(entries: list[Entry]) -> str:
     if not entries:
         return "*No result recorded yet: run the script above with `--doc`.*\n"
     latest, *earlier = reversed(entries)
-    out = [f"## Latest: {latest.title}", "", _about(latest), "", latest.body.strip(), ""]
+    out = [f"## Latest: {md_text(latest.title)}", "", _about(latest), "", latest.body.strip(), ""]
     if earlier:
         out += ["## History", ""]
         for item in earlier:
-            out.append(f'??? note "{item.title} ({_header(item)})"')
+            title = f"{md_text(item.title)} ({_header(item)})".replace('"', "&quot;")  # a quote would end it
+            out.append(f'??? note "{title}"')
             block = _about(item) + "\n\n" + item.body.strip()
             out += [("    " + line) if line else "" for line in block.splitlines()]
             out.append("")

@@ -1,4 +1,4 @@
-"""Cross-process build locks, atomic files and file hashes.
+"""Cross-process build locks, atomic files, the JSON records beside cached files, and file hashes.
 
 Two jobs that need the same converted model, quantized weights or kernel library must give one build
 and both finish. `flock` is the mechanism because the kernel drops the lock when its holder dies:
@@ -10,11 +10,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from src.common import liveness
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +41,42 @@ def _claim(fd: int) -> None:
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
 
 
+class LockStuck(RuntimeError):
+    """The process holding a lock lives but does not work (src.common.liveness); the message says which and
+    what to do, in one line."""
+
+
+def _holder_pid(holder: str) -> int | None:
+    """The pid of a holder written as `pid N on HOST`, where HOST is this host."""
+    words = holder.split()
+    if len(words) == 4 and words[0] == "pid" and words[1].isdigit() and words[3] == socket.gethostname():
+        return int(words[1])
+    return None
+
+
 @contextlib.contextmanager
 def file_lock(path: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (created if missing) for the block; `what` names the work in the
-    one line printed while another live process holds it."""
+    """Hold an exclusive lock on `path` (created if missing) for the block; `what` names what is waited for in the
+    one line printed while another live process holds it. A holder on this host that is stopped or wedged
+    ends the wait with LockStuck (a holder that dies releases the lock: the kernel drops it)."""
     fd, holder = _try_lock(path)
     try:
         if holder is not None:
-            log.warning("waiting for %s (%s is building it)", what, holder)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            log.warning("waiting for %s (%s holds it)", what, holder)
+            pid = _holder_pid(holder)
+            watch = liveness.Watch(pid) if pid is not None else None
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    pass
+                if watch is not None and (problem := watch.problem()) is not None:
+                    raise LockStuck(
+                        f"waiting for {what}: its holder, {holder}, {problem}; end it (kill {pid}) or let it go "
+                        f"on (kill -CONT {pid}), then run again"
+                    )
+                time.sleep(0.2)
             _claim(fd)
         yield
     finally:
@@ -67,6 +98,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def read_record(path: Path) -> dict | None:
+    """A cache's JSON record as the object it must be; None when it is missing, does not read, or holds
+    anything else (`null`, a list, a string): the caller rebuilds what it describes, as for a missing one."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def sha256_file(path: Path) -> str:

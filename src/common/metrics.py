@@ -8,6 +8,7 @@ divided by (new tokens - 1). Tokens/Sec: 1000 / Time/Token. Total Time (s): the 
 from __future__ import annotations
 
 import csv
+import html
 import io
 import math
 import statistics
@@ -80,13 +81,22 @@ def summarize(rows: list[Row]) -> dict[str, float]:
     }
 
 
+def md_text(value) -> str:
+    """A value (a CPU's name, a host's, a setting) as text in markdown: on one line, `|` escaped so it cannot
+    split a table, and HTML's special characters as entities so it is shown, never interpreted."""
+    one_line = " ".join(str(value).splitlines()).replace("\t", " ")
+    return html.escape(one_line, quote=False).replace("|", "\\|")
+
+
 def _cell(value) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.6g}"
-    return str(value)
+    return md_text(value)
 
 
 def markdown_table(headers: tuple[str, ...] | list[str], rows: list[list]) -> str:
+    """A table whose every cell is text (md_text): a value holding `|`, a newline or HTML cannot break it."""
+    headers = [md_text(h) for h in headers]
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     line = lambda vals: "| " + " | ".join(v.rjust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731

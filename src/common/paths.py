@@ -3,16 +3,17 @@ which stay inside their folders."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
+
+from src.common import envvars
 
 
 def cache_root() -> Path:
     """The cache's folder as the environment names it (`$QUANTSPEC_CACHE`, else ~/.cache/quantspec): what a
     command outside a job reads (sync's journal list, the store's locks, the kernel benchmark); a job reads
     its config's cache_dir, which defaults to the same."""
-    return Path(os.environ.get("QUANTSPEC_CACHE", "~/.cache/quantspec")).expanduser()
+    return envvars.cache()
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")

@@ -13,7 +13,9 @@ tokenizer's, a task's) stays in this process: the child asks it after each new t
 answer, as the rule's own call would take its time in process.
 
 A child that dies is said in one line, by what killed it and when (`llama.cpp crashed (SIGSEGV) on its
-first decode`), as the RuntimeError its job fails with; a Python error in the child is its first line.
+first decode`), as the RuntimeError its job fails with; a Python error in the child is its first line. One
+that lives but does not work (stopped, or using no CPU for minutes: src.common.liveness) is ended and said
+the same way.
 The child dies with its parent (PR_SET_PDEATHSIG) and is ended when the engine is closed or collected.
 """
 
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from src.common import liveness
 from src.engine import wire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,10 +114,17 @@ class Isolated:
         """Send op and wait for its answer, answering the child's questions to the call's `stop` rule meanwhile."""
         self._post(when, (op, args))
         new: list[int] = []  # the call's new tokens as the child has told them
+        watch = liveness.Watch(self._proc.pid)
         while True:
             while not self._recv.poll(POLL_S):
                 if self._proc.poll() is not None:
                     self._died(when)
+                if (problem := watch.problem()) is not None:  # alive but not working: a bound, not forever
+                    self._proc.kill()  # SIGKILL ends a stopped process too
+                    self.close()
+                    raise RuntimeCrash(
+                        f"{self.name}'s process {problem} on {when}; ended it: the job is failed, the sweep goes on"
+                    )
             try:
                 kind, value = wire.receive(self._recv)
             except (EOFError, OSError):

@@ -20,7 +20,7 @@ import os
 import shutil
 from pathlib import Path
 
-from src.common.locks import atomic_write_text, file_lock, sha256_file
+from src.common.locks import atomic_write_text, file_lock, read_record, sha256_file
 from src.kernels import variants
 
 log = logging.getLogger(__name__)
@@ -167,10 +167,7 @@ def _recorded(library: Path, warn: bool = True) -> bool:
     record = library.with_name(RECORD)
     if not (library.is_file() and record.is_file()):
         return False
-    try:
-        recorded = json.loads(record.read_text()).get("sha256")
-    except json.JSONDecodeError:
-        recorded = None
+    recorded = (read_record(record) or {}).get("sha256")
     if recorded != sha256_file(library):
         if warn:  # said once, by the check under the build lock
             log.warning("kernel library %s does not match its recorded sha256; rebuilding it", library)

@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from src.common import envvars
+
 CORE = Path(__file__).with_name("core")
 # Every variant is compiled with these: -ffp-contract=off keeps the scalar parts (norms, the quantizers)
 # the same arithmetic on every variant; hidden visibility exports qs_kernels_get alone.
@@ -139,8 +141,8 @@ def _compile(cmd: list[str], what: str) -> None:
 def prefetch_flags(cpuinfo: str | None = None) -> list[str]:
     """The cache the weights' prefetches fill (core/blocking.h's QS_PREFETCH_LOCALITY, measured there):
     L2 on Intel CPUs, L1 (the default) elsewhere; QUANTSPEC_PREFETCH=l1 or l2 forces one, to measure."""
-    forced = os.environ.get("QUANTSPEC_PREFETCH", "").lower()
-    if forced in ("l1", "l2"):
+    forced = envvars.prefetch()
+    if forced is not None:
         return ["-DQS_PREFETCH_LOCALITY=1"] if forced == "l2" else []
     cpuinfo = _cpuinfo() if cpuinfo is None else cpuinfo
     intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in cpuinfo.splitlines())

@@ -171,12 +171,17 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
         )
     if cfg.local_path:
         try:
-            json.loads((Path(cfg.local_path).expanduser() / "config.json").read_text())
+            config = json.loads((Path(cfg.local_path).expanduser() / "config.json").read_text())
         except (ValueError, OSError) as err:
             raise ModelUnavailable(
                 f"model {cfg.name}: {cfg.local_path}/config.json cannot be read as JSON "
                 f"({str(err).splitlines()[0][:120]}); restore it from the model's source"
             ) from None
+        if not isinstance(config, dict):
+            raise ModelUnavailable(
+                f"model {cfg.name}: {cfg.local_path}/config.json holds {type(config).__name__}, not a model's "
+                f"config (a JSON object); restore it from the model's source"
+            )
     try:
         model, tokenizer = _load_dir(Path(where).expanduser() if cfg.local_path else where)
     except OSError as err:

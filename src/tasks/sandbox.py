@@ -20,12 +20,16 @@ memory than its limit (RLIMIT_AS limits each process alone).
 Either way the program runs under `python -I` (no environment variables, no user site, no working
 directory on the path) with RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (each file) and RLIMIT_NPROC
 (processes) set before any of its code runs, and a wall-clock limit. It passes only where the runner wrote its
-marker, with the run's nonce, after the program returned: an exit status of 0 alone is no pass. Nothing is ever executed in the
-calling process, and what a failure prints is cut to DETAIL_CHARS before it is kept.
+marker with the run's nonce: an exit status of 0 alone is no pass. A completion with tests (`Judged`) runs in a
+process of its own and its tests in the runner, which alone holds the nonce (never in the completion's memory,
+frames or files) and calls the completion's function across a pipe with plain values, so a completion that
+exits early, walks frames or forges output fails. Nothing is ever executed in the calling process, and what a
+failure prints is cut to DETAIL_CHARS before it is kept.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -50,23 +54,32 @@ TIMED_OUT = 124  # the supervisor's exit status at the wall-clock limit
 TOO_MANY = 123  # ... and where the program had more than PROCESSES processes
 TOO_BIG = 122  # ... and where its processes together held more than its memory
 
-# Runs first in the child: under bwrap the size-capped /tmp and the drop of every privilege that took,
-# then the limits, then the program (read from stdin after the run's nonce) as __main__. A failure's last
-# line is the exception's type and message, as a traceback's last line reads. A pass is the marker written
-# after the program returned: its exit status alone can be had by exiting early (os._exit(0) before its
-# tests), and the marker holds a nonce the program is not given: it is read into a local of the runner's
-# function, out of the globals the program can import as __main__. (Code that walks the interpreter's frames
-# to the runner's could still find it: generated code that prints, exits or kills itself cannot pass.)
+# Runs first in the child (the judge): under bwrap the size-capped /tmp and the drop of every privilege that
+# took, then the limits. stdin brings the job in length-prefixed parts, read exactly (no read-ahead).
+#
+# A plain program runs here, as __main__, and passes where it returns: the marker with the run's nonce is
+# written after it. (Such a program could find the nonce and end early: plain runs are the sandbox's own
+# checks, never a score.)
+#
+# A judged program (a completion with tests) runs in a child process forked before the judge reads the tests
+# or the nonce, so neither is ever in its memory; the judge, made undumpable (no other process of its user
+# can ptrace it or open its /proc files), runs the tests itself, calling the program's function across a
+# pipe with plain values (None, bools, numbers, strings, bytes and their lists, tuples, sets and dicts; any
+# other object arrives as a value equal to nothing). The comparisons happen here, on values the program
+# cannot give an __eq__ of its own, and only the judge can write the pass. A program that exits, stops its
+# child or walks its frames only ends its own process: the tests then fail.
 _RUNNER = """
-import os, resource, sys
+import json, os, resource, sys
 memory, cpu, fsize, nproc, tmpfs = (int(a) for a in sys.argv[1:6])
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
 if tmpfs:
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
     if libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 6, b'size=%d,mode=1777' % tmpfs) != 0:  # MS_NOSUID | MS_NODEV
         sys.stderr.write('sandbox: cannot mount /tmp (errno %d)\\n' % ctypes.get_errno())
         os._exit(125)
     os.chdir('/tmp')
+
+def no_capabilities():
     for cap in range(64):   # the bounding set first (it needs CAP_SETPCAP): nothing to regain on exec
         libc.prctl(24, cap, 0, 0, 0)   # PR_CAPBSET_DROP; past the last capability: EINVAL, ignored
     if sys.argv[6] == 'setuid':   # bubblewrap as root: nobody for real, so file permissions apply
@@ -76,6 +89,9 @@ if tmpfs:
     header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
     if libc.prctl(47, 4, 0, 0, 0) != 0 or libc.capset(header, data) != 0:   # ambient, then every other set
         os._exit(125)
+
+if tmpfs:
+    no_capabilities()
 for kind, n in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, fsize),
                 (resource.RLIMIT_NPROC, nproc)):
     hard = resource.getrlimit(kind)[1]
@@ -83,18 +99,171 @@ for kind, n in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resou
     # CPU: SIGXCPU at the limit, SIGKILL a second later (equal limits send SIGKILL first: no verdict)
     roomy = hard == resource.RLIM_INFINITY or n + 1 <= hard
     resource.setrlimit(kind, (n, n + 1 if kind == resource.RLIMIT_CPU and roomy else n))
-def run():
-    nonce = sys.stdin.readline().strip().encode()
-    source = sys.stdin.read()
+
+def exactly(fd, n):
+    got = b''
+    while len(got) < n:
+        more = os.read(fd, n - len(got))
+        if not more:
+            os._exit(125)
+        got += more
+    return got
+
+def part():
+    return json.loads(exactly(0, int(exactly(0, 10))))
+
+def said(err):
+    return '%s: %s' % (type(err).__name__, err) if str(err) else type(err).__name__
+
+def fail(line, code=1):
+    sys.stderr.write('\\n' + line + '\\n')
+    sys.stderr.flush()
+    os._exit(code)
+
+class Other:   # a value the wire does not carry: equal to nothing
+    def __init__(self, name):
+        self.name = name
+    def __eq__(self, other):
+        return False
+    def __hash__(self):
+        return id(self)
+    def __repr__(self):
+        return '<%s object>' % self.name
+
+KINDS = {list: 'l', tuple: 't', set: 's', frozenset: 'z'}
+MAKE = {'l': list, 't': tuple, 's': set, 'z': frozenset}
+
+def enc(v, depth=0):
+    if depth > 100:
+        raise ValueError('a value nested over 100 deep')
+    t = type(v)
+    if v is None or t in (bool, int, str):
+        return ['v', v]
+    if t is float:
+        return ['f', repr(v)]
+    if t in KINDS:
+        return [KINDS[t], [enc(x, depth + 1) for x in v]]
+    if t is dict:
+        return ['d', [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
+    if t is bytes:
+        return ['b', v.hex()]
+    return ['o', t.__name__]
+
+def dec(x):
+    tag, v = x
+    if tag == 'v' and (v is None or type(v) in (bool, int, str)):
+        return v
+    if tag == 'f' and type(v) is str:
+        return float(v)
+    if tag in MAKE:
+        return MAKE[tag](dec(i) for i in v)
+    if tag == 'd':
+        return {dec(k): dec(i) for k, i in v}
+    if tag == 'b':
+        return bytes.fromhex(v)
+    if tag == 'o':
+        return Other(str(v)[:60])
+    raise ValueError('not a value')
+
+def serve(job, requests, replies):
+    # the program's process: nothing of the judge's but these two pipes, and no capability (rlimit as root
+    # where nobody cannot run this Python: root without CAP_SYS_PTRACE cannot reach the undumpable judge)
+    sys.argv[6] = 'caps'
+    no_capabilities()
+    null = os.open('/dev/null', os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    lo, hi = sorted((requests, replies))
+    os.closerange(3, lo)
+    os.closerange(lo + 1, hi)
+    os.closerange(hi + 1, 1 << 16)
+    try:
+        space = {'__name__': '__main__'}
+        exec(compile(job['program'], '<completion>', 'exec'), space)
+        function, broken = space[job['entry']], None
+    except BaseException as err:
+        broken = said(err)
+    out = os.fdopen(replies, 'wb', buffering=0)
+    for line in os.fdopen(requests, 'rb'):
+        try:
+            reply = json.dumps(['e', broken] if broken else ['r', enc(function(*[dec(a) for a in json.loads(line)]))])
+        except BaseException as err:
+            reply = json.dumps(['e', said(err)])
+        out.write(reply.encode() + b'\\n')
+    os._exit(0)
+
+class Failed(Exception):
+    pass
+
+def judge(job):
+    requests_r, requests = os.pipe()
+    replies, replies_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        serve(job, requests_r, replies_w)
+    os.close(requests_r)
+    os.close(replies_w)
+    answers = os.fdopen(replies, 'rb')
+    checks = part()   # read only now: never in the program's memory
+    nonce = exactly(0, 32)
+
+    def ended():
+        os.kill(child, 9)
+        _, status = os.waitpid(child, 0)
+        return status
+
+    def candidate(*args):
+        try:
+            os.write(requests, json.dumps([enc(a) for a in args]).encode() + b'\\n')
+        except BrokenPipeError:
+            pass
+        line = answers.readline()
+        if not line:
+            status = ended()
+            if os.WIFSIGNALED(status) and os.WTERMSIG(status) != 9:   # its CPU or file limit: said as such
+                fail('the program was killed by signal %d' % os.WTERMSIG(status), 128 + os.WTERMSIG(status))
+            fail('the program ended before its tests finished')
+        try:
+            tag, value = json.loads(line)
+            answer = dec(value) if tag == 'r' else str(value)
+        except Exception:
+            fail('the program answered with something that is not a value')
+        if tag != 'r':
+            raise Failed(answer)
+        return answer
+
+    space = {'__name__': 'quantspec_checks'}
+    try:   # the prompt's helpers, which tests may call (a prompt that is only a header gets a body)
+        helpers = compile(checks['prompt'], '<prompt>', 'exec')
+    except SyntaxError:
+        helpers = compile(checks['prompt'].rstrip() + '\\n    pass\\n', '<prompt>', 'exec')
+    try:
+        exec(helpers, space)
+        space[job['entry']] = candidate   # tests that name the function itself (HumanEval/33) call the program's
+        exec(compile(checks['tests'], '<tests>', 'exec'), space)
+        space['check'](candidate)
+    except Failed as err:
+        fail(str(err))
+    except BaseException as err:
+        fail(said(err))
+    ended()
+    return nonce
+
+def plain(job):
+    nonce = exactly(0, 32)
     sys.stdin = open('/dev/null')
     try:
-        exec(compile(source, '<completion>', 'exec'), {'__name__': '__main__'})
+        exec(compile(job['program'], '<program>', 'exec'), {'__name__': '__main__'})
     except BaseException as err:
-        sys.stderr.write('\\n%s: %s\\n' % (type(err).__name__, err) if str(err) else '\\n%s\\n' % type(err).__name__)
-        sys.stderr.flush()
-        os._exit(1)
-    os.write(1, b'\\nquantspec-sandbox-passed:' + nonce + b'\\n')
-run()
+        fail(said(err))
+    return nonce
+
+libc.prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE 0: the program's process cannot read or trace this one
+job = part()
+nonce = judge(job) if 'entry' in job else plain(job)
+sys.stdout.flush()
+os.write(1, b'\\nquantspec-sandbox-passed:' + nonce + b'\\n')
+os._exit(0)
 """.replace("{NOBODY}", str(NOBODY))
 
 # The rlimit kind's supervisor (trusted code): a subreaper that runs the program, ends it at the time
@@ -216,6 +385,31 @@ class Limits:
 
     def cpu_seconds(self) -> int:
         return self.cpu_s or max(1, int(self.timeout_s + 0.999))
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A completion with its tests: `program` (the prompt and the completion) runs in a process of its own;
+    `tests` (defining check(candidate)) run in the sandbox's judge beside `prompt`'s helpers, calling
+    `entry`, the program's function, across a pipe. Only the judge can pass it."""
+
+    program: str
+    entry: str
+    prompt: str
+    tests: str
+
+
+def _part(value: dict) -> bytes:
+    data = json.dumps(value).encode()
+    return b"%010d" % len(data) + data
+
+
+def job_input(program: str | Judged, nonce: str) -> bytes:
+    """What the runner reads on stdin: the program (and its entry), then the tests, then the nonce."""
+    if isinstance(program, Judged):
+        first = _part({"program": program.program, "entry": program.entry})
+        return first + _part({"prompt": program.prompt, "tests": program.tests}) + nonce.encode()
+    return _part({"program": program}) + nonce.encode()
 
 
 @dataclass(frozen=True)
@@ -404,8 +598,9 @@ def check(kind: str) -> None:
         )
 
 
-def run(program: str, kind: str, limits: Limits) -> Outcome:
-    """Run `program` to its end, its failure, or its limit."""
+def run(program: str | Judged, kind: str, limits: Limits) -> Outcome:
+    """Run `program` to its end, its failure, or its limit: a plain program passes where it returns, a
+    judged one where its tests pass in the judge."""
     exe, prefix = interpreter()
     root = os.geteuid() == 0
     drop = root and (kind == "bwrap" or _others_can_run(exe, prefix))  # rlimit: only where nobody can run it
@@ -461,7 +656,7 @@ def run(program: str, kind: str, limits: Limits) -> Outcome:
             return Outcome("failed", f"the sandbox did not start: {e}"[:DETAIL_CHARS])
         try:
             try:
-                proc.stdin.write(f"{nonce}\n{program}".encode())
+                proc.stdin.write(job_input(program, nonce))
                 proc.stdin.close()
             except BrokenPipeError:
                 pass  # it ended before reading all of it: its status says why
@@ -505,7 +700,7 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_many(programs: list[str], kind: str, limits: Limits, workers: int) -> list[Outcome]:
+def run_many(programs: list[str | Judged], kind: str, limits: Limits, workers: int) -> list[Outcome]:
     """Each program in its own sandbox, `workers` at a time (threads only wait on processes)."""
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(pool.map(lambda p: run(p, kind, limits), programs))

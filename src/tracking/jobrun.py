@@ -105,7 +105,7 @@ class JobRun:
         runs = [r for r in (self.run_id, self.parent_id) if r]
 
         def beat():
-            while not self._beat.wait(owner.HEARTBEAT_S):
+            while not self._beat.wait(owner.heartbeat_s()):
                 if self.offline:
                     return
                 try:

@@ -185,6 +185,47 @@ def pending(registry: Path, uri: str | None = None) -> list[tuple[Path, Path]]:
     return found
 
 
+def listed_uris(registry: Path) -> set[str]:
+    """The stores named by the pending entries this user's jobs wrote under the cache."""
+    uris = set()
+    for pointer in registry.glob("*.json") if registry.is_dir() else []:
+        try:
+            entry = json.loads(pointer.read_text())
+        except (ValueError, OSError):
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("uri"), str):
+            uris.add(entry["uri"])
+    return uris
+
+
+def with_sweeps(entries: list[tuple[Path, Path]]) -> tuple[list[tuple[Path | None, Path]], list[str]]:
+    """The listed journals, then every other journal of the sweeps they belong to, found under each sweep's
+    directory (pointer None): a store that lost a sweep's later jobs may have lost its earlier ones too, whose
+    journals were settled and unlisted, and a replay asks the store for each job's run. Also a line for each
+    sweep whose directory is gone (its unlisted journals cannot be checked)."""
+    found: list[tuple[Path | None, Path]] = list(entries)
+    seen = {path.absolute() for _, path in entries}
+    sweeps: set[str] = set()
+    lines = []
+    for _, path in entries:
+        sweep = start_of(path).get("sweep") if path.is_file() else None
+        sweep_id = sweep.get("id") if isinstance(sweep, dict) else None
+        if not isinstance(sweep_id, str) or sweep_id in sweeps:
+            continue
+        sweeps.add(sweep_id)
+        if not Path(sweep_id).is_dir():
+            lines.append(
+                f"sweep {sweep_id}: its directory is gone, so its jobs' journals that are not listed are not "
+                f"checked; if it moved, python -m src.tracking.sync <its new folder> checks them all"
+            )
+            continue
+        for sibling in sorted(Path(sweep_id).rglob(FILE)):
+            if sibling.absolute() not in seen:
+                seen.add(sibling.absolute())
+                found.append((None, sibling))
+    return found, lines
+
+
 def unreadable(registry: Path) -> list[tuple[Path, str]]:
     """(pointer, why) for each listed entry that does not read as one (a writer killed mid-write, a damaged
     disk): pending() passes over these, and whoever syncs must be told, since a journal behind one is not

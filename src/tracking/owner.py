@@ -4,7 +4,7 @@ Every run the pipeline opens records its owner: host, boot, process id and the p
 (a pid alone is reused). A run still RUNNING whose owner is gone was left by a process that no handler
 could stop cleanly (SIGKILL, power loss, a lost node): the next quantspec process against the same
 store ends it as interrupted. On this host the check is exact (/proc); for another host it falls back
-to the run's heartbeat, which a live job refreshes every HEARTBEAT_S seconds.
+to the run's heartbeat, which a live job refreshes every QUANTSPEC_HEARTBEAT_S seconds (30).
 """
 
 from __future__ import annotations
@@ -14,8 +14,14 @@ import socket
 import time
 from pathlib import Path
 
-HEARTBEAT_S = float(os.environ.get("QUANTSPEC_HEARTBEAT_S", "30"))
-STALE_S = 10 * HEARTBEAT_S  # a run on another host this long without a heartbeat is taken as lost
+from src.common import envvars
+
+STALE_HEARTBEATS = 10  # a run on another host this many heartbeats without one is taken as lost
+
+
+def heartbeat_s() -> float:
+    """Seconds between a job's heartbeats (QUANTSPEC_HEARTBEAT_S, checked: src.common.envvars)."""
+    return envvars.heartbeat_s()
 
 
 def _boot_id() -> str:
@@ -66,6 +72,6 @@ def gone(owner: str | None, heartbeat_ms: str | None, now_s: float | None = None
         last = float(heartbeat_ms) / 1000 if heartbeat_ms else None
     except ValueError:
         last = None
-    if last is not None and now_s - last > STALE_S:
+    if last is not None and now_s - last > STALE_HEARTBEATS * heartbeat_s():
         return f"no heartbeat from {describe(owner)} for {now_s - last:.0f} s"
     return None

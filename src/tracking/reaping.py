@@ -4,11 +4,18 @@ jobs as failed (interrupted), then their sweeps, with their job counts."""
 from __future__ import annotations
 
 from src.tracking import owner
+from src.tracking.locks import replay_lock
 from src.tracking.names import HEARTBEAT, OUTCOME, OWNER, ROLE
 
 
 def reap(store) -> list[str]:
-    """End runs left RUNNING by owners that are gone: jobs as failed (interrupted), then their sweeps."""
+    """End runs left RUNNING by owners that are gone: jobs as failed (interrupted), then their sweeps. Not
+    while a replay into the store is under way here: its runs' owners are gone too, yet they are being ended."""
+    with replay_lock(store.uri):
+        return _reap(store)
+
+
+def _reap(store) -> list[str]:
     lines = []
     running = store.search("attributes.status = 'RUNNING'", max_results=1000)
     for run in sorted(running, key=lambda r: r.data.tags.get(ROLE) == "sweep"):  # jobs first

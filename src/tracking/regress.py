@@ -15,7 +15,10 @@ can change a figure on the same code (the host's governor, turbo, transparent hu
 versions, the commit and a dirty tree: params `host.*`, tag git_commit) is compared between the two sweeps.
 
 Exit 0, or 1 where a matched job is slower with confidence by more than `fail_on` (a fraction: 0.05 = 5%;
-null: never), or 2 for a setting that does not exist or a sweep that cannot be found (one line). Writes
+null: never), or 2 for a setting that does not exist or a sweep that cannot be found (one line). The gate
+(`fail_on`) fails closed: exit 3 where it could not judge a job (failed, killed or missing in the new sweep,
+or a time/token with no interval: one round and fewer than three examples on a side) or nothing matched,
+unless `unjudged=pass`; what it could not judge is listed in the report either way. Writes
 `regress.md`, `regress.csv` and `regress.png` (both sweeps side by side) under `<out>/regress-<key>/`.
 """
 
@@ -34,6 +37,7 @@ from pathlib import Path
 from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 from mlflow.tracking import MlflowClient
 
+from src.common import envvars
 from src.common.environment import PROJECT_ROOT
 from src.common.metrics import markdown_table
 from src.quality.stats import median_ratio_ci, quantile_ci
@@ -54,6 +58,7 @@ SETTINGS = {
     "confidence": 0.95,
     "tolerance": 0.03,
     "fail_on": None,
+    "unjudged": "fail",
     "out": "reports",
 }
 # The params that make a job what it is; what names the sweep or where it ran is not part of it.
@@ -89,6 +94,11 @@ def settings(argv: list[str]) -> dict:
         cfg["fail_on"] = None if cfg["fail_on"] is None else float(cfg["fail_on"])
     except ValueError as err:
         raise SettingError(f"confidence, tolerance and fail_on are numbers ({err})") from None
+    for key in ("confidence", "tolerance", "fail_on"):  # nan fails every comparison: it would switch a check off
+        if cfg[key] is not None and not math.isfinite(cfg[key]):
+            raise SettingError(f"{key}={cfg[key]} must be a finite number")
+    if cfg["unjudged"] not in ("fail", "pass"):
+        raise SettingError(f"unjudged={cfg['unjudged']} must be fail or pass")
     if not 0.5 <= cfg["confidence"] < 1:
         raise SettingError(f"confidence={cfg['confidence']} must be in [0.5, 1)")
     if not 0 <= cfg["tolerance"] < 1:
@@ -244,22 +254,32 @@ class Comparison:
     host_changes: list[tuple[str, str, str]]
     confidence: float
     tolerance: float = 0.0
+    unjudged: list[str] = field(default_factory=list)  # what the gate could not judge, and why
 
     def slower_than(self, fraction: float) -> list[Row]:
         return [r for r in self.rows if r.figure == "time/token" and r.verdict == "slower" and r.low > 1 + fraction]
 
 
 def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float, tolerance: float = 0.03) -> Comparison:
-    rows = []
+    rows, unjudged = [], []
     for key in sorted(set(base.jobs) & set(new.jobs), key=lambda k: new.jobs[k].name):
         old_job, new_job = base.jobs[key], new.jobs[key]
-        if not (old_job.finished and new_job.finished):
+        if not new_job.finished:
+            unjudged.append(f"{new_job.name}: {new_job.outcome} in the new sweep")
             continue
+        if not old_job.finished:
+            continue  # the baseline's failure is listed below; nothing to hold the new job to
         for figure, summary, series in FIGURES:
             found = ratio_of(client, old_job, new_job, summary, series, confidence)
             if found is not None:
                 a, b, ratio, low, high, over = found
                 rows.append(Row(new_job.name, figure, a, b, ratio, low, high, over, verdict(low, high, tolerance)))
+                if figure == "time/token" and math.isnan(low):
+                    unjudged.append(
+                        f"{new_job.name}: no interval for its time/token ({over}); rounds=3 or more examples give one"
+                    )
+            elif figure == "time/token":
+                unjudged.append(f"{new_job.name}: no time/token on a side")
         for metric in QUALITY:
             old_q = [r.metrics[metric] for r in old_job.finished if metric in r.metrics]
             new_q = [r.metrics[metric] for r in new_job.finished if metric in r.metrics]
@@ -291,7 +311,10 @@ def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float, to
         for k in sorted(set(base.host) | set(new.host))
         if base.host.get(k) != new.host.get(k)
     ]
-    return Comparison(base, new, rows, added, removed, failed, changes, confidence, tolerance)
+    unjudged += [f"{name}: not in the new sweep" for name in removed]
+    if not any(r.figure == "time/token" for r in rows):
+        unjudged.insert(0, "no job finished in both sweeps with a time/token")
+    return Comparison(base, new, rows, added, removed, failed, changes, confidence, tolerance, unjudged)
 
 
 def markdown(c: Comparison) -> str:
@@ -328,6 +351,7 @@ def markdown(c: Comparison) -> str:
     else:
         lines += ["No job finished in both sweeps.", ""]
     for title, items in (
+        ("Not judged (a gate, fail_on, fails on these unless unjudged=pass)", c.unjudged),
         ("New jobs (not in the baseline)", c.added),
         ("Removed jobs (only in the baseline)", c.removed),
         ("Failed or killed jobs", c.failed),
@@ -390,8 +414,9 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip())
         return 0
     try:
+        envvars.check()
         cfg = settings(argv)
-    except SettingError as err:
+    except (SettingError, envvars.EnvError) as err:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2
     uri = cfg["tracking_uri"] or default_uri()
@@ -424,6 +449,14 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return 1
+        if c.unjudged and cfg["unjudged"] == "fail":  # fail closed: what the gate could not see, it does not pass
+            print(
+                f"quantspec: the gate could not judge {len(c.unjudged)} thing(s): {c.unjudged[0]}"
+                + (f" (and {len(c.unjudged) - 1} more, in regress.md)" if len(c.unjudged) > 1 else "")
+                + "; fix the sweeps, or pass unjudged=pass to let the gate pass them",
+                file=sys.stderr,
+            )
+            return 3
     return 0
 
 

@@ -11,6 +11,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
 
 from src.tracking import journal
+from src.tracking.locks import replay_lock
 from src.tracking.names import BATCH, JOURNAL, LOST, OWNER, refusal
 
 log = logging.getLogger("quantspec")
@@ -60,15 +61,20 @@ def apply(store, record: dict, run_id: str | None) -> str:
 
 
 def sync(store, registry: Path) -> list[str]:
-    """Replay this store's pending journals; one line per journal replayed."""
+    """Replay this store's pending journals, and check their sweeps' other journals; one line per journal
+    replayed."""
     lines = [journal.unreadable_line(pointer, why) for pointer, why in journal.unreadable(registry)]
-    for pointer, path in journal.pending(registry, store.uri):
+    found, gone = journal.with_sweeps(journal.pending(registry, store.uri))
+    lines += gone
+    for pointer, path in found:
         if not path.is_file():
             lines.append(journal.missing_line(path))
-            pointer.unlink(missing_ok=True)
+            if pointer is not None:
+                pointer.unlink(missing_ok=True)
             continue
-        if journal.start_of(path).get("experiment", store.experiment) != store.experiment:
-            continue  # another experiment's job: its own store object replays it
+        start = journal.start_of(path)
+        if start.get("experiment", store.experiment) != store.experiment or start.get("uri", store.uri) != store.uri:
+            continue  # another experiment's (or store's) job: its own store object replays it
         try:
             sent = replay(store, path, pointer)
         except Exception as err:  # noqa: BLE001 - one journal's trouble must not stop this job
@@ -85,20 +91,22 @@ def sync(store, registry: Path) -> list[str]:
 def replay(store, path: Path, pointer: Path | None = None) -> int | None:
     """Send a journal's undelivered records here (all of a job's, where this store lost its run); its
     pending entry goes once they are all settled, and the sweeps it touched recount their jobs.
-    None: its job still runs (it holds the journal)."""
-    done = journal.replay(
-        path, lambda record, run_id: apply(store, record, run_id), lambda run_id: holds(store, run_id), refusal
-    )
-    if done is None:
-        return None
-    sent, refused = done
-    if refused:
-        log.warning("%d record(s) of %s refused by %s (reasons in the journal)", refused, path, store.uri)
-    if pointer is not None:
-        pointer.unlink(missing_ok=True)
-    if sent:
-        recount(store, journal.run_ids(path))
-    return sent
+    None: its job still runs (it holds the journal). One replay or reaping at a time per store on this host
+    (src.tracking.locks): a sweep is never counted while another process is half-way through its jobs."""
+    with replay_lock(store.uri):
+        done = journal.replay(
+            path, lambda record, run_id: apply(store, record, run_id), lambda run_id: holds(store, run_id), refusal
+        )
+        if done is None:
+            return None
+        sent, refused = done
+        if refused:
+            log.warning("%d record(s) of %s refused by %s (reasons in the journal)", refused, path, store.uri)
+        if pointer is not None:
+            pointer.unlink(missing_ok=True)
+        if sent:
+            recount(store, journal.run_ids(path))
+        return sent
 
 
 def holds(store, run_id: str) -> bool:

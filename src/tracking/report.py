@@ -26,10 +26,20 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from src.assembly.config import AXES
+from src.common import envvars
 from src.common.environment import PROJECT_ROOT
 from src.common.metrics import EXAMPLE, LEGACY_EXAMPLE, ROW_METRICS, Row, csv_text, markdown_table, seed_table
 from src.common.paths import child
-from src.tracking import CONFIG_KEY, SWEEP_KEY, StoreUnreachable, bound_http_retries, default_uri, probe, ui
+from src.tracking import (
+    CONFIG_KEY,
+    SWEEP_KEY,
+    StoreUnreachable,
+    bound_http_retries,
+    default_uri,
+    first_line,
+    probe,
+    ui,
+)
 from src.tracking import quality as q
 from src.tracking.compare import Config, Speedup, Spread, condition, configs, ratio, speedups
 from src.tracking.sweeps import JobRecord, sweep_jobs
@@ -714,8 +724,17 @@ def store_problem(uri: str) -> str | None:
     """Why a command that reads a store cannot, in one line, or None: no SQLite store at that path (opening it
     would create an empty one), or a tracking server that does not answer within seconds (MLflow's own client
     would retry for minutes)."""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        return f"no tracking store at {uri}; run a sweep first (python -m src.run -m ...)"
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if not path.is_file() or path.stat().st_size == 0:
+            return f"no tracking store at {uri}; run a sweep first (python -m src.run -m ...)"
+        with path.open("rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                return f"{path} is not a SQLite database, so not a tracking store; point tracking_uri= at one"
+        try:  # MLflow checks the schema on open: one behind its own is refused with what to run
+            MlflowClient(uri).search_experiments(max_results=1)
+        except Exception as err:  # noqa: BLE001 - MLflow's, SQLAlchemy's, SQLite's: one line each
+            return f"the tracking store {uri} cannot be read ({first_line(err)[:300]})"
     bound_http_retries()
     try:
         probe(uri)
@@ -767,8 +786,9 @@ def main(argv: list[str]) -> int:
         print(usage())
         return 0
     try:
+        envvars.check()
         cfg = settings(argv)
-    except SettingError as err:
+    except (SettingError, envvars.EnvError) as err:
         print(f"quantspec: {err}", file=sys.stderr)
         return 2
     uri = cfg.tracking_uri or default_uri()

@@ -102,7 +102,13 @@ def space(overrides: list[Override]) -> Space:
         elif isinstance(o.value(), IntervalSweep):
             sweep = o.value()
             integer = isinstance(sweep.start, int) and isinstance(sweep.end, int) and "int" in (o.input_line or "")
-            axes.append(Axis(key, low=float(sweep.start), high=float(sweep.end), integer=integer))
+            low, high = float(sweep.start), float(sweep.end)
+            if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                raise ConfigError(
+                    f"{o.input_line}: an interval runs from a lower to a higher finite number "
+                    f"(interval({min(low, high):g},{max(low, high):g}))"
+                )
+            axes.append(Axis(key, low=low, high=high, integer=integer))
         else:
             axes.append(Axis(key, values=list(o.sweep_string_iterator())))
     return Space(axes, fixed, tasks)
@@ -119,6 +125,7 @@ class Trial:
     state: str = "running"
     runs: list[str] = field(default_factory=list)  # its jobs' runs, every round
     mads: list[float] = field(default_factory=list)  # each objective's median absolute deviation over rounds
+    unlogged: tuple[str, list[str]] | None = None  # an objective its finished jobs do not log, and what they do
 
 
 def _value(v) -> str:
@@ -140,6 +147,17 @@ class Search(Rounds):
     """The work of the `search` sweeper (hydra_plugins.quantspec_search): Optuna asks, the launcher runs each
     trial's jobs in interleaved rounds, the store answers with their figures, Optuna is told."""
 
+    def _abort(self, sweep, reason: str):
+        """End the search: its parent closed as failed with the reason (its jobs stay recorded), one line."""
+        try:
+            store = record.ledger.store_for(sweep)
+            parent = store.find_sweep(str(sweep.sweep_dir))
+            if parent is not None:
+                store.close_sweep(parent.info.run_id, "FAILED", reason)
+        except Exception as err:  # noqa: BLE001 - the line below is said either way
+            log.warning("the search's parent run was not closed (%s)", type(err).__name__)
+        raise SweepAbort(reason)
+
     def sweep(self, arguments: list[str]):
         import optuna  # optional: the search extra
 
@@ -155,9 +173,9 @@ class Search(Rounds):
                 raise ConfigError(f"hydra.sweeper.sampler={self.sampler} is not one of: {', '.join(SAMPLERS)}")
             if self.trials < 1 or self.batch < 1:
                 raise ConfigError("hydra.sweeper.trials and hydra.sweeper.batch must be at least 1")
+            plan = space(overrides)
         except ConfigError as err:
             raise SweepAbort(str(err)) from None
-        plan = space(overrides)
         if not plan.axes:
             raise SweepAbort(
                 "hydra/sweeper=search has nothing to search: give an axis several values "
@@ -200,6 +218,12 @@ class Search(Rounds):
                     trial.state = f"as trial {earlier.number}"
                 else:
                     self._read(trial, sweep, goals)
+                if trial.unlogged:  # finished jobs without an objective: every later trial would miss it too
+                    self._abort(
+                        sweep,
+                        f"hydra.sweeper.objectives names {trial.unlogged[0]}, which the trial's finished jobs do not "
+                        f"log (they log {', '.join(trial.unlogged[1][:6])}, ...); name a metric they log",
+                    )
                 if trial.values is None:
                     study.tell(asked_trial, state=optuna.trial.TrialState.FAIL)
                 else:
@@ -266,6 +290,8 @@ class Search(Rounds):
             quiet = [v for v, b in have if not b]
             if not have:
                 trial.state = f"no {metric} (its jobs did not finish, or none logs it)"
+                if runs and not any(metric in r.data.metrics for r in runs):
+                    trial.unlogged = (metric, sorted({m for r in runs for m in r.data.metrics}))
                 return
             trial.busy |= not quiet
             used = quiet or [v for v, _ in have]

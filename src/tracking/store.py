@@ -21,8 +21,8 @@ from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
 from src.common.locks import file_lock
-from src.common.paths import cache_root
 from src.tracking import journal, owner, reaping, replay, ui
+from src.tracking.locks import sweep_lock
 from src.tracking.names import (
     BATCH,
     HEARTBEAT,
@@ -100,19 +100,6 @@ def _half_made(db: Path, err: Exception) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _sweep_lock(uri: str, sweep_id: str):
-    """This host's lock on one sweep's parent in one store (flock: released when its holder dies). A cache
-    that cannot hold a lock file (read-only) runs without it: the race it closes needs two writers at once."""
-    path = cache_root() / "locks" / f"sweep-{key_of(uri + ' ' + sweep_id)}.lock"
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(file_lock(path, "the sweep's parent run"))
-        except OSError:
-            pass  # no lock file here (a read-only cache): as before, unlocked
-        yield
-
-
 class Store:
     """One experiment in one tracking store."""
 
@@ -177,7 +164,7 @@ class Store:
         who = who or owner.me()
         # found or created under a lock per store and sweep: two processes (two syncs replaying one sweep's
         # journals, a sync beside the sweep) would otherwise both find none and make a parent each
-        with _sweep_lock(self.uri, sweep["id"]):
+        with sweep_lock(self.uri, sweep["id"]):
             found = self.find_sweep(sweep["id"])
             if found is None:
                 return self.client.create_run(
