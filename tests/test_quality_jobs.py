@@ -161,3 +161,15 @@ def test_report_quality_settings_are_checked():
     ):
         out = run_cli([arg], module="src.tracking.report")
         assert out.returncode == 2 and said in out.stderr, out.stderr
+
+
+def test_report_settings_refuse_what_is_not_a_number_or_a_flag_in_process():
+    from src.tracking import report
+
+    for arg, said in (
+        ("quality.min_ratio=abc", "quality.min_ratio=abc must be above 0 and at most 1"),  # was a ValueError
+        ("quality.min_ratio=nan", "quality.min_ratio=nan must be above 0 and at most 1"),
+        ("attach=maybe", "attach=maybe must be true or false"),
+    ):
+        with pytest.raises(report.SettingError, match=said):
+            report.settings([arg])

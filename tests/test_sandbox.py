@@ -116,7 +116,7 @@ def test_bwrap_in_a_user_namespace_gives_up_its_mount_capability():
         exe,
         "-I",
         "-c",
-        sandbox._RUNNER,
+        sandbox.RUNNER,
         str(512 << 20),
         "4",
         str(1 << 20),
@@ -272,3 +272,38 @@ def test_rlimit_as_root_hides_the_cache_and_working_directory_and_keeps_its_scra
         assert not os.path.exists(f"{scratch}/{name}"), scratch
     said = sandbox.isolation("rlimit")
     assert "mount namespaces" in said and str(cache) in said and os.getcwd() in said
+
+
+def test_the_judges_wire_carries_plain_values_and_nothing_else():
+    """What crosses between a completion and the judge: plain values come back equal (types kept), anything
+    else arrives as a value equal to nothing, so no object of the completion's reaches a comparison."""
+    import json
+
+    from src.tasks import sandbox_runner as runner
+
+    plain = [
+        None,
+        True,
+        3,
+        -(10**30),
+        2.5,
+        float("inf"),
+        "é|\n",
+        b"\x00\xff",
+        [1, (2, 3)],
+        {"a": {1, 2}},
+        frozenset({4}),
+    ]
+    for value in plain:
+        back = runner.dec(json.loads(json.dumps(runner.enc(value))))
+        assert back == value and type(back) is type(value), value
+    assert runner.dec(json.loads(json.dumps(runner.enc(1.0)))) is not True  # 1.0 stays a float, True a bool
+
+    class Yes:
+        def __eq__(self, other):
+            return True
+
+    other = runner.dec(runner.enc(Yes()))
+    assert other != Yes() and other != other and repr(other) == "<Yes object>"
+    with pytest.raises(ValueError):
+        runner.dec(["x", 1])  # not a tag the wire has

@@ -148,9 +148,9 @@ def test_sweep_survives_a_failing_job_and_exits_nonzero(store, tmp_path):
             "dataset=textfile",
             "report_at_end=false",
             f"dataset.path={tmp_path / 'missing.txt'},{good}",
-            f"tracking.uri={store}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ]
+        ],
+        env={"MLFLOW_TRACKING_URI": store},  # no tracking.uri: the store MLflow's own variable names
     )
     assert out.returncode == 1
     assert "1 finished, 0 skipped, 1 failed" in out.stdout

@@ -42,335 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from src.common.paths import cache_root
+from src.tasks import sandbox_runner, sandbox_supervisor
+from src.tasks.sandbox_supervisor import NOBODY, TIMED_OUT, TMPFS_BYTES, TOO_BIG, TOO_MANY
 
 KINDS = ("bwrap", "rlimit")
-NOBODY = 65534
 OUTPUT_BYTES = 1 << 20  # RLIMIT_FSIZE: what the child may write to any one file (its captured stderr too)
-TMPFS_BYTES = 16 << 20  # bwrap: all it may write, together (its /tmp)
 PROCESSES = 32  # RLIMIT_NPROC: processes beyond those its user already has
 SUPERVISED = 4 * PROCESSES  # rlimit's supervisor: processes below it
 DETAIL_CHARS = 200  # of a failure's last line, kept in artifacts
-TIMED_OUT = 124  # the supervisor's exit status at the wall-clock limit
-TOO_MANY = 123  # ... and where the program had more than PROCESSES processes
-TOO_BIG = 122  # ... and where its processes together held more than its memory
 
-# Runs first in the child (the judge): under bwrap the size-capped /tmp and the drop of every privilege that
-# took, then the limits. stdin brings the job in length-prefixed parts, read exactly (no read-ahead).
-#
-# A plain program runs here, as __main__, and passes where it returns: the marker with the run's nonce is
-# written after it. (Such a program could find the nonce and end early: plain runs are the sandbox's own
-# checks, never a score.)
-#
-# A judged program (a completion with tests) runs in a child process forked before the judge reads the tests
-# or the nonce, so neither is ever in its memory; the judge, made undumpable (no other process of its user
-# can ptrace it or open its /proc files), runs the tests itself, calling the program's function across a
-# pipe with plain values (None, bools, numbers, strings, bytes and their lists, tuples, sets and dicts; any
-# other object arrives as a value equal to nothing). The comparisons happen here, on values the program
-# cannot give an __eq__ of its own, and only the judge can write the pass. A program that exits, stops its
-# child or walks its frames only ends its own process: the tests then fail.
-_RUNNER = """
-import json, os, resource, sys
-memory, cpu, fsize, nproc, tmpfs = (int(a) for a in sys.argv[1:6])
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-if tmpfs:
-    if libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 6, b'size=%d,mode=1777' % tmpfs) != 0:  # MS_NOSUID | MS_NODEV
-        sys.stderr.write('sandbox: cannot mount /tmp (errno %d)\\n' % ctypes.get_errno())
-        os._exit(125)
-    os.chdir('/tmp')
-
-def no_capabilities():
-    for cap in range(64):   # the bounding set first (it needs CAP_SETPCAP): nothing to regain on exec
-        libc.prctl(24, cap, 0, 0, 0)   # PR_CAPBSET_DROP; past the last capability: EINVAL, ignored
-    if sys.argv[6] == 'setuid':   # bubblewrap as root: nobody for real, so file permissions apply
-        os.setgroups([])
-        os.setgid({NOBODY})
-        os.setuid({NOBODY})
-    header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
-    if libc.prctl(47, 4, 0, 0, 0) != 0 or libc.capset(header, data) != 0:   # ambient, then every other set
-        os._exit(125)
-
-if tmpfs:
-    no_capabilities()
-for kind, n in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_FSIZE, fsize),
-                (resource.RLIMIT_NPROC, nproc)):
-    hard = resource.getrlimit(kind)[1]
-    n = n if hard == resource.RLIM_INFINITY else min(n, hard)   # lowered, never raised
-    # CPU: SIGXCPU at the limit, SIGKILL a second later (equal limits send SIGKILL first: no verdict)
-    roomy = hard == resource.RLIM_INFINITY or n + 1 <= hard
-    resource.setrlimit(kind, (n, n + 1 if kind == resource.RLIMIT_CPU and roomy else n))
-
-def exactly(fd, n):
-    got = b''
-    while len(got) < n:
-        more = os.read(fd, n - len(got))
-        if not more:
-            os._exit(125)
-        got += more
-    return got
-
-def part():
-    return json.loads(exactly(0, int(exactly(0, 10))))
-
-def said(err):
-    return '%s: %s' % (type(err).__name__, err) if str(err) else type(err).__name__
-
-def fail(line, code=1):
-    sys.stderr.write('\\n' + line + '\\n')
-    sys.stderr.flush()
-    os._exit(code)
-
-class Other:   # a value the wire does not carry: equal to nothing
-    def __init__(self, name):
-        self.name = name
-    def __eq__(self, other):
-        return False
-    def __hash__(self):
-        return id(self)
-    def __repr__(self):
-        return '<%s object>' % self.name
-
-KINDS = {list: 'l', tuple: 't', set: 's', frozenset: 'z'}
-MAKE = {'l': list, 't': tuple, 's': set, 'z': frozenset}
-
-def enc(v, depth=0):
-    if depth > 100:
-        raise ValueError('a value nested over 100 deep')
-    t = type(v)
-    if v is None or t in (bool, int, str):
-        return ['v', v]
-    if t is float:
-        return ['f', repr(v)]
-    if t in KINDS:
-        return [KINDS[t], [enc(x, depth + 1) for x in v]]
-    if t is dict:
-        return ['d', [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]]
-    if t is bytes:
-        return ['b', v.hex()]
-    return ['o', t.__name__]
-
-def dec(x):
-    tag, v = x
-    if tag == 'v' and (v is None or type(v) in (bool, int, str)):
-        return v
-    if tag == 'f' and type(v) is str:
-        return float(v)
-    if tag in MAKE:
-        return MAKE[tag](dec(i) for i in v)
-    if tag == 'd':
-        return {dec(k): dec(i) for k, i in v}
-    if tag == 'b':
-        return bytes.fromhex(v)
-    if tag == 'o':
-        return Other(str(v)[:60])
-    raise ValueError('not a value')
-
-def serve(job, requests, replies):
-    # the program's process: nothing of the judge's but these two pipes, and no capability (rlimit as root
-    # where nobody cannot run this Python: root without CAP_SYS_PTRACE cannot reach the undumpable judge)
-    sys.argv[6] = 'caps'
-    no_capabilities()
-    null = os.open('/dev/null', os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    lo, hi = sorted((requests, replies))
-    os.closerange(3, lo)
-    os.closerange(lo + 1, hi)
-    os.closerange(hi + 1, 1 << 16)
-    try:
-        space = {'__name__': '__main__'}
-        exec(compile(job['program'], '<completion>', 'exec'), space)
-        function, broken = space[job['entry']], None
-    except BaseException as err:
-        broken = said(err)
-    out = os.fdopen(replies, 'wb', buffering=0)
-    for line in os.fdopen(requests, 'rb'):
-        try:
-            reply = json.dumps(['e', broken] if broken else ['r', enc(function(*[dec(a) for a in json.loads(line)]))])
-        except BaseException as err:
-            reply = json.dumps(['e', said(err)])
-        out.write(reply.encode() + b'\\n')
-    os._exit(0)
-
-class Failed(Exception):
-    pass
-
-def judge(job):
-    requests_r, requests = os.pipe()
-    replies, replies_w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        serve(job, requests_r, replies_w)
-    os.close(requests_r)
-    os.close(replies_w)
-    answers = os.fdopen(replies, 'rb')
-    checks = part()   # read only now: never in the program's memory
-    nonce = exactly(0, 32)
-
-    def ended():
-        os.kill(child, 9)
-        _, status = os.waitpid(child, 0)
-        return status
-
-    def candidate(*args):
-        try:
-            os.write(requests, json.dumps([enc(a) for a in args]).encode() + b'\\n')
-        except BrokenPipeError:
-            pass
-        line = answers.readline()
-        if not line:
-            status = ended()
-            if os.WIFSIGNALED(status) and os.WTERMSIG(status) != 9:   # its CPU or file limit: said as such
-                fail('the program was killed by signal %d' % os.WTERMSIG(status), 128 + os.WTERMSIG(status))
-            fail('the program ended before its tests finished')
-        try:
-            tag, value = json.loads(line)
-            answer = dec(value) if tag == 'r' else str(value)
-        except Exception:
-            fail('the program answered with something that is not a value')
-        if tag != 'r':
-            raise Failed(answer)
-        return answer
-
-    space = {'__name__': 'quantspec_checks'}
-    try:   # the prompt's helpers, which tests may call (a prompt that is only a header gets a body)
-        helpers = compile(checks['prompt'], '<prompt>', 'exec')
-    except SyntaxError:
-        helpers = compile(checks['prompt'].rstrip() + '\\n    pass\\n', '<prompt>', 'exec')
-    try:
-        exec(helpers, space)
-        space[job['entry']] = candidate   # tests that name the function itself (HumanEval/33) call the program's
-        exec(compile(checks['tests'], '<tests>', 'exec'), space)
-        space['check'](candidate)
-    except Failed as err:
-        fail(str(err))
-    except BaseException as err:
-        fail(said(err))
-    ended()
-    return nonce
-
-def plain(job):
-    nonce = exactly(0, 32)
-    sys.stdin = open('/dev/null')
-    try:
-        exec(compile(job['program'], '<program>', 'exec'), {'__name__': '__main__'})
-    except BaseException as err:
-        fail(said(err))
-    return nonce
-
-libc.prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE 0: the program's process cannot read or trace this one
-job = part()
-nonce = judge(job) if 'entry' in job else plain(job)
-sys.stdout.flush()
-os.write(1, b'\\nquantspec-sandbox-passed:' + nonce + b'\\n')
-os._exit(0)
-""".replace("{NOBODY}", str(NOBODY))
-
-# The rlimit kind's supervisor (trusted code): a subreaper that runs the program, ends it at the time
-# limit, then stops and kills every process left below it (a fork bomb cannot outrun a stopped tree).
-_SUPERVISOR = (
-    """
-import ctypes, os, signal, subprocess, sys, time
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
-timeout, drop, budget = float(sys.argv[1]), sys.argv[2] == '1', int(sys.argv[4])
-ids = dict(user={NOBODY}, group={NOBODY}, extra_groups=[]) if drop else {}
-# In a mount namespace of its own (rlimit as root): a private, size-capped tmpfs over each scratch folder
-# ('w:', shared with other users) and an empty read-only one over each folder to hide ('h:').
-masks = [line.split(':', 1) for line in sys.argv[5].splitlines()]
-if masks:
-    libc = ctypes.CDLL(None, use_errno=True)
-    for how, path in masks:
-        if not os.path.isdir(path):   # gone, or hidden by an earlier mask
-            continue
-        flags, options = (6, b'size={TMPFS_BYTES},mode=1777') if how == 'w' else (7, b'size=4k,mode=0755')
-        if libc.mount(b'tmpfs', path.encode(), b'tmpfs', flags, options) != 0:   # MS_NOSUID | MS_NODEV (| MS_RDONLY)
-            sys.stderr.write('sandbox: cannot mask %s (errno %d)\\n' % (path, ctypes.get_errno()))
-            sys.exit(125)
-child = subprocess.Popen(sys.argv[6:], start_new_session=True, cwd='/tmp' if masks else None,
-                         **ids)   # its own group, stopped in one call
-page = os.sysconf('SC_PAGE_SIZE')
-
-def resident(pids):
-    total = 0
-    for pid in pids:
-        try:
-            with open('/proc/%d/statm' % pid) as f:
-                total += int(f.read().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-def below(pid):
-    found = []
-    try:
-        for tid in os.listdir('/proc/%d/task' % pid):
-            with open('/proc/%d/task/%s/children' % (pid, tid)) as f:
-                found += [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    return found + [q for p in found for q in below(p)]
-
-# The time limit, and a process count kept here as well as by RLIMIT_NPROC (which exempts root: a
-# program that could not become nobody), looked at every 20 ms.
-deadline, limit, code = time.monotonic() + timeout, int(sys.argv[3]), None
-while code is None:
-    try:
-        code = child.wait(timeout=0.02)
-        code = 128 - code if code < 0 else code
-    except subprocess.TimeoutExpired:
-        tree = below(os.getpid())
-        if time.monotonic() > deadline:
-            code = {TIMED_OUT}
-        elif len(tree) > limit:
-            code = {TOO_MANY}
-        elif resident(tree) > budget:   # RLIMIT_AS holds each process; this, all of them together
-            code = {TOO_BIG}
-
-def state(pid):
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            return f.read().rpartition(') ')[2][:1]
-    except OSError:
-        return 'X'
-
-def kill(pids, sig):
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-try:
-    os.killpg(child.pid, signal.SIGSTOP)
-except OSError:
-    pass
-for _ in range(1000):   # stopped processes cannot fork: stop the tree until nothing in it runs
-    running = [p for p in below(os.getpid()) if state(p) not in 'TtZX']
-    if not running:
-        break
-    kill(running, signal.SIGSTOP)
-try:
-    os.killpg(child.pid, signal.SIGKILL)
-except OSError:
-    pass
-for _ in range(1000):
-    tree = below(os.getpid())
-    if not tree:
-        break
-    kill(tree, signal.SIGKILL)
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-    time.sleep(0.005)
-sys.exit(code)
-""".replace("{NOBODY}", str(NOBODY))
-    .replace("{TMPFS_BYTES}", str(TMPFS_BYTES))
-    .replace("{TIMED_OUT}", str(TIMED_OUT))
-    .replace("{TOO_BIG}", str(TOO_BIG))
-    .replace("{TOO_MANY}", str(TOO_MANY))
-)
+# The runner and the supervisor are modules of their own (standard library only), run as `python -I -c
+# <their text>`: nothing of quantspec's environment or path reaches the sandbox, and they need no file mounted.
+RUNNER = Path(sandbox_runner.__file__).read_text()
+SUPERVISOR = Path(sandbox_supervisor.__file__).read_text()
 
 
 class SandboxUnavailable(RuntimeError):
@@ -609,7 +293,7 @@ def run(program: str | Judged, kind: str, limits: Limits) -> Outcome:
         exe,
         "-I",
         "-c",
-        _RUNNER,
+        RUNNER,
         str(limits.memory_mb << 20),
         str(limits.cpu_seconds()),
         str(OUTPUT_BYTES),
@@ -626,7 +310,7 @@ def run(program: str | Judged, kind: str, limits: Limits) -> Outcome:
         exe,
         "-I",
         "-c",
-        _SUPERVISOR,
+        SUPERVISOR,
         str(limits.timeout_s),
         str(int(drop and kind == "rlimit")),
         str(SUPERVISED),
@@ -666,7 +350,7 @@ def run(program: str | Judged, kind: str, limits: Limits) -> Outcome:
             return Outcome("timed out", f"over {limits.timeout_s:g} s")
         if code == 0:
             out.seek(0)
-            if f"\nquantspec-sandbox-passed:{nonce}\n".encode() in out.read():
+            if sandbox_runner.PASSED + nonce.encode() + b"\n" in out.read():
                 return Outcome("passed", "")
             return Outcome("failed", "ended before its tests finished (exit status 0 without the runner's pass marker)")
         if code == TIMED_OUT:

@@ -51,7 +51,9 @@ def first_line(err: BaseException) -> str:
 
 
 def default_uri() -> str:
-    return f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
+    """The store where tracking.uri (or tracking_uri=) names none: MLflow's MLFLOW_TRACKING_URI where set, as
+    every MLflow tool reads it, else the project's SQLite file."""
+    return os.environ.get("MLFLOW_TRACKING_URI", "").strip() or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
 
 
 def quiet_store_logs() -> None:

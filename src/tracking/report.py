@@ -715,8 +715,14 @@ def settings(argv: list[str] = ()):
     merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(argv)))
     if merged.quality.metric not in q.METRICS:
         raise SettingError(f"quality.metric={merged.quality.metric} is not one of: {', '.join(q.METRICS)}")
-    if not 0 < float(merged.quality.min_ratio) <= 1:
+    try:
+        ratio = float(merged.quality.min_ratio)
+    except (TypeError, ValueError):
+        ratio = math.nan
+    if not 0 < ratio <= 1:  # nan fails here too
         raise SettingError(f"quality.min_ratio={merged.quality.min_ratio} must be above 0 and at most 1")
+    if not isinstance(merged.attach, bool):
+        raise SettingError(f"attach={merged.attach} must be true or false")
     return merged
 
 
