@@ -207,3 +207,9 @@ def test_the_gate_lists_what_it_could_not_judge():
         0.95,
     )
     assert judged.unjudged == [] and judged.rows[0].verdict != "no interval"
+
+
+def test_help_lists_every_setting_with_its_default():
+    assert set(regress.MEANING) == set(regress.SETTINGS)
+    text = regress.usage()
+    assert all(f"    {k}=" in text for k in regress.SETTINGS) and "unjudged=fail" in text

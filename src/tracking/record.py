@@ -83,24 +83,29 @@ ledger = Ledger()
 LOCAL = {"node": "local", "node_host": socket.gethostname()}  # where a job runs outside a Ray cluster
 
 
+def _close_sweep(status: str, reason: str, then: str) -> str:
+    """Close this process's sweep (its parent, with the store's counts) as `status` for `reason`; what to add
+    to the one line that says so (`then`: how to go on), or '' where no sweep is open here."""
+    store, sweep = ledger.store, ledger.sweep
+    if store is None or sweep is None:
+        return ""
+    try:
+        parent = store.find_sweep(sweep.sweep_id)
+        counts = store.close_sweep(parent.info.run_id, status, reason) if parent else {}
+    except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
+        return f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
+    closed = ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "no jobs"
+    return f"; sweep closed ({closed}); {then.format(sweep_dir=sweep.sweep_id)}"
+
+
 def stopped(err: BaseException) -> int:
     """A signal ended the process: close what is open, say so in one line, and return the exit code."""
     signals.stopping()
     reason, code = signals.describe(err)
-    store, sweep, job = ledger.store, ledger.sweep, ledger.job
     said = f"quantspec: {reason}"
-    if job is not None and job.outcome == "killed":
+    if ledger.job is not None and ledger.job.outcome == "killed":
         said += "; the job under way is recorded as killed"
-    if store is not None and sweep is not None:
-        try:
-            parent = store.find_sweep(sweep.sweep_id)
-            counts = store.close_sweep(parent.info.run_id, "KILLED", reason) if parent else {}
-            said += (
-                f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
-                f"resume with hydra.sweep.dir={sweep.sweep_id}"
-            )
-        except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
-            said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
+    said += _close_sweep("KILLED", reason, "resume with hydra.sweep.dir={sweep_dir}")
     print(said, file=sys.stderr, flush=True)
     return code
 
@@ -120,21 +125,13 @@ def unwritable(err: OSError) -> int:
     ran is recorded; the rest never started."""
     what = f"{err.strerror or type(err).__name__}{f': {err.filename}' if err.filename else ''}"
     said = f"quantspec: the sweep stopped: it could not write its files ({what})"
-    store, sweep = ledger.store, ledger.sweep
-    if store is not None and sweep is not None:
-        try:
-            parent = store.find_sweep(sweep.sweep_id)
-            counts = (
-                store.close_sweep(parent.info.run_id, "FAILED", f"could not write its files ({what})") if parent else {}
-            )
-            said += (
-                f"; sweep closed ({', '.join(f'{n} {o}' for o, n in counts.items() if n) or 'no jobs'}); "
-                f"make it writable (or free space) and rerun with hydra.sweep.dir={sweep.sweep_id} to resume"
-            )
-        except Exception as close_err:  # noqa: BLE001 - the next run closes it from its owner record
-            said += f"; the sweep's parent stays open until the next run ({type(close_err).__name__})"
-    else:  # before any job: nothing was recorded
-        said += "; no job ran: free space or make it writable (or choose another hydra.sweep.dir) and rerun"
+    closed = _close_sweep(
+        "FAILED",
+        f"could not write its files ({what})",
+        "make it writable (or free space) and rerun with hydra.sweep.dir={sweep_dir} to resume",
+    )
+    # before any job: nothing was recorded
+    said += closed or "; no job ran: free space or make it writable (or choose another hydra.sweep.dir) and rerun"
     print(said, file=sys.stderr, flush=True)
     return 1
 

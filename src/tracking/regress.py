@@ -61,6 +61,25 @@ SETTINGS = {
     "unjudged": "fail",
     "out": "reports",
 }
+MEANING = {  # each setting's help line (--help lists them with their defaults)
+    "baseline": "the sweep to compare against: its directory, its id or its parent run's id (required)",
+    "sweep": "the new sweep, named the same ways (null: the latest sweep)",
+    "tracking_uri": "the store both sweeps are in (null: MLFLOW_TRACKING_URI, else the project's mlflow.db)",
+    "experiment": "the MLflow experiment they were recorded under",
+    "confidence": "the bootstrap interval's level, in [0.5, 1)",
+    "tolerance": "how far past 1 the whole interval must lie for slower or faster (a fraction)",
+    "fail_on": "exit 1 where a job is slower with confidence by more than this fraction (null: never)",
+    "unjudged": "fail (exit 3) or pass where the gate could not judge a job",
+    "out": "the folder the regress-<key>/ files are written under",
+}
+
+
+def usage() -> str:
+    width = max(map(len, SETTINGS))
+    lines = [f"    {k}={'null' if v is None else v}".ljust(width + 14) + MEANING[k] for k, v in SETTINGS.items()]
+    return f"{__doc__.strip()}\n\nSettings (key=value), with their defaults:\n\n" + "\n".join(lines)
+
+
 # The params that make a job what it is; what names the sweep or where it ran is not part of it.
 IDENTITY = ("model.", "hardware.", "precision.", "draft.", "task.", "engine.", "dataset.", "sampling.")
 FIGURES = (
@@ -411,7 +430,7 @@ def write(c: Comparison, out: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     if {"-h", "--help"} & set(argv):
-        print(__doc__.strip())
+        print(usage())
         return 0
     try:
         envvars.check()
