@@ -63,9 +63,9 @@ def test_owners_are_judged_by_process_here_and_by_heartbeat_elsewhere():
     assert owner.gone(None, None) is None  # runs from before owners were recorded are left alone
 
 
-def test_a_lock_whose_holder_died_is_taken_at_once(tmp_path):
-    path = tmp_path / "build.lock"
-    holder = subprocess.Popen(
+def _hold(path) -> subprocess.Popen:
+    """Another process holding the lock on `path` (it says 'held' once it does) for ten minutes."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-c",
@@ -79,6 +79,11 @@ def test_a_lock_whose_holder_died_is_taken_at_once(tmp_path):
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+def test_a_lock_whose_holder_died_is_taken_at_once(tmp_path):
+    path = tmp_path / "build.lock"
+    holder = _hold(path)
     assert holder.stdout.readline().strip() == "held"
     holder.kill()
     holder.wait()
@@ -98,20 +103,7 @@ def test_a_lock_whose_holder_is_stopped_is_given_up_in_one_line(tmp_path):
     from src.common.locks import LockStuck
 
     path = tmp_path / "build.lock"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from pathlib import Path; "
-            "from src.common.locks import file_lock\nwith file_lock(Path(sys.argv[1]), 'x'):\n"
-            "    print('held', flush=True); time.sleep(600)",
-            str(path),
-        ],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = _hold(path)
     try:
         assert holder.stdout.readline().strip() == "held"
         os.kill(holder.pid, signal.SIGSTOP)

@@ -170,32 +170,31 @@ def replay(
         os.close(fd)
 
 
-def pending(registry: Path, uri: str | None = None) -> list[tuple[Path, Path]]:
-    """(pointer, journal) for each listed journal (for `uri`, where given), oldest first."""
+def _entries(registry: Path) -> list[tuple[Path, dict]]:
+    """(pointer, entry) for each listed entry that reads as an object, oldest first (the rest: unreadable())."""
     found = []
     for pointer in sorted(registry.glob("*.json"), key=lambda p: p.stat().st_mtime) if registry.is_dir() else []:
         try:
             entry = json.loads(pointer.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-            continue  # said by unreadable()
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        except (ValueError, OSError):  # not JSON, or not UTF-8, or gone
             continue
-        if uri is None or entry.get("uri") == uri:
-            found.append((pointer, Path(entry["path"])))
+        if isinstance(entry, dict):
+            found.append((pointer, entry))
     return found
+
+
+def pending(registry: Path, uri: str | None = None) -> list[tuple[Path, Path]]:
+    """(pointer, journal) for each listed journal (for `uri`, where given), oldest first."""
+    return [
+        (pointer, Path(entry["path"]))
+        for pointer, entry in _entries(registry)
+        if isinstance(entry.get("path"), str) and (uri is None or entry.get("uri") == uri)
+    ]
 
 
 def listed_uris(registry: Path) -> set[str]:
     """The stores named by the pending entries this user's jobs wrote under the cache."""
-    uris = set()
-    for pointer in registry.glob("*.json") if registry.is_dir() else []:
-        try:
-            entry = json.loads(pointer.read_text())
-        except (ValueError, OSError):
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("uri"), str):
-            uris.add(entry["uri"])
-    return uris
+    return {entry["uri"] for _, entry in _entries(registry) if isinstance(entry.get("uri"), str)}
 
 
 def with_sweeps(entries: list[tuple[Path, Path]]) -> tuple[list[tuple[Path | None, Path]], list[str]]:

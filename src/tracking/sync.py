@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
         return 2
     named = {a.removeprefix("tracking_uri=") for a in argv if a.startswith("tracking_uri=")}
     argv = [a for a in argv if not a.startswith("tracking_uri=")]
-    listed = {uri for uri in journal.listed_uris(_registry())}
+    listed = journal.listed_uris(_registry())
     bound_http_retries()
     quiet_store_logs()
     stores: dict[tuple[str, str], Store] = {}
