@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """A decode beside a busy neighbour: quantspec and llama.cpp on a quiet host, with one core taken by another
 process, and on one thread, timed in turns.
 
-    .venv/bin/python scripts/bench_contention.py                        # w4a16, 3 rounds
-    .venv/bin/python scripts/bench_contention.py --precisions w4a16 fp32 --rounds 5 --doc
+    .venv/bin/python -m scripts.bench_contention                        # w4a16, 3 rounds
+    .venv/bin/python -m scripts.bench_contention precisions=w4a16,fp32 rounds=5 doc=true
 
 Each round runs, for each condition, `python -m src.run precision=<p> task=decode task.limit=<n>` (a whole
 job as a user runs it, its time/token the median over the first n seed prompts, read back from its MLflow
@@ -18,12 +17,11 @@ prompts with the same greedy tokens, timed alike. The conditions:
 - one thread, busy: hardware.threads=1 beside the same neighbour, the best a fixed choice could do.
 
 Printed: each condition's median over rounds, its range, and its ratio to the quiet figure of the same
-decoder, taken round by round. --doc appends the table to docs/benchmarks/contention.md.
+decoder, taken round by round. doc=true appends the table to docs/benchmarks/contention.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -33,12 +31,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from scripts.bench_llamacpp import TOKENS, cache_dir, decode_job, import_llama_cpp, llama_cpp_ms  # noqa: E402
-from src.common import benchpage  # noqa: E402
-from src.common.metrics import markdown_table  # noqa: E402
+from scripts import bench
+from scripts.peer import TOKENS, cache_dir, decode_job, import_llama_cpp, llama_cpp_ms
+from src.common import benchpage
+from src.common.metrics import markdown_table
+from src.common.settings import Setting
 
 # (name, overrides for quantspec's job, neighbour, llama.cpp threads: None for the job's own count)
 CONDITIONS = [
@@ -73,13 +70,20 @@ def ours(precision: str, overrides: list[str], limit: int, store: str, sweep_dir
     return metrics["time_per_token_ms_median"], metrics.get("step_fewer_threads_share", float("nan"))
 
 
+COMMAND = bench.command(
+    "bench_contention",
+    __doc__,
+    [
+        Setting("precisions", ("w4a16",), "quantspec's precisions"),
+        Setting("rounds", 3, "rounds in turns"),
+        Setting("limit", 5, "seed prompts per job"),
+    ],
+    takes="",
+)
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--precisions", nargs="+", default=["w4a16"])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--limit", type=int, default=5, help="seed prompts per job")
-    benchpage.add_argument(parser)
-    args = parser.parse_args(argv)
+    args, _ = bench.parse(COMMAND, argv)
     if len(os.sched_getaffinity(0)) < 2:
         print("quantspec: one core here: there is no other core for a neighbour to take", file=sys.stderr)
         return 2

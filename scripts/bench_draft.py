@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Every draft kind against the same target without a draft, in one sweep; why each pays or not.
 
-    .venv/bin/python scripts/bench_draft.py                          # gemma3-270m, bf16 and fp32 targets
-    .venv/bin/python scripts/bench_draft.py precision=w8a8 draft.k=3 # any extra Hydra overrides
-    .venv/bin/python scripts/bench_draft.py task=decode              # one task instead of decode,benchmark
-    .venv/bin/python scripts/bench_draft.py --doc                    # also on the docs' benchmark page
+    .venv/bin/python -m scripts.bench_draft                          # gemma3-270m, bf16 and fp32 targets
+    .venv/bin/python -m scripts.bench_draft precision=w8a8 draft.k=3 # any extra Hydra overrides
+    .venv/bin/python -m scripts.bench_draft task=decode              # one task instead of decode,benchmark
+    .venv/bin/python -m scripts.bench_draft doc=true                 # also on the docs' benchmark page
 
 One sweep over precision (the target) x draft=prompt_lookup,self_w4a16,self_w8a8,self_w8a8_vocab4k x
 task=decode,benchmark (greedy). Each job
@@ -16,19 +15,11 @@ c and Leviathan's expected speedup from them. Figures are read back from the MLf
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from src.common import benchpage  # noqa: E402
-from src.common.metrics import markdown_table  # noqa: E402
-from src.tracking import default_uri  # noqa: E402
-from src.tracking.report import save_markdown  # noqa: E402
-from src.tracking.sweeps import sweep_jobs  # noqa: E402
+from scripts import bench
+from src.common.metrics import markdown_table
+from src.common.settings import Setting
 
 DRAFTS = ["prompt_lookup", "self_w4a16", "self_w8a8", "self_w8a8_vocab4k"]
 COLUMNS = [
@@ -47,28 +38,26 @@ COLUMNS = [
 ]
 
 
+COMMAND = bench.command(
+    "bench_draft",
+    __doc__,
+    [
+        Setting("drafts", tuple(DRAFTS), "the draft kinds swept, each against the same target without a draft"),
+        Setting("precision", "bf16,fp32", "the targets' precisions (a sweep)"),
+        Setting("task", "decode,benchmark", "the tasks (a sweep)"),
+    ],
+)
+
+
 def main(argv: list[str]) -> int:
-    doc, overrides = "--doc" in argv, [a for a in argv if a != "--doc"]
-    uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
-    sweep_dir = ROOT / "multirun" / f"bench-draft-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    target = next((o.split("=", 1)[1] for o in overrides if o.startswith("precision=")), "bf16,fp32")
-    tasks = next((o.split("=", 1)[1] for o in overrides if o.startswith("task=")), "decode,benchmark")
-    cmd = [
-        sys.executable,
-        "-m",
-        "src.run",
-        "-m",
-        f"draft={','.join(DRAFTS)}",
-        f"task={tasks}",
-        f"precision={target}",
-        f"hydra.sweep.dir={sweep_dir}",
-        *[o for o in overrides if not o.startswith(("precision=", "task="))],
-    ]
-    print("running:", " ".join(cmd[1:]), flush=True)
-    done = subprocess.run(cmd, cwd=ROOT)
-    if done.returncode == 2:  # the command line refused, in one line: no sweep to read back
+    args, overrides = bench.parse(COMMAND, argv)
+    sweep = bench.run_sweep(
+        "draft",
+        [f"draft={','.join(args.drafts)}", f"task={args.task}", f"precision={args.precision}", *overrides],
+    )
+    if sweep is None:
         return 2
-    _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
+    jobs = sweep.jobs
     rows = []
 
     def order(j):
@@ -82,20 +71,16 @@ def main(argv: list[str]) -> int:
             continue
         rows.append(key + ["finished"] + [j.metrics.get(k, math.nan) for k, _ in COLUMNS])
     table = markdown_table(["target", "task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
-    print(f"\n{table}")
-    save_markdown(sweep_dir.name, f"`{' '.join(cmd[2:])}`\n\n{table}\n")
-    benchpage.record(
-        doc,
+    bench.publish(
+        args.doc,
         "drafts",
         "Every draft kind against no draft",
-        f"`python -m src.run {' '.join(cmd[3:])}`: "
-        f"each speedup against the same job's examples timed without the draft, in turns.\n\n{table}",
+        table,
+        f"`{sweep.command}`: each speedup against the same job's examples timed without the draft, in turns.",
+        sweep.dir.name,
     )
-    return done.returncode
+    return sweep.returncode
 
 
 if __name__ == "__main__":
-    if {"-h", "--help"} & set(sys.argv[1:]):
-        print(__doc__)
-        sys.exit(0)
     sys.exit(main(sys.argv[1:]))

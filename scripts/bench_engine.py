@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """The decode engine against transformers' generate, the roofline, k-token verification, llama.cpp.
 
-    .venv/bin/python scripts/bench_engine.py                  # gemma3-270m, every precision
-    .venv/bin/python scripts/bench_engine.py --quick          # fewer precisions and repeats
+    .venv/bin/python -m scripts.bench_engine                  # gemma3-270m, every precision
+    .venv/bin/python -m scripts.bench_engine quick=true       # fewer precisions and repeats
 
 1. One sweep (engine=hf,native x precisions, task=benchmark): time/token of each engine, the ratio,
    and decode_efficiency (roofline time/token / measured), read back from MLflow.
@@ -15,55 +14,39 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.errors import HydraException, OverrideParseException  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from src import kernels  # noqa: E402
-from src.assembly.config import job_config_from_dict  # noqa: E402
-from src.assembly.job import Job, build  # noqa: E402
-from src.assembly.overrides import unknown_choice, unknown_key, unparsable  # noqa: E402
-from src.common import benchpage  # noqa: E402
-from src.common.metrics import markdown_table  # noqa: E402
-from src.engine.native import Decoder  # noqa: E402
-from src.tasks.benchmark import cut_prompts  # noqa: E402
-from src.tracking import default_uri  # noqa: E402
-from src.tracking.report import save_markdown  # noqa: E402
-from src.tracking.sweeps import sweep_jobs  # noqa: E402
+from scripts import bench
+from scripts.bench import median_time
+from scripts.jobs import build_job
+from src import kernels
+from src.common.metrics import markdown_table
+from src.common.settings import Setting
+from src.engine.native import Decoder
+from src.tasks.benchmark import cut_prompts
 
 PRECISIONS = ["fp32", "bf16", "w8a8", "w8a16", "w4a16"]
 
 
 def engine_sweep(precisions: list[str], repeats: int, overrides: list[str]) -> str:
-    uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
-    sweep_dir = ROOT / "multirun" / f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "src.run",
-        "-m",
-        "engine=hf,native",
-        f"precision={','.join(precisions)}",
-        "task=benchmark",
-        f"task.repeats={repeats}",
-        f"hydra.sweep.dir={sweep_dir}",
-        *overrides,
-    ]
-    print("running:", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, cwd=ROOT, check=False)
-    _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
+    sweep = bench.run_sweep(
+        "engine",
+        [
+            "engine=hf,native",
+            f"precision={','.join(precisions)}",
+            "task=benchmark",
+            f"task.repeats={repeats}",
+            *overrides,
+        ],
+    )
+    if sweep is None:
+        raise SystemExit(2)
+    jobs = sweep.jobs
     m = {(j.choice("precision"), j.choice("engine")): j.metrics for j in jobs if j.tags.get("outcome") == "finished"}
     get = lambda p, e, k: m.get((p, e), {}).get(k, math.nan)  # noqa: E731
     hf_fp32 = get("fp32", "hf", "time_per_token_ms_median")
@@ -95,38 +78,6 @@ def engine_sweep(precisions: list[str], repeats: int, overrides: list[str]) -> s
     )
 
 
-def _median_time(fn, n: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def build_job(precision: str, *overrides: str) -> Job:
-    """The job a sweep at this precision builds (src.assembly.job.build), here in process to time its parts."""
-    args = [f"precision={precision}", *overrides]
-    problem = unparsable(args) or unknown_choice(args) or unknown_key(args)  # src.run's one-line checks
-    if problem is None:
-        try:
-            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-                cfg = compose("config", overrides=args)
-        except HydraException as e:  # what those leave to Hydra, e.g. a word without '=': one line, no traceback
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            hint = " (overrides are key=value, e.g. model=llama-160m)" if isinstance(e, OverrideParseException) else ""
-            problem = first + hint
-    if problem is not None:
-        raise SystemExit(f"quantspec: {problem}")
-    return build(
-        job_config_from_dict(
-            {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg}
-        )
-    )
-
-
 @torch.inference_mode()
 def verify_costs(precisions: list[str], reps: int) -> str:
     rows = []
@@ -143,7 +94,7 @@ def verify_costs(precisions: list[str], reps: int) -> str:
                     decoder.verify(tokens[:k])
                 decoder.rollback(k)
 
-            return lambda: _median_time(run, reps)
+            return lambda: median_time(run, reps)
 
         decoder = Decoder(aten.model)
         decoder.prefill(prompt)
@@ -223,19 +174,24 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="bf16 and w8a8 only, one repeat")
-    parser.add_argument("--skip-sweep", action="store_true", help="only the verification and llama.cpp parts")
-    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the sweep")
-    benchpage.add_argument(parser)
-    args = parser.parse_args()
+COMMAND = bench.command(
+    "bench_engine",
+    __doc__,
+    [
+        Setting("quick", False, "fp32, bf16 and w8a8 only, one repeat"),
+        Setting("skip_sweep", False, "only the verification and llama.cpp parts"),
+    ],
+)
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = bench.parse(COMMAND, argv)
     precisions = ["fp32", "bf16", "w8a8"] if args.quick else PRECISIONS
     parts = []
     if not args.skip_sweep:
         parts.append(
             "## Engines (time/token, medians over the benchmark prompts)\n\n"
-            + engine_sweep(precisions, 1 if args.quick else 3, args.overrides)
+            + engine_sweep(precisions, 1 if args.quick else 3, overrides)
         )
         print(parts[-1], flush=True)
     parts.append(
@@ -247,16 +203,16 @@ def main() -> int:
         "## Against llama.cpp\n\n"
         + llama_cpp_head_to_head([p for p in precisions if p not in ("fp32",)], 3 if args.quick else 7)
     )
-    print(parts[-1], flush=True)
-    save_markdown(f"bench-engine-{time.strftime('%Y-%m-%d_%H-%M-%S')}", "\n\n".join(parts) + "\n")
-    benchpage.record(
+    bench.publish(
         args.doc,
         "engine",
         "engine=native against engine=hf, verification, llama.cpp",
         "\n\n".join(p.replace("## ", "### ", 1) for p in parts),
+        "engine=native against engine=hf, in process per precision, and llama.cpp in turns",
+        bench.stamp("engine"),
     )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """quantspec's kernel variants against each other and against ATen, op by op, timed in turns.
 
-    .venv/bin/python scripts/bench_kernels.py                       # every variant this CPU runs, 3 rounds
-    .venv/bin/python scripts/bench_kernels.py --aten-isa avx2       # ATen, oneDNN and MKL held to AVX2, as on
+    .venv/bin/python -m scripts.bench_kernels                       # every variant this CPU runs, 3 rounds
+    .venv/bin/python -m scripts.bench_kernels aten_isa=avx2         # ATen, oneDNN and MKL held to AVX2, as on
                                                                     # an AVX2-only host
-    .venv/bin/python scripts/bench_kernels.py --shapes llama --rows 1 4
-    .venv/bin/python scripts/bench_kernels.py --variants avx2 avx_vnni_evex   # AVX-VNNI's code, EVEX-encoded
+    .venv/bin/python -m scripts.bench_kernels shapes=llama rows=1,4
+    .venv/bin/python -m scripts.bench_kernels variants=avx2,avx_vnni_evex   # AVX-VNNI's code, EVEX-encoded
 
 Each round times every (shape, format, rows) on each variant and on ATen's kernel for the same weights,
 one after the other in this process (a variant is switched in place), so all see the same machine
@@ -15,19 +14,16 @@ ATen's time to the variant's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from src.common import benchpage  # noqa: E402 - imports no torch
-from src.common.paths import cache_root  # noqa: E402
-from src.kernels.variants import ATEN_ISA  # noqa: E402 - imports no torch
+from scripts import bench  # imports no torch
+from src.common import benchpage  # imports no torch
+from src.common.paths import cache_root
+from src.common.settings import Setting
+from src.kernels.variants import ATEN_ISA  # imports no torch
 
 SHAPES = {  # (name, N, K): a decode step's weights
     "gemma": [
@@ -40,18 +36,25 @@ SHAPES = {  # (name, N, K): a decode step's weights
 FORMATS = ("fp32", "bf16", "w8a8", "w8a16", "w4a16")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=10, help="calls per timing (the median is kept)")
-    ap.add_argument("--shapes", nargs="+", default=["gemma", "llama"], choices=sorted(SHAPES))
-    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
-    ap.add_argument("--rows", nargs="+", type=int, default=[1])
-    ap.add_argument("--variants", nargs="+", default=None, help="default: every variant this CPU runs")
-    ap.add_argument("--aten-isa", choices=sorted(ATEN_ISA), default=None)
-    ap.add_argument("--threads", type=int, default=None)
-    benchpage.add_argument(ap)
-    args = ap.parse_args()
+COMMAND = bench.command(
+    "bench_kernels",
+    __doc__,
+    [
+        Setting("rounds", 3, "rounds in turns"),
+        Setting("repeats", 10, "calls per timing (the median is kept)"),
+        Setting("shapes", tuple(SHAPES), "the weight shapes timed", choices=tuple(SHAPES)),
+        Setting("formats", FORMATS, "the weight formats timed", choices=FORMATS),
+        Setting("rows", ("1",), "activation rows per call (1: a decode step)"),
+        Setting("variants", None, "the variants timed (null: every variant this CPU runs)", tuple),
+        Setting("aten_isa", None, "hold ATen, oneDNN and MKL to this ISA", choices=tuple(sorted(ATEN_ISA))),
+        Setting("threads", None, "threads (null: torch's default)", int),
+    ],
+    takes="",
+)
+
+
+def main(argv: list[str]) -> int:
+    args, _ = bench.parse(COMMAND, argv)
     if args.aten_isa:  # before torch is imported: its libraries read these once
         os.environ.update(ATEN_ISA[args.aten_isa])
 
@@ -84,6 +87,7 @@ def main() -> int:
         return statistics.median(times)
 
     cases = []
+    rows_of = [int(r) for r in args.rows]
     for group in args.shapes:
         for label, n, k in SHAPES[group]:
             torch.manual_seed(0)
@@ -102,7 +106,7 @@ def main() -> int:
                     fast, slow = build(kind, t, 128, dtype, gemv=True), build(kind, t, 128, dtype, gemv=False)
                     ours, aten = fast, slow
                     nbytes = fast.step_bytes()
-                for rows in args.rows:
+                for rows in rows_of:
                     x = torch.randn(rows, k).to(dtype)
                     cases.append((label, fmt, rows, nbytes, ours, aten, x))
             del w
@@ -147,4 +151,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Long prompts at Llama-2-7B's shape: quantspec's benchmark_long beside llama.cpp on the same shape.
 
-    .venv/bin/python scripts/bench_long_llamacpp.py                          # w8a8 vs Q8_0, w4a16 vs Q4_K_M
-    .venv/bin/python scripts/bench_long_llamacpp.py --pairs w8a8:Q8_0 --lengths 512 2048
+    .venv/bin/python -m scripts.bench_long_llamacpp                          # w8a8 vs Q8_0, w4a16 vs Q4_K_M
+    .venv/bin/python -m scripts.bench_long_llamacpp pairs=w8a8:Q8_0 lengths=512,2048
 
 No 7B weights can be fetched here, and prefill and decode time depend on the shapes, not the values: so
 both sides run random weights. quantspec runs `python -m src.run model=llama-2-7b model.weights=random
@@ -17,7 +16,6 @@ llama.cpp take turns per precision, so both see the same machine load. Writes re
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -27,19 +25,16 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import numpy as np
+from mlflow.tracking import MlflowClient
 
-import numpy as np  # noqa: E402
-
-from src.common import benchpage  # noqa: E402
-from src.common.metrics import EXAMPLE, markdown_table  # noqa: E402
-from src.tracking.compare import quiet  # noqa: E402
-from src.tracking.report import save_markdown  # noqa: E402
-from src.tracking.sweeps import sweep_jobs  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_llamacpp import cache_dir, import_llama_cpp  # noqa: E402
+from scripts import bench
+from scripts.peer import cache_dir, import_llama_cpp
+from src.common.environment import PROJECT_ROOT as ROOT
+from src.common.metrics import EXAMPLE, markdown_table
+from src.common.settings import Setting
+from src.tracking.readback.compare import quiet
+from src.tracking.readback.sweeps import sweep_jobs
 
 MODEL = "llama-2-7b"
 TOKENS = 16  # single-token steps after each prefill
@@ -146,8 +141,6 @@ def write_gguf(path: Path, mix: str) -> Path:
 
 def ours(precision: str, lengths: list[int], store: str, extra: list[str]) -> dict[int, tuple[float, float]]:
     """{prompt tokens: (prefill ms, time/token ms)} of one benchmark_long job."""
-    from mlflow.tracking import MlflowClient
-
     sweep_dir = Path(tempfile.mkdtemp(prefix="bench-long-"))
     subprocess.run(
         [
@@ -215,17 +208,23 @@ def llama_cpp_times(path: Path, lengths: list[int], threads: int) -> dict[int, t
     return out
 
 
+COMMAND = bench.command(
+    "bench_long_llamacpp",
+    __doc__,
+    [
+        Setting("pairs", ("w8a8:Q8_0", "w4a16:Q4_K_M"), "quantspec precision : llama.cpp GGUF mix (Q8_0 or Q4_K_M)"),
+        Setting("lengths", ("512", "1024", "2048", "4000"), "the prompt lengths"),
+    ],
+)
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--pairs",
-        nargs="+",
-        default=["w8a8:Q8_0", "w4a16:Q4_K_M"],
-        help="quantspec precision : llama.cpp GGUF mix (Q8_0 or Q4_K_M)",
-    )
-    parser.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4000])
-    benchpage.add_argument(parser)
-    args, extra = parser.parse_known_args(argv)
+    args, extra = bench.parse(COMMAND, argv)
+    try:
+        lengths = [int(n) for n in args.lengths]
+    except ValueError:
+        print(f"quantspec: lengths={','.join(args.lengths)} must be whole numbers", file=sys.stderr)
+        return 2
     llama_cpp = import_llama_cpp()
     if llama_cpp is None:
         return 2
@@ -242,9 +241,9 @@ def main(argv: list[str]) -> int:
         if not path.is_file():
             print(f"writing {path} (random {mix} blocks at {MODEL}'s shape)", flush=True)
             write_gguf(path, mix)
-        q = ours(precision, args.lengths, store, extra)
-        ref = llama_cpp_times(path, args.lengths, threads)
-        for n in args.lengths:
+        q = ours(precision, lengths, store, extra)
+        ref = llama_cpp_times(path, lengths, threads)
+        for n in lengths:
             (qp, qt), (rp, rt) = q.get(n, (math.nan, math.nan)), ref[n]
             rows.append([n, f"quantspec {precision}", qp, qt, f"llama.cpp {mix}", rp, rt, qp / rp, qt / rt])
             print(
@@ -266,18 +265,14 @@ def main(argv: list[str]) -> int:
         ],
         rows,
     )
-    print("\n" + table)
-    save_markdown(
-        f"bench-long-{time.strftime('%Y-%m-%d_%H-%M-%S')}",
-        f"`bench_long_llamacpp.py {' '.join(argv)}`, llama.cpp {llama_cpp.__version__}, {threads} threads, "
-        f"{TOKENS} single-token steps after each prefill\n\n{table}\n",
-    )
-    benchpage.record(
+    bench.publish(
         args.doc,
         "seven-b",
         f"Long prompts at {MODEL}'s shape against llama.cpp",
-        f"llama.cpp {llama_cpp.__version__}, {threads} threads, random blocks of llama.cpp's own types; "
-        f"each prompt prefilled in one call, then {TOKENS} single-token steps, each side in turns.\n\n{table}",
+        table,
+        f"llama.cpp {llama_cpp.__version__}, {threads} threads, random blocks of llama.cpp's own types; each prompt "
+        f"prefilled in one call, then {TOKENS} single-token steps, each side in turns.",
+        bench.stamp("long"),
     )
     return 0
 

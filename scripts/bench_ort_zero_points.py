@@ -8,21 +8,20 @@ says how far each is from quantspec's weights:
   float zero point, accuracy level 4 and 0: quantspec's weights exactly;
   uint4 zero point (the minimum rounded to the grid), level 4: ORT's fast path, other weights.
 
-    .venv/bin/python scripts/bench_ort_zero_points.py --rounds 5
+    .venv/bin/python -m scripts.bench_ort_zero_points rounds=5
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.common import benchpage  # noqa: E402
+from scripts import bench
+from src.common import benchpage
+from src.common.settings import Setting
 
 
 def session(packed, scale, zero, k: int, n: int, block: int, level: int):
@@ -60,14 +59,21 @@ def session(packed, scale, zero, k: int, n: int, block: int, level: int):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k", type=int, default=2048)
-    parser.add_argument("--n", type=int, default=2048)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=100, help="gemvs per timing")
-    benchpage.add_argument(parser)
-    args = parser.parse_args()
+COMMAND = bench.command(
+    "bench_ort_zero_points",
+    __doc__,
+    [
+        Setting("k", 2048, "the gemv's K"),
+        Setting("n", 2048, "the gemv's N"),
+        Setting("rounds", 5, "rounds in turns"),
+        Setting("calls", 100, "gemvs per timing"),
+    ],
+    takes="",
+)
+
+
+def main(argv: list[str]) -> None:
+    args, _ = bench.parse(COMMAND, argv)
     k, n, block = args.k, args.n, 128
     rng = np.random.default_rng(0)
     # quantspec's form: q in 0..15, a float scale and a float minimum per group
@@ -124,4 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

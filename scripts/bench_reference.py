@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """What measuring quality against a reference costs: the reference pass (once per model, windows and
 reference), reading it back from the cache (every later job), and the job's own scoring pass with and
 without the reference's top-k to gather, timed in turns over several rounds in one process.
 
-    .venv/bin/python scripts/bench_reference.py                     # gemma3-270m, w4a16, 8 windows of 512
-    .venv/bin/python scripts/bench_reference.py --rounds 5 precision=w8a8 task.windows=4
+    .venv/bin/python -m scripts.bench_reference                     # gemma3-270m, w4a16, 8 windows of 512
+    .venv/bin/python -m scripts.bench_reference rounds=5 task.windows=4
 
 Each round, in this order: (1) the reference pass after its cache entry is removed (its own model load
 from the converted-model cache, the float forward of each window, the top-k, the safetensors write and
@@ -14,41 +13,26 @@ manifest), (2) the same call on the filled cache (manifest check and read), (3) 
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+from scripts import bench
+from scripts.jobs import build_job
+from src.common.environment import cpu_model
+from src.common.metrics import markdown_table, md_text
+from src.common.settings import Setting
+from src.tasks.perplexity import windows
 
-from src.assembly.config import job_config_from_dict  # noqa: E402
-from src.assembly.job import build  # noqa: E402
-from src.common import benchpage  # noqa: E402
-from src.common.environment import cpu_model  # noqa: E402
-from src.common.metrics import markdown_table, md_text  # noqa: E402
-from src.tasks.perplexity import windows  # noqa: E402
-from src.tracking.report import save_markdown  # noqa: E402
+COMMAND = bench.command("bench_reference", __doc__, [Setting("rounds", 3, "rounds in turns")])
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    benchpage.add_argument(parser)
-    args, overrides = parser.parse_known_args(argv)
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["precision=w4a16", "task=perplexity", *overrides])
-    job = build(
-        job_config_from_dict(
-            {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg}
-        )
-    )
+    args, overrides = bench.parse(COMMAND, argv)
+    job = build_job("w4a16", "task=perplexity", *overrides)
     inputs, task = job.inputs(), job.cfg.task
     chunks, _ = windows(inputs.tokenizer, inputs.corpus(), task.window, task.windows)
     times: dict[str, list[float]] = {
@@ -90,10 +74,8 @@ def main(argv: list[str]) -> int:
         f"{ref.precision} top-{task.reference_top_k}, {args.rounds} rounds in turns, {torch.get_num_threads()} "
         f"threads, {md_text(cpu_model())}"
     )
-    text = f"{title}\n\n" + markdown_table(["step", "median s", "min–max s", "÷ job scoring alone"], rows)
-    print("\n" + text)
-    save_markdown("bench_reference", text)
-    benchpage.record(args.doc, "quality", "What the reference costs", text, rounds=args.rounds)
+    table = markdown_table(["step", "median s", "min–max s", "÷ job scoring alone"], rows)
+    bench.publish(args.doc, "quality", "What the reference costs", table, title, "bench_reference", rounds=args.rounds)
     return 0
 
 

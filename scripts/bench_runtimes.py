@@ -1,55 +1,48 @@
-#!/usr/bin/env python
 """Benchmark the runtimes on the same model in one sweep: time/token, prefill and perplexity per engine.
 
-    .venv/bin/python scripts/bench_runtimes.py                   # native, openvino, ort_genai at fp32, w8a16, w4a16
-    .venv/bin/python scripts/bench_runtimes.py --engines native ort_genai --precisions fp32 w4a16 --doc
+    .venv/bin/python -m scripts.bench_runtimes                   # native, openvino, ort_genai at fp32, w8a16, w4a16
+    .venv/bin/python -m scripts.bench_runtimes engines=native,ort_genai precisions=fp32,w4a16 doc=true
 
 One sweep (task=benchmark for time/token and prefill, task=perplexity for quality) over engines × precisions,
 so each figure is measured on one machine beside the others; a combination a runtime cannot run is a skip with
 its reason. Each runtime quantizes by its own method (OpenVINO: NNCF; ONNX Runtime GenAI: its model builder's
-round-to-nearest), which the perplexity column shows. Figures are read back from the MLflow store; --doc also
+round-to-nearest), which the perplexity column shows. Figures are read back from the MLflow store; doc=true also
 appends the table to the docs' benchmark page (docs/benchmarks/runtimes.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from scripts import bench
+from src.common.metrics import markdown_table
+from src.common.settings import Setting
 
-from src.common import benchpage  # noqa: E402
-from src.common.metrics import markdown_table  # noqa: E402
-from src.tracking import default_uri  # noqa: E402
-from src.tracking.report import save_markdown  # noqa: E402
-from src.tracking.sweeps import sweep_jobs  # noqa: E402
+COMMAND = bench.command(
+    "bench_runtimes",
+    __doc__,
+    [
+        Setting("engines", ("native", "openvino", "ort_genai"), "the runtimes swept"),
+        Setting("precisions", ("fp32", "w8a16", "w4a16"), "the precisions swept"),
+    ],
+)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--engines", nargs="+", default=["native", "openvino", "ort_genai"])
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "w8a16", "w4a16"])
-    benchpage.add_argument(parser)
-    args, overrides = parser.parse_known_args(argv)
-    uri = next((o.split("=", 1)[1] for o in overrides if o.startswith("tracking.uri=")), default_uri())
-    sweep_dir = ROOT / "multirun" / f"bench-runtimes-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    sweep = [
-        f"engine={','.join(args.engines)}",
-        f"precision={','.join(args.precisions)}",
-        "task=benchmark,perplexity",
-        *overrides,
-    ]
-    cmd = [sys.executable, "-m", "src.run", "-m", *sweep, f"hydra.sweep.dir={sweep_dir}"]
-    print("running:", " ".join(cmd[1:]), flush=True)
-    done = subprocess.run(cmd, cwd=ROOT)
-    if done.returncode == 2:  # the command line refused, in one line: no sweep to read back
+    args, overrides = bench.parse(COMMAND, argv)
+    sweep = bench.run_sweep(
+        "runtimes",
+        [
+            f"engine={','.join(args.engines)}",
+            f"precision={','.join(args.precisions)}",
+            "task=benchmark,perplexity",
+            *overrides,
+        ],
+    )
+    if sweep is None:
         return 2
-    _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
+    jobs = sweep.jobs
     by = {(j.choice("engine"), j.choice("precision"), j.choice("task")): j for j in jobs}
 
     def cell(engine: str, precision: str, task: str, metric: str, digits: int) -> str:
@@ -83,17 +76,16 @@ def main(argv: list[str]) -> int:
         }
     )
     text = table + ("\n\nSkipped:\n\n" + "\n".join(f"- {s}" for s in skips) if skips else "")
-    print("\n" + text)
-    save_markdown(sweep_dir.name, f"`{' '.join(cmd[2:])}`\n\n{text}\n")
-    benchpage.record(
+    bench.publish(
         args.doc,
         "runtimes",
         f"Runtimes side by side: {', '.join(args.engines)}",
-        f"`python -m src.run -m {' '.join(sweep)}`: one sweep, the "
-        f"benchmark task's prompts (medians over them) and 8 perplexity windows; each runtime "
-        f"quantizes by its own method.\n\n{text}",
+        text,
+        f"`{sweep.command}`: one sweep, the benchmark task's prompts (medians over them) and 8 perplexity "
+        f"windows; each runtime quantizes by its own method.",
+        sweep.dir.name,
     )
-    return done.returncode
+    return sweep.returncode
 
 
 if __name__ == "__main__":

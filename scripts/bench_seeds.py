@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """The seeds' table, reproduced: each seed configuration at its real shape (random weights: timing only),
 run on this machine, beside the figures the seed documents report for the PHX, HPT and STX NPUs.
 
-    .venv/bin/python scripts/bench_seeds.py                         # every row (hours on 2 cores)
-    .venv/bin/python scripts/bench_seeds.py --models llama-2-7b --quick task.repeats=1
-    .venv/bin/python scripts/bench_seeds.py --quick --resume         # finish an interrupted run
+    .venv/bin/python -m scripts.bench_seeds                         # every row (hours on 2 cores)
+    .venv/bin/python -m scripts.bench_seeds models=llama-2-7b quick=true task.repeats=1
+    .venv/bin/python -m scripts.bench_seeds quick=true resume=true  # finish an interrupted run
 
 One sweep per model (its precisions, and its assisted-generation rows, which are timed for cost only:
-random weights agree by chance). --quick times two prompt lengths and 16 new tokens instead of the
+random weights agree by chance). quick=true times two prompt lengths and 16 new tokens instead of the
 seeds' seven lengths and 60. Writes reports/bench-seeds-<time>.md.
 
 The seed figures below are copied from AMD's Ryzen AI LLM examples (the documents quantspec grew out
@@ -18,21 +17,19 @@ prefill at 128 prompt tokens (512 for the documents whose tables start there), o
 
 from __future__ import annotations
 
-import argparse
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mlflow.tracking import MlflowClient
 
-from src.common import benchpage  # noqa: E402
-from src.common.metrics import EXAMPLE, markdown_table  # noqa: E402
-from src.tracking import default_uri  # noqa: E402
-from src.tracking.report import save_markdown  # noqa: E402
-from src.tracking.sweeps import sweep_jobs  # noqa: E402
+from scripts import bench
+from src.common.environment import PROJECT_ROOT as ROOT
+from src.common.metrics import EXAMPLE, markdown_table
+from src.common.settings import Setting
+from src.tracking.readback.sweeps import sweep_jobs
+from src.tracking.store.names import default_uri
 
 # (model, precision, draft, platform, seed time/token ms, seed prefill ms, at prompt tokens, source)
 SEEDS = [
@@ -63,9 +60,7 @@ def sweep(model: str, drafts: list[str], quick: bool, resume: bool, extra: list[
     w4a16), all into one sweep directory: with `resume`, the model's latest one, whose finished jobs are
     skipped (a sweep resumes in its own directory)."""
     earlier = sorted((ROOT / "multirun").glob(f"bench-seeds-{model}-*")) if resume else []
-    sweep_dir = (
-        earlier[-1] if earlier else ROOT / "multirun" / f"bench-seeds-{model}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
-    )
+    sweep_dir = earlier[-1] if earlier else ROOT / "multirun" / bench.stamp(f"seeds-{model}")
     lengths = "[128,512]" if quick else "[4,8,16,32,64,128,256,512]"
     base = [
         sys.executable,
@@ -97,8 +92,6 @@ def sweep(model: str, drafts: list[str], quick: bool, resume: bool, extra: list[
 
 def per_length(uri: str, job, metric: str, tokens: int) -> float:
     """The job's `metric` at the example of `tokens` prompt tokens (step = example number)."""
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(uri)
     step = next(
         (m.step for m in client.get_metric_history(job.run_id, f"{EXAMPLE}prompt_tokens") if int(m.value) == tokens),
@@ -107,13 +100,19 @@ def per_length(uri: str, job, metric: str, tokens: int) -> float:
     return {m.step: m.value for m in client.get_metric_history(job.run_id, EXAMPLE + metric)}.get(step, math.nan)
 
 
+COMMAND = bench.command(
+    "bench_seeds",
+    __doc__,
+    [
+        Setting("models", tuple(sorted({s[0] for s in SEEDS})), "the seeds' models to run"),
+        Setting("quick", False, "two prompt lengths and 16 new tokens instead of the seeds' seven lengths and 60"),
+        Setting("resume", False, "go on with each model's latest sweep"),
+    ],
+)
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=sorted({s[0] for s in SEEDS}))
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--resume", action="store_true", help="go on with each model's latest sweep")
-    benchpage.add_argument(parser)
-    args, extra = parser.parse_known_args(argv)
+    args, extra = bench.parse(COMMAND, argv)
     uri = next((o.split("=", 1)[1] for o in extra if o.startswith("tracking.uri=")), default_uri())
     rows, code = [], 0
     for model in args.models:
@@ -146,17 +145,14 @@ def main(argv: list[str]) -> int:
         ],
         rows,
     )
-    print("\n" + table)
-    save_markdown(
-        f"bench-seeds-{time.strftime('%Y-%m-%d_%H-%M-%S')}", f"`bench_seeds.py {' '.join(argv)}`\n\n{table}\n"
-    )
-    benchpage.record(
+    bench.publish(
         args.doc,
         "seven-b",
         "The seeds' table at the seeds' shapes, beside their NPU figures",
-        f"One sweep per model (its precisions, then each assisted row: the seed's draft at bf16 beside "
-        f"the target at w4a16), random weights{'; --quick: short prompts and cut calibration' if args.quick else ''}."
-        f"\n\n{table}",
+        table,
+        f"One sweep per model (its precisions, then each assisted row: the seed's draft at bf16 beside the target "
+        f"at w4a16), random weights{'; quick=true: short prompts and cut calibration' if args.quick else ''}.",
+        bench.stamp("seeds"),
     )
     return code
 

@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Where one decode step's time goes, per precision, on the engine a sweep runs (quantspec's kernels and step path).
 
-    .venv/bin/python scripts/bench_step.py                          # gemma3-270m, every precision
-    .venv/bin/python scripts/bench_step.py --precisions w4a16 --steps 40
-    .venv/bin/python scripts/bench_step.py --paths python,quantspec     # the Python step loop beside the C++ one
-    .venv/bin/python scripts/bench_step.py model=llama-160m model.weights=random    # a draft's shape
+    .venv/bin/python -m scripts.bench_step                          # gemma3-270m, every precision
+    .venv/bin/python -m scripts.bench_step precisions=w4a16 steps=40
+    .venv/bin/python -m scripts.bench_step paths=python,quantspec      # the Python step loop beside the C++ one
+    .venv/bin/python -m scripts.bench_step model=llama-160m model.weights=random    # a draft's shape
 
 Each precision's job is built as a sweep builds it (src.assembly.job.build) and stepped one token at a time
-after a 64-token prompt. The step's wall time (median over --steps, the precisions in turns over --rounds) is
+after a 64-token prompt. The step's wall time (median over `steps`, the precisions in turns over `rounds`) is
 split, from torch.profiler's self time of every operator in a profiled run of the same steps, into:
 
 - weights: the matmul kernels that stream the weights (quantspec's gemv/linear ops, ATen's mm), less the head;
@@ -24,32 +23,30 @@ token's time from an unprofiled one just before it, so they need not add up exac
 The fixed cost per token is the step's time less the weights' and the head's (what a token costs whatever
 its weights weigh), and the roofline is the weights' bytes over the host's probed bandwidth
 (src.engine.roofline). Operators per step are the top-level calls the profiler saw. Printed with the host's
-CPU flags; --doc appends the table to docs/benchmarks/engine.md.
+CPU flags; doc=true appends the table to docs/benchmarks/engine.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-from scripts.bench_engine import _median_time, build_job  # noqa: E402
-from src import kernels  # noqa: E402
-from src.common import benchpage  # noqa: E402
-from src.common.metrics import markdown_table  # noqa: E402
-from src.engine import roofline  # noqa: E402
-from src.engine.common import Sampling, choose  # noqa: E402
-from src.engine.native import Decoder  # noqa: E402
-from src.tasks.benchmark import cut_prompts  # noqa: E402
+from scripts import bench
+from scripts.bench import median_time
+from scripts.jobs import build_job
+from src import kernels
+from src.common import benchpage
+from src.common.metrics import markdown_table
+from src.common.settings import Setting
+from src.engine import roofline
+from src.engine.common import Sampling, choose
+from src.engine.native import Decoder
+from src.tasks.benchmark import cut_prompts
 
 GREEDY = Sampling()
 BANNED = torch.tensor([], dtype=torch.long)
@@ -98,17 +95,17 @@ class Stepper:
         return out
 
     def wall_ms(self, steps: int) -> float:
-        return _median_time(self.step, steps) * 1e3
+        return median_time(self.step, steps) * 1e3
 
     def head_ms(self, steps: int) -> float:
         head = self.job.model.lm_head
-        return _median_time(lambda: head.forward(self.hidden), steps) * 1e3
+        return median_time(lambda: head.forward(self.hidden), steps) * 1e3
 
     def sampling_ms(self, steps: int) -> float:
         logits = self.step()
         if isinstance(logits, int):  # chosen inside the step, its time in the step's
             return 0.0
-        return _median_time(lambda: choose(logits, GREEDY, None), steps) * 1e3  # as the engines pick a token
+        return median_time(lambda: choose(logits, GREEDY, None), steps) * 1e3  # as the engines pick a token
 
     def profiled(self, steps: int) -> tuple[dict[str, float], float]:
         """ms per step of each part by the operators' self time, what is left of the profiled wall time
@@ -202,22 +199,23 @@ def breakdown(precisions: list[str], paths: list[str], steps: int, rounds: int, 
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--precisions", default=",".join(PRECISIONS))
-    parser.add_argument(
-        "--paths", default="quantspec", help="engine.step_path values to set side by side (quantspec,python)"
-    )
-    parser.add_argument("--steps", type=int, default=30, help="steps per timing")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the precisions in turns")
-    parser.add_argument(
-        "overrides", nargs="*", help="Hydra overrides for every job (model=llama-160m model.weights=random)"
-    )
-    benchpage.add_argument(parser)
-    args = parser.parse_args()
-    table = breakdown(args.precisions.split(","), args.paths.split(","), args.steps, args.rounds, args.overrides)
-    model = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("model=")), "gemma3-270m")
-    extra = f", {' '.join(args.overrides)}" if args.overrides else ""
+COMMAND = bench.command(
+    "bench_step",
+    __doc__,
+    [
+        Setting("precisions", tuple(PRECISIONS), "the precisions, in turns"),
+        Setting("paths", ("quantspec",), "engine.step_path values to set side by side (quantspec,python)"),
+        Setting("steps", 30, "steps per timing"),
+        Setting("rounds", 3, "rounds of the precisions in turns"),
+    ],
+)
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = bench.parse(COMMAND, argv)  # overrides: for every job (model=llama-160m model.weights=random)
+    table = breakdown(list(args.precisions), list(args.paths), args.steps, args.rounds, overrides)
+    model = next((o.split("=", 1)[1] for o in overrides if o.startswith("model=")), "gemma3-270m")
+    extra = f", {' '.join(overrides)}" if overrides else ""
     title = f"One decode step of {model}, where its time goes ({torch.get_num_threads()} threads{extra})"
     print(f"\n{title}; CPU flags: {' '.join(benchpage.host_flags())}\n\n{table}")
     benchpage.record(args.doc, "engine", title, table, rounds=args.rounds)
@@ -225,4 +223,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,8 +1,8 @@
 """Run the commands the docs mark runnable (`<!-- runnable -->` right above a fenced block), as a reader would:
 each block in bash from the project's root, one line per block, exit 1 if any fails (with its output's end).
 
-    .venv/bin/python scripts/check_docs.py            # every runnable block in README.md and docs/
-    .venv/bin/python scripts/check_docs.py --list     # which blocks, without running them
+    .venv/bin/python -m scripts.check_docs            # every runnable block in README.md and docs/
+    .venv/bin/python -m scripts.check_docs list=true  # which blocks, without running them
 
 They run on tiny models in seconds, and write to the project's store (mlflow.db) as the reader's would. CI runs
 this after `mkdocs build --strict`, so a renamed setting breaks the build instead of the reader.
@@ -10,22 +10,27 @@ this after `mkdocs build --strict`, so a renamed setting breaks the build instea
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from src.common import doccommands  # noqa: E402
-from src.common.environment import PROJECT_ROOT  # noqa: E402
+from scripts import bench
+from src.common import doccommands
+from src.common.environment import PROJECT_ROOT
+from src.common.settings import Command, Setting
+
+COMMAND = Command(
+    "python -m scripts.check_docs",
+    __doc__,
+    [
+        Setting("list", False, "list the runnable blocks, run nothing"),
+        Setting("timeout", 600, "seconds per block"),
+    ],
+)
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="list the runnable blocks, run nothing")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds per block")
-    args = parser.parse_args(argv)
+    args, _ = bench.parse(COMMAND, argv)
     runnable = [b for page in doccommands.pages() for b in doccommands.blocks(page) if b.runnable]
     failed = 0
     for block in runnable:

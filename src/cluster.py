@@ -30,8 +30,9 @@ from src import run
 from src.assembly.config import ConfigError, hardware_config
 from src.assembly.sweep import settings
 from src.run import sweep_info
-from src.tracking import Store, StoreUnreachable, key_of, probe
-from src.tracking.record import SweepAbort, fail_line
+from src.tracking.store.experiment import Store, probe
+from src.tracking.store.names import StoreUnreachable, key_of
+from src.tracking.sweep.record import SweepAbort, fail_line
 
 log = logging.getLogger("quantspec")
 WAIT_S = 2.0  # how often the driver looks for finished jobs and lost nodes

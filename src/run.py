@@ -1,4 +1,4 @@
-"""Entry point: the Hydra glue. Composes each job's config and hands it to src.tracking.record, which runs
+"""Entry point: the Hydra glue. Composes each job's config and hands it to src.tracking.sweep.record, which runs
 and records it; closes the sweep's parent; turns signals and aborts into one line and an exit code.
 
     python -m src.run                                   # one job on the defaults
@@ -15,7 +15,7 @@ job finished or was skipped, 1 when one failed or was killed, 2 for a command li
 Hydra's config is converted here and only here: a job's, once at its start, into typed dataclasses
 (src.assembly.config.JobConfig; the job itself, src.assembly.job, sees nothing else), and the sweep's
 own settings (store, experiment, resume, report, rounds) by `settings`, for the sweeper
-(src.tracking.rounds), the Ray launcher (src/cluster.py) and the sweep callback below.
+(src.tracking.sweep.rounds), the Ray launcher (src/cluster.py) and the sweep callback below.
 """
 
 from __future__ import annotations
@@ -33,15 +33,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from transformers.utils import logging as hf_logging
 
-from src.assembly.overrides import CONF_DIR, unknown_choice, unknown_key, unparsable
+from src.assembly.overrides import CONF_DIR, composition_problem, unparsable
 from src.assembly.sweep import settings, unset_line
 from src.common import envvars
 from src.common.locks import hold
 from src.common.progress import watched
-from src.tracking import SWEEP_ID, SweepInfo, bound_http_retries, quiet_store_logs, record, report, signals
-from src.tracking.locks import replay_lock
-from src.tracking.record import SweepAbort, SweepUnwritable, fail_line
-from src.tracking.signals import Stopped
+from src.tracking.readback import report
+from src.tracking.store.locks import replay_lock
+from src.tracking.store.names import SWEEP_ID, SweepInfo, bound_http_retries, quiet_store_logs
+from src.tracking.sweep import record, signals
+from src.tracking.sweep.naming import VARIES, job_name
+from src.tracking.sweep.record import SweepAbort, SweepUnwritable, fail_line
+from src.tracking.sweep.signals import Stopped
 
 # Two sweeps started in the same second must not share a directory (and so a parent run): the default
 # sweep directory ends in the sweeping process's id. Cached: every job of the sweep sees one value.
@@ -88,8 +91,10 @@ def task(cfg: DictConfig, preset: tuple[str, str] | None = None, node: dict | No
         record.ledger.refuse(hc.job.override_dirname, unset_line(err))
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    # named by its choices and the fields its sweep varies, as the sweeper told it (src.tracking.sweep.naming)
+    name = job_name(choices, list(hc.overrides.task), hc.job.env_set.get(VARIES, ""))
     return record.run_job(
-        raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset, node
+        raw, choices, sweep_info(hc), hc.job.override_dirname, Path(hc.runtime.output_dir), preset, node, name
     )
 
 
@@ -153,7 +158,7 @@ class SweepCallback(Callback):
 
 
 def cli() -> None:
-    problem = unparsable(sys.argv[1:]) or unknown_choice(sys.argv[1:]) or unknown_key(sys.argv[1:])
+    problem = unparsable(sys.argv[1:]) or composition_problem(sys.argv[1:])
     try:
         envvars.check()  # before any job: a variable read mid-run (the heartbeat's) would fail it there
     except envvars.EnvError as err:

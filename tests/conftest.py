@@ -15,6 +15,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from src.assembly import schema  # noqa: F401 - the groups' schemas, which every composition is typed by
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 
@@ -103,9 +105,9 @@ def job_record(
     precision: str = "w8a8",
     **tags,
 ):
-    """One round of a job as the report reads it back from the store (src.tracking.sweeps.JobRecord), built
+    """One round of a job as the report reads it back from the store (src.tracking.readback.sweeps.JobRecord), built
     by hand: its identity across rounds, round, busy flag, outcome and choices, its time per token."""
-    from src.tracking.sweeps import JobRecord
+    from src.tracking.readback.sweeps import JobRecord
 
     tags = {
         "quantspec.config_key": key,
@@ -144,7 +146,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, what: str, timeout: float = 1
 
 
 def mlflow_server(where: Path, port: int) -> subprocess.Popen:
-    """A real `mlflow server` (with quantspec's view page: src.tracking.view_app) on loopback over a SQLite
+    """A real `mlflow server` (with quantspec's view page: src.tracking.view.view_app) on loopback over a SQLite
     store in `where`, in its own process group
     (so a test can kill it with its workers, as a crash would), answering when this returns."""
     mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
@@ -204,11 +206,11 @@ def perplexity_by_engine(tmp_path: Path, engines: str, *overrides: str) -> dict[
 
 
 def uncatalogued(store_uri: str, experiment: str = "quantspec") -> dict[str, list[str]]:
-    """The metric, param and tag names the store's runs carry that src.tracking.catalog does not list (and so
+    """The metric, param and tag names the store's runs carry that src.tracking.store.catalog does not list (and so
     the docs' reference page lacks)."""
     from mlflow.tracking import MlflowClient
 
-    from src.tracking import catalog
+    from src.tracking.store import catalog
 
     client = MlflowClient(store_uri)
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tracking.record import run_job
+from src.tracking.sweep.record import run_job
 from tests.conftest import compose_job, fresh_cache, run_cli
 
 QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]
@@ -136,7 +136,7 @@ def test_a_sweep_directory_with_a_quote_works_and_reports(tmp_path):
     out = run_cli(["-m", *QUICK, "precision=fp32,bf16", f"tracking.uri={store}"], cwd=here)
     assert out.returncode == 0, out.stderr[-2000:]
     (sweep,) = here.glob("multirun/*/*")
-    from src.tracking.sweeps import sweep_jobs
+    from src.tracking.readback.sweeps import sweep_jobs
 
     assert len(sweep_jobs(store, sweep_id=str(sweep.resolve()))[1]) == 2
     named = tmp_path / "it's named"
@@ -149,8 +149,8 @@ def test_a_report_stays_in_its_folder_whatever_the_parent_is_named(tmp_path):
     store = f"sqlite:///{tmp_path / 'm.db'}"
     out = run_cli(["-m", *QUICK, f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert out.returncode == 0, out.stderr[-2000:]
-    from src.tracking import report
-    from src.tracking.sweeps import sweep_jobs
+    from src.tracking.readback import report
+    from src.tracking.readback.sweeps import sweep_jobs
 
     parent_id, _ = sweep_jobs(store)
     MlflowClient(store).update_run(parent_id, name="x/../../../outside")
@@ -277,7 +277,7 @@ ENV_PROBLEMS = [
 
 @pytest.mark.parametrize(
     "module, env, words",
-    [("src.tracking.sync", *problem) for problem in ENV_PROBLEMS] + [("src.tracking.report", *ENV_PROBLEMS[3])],
+    [("src.sync", *problem) for problem in ENV_PROBLEMS] + [("src.report", *ENV_PROBLEMS[3])],
 )
 def test_environment_variables_are_checked_at_the_start_in_one_line(tmp_path, module, env, words):
     out = run_cli([], module=module, env=env, cwd=tmp_path)
@@ -304,8 +304,8 @@ def test_the_commands_that_read_a_store_say_a_store_they_cannot_read_in_one_line
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"not a database " * 100)
     for module, args, store, words in (
-        ("src.tracking.report", [], behind, "Detected out-of-date database schema"),
-        ("src.tracking.regress", ["baseline=x"], garbage, "is not a SQLite database"),
+        ("src.report", [], behind, "Detected out-of-date database schema"),
+        ("src.regress", ["baseline=x"], garbage, "is not a SQLite database"),
     ):
         out = run_cli([*args, f"tracking_uri=sqlite:///{store}"], module=module)
         assert out.returncode == 2 and words in one_line(out.stderr), out.stderr[-2000:]

@@ -200,7 +200,7 @@ def test_tiny_model_runs_the_task_end_to_end_with_and_without_a_draft(store, tmp
     )
     report = open(client.download_artifacts(parent.info.run_id, "report/report.md", str(tmp_path))).read()
     assert "pass@1" in report and "with the draft" in report and "(equal; 100% of the completions identical)" in report
-    assert uncatalogued(store) == {}  # every name it logged is in the reference (src.tracking.catalog)
+    assert uncatalogued(store) == {}  # every name it logged is in the reference (src.tracking.store.catalog)
 
 
 def test_job_refuses_without_its_sandbox_before_loading_anything(store):

@@ -33,7 +33,7 @@ def test_entries_append_and_render_latest_first_with_the_rest_collapsed(tmp_path
 
 
 def test_a_page_without_results_says_how_to_make_one(tmp_path):
-    assert "--doc" in benchpage.render(benchpage.load("none", results=tmp_path))
+    assert "doc=true" in benchpage.render(benchpage.load("none", results=tmp_path))
 
 
 def test_a_damaged_results_line_is_named(tmp_path):
@@ -43,8 +43,8 @@ def test_a_damaged_results_line_is_named(tmp_path):
 
 
 def test_an_entry_records_this_host_and_the_command_without_doc():
-    item = benchpage.entry("t", "body", rounds=2, argv=["scripts/bench_x.py", "--rounds", "2", "--doc"])
-    assert item.command.endswith("scripts/bench_x.py --rounds 2") and item.rounds == 2
+    item = benchpage.entry("t", "body", rounds=2, argv=["scripts/bench_x.py", "rounds=2", "doc=true"])
+    assert item.command == ".venv/bin/python -m scripts.bench_x rounds=2" and item.rounds == 2
     assert item.host.endswith("cores") and len(item.date) == 10
     assert benchpage.host_flags("flags\t\t: fpu avx2 avx512f fma\n") == ["avx2", "fma", "avx512f"]
 

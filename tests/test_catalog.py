@@ -1,8 +1,8 @@
-"""Every name a run carries is in src.tracking.catalog (the docs' reference page is generated from it): a sweep
+"""Every name a run carries is in src.tracking.store.catalog (the docs' reference page is generated from it): a sweep
 that logs what timed jobs, rounds, drafts, w8a8's probe, perplexity against the reference and the report
 write, checked name by name. The quality and code tasks' own names are checked on their suites' stores."""
 
-from src.tracking import catalog
+from src.tracking.store import catalog
 from tests.conftest import fresh_cache, run_cli, uncatalogued
 
 

@@ -138,7 +138,7 @@ def server():
 
 
 def _jobs(uri: str, sweep: Path):
-    from src.tracking.sweeps import sweep_jobs
+    from src.tracking.readback.sweeps import sweep_jobs
 
     client = MlflowClient(uri)
     parent_id, _ = sweep_jobs(uri, sweep_id=str(sweep.resolve()))

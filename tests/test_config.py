@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from src.assembly.config import ConfigError, job_config_from_dict
-from src.assembly.overrides import GROUPS, unknown_choice, unknown_key
+from src.assembly.config import GROUPS, ConfigError, job_config_from_dict
+from src.assembly.overrides import composition_problem
 from tests.conftest import CONF, compose_job
 
 # dataset=textfile has a mandatory path; it is checked on its own below.
@@ -97,12 +97,12 @@ def test_frozen_config():
     ],
 )
 def test_unknown_choice_is_one_line(args, expect):
-    line = unknown_choice(args)
+    line = composition_problem(args)
     assert line is not None and expect in line and "\n" not in line
 
 
 def test_field_files_are_not_choices():
-    assert "_fields" not in unknown_choice(["precision=nope"])
+    assert "_fields" not in composition_problem(["precision=nope"])
 
 
 def test_any_precision_field_overrides_in_a_sweep_of_float_and_quantized():
@@ -113,15 +113,16 @@ def test_any_precision_field_overrides_in_a_sweep_of_float_and_quantized():
 
 def test_known_choices_and_plain_overrides_pass():
     assert (
-        unknown_choice(["-m", "hardware=phx,stx", "precision=fp32,bf16", "task.limit=2", "model.local_path=/x"]) is None
+        composition_problem(["-m", "hardware=phx,stx", "precision=fp32,bf16", "task.limit=2", "model.local_path=/x"])
+        is None
     )
 
 
 def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
-    assert unknown_key(["draft=self_w8a8", "draft.precision.alpha=0.6"]) is None
-    assert unknown_key(["draft=llama-160m", "draft.model.local_path=/x"]) is None
-    assert "task.foo is not a setting of task decode" in unknown_key(["task.foo=1"])
-    assert "draft.precision.alfa is not a setting" in unknown_key(["draft=self_w8a8", "draft.precision.alfa=1"])
+    assert composition_problem(["draft=self_w8a8", "draft.precision.alpha=0.6"]) is None
+    assert composition_problem(["draft=llama-160m", "draft.model.local_path=/x"]) is None
+    assert "task.foo is not a setting of task decode" in composition_problem(["task.foo=1"])
+    assert "draft.precision.alfa is not a setting" in composition_problem(["draft=self_w8a8", "draft.precision.alfa=1"])
 
 
 def test_engine_isa_choices_are_the_kernel_variants_but_never_the_tests_twin():
@@ -206,5 +207,24 @@ def test_a_kind_is_registered_once_and_its_names_are_the_choices():
 def test_a_field_no_chosen_kind_reads_is_one_line(args, said):
     """_fields.yaml gives every entry every kind's fields (so one override reaches a sweep); an override that
     no chosen entry's kind reads would do nothing, and is refused in one line."""
-    problem = unknown_key(args)
+    problem = composition_problem(args)
     assert problem == said if said is None else said in problem
+
+
+@pytest.mark.parametrize("override", ["task.limit=abc", "task.limt=2", "hardware.threads=1.5", "rounds=two"])
+def test_composition_itself_refuses_a_wrong_type_or_an_unknown_key(override):
+    """The groups' schemas (src.assembly.schema) type every field: Hydra's own composition refuses these,
+    before any check of quantspec's."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        compose_job([override])
+
+
+def test_every_field_of_a_group_s_classes_is_in_its_schema():
+    from src.assembly import schema
+
+    for group, (classes, extra) in schema.SOURCES.items():
+        have = {f.name for f in dataclasses.fields(schema.schema(group))}
+        want = {f.name for cls in classes for f in dataclasses.fields(cls)} - schema.INTERNAL.get(group, set())
+        assert want | set(extra) == have, group

@@ -8,9 +8,9 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from src.assembly.config import ConfigError, job_config_from_dict
-from src.assembly.overrides import unknown_choice, unknown_key, unparsable
+from src.assembly.overrides import composition_problem, unparsable
 from src.common import doccommands
-from src.tracking import report
+from src.tracking.readback import report
 from tests.conftest import compose_job
 
 PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|HEAD:|/path/|/models/|/abs/")
@@ -54,7 +54,7 @@ def test_the_docs_show_commands_to_check():
 @pytest.mark.parametrize("where, args", RUN_COMMANDS)
 def test_every_documented_run_command_composes_a_valid_job(where, args):
     args = [a for a in args if a not in ("-m", "--multirun")]
-    for check in (unparsable, unknown_choice, unknown_key):
+    for check in (unparsable, composition_problem):
         assert check(args) is None, f"{where}: {check(args)}"
     job_args = [a for a in _first_of_each_sweep(args) if not a.startswith(NOT_JOB)]
     raw, _ = compose_job(job_args)
@@ -64,10 +64,10 @@ def test_every_documented_run_command_composes_a_valid_job(where, args):
         pytest.fail(f"{where}: python -m src.run {' '.join(args)}: {err}")
 
 
-@pytest.mark.parametrize("where, args", list(_documented("src.tracking.report")))
+@pytest.mark.parametrize("where, args", list(_documented("src.report")))
 def test_every_documented_report_command_has_real_settings(where, args):
     args = [a for a in args if a not in ("--help", "-h")]
-    report.settings(args)  # a setting conf/report.yaml lacks raises SettingError
+    report.settings(args)  # a setting the report lacks raises SettingError
 
 
 def test_blocks_and_commands_are_read_as_a_reader_sees_them(tmp_path):
@@ -90,8 +90,8 @@ def test_the_readmes_links_reach_files_in_the_repository():
     assert local and [link for link in local if not (doccommands.PROJECT_ROOT / link).exists()] == []
 
 
-@pytest.mark.parametrize("where, args", list(_documented("src.tracking.regress")))
+@pytest.mark.parametrize("where, args", list(_documented("src.regress")))
 def test_every_documented_regress_command_has_real_settings(where, args):
-    from src.tracking import regress
+    from src.tracking.readback import regress
 
     regress.settings([a for a in args if a not in ("--help", "-h")])  # SettingError for one it lacks

@@ -153,7 +153,7 @@ def test_rerunning_a_sweep_keeps_finished_jobs_and_reruns_the_rest(tmp_path, env
     assert "2 finished, 0 skipped, 0 failed" in second.stdout
     (parent,), jobs = by_role(uri)
     assert len(jobs) == 3 and parent.data.tags["jobs_finished"] == "2" and parent.data.tags["jobs_failed"] == "0"
-    from src.tracking.sweeps import sweep_jobs
+    from src.tracking.readback.sweeps import sweep_jobs
 
     assert len(sweep_jobs(uri, sweep_id=str((tmp_path / "sweep").resolve()))[1]) == 2  # latest attempts only
     forced = run_cli([*sweep, "resume=false"], env=env)
@@ -201,15 +201,15 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         server = mlflow_server(tmp_path, port)
         torn = tmp_path / "cache" / "journals" / "torn.json"  # an entry that does not read: it could name a job
         torn.write_text('{"path": ')  # of this sweep, so the sweep is not closed yet
-        synced = run_cli([], module="src.tracking.sync", env=env)
+        synced = run_cli([], module="src.sync", env=env)
         assert synced.returncode == 1 and "torn.json does not read" in synced.stderr, synced.stderr[-2000:]
         assert "1 journal(s) replayed" in synced.stdout and "are not closed yet" in synced.stdout
         assert by_role(uri)[0][0].info.status == "RUNNING"
-        synced = run_cli([str(tmp_path / "lost")], module="src.tracking.sync", env=env)  # as the line says
+        synced = run_cli([str(tmp_path / "lost")], module="src.sync", env=env)  # as the line says
         assert synced.returncode == 0, synced.stderr[-2000:]
         assert "already in the store" in synced.stdout and "closed with 1 finished" in synced.stdout
         torn.unlink()
-        again = run_cli([str(tmp_path / "offline"), str(tmp_path / "lost")], module="src.tracking.sync", env=env)
+        again = run_cli([str(tmp_path / "offline"), str(tmp_path / "lost")], module="src.sync", env=env)
         assert again.stdout.count("already in the store") == 2
         (parent,), jobs = by_role(uri)
         assert len(jobs) == 2 and all(j.info.status == "FINISHED" for j in jobs)
@@ -334,8 +334,8 @@ echo "rc=$?"
     >{tmp_path / "sweep.out"} 2>{tmp_path / "sweep.err"}
 echo "sweep rc=$?"
 rm {full}/fill
-{sys.executable} -m src.tracking.sync
-{sys.executable} -m src.tracking.sync {tmp_path / "sweep"}
+{sys.executable} -m src.sync
+{sys.executable} -m src.sync {tmp_path / "sweep"}
 mount -o remount,ro {full}
 {sys.executable} -m src.run {quick} tracking.uri={uri} hydra.run.dir={tmp_path / "ro"} \
     >{tmp_path / "ro.out"} 2>{tmp_path / "ro.err"}
@@ -402,13 +402,13 @@ def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp
         assert proc.wait(timeout=300) == 0, (tmp_path / "job.err").read_text()[-2000:]
         err = (tmp_path / "job.err").read_text()
         assert "journaled in" in err and "Traceback" not in err
-        synced = run_cli([], module="src.tracking.sync", env=env)
+        synced = run_cli([], module="src.sync", env=env)
         assert synced.returncode == 0 and "1 journal(s) replayed" in synced.stdout, synced.stdout + synced.stderr
         assert _metric_counts(uri) == [("finished", 2)]
-        again = run_cli([str(tmp_path / "job")], module="src.tracking.sync", env=env)
+        again = run_cli([str(tmp_path / "job")], module="src.sync", env=env)
         assert again.returncode == 0 and "already in the store" in again.stdout
         assert _metric_counts(uri) == [("finished", 2)]
-        nothing = run_cli([], module="src.tracking.sync", env=env)  # nothing pending: exit 0
+        nothing = run_cli([], module="src.sync", env=env)  # nothing pending: exit 0
         assert nothing.returncode == 0 and "0 journal(s) replayed, 0 not" in nothing.stdout
     finally:
         _stop(server)
@@ -439,12 +439,12 @@ def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
     db.unlink()
     assert proc.wait(timeout=300) in (0, 1)
     assert "Traceback" not in (tmp_path / "run.err").read_text()
-    synced = run_cli([], module="src.tracking.sync", env=env)
+    synced = run_cli([], module="src.sync", env=env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert _metric_counts(uri) == [("finished", 2)] * 3, synced.stdout
     (parent,), _ = by_role(uri)
     assert parent.data.tags["jobs_finished"] == "3"
-    again = run_cli([str(sweep)], module="src.tracking.sync", env=env)
+    again = run_cli([str(sweep)], module="src.sync", env=env)
     assert again.returncode == 0 and again.stdout.count("already in the store") == 3
     assert _metric_counts(uri) == [("finished", 2)] * 3
 
@@ -526,7 +526,7 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
     err = (tmp_path / "run.err").read_text()
     assert "Traceback" not in err and "journaled in" in err, err[-3000:]
     db.unlink()
-    synced = run_cli([str(sweep)], module="src.tracking.sync", env=env)
+    synced = run_cli([str(sweep)], module="src.sync", env=env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
 
@@ -548,13 +548,13 @@ def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
     (tmp_path / "job").rename(tmp_path / "moved")
     server = mlflow_server(tmp_path, port)
     try:
-        lost = run_cli([], module="src.tracking.sync", env=env)
+        lost = run_cli([], module="src.sync", env=env)
         assert lost.returncode == 1 and "is listed as pending but is gone" in lost.stderr
-        assert "python -m src.tracking.sync <its new folder>" in lost.stderr
-        found = run_cli([str(tmp_path / "moved")], module="src.tracking.sync", env=env)
+        assert "python -m src.sync <its new folder>" in lost.stderr
+        found = run_cli([str(tmp_path / "moved")], module="src.sync", env=env)
         assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout
         assert _metric_counts(uri) == [("finished", 2)]
-        assert run_cli([], module="src.tracking.sync", env=env).returncode == 0  # nothing listed any more
+        assert run_cli([], module="src.sync", env=env).returncode == 0  # nothing listed any more
     finally:
         _stop(server)
 
@@ -575,7 +575,7 @@ def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     (tmp_path / "m.db").unlink()  # the store lost: both syncs find every job missing and send it whole
-    syncs = [start([str(sweep)], tmp_path, name=f"sync{i}", module="src.tracking.sync") for i in range(2)]
+    syncs = [start([str(sweep)], tmp_path, name=f"sync{i}", module="src.sync") for i in range(2)]
     assert [p.wait(timeout=300) for p in syncs] == [0, 0], [(tmp_path / f"sync{i}.err").read_text() for i in range(2)]
     parents, jobs = by_role(uri)
     assert len(parents) == 1 and len(jobs) == 3, (len(parents), len(jobs))
@@ -586,23 +586,24 @@ def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
 def test_sync_writes_only_to_a_store_the_user_chose_not_to_any_a_journal_names(tmp_path, env):
     """A journal planted in a folder names a store elsewhere: sync of that folder refuses it in one line and
     creates nothing there; named on the command line, the same store gets it."""
-    from src.tracking import JobRun, journal
+    from src.tracking.store import journal
+    from src.tracking.store.jobrun import JobRun
 
     planted = tmp_path / "elsewhere" / "planted.db"
     uri = f"sqlite:///{planted}"
     run = JobRun(None, journal.Journal(tmp_path / "folder" / "job", tmp_path / "registry", uri), uri, "quantspec")
     run.start("planted", None, {"a": "1"}, {}, "key")
     run.finish()
-    out = run_cli([str(tmp_path / "folder")], module="src.tracking.sync", env=env)
+    out = run_cli([str(tmp_path / "folder")], module="src.sync", env=env)
     assert out.returncode == 1 and not (tmp_path / "elsewhere").exists(), out.stdout + out.stderr
     (line,) = said(out.stderr)
     assert f"written for the store '{uri}'" in line and "tracking_uri=<that store>" in line
-    out = run_cli([str(tmp_path / "folder"), f"tracking_uri={uri}"], module="src.tracking.sync", env=env)
+    out = run_cli([str(tmp_path / "folder"), f"tracking_uri={uri}"], module="src.sync", env=env)
     assert out.returncode == 0 and "record(s) replayed into" in out.stdout, out.stdout + out.stderr
     assert [r.info.run_name for r in runs(uri)] == ["planted"]
 
 
-@pytest.mark.parametrize("module, args", [("src.tracking.report", []), ("src.tracking.regress", ["baseline=x"])])
+@pytest.mark.parametrize("module, args", [("src.report", []), ("src.regress", ["baseline=x"])])
 def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_within_seconds(module, args):
     import socket
 
@@ -637,11 +638,11 @@ def test_a_pending_journal_entry_that_does_not_read_is_named_and_its_journal_sti
     entry.write_text('{"path": ')  # torn mid-write
     server = mlflow_server(tmp_path, port)
     try:
-        plain = run_cli([], module="src.tracking.sync", env=env)
+        plain = run_cli([], module="src.sync", env=env)
         lines = said(plain.stderr)
         assert plain.returncode == 1 and len(lines) == 1 and entry.name in lines[0] and "does not read" in lines[0]
         assert "Traceback" not in plain.stderr
-        found = run_cli([str(tmp_path / "job")], module="src.tracking.sync", env=env)
+        found = run_cli([str(tmp_path / "job")], module="src.sync", env=env)
         assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout, found.stderr[-2000:]
         assert _metric_counts(uri) == [("finished", 2)]
     finally:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from src.common.locks import file_lock
-from src.tracking import journal, owner
+from src.tracking.store import journal, owner
 from tests.conftest import ROOT, cli_env
 
 
@@ -123,7 +123,8 @@ def test_a_refused_record_is_journaled_as_refused_never_as_delivered(tmp_path):
     import pytest
     from mlflow.exceptions import MlflowException
 
-    from src.tracking import JobRun, Store
+    from src.tracking.store.experiment import Store
+    from src.tracking.store.jobrun import JobRun
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     store = Store(uri, "quantspec")
@@ -160,7 +161,8 @@ def test_a_replay_into_a_store_that_lost_the_run_sends_the_whole_job_once(tmp_pa
 
 
 def test_closing_a_sweep_again_clears_an_earlier_reason(tmp_path):
-    from src.tracking import REASON, Store
+    from src.tracking.store.experiment import Store
+    from src.tracking.store.names import REASON
 
     store = Store(f"sqlite:///{tmp_path / 'm.db'}", "quantspec")
     parent = store.sweep_parent({"id": "/sweep", "name": "sweep", "overrides": ""})
@@ -170,7 +172,7 @@ def test_closing_a_sweep_again_clears_an_earlier_reason(tmp_path):
 
 
 def _claim_parent(uri: str, barrier, out) -> None:
-    from src.tracking.store import Store
+    from src.tracking.store.experiment import Store
 
     store = Store(uri, "quantspec")
     barrier.wait()  # every process asks at the same moment
@@ -180,7 +182,7 @@ def _claim_parent(uri: str, barrier, out) -> None:
 def test_processes_asking_for_a_sweeps_parent_at_once_get_one(tmp_path, monkeypatch):
     import multiprocessing
 
-    from src.tracking.store import Store
+    from src.tracking.store.experiment import Store
 
     monkeypatch.setenv("QUANTSPEC_CACHE", str(tmp_path / "cache"))
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -198,8 +200,8 @@ def test_processes_asking_for_a_sweeps_parent_at_once_get_one(tmp_path, monkeypa
 
 def _journal_a_job_and_exit(tmp_path, uri: str) -> None:
     """A sweep's job that recorded only to its journal (its store was down), in a process that then ends."""
-    from src.tracking import JobRun
-    from src.tracking.names import SweepInfo
+    from src.tracking.store.jobrun import JobRun
+    from src.tracking.store.names import SweepInfo
 
     run = JobRun(None, journal.Journal(tmp_path / "job", tmp_path / "registry", uri), uri, "quantspec")
     run.start("job", SweepInfo("/sweeps/two", "sweep two", ""), {"a": "1"}, {}, "key")
@@ -208,8 +210,8 @@ def _journal_a_job_and_exit(tmp_path, uri: str) -> None:
 
 
 def _replay_pausing_after_the_start(uri: str, path, started, go) -> None:
-    from src.tracking import replay
-    from src.tracking.store import Store
+    from src.tracking.store import replay
+    from src.tracking.store.experiment import Store
 
     store, apply = Store(uri, "quantspec"), replay.apply
 
@@ -230,8 +232,9 @@ def test_a_reaping_waits_for_a_replay_under_way_and_the_sweep_closes_with_every_
     import multiprocessing
     import threading
 
-    from src.tracking import OUTCOME, reaping
-    from src.tracking.store import Store
+    from src.tracking.store import reaping
+    from src.tracking.store.experiment import Store
+    from src.tracking.store.names import OUTCOME
 
     monkeypatch.setenv("QUANTSPEC_CACHE", str(tmp_path / "cache"))
     uri = f"sqlite:///{tmp_path / 'm.db'}"

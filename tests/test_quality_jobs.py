@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tracking import report, ui
+from src.tracking.readback import report
+from src.tracking.view import ui
 from tests.conftest import fresh_cache, run_cli, uncatalogued
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (scripts/setup installs it)")
@@ -115,7 +116,7 @@ def test_the_report_shows_quality_the_front_the_flag_and_paired_comparisons(swee
     )
     text = rep.files["report.md"].read_text()
     assert "## Quality against the reference" in text and "## Speed–quality front" in text
-    assert uncatalogued(store) == {}  # every name it logged is in the reference (src.tracking.catalog)
+    assert uncatalogued(store) == {}  # every name it logged is in the reference (src.tracking.store.catalog)
     flagged = [row[0] for row in rep.summary if "⚠ QUALITY" in row[0]]
     assert len(flagged) == 3 and all("w4a16" in name for name in flagged)  # its perplexity, decode and lm_eval jobs
     points = {p.name.split("·")[2]: p for p in rep.points}
@@ -155,20 +156,21 @@ def test_a_task_lm_eval_cannot_have_here_is_one_line(tmp_path):
 
 def test_report_quality_settings_are_checked():
     for arg, said in (
-        ("quality.metric=speed", "quality.metric=speed is not one of"),
+        ("quality.metric=speed", "quality.metric=speed must be one of: kl_mean"),
         ("quality.min_ratio=2", "must be above 0 and at most 1"),
-        ("quality.nope=1", "quality.nope is not a report setting"),
+        ("quality.nope=1", "'quality.nope=1' is not a setting of python -m src.report"),
     ):
-        out = run_cli([arg], module="src.tracking.report")
+        out = run_cli([arg], module="src.report")
         assert out.returncode == 2 and said in out.stderr, out.stderr
 
 
 def test_report_settings_refuse_what_is_not_a_number_or_a_flag_in_process():
-    from src.tracking import report
+    from src.tracking.readback import report
 
     for arg, said in (
-        ("quality.min_ratio=abc", "quality.min_ratio=abc must be above 0 and at most 1"),  # was a ValueError
-        ("quality.min_ratio=nan", "quality.min_ratio=nan must be above 0 and at most 1"),
+        ("quality.min_ratio=abc", "quality.min_ratio=abc must be a number"),  # was a ValueError
+        ("quality.min_ratio=nan", "quality.min_ratio=nan must be a finite number"),
+        ("quality.min_ratio=0", "quality.min_ratio=0.0 must be above 0 and at most 1"),
         ("attach=maybe", "attach=maybe must be true or false"),
     ):
         with pytest.raises(report.SettingError, match=said):

@@ -1,4 +1,4 @@
-"""A sweep against a baseline sweep (src.tracking.regress): two real sweeps of the tiny Llama, the second timed
+"""A sweep against a baseline sweep (src.tracking.readback.regress): two real sweeps of the tiny Llama, the second timed
 beside two processes burning both cores, matched job by job: slower at the stated confidence, a CI gate
 (fail_on) that fails on it, new and removed jobs listed, and what differs between the hosts said."""
 
@@ -9,7 +9,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.quality.stats import median_ratio_ci
-from src.tracking import regress
+from src.tracking.readback import regress
+from src.tracking.readback.sweeps import JobRecord
 from tests.conftest import fresh_cache, run_cli
 
 # Long enough to time that two burners slow it systematically: with the C++ step the tiny Llama's token takes
@@ -69,20 +70,20 @@ def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
 def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     store, tmp = sweeps
     args = [f"baseline={tmp / 'base'}", f"sweep={tmp / 'new'}", f"tracking_uri={store}", f"out={tmp / 'reports'}"]
-    out = run_cli(args, module="src.tracking.regress")
+    out = run_cli(args, module="src.regress")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "slower" in out.stdout and "## Removed jobs" in out.stdout and "## New jobs" in out.stdout
     (folder,) = (tmp / "reports").glob("regress-*")
     assert {p.name for p in folder.iterdir()} == {"regress.md", "regress.csv", "regress.png"}
     # the gate at what the burners guarantee (slower with confidence: the interval's low end above 1, as the
     # test above checks); how much slower moves with the host's own load, so a 10% gate here failed once
-    out = run_cli([*args, "fail_on=0"], module="src.tracking.regress")
+    out = run_cli([*args, "fail_on=0"], module="src.regress")
     assert out.returncode == 1 and "slower than the baseline by more than 0%" in out.stderr, out.stderr[-2000:]
     # not 1000% slower, but bf16 is missing from the new sweep: the gate could not judge it, and fails closed
-    out = run_cli([*args, "fail_on=10"], module="src.tracking.regress")
+    out = run_cli([*args, "fail_on=10"], module="src.regress")
     assert out.returncode == 3 and "could not judge 1 thing(s)" in out.stderr, out.stderr[-2000:]
     assert "bf16" in out.stderr and "not in the new sweep" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-    out = run_cli([*args, "fail_on=10", "unjudged=pass"], module="src.tracking.regress")
+    out = run_cli([*args, "fail_on=10", "unjudged=pass"], module="src.regress")
     assert out.returncode == 0 and "## Not judged" in out.stdout, out.stderr[-2000:]
     # the other way round, the quiet sweep is faster: nothing to fail on
     out = run_cli(
@@ -94,7 +95,7 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
             "fail_on=0.1",
             "unjudged=pass",
         ],
-        module="src.tracking.regress",
+        module="src.regress",
     )
     assert out.returncode == 0 and "faster" in out.stdout, out.stderr[-2000:]
 
@@ -111,7 +112,7 @@ def test_bad_settings_and_unknown_sweeps_are_one_line(sweeps, tmp_path):
         ([f"baseline={tmp_path / 'nope'}", f"tracking_uri={store}"], "no sweep"),
         ([f"baseline={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking_uri={store}"], "the same sweep"),
     ):
-        out = run_cli(args, module="src.tracking.regress")
+        out = run_cli(args, module="src.regress")
         assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, (
             args,
             out.stderr,
@@ -167,13 +168,11 @@ class _NoHistory:
         return []
 
 
-def _job(name: str, outcome: str, *ms: float) -> regress.Job:
+def _job(name: str, outcome: str, *ms: float) -> regress.JobRuns:
     """A job's rounds, one per figure given (a failed job: one round without one)."""
     figures = [{"time_per_token_ms_median": m} for m in ms] or [{}]
     tags = [{"outcome": outcome, "round": str(i + 1)} for i in range(len(figures))]
-    return regress.Job(
-        name, [regress.JobRecord(f"{name}{i}", name, t, f) for i, (t, f) in enumerate(zip(tags, figures))]
-    )
+    return regress.JobRuns(name, [JobRecord(f"{name}{i}", name, t, f) for i, (t, f) in enumerate(zip(tags, figures))])
 
 
 def test_the_gate_lists_what_it_could_not_judge():
@@ -210,6 +209,7 @@ def test_the_gate_lists_what_it_could_not_judge():
 
 
 def test_help_lists_every_setting_with_its_default():
-    assert set(regress.MEANING) == set(regress.SETTINGS)
     text = regress.usage()
-    assert all(f"    {k}=" in text for k in regress.SETTINGS) and "unjudged=fail" in text
+    names = [s.name for s in regress.COMMAND.settings]
+    assert len(names) == 9 and all(s.meaning for s in regress.COMMAND.settings)
+    assert all(f"    {k}=" in text for k in names) and "unjudged=fail" in text and "fail_on=null" in text

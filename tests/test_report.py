@@ -7,7 +7,9 @@ import urllib.request
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tracking import report
+from src.tracking.readback import report
+from src.tracking.readback.report import plots
+from src.tracking.readback.sweeps import sweep_jobs
 from tests.conftest import free_port, fresh_cache, job_record, mlflow_server, run_cli
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
@@ -83,7 +85,7 @@ def test_report_writes_plots_and_attaches_them_to_the_parent(sweep):
         "speedup.png",
     } <= written
     client = MlflowClient(store)
-    parent_id, _ = report.sweep_jobs(store)
+    parent_id, _ = sweep_jobs(store)
     attached = {a.path for a in client.list_artifacts(parent_id, "report")}
     assert "report/report.md" in attached and "report/speedup.png" in attached
 
@@ -175,15 +177,19 @@ def test_a_rerun_of_the_report_adds_no_metric_points(sweep):
 
 def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path):
     store = tmp_path / "absent.db"
-    helped = run_cli(["--help", f"tracking_uri=sqlite:///{store}"], module="src.tracking.report")
-    assert helped.returncode == 0 and "python -m src.tracking.report" in helped.stdout and "baseline:" in helped.stdout
+    helped = run_cli(["--help", f"tracking_uri=sqlite:///{store}"], module="src.report")
+    assert (
+        helped.returncode == 0
+        and "python -m src.report" in helped.stdout
+        and "baseline.precision=fp32" in helped.stdout
+    )
     assert not store.exists() and not (tmp_path / "reports").exists()
     for arg, words in (
-        ("baselin.precision=bf16", "baselin.precision is not a report setting"),
-        ("baseline.precison=bf16", "baseline.precison is not a report setting"),
-        ("sweep", "'sweep' is not key=value"),
+        ("baselin.precision=bf16", "'baselin.precision=bf16' is not a setting of python -m src.report"),
+        ("baseline.precison=bf16", "baseline.precison is not a setting; baseline.<model|hardware|precision"),
+        ("sweep", "'sweep' is not a setting of python -m src.report"),
     ):
-        out = run_cli([arg, f"tracking_uri=sqlite:///{store}"], module="src.tracking.report")
+        out = run_cli([arg, f"tracking_uri=sqlite:///{store}"], module="src.report")
         lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
         assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
         assert "Traceback" not in out.stderr and not store.exists()
@@ -267,9 +273,9 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
 
     # the report, built again in this process to look at its figures as drawn
     drawn = []  # each plot's name, the box of everything it drew and its canvas, in inches, as saved
-    real_save = report._save
+    real_save = plots._save
     monkeypatch.setattr(
-        report,
+        plots,
         "_save",
         lambda fig, path: (
             real_save(fig, path),
@@ -306,7 +312,7 @@ def _run(key, rnd, tpt, busy=False, precision="bf16"):
     ],
 )
 def test_a_speedups_condition_comes_first_in_its_description(rounds, said):
-    from src.tracking.compare import Config, speedups
+    from src.tracking.readback.compare import Config, speedups
 
     base = Config("fp32", [_run("fp32", r, tpt, busy=b, precision="fp32") for r, (_, b, tpt) in enumerate(rounds, 1)])
     job = Config("bf16", [_run("bf16", r, 27.5, busy=b) for r, (b, _, _) in enumerate(rounds, 1)])

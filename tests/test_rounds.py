@@ -7,11 +7,11 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
-from src.tracking import report
-from src.tracking.compare import Config, configs, ratio_spread, spread
-from src.tracking.names import config_key
-from src.tracking.rounds import schedule
-from src.tracking.sweeps import sweep_jobs
+from src.common.environment import PROJECT_ROOT
+from src.tracking.readback.compare import Config, configs, ratio_spread, spread
+from src.tracking.readback.sweeps import sweep_jobs
+from src.tracking.store.names import config_key
+from src.tracking.sweep.rounds import schedule
 from tests.conftest import job_record, run_cli
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
@@ -97,7 +97,7 @@ def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rou
     parent = client.get_run(parent_id).data
     assert parent.metrics["best_speedup_low"] <= parent.metrics["best_speedup"] <= parent.metrics["best_speedup_high"]
     assert parent.tags["best_speedup_rounds"] == "3 [every round busy]"
-    md = next((report.PROJECT_ROOT / "reports").glob(f"*-{parent.tags['quantspec.sweep_key'][:8]}")) / "report.md"
+    md = next((PROJECT_ROOT / "reports").glob(f"*-{parent.tags['quantspec.sweep_key'][:8]}")) / "report.md"
     text = md.read_text()
     assert "Measured in 3 interleaved rounds" in text and "every round busy" in text
     # per round, the ratio of the same round's medians
@@ -127,7 +127,7 @@ def test_rounds_take_one_whole_value(tmp_path):
         (
             ("rounds=1,3", "rounds takes one value, not a sweep"),
             ("rounds=0", "rounds must be a whole"),
-            ("rounds=two", "rounds must be a whole"),
+            ("rounds=two", "rounds='two' must be an integer"),
         )
     ):
         out = run_cli(

@@ -1,4 +1,4 @@
-"""hydra/sweeper=search (src.tracking.search): Optuna's trials as ordinary jobs of one sweep, timed in
+"""hydra/sweeper=search (src.tracking.sweep.search): Optuna's trials as ordinary jobs of one sweep, timed in
 interleaved rounds, the objectives read back from the store, the front reported and tagged; its settings
 and an empty search space refused in one line."""
 
@@ -6,7 +6,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 
-from src.tracking import search
+from src.tracking.sweep import search
 from tests.conftest import run_cli
 
 pytest.importorskip("optuna", reason="optuna not installed (scripts/setup installs it: the search extra)")

@@ -10,13 +10,13 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from src.assembly.config import ConfigError, job_config_from_dict
-from src.assembly.overrides import unknown_choice
+from src.assembly.overrides import composition_problem
 from src.engine import ENGINES, Sampling, engine_for
 from src.engine.leviathan import alpha_from_accepted, expected_speedup, tokens_per_step
 from src.engine.speculative import ModelDrafter, PromptLookup, Schedule, accept_or_resample, generate
 from src.models import load as models
 from src.models.tiny import byte_tokenizer, tiny_model
-from src.tracking.record import run_job
+from src.tracking.sweep.record import run_job
 from tests.conftest import compose_job
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
@@ -210,7 +210,7 @@ def test_drafts_resolve_their_model_and_precision():
 
 
 def test_bad_draft_settings_get_one_line():
-    assert "unknown precision 'w3a3'" in unknown_choice(["draft=self_w4a16", "precision@draft.precision=w3a3"])
+    assert "unknown precision 'w3a3'" in composition_problem(["draft=self_w4a16", "precision@draft.precision=w3a3"])
     raw, _ = compose_job([*TINY, "draft=self_w4a16", "draft.precision.awq_grid=0"])
     with pytest.raises(ConfigError, match=r"precision.awq_grid=0 must be at least 1"):
         job_config_from_dict(raw)

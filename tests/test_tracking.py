@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tracking import JobRun, Store, flatten
-from src.tracking.record import run_job
+from src.tracking.store.experiment import Store
+from src.tracking.store.jobrun import JobRun
+from src.tracking.store.names import flatten
+from src.tracking.sweep.record import run_job
 from tests.conftest import compose_job, run_cli
 
 TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
@@ -81,7 +83,7 @@ def test_flatten_makes_dot_keys():
 
 
 def test_experiment_and_sweep_parent_are_found_not_duplicated(store):
-    from src.tracking import SweepInfo
+    from src.tracking.store.names import SweepInfo
 
     first, second = Store(store, "quantspec"), Store(store, "quantspec")
     assert first.experiment_id == second.experiment_id
@@ -116,7 +118,7 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
     ]
     assert parents[0].data.tags["jobs_finished"] == "2"
     # read back as a sweep: the latest by default, or by its directory
-    from src.tracking.sweeps import sweep_jobs
+    from src.tracking.readback.sweeps import sweep_jobs
 
     parent_id, jobs = sweep_jobs(store)
     assert parent_id == parents[0].info.run_id and len(jobs) == 4

@@ -18,9 +18,11 @@ from mlflow.tracking import MlflowClient
 from src.common import sysmetrics
 from src.data.config import DatasetConfig
 from src.data.corpus import Corpus, load_text, prompts_input
-from src.tracking import JobRun, Store, replay
-from src.tracking.journal import Journal
-from src.tracking.record import _flag_busy_host
+from src.tracking.store import replay
+from src.tracking.store.experiment import Store
+from src.tracking.store.jobrun import JobRun
+from src.tracking.store.journal import Journal
+from src.tracking.sweep.record import _flag_busy_host
 from tests.browser import Page
 from tests.conftest import ROOT, free_port, mlflow_server, run_cli
 
@@ -166,7 +168,7 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         assert shot.stat().st_size > 20_000
 
         # the address the page rewrites itself to keeps the view through a reload (MLflow's share link alone
-        # would not: src.tracking.view_app)
+        # would not: src.tracking.view.view_app)
         page = Page(free_port(), width=2560)
         try:
             page.open(url)

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ("src.run", "src.tracking.report", "src.tracking.regress", "src.tracking.sync")
+MODULES = ("src.run", "src.report", "src.regress", "src.sync")
 SHELL = ("scripts/setup", "scripts/tracking-server")
 
 
@@ -44,10 +44,13 @@ def _block(title: str, text: str) -> list[str]:
 
 
 def render() -> str:
-    scripts = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "scripts").glob("*.py"))
+    # the runnable scripts: the benchmarks and the docs' check (bench.py, jobs.py and peer.py are their helpers)
+    scripts = sorted(
+        f"scripts.{p.stem}" for p in (ROOT / "scripts").glob("*.py") if p.stem.startswith(("bench_", "check_"))
+    )
     with ThreadPoolExecutor(4) as pool:
         modules = list(pool.map(_module_doc, MODULES))
-        helps = list(pool.map(lambda s: _help([s]), scripts))
+        helps = list(pool.map(lambda s: _help(["-m", s]), scripts))
     out = [
         "Every command quantspec ships, with the usage it prints itself. Run each with `.venv/bin/python` "
         "from the project's root.",
@@ -56,7 +59,7 @@ def render() -> str:
     for name, text in zip(MODULES, modules):
         out += _block(f"python -m {name}", text)
     for name, text in zip(scripts, helps):
-        out += _block(f"python {name}", text)
+        out += _block(f"python -m {name}", text)
     for name in SHELL:
         out += _block(f"bash {name}", _shell_doc(name))
     return "\n".join(out)

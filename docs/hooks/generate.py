@@ -2,7 +2,7 @@
 
 A page holds a marker where generated text goes, so its prose stays hand-written and its tables cannot rot:
 `<!-- generated: config -->` (every config group and field: configref.py), `<!-- generated: cli -->` (every
-command's usage: cliref.py), `<!-- generated: tracking -->` (every metric, param and tag: src.tracking.catalog),
+command's usage: cliref.py), `<!-- generated: tracking -->` (every metric, param and tag: src.tracking.store.catalog),
 `<!-- results: <page> -->` (a benchmark page's entries: src.common.benchpage).
 """
 
@@ -38,7 +38,7 @@ def _generated(name: str) -> str:
 
         return cliref.render()
     if name == "tracking":
-        from src.tracking import catalog
+        from src.tracking.store import catalog
 
         return catalog.render()
     raise ValueError(f"no generated page {name!r}")

@@ -1,7 +1,7 @@
 """`hydra/sweeper=rounds` (quantspec's default): Hydra's basic sweeper, run in interleaved rounds.
 
 Hydra finds sweepers in the `hydra_plugins` namespace; this file only registers the choice and hands
-the work to src.tracking.rounds.
+the work to src.tracking.sweep.rounds.
 """
 
 # No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules, where
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
-from src.tracking.rounds import Rounds
+from src.tracking.sweep.rounds import Rounds
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """`hydra/sweeper=search`: a multi-objective search (Optuna) over the sweep's axes for the speed–quality front.
 
 Hydra finds sweepers in the `hydra_plugins` namespace; this file only registers the choice and its settings
-and hands the work to src.tracking.search.
+and hands the work to src.tracking.sweep.search.
 """
 
 # No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules, where
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 
-from src.tracking.search import DEFAULT_OBJECTIVES, Search
+from src.tracking.sweep.search import DEFAULT_OBJECTIVES, Search
 
 
 @dataclass

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,31 +216,6 @@ _KINDS = {"task": TASKS, "tracking": TRACKING}  # the axes chosen by their selec
 _SECTION_ORDER = ("model", "hardware", "precision", "draft", "task", "dataset", "tracking", "engine", "sampling")
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def _type_problem(value: Any, hint: Any) -> str | None:
-    """What `value` should have been for the field's annotation, or None when it fits. YAML and the
-    command line give ints, floats, strings, bools, lists and nulls; nothing else needs checking."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        problems = [_type_problem(value, a) for a in args if a is not type(None)]
-        return None if None in problems else " or ".join(problems) + (" (or null)" if type(None) in args else "")
-    if typing.get_origin(hint) is tuple:
-        if not isinstance(value, (list, tuple)):
-            return f"a list of {_TYPE_NAMES.get(args[0], args[0])}s"
-        return next((f"a list of {_TYPE_NAMES[args[0]]}s" for v in value if _type_problem(v, args[0])), None)
-    if hint is float:  # nan and inf are refused: every comparison with nan is false, so it would switch a check off
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return _TYPE_NAMES[float]
-        return None if math.isfinite(value) else "a finite number"
-    if hint in (int, str, bool):
-        return None if type(value) is hint else _TYPE_NAMES[hint]
-    return None
-
-
 def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
@@ -272,11 +245,11 @@ def _build(
     )
     if missing:
         raise ConfigError(f"{section} is missing {', '.join(missing)}")
-    hints = typing.get_type_hints(cls)
+    # composition typed every field (src.assembly.schema); a float may still be nan or inf, which every
+    # comparison passes over, so a check against it would switch itself off
     for key, value in raw.items():
-        problem = _type_problem(value, hints[key])
-        if problem:
-            raise ConfigError(f"{section}.{key}={value!r} must be {problem}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{section}.{key}={value!r} must be a finite number")
     # YAML lists arrive as lists; the frozen dataclasses keep tuples so configs stay hashable.
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     return cls(**values, **(extra or {}))
@@ -374,8 +347,6 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
             _precision("draft.precision", draft_precision) if draft_precision else parts["precision"]
         )
     resume = raw.get("resume", True)
-    if not isinstance(resume, bool):
-        raise ConfigError(f"resume={resume!r} must be true or false")
     job = JobConfig(
         **parts,
         cache_dir=Path(str(raw.get("cache_dir", "~/.cache/quantspec"))).expanduser(),
@@ -396,19 +367,18 @@ class SweepSettings:
     tracking: TrackingConfig
     report_at_end: bool = True
     resume: bool = True
-    rounds: int = 1  # interleaved rounds of every job (src.tracking.rounds)
+    rounds: int = 1  # interleaved rounds of every job (src.tracking.sweep.rounds)
     busy_reruns: int = 0  # rounds measured again at most, where a round ran on a busy host
 
 
 def sweep_settings(raw: Mapping[str, Any], sweep_dir: Path) -> SweepSettings:
     """The sweep's settings from the plain (resolved) top of the composed config."""
     values = {k: raw[k] for k in ("report_at_end", "resume", "rounds", "busy_reruns") if k in raw}
-    for key, value in values.items():
-        kind = bool if key in ("report_at_end", "resume") else int
-        if type(value) is not kind or (kind is int and value < (1 if key == "rounds" else 0)):
-            want = "true or false" if kind is bool else f"a whole number >= {1 if key == 'rounds' else 0}"
+    for key in ("rounds", "busy_reruns"):  # composition typed them (src.assembly.schema); their ranges are ours
+        if key in values and values[key] < (1 if key == "rounds" else 0):
             raise ConfigError(
-                f"{key} must be {want} (got {key}={value!r})" + ("; e.g. rounds=3" if kind is int else "")
+                f"{key} must be a whole number >= {1 if key == 'rounds' else 0} (got {key}={values[key]!r}); "
+                f"e.g. rounds=3"
             )
     if raw.get("tracking") is None:
         raise ConfigError("the config has no 'tracking' group; check conf/config.yaml's defaults")

@@ -4,8 +4,8 @@
     result = job.run()          # the task, and its decode steps against the roofline
 
 The recorder receives what building measures and decides (model load time, quantization metrics, the
-kernels used, placement tags) as it happens; src.tracking.record passes the job's tracked run, a script passes
-nothing. src.tracking.record (for src.run) and scripts/ both build jobs here, so a job is assembled in one place.
+kernels used, placement tags) as it happens; src.tracking.sweep.record passes the job's tracked run, a script passes
+nothing. src.tracking.sweep.record (for src.run) and scripts/ both build jobs here, so a job is assembled in one place.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Job:
     baseline: Callable | None  # with a draft: the same engine without it, timed beside it
     quant_metrics: dict[str, float]
     recorder: Recorder
-    on_row: Callable = lambda row, total: None  # each measured row, as it comes (src.tracking.record logs it)
+    on_row: Callable = lambda row, total: None  # each measured row, as it comes (src.tracking.sweep.record logs it)
 
     def inputs(self) -> TaskInputs:
         cfg = self.cfg
@@ -202,18 +202,7 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
         log.warning(placement.note)
     torch.set_num_threads(placement.threads)
     _check_isa(cfg)
-    env = environment.describe(placement.threads, placement.device)
-    recorder.set_tags(
-        {
-            "executed_on": placement.executed_on,
-            "placement_note": placement.note or "",
-            "git_commit": env["git_commit"],
-            "cpu_model": env["cpu_model"],
-            "threads": str(placement.threads),
-        }
-    )
-    recorder.log_text(json.dumps(env, indent=2), "environment.json")
-    _record_executed(cfg, placement, env, recorder)
+    env = _environment(cfg, placement, recorder)
 
     memory.release_freed()  # a sweep's previous job is freed, and its memory returned, before this one is weighed
     need = memory.check(cfg)  # before loading: a job that cannot fit says so now, in one line
@@ -255,6 +244,23 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     )
     baseline = plain if drafter is not None and cfg.draft.baseline else None
     return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics, recorder)
+
+
+def _environment(cfg, placement, recorder) -> dict:
+    """The host as the job sees it (environment.json), its placement's tags, and what executes."""
+    env = environment.describe(placement.threads, placement.device)
+    recorder.set_tags(
+        {
+            "executed_on": placement.executed_on,
+            "placement_note": placement.note or "",
+            "git_commit": env["git_commit"],
+            "cpu_model": env["cpu_model"],
+            "threads": str(placement.threads),
+        }
+    )
+    recorder.log_text(json.dumps(env, indent=2), "environment.json")
+    _record_executed(cfg, placement, env, recorder)
+    return env
 
 
 def _record_executed(cfg, placement, env: dict, recorder) -> None:

@@ -1,43 +1,28 @@
-"""The command line, checked before Hydra composes it: unknown choices and unknown fields get one line
-(Hydra's own messages run to five lines and end in a hint about HYDRA_FULL_ERROR)."""
+"""The command line, checked before any job runs: composed as Hydra composes each job (the groups' schemas,
+src.assembly.schema, type every field), and whatever composition refuses said in one line (Hydra's own
+messages run to five lines and end in a hint about HYDRA_FULL_ERROR).
+
+A sweep is checked value by value: every override at its first value, then each other value of each sweep
+in turn, so a bad value anywhere in it is found before the first job. Beyond the schemas, a field that no
+chosen entry's kind reads (task.window on a decode task) is refused too: it would change nothing.
+"""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
+from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.override_parser.types import IntervalSweep, Override, OverrideType
+from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from src.assembly.config import GROUPS, ConfigError, unread
+from src.assembly import schema  # noqa: F401 - registers the groups' schemas that composition types fields by
+from src.assembly.config import unread
 from src.common.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
-LAUNCHERS = ("basic", "ray")  # Hydra's own, and quantspec's (hydra_plugins/quantspec_ray)
-
-
-def config_dirs(args: list[str]) -> list[Path]:
-    """conf/, then the folders `hydra.searchpath=[file://...]` adds (a user's own entries, e.g. a runtime's
-    conf/engine/<name>.yaml kept outside the repository), in Hydra's order: conf/ first."""
-    dirs = [CONF_DIR]
-    for arg in args:
-        match = re.fullmatch(r"\+{0,2}hydra\.searchpath=\[(.*)\]", arg)
-        if match:
-            dirs += [
-                Path(item.strip().strip("'\"")[len("file://") :])
-                for item in match.group(1).split(",")
-                if item.strip().strip("'\"").startswith("file://")
-            ]
-    return dirs
-
-
-def _known(group: str, dirs: list[Path]) -> list[str]:
-    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml") if not p.stem.startswith("_")})
-
-
-def _entry_file(group: str, name: str, dirs: list[Path]) -> Path | None:
-    return next((d / group / f"{name}.yaml" for d in dirs if (d / group / f"{name}.yaml").is_file()), None)
+FLAGS = ("-m", "--multirun", "--cfg", "job", "hydra", "all", "--resolve")  # src.run's, not overrides
+TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "true or false values"}
 
 
 def unparsable(args: list[str]) -> str | None:
@@ -59,87 +44,124 @@ def unparsable(args: list[str]) -> str | None:
     return None
 
 
-def unknown_choice(args: list[str]) -> str | None:
-    """One line naming an unknown group choice on the command line, or None.
+def _written(o: Override, value: str) -> str:
+    prefix = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~"}.get(o.type, "")
+    return f"{prefix}{o.key_or_group}={value}"
 
-    Hydra's own message for this is a dozen lines with a search path; users need the name and the options.
-    """
-    dirs = config_dirs(args)
+
+def variants(args: list[str]) -> list[list[str]]:
+    """The jobs to compose to check a command line: every override at its first value, then each other
+    value of each sweep in turn. An interval, which only a search samples, is left out."""
+    parsed = OverridesParser.create().parse_overrides([a for a in args if a not in FLAGS])
+    each = []  # per override: the values to try (one where it is no sweep)
+    for o in parsed:
+        if not o.is_sweep_override():
+            each.append([o.input_line])
+        elif not isinstance(o.value(), IntervalSweep):
+            each.append([_written(o, v) for v in o.sweep_string_iterator()])
+    first = [values[0] for values in each]
+    jobs = [first]
+    for i, values in enumerate(each):
+        jobs += [[*first[:i], value, *first[i + 1 :]] for value in values[1:]]
+    return jobs
+
+
+def composition_problem(args: list[str]) -> str | None:
+    """One line saying why the command line's jobs cannot be composed (an unknown choice, a key a group
+    does not have, a value of the wrong type, a field no chosen entry reads), or None."""
+    composed = []
+    for job in variants(args):
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose("config", overrides=job, return_hydra_config=True)
+        except MissingConfigException as err:
+            return _unknown_choice(err)
+        except ConfigCompositionException as err:
+            return _refused(err, job)
+        composed.append(cfg)
+    return _unread(args, composed)
+
+
+def _unknown_choice(err: MissingConfigException) -> str:
+    """Hydra's `Could not find 'precision/w3a3'` and its list of options, in one line."""
+    text = str(err)
+    wanted = text.split("Could not find '", 1)[-1].split("'", 1)[0]
+    group, _, name = wanted.rpartition("/")
+    options = text.split("Available options in", 1)[-1].split("Config search path", 1)[0].splitlines()[1:]
+    known = sorted(o.strip() for o in options if o.strip() and not o.strip().startswith("_"))
+    where = f" (or add conf/{group}/{name}.yaml)" if not group.startswith("hydra") else ""
+    return f"unknown {group} {name!r}; choose from: {', '.join(known)}{where}"
+
+
+def _refused(err: ConfigCompositionException, job: list[str]) -> str:
+    """A key the group does not have, or a value its field's type refuses, in one line."""
+    cause = err.__cause__
+    said = str(err)
+    key = getattr(cause, "full_key", None) or (said.split("'")[1] if "'" in said else "")
+    key = key.split("[", 1)[0]  # an item of a list: the list's own override names it
+    line = next((a for a in reversed(job) if a.lstrip("+~").split("=", 1)[0] == key), None)  # the last one set
+    base = _base(job, line)
+    if "not in" in str(cause) or "Could not override" in said:
+        return _not_a_setting(key, base)
+    node = _node(base, key)
+    value = OverridesParser.create().parse_override(line).value() if line else "?"
+    if node is None:
+        return f"{key}={value!r}: {str(cause or err).splitlines()[0]}"
+    kind = node._metadata.ref_type
+    words = TYPE_WORDS.get(kind, f"a {getattr(kind, '__name__', kind)}".lower())
+    if isinstance(node, ListConfig):
+        words = f"a list of {PLURAL.get(node._metadata.element_type, 'values')}"
+    return f"{key}={value!r} must be {words}" + (" (or null)" if node._metadata.optional else "")
+
+
+def _node(cfg: DictConfig | None, key: str):
+    """The node at a dotted key (its metadata says its type), or None."""
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        node = node._get_node(part)
+    return node
+
+
+def _base(job: list[str], without: str | None) -> DictConfig | None:
+    """The job composed without the refused override (to name what the group has), or None."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose("config", overrides=[a for a in job if a != without], return_hydra_config=True)
+    except HydraException:
+        return None
+
+
+def _not_a_setting(key: str, base: DictConfig | None) -> str:
+    group, _, path = key.partition(".")
+    choice = base.hydra.runtime.choices.get(group, "") if base is not None else ""
+    node, parts = (base.get(group) if base is not None else None), path.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node, DictConfig) or part not in node:
+            break
+        node = node[part]
+    settings = ", ".join(sorted(node)) if isinstance(node, DictConfig) else f"(none below {parts[0]})"
+    return f"{key} is not a setting of {group} {choice}; its settings: {settings}"
+
+
+def _unread(args: list[str], composed: list[DictConfig]) -> str | None:
+    """A field override that no composed job's entry reads (another kind's field), or None: in a sweep, one
+    job reading it is enough."""
     for arg in args:
-        launcher = re.fullmatch(r"hydra/launcher=(.*)", arg)
-        if launcher and launcher.group(1) not in LAUNCHERS:
-            return f"unknown hydra/launcher {launcher.group(1)!r}; choose from: {', '.join(LAUNCHERS)}"
-        match = re.fullmatch(r"\+?(\w+)(?:@[\w.]+)?=([^()\[\]{}]*)", arg)  # also precision@draft.precision=
-        if not match or match.group(1) not in GROUPS:
+        key = arg.split("=", 1)[0]
+        group, _, path = key.partition(".")
+        if "=" not in arg or not path or group not in composed[0] or not isinstance(composed[0][group], DictConfig):
             continue
-        group, values = match.groups()
-        known = _known(group, dirs)
-        for value in (v.strip() for v in values.split(",")):
-            if value not in known:
-                return f"unknown {group} {value!r}; choose from: {', '.join(known)} (or add conf/{group}/{value}.yaml)"
-    return None
-
-
-def unknown_key(args: list[str]) -> str | None:
-    """One line naming an override of a group's field that the chosen entry does not have, or None.
-
-    Hydra's own message is five lines ending in a hint about HYDRA_FULL_ERROR."""
-    chosen = {
-        g: [v.strip() for v in m.group(2).split(",")]
-        for a in args
-        if (m := re.fullmatch(r"(\w+)=([^()\[\]{}]*)", a)) and (g := m.group(1)) in GROUPS
-    }
-    dirs = config_dirs(args)
-    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
-    for entry in defaults:
-        if isinstance(entry, DictConfig):
-            for group, value in entry.items():
-                chosen.setdefault(str(group), [str(value)])
-    for arg in args:
-        match = re.fullmatch(r"(\w+)\.([\w.]+)=.*", arg)
-        if not match or match.group(1) not in GROUPS:
-            continue
-        group, path = match.groups()
-        unread_by = {}  # chosen entries whose kind does not read this field (another kind's, from _fields)
-        for value in chosen.get(group, []):
-            try:
-                node = entry = group_entry(group, value, group, dirs)
-            except ConfigError:
-                continue  # an unknown choice is unknown_choice's to report
-            for part in path.split("."):
-                if not isinstance(node, dict) or part not in node:
-                    return (
-                        f"{group}.{path} is not a setting of {group} {value}; its settings: "
-                        f"{', '.join(sorted(node)) if isinstance(node, dict) else '(none below ' + part + ')'}"
-                    )
-                node = node[part]
-            owner = unread(group, entry, path)
-            if owner is not None:
-                unread_by[value] = owner
-        if unread_by and len(unread_by) == len(chosen.get(group, [])):  # in a sweep, one job reading it is enough
+        owners = {}
+        for cfg in composed:
+            owner = unread(group, OmegaConf.to_container(cfg[group], resolve=False), path)
+            if owner is None:
+                break
+            owners[cfg.hydra.runtime.choices.get(group, "")] = owner
+        else:
             return (
-                f"{group}.{path} is read by {next(iter(unread_by.values()))}, not by {group} "
-                f"{', '.join(unread_by)}; pick one that reads it, or leave it out"
+                f"{key} is read by {next(iter(owners.values()))}, not by {group} {', '.join(owners)}; pick one "
+                f"that reads it, or leave it out"
             )
     return None
-
-
-def group_entry(group: str, name: str, where: str, dirs: list[Path] | None = None) -> dict:
-    """conf/<group>/<name>.yaml as Hydra composes it, as a plain dict: over the files its defaults list
-    names (e.g. _fields), with other groups' entries nested where it places them (a draft's
-    `/precision@precision: w8a8` becomes its `precision` field)."""
-
-    dirs = dirs or [CONF_DIR]
-    path = _entry_file(group, name, dirs)
-    if path is None:
-        raise ConfigError(f"{where}={name!r} is not in conf/{group}/; choose from: {', '.join(_known(group, dirs))}")
-    node = OmegaConf.load(path)
-    parts = []
-    for entry in node.pop("defaults", None) or []:
-        if isinstance(entry, str) and entry != "_self_":
-            parts.append(OmegaConf.load(_entry_file(group, entry, dirs) or path.with_name(f"{entry}.yaml")))
-        elif isinstance(entry, DictConfig):
-            for key, value in entry.items():  # /other_group@field: choice
-                other, _, field = str(key).lstrip("/").partition("@")
-                parts.append(OmegaConf.create({field or other: group_entry(other, str(value), where, dirs)}))
-    return OmegaConf.to_container(OmegaConf.merge(*parts, node), resolve=True)

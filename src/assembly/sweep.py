@@ -1,5 +1,5 @@
 """The sweep's own settings (store, experiment, resume, report, rounds) from Hydra's composed config, for
-src.run's sweep callback, the sweepers (src.tracking.rounds, src.tracking.search) and the Ray launcher
+src.run's sweep callback, the sweepers (src.tracking.sweep.rounds, src.tracking.sweep.search) and the Ray launcher
 (src/cluster.py): converted here once, as a job's config is by src.assembly.config."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark results as documentation: each `scripts/bench_*.py --doc` run appends one entry (its table in
+"""Benchmark results as documentation: each `python -m scripts.bench_* doc=true` run appends one entry (its table in
 markdown, with the host, its CPU flags, the date, the commit, the command and the rounds) to
 `docs/benchmarks/results/<page>.jsonl`; the docs site renders each page's entries, the latest first and the
 earlier ones in a collapsed history (`docs/hooks/generate.py`).
@@ -10,7 +10,6 @@ touching what was measured.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -74,17 +73,11 @@ def host_flags(cpuinfo: str | None = None) -> list[str]:
     return [f for f in FLAGS if f in have]
 
 
-def add_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--doc",
-        action="store_true",
-        help="also append the result to the docs' benchmark page (docs/benchmarks/results/)",
-    )
-
-
 def entry(title: str, body: str, rounds: int | None = None, load: str = "", argv: list[str] | None = None) -> Entry:
     argv = sys.argv if argv is None else argv
     script = os.path.relpath(argv[0], PROJECT_ROOT) if argv and argv[0] else "?"
+    if script.startswith("scripts/") and script.endswith(".py"):  # run as a module, as the scripts are
+        script = f"-m {script.removesuffix('.py').replace('/', '.')}"
     commit = git_commit()
     return Entry(
         title=title,
@@ -93,7 +86,7 @@ def entry(title: str, body: str, rounds: int | None = None, load: str = "", argv
         commit=commit[:12] + ("-dirty" if commit.endswith("-dirty") else ""),
         host=f"{cpu_model()}, {os.cpu_count()} cores",
         flags=host_flags(),
-        command=shlex.join([".venv/bin/python", script, *[a for a in argv[1:] if a != "--doc"]]),
+        command=" ".join([".venv/bin/python", script, shlex.join(a for a in argv[1:] if a != "doc=true")]).strip(),
         rounds=rounds,
         load=load,
     )
@@ -109,10 +102,19 @@ def append(page: str, item: Entry, results: Path = RESULTS) -> Path:
 
 
 def record(doc: bool, page: str, title: str, body: str, rounds: int | None = None, load: str = "") -> None:
-    """Where the script was run with --doc: the result on its page, and where it went."""
+    """Where the script was run with doc=true: the result on its page, and where it went."""
     if doc:
         path = append(page, entry(title, body, rounds, load))
         print(f"recorded on the docs' benchmark page: {os.path.relpath(path, PROJECT_ROOT)}")
+
+
+def save_markdown(name: str, text: str) -> Path:
+    """A benchmark script's result, as reports/<name>.md under the project root (reports/ is not tracked)."""
+    out = PROJECT_ROOT / "reports" / f"{name}.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(text)
+    print(f"\nwritten to {out.relative_to(PROJECT_ROOT)}")
+    return out
 
 
 def load(page: str, results: Path = RESULTS) -> list[Entry]:
@@ -158,7 +160,7 @@ def _about(item: Entry) -> str:
 def render(entries: list[Entry]) -> str:
     """The latest entry in full, the earlier ones collapsed (Material's `???` blocks), newest first."""
     if not entries:
-        return "*No result recorded yet: run the script above with `--doc`.*\n"
+        return "*No result recorded yet: run the script above with `doc=true`.*\n"
     latest, *earlier = reversed(entries)
     out = [f"## Latest: {md_text(latest.title)}", "", _about(latest), "", latest.body.strip(), ""]
     if earlier:

@@ -2,7 +2,7 @@
 the CPU that other processes took while the job was timed, and the job's peak resident memory.
 
 The machine quantspec is measured on is often shared: another process moves a time/token by tens of
-percent. A job timed while others used the CPU is flagged (src.tracking.record tags it host_busy), never hidden.
+percent. A job timed while others used the CPU is flagged (src.tracking.sweep.record tags it host_busy), never hidden.
 """
 
 from __future__ import annotations

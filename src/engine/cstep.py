@@ -84,30 +84,7 @@ class CompiledSteps:
         rope_index = {t: i for i, t in enumerate(dict.fromkeys(self.types))}
         slots = []  # gathered first: nothing reaches C++ unless the whole model is supported
         for i, layer in enumerate(layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            if self.gemma:
-                norms = [
-                    layer.input_layernorm,
-                    layer.post_attention_layernorm,
-                    layer.pre_feedforward_layernorm,
-                    layer.post_feedforward_layernorm,
-                    attn.q_norm,
-                    attn.k_norm,
-                ]
-                kind = self.types[i]
-                window = cfg.sliding_window if kind == "sliding_attention" else 0
-            else:
-                norms = [layer.input_layernorm, None, layer.post_attention_layernorm, None, None, None]
-                types = getattr(cfg, "layer_types", None) or []
-                kind, window = "full", (cfg.sliding_window if i < len(types) and types[i] == "sliding_attention" else 0)
-            weights = [torch.empty(0) if n is None else _norm(n, act, conv) for n in norms]
-            calls = [
-                [(QKV, _call(m, act)) for m, _ in steps.attn_in[i].calls],
-                [(OUT, _call(attn.o_proj, act))],
-                [(GATE_UP, _call(m, act)) for m, _ in steps.mlp_in[i].calls],
-                [(DOWN, _call(mlp.down_proj, act))],
-            ]
-            slots.append((weights, rope_index[kind], window or 0, [c for group in calls for c in group]))
+            slots.append(self._layer(i, layer, act, conv, rope_index))
         final = _norm(model.model.norm, act, conv)
         embedding = model.model.embed_tokens
         if type(embedding).__name__ not in EMBEDDINGS:
@@ -126,6 +103,34 @@ class CompiledSteps:
         self.positions = 0
         self.softcap = getattr(steps, "softcap", None)
         self.head, self.fused = None, False  # the lm_head module the stepper holds (_fused_head)
+
+    def _layer(self, i: int, layer, act: torch.dtype, conv: dict, rope_index: dict) -> tuple:
+        """One layer's norms, rotary table, window and kernel calls, as the stepper takes them."""
+        cfg, steps = self.model.config, self.steps
+        attn, mlp = layer.self_attn, layer.mlp
+        if self.gemma:
+            norms = [
+                layer.input_layernorm,
+                layer.post_attention_layernorm,
+                layer.pre_feedforward_layernorm,
+                layer.post_feedforward_layernorm,
+                attn.q_norm,
+                attn.k_norm,
+            ]
+            kind = self.types[i]
+            window = cfg.sliding_window if kind == "sliding_attention" else 0
+        else:
+            norms = [layer.input_layernorm, None, layer.post_attention_layernorm, None, None, None]
+            types = getattr(cfg, "layer_types", None) or []
+            kind, window = "full", (cfg.sliding_window if i < len(types) and types[i] == "sliding_attention" else 0)
+        weights = [torch.empty(0) if n is None else _norm(n, act, conv) for n in norms]
+        calls = [
+            [(QKV, _call(m, act)) for m, _ in steps.attn_in[i].calls],
+            [(OUT, _call(attn.o_proj, act))],
+            [(GATE_UP, _call(m, act)) for m, _ in steps.mlp_in[i].calls],
+            [(DOWN, _call(mlp.down_proj, act))],
+        ]
+        return weights, rope_index[kind], window or 0, [c for group in calls for c in group]
 
     def _tables(self, needed: int) -> None:
         """Rotary cos/sin for positions 0 .. needed-1 and more, from the model's own rotary embedding

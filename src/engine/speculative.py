@@ -129,6 +129,15 @@ class SpecStats:
     def mean_k(self) -> float:
         return self.proposed / self.steps if self.steps else float("nan")
 
+    def step(self, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """One draft-and-verify step's counts and times."""
+        self.steps += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        self.per_step.append(accepted)
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+
 
 def accept_or_resample(
     p: torch.Tensor, draft: list[int], q: list[torch.Tensor | None], generator: torch.Generator | None
@@ -149,6 +158,23 @@ def accept_or_resample(
             residual = p[i]
         return i, int(torch.multinomial(residual, 1, generator=generator))
     return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=generator))
+
+
+def accept_greedy(logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
+    """Greedy verification: how many draft tokens the target's own picks agree with, and its next token."""
+    choices = logits.float().argmax(dim=-1).tolist()
+    kept = 0
+    while kept < len(draft) and draft[kept] == choices[kept]:
+        kept += 1
+    return kept, choices[kept]
+
+
+def _cut(new: list[int], tokens: list[int], eos, stop) -> list[int]:
+    """The step's tokens up to an end-of-sequence or a stop sequence, where plain decoding would end."""
+    for i, t in enumerate(new):
+        if t in eos or (stop and i < len(new) - 1 and stop(tokens + new[: i + 1])):
+            return new[: i + 1]
+    return new
 
 
 @torch.inference_mode()
@@ -198,29 +224,15 @@ def generate(
         if sampling.do_sample:
             kept, nxt = accept_or_resample(probabilities(logits, sampling), draft, dists, generator)
         else:
-            choices = logits.float().argmax(dim=-1).tolist()
-            kept = 0
-            while kept < len(draft) and draft[kept] == choices[kept]:
-                kept += 1
-            nxt = choices[kept]
-        new = draft[:kept] + [nxt]
+            kept, nxt = accept_greedy(logits, draft)
         target.rollback(len(draft) - kept)
-        # End-of-sequence or a stop sequence ends the generation where plain decoding would.
-        for i, t in enumerate(new):
-            if (not exact and t in eos) or (stop and i < len(new) - 1 and stop(tokens + new[: i + 1])):
-                new = new[: i + 1]
-                break
+        new = _cut(draft[:kept] + [nxt], tokens, eos if not exact else (), stop)
         now = time.perf_counter()
         tokens += new
         times += [now] * len(new)
         token = tokens[-1]
         drafter.accepted(prompt + tokens[:-1])
         plan.update(len(draft), kept)
-        stats.steps += 1
-        stats.proposed += len(draft)
-        stats.accepted += kept
-        stats.per_step.append(kept)
-        stats.draft_s += t1 - t0
-        stats.verify_s += now - t1
+        stats.step(len(draft), kept, t1 - t0, now - t1)
     tokens, times = tokens[:max_new_tokens], times[:max_new_tokens]
     return Generation(input_ids.shape[1], tokens, start, times, time.perf_counter(), spec=stats)

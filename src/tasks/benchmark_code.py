@@ -69,6 +69,25 @@ def score(task_ids: list[str], outcomes: list[sandbox.Outcome], samples: int) ->
     return summary
 
 
+def _without_draft(res: TaskResult, ids: list[str], completions: list[str], plain_checked, samples: int, sampling):
+    """pass@1 without the draft beside pass@1 with it, and how many completions the draft left unchanged."""
+    plain_completions, plain_outcomes = plain_checked
+    plain = score(ids, plain_outcomes, samples)
+    res.summary["pass_at_1_no_draft"] = plain["pass_at_1"]
+    same = sum(a == b for a, b in zip(completions, plain_completions))
+    res.summary["completions_identical_to_no_draft"] = same / len(completions)
+    equal = "equals" if plain["pass_at_1"] == res.summary["pass_at_1"] else "differs from"
+    why = (
+        "greedy: the draft changes speed, never the tokens"
+        if not sampling.do_sample
+        else "sampled: a draft keeps the distribution, not the draws"
+    )
+    res.notes.append(
+        f"pass@1 with the draft ({res.summary['pass_at_1']:.3f}) {equal} pass@1 without it "
+        f"({plain['pass_at_1']:.3f}); {same}/{len(completions)} completions identical ({why})"
+    )
+
+
 def run(inputs: TaskInputs) -> TaskResult:
     task, tok = inputs.task, inputs.tokenizer
     problems = limit(humaneval_problems(), task.limit)
@@ -99,21 +118,7 @@ def run(inputs: TaskInputs) -> TaskResult:
     res = result(measured)
     res.summary.update(score(ids, outcomes, task.samples))
     if measured.baseline_outputs:  # a draft: the completions without it, checked too
-        plain_completions, plain_outcomes = check(measured.baseline_outputs)
-        plain = score(ids, plain_outcomes, task.samples)
-        res.summary["pass_at_1_no_draft"] = plain["pass_at_1"]
-        same = sum(a == b for a, b in zip(completions, plain_completions))
-        res.summary["completions_identical_to_no_draft"] = same / len(completions)
-        equal = "equals" if plain["pass_at_1"] == res.summary["pass_at_1"] else "differs from"
-        why = (
-            "greedy: the draft changes speed, never the tokens"
-            if not inputs.sampling.do_sample
-            else "sampled: a draft keeps the distribution, not the draws"
-        )
-        res.notes.append(
-            f"pass@1 with the draft ({res.summary['pass_at_1']:.3f}) {equal} pass@1 without it "
-            f"({plain['pass_at_1']:.3f}); {same}/{len(completions)} completions identical ({why})"
-        )
+        _without_draft(res, ids, completions, check(measured.baseline_outputs), task.samples, inputs.sampling)
     lines = [
         {
             "task_id": ex.label,

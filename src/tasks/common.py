@@ -96,28 +96,12 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
         first = examples[0]
         for engine in engines:
             engine(inputs.model, first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad)
-
-    def sampling_of(ex):
-        if not ex.sample:
-            return inputs.sampling
-        return dataclasses.replace(inputs.sampling, seed=inputs.sampling.seed + ex.sample)
-
     out = Measured([], [])
-    specs, baseline_ms, identical = [], [], []
+    drafted = _Drafted()
     others = OthersCpu()  # what other processes took while we timed: a busy host is flagged, not hidden
     for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
-        runs: list[list] = [[] for _ in engines]
         with others:
-            # at least `repeats` runs, and more until min_time_s has passed: a timing sized by time holds
-            # on any host and any load, where a count tuned on one host can take minutes on another
-            deadline = time.perf_counter() + inputs.task.min_time_s
-            while len(runs[0]) < inputs.task.repeats or time.perf_counter() < deadline:
-                for i, engine in enumerate(engines):
-                    runs[i].append(
-                        engine(
-                            inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, sampling_of(ex), pad, stop=ex.stop
-                        )
-                    )
+            runs = _timed(inputs, engines, ex, exact, pad)
         if inputs.bandwidth is not None:  # outside `others`: the probe's own threads are not another's load
             out.series.setdefault(BANDWIDTH, []).append(inputs.bandwidth())
         gen = _median_run(runs[0])
@@ -134,28 +118,55 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
         out.rows.append(row)
         out.outputs.append(gen.new_token_ids)
         if gen.spec is not None:
-            plain = _median_run(runs[1]) if inputs.baseline else None
-            base = _row(number, plain) if plain else None
-            for key, value in drafting.example_series(
-                gen.spec, row.time_per_token_ms, base and base.time_per_token_ms
-            ).items():
-                out.series.setdefault(key, []).append(value)
-            specs.append(gen.spec)
-            if base is not None:
-                out.baseline_outputs.append(plain.new_token_ids)
-                baseline_ms.append(base.time_per_token_ms)
-                identical.append(gen.new_token_ids == plain.new_token_ids)
-    if specs:
-        greedy = not inputs.sampling.do_sample
-        out.summary = drafting.summary(
-            specs,
-            [r.time_per_token_ms for r in out.rows],
-            baseline_ms or None,
-            identical if identical and greedy else None,
-        )
+            drafted.add(out, number, gen, row, _median_run(runs[1]) if inputs.baseline else None)
+    if drafted.specs:
+        out.summary = drafted.summary(out, greedy=not inputs.sampling.do_sample)
     if others.cores() is not None:
         out.summary["others_cpu_cores"] = others.cores()
     return out
+
+
+def _timed(inputs: TaskInputs, engines: list, ex: Example, exact: bool, pad) -> list[list]:
+    """Each engine's runs of one example, in turns: at least `repeats`, and more until min_time_s has passed
+    (a timing sized by time holds on any host and any load, where a count tuned on one host can take
+    minutes on another)."""
+    sampling = inputs.sampling
+    if ex.sample:  # the n-th sample of an example: its own seed
+        sampling = dataclasses.replace(sampling, seed=sampling.seed + ex.sample)
+    runs: list[list] = [[] for _ in engines]
+    deadline = time.perf_counter() + inputs.task.min_time_s
+    while len(runs[0]) < inputs.task.repeats or time.perf_counter() < deadline:
+        for i, engine in enumerate(engines):
+            runs[i].append(engine(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, sampling, pad, stop=ex.stop))
+    return runs
+
+
+@dataclass
+class _Drafted:
+    """What a drafted job's examples said of the draft: its stats, and the same prompts without it."""
+
+    specs: list = field(default_factory=list)
+    baseline_ms: list[float] = field(default_factory=list)
+    identical: list[bool] = field(default_factory=list)
+
+    def add(self, out: Measured, number: int, gen, row: Row, plain) -> None:
+        base = _row(number, plain) if plain else None
+        series = drafting.example_series(gen.spec, row.time_per_token_ms, base and base.time_per_token_ms)
+        for key, value in series.items():
+            out.series.setdefault(key, []).append(value)
+        self.specs.append(gen.spec)
+        if base is not None:
+            out.baseline_outputs.append(plain.new_token_ids)
+            self.baseline_ms.append(base.time_per_token_ms)
+            self.identical.append(gen.new_token_ids == plain.new_token_ids)
+
+    def summary(self, out: Measured, greedy: bool) -> dict:
+        return drafting.summary(
+            self.specs,
+            [r.time_per_token_ms for r in out.rows],
+            self.baseline_ms or None,
+            self.identical if self.identical and greedy else None,
+        )
 
 
 def result(measured: Measured, **kwargs) -> TaskResult:

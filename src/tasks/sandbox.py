@@ -285,6 +285,48 @@ def check(kind: str) -> None:
 def run(program: str | Judged, kind: str, limits: Limits) -> Outcome:
     """Run `program` to its end, its failure, or its limit: a plain program passes where it returns, a
     judged one where its tests pass in the judge."""
+    nonce = secrets.token_hex(16)
+    with (
+        tempfile.TemporaryDirectory(prefix="quantspec-sandbox-") as home,
+        tempfile.TemporaryFile(dir=home) as err,
+        tempfile.TemporaryFile(dir=home) as out,
+    ):
+        os.chmod(home, 0o755)  # the rlimit kind's program, as nobody, starts in it
+        try:
+            proc = subprocess.Popen(
+                _command(kind, limits),
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                cwd=home,
+                start_new_session=True,
+                env={"PATH": os.defpath},
+            )
+        except OSError as e:
+            return Outcome("failed", f"the sandbox did not start: {e}"[:DETAIL_CHARS])
+        try:
+            try:
+                proc.stdin.write(job_input(program, nonce))
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass  # it ended before reading all of it: its status says why
+            # the supervisor keeps the time limit; this waits a little longer, in case it is itself stuck
+            code = proc.wait(timeout=limits.timeout_s + 10)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            return Outcome("timed out", f"over {limits.timeout_s:g} s")
+        if code == 0:
+            out.seek(0)
+            if sandbox_runner.PASSED + nonce.encode() + b"\n" in out.read():
+                return Outcome("passed", "")
+            return Outcome("failed", "ended before its tests finished (exit status 0 without the runner's pass marker)")
+        err.seek(0)
+        return _ended(code, limits, err.read()[-4096:])
+
+
+def _command(kind: str, limits: Limits) -> list[str]:
+    """The sandbox's command line: the supervisor, then (bubblewrap's or the rlimit kind's namespaces and)
+    the runner that judges the program."""
     exe, prefix = interpreter()
     root = os.geteuid() == 0
     drop = root and (kind == "bwrap" or _others_can_run(exe, prefix))  # rlimit: only where nobody can run it
@@ -302,8 +344,7 @@ def run(program: str | Judged, kind: str, limits: Limits) -> Outcome:
         "setuid" if root else "caps",
     ]
     # The supervisor keeps the time limit and the memory of the program's processes together (RLIMIT_AS holds
-    # only each one), for bubblewrap too, from outside its namespaces; this waits a little longer, in case the
-    # supervisor is itself stuck.
+    # only each one), for bubblewrap too, from outside its namespaces.
     spaces = _namespaces() if kind == "rlimit" else []
     masks = "\n".join(f"{how}:{path}" for how, path in _masks(exe, prefix)) if spaces else ""
     supervisor = [
@@ -317,62 +358,30 @@ def run(program: str | Judged, kind: str, limits: Limits) -> Outcome:
         str(limits.memory_mb << 20),
         masks,
     ]
-    cmd = supervisor + bwrap_command(root) + runner if kind == "bwrap" else spaces + supervisor + runner
-    wait_s = limits.timeout_s + 10
-    nonce = secrets.token_hex(16)
-    with (
-        tempfile.TemporaryDirectory(prefix="quantspec-sandbox-") as home,
-        tempfile.TemporaryFile(dir=home) as err,
-        tempfile.TemporaryFile(dir=home) as out,
-    ):
-        os.chmod(home, 0o755)  # the rlimit kind's program, as nobody, starts in it
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=err,
-                cwd=home,
-                start_new_session=True,
-                env={"PATH": os.defpath},
-            )
-        except OSError as e:
-            return Outcome("failed", f"the sandbox did not start: {e}"[:DETAIL_CHARS])
-        try:
-            try:
-                proc.stdin.write(job_input(program, nonce))
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass  # it ended before reading all of it: its status says why
-            code = proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            return Outcome("timed out", f"over {limits.timeout_s:g} s")
-        if code == 0:
-            out.seek(0)
-            if sandbox_runner.PASSED + nonce.encode() + b"\n" in out.read():
-                return Outcome("passed", "")
-            return Outcome("failed", "ended before its tests finished (exit status 0 without the runner's pass marker)")
-        if code == TIMED_OUT:
-            return Outcome("timed out", f"over {limits.timeout_s:g} s")
-        if code == TOO_MANY:
-            return Outcome("failed", f"started more than {SUPERVISED} processes")
-        if code == TOO_BIG:
-            return Outcome("failed", f"its processes held more than {limits.memory_mb} MB together")
-        # A signal ends it: 128 + the signal through bubblewrap or the supervisor.
-        sig = -code if code < 0 else code - 128 if code > 128 else 0
-        if sig == signal.SIGXCPU:
-            return Outcome("timed out", f"over {limits.cpu_seconds()} CPU s")
-        if sig == signal.SIGXFSZ:
-            return Outcome("failed", f"wrote more than {OUTPUT_BYTES >> 20} MB")
-        if sig:
-            return Outcome(
-                "failed",
-                f"killed by {signal.Signals(sig).name}" if sig in signal.valid_signals() else f"exit status {code}",
-            )
-        err.seek(0)
-        tail = err.read()[-4096:].decode(errors="replace").strip().splitlines()
-        return Outcome("failed", tail[-1][:DETAIL_CHARS] if tail else f"exit status {code}")
+    return supervisor + bwrap_command(root) + runner if kind == "bwrap" else spaces + supervisor + runner
+
+
+def _ended(code: int, limits: Limits, stderr_tail: bytes) -> Outcome:
+    """Why a sandbox that did not pass ended, from its exit status (and its error output's last line)."""
+    if code == TIMED_OUT:
+        return Outcome("timed out", f"over {limits.timeout_s:g} s")
+    if code == TOO_MANY:
+        return Outcome("failed", f"started more than {SUPERVISED} processes")
+    if code == TOO_BIG:
+        return Outcome("failed", f"its processes held more than {limits.memory_mb} MB together")
+    # A signal ends it: 128 + the signal through bubblewrap or the supervisor.
+    sig = -code if code < 0 else code - 128 if code > 128 else 0
+    if sig == signal.SIGXCPU:
+        return Outcome("timed out", f"over {limits.cpu_seconds()} CPU s")
+    if sig == signal.SIGXFSZ:
+        return Outcome("failed", f"wrote more than {OUTPUT_BYTES >> 20} MB")
+    if sig:
+        return Outcome(
+            "failed",
+            f"killed by {signal.Signals(sig).name}" if sig in signal.valid_signals() else f"exit status {code}",
+        )
+    tail = stderr_tail.decode(errors="replace").strip().splitlines()
+    return Outcome("failed", tail[-1][:DETAIL_CHARS] if tail else f"exit status {code}")
 
 
 def _kill(proc: subprocess.Popen) -> None:

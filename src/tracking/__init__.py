@@ -1,67 +1,12 @@
-"""A job's lifecycle and its records in MLflow: one parent run per sweep, one child run per job per round,
-and how each ends.
+"""A job's lifecycle and its records in MLflow, in four rooms, each importing only the ones below it:
 
-- names: the tags and metrics runs carry (a contract users query by) and small shared helpers;
-- store: one experiment in one store: its sweeps' parent runs, queries, ending runs; opening one;
-- jobrun: one job's run: every record journaled first (journal), then sent while the store answers;
-- replay, reaping, sync: journals carried into a store later; runs dead processes left RUNNING (owner);
-- record: a job run end to end with its outcome; signals: SIGTERM/SIGINT as a killed job;
-- sweeps, rounds, compare, report, ui: a sweep's jobs read back, its rounds and speedups, its report
-  and its MLflow view; sysmetrics and progress: what the host did while a job was timed.
+- sweep/: the sweepers and a job run end to end with its outcome (record, rounds, search, signals);
+- readback/: a sweep's jobs read back: their rounds' spread and speedups (compare), quality beside speed
+  (quality), a sweep against another (regress), and the report (report/);
+- store/: MLflow I/O without Hydra: the names runs carry (names, catalog), one experiment in one store
+  (experiment), one job's run (jobrun), its journal and replays (journal, replay, sync), runs dead processes
+  left RUNNING (owner, reaping), turns taken per store (locks);
+- view/: the sweep's view in MLflow's UI (ui) and the page that serves it (view_app).
+
+sweep/ and readback/ know nothing of each other; view/ knows no other room (pyproject's import-linter contracts).
 """
-
-from src.tracking.jobrun import JobRun
-from src.tracking.names import (
-    CONFIG_HASH,
-    CONFIG_KEY,
-    HEARTBEAT,
-    JOB_KEY,
-    JOURNAL,
-    OUTCOME,
-    OUTCOMES,
-    OWNER,
-    REASON,
-    ROLE,
-    SWEEP_ID,
-    SWEEP_KEY,
-    StoreUnreachable,
-    SweepInfo,
-    bound_http_retries,
-    default_uri,
-    first_line,
-    flatten,
-    key_of,
-    latest_attempts,
-    quiet_store_logs,
-    refusal,
-)
-from src.tracking.store import Store, open_store, probe
-
-__all__ = [
-    "CONFIG_HASH",
-    "CONFIG_KEY",
-    "HEARTBEAT",
-    "JOB_KEY",
-    "JOURNAL",
-    "OUTCOME",
-    "OUTCOMES",
-    "OWNER",
-    "REASON",
-    "ROLE",
-    "SWEEP_ID",
-    "SWEEP_KEY",
-    "JobRun",
-    "Store",
-    "StoreUnreachable",
-    "SweepInfo",
-    "bound_http_retries",
-    "default_uri",
-    "first_line",
-    "flatten",
-    "key_of",
-    "latest_attempts",
-    "open_store",
-    "probe",
-    "quiet_store_logs",
-    "refusal",
-]

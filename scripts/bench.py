@@ -1,0 +1,98 @@
+"""What every benchmark script shares (importing no torch: a script may set its libraries' ISA first): its command line (settings as key=value, the convention of quantspec's
+commands, src.common.settings; the rest passed to src.run as Hydra overrides), the sweep it runs and reads back
+from its store, and where its table goes (reports/ and, with doc=true, the docs' benchmark page)."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from src.common import benchpage
+from src.common.environment import PROJECT_ROOT
+from src.common.settings import Command, Setting, SettingError
+from src.tracking.readback.sweeps import JobRecord, sweep_jobs
+from src.tracking.store.names import default_uri
+
+DOC = Setting("doc", False, "also append the result to the docs' benchmark page (docs/benchmarks/results/)")
+
+
+def command(module: str, doc: str, settings: list[Setting], takes: str = "overrides") -> Command:
+    """A script's command: its own settings, doc=, and (takes="overrides") src.run's overrides after them."""
+    return Command(f"python -m scripts.{module}", doc, [*settings, DOC], takes)
+
+
+def parse(cmd: Command, argv: list[str]) -> tuple[SimpleNamespace, list[str]]:
+    """The script's settings (as attributes) and the rest; --help prints its usage and exits 0, a bad setting
+    is one line and exit 2."""
+    if {"-h", "--help"} & set(argv):
+        print(cmd.usage())
+        sys.exit(0)
+    try:
+        values, rest = cmd.parse(argv)
+    except SettingError as err:
+        print(f"quantspec: {err}", file=sys.stderr)
+        sys.exit(2)
+    return SimpleNamespace(**{k.replace(".", "_"): v for k, v in values.items()}), rest
+
+
+@dataclass
+class Sweep:
+    """A sweep a script ran with src.run, read back from its store."""
+
+    dir: Path
+    args: list[str]  # src.run's arguments, as run
+    returncode: int
+    jobs: list[JobRecord] = field(default_factory=list)
+
+    @property
+    def finished(self) -> list[JobRecord]:
+        return [j for j in self.jobs if j.tags.get("outcome") == "finished"]
+
+    @property
+    def command(self) -> str:
+        """How a user reruns it (the sweep directory left out)."""
+        return "python -m src.run " + " ".join(a for a in self.args if not a.startswith("hydra.sweep.dir="))
+
+
+def run_sweep(name: str, args: list[str], **run) -> Sweep | None:
+    """`python -m src.run -m <args>` into multirun/bench-<name>-<time>/, its jobs read back from the store the
+    args name (tracking.uri=) or the default one. None where src.run refused the command line (exit 2, said)."""
+    uri = next((a.split("=", 1)[1] for a in args if a.startswith("tracking.uri=")), default_uri())
+    sweep_dir = PROJECT_ROOT / "multirun" / f"bench-{name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    argv = ["-m", *args, f"hydra.sweep.dir={sweep_dir}"]
+    print("running: -m src.run", " ".join(argv), flush=True)
+    done = subprocess.run([sys.executable, "-m", "src.run", *argv], cwd=PROJECT_ROOT, **run)
+    if done.returncode == 2:  # the command line refused, in one line: no sweep to read back
+        return None
+    _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
+    return Sweep(sweep_dir, argv, done.returncode, jobs)
+
+
+def publish(doc: bool, page: str, title: str, text: str, about: str, name: str, **entry) -> None:
+    """The result printed, kept under reports/<name>.md (`about` above it: how it was measured), and with
+    doc=true appended to the docs' benchmark page `page`. `entry`: rounds= and load= for that page."""
+    print("\n" + text)
+    benchpage.save_markdown(name, f"{about}\n\n{text}\n")
+    benchpage.record(doc, page, title, f"{about}\n\n{text}", **entry)
+
+
+def stamp(name: str) -> str:
+    """A report's file name: bench-<name>-<date>_<time>."""
+    return f"bench-{name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+
+
+def median_time(fn, n: int) -> float:
+    """The median wall time of `n` calls of fn, in seconds (three warm-up calls first)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

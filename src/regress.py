@@ -1,0 +1,9 @@
+"""python -m src.regress: Compare two sweeps job by job and judge each change. Its settings and usage: `python -m src.regress --help`;
+the command's own module is src.tracking.readback.regress."""
+
+import sys
+
+from src.tracking.readback.regress.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

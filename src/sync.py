@@ -1,0 +1,9 @@
+"""python -m src.sync: Replay journaled results into the tracking stores they were written for. Its settings and usage: `python -m src.sync --help`;
+the command's own module is src.tracking.store.sync."""
+
+import sys
+
+from src.tracking.store.sync import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,34 @@
+"""A sweep against a baseline sweep: jobs matched and judged (judge), the comparison written out (page), and
+the command (cli: python -m src.regress)."""
+
+from src.tracking.readback.regress.cli import COMMAND, SettingError, main, settings, usage
+from src.tracking.readback.regress.judge import (
+    Comparison,
+    JobRuns,
+    Row,
+    Sweep,
+    compare,
+    identity,
+    load,
+    verdict,
+)
+from src.tracking.readback.regress.page import markdown, plot, write
+
+__all__ = [
+    "COMMAND",
+    "Comparison",
+    "JobRuns",
+    "Row",
+    "SettingError",
+    "Sweep",
+    "compare",
+    "identity",
+    "load",
+    "main",
+    "markdown",
+    "plot",
+    "settings",
+    "usage",
+    "verdict",
+    "write",
+]

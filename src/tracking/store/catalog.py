@@ -1,0 +1,367 @@
+"""Every name a quantspec run carries in MLflow: metrics, params, tags and artifacts, with what each means.
+
+The one place they are named for readers: the docs' reference page is generated from this list, and the tests
+check that every name a sweep of each task logs matches an entry here (`unlisted`), so a new metric without an
+entry fails the suite instead of going undocumented. `<...>` in a name stands for any one segment (`<task>`:
+an lm-eval task; `<group>`: a config group); the run-side names are a contract: they do not change.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+KINDS = ("metric", "param", "tag", "artifact")
+
+
+@dataclass(frozen=True)
+class Name:
+    name: str
+    kind: str  # metric, param, tag or artifact
+    where: str  # which runs carry it
+    meaning: str
+
+
+def _n(kind: str, where: str, *entries: tuple[str, str]) -> list[Name]:
+    return [Name(name, kind, where, meaning) for name, meaning in entries]
+
+
+CATALOG: list[Name] = [
+    # --- every job's run ---------------------------------------------------------------------------------
+    *_n(
+        "param",
+        "every job",
+        (
+            "<group>.<key>",
+            "the composed config as dot keys (model.name, precision.scheme, task.limit, ...); "
+            "nested ones (draft.precision.alpha) likewise",
+        ),
+        (
+            "<setting>",
+            "the top-level settings: cache_dir, experiment, resume, report_at_end, rounds, busy_reruns, round",
+        ),
+        ("choice.<key>", "Hydra's choice for each group (choice.precision=w8a8; choice.draft.precision for a draft's)"),
+        (
+            "config_hash",
+            "digest of the resolved config (everything but hydra, tracking, resume, report_at_end): "
+            "what resume compares",
+        ),
+        ("executed.device", "the device that ran (cpu for a phx job on a host without its NPU)"),
+        ("executed.cpu", "the CPU's model name"),
+        ("executed.threads", "threads the job ran with"),
+        (
+            "executed.runtime",
+            "what decoded: quantspec's engine and torch's version, transformers' generate, or "
+            "another runtime with its version and settings",
+        ),
+        ("executed.kernels", "quantspec/<variant>, aten, or aten (fallback)"),
+        (
+            "executed.step_path",
+            "native engine: the step path that runs the model (quantspec: the C++ step; python: the Python "
+            "layer loop where the C++ step does not cover the model; transformers: its own forward)",
+        ),
+        (
+            "executed.huge_pages",
+            "CPU jobs: how much of the weights the step streams sits on 2 MB pages (collapsed before timing), "
+            "or why none",
+        ),
+        ("executed.draft_huge_pages", "the same for a draft model"),
+        ("executed.int8_gemm", "w8a8's many-row path on this host: int_mm or float (the probe's choice)"),
+        ("executed.draft_int8_gemm", "the same for a w8a8 draft"),
+        ("kernels.<kind>", "how many modules of each kind run on quantspec's kernels"),
+        (
+            "host.<key>",
+            "what can change a figure on the same code, compared between sweeps by "
+            "python -m src.regress: governor, turbo, thp (transparent huge pages), kernel, commit "
+            "(-dirty), python and each library's version (torch, transformers, mlflow, ...)",
+        ),
+    ),
+    *_n(
+        "tag",
+        "every job",
+        ("quantspec.role", "job (or sweep on a sweep's parent)"),
+        ("model", "the model's name"),
+        ("hardware", "the hardware profile"),
+        ("precision", "the precision"),
+        ("draft", "the draft (none without one)"),
+        ("task", "the task"),
+        ("engine", "the engine"),
+        ("export", "another runtime: the folder of its export"),
+        ("executed_on", "the device that ran"),
+        ("placement_note", "why it ran there, where not as asked"),
+        ("ran_on", "the same in words: host CPU (AMD EPYC), or phx profile, ran on host CPU (...)"),
+        ("outcome", "finished, skipped, failed or killed"),
+        ("outcome_reason", "why, in one line"),
+        ("git_commit", "the code's commit (-dirty with uncommitted changes)"),
+        ("cpu_model", "the CPU's name"),
+        ("threads", "threads the job ran with"),
+        ("kernels", "quantspec, aten, or fallback (quantspec's asked for, ATen's ran)"),
+        ("kernels_isa", "the kernel variant: avx512, avx_vnni, avx2, neon_dotprod, neon, reference"),
+        ("kernels_note", "why a job runs on ATen's kernels"),
+        ("node", "the Ray node id (local without Ray)"),
+        ("node_host", "the node's host name"),
+        ("weights", "random where model.weights=random"),
+        ("host_busy", "true where other processes used more than tracking.busy_cores while it was timed"),
+        ("host_busy_others_cores", "that CPU, in cores"),
+        ("round", "the job's round (rounds > 1)"),
+        ("quantspec.config_key", "a job's identity across a sweep's rounds"),
+        ("quantspec.shown", "on the run that stands for its job in the view (its earliest round)"),
+        ("busy_rounds", "rounds of the job timed busy"),
+        ("quantspec.owner", "the process that owns the run (host, boot, pid, process start)"),
+        ("quantspec.heartbeat", "the owner's last sign of life (every 30 s)"),
+        ("quantspec.job_key", "a hash of the job's overrides"),
+        ("quantspec.journal", "the job's journal file"),
+        ("quantspec.sweep_id", "the sweep directory (on a job: its sweep's)"),
+        ("quantspec.sweep_key", "a hash of the sweep's id"),
+        ("mlflow.parentRunId", "MLflow's: the sweep's parent run"),
+        ("mlflow.runName", "MLflow's: the job's name (model·hardware·precision...)"),
+        ("mlflow.note.content", "MLflow's description: the figure, what ran and its condition (⚠ BUSY)"),
+        ("mlflow.source.name", "MLflow's: the entry point"),
+        ("mlflow.source.type", "MLflow's"),
+        ("mlflow.source.git.commit", "MLflow's: the commit"),
+        ("mlflow.user", "MLflow's: the user"),
+        ("mlflow.datasets", "MLflow's: the texts the job read (name, digest, context)"),
+        ("quant_cache", "quantized precisions: built, or the cache it was read from"),
+        ("smoothquant_alpha", "SmoothQuant's alpha as used (the model's or precision.alpha)"),
+        ("draft_quant_cache", "a quantized draft's, likewise"),
+        ("draft_smoothquant_alpha", "a draft's"),
+        ("reference", "what a quality job was measured against (fp32, bf16, none)"),
+        ("search_trial", "hydra/sweeper=search: the Optuna trial the job measured"),
+        ("on_search_front", "hydra/sweeper=search: true where its trial is on the search's front"),
+        ("reference_cache", "built or cached: the reference's run"),
+        ("sandbox", "benchmark_code: bwrap or rlimit"),
+        ("lm_eval_version", "lm_eval: the harness's version"),
+        ("lm_eval_tasks", "lm_eval: its tasks"),
+    ),
+    *_n(
+        "metric",
+        "every timed job",
+        ("prefill_ms_median", "prefill: start of generation to the first new token, median over examples"),
+        ("time_per_token_ms_median", "the rest of the generation over its tokens, median over examples"),
+        ("tokens_per_s_median", "1000 / time per token"),
+        ("examples", "examples timed"),
+        ("new_tokens_total", "tokens generated in all"),
+        ("model_load_s", "loading the model"),
+        ("decode_efficiency_median", "roofline time/token over measured time/token (CPU jobs only; at most 1)"),
+        (
+            "bandwidth_probe_short",
+            "examples whose step read faster than the bandwidth probe: rated 1.0 against the step's own rate",
+        ),
+        ("bandwidth_probe_short_max", "where there were any, the step's rate over the probe's, at worst"),
+        (
+            "step_fewer_threads_share",
+            "the C++ step's calls run on fewer than hardware.threads (engine.adapt_threads), over all its calls",
+        ),
+        ("roofline_ms_median", "the memory roofline's time per token"),
+        ("bandwidth_gbs", "the host's read bandwidth, probed after each timed example (the median)"),
+        ("step_weight_mb", "bytes a decode step must read"),
+        ("peak_rss_gb", "the job's peak resident memory"),
+        ("memory_estimate_gb", "its estimate before loading"),
+        ("others_cpu_cores", "CPU other processes used while the job was timed"),
+        ("export_s", "another runtime: building its export (or reading it from the cache)"),
+        (
+            "by_example/<metric>",
+            "per example, step = example number: prompt_tokens, new_tokens, total_time_s, "
+            "prefill_ms, time_per_token_ms, tokens_per_s, decode_efficiency, bandwidth_gbs, and the draft's "
+            "and the quality task's per-example figures",
+        ),
+        ("system/<metric>", "MLflow's system metrics while the job runs, and system/others_cpu_cores_per_interval"),
+    ),
+    *_n(
+        "metric",
+        "quantized precisions",
+        ("quantize_s", "building the quantized weights"),
+        ("quant_load_s", "reading them from the cache"),
+        ("quantized_weights_mb", "their size"),
+        ("draft_quantize_s", "a draft's, likewise"),
+        ("draft_quant_load_s", "a draft's"),
+        ("draft_quantized_weights_mb", "a draft's"),
+        ("int8_gemm_probe_ms_<path>", "the probe that chose w8a8's many-row path: int_mm and float"),
+        ("draft_int8_gemm_probe_ms_<path>", "a w8a8 draft's"),
+    ),
+    *_n(
+        "metric",
+        "jobs with a draft",
+        ("acceptance_rate_overall", "proposals kept over proposals made, pooled"),
+        ("accepted_per_step_overall", "proposals kept per verification"),
+        ("tokens_per_step_overall", "tokens per step"),
+        ("draft_k_mean_overall", "proposals per step"),
+        ("draft_ms_per_step_overall", "drafting per step"),
+        ("verify_ms_per_step_overall", "a verification"),
+        ("baseline_time_per_token_ms_median", "the same examples without the draft, timed in turns"),
+        ("speedup_vs_no_draft_median", "the measured speedup"),
+        ("draft_cost_ratio", "c: one draft forward over one plain target step"),
+        ("alpha_estimated", "the acceptance α that explains the kept proposals"),
+        ("expected_speedup", "Leviathan's (1 − α^(k+1)) / ((1 − α)(k·c + 1))"),
+        ("output_identical_fraction", "greedy: outputs identical to decoding without the draft"),
+        ("draft_vocab", "the draft's cut vocabulary (draft.vocab)"),
+        ("draft_model_load_s", "loading the draft model"),
+    ),
+    *_n(
+        "metric",
+        "task=perplexity",
+        ("perplexity", "over the windows"),
+        ("perplexity_se", "its standard error"),
+        ("perplexity_tokens", "tokens scored"),
+        ("perplexity_windows", "windows scored"),
+        ("perplexity_window", "tokens per window"),
+        ("perplexity_eval_s", "the scoring pass"),
+        ("window/<metric>", "per window (step = window number): nll, kl_mean"),
+        ("kl_mean", "KL divergence from the reference, mean over tokens"),
+        ("kl_mean_se", "its standard error"),
+        ("kl_median", "median"),
+        ("kl_p90", "90th percentile"),
+        ("kl_p99", "99th percentile"),
+        ("kl_<stat>_low", "a KL statistic's 95% bootstrap interval, low end"),
+        ("kl_<stat>_high", "high end"),
+        ("kl_max", "the largest"),
+        ("top1_agreement", "tokens whose most likely token is the reference's"),
+        ("top1_agreement_se", "its se"),
+        ("reference_perplexity", "the reference's"),
+        ("reference_perplexity_se", "its se"),
+        ("delta_perplexity", "the job's perplexity minus the reference's"),
+        ("delta_perplexity_se", "its se (delta method, with the two NLLs' covariance)"),
+        ("quality_ratio", "the reference's perplexity over the job's"),
+        ("kl_tail_mass", "mean mass the reference's top-k cut left in its rest bucket"),
+        ("reference_top_k", "tokens kept per position"),
+    ),
+    *_n(
+        "metric",
+        "task=decode against the reference",
+        ("first_divergent_token", "the first token where the greedy choice departs from the reference's, mean"),
+        ("first_divergent_token_se", "its se"),
+        ("divergent_share", "share of divergent tokens, mean"),
+        ("divergent_share_se", "its se"),
+        ("identical_continuations", "continuations identical to the reference's"),
+    ),
+    *_n(
+        "metric",
+        "task=lm_eval",
+        ("lm_eval/<task>/<metric>", "lm-eval's metric per task (and its _stderr)"),
+        ("accuracy", "mean accuracy over the tasks"),
+        ("accuracy_se", "its standard error"),
+        ("lm_eval_items", "items scored"),
+    ),
+    *_n(
+        "metric",
+        "task=benchmark_code",
+        ("pass_at_1", "HumanEval pass@1"),
+        ("pass_at_<k>", "pass@k where sampled"),
+        ("passed", "problems passed"),
+        ("failed", "problems failed"),
+        ("timed_out", "problems that ran out of time"),
+        ("pass_at_1_no_draft", "with a draft: pass@1 of the same problems without it"),
+        ("completions_identical_to_no_draft", "with a draft: completions identical to those without it"),
+    ),
+    *_n(
+        "metric",
+        "the run standing for a job, written by the report",
+        ("decode_ms_per_token", "the job's time/token over its rounds (3 significant digits)"),
+        ("decode_speedup", "the median of its per-round speedups over the baseline"),
+        ("decode_speedup_low", "their lowest"),
+        ("decode_speedup_high", "their highest"),
+        ("prefill_ms", "prefill over its rounds"),
+        ("tokens_per_s", "tokens/s over its rounds"),
+        ("busy", "1 where the figure stands on busy timings only"),
+        ("round/<metric>", "per round (step = round): decode_ms_per_token, decode_speedup"),
+        ("quality_below", "1: below quality.min_ratio of its reference"),
+        ("front_ms_per_token", "a quality job's point on the speed–quality front: its configuration's speed"),
+        ("front_quality", "its quality figure"),
+        ("on_front", "1 on the front"),
+    ),
+    # --- a sweep's parent run -----------------------------------------------------------------------------
+    *_n(
+        "tag",
+        "a sweep's parent",
+        ("overrides", "the sweep's command line"),
+        ("jobs_<outcome>", "the latest attempt of each job, counted: finished, skipped, failed, killed, running"),
+        ("best_time_per_token_job", "the fastest job"),
+        ("best_speedup_job", "the job with the best speedup"),
+        ("best_speedup_rounds", "the rounds that speedup is over"),
+        ("best_speedup_condition", "how it was measured (quiet, or busy)"),
+        ("front", "the configurations on the speed–quality front"),
+        ("below_quality", "the configurations below quality.min_ratio"),
+        ("search_front", "hydra/sweeper=search: the trials on the front, with their settings"),
+    ),
+    *_n(
+        "metric",
+        "a sweep's parent",
+        ("best_time_per_token_ms", "the fastest job's time/token"),
+        ("best_speedup", "the best speedup"),
+        ("best_speedup_low", "its range over rounds, low"),
+        ("best_speedup_high", "high"),
+    ),
+    # --- artifacts ----------------------------------------------------------------------------------------
+    *_n(
+        "artifact",
+        "every job",
+        ("examples.md", "the seed table"),
+        ("examples.csv", "the same as CSV"),
+        ("config.yaml", "the resolved config"),
+        ("environment.json", "CPU model, threads, library versions, git commit"),
+        ("notes.txt", "what the job told the console"),
+        ("error.txt", "the traceback of a failed job"),
+    ),
+    *_n(
+        "artifact",
+        "quality and code tasks",
+        ("responses.jsonl", "decode: each response and the reference's"),
+        ("per_token.csv", "perplexity: each token's NLL, the reference's, KL and top-1 agreement"),
+        ("lm_eval_samples.jsonl", "lm_eval: each item's outcome"),
+        ("lm_eval_results.json", "lm_eval: its results"),
+        ("completions.jsonl", "benchmark_code: each completion, its result and timing"),
+    ),
+    *_n(
+        "artifact",
+        "a sweep's parent",
+        ("report/<file>", "the report: report.md, summary.csv, plots, front.png, front.csv"),
+    ),
+]
+
+
+# Placeholders that stand for a fixed set (the config's groups and top-level settings); any other stands for
+# one segment of a name (no "/").
+FIXED = {
+    "<group>": "(model|hardware|precision|draft|task|engine|dataset|tracking|sampling)",
+    "<key>": r"[\w.-]+",
+    "<setting>": "(cache_dir|experiment|resume|report_at_end|rounds|busy_reruns|round)",
+}
+
+
+def _pattern(name: str) -> re.Pattern:
+    parts = re.split(r"(<[a-z_]+>)", name)
+    return re.compile("".join(FIXED.get(p, r"[^/]+") if p.startswith("<") else re.escape(p) for p in parts))
+
+
+_PATTERNS = {kind: [(_pattern(n.name), n) for n in CATALOG if n.kind == kind] for kind in KINDS}
+
+
+def entry(kind: str, name: str) -> Name | None:
+    """The catalog's entry for a name a run carries, or None."""
+    for pattern, item in _PATTERNS[kind]:
+        if pattern.fullmatch(name):
+            return item
+    return None
+
+
+def unlisted(kind: str, names) -> list[str]:
+    """The names no entry covers: each one a metric, param or tag the catalog (and the docs) lack."""
+    return sorted(n for n in set(names) if entry(kind, n) is None)
+
+
+def render() -> str:
+    """The reference page's tables, by kind and by the runs that carry them."""
+    out = []
+    titles = {"metric": "Metrics", "param": "Params", "tag": "Tags", "artifact": "Artifacts"}
+    for kind in KINDS:
+        out += [f"## {titles[kind]}", ""]
+        wheres = list(dict.fromkeys(n.where for n in CATALOG if n.kind == kind))
+        for where in wheres:
+            out += [f"### On {where}", "", "| name | meaning |", "|---|---|"]
+            out += [
+                f"| `{n.name}` | {n.meaning.replace('|', '/')} |"
+                for n in CATALOG
+                if n.kind == kind and n.where == where
+            ]
+            out.append("")
+    return "\n".join(out)
