@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from src.common import benchpage
 from src.common.environment import PROJECT_ROOT
+from src.common.say import say
 from src.common.settings import Command, Setting, SettingError
 from src.tracking.readback.sweeps import JobRecord, sweep_jobs
 from src.tracking.store.names import default_uri
@@ -35,7 +36,7 @@ def parse(cmd: Command, argv: list[str]) -> tuple[SimpleNamespace, list[str]]:
     try:
         values, rest = cmd.parse(argv)
     except SettingError as err:
-        print(f"quantspec: {err}", file=sys.stderr)
+        say(f"{err}", err=True)
         sys.exit(2)
     return SimpleNamespace(**{k.replace(".", "_"): v for k, v in values.items()}), rest
 

@@ -35,6 +35,7 @@ from scripts import bench
 from scripts.peer import TOKENS, cache_dir, decode_job, import_llama_cpp, llama_cpp_ms
 from src.common import benchpage
 from src.common.metrics import markdown_table
+from src.common.say import say
 from src.common.settings import Setting
 
 # (name, overrides for quantspec's job, neighbour, llama.cpp threads: None for the job's own count)
@@ -85,7 +86,7 @@ COMMAND = bench.command(
 def main(argv: list[str]) -> int:
     args, _ = bench.parse(COMMAND, argv)
     if len(os.sched_getaffinity(0)) < 2:
-        print("quantspec: one core here: there is no other core for a neighbour to take", file=sys.stderr)
+        say("one core here: there is no other core for a neighbour to take", err=True)
         return 2
     import torch
 
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> int:
             llms[n] = llama_cpp.Llama(model_path=path, n_threads=n, n_ctx=512, verbose=False)
             llama_cpp_ms(llms[n], 1)  # warm-up
     else:
-        print("quantspec: llama.cpp left out (pip install -e '.[llamacpp]' to time it beside quantspec)")
+        say("llama.cpp left out (pip install -e '.[llamacpp]' to time it beside quantspec)")
     store_dir = Path(tempfile.mkdtemp(prefix="bench-contention-"))
     store = f"sqlite:///{store_dir}/mlflow.db"
     decoders = [f"quantspec {p}" for p in args.precisions] + (["llama.cpp Q4_K_M"] if llms else [])

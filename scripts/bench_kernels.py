@@ -22,6 +22,7 @@ import time
 from scripts import bench  # imports no torch
 from src.common import benchpage  # imports no torch
 from src.common.paths import cache_root
+from src.common.say import say
 from src.common.settings import Setting
 from src.kernels.variants import ATEN_ISA  # imports no torch
 
@@ -71,10 +72,10 @@ def main(argv: list[str]) -> int:
     names = args.variants or [v.name for v in kernels.candidates("auto") if v.name != "reference"]
     for name in names:  # by_name also knows avx_vnni's EVEX twin, which AVX-512 VNNI hosts can time
         if name not in variants.NAMES + (variants.AVX_VNNI_TWIN.name,):
-            print(f"quantspec: {name} is no kernel variant", file=sys.stderr)
+            say(f"{name} is no kernel variant", err=True)
             return 1
         if not kernels.load_variants(cache, [variants.by_name(name)]):  # passes over what the CPU lacks
-            print(f"quantspec: the {name} kernels cannot run here: {kernels.reason()}", file=sys.stderr)
+            say(f"the {name} kernels cannot run here: {kernels.reason()}", err=True)
             return 1
 
     def timed(fn, x) -> float:

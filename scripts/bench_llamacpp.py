@@ -28,6 +28,7 @@ from pathlib import Path
 from scripts import bench
 from scripts.peer import TOKENS, cache_dir, decode_job, import_llama_cpp, llama_cpp_ms
 from src.common.metrics import markdown_table
+from src.common.say import say
 from src.common.settings import Setting
 from src.kernels.variants import ATEN_ISA
 from src.tracking.readback.compare import busy, quiet
@@ -41,7 +42,7 @@ def ours(precision: str, store: str, n: str, isa: str, env: dict) -> tuple[float
     # a round timed while other processes were busy is measured again (busy_reruns): the last quiet one counts
     job = quiet(runs)[-1]
     if busy(job):
-        print(f"quantspec: {precision} was timed on a busy host in every round (host_busy)", file=sys.stderr)
+        say(f"{precision} was timed on a busy host in every round (host_busy)", err=True)
     return job.metrics["time_per_token_ms_median"], job.metrics.get("decode_efficiency_median", float("nan"))
 
 

@@ -32,6 +32,7 @@ from scripts import bench
 from scripts.peer import cache_dir, import_llama_cpp
 from src.common.environment import PROJECT_ROOT as ROOT
 from src.common.metrics import EXAMPLE, markdown_table
+from src.common.say import say
 from src.common.settings import Setting
 from src.tracking.readback.compare import quiet
 from src.tracking.readback.sweeps import sweep_jobs
@@ -223,7 +224,7 @@ def main(argv: list[str]) -> int:
     try:
         lengths = [int(n) for n in args.lengths]
     except ValueError:
-        print(f"quantspec: lengths={','.join(args.lengths)} must be whole numbers", file=sys.stderr)
+        say(f"lengths={','.join(args.lengths)} must be whole numbers", err=True)
         return 2
     llama_cpp = import_llama_cpp()
     if llama_cpp is None:

@@ -42,6 +42,7 @@ from scripts.jobs import build_job
 from src import kernels
 from src.common import benchpage
 from src.common.metrics import markdown_table
+from src.common.say import say
 from src.common.settings import Setting
 from src.engine import roofline
 from src.engine.common import Sampling, choose
@@ -156,7 +157,7 @@ def breakdown(precisions: list[str], paths: list[str], steps: int, rounds: int, 
         job = build_job(p, *overrides)
         steppers += [Stepper(job, p, path) for path in paths]
     if not kernels.loaded():
-        print(f"quantspec: quantspec kernels unavailable here ({kernels.reason()}): the step runs ATen's")
+        say(f"quantspec kernels unavailable here ({kernels.reason()}): the step runs ATen's")
     found: dict[tuple[str, str], list[dict[str, float]]] = defaultdict(list)
     probe = roofline.Probe(torch.get_num_threads())
     for r in range(rounds):  # in turns: every precision sees the same machine load
@@ -167,7 +168,7 @@ def breakdown(precisions: list[str], paths: list[str], steps: int, rounds: int, 
             timed["roofline"] = roofline.roofline_ms(s.job.model, 64, probe())
             timed["efficiency"] = timed["roofline"] / timed["token"]
             token = timed["token"]
-            print(f"quantspec: round {r + 1}: {s.precision} ({s.path}): token {token:.2f} ms", flush=True)
+            say(f"round {r + 1}: {s.precision} ({s.path}): token {token:.2f} ms")
     rows = []
     for s in steppers:
         runs = found[s.precision, s.path]

@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from src.assembly.overrides import CONF_DIR
 from src.common.environment import PROJECT_ROOT
+from src.common.say import say
 from src.data.corpus import SEED_PROMPTS
 from src.tracking.readback.sweeps import sweep_jobs
 
@@ -59,10 +60,7 @@ def import_llama_cpp():
     try:
         import llama_cpp
     except ImportError:
-        print(
-            "quantspec: llama-cpp-python is not installed: `pip install llama-cpp-python` (builds llama.cpp)",
-            file=sys.stderr,
-        )
+        say("llama-cpp-python is not installed: `pip install llama-cpp-python` (builds llama.cpp)", err=True)
         return None
     return llama_cpp
 

@@ -28,11 +28,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from src import run
 from src.assembly.config import ConfigError, hardware_config
-from src.assembly.sweep import settings
+from src.assembly.sweep import sweep_of
+from src.common.say import say
 from src.run import sweep_info
 from src.tracking.store.experiment import Store, probe
 from src.tracking.store.names import StoreUnreachable, key_of
-from src.tracking.sweep.record import SweepAbort, fail_line
+from src.tracking.sweep.record import SweepAbort
 
 log = logging.getLogger("quantspec")
 WAIT_S = 2.0  # how often the driver looks for finished jobs and lost nodes
@@ -84,7 +85,7 @@ def offered() -> dict[str, str]:
 def _settings(config: DictConfig):
     """The sweep's settings, as src.assembly.sweep converts them (a wrong one ends the sweep in one line)."""
     try:
-        return settings(config)
+        return sweep_of(config)
     except ConfigError as err:
         raise SweepAbort(str(err)) from None
 
@@ -160,7 +161,7 @@ def _lost(launcher, config: DictConfig, reason: str) -> JobReturn:
     """A job whose node died: end the run its worker opened, or record one if it never got that far."""
     store, sweep_id, key, hc = _in_store(config)
     if store.end_job(sweep_id, key, "failed", reason):
-        fail_line(f"job {' '.join(hc.overrides.task)} failed: {reason}")
+        say(f"job {' '.join(hc.overrides.task)} failed: {reason}", err=True)
         return JobReturn(
             overrides=list(hc.overrides.task),
             cfg=config,

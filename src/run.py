@@ -14,7 +14,7 @@ job finished or was skipped, 1 when one failed or was killed, 2 for a command li
 
 Hydra's config is converted here and only here: a job's, once at its start, into typed dataclasses
 (src.assembly.config.JobConfig; the job itself, src.assembly.job, sees nothing else), and the sweep's
-own settings (store, experiment, resume, report, rounds) by `settings`, for the sweeper
+own settings (store, experiment, resume, report, rounds) by `src.assembly.sweep.sweep_of`, for the sweeper
 (src.tracking.sweep.rounds), the Ray launcher (src/cluster.py) and the sweep callback below.
 """
 
@@ -34,16 +34,17 @@ from omegaconf.errors import MissingMandatoryValue
 from transformers.utils import logging as hf_logging
 
 from src.assembly.overrides import CONF_DIR, composition_problem, unparsable
-from src.assembly.sweep import settings, unset_line
+from src.assembly.sweep import sweep_of, unset_line
 from src.common import envvars
 from src.common.locks import hold
 from src.common.progress import watched
+from src.common.say import say
 from src.tracking.readback import report
 from src.tracking.store.locks import replay_lock
 from src.tracking.store.names import SWEEP_ID, SweepInfo, bound_http_retries, quiet_store_logs
 from src.tracking.sweep import record, signals
 from src.tracking.sweep.naming import VARIES, job_name
-from src.tracking.sweep.record import SweepAbort, SweepUnwritable, fail_line
+from src.tracking.sweep.record import SweepAbort, SweepUnwritable
 from src.tracking.sweep.signals import Stopped
 
 # Two sweeps started in the same second must not share a directory (and so a parent run): the default
@@ -128,14 +129,12 @@ class SweepCallback(Callback):
         counts = {o: ledger.outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
         if ledger.outcomes and len(ledger.refused) == len(ledger.outcomes):
             # every job was refused by its config (said above): no run exists, nothing to close or report
-            print(
-                f"quantspec: sweep done: all {len(ledger.refused)} jobs refused by their config before a run "
-                f"(said above)",
-                flush=True,
+            say(
+                f"sweep done: all {len(ledger.refused)} jobs refused by their config before a run (said above)",
             )
             return
         try:
-            sweep = settings(config)
+            sweep = sweep_of(config)
             store = ledger.store_for(sweep)
             parent = store.find_sweep(str(sweep.sweep_dir))
             if parent is not None:
@@ -145,15 +144,14 @@ class SweepCallback(Callback):
                 if sweep.report_at_end:
                     report.at_sweep_end(store.uri, sweep.experiment, parent.data.tags[SWEEP_ID])
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
-            fail_line(
-                f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will"
+            say(
+                f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will",
+                err=True,
             )
-        print(
-            f"quantspec: sweep done: {counts['finished']} finished, {counts['skipped']} skipped, "
-            f"{counts['failed']} failed"
+        say(
+            f"sweep done: {counts['finished']} finished, {counts['skipped']} skipped, {counts['failed']} failed"
             + (f", {counts['killed']} killed" if counts.get("killed") else "")
-            + (f"; {len(ledger.refused)} refused by their config before a run (said above)" if ledger.refused else ""),
-            flush=True,
+            + (f"; {len(ledger.refused)} refused by their config before a run (said above)" if ledger.refused else "")
         )
 
 
@@ -164,10 +162,10 @@ def cli() -> None:
     except envvars.EnvError as err:
         problem = problem or str(err)
     if problem:
-        fail_line(problem)
+        say(problem, err=True)
         sys.exit(2)
     # Library chatter would bury the tables; our own log lines stay at INFO. Set here and in the environment
-    # (a runtime's process, src.engine.isolated, imports transformers afresh), unless the user chose a level.
+    # (a runtime's process, src.engine.runtimes.isolated, imports transformers afresh), unless the user chose a level.
     if "TRANSFORMERS_VERBOSITY" not in os.environ:
         os.environ["TRANSFORMERS_VERBOSITY"] = "error"
         hf_logging.set_verbosity_error()
@@ -181,7 +179,7 @@ def cli() -> None:
     except (KeyboardInterrupt, Stopped) as err:
         sys.exit(record.stopped(err))
     except SweepAbort as err:
-        fail_line(str(err))
+        say(str(err), err=True)
         sys.exit(2)
     except SweepUnwritable as err:  # Hydra writing a job's folder: read-only, immutable, full
         sys.exit(record.unwritable(err.error))

@@ -8,7 +8,7 @@ import ctypes
 import os
 import signal
 
-from src.engine.isolated import Maker
+from src.engine.runtimes.isolated import Maker
 
 TITLE = "crashing runtime"
 

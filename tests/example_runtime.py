@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from src.engine.common import Generation, Sampling
-from src.engine.isolated import Maker
 from src.engine.runtimes import cached
+from src.engine.runtimes.isolated import Maker
 
 
 def unsupported(cfg) -> str | None:
@@ -28,7 +28,7 @@ def runtime_name(cfg, device: str) -> str:
 
 def build(cfg, loaded, placement, corpus, recorder):
     """Its export: the job's weights as safetensors (cached, as every runtime's export is), loaded by torch in
-    the runtime's own process (src.engine.isolated)."""
+    the runtime's own process (src.engine.runtimes.isolated)."""
     recorder.set_tags({"kernels": "example", "kernels_isa": "", "kernels_note": ""})
     folder = cached(
         Path(cfg.cache_dir) / "example" / loaded.source_key,

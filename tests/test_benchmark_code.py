@@ -237,7 +237,7 @@ def test_random_weights_and_greedy_samples_are_refused(store):
 
 
 def test_samples_are_drawn_apart_and_scored_as_pass_at_k():
-    from src.engine import ENGINES, Sampling
+    from src.engine import GENERATE, Sampling
     from src.models.tiny import TINY_CONTEXT, tiny_model
     from src.tasks.common import TaskInputs
     from src.tasks.kinds import BenchmarkCode
@@ -255,7 +255,7 @@ def test_samples_are_drawn_apart_and_scored_as_pass_at_k():
     )
     sampling = Sampling(do_sample=True, temperature=1.5, seed=3)
     res = task.run(
-        TaskInputs(model, tok, task, True, sampling, TINY_CONTEXT, corpus=lambda: "", generate=ENGINES["native"])
+        TaskInputs(model, tok, task, True, sampling, TINY_CONTEXT, corpus=lambda: "", generate=GENERATE["native"])
     )
     lines = [json.loads(x) for x in res.artifacts["completions.jsonl"].splitlines()]
     assert [x["sample"] for x in lines] == [0, 1, 2] and len(res.rows) == 3

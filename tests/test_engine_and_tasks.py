@@ -5,7 +5,7 @@ import torch
 
 from src.data.config import DatasetConfig
 from src.data.corpus import SEED_PROMPTS, code_prompts, load_text
-from src.engine import ENGINES, Sampling, engine_for, fastpath
+from src.engine import GENERATE, Sampling, engine_for, fastpath
 from src.engine.common import probabilities
 from src.engine.native import Decoder
 from src.models.tiny import TINY_CONTEXT, tiny_model
@@ -14,7 +14,7 @@ from src.tasks.common import TaskInputs
 from src.tasks.kinds import TASKS
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
-generate = ENGINES["hf"]
+generate = GENERATE["hf"]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def inputs(model, tok, t, code=False):
         Sampling(),
         TINY_CONTEXT,
         corpus=lambda: load_text(DatasetConfig("humaneval", "humaneval")),
-        generate=ENGINES["native"],
+        generate=GENERATE["native"],
     )
 
 
@@ -134,7 +134,7 @@ def test_native_engine_matches_generate_token_for_token(arch, exact, path):
     # gemma3's sliding window is 32: the short prompt starts on the lean step path and leaves it
     for prompt in ("def add(a, b):", "x" * 40):
         ids = tok(prompt, return_tensors="pt").input_ids
-        ref = ENGINES["hf"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
+        ref = GENERATE["hf"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
         own = engine_for("native", path)(model, ids, 24, exact, Sampling(), tok.pad_token_id)
         assert own.new_token_ids == ref.new_token_ids
         assert len(own.token_times) == own.new_tokens and own.token_times == sorted(own.token_times)
@@ -147,9 +147,9 @@ def test_native_engine_stops_at_end_of_sequence_unless_exact(llama):
     with torch.no_grad():
         model.lm_head.weight[tok.eos_token_id] += 5.0
     try:
-        free = ENGINES["native"](model, ids, 20, False, Sampling(), tok.pad_token_id)
-        forced = ENGINES["native"](model, ids, 20, True, Sampling(), tok.pad_token_id)
-        ref = ENGINES["hf"](model, ids, 20, False, Sampling(), tok.pad_token_id)
+        free = GENERATE["native"](model, ids, 20, False, Sampling(), tok.pad_token_id)
+        forced = GENERATE["native"](model, ids, 20, True, Sampling(), tok.pad_token_id)
+        ref = GENERATE["hf"](model, ids, 20, False, Sampling(), tok.pad_token_id)
     finally:
         with torch.no_grad():
             model.lm_head.weight[tok.eos_token_id] -= 5.0
@@ -183,8 +183,8 @@ def test_native_sampling_is_seeded_and_top_p_filters():
     model, tok = tiny_model("llama")
     ids = tok("x", return_tensors="pt").input_ids
     s = Sampling(do_sample=True, temperature=1.5, top_p=0.9, seed=7)
-    a = ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
-    assert a == ENGINES["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
+    a = GENERATE["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
+    assert a == GENERATE["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
 
 
 def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_families(monkeypatch):

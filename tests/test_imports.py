@@ -24,7 +24,7 @@ OPTIONAL = (
     "datasets",
 )
 # A runtime's own program, run as a process of its own only where its extra is installed: it imports the runtime.
-RUNTIME_PROGRAMS = ("src.engine.ort_genai_build",)
+RUNTIME_PROGRAMS = ("src.engine.runtimes.ort_genai.builder",)
 
 
 def _modules() -> list[str]:
@@ -69,3 +69,22 @@ def test_functions_import_nothing_of_src_and_say_why_they_import_late():
     )
     silent = [f"{p}:{n}" for p, n, _, line, above in found if "#" not in line and not above.strip().startswith("#")]
     assert not silent, f"imports inside a function with no reason beside them: {silent}"
+
+
+def test_what_a_user_reads_is_said_through_one_voice():
+    """Every `quantspec: ` line comes from src.common.say (its prefix in one place), not a hand-typed string."""
+    typed = []
+    for path in sorted((ROOT / "src").rglob("*.py")):
+        if path.name == "say.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstring = tree.body[0].value if tree.body and isinstance(tree.body[0], ast.Expr) else None
+        for node in ast.walk(tree):
+            if node is docstring:
+                continue
+            parts = node.values if isinstance(node, ast.JoinedStr) else [node]
+            first = parts[0] if parts else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                if first.value.lstrip("\n").startswith("quantspec: ") and "\n" not in first.value.strip():
+                    typed.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not typed, f"lines that type the prefix by hand (say() it instead): {typed}"

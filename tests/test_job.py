@@ -94,3 +94,11 @@ def test_a_native_job_says_which_step_path_runs_its_model():
         build(job_config_from_dict(raw), kept)
         said[kernels_choice] = kept.params["executed.step_path"]
     assert said == {"quantspec": "quantspec", "aten": "python"}
+
+
+def test_every_draft_kind_has_its_drafter_and_its_builder():
+    from src.assembly.config import DRAFT_KINDS
+    from src.assembly.job import DRAFT_BUILDS
+    from src.engine.speculative import DRAFTERS
+
+    assert set(DRAFT_BUILDS) == set(DRAFTERS) == set(DRAFT_KINDS) - {"none"}

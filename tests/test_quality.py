@@ -76,8 +76,10 @@ def test_standard_errors_and_intervals():
     assert mean == 4.5 and se == pytest.approx(x.std(ddof=1) / math.sqrt(10))
     value, low, high = stats.quantile_ci(np.linspace(0, 1, 1001), 0.5)
     assert value == pytest.approx(0.5) and low < 0.5 < high and high - low < 0.15
-    p, se = stats.proportion_se([1, 1, 0, 0])
-    assert p == 0.5 and se == pytest.approx(0.25)
+    p, low, high = stats.proportion_ci([1, 1, 0, 0])
+    assert p == 0.5 and low == pytest.approx(0.1500, abs=1e-4) and high == pytest.approx(0.8500, abs=1e-4)  # Wilson
+    every, low, high = stats.proportion_ci([1] * 20)  # all agree: an interval still, not 1 ± 0
+    assert every == 1.0 and high == 1.0 and 0.8 < low < 0.9
     rng = np.random.default_rng(0)
     ref = rng.gamma(2.0, 1.0, 4000)
     d, d_se = stats.delta_perplexity(ref + 0.01, ref)  # the same tokens, each 0.01 nats harder
@@ -88,7 +90,7 @@ def test_standard_errors_and_intervals():
     assert noisy_se > 0.01
 
 
-def test_mcnemar_exact_and_the_paired_bootstrap():
+def test_mcnemar_exact_and_the_paired_permutation_test():
     a = np.array([True] * 10 + [False] * 10)
     b = np.array([False] * 10 + [False] * 10)
     m = paired.mcnemar(a, b)  # 10 items only a got: p = 2 / 2**10
@@ -96,12 +98,12 @@ def test_mcnemar_exact_and_the_paired_bootstrap():
     assert paired.mcnemar(a, a).p == 1.0
     rng = np.random.default_rng(0)
     base = rng.gamma(2.0, 0.1, 2000)
-    same = paired.bootstrap(base, base)
+    same = paired.means(base, base)
     assert same.difference == 0 and same.p == 1.0
-    shifted = paired.bootstrap(base + 0.01 + rng.normal(0, 0.01, base.size), base)
-    assert shifted.low > 0 and shifted.p <= 1 / 2000 + 1e-12 and shifted.bound and shifted.p_text() == "≤ 0.0005"
+    shifted = paired.means(base + 0.01 + rng.normal(0, 0.01, base.size), base)
+    assert shifted.low > 0 and shifted.p <= 2 / 2001 + 1e-12 and shifted.bound and shifted.p_text() == "≤ 0.001"
     with pytest.raises(ValueError, match="same examples"):
-        paired.bootstrap(base, base[:10])
+        paired.means(base, base[:10])
 
 
 def test_the_front_keeps_what_nothing_beats_on_both():

@@ -53,7 +53,15 @@ def test_perplexity_scores_each_precision_against_the_cached_reference(sweep):
         same["kl_mean"] < 1e-5 and same["top1_agreement"] == 1.0 and same["quality_ratio"] == pytest.approx(1, abs=1e-5)
     )
     assert quant["kl_mean"] > 1e-4 and quant["kl_p99"] >= quant["kl_median"]
-    for key in ("kl_mean_se", "kl_p99_low", "kl_p99_high", "top1_agreement_se", "delta_perplexity_se", "perplexity_se"):
+    for key in (
+        "kl_mean_se",
+        "kl_p99_low",
+        "kl_p99_high",
+        "top1_agreement_low",
+        "top1_agreement_high",
+        "delta_perplexity_se",
+        "perplexity_se",
+    ):
         assert key in quant, key
     assert quant["kl_p99_low"] <= quant["kl_p99"] <= quant["kl_p99_high"]
     assert quant["reference_perplexity"] == pytest.approx(same["perplexity"], rel=1e-4)
@@ -125,7 +133,7 @@ def test_the_report_shows_quality_the_front_the_flag_and_paired_comparisons(swee
     decode = runs["w4a16", "decode"].data.metrics["time_per_token_ms_median"]
     assert points["w4a16"].speed.median == pytest.approx(decode)
     assert "front.png" in rep.files and "front.csv" in rep.files
-    assert "## Paired comparisons" in text and "paired bootstrap" in text and "McNemar (exact)" in text
+    assert "## Paired comparisons" in text and "paired permutation" in text and "McNemar (exact)" in text
     run = client.get_run(runs["w4a16", "perplexity"].info.run_id)
     assert run.data.metrics["quality_below"] == 1 and run.data.metrics["front_quality"] == pytest.approx(
         run.data.metrics["kl_mean"]

@@ -312,10 +312,12 @@ def _run(key, rnd, tpt, busy=False, precision="bf16"):
     ],
 )
 def test_a_speedups_condition_comes_first_in_its_description(rounds, said):
-    from src.tracking.readback.compare import Config, speedups
+    from src.tracking.readback.compare import JobRounds, speedups
 
-    base = Config("fp32", [_run("fp32", r, tpt, busy=b, precision="fp32") for r, (_, b, tpt) in enumerate(rounds, 1)])
-    job = Config("bf16", [_run("bf16", r, 27.5, busy=b) for r, (b, _, _) in enumerate(rounds, 1)])
+    base = JobRounds(
+        "fp32", [_run("fp32", r, tpt, busy=b, precision="fp32") for r, (_, b, tpt) in enumerate(rounds, 1)]
+    )
+    job = JobRounds("bf16", [_run("bf16", r, 27.5, busy=b) for r, (b, _, _) in enumerate(rounds, 1)])
     gain = next(u for u in speedups([base, job], {"precision": "fp32"}) if u.job is job)
     text = report.describe(job, gain, {"precision": "fp32"})
     assert text.startswith(said), text

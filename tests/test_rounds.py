@@ -8,7 +8,7 @@ import sys
 from mlflow.tracking import MlflowClient
 
 from src.common.environment import PROJECT_ROOT
-from src.tracking.readback.compare import Config, configs, ratio_spread, spread
+from src.tracking.readback.compare import JobRounds, job_rounds, ratio_spread, spread
 from src.tracking.readback.sweeps import sweep_jobs
 from src.tracking.store.names import config_key
 from src.tracking.sweep.rounds import schedule
@@ -42,7 +42,7 @@ _run = job_record
 
 
 def test_a_speedup_is_the_median_of_ratios_taken_round_by_round_with_its_range():
-    base = Config(
+    base = JobRounds(
         "fp32",
         [
             _run("fp32", 1, 40.0, precision="fp32"),
@@ -50,14 +50,14 @@ def test_a_speedup_is_the_median_of_ratios_taken_round_by_round_with_its_range()
             _run("fp32", 3, 44.0, precision="fp32"),
         ],
     )
-    job = Config("w8a8", [_run("w8a8", 1, 20.0), _run("w8a8", 2, 20.0, busy=True), _run("w8a8", 3, 20.0)])
+    job = JobRounds("w8a8", [_run("w8a8", 1, 20.0), _run("w8a8", 2, 20.0, busy=True), _run("w8a8", 3, 20.0)])
     # round 2's 4x is taken while the job was busy: left out, though it would have been the maximum
     s = ratio_spread(job, base, "time_per_token_ms_median")
     assert (s.median, s.low, s.high, s.used, s.excluded) == (2.1, 2.0, 2.2, 2, 1)
     # a round the baseline did not finish pairs with nothing
     base.runs[2] = _run("fp32", 3, 44.0, outcome="failed", precision="fp32")
     assert ratio_spread(job, base, "time_per_token_ms_median").used == 1
-    grouped = configs([*base.runs, *job.runs])
+    grouped = job_rounds([*base.runs, *job.runs])
     assert [c.key for c in grouped] == ["fp32", "w8a8"] and grouped[0].outcome == "2 of 3 rounds finished"
 
 

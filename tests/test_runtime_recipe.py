@@ -81,7 +81,7 @@ def test_a_runtime_module_that_fails_or_exits_on_import_is_one_line(tmp_path, bo
     )
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-1] == (
-        f"quantspec: engine.module=broken_runtime {said}; fix the module or name another, such as src.engine.ort_genai"
+        f"quantspec: engine.module=broken_runtime {said}; fix the module or name another, such as src.engine.runtimes.ort_genai"
     )
 
 

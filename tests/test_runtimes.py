@@ -42,9 +42,9 @@ def test_an_exporter_process_that_fails_is_its_last_line(tmp_path):
 
 
 def test_a_runtimes_process_answers_as_the_engine_and_says_its_errors_in_one_line():
-    """src.engine.isolated: calls and window_score forwarded; a Python error in the child is one line naming
+    """src.engine.runtimes.isolated: calls and window_score forwarded; a Python error in the child is one line naming
     the runtime and when, with the child's traceback kept as a note."""
-    from src.engine.isolated import Isolated, Maker
+    from src.engine.runtimes.isolated import Isolated, Maker
 
     engine = Isolated(Maker("tests.crashing_runtime:Echo"), "echo")
     try:
@@ -60,7 +60,7 @@ def test_a_runtimes_process_answers_as_the_engine_and_says_its_errors_in_one_lin
 
 
 def test_what_crosses_to_a_runtimes_process_is_json_and_tensor_bytes_never_pickle():
-    """src.engine.wire: the engine's contract types, tensors of every dtype the runtimes return, paths and tuples
+    """src.engine.runtimes.wire: the engine's contract types, tensors of every dtype the runtimes return, paths and tuples
     come back equal; anything else is refused by the sender, in one line naming its type."""
     import io
     from multiprocessing.connection import Pipe
@@ -68,9 +68,9 @@ def test_what_crosses_to_a_runtimes_process_is_json_and_tensor_bytes_never_pickl
 
     import torch
 
-    from src.engine import wire
     from src.engine.common import Generation, Sampling
-    from src.engine.isolated import Maker
+    from src.engine.runtimes import wire
+    from src.engine.runtimes.isolated import Maker
     from src.quality.scoring import WindowScore
 
     value = (
@@ -108,7 +108,7 @@ def test_a_runtimes_process_stopped_or_wedged_fails_its_call_in_one_line_within_
     import time
 
     from src.common import liveness
-    from src.engine.isolated import Isolated, Maker, RuntimeCrash
+    from src.engine.runtimes.isolated import Isolated, Maker, RuntimeCrash
 
     engine = Isolated(Maker("tests.crashing_runtime:Echo"), "echo")
     os.kill(engine._proc.pid, signal.SIGSTOP)
@@ -126,7 +126,7 @@ def test_a_runtimes_process_stopped_or_wedged_fails_its_call_in_one_line_within_
 def test_a_calls_stop_rule_stays_in_the_job_and_is_asked_after_each_token():
     """The child asks the parent's stop rule (a tokenizer's, lm-eval's until) across the pipe; one that raises is
     the job's error, and the child, left waiting for its answer, is ended."""
-    from src.engine.isolated import Isolated, Maker
+    from src.engine.runtimes.isolated import Isolated, Maker
 
     engine = Isolated(Maker("tests.crashing_runtime:Counting"), "counting")
     asked = []
@@ -156,7 +156,7 @@ def test_a_runtimes_process_dies_with_the_sweep(tmp_path):
     import psutil
 
     script = (
-        "from src.engine.isolated import Isolated, Maker\nimport time\n"
+        "from src.engine.runtimes.isolated import Isolated, Maker\nimport time\n"
         "e = Isolated(Maker('builtins:dict'), 'x')\nprint(e._proc.pid, flush=True)\ntime.sleep(120)\n"
     )
     parent = subprocess.Popen(

@@ -16,7 +16,7 @@ from src.tasks import sandbox
 from tests.test_benchmark_code import needs_bwrap
 
 LIMITS = sandbox.Limits(timeout_s=4.0, memory_mb=512)
-KINDS = [pytest.param("bwrap", marks=needs_bwrap), "rlimit"]
+SANDBOXES = [pytest.param("bwrap", marks=needs_bwrap), "rlimit"]
 
 
 def named(marker: str) -> str:
@@ -64,7 +64,7 @@ def test_bwrap_reads_nothing_its_user_could_not_and_says_little(tmp_path):
     assert len(long.detail) <= sandbox.DETAIL_CHARS
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOXES)
 def test_a_fork_bomb_is_capped_and_nothing_of_it_survives(kind):
     marker = f"qs{uuid.uuid4().hex[:10]}"
     bomb = (
@@ -84,7 +84,7 @@ def test_a_fork_bomb_is_capped_and_nothing_of_it_survives(kind):
     assert left_running(marker) == []
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOXES)
 def test_a_child_that_detaches_with_setsid_is_killed_at_the_limit(kind):
     marker = f"qs{uuid.uuid4().hex[:10]}"
     program = (
@@ -212,7 +212,7 @@ FORGERIES = {  # completions that try to be scored passed without passing their 
 }
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOXES)
 @pytest.mark.parametrize("how", list(FORGERIES))
 def test_a_completion_cannot_fake_a_pass(kind, how):
     from src.tasks.benchmark_code import program
@@ -223,7 +223,7 @@ def test_a_completion_cannot_fake_a_pass(kind, how):
     assert sandbox.run(program(HUMANEVAL_0, honest), kind, LIMITS).passed  # the same problem, solved
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", SANDBOXES)
 def test_memory_is_limited_over_the_whole_process_tree(kind):
     """Six children of 420 MB each: each under the per-process limit, together far over it."""
     forks = (

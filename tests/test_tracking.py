@@ -160,6 +160,13 @@ def test_sweep_survives_a_failing_job_and_exits_nonzero(store, tmp_path):
     assert sorted(r.data.tags["outcome"] for r in found) == ["failed", "finished"]
     client, (parent,) = runs(store, "tags.`quantspec.role` = 'sweep'")
     assert not client.list_artifacts(parent.info.run_id)  # report_at_end=false: no report
+    # the read-back commands find the sweep in the store MLflow's variable names, as src.run did
+    reported = run_cli(
+        ["attach=false", f"out={tmp_path / 'reports'}"], module="src.report", env={"MLFLOW_TRACKING_URI": store}
+    )
+    assert reported.returncode == 0 and parent.info.run_name in reported.stdout, reported.stderr[-2000:]
+    judged = run_cli([f"baseline={tmp_path / 'sweep'}"], module="src.regress", env={"MLFLOW_TRACKING_URI": store})
+    assert judged.returncode == 2 and "are the same sweep" in judged.stderr, judged.stderr[-2000:]  # found both
 
 
 def test_unknown_model_exits_with_one_line():

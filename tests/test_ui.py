@@ -216,7 +216,7 @@ def test_a_host_busy_with_other_processes_is_flagged_not_hidden(caplog):
         os.kill(hog, signal.SIGKILL)
     assert took > 0.3, f"the hog got only {took:.2f} cores: the host is too busy to tell anything"
     assert others.cores() >= took - 0.15  # counted, with whatever else ran
-    # a child of ours (another runtime's engine runs in one: src.engine.isolated) is the job's own work:
+    # a child of ours (another runtime's engine runs in one: src.engine.runtimes.isolated) is the job's own work:
     # other processes' figure over the same time leaves it out
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

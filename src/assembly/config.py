@@ -25,6 +25,7 @@ from src.common.schema import ConfigError, Kinds, check_choice
 from src.data.config import DatasetConfig
 from src.engine.config import ENGINES, EngineConfig, RuntimeEngine, Sampling
 from src.engine.runtimes import runtime
+from src.engine.speculative import DRAFTERS
 from src.models.config import ModelConfig
 from src.quant import methods as quant_methods
 from src.quant.config import PrecisionConfig
@@ -32,7 +33,7 @@ from src.quant.methods import METHODS
 from src.tasks.kinds import TASKS, TaskConfig
 
 DEVICES = ("cpu", "cuda", "npu")
-DRAFT_KINDS = ("none", "prompt_lookup", "model")
+DRAFT_KINDS = ("none", *DRAFTERS)  # no draft, or one of the registered drafters
 DRAFT_SCHEDULES = ("constant", "heuristic")
 MAX_DRAFT_K = 15  # a verification of k + 1 tokens stays on the engine's step path and kernels (16 rows)
 UNREACHABLE = ("fail", "journal")
@@ -360,7 +361,7 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
 @dataclass(frozen=True)
 class SweepSettings:
     """What a sweep's sweeper, launchers and callbacks read of the composed config (each job reads its own
-    JobConfig): converted once from Hydra's config by src.run.settings."""
+    JobConfig): converted once from Hydra's config by src.assembly.sweep.sweep_of."""
 
     sweep_dir: Path
     experiment: str

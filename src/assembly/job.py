@@ -27,7 +27,7 @@ from src.assembly.hardware import Placement
 from src.common import environment
 from src.data.corpus import Corpus, TextInput
 from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes
-from src.engine.isolated import Isolated
+from src.engine.runtimes.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
 from src.kernels import modules
@@ -282,11 +282,17 @@ def _record_executed(cfg, placement, env: dict, recorder) -> None:
 
 
 def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
-    """The drafter for draft.kind: prompt lookup, or a draft model at its precision (quantized once,
-    through the same cache as targets) whose tokenizer must be the target's."""
+    """The drafter for draft.kind, built by its entry in DRAFT_BUILDS."""
+    return DRAFT_BUILDS[cfg.draft.kind](cfg, loaded, corpus, placement, gemv, recorder)
 
-    if cfg.draft.kind == "prompt_lookup":
-        return PromptLookup(cfg.draft.max_ngram, cfg.draft.min_ngram)
+
+def _prompt_lookup(cfg, loaded, corpus, placement, gemv: bool, recorder) -> PromptLookup:
+    return PromptLookup(cfg.draft.max_ngram, cfg.draft.min_ngram)
+
+
+def _draft_model(cfg, loaded, corpus, placement, gemv: bool, recorder) -> ModelDrafter:
+    """A draft model at its precision (quantized once, through the same cache as targets), whose tokenizer
+    must be the target's."""
     draft_loaded = load_model(cfg.draft_model, cfg.cache_dir)
     mismatch = tokenizer_mismatch(loaded.tokenizer, draft_loaded.tokenizer)
     if mismatch:
@@ -307,6 +313,10 @@ def _prepare_draft(cfg, loaded, corpus, placement, gemv: bool, recorder):
     if placement.device == "cpu":
         recorder.log_params({"executed.draft_huge_pages": hugepages.back_with_huge_pages(model)})
     return ModelDrafter(model, path=cfg.engine.step_path)
+
+
+# draft.kind -> what builds its drafter for a job (src.engine.speculative.DRAFTERS registers the kinds)
+DRAFT_BUILDS: dict[str, Callable] = {"prompt_lookup": _prompt_lookup, "model": _draft_model}
 
 
 def _check_isa(cfg) -> None:

@@ -16,7 +16,7 @@ def unset_line(err: MissingMandatoryValue) -> str:
     return f"{err.full_key} must be set (e.g. {err.full_key}=...)"
 
 
-def settings(config: DictConfig) -> SweepSettings:
+def sweep_of(config: DictConfig) -> SweepSettings:
     """The sweep's settings (src.assembly.config.SweepSettings) from Hydra's config: ConfigError, one
     line, where they are wrong."""
     try:

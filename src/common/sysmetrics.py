@@ -26,7 +26,7 @@ def _host_busy_s() -> float:
 
 def _own_s(process: psutil.Process) -> float:
     """CPU seconds of this process and its children: the ended ones (counted once waited for) and the live
-    ones (another runtime's engine runs in a child of the job: src.engine.isolated), which are the job's own
+    ones (another runtime's engine runs in a child of the job: src.engine.runtimes.isolated), which are the job's own
     work, not a neighbour's."""
     t = process.cpu_times()
     total = t.user + t.system + t.children_user + t.children_system

@@ -12,11 +12,11 @@ from functools import partial
 
 from src.engine import native, speculative
 from src.engine.common import Generation, Sampling
-from src.engine.config import ENGINES as KINDS
-from src.engine.config import STEP_PATHS
+from src.engine.config import ENGINES, STEP_PATHS
 
-# Each of quantspec's own engines names its module in its config class (src.engine.config.ENGINES).
-ENGINES = {kind: importlib.import_module(KINDS[kind].MODULE).generate for kind in KINDS.names}
+# Each of quantspec's own engines' generate, by its kind: the engine's config class (src.engine.config.ENGINES)
+# names its module.
+GENERATE = {kind: importlib.import_module(ENGINES[kind].MODULE).generate for kind in ENGINES.names}
 
 
 def engine_for(kind: str, step_path: str = "transformers", drafter=None, **draft):
@@ -28,7 +28,7 @@ def engine_for(kind: str, step_path: str = "transformers", drafter=None, **draft
         if kind != "native":
             raise ValueError("speculative decoding runs on the native engine")
         return partial(speculative.generate, drafter=drafter, path=path, **draft)
-    return partial(native.generate, path=path) if path != "transformers" else ENGINES[kind]
+    return partial(native.generate, path=path) if path != "transformers" else GENERATE[kind]
 
 
-__all__ = ["ENGINES", "STEP_PATHS", "Generation", "Sampling", "engine_for"]
+__all__ = ["ENGINES", "GENERATE", "STEP_PATHS", "Generation", "Sampling", "engine_for"]

@@ -3,15 +3,15 @@ runtime (RuntimeEngine, named by its module: src.engine.runtimes), and how token
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 import transformers
 
 from src.common.schema import ConfigError, Kinds, check_choice
-from src.engine.runtimes import check_module
 from src.kernels import variants as kernel_variants
 
 ATTENTIONS = ("sdpa", "eager")
@@ -83,9 +83,50 @@ class NativeEngine(EngineConfig):
         return f"quantspec native engine, torch {torch.__version__}"
 
 
+@runtime_checkable
+class Runtime(Protocol):
+    """What another runtime's module defines (src/engine/runtimes/__init__.py says what each does): a module
+    passes when it has these three, as functions."""
+
+    def unsupported(self, cfg) -> str | None: ...
+
+    def runtime_name(self, cfg, device: str) -> str: ...
+
+    def build(self, cfg, loaded, placement, corpus, recorder): ...
+
+
+NAMES = ("unsupported", "runtime_name", "build")  # Runtime's members, as a module defines them
+
+
+def check_module(name: str) -> None:
+    """engine.module must import (without torch's weight: these modules import their runtime lazily)
+    and define NAMES; a ConfigError of one line otherwise."""
+    try:
+        module = importlib.import_module(name)
+    except ImportError as err:
+        raise ConfigError(
+            f"engine.module={name} does not import ({err}); name a module such as src.engine.runtimes.ort_genai"
+        ) from None
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the module's own code failed (or exited) on import
+        what = (
+            f"exits on import (SystemExit {err.code})"
+            if isinstance(err, SystemExit)
+            else f"fails on import ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})"
+        )
+        raise ConfigError(
+            f"engine.module={name} {what}; fix the module or name another, such as src.engine.runtimes.ort_genai"
+        ) from None
+    lacking = [n for n in NAMES if not callable(getattr(module, n, None))]
+    if lacking:
+        raise ConfigError(
+            f"engine.module={name} is no runtime: it lacks {', '.join(lacking)} "
+            f"(src/engine/runtimes/__init__.py says what a runtime's module defines)"
+        )
+
+
 @dataclass(frozen=True)
 class RuntimeEngine:
-    """Another runtime, named by its module (src/engine/runtimes.py): it brings its own kernels, attention
+    """Another runtime, named by its module (src/engine/runtimes/__init__.py): it brings its own kernels, attention
     and steps, so none of quantspec's engine fields apply."""
 
     name: str  # the choice's name (conf/engine/<name>.yaml)

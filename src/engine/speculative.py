@@ -96,6 +96,11 @@ class ModelDrafter:
             self.fed = len(context)
 
 
+# The draft kinds (draft.kind) and the drafter each runs, as ENGINES and TASKS register theirs: a kind is
+# chosen here and built by src.assembly.job's DRAFT_BUILDS, which has one builder for each.
+DRAFTERS: dict[str, type] = {"prompt_lookup": PromptLookup, "model": ModelDrafter}
+
+
 class Schedule:
     """Draft length per step. constant: always k. heuristic (transformers' assisted generation rule):
     +2 after a step that kept every proposal, -1 after one that did not, within [1, k_max]."""

@@ -5,7 +5,7 @@
 - divergence: KL divergence and top-1 agreement against the reference, teacher-forced generation divergence;
 - stats: standard errors, bootstrap intervals, Δ perplexity by the delta method;
 - reference: the reference precision's scores, computed once and cached (safetensors + JSON);
-- paired: two jobs' per-example scores compared paired (McNemar, paired bootstrap);
+- paired: two jobs' per-example scores compared paired (McNemar, a paired permutation test);
 - front: the speed–quality Pareto front;
 - harness: quantspec's model as lm-evaluation-harness's LM.
 

@@ -50,7 +50,7 @@ def window_summary(kl, same_top1, nll, reference_nll) -> dict[str, float]:
     for name, q in (("kl_median", 0.5), ("kl_p90", 0.9), ("kl_p99", 0.99)):
         out[name], out[f"{name}_low"], out[f"{name}_high"] = stats.quantile_ci(kl, q)
     out["kl_max"] = float(kl.max())  # an extreme has no useful interval: it is what it is, over these tokens
-    out["top1_agreement"], out["top1_agreement_se"] = stats.proportion_se(same_top1)
+    out["top1_agreement"], out["top1_agreement_low"], out["top1_agreement_high"] = stats.proportion_ci(same_top1)
     out["reference_perplexity"], out["reference_perplexity_se"] = stats.perplexity_se(reference_nll)
     out["delta_perplexity"], out["delta_perplexity_se"] = stats.delta_perplexity(nll, reference_nll)
     return out

@@ -10,13 +10,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as sst
 
-from src.quality.stats import BOOTSTRAP, SEED
+from src.quality.stats import BOOTSTRAP, SEED, interval
 
 
 @dataclass
 class Paired:
-    test: str  # "paired bootstrap" or "McNemar (exact)"
+    test: str  # "paired permutation" or "McNemar (exact)"
     n: int  # examples compared
     difference: float  # mean of a − b (for McNemar: accuracy a − accuracy b)
     low: float  # its 95% interval (NaN for McNemar)
@@ -35,29 +36,34 @@ def mcnemar(a, b) -> Paired:
     if a.shape != b.shape:
         raise ValueError(f"paired scores need the same items: {a.size} against {b.size}")
     only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
-    m, low = only_a + only_b, min(only_a, only_b)
-    p = 1.0 if m == 0 else min(1.0, 2 * sum(math.comb(m, i) for i in range(low + 1)) / 2**m)
-    return Paired("McNemar (exact)", int(a.size), float(a.mean() - b.mean()), math.nan, math.nan, p)
+    p = sst.binomtest(only_a, only_a + only_b).pvalue if only_a + only_b else 1.0
+    return Paired("McNemar (exact)", int(a.size), float(a.mean() - b.mean()), math.nan, math.nan, float(p))
 
 
-def bootstrap(a, b, iters: int = BOOTSTRAP * 2) -> Paired:
-    """Per-example values (e.g. per-token KL) of two jobs on the same examples: the mean difference with
-    its paired-bootstrap 95% interval and two-sided p (the share of resampled differences on the other side
-    of 0, doubled; no smaller than 1/iters)."""
+def means(a, b, iters: int = BOOTSTRAP * 2) -> Paired:
+    """Per-example values (e.g. per-token KL) of two jobs on the same examples: the mean difference with its
+    bootstrap 95% interval, and the two-sided p of a paired permutation test (each example's two values
+    swapped at random: no smaller than 2/(iters + 1))."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"paired scores need the same examples: {a.size} against {b.size}")
     d = a - b
-    rng = np.random.default_rng(SEED)
-    draws = d[rng.integers(0, d.size, size=(iters, d.size))].mean(axis=1)
-    lo, hi = np.quantile(draws, [0.025, 0.975])
-    side = min((draws <= 0).mean(), (draws >= 0).mean())
+    low, high = interval((d,), lambda x, axis: np.mean(x, axis=axis), 0.95, iters)
+    tested = sst.permutation_test(
+        (a, b),
+        lambda x, y, axis: np.mean(x - y, axis=axis),
+        permutation_type="samples",
+        n_resamples=iters,
+        vectorized=True,
+        random_state=np.random.default_rng(SEED),
+    )
+    floor = 2 / (iters + 1)  # two-sided, no resample as far from 0 as the data: p is at most this
     return Paired(
-        "paired bootstrap",
+        "paired permutation",
         int(d.size),
         float(d.mean()),
-        float(lo),
-        float(hi),
-        float(min(1.0, max(2 * side, 1 / iters))),
-        bound=bool(side == 0),
+        low,
+        high,
+        float(tested.pvalue),
+        bound=bool(tested.pvalue <= floor + 1e-12),
     )

@@ -45,7 +45,7 @@ from src.common.paths import cache_root
 from src.tasks import sandbox_runner, sandbox_supervisor
 from src.tasks.sandbox_supervisor import NOBODY, TIMED_OUT, TMPFS_BYTES, TOO_BIG, TOO_MANY
 
-KINDS = ("bwrap", "rlimit")
+SANDBOXES = ("bwrap", "rlimit")
 OUTPUT_BYTES = 1 << 20  # RLIMIT_FSIZE: what the child may write to any one file (its captured stderr too)
 PROCESSES = 32  # RLIMIT_NPROC: processes beyond those its user already has
 SUPERVISED = 4 * PROCESSES  # rlimit's supervisor: processes below it
@@ -257,8 +257,8 @@ def isolation(kind: str) -> str:
 
 def check(kind: str) -> None:
     """Raise SandboxUnavailable, in one line, where `kind` cannot run here (run once, before a job's timing)."""
-    if kind not in KINDS:
-        raise SandboxUnavailable(f"unknown sandbox {kind!r}; known: {', '.join(KINDS)}")
+    if kind not in SANDBOXES:
+        raise SandboxUnavailable(f"unknown sandbox {kind!r}; known: {', '.join(SANDBOXES)}")
     if kind == "rlimit":
         if os.geteuid() == 0 and not _others_can_run(*interpreter()):
             raise SandboxUnavailable(

@@ -160,9 +160,7 @@ struct Int16X {
 
 // int8 weights read 32 at a time and split in place by shifts (as the AVX-512 variant's W8A16Pairs: the even-
 // indexed weight of each 16-bit lane in its low byte, the odd in its high), against x split alike
-// (pair_x): no lane-crossing sign extension (VPMOVSXBW) per 16 weights. In turns in one process, 2 threads, GB/s,
-// AVX2 / AVX-VNNI (its EVEX twin): Gemma 3's head 38 -> 38 / 36 -> 34, Llama-2-7B's 11008 x 4096 61 -> 71 /
-// 56 -> 74, 2048 x 640 46 -> 51 / 44 -> 52.
+// (pair_x): no lane-crossing sign extension (VPMOVSXBW) per 16 weights.
 struct W8A16Pairs : Int16X {
   using State = NoState; static constexpr int kSub = 2;
   const int8_t* w; const float* w_scale;
@@ -214,10 +212,7 @@ struct W4A16 : Int16X {
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(s), sum);
   }
   // Group g (of 128) of 4 rows from w, one row of x, for one_row_groups (blocking.h): block's steps in its
-  // order (half 0's four, then half 1's), each half of the 4 rows loaded once. Measured in turns on the AMD
-  // EPYC host (this file's builds forced), against block<1, 4>: one thread, K = 640, from cache AVX2 28 -> 32
-  // GB/s and the VNNI twin 31 -> 37, from memory 26 -> 30 and 29 -> 33; 2 threads through 18 layers of Gemma
-  // 3's 4-bit projections 2-8% faster (AVX2); its decode step on engine.isa=avx2 about 1%.
+  // order (half 0's four, then half 1's), each half of the 4 rows loaded once (fewer loads than block<1, 4>).
   void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
     const int16_t* xg = x + 128 * g;
     const __m256i low = _mm256_set1_epi16(0xF);

@@ -8,13 +8,11 @@
 // dequant_w4a16 (int4 unpacked to bf16 for a prefill's GEMM) and attention for a few queries.
 // Every weight vector loaded is used for all M rows in registers, so verifying k tokens reads W once.
 //
-// Why our own: a decode step is memory bound, and on this project's 2-core AVX-512 host ATen's bf16
-// GEMV reached ~19 GB/s on Gemma 3's 262144 x 640 head against a ~38 GB/s read probe; conversions
-// per element (int8 -> fp32, bf16 -> fp32) made a plain FMA loop compute bound at 13-23 GB/s. The dot
-// product instructions take the weights as they are stored. For the 16-bit activation formats, int16
-// instead of bf16 activations halved the instructions per weight (bf16 needed the weights converted:
-// int8 -> int32 -> fp32 -> bf16, or a table lookup per 32 int4 values): from cache 28 -> 54 G int8 and
-// 44 -> 90 G int4 weights/s on Llama-2-7B's 11008 x 4096, from memory 24.5 -> 27 and 18.4 -> 21.8 GB/s.
+// Why our own: a decode step is memory bound, and a conversion per element (int8 -> fp32, bf16 -> fp32)
+// makes a plain FMA loop compute bound below the memory's speed; the dot-product instructions take the
+// weights as they are stored. The 16-bit activation formats take int16 activations, not bf16: bf16 would
+// need every weight converted first, twice the instructions per weight (docs/concepts/kernels.md has the
+// measurements behind each choice here).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -162,12 +160,10 @@ struct W8A16 : Int16X {  // 32 per step: int8 weights sign-extended to int16 (W8
 // int8 weights read 64 at a time and split in place by shifts, no shuffle: each 16-bit lane holds two
 // weights, the even-indexed one in its low byte, the odd in its high byte; shifted left then right by 8
 // (arithmetic), or right by 8, each becomes an int16. x comes in the same split (pair_x: each 64 values
-// as their 32 even-indexed ones, then the 32 odd), so steps u = 0, 1 of a load meet their own x. The
-// sign extension VPMOVSXBW is a lane-crossing shuffle, and on this project's shared AMD EPYC host the int8
-// head ran out of shuffles before memory bandwidth (~35 GB/s where the int4 kernel read 46). In turns in
-// one process, 2 threads, GB/s: Gemma 3's head 43.7 -> 56.9, Llama-2-7B's 11008 x 4096 103 -> 121 (partly
-// from cache), 2048 x 640 57 -> 61. Each 32-bit lane now sums other k than before: results move within
-// float rounding, as between variants.
+// as their 32 even-indexed ones, then the 32 odd), so steps u = 0, 1 of a load meet their own x. Why: the
+// sign extension VPMOVSXBW is a lane-crossing shuffle, and a kernel of one shuffle per load runs out of
+// shuffle ports before memory bandwidth. Each 32-bit lane sums its own k: results differ from another
+// order of summation within float rounding, as between variants.
 struct W8A16Pairs : Int16X {
   using State = NoState; static constexpr int kSub = 2;
   const int8_t* w; const float* w_scale;
@@ -218,9 +214,7 @@ struct W4A16 : Int16X {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(s), sum);
   }
   // Group g (of 128) of 4 rows from w, one row of x, for one_row_groups (blocking.h): each row's 64 bytes
-  // loaded once, its four nibbles in turn, as block's steps u = 0..3. Measured in turns on the shared AMD EPYC
-  // host, against block<1, 4>: one thread from cache, K = 640, 37 -> 42-45 GB/s; from memory 31 -> 36; 2
-  // threads through 18 layers of Gemma 3's four 4-bit projections 6-10% faster; its decode step 1-2%.
+  // loaded once, its four nibbles in turn, as block's steps u = 0..3 (fewer loads than block<1, 4>).
   void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
     const int16_t* xg = x + 128 * g;
     const __m512i low = _mm512_set1_epi16(0xF), x0 = _mm512_loadu_si512(xg), x1 = _mm512_loadu_si512(xg + 32),
@@ -234,8 +228,7 @@ struct W4A16 : Int16X {
     }
   }
   // The offsets' share, sum over groups of offset x group sum. A few groups a row (5 for K = 640): a plain
-  // loop, as a vector reduction per row was a fifth of a 4-bit head's time (47 -> 58 GB/s without it);
-  // many (86 for K = 11008): 16 at a time, as the plain loop cost as much (43 -> 34 GB/s with it).
+  // loop, since a vector reduction per row costs more than it sums; many (86 for K = 11008): 16 at a time.
   __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
     const int64_t G = K / group;
     alignas(16) float off[4] = {0, 0, 0, 0};
@@ -259,7 +252,7 @@ struct W4A16 : Int16X {
   }
 };
 
-// A format with kSub > 1 loads once per kSub steps and hands out one step's weights at a time.
+// Four row sums into y (a block's last rows may be fewer: lanes).
 inline void put(float* y, __m128 v, int lanes) {
   if (lanes == 4) _mm_storeu_ps(y, v); else _mm_store_ss(y, v);
 }

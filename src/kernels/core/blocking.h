@@ -14,10 +14,8 @@
 #include <type_traits>
 
 // Which cache the weights' prefetches fill: 3 (prefetcht0, L1) unless the build says otherwise
-// (src/kernels/variants.py: prefetch_flags). On an Intel Xeon (2 cores, a VM) a core's misses into L1
-// ran out of fill buffers at ~10.7 GB/s for the int8 kernel, ~9.7 for int4; into L2 (prefetcht2, 1) the
-// same kernels read 12.4 and 10.3, and Gemma 3 270M's w4a16 step took 8.2 ms against 9.8 (fp32 -3%, w8a8
-// -5%, bf16 alike), in turns. The AMD EPYC this blocking was tuned on keeps L1.
+// (src/kernels/variants.py: prefetch_flags, L2 on Intel CPUs; QUANTSPEC_PREFETCH forces one): a core whose
+// misses into L1 run out of fill buffers reads faster prefetching into L2.
 #ifndef QS_PREFETCH_LOCALITY
 #define QS_PREFETCH_LOCALITY 3
 #endif
@@ -25,27 +23,14 @@
 namespace qs {
 
 // Every 64-byte line of weights is prefetched once, into L1, from the rows a whole number of blocks
-// ahead, the fewest that put it at least kAheadBytes ahead in memory: the next block for long rows, three
-// on for Gemma 3's 640-byte head rows, where the hardware's L2 streamer, which stops at every 4 KB page,
-// does not keep ahead. Measured in turns, 2 threads, GB/s of weights, against the scheme before (the next
-// block's rows into L1 and 16 KB ahead into L2, two prefetches a step): Gemma 3's head with ~6 KB ahead,
-// f32 41 -> 46, bf16 42 -> 45, w8a8 44 -> 46 on a loaded AVX-512 host (61 -> 68, 59 -> 69, 62 -> 71
-// quiet; 4 KB ahead gained less, 8-12 KB no more), AVX2 alike or better (f32 38 -> 41); this rule, loaded:
-// head f32 38 -> 42, bf16 40 -> 42, Llama-2-7B's 11008-wide f32 44 -> 48, its 4-bit 36 -> 33 (noise of
-// about that size on this host).
+// ahead, the fewest that put it at least kAheadBytes ahead in memory: the hardware's L2 streamer stops at
+// every 4 KB page and does not keep ahead of short rows (Gemma 3's 640-byte head rows) by itself.
 //
 // Short rows (at most kShortRow bytes) are prefetched in address order: each step asks for the next R
-// lines of the block ahead as one run, not one line in each of R rows kShortRow or fewer bytes apart;
-// the memory then sees one sequential stream instead of R interleaved ones that the hardware's
-// prefetchers cannot follow over so few lines. The block ahead is then one further, so that its last
-// row's lines too are asked for at least kAheadBytes early. Measured in turns, 2 threads on a loaded
-// AVX-512 host, each half of a head-sized weight in the C++ step's 256 KB pieces, GB/s: Gemma 3's head
-// (K = 640) w8a16 42 -> 46, w8a8 39 -> 43, bf16 43 -> 49, w4a16 51 -> 54; K = 2048 w8a16 43 -> 51, w4a16
-// 49 -> 59; AVX2 w8a16 38 -> 51, bf16 38 -> 47; Gemma 3's decode step, in turns in one process: w4a16
-// 1-10% faster, w8a16 9-17%, w8a8 13-16%, bf16 4-15%. It is a gain where the memory is contended (this
-// shared host, loaded): in quiet spells the two orders timed alike within the noise (+-5%, each
-// projection of a step timed alone). Longer rows keep one line per row: fp32's 2560-byte rows (K = 640)
-// were 6% slower in address order in quiet spells, no faster loaded.
+// lines of the block ahead as one run, so the memory sees one sequential stream instead of R interleaved
+// ones the hardware's prefetchers cannot follow over so few lines; the block ahead is then one further, so
+// that its last row's lines are asked for kAheadBytes early too. Longer rows keep one line per row (in
+// address order they were no faster). The measurements behind both are in docs/concepts/kernels.md.
 constexpr int kShortRow = 2048;
 constexpr int kAheadBytes = 6144;
 

@@ -86,7 +86,7 @@ def spread(values: dict[int, tuple[float, bool]]) -> Spread:
 
 
 @dataclass
-class Config:
+class JobRounds:
     """One job of the sweep (its choices) across its rounds: the latest attempt of each round."""
 
     key: str
@@ -122,16 +122,16 @@ class Config:
         return sorted(r for r, run in self.finished().items() if busy(run))
 
 
-def configs(jobs: list[JobRecord]) -> list[Config]:
+def job_rounds(jobs: list[JobRecord]) -> list[JobRounds]:
     """The sweep's jobs grouped by their identity across rounds, in the order their first rounds ran."""
-    out: dict[str, Config] = {}
+    out: dict[str, JobRounds] = {}
     for job in jobs:
         key = job.tags.get(CONFIG_KEY, job.run_id)  # runs from before rounds: one round each
-        out.setdefault(key, Config(key)).runs.append(job)
+        out.setdefault(key, JobRounds(key)).runs.append(job)
     return list(out.values())
 
 
-def baseline_of(config: Config, all_configs: list[Config], baseline: dict[str, str]) -> Config | None:
+def baseline_of(config: JobRounds, all_configs: list[JobRounds], baseline: dict[str, str]) -> JobRounds | None:
     """The job that differs from this one only in the baseline's choices, if it finished a round."""
     want = {g: baseline.get(g, config.choice(g)) for g in AXES}  # a job's identity across its rounds
     for other in all_configs:
@@ -140,7 +140,7 @@ def baseline_of(config: Config, all_configs: list[Config], baseline: dict[str, s
     return None
 
 
-def ratio_spread(config: Config, base: Config, metric: str, inverse: bool = True) -> Spread:
+def ratio_spread(config: JobRounds, base: JobRounds, metric: str, inverse: bool = True) -> Spread:
     """Per-round ratios, round r with round r: base/job (a speedup) or job/base (inverse=False)."""
     mine, theirs = config.finished(), base.finished()
     values = {}
@@ -154,8 +154,8 @@ def ratio_spread(config: Config, base: Config, metric: str, inverse: bool = True
 
 @dataclass
 class Speedup:
-    job: Config
-    base: Config
+    job: JobRounds
+    base: JobRounds
     time: Spread  # time/token: baseline's / the job's, per round
     prefill: Spread
 
@@ -184,7 +184,7 @@ def condition(figure: Spread, sides: list[str] | None = None) -> str:
     return ", ".join(said)
 
 
-def speedups(all_configs: list[Config], baseline: dict[str, str]) -> list[Speedup]:
+def speedups(all_configs: list[JobRounds], baseline: dict[str, str]) -> list[Speedup]:
     out = []
     for config in all_configs:
         base = baseline_of(config, all_configs, baseline)

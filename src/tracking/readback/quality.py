@@ -22,25 +22,25 @@ from matplotlib.figure import Figure  # no pyplot: figures are written to files,
 from src.assembly.config import AXES
 from src.common.metrics import markdown_table
 from src.quality import front, paired
-from src.tracking.readback.compare import NO_SPREAD, Config, Spread
+from src.tracking.readback.compare import NO_SPREAD, JobRounds, Spread
 
 # The front's quality figures (report setting quality.metric), each with whether lower is better
 METRICS = {"kl_mean": True, "delta_perplexity": True, "perplexity": True, "divergent_share": True, "accuracy": False}
 TIMED = ("time_per_token_ms_median",)
 
 
-def fields(config: Config) -> tuple[str, ...]:
+def fields(config: JobRounds) -> tuple[str, ...]:
     """The fields its sweep varied, as its name gives them (`head_scheme=w8a16`: src.tracking.sweep.naming)."""
     return tuple(part for part in config.name.split(" round ")[0].split("·") if "=" in part)
 
 
-def identity(config: Config, **instead: str) -> tuple[str, ...]:
+def identity(config: JobRounds, **instead: str) -> tuple[str, ...]:
     """What the configuration is, whatever task measured it: its choices but the task (any of them replaced
     by `instead`), and the fields its sweep varied."""
     return (*(instead.get(g, config.choice(g)) for g in AXES if g != "task"), *fields(config))
 
 
-def label(config: Config) -> str:
+def label(config: JobRounds) -> str:
     """The configuration's name without its task (model·hardware·precision·draft[·engine][·field=value])."""
     engine = config.choice("engine")
     return "·".join(
@@ -50,12 +50,12 @@ def label(config: Config) -> str:
     )
 
 
-def _figure(config: Config, metric: str) -> tuple[float, float]:
+def _figure(config: JobRounds, metric: str) -> tuple[float, float]:
     """The metric and its standard error (median over rounds; quality is not timed, rounds agree)."""
     return config.spread(metric).median, config.spread(f"{metric}_se").median
 
 
-def quality_ratios(groups: list[Config], reference_precision: str) -> dict[tuple, tuple[float, str]]:
+def quality_ratios(groups: list[JobRounds], reference_precision: str) -> dict[tuple, tuple[float, str]]:
     """Each configuration's quality as a fraction of its reference's (1: as good), and what that reference
     is: perplexity jobs log it against their own reference pass (task.reference); accuracy against the
     sweep's job at the reference precision."""
@@ -78,7 +78,7 @@ def quality_ratios(groups: list[Config], reference_precision: str) -> dict[tuple
     return out
 
 
-def flags(groups: list[Config], ratios: dict[tuple, tuple[float, str]], min_ratio: float) -> dict[str, str]:
+def flags(groups: list[JobRounds], ratios: dict[tuple, tuple[float, str]], min_ratio: float) -> dict[str, str]:
     """config key -> `⚠ QUALITY 0.95 of fp32` for every job (timed or not) whose configuration fell below
     min_ratio of its reference: said wherever its speed is shown."""
     out = {}
@@ -95,11 +95,18 @@ def _pm(value: float, se: float, digits: int = 3) -> str:
     return f"{value:.{digits}g} ± {se:.2g}" if not math.isnan(se) else f"{value:.{digits}g}"
 
 
+def _in(value: float, low: float, high: float) -> str:
+    """A share with its interval (Wilson's); a run from before intervals were logged shows the share alone."""
+    if math.isnan(value):
+        return "-"
+    return f"{value:.4g} ({low:.4g}–{high:.4g})" if not math.isnan(low) else f"{value:.4g}"
+
+
 QUALITY_TASKS = ("perplexity", "lm_eval", "decode")
 
 
 def quality_table(
-    groups: list[Config], ratios: dict[tuple, tuple[float, str]], min_ratio: float, reference: str
+    groups: list[JobRounds], ratios: dict[tuple, tuple[float, str]], min_ratio: float, reference: str
 ) -> str:
     """One row per quality measurement: KL (mean ± se, p99 with its 95% interval), top-1 agreement, Δppl ±
     se, the quality ratio; accuracy ± se; generation divergence. Empty where no job measured any."""
@@ -117,7 +124,7 @@ def quality_table(
                 c.shown.tags.get("reference", f"the {reference} job"),
                 _pm(*_figure(c, "kl_mean")),
                 "-" if math.isnan(p99) else f"{p99:.3g} ({lo:.3g}–{hi:.3g})",
-                _pm(*_figure(c, "top1_agreement"), digits=4),
+                _in(*(c.spread(k).median for k in ("top1_agreement", "top1_agreement_low", "top1_agreement_high"))),
                 _pm(*_figure(c, "delta_perplexity")),
                 _pm(*_figure(c, "accuracy")),
                 _pm(*_figure(c, "first_divergent_token")),
@@ -132,7 +139,7 @@ def quality_table(
         "reference",
         "KL mean ± se",
         "KL p99 (95% CI)",
-        "top-1 agreement ± se",
+        "top-1 agreement (95% CI)",
         "Δ perplexity ± se",
         "accuracy ± se",
         "first divergent token ± se",
@@ -155,10 +162,10 @@ class Point:
     quality_key: str = ""  # the quality job's config key (its run carries the point in the view)
 
 
-def points(groups: list[Config], metric: str, flagged: dict[str, str]) -> list[Point]:
+def points(groups: list[JobRounds], metric: str, flagged: dict[str, str]) -> list[Point]:
     """One point per configuration with a quality figure and a time/token; the front marked among them."""
     lower = METRICS[metric]
-    timed: dict[tuple, Config] = {}
+    timed: dict[tuple, JobRounds] = {}
     for c in groups:
         if not math.isnan(c.spread(TIMED[0]).median):
             timed.setdefault(identity(c), c)
@@ -188,7 +195,7 @@ def points(groups: list[Config], metric: str, flagged: dict[str, str]) -> list[P
     return sorted(out, key=lambda p: (math.isnan(p.speed.median), p.speed.median))
 
 
-def front_of(groups: list[Config], metric: str, flagged: dict[str, str]) -> tuple[str, list[Point]]:
+def front_of(groups: list[JobRounds], metric: str, flagged: dict[str, str]) -> tuple[str, list[Point]]:
     """The front on `metric`, or where no job measured it, on the first figure of METRICS that one did
     (an lm_eval sweep has accuracy only): the figure used, and its points."""
     for name in (metric, *METRICS):
@@ -282,9 +289,9 @@ def _same_tokens(x: dict, y: dict) -> bool:
     return len(a) == len(b) and all(math.isclose(u, v, rel_tol=1e-5, abs_tol=1e-6) for u, v in zip(a, b))
 
 
-def paired_table(client, groups: list[Config], limit: int = 28) -> str:
+def paired_table(client, groups: list[JobRounds], limit: int = 28) -> str:
     """Every two quality jobs of the same model and task, on the same tokens or items, compared paired:
-    per-token KL (paired bootstrap; A − B < 0: A departs less from the reference) and per-item accuracy
+    per-token KL (a paired permutation test and a bootstrap interval; A − B < 0: A departs less from the reference) and per-item accuracy
     (exact McNemar)."""
     rows = []
     quality = [
@@ -292,7 +299,7 @@ def paired_table(client, groups: list[Config], limit: int = 28) -> str:
     ]
     read: dict[str, object] = {}  # each run's records, downloaded once
 
-    def records(config: Config):
+    def records(config: JobRounds):
         run_id = config.shown.run_id
         if run_id not in read:
             read[run_id] = (_per_token if config.choice("task") == "perplexity" else _items)(client, run_id)
@@ -307,7 +314,7 @@ def paired_table(client, groups: list[Config], limit: int = 28) -> str:
         if a.choice("task") == "perplexity":
             if not _same_tokens(x, y):
                 continue
-            p, what = paired.bootstrap(x["kl"], y["kl"]), "per-token KL"
+            p, what = paired.means(x["kl"], y["kl"]), "per-token KL"
             diff = f"{p.difference:.3g} ({p.low:.3g}–{p.high:.3g})"
         else:
             if set(x) != set(y) or any(x[k][0] != y[k][0] for k in x):

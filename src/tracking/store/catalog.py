@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-KINDS = ("metric", "param", "tag", "artifact")
+NAME_KINDS = ("metric", "param", "tag", "artifact")
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,8 @@ CATALOG: list[Name] = [
         ("kl_<stat>_high", "high end"),
         ("kl_max", "the largest"),
         ("top1_agreement", "tokens whose most likely token is the reference's"),
-        ("top1_agreement_se", "its se"),
+        ("top1_agreement_low", "its 95% Wilson interval's lower end"),
+        ("top1_agreement_high", "its 95% Wilson interval's upper end"),
         ("reference_perplexity", "the reference's"),
         ("reference_perplexity_se", "its se"),
         ("delta_perplexity", "the job's perplexity minus the reference's"),
@@ -333,7 +334,7 @@ def _pattern(name: str) -> re.Pattern:
     return re.compile("".join(FIXED.get(p, r"[^/]+") if p.startswith("<") else re.escape(p) for p in parts))
 
 
-_PATTERNS = {kind: [(_pattern(n.name), n) for n in CATALOG if n.kind == kind] for kind in KINDS}
+_PATTERNS = {kind: [(_pattern(n.name), n) for n in CATALOG if n.kind == kind] for kind in NAME_KINDS}
 
 
 def entry(kind: str, name: str) -> Name | None:
@@ -353,7 +354,7 @@ def render() -> str:
     """The reference page's tables, by kind and by the runs that carry them."""
     out = []
     titles = {"metric": "Metrics", "param": "Params", "tag": "Tags", "artifact": "Artifacts"}
-    for kind in KINDS:
+    for kind in NAME_KINDS:
         out += [f"## {titles[kind]}", ""]
         wheres = list(dict.fromkeys(n.where for n in CATALOG if n.kind == kind))
         for where in wheres:

@@ -20,13 +20,13 @@ when nothing is pending.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import yaml
 
 from src.common import envvars
 from src.common.paths import cache_root
+from src.common.say import say
 from src.common.settings import Command, Setting, SettingError
 from src.tracking.store import journal, reaping, replay
 from src.tracking.store.experiment import Store, probe
@@ -41,7 +41,7 @@ def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
     if not args:  # the listed journals, and their sweeps' other journals (the store may have lost those too)
         found, lines = journal.with_sweeps(journal.pending(_registry()))
         for line in lines:
-            print(f"quantspec: {line}", file=sys.stderr)
+            say(f"{line}", err=True)
         return found
     found = []
     for arg in map(Path, args):
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
         envvars.check()
         cfg, argv = COMMAND.parse(argv)
     except (envvars.EnvError, SettingError) as err:
-        print(f"quantspec: {err}", file=sys.stderr)
+        say(f"{err}", err=True)
         return 2
     named = set(cfg["tracking_uri"])
     run = _Sync(named, journal.listed_uris(_registry()))
@@ -101,14 +101,14 @@ def main(argv: list[str]) -> int:
     failed = replayed = 0
     unread = journal.unreadable(_registry()) if not argv else []
     for pointer, why in unread:  # an entry that does not read hides its journal, so it is said, and counts
-        print(f"quantspec: {journal.unreadable_line(pointer, why)}", file=sys.stderr)
+        say(f"{journal.unreadable_line(pointer, why)}", err=True)
         failed += 1
     for pointer, path in _journals(argv):
         done = run.replay(pointer, path)
         failed += done == "failed"
         replayed += done == "replayed"
     run.reap(bool(unread))
-    print(f"quantspec: sync done: {replayed} journal(s) replayed, {failed} not")
+    say(f"sync done: {replayed} journal(s) replayed, {failed} not")
     return 1 if failed else 0
 
 
@@ -123,7 +123,7 @@ class _Sync:
     def replay(self, pointer, path: Path) -> str:
         """One journal into its store, said in one line: 'replayed', 'failed', or '' (nothing to do)."""
         if not path.is_file():
-            print(f"quantspec: {journal.missing_line(path)}", file=sys.stderr)
+            say(f"{journal.missing_line(path)}", err=True)
             if pointer is not None:
                 pointer.unlink(missing_ok=True)
             return "failed"
@@ -131,11 +131,11 @@ class _Sync:
         if not start.get("uri"):
             return ""
         if not isinstance(start["uri"], str) or not _trusted(start["uri"], path, self.named, self.listed):
-            print(
-                f"quantspec: {path}: written for the store {start['uri']!r}, which is neither named here, the "
+            say(
+                f"{path}: written for the store {start['uri']!r}, which is neither named here, the "
                 f"default store, one this user's jobs listed, nor its job's config's; not replayed (python -m "
                 f"src.sync {path.parent} tracking_uri=<that store> replays it there)",
-                file=sys.stderr,
+                err=True,
             )
             return "failed"
         key = (start["uri"], start.get("experiment") or "quantspec")
@@ -147,27 +147,20 @@ class _Sync:
         except Exception as err:  # noqa: BLE001 - one line per journal, then the next
             return self._unsent(pointer, path, key[0], err)
         if sent is None:
-            print(f"quantspec: {path}: its job is still running; skipped")
+            say(f"{path}: its job is still running; skipped")
             return ""
-        print(
-            f"quantspec: {path}: {sent} record(s) replayed into {key[0]}"
-            if sent
-            else f"quantspec: {path}: already in the store"
-        )
+        say(f"{path}: {sent} record(s) replayed into {key[0]}" if sent else f"{path}: already in the store")
         return "replayed" if sent else ""
 
     def _unsent(self, pointer, path: Path, uri: str, err: Exception) -> str:
         if journal.unsettled(path) == 0 and pointer is not None:
             pointer.unlink(missing_ok=True)  # delivered before; nothing left to send
-            print(
-                f"quantspec: {path}: delivered before; {uri} cannot be opened now "
+            say(
+                f"{path}: delivered before; {uri} cannot be opened now "
                 f"({first_line(err)}), so it stays unchecked and is unlisted"
             )
             return ""
-        print(
-            f"quantspec: {path}: not replayed ({first_line(err)}); fix the store and run python -m src.sync again",
-            file=sys.stderr,
-        )
+        say(f"{path}: not replayed ({first_line(err)}); fix the store and run python -m src.sync again", err=True)
         self.behind.add(uri)
         return "failed"
 
@@ -175,8 +168,8 @@ class _Sync:
         """End what killed jobs left RUNNING in each store reached, now that their journals are in."""
         for store in self.stores.values():
             if unread or store.uri in self.behind:  # closing a sweep now would close it without the jobs unsent
-                print(
-                    f"quantspec: runs left running in {store.uri} are not closed yet: a journal was not replayed "
+                say(
+                    f"runs left running in {store.uri} are not closed yet: a journal was not replayed "
                     f"(said above), and its jobs may belong to them; python -m src.sync <its sweep's directory> "
                     f"replays it and closes them"
                 )
@@ -186,4 +179,4 @@ class _Sync:
             except Exception as err:  # noqa: BLE001
                 lines = [f"could not check {store.uri} for runs left running ({type(err).__name__})"]
             for line in lines:
-                print(f"quantspec: {line}")
+                say(f"{line}")

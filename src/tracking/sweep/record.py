@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import socket
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from src.assembly.config import AXES, ConfigError, job_config_from_dict
 from src.common import sysmetrics
 from src.common.environment import host_state
 from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
+from src.common.say import say
 from src.tracking.store.experiment import Store, open_store
 from src.tracking.store.jobrun import JobRun
 from src.tracking.store.journal import Journal
@@ -40,10 +40,6 @@ from src.tracking.sweep.naming import job_name
 from src.tracking.sweep.signals import Stopped
 
 log = logging.getLogger("quantspec")
-
-
-def fail_line(message: str) -> None:
-    print(f"quantspec: {message}", file=sys.stderr, flush=True)
 
 
 class SweepAbort(BaseException):
@@ -69,7 +65,7 @@ class Ledger:
         """A job whose config was refused: one line, said once per sweep."""
         if message not in self.said:
             self.said.add(message)
-            fail_line(message)
+            say(message, err=True)
         self.outcomes.append("failed")
         self.refused.append(name)
 
@@ -101,11 +97,11 @@ def stopped(err: BaseException) -> int:
     """A signal ended the process: close what is open, say so in one line, and return the exit code."""
     signals.stopping()
     reason, code = signals.describe(err)
-    said = f"quantspec: {reason}"
+    said = reason
     if ledger.job is not None and ledger.job.outcome == "killed":
         said += "; the job under way is recorded as killed"
     said += _close_sweep("KILLED", reason, "resume with hydra.sweep.dir={sweep_dir}")
-    print(said, file=sys.stderr, flush=True)
+    say(said, err=True)
     return code
 
 
@@ -123,7 +119,7 @@ def unwritable(err: OSError) -> int:
     system): close the sweep's parent as failed with the reason, say so in one line, exit 1. Every job that
     ran is recorded; the rest never started."""
     what = f"{err.strerror or type(err).__name__}{f': {err.filename}' if err.filename else ''}"
-    said = f"quantspec: the sweep stopped: it could not write its files ({what})"
+    said = f"the sweep stopped: it could not write its files ({what})"
     closed = _close_sweep(
         "FAILED",
         f"could not write its files ({what})",
@@ -131,7 +127,7 @@ def unwritable(err: OSError) -> int:
     )
     # before any job: nothing was recorded
     said += closed or "; no job ran: free space or make it writable (or choose another hydra.sweep.dir) and rerun"
-    print(said, file=sys.stderr, flush=True)
+    say(said, err=True)
     return 1
 
 
@@ -208,16 +204,12 @@ def _kept(store, sweep, job_key: str, name: str, params: dict) -> bool:
         return False
     changed = _changed(done.data.params, params)
     if not changed:
-        print(
-            f"quantspec: job {name} already finished in this sweep (run {done.info.run_id}); kept "
-            f"(resume=false reruns it)",
-            flush=True,
+        say(
+            f"job {name} already finished in this sweep (run {done.info.run_id}); kept (resume=false reruns it)",
         )
         return True
-    print(
-        f"quantspec: job {name} finished in this sweep (run {done.info.run_id}) with another config "
-        f"({changed}); rerunning it",
-        flush=True,
+    say(
+        f"job {name} finished in this sweep (run {done.info.run_id}) with another config ({changed}); rerunning it",
     )
     return False
 
@@ -245,19 +237,20 @@ def _tracked(job: JobRun, name: str, work) -> None:
         raise
     except Exception as err:  # noqa: BLE001 - recorded in full (error.txt) and reported in one line
         said = str(err).strip()
-        fail_line(f"job {name} failed: {said.splitlines()[0] if said else type(err).__name__}")
+        say(f"job {name} failed: {said.splitlines()[0] if said else type(err).__name__}", err=True)
         try:
             job.fail(err, _so_far(job))
         except StoreUnreachable as lost:
-            fail_line(f"job {name}: {lost}")
+            say(f"job {name}: {lost}", err=True)
         except Exception as answer:  # noqa: BLE001 - the store refused the failure's record: say so, go on
-            fail_line(f"job {name}: the store refused its failure record ({first_line(answer)})")
+            say(f"job {name}: the store refused its failure record ({first_line(answer)})", err=True)
     finally:
         ledger.outcomes.append(job.outcome or "failed")
         if job.where():
-            fail_line(
+            say(
                 f"job {name}: the tracking store failed ({job.offline}); its results are journaled in "
-                f"{job.where()} and go to the store with the next run or `python -m src.sync`"
+                f"{job.where()} and go to the store with the next run or `python -m src.sync`",
+                err=True,
             )
 
 
@@ -298,10 +291,10 @@ def _so_far(job) -> str:
 def _record_preset(job, name: str, outcome: str, reason: str) -> None:
     if outcome == "skipped":
         job.skip(reason)
-        print(f"quantspec: job {name} skipped: {reason}", flush=True)
+        say(f"job {name} skipped: {reason}")
     else:
         job.fail(RuntimeError(reason))
-        fail_line(f"job {name} failed: {reason}")
+        say(f"job {name} failed: {reason}", err=True)
 
 
 def _flag_busy_host(run, others_cores: float | None, limit: float) -> None:
@@ -326,7 +319,7 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
     reason = cfg.unsupported_reason()
     if reason:
         run.skip(reason)
-        print(f"quantspec: job {name} skipped: {reason}", flush=True)
+        say(f"job {name} skipped: {reason}")
         return
     sysmetrics.reset_peak_rss()
     logged: set[int] = set()

@@ -27,7 +27,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from src.assembly.config import ConfigError
-from src.assembly.sweep import settings
+from src.assembly.sweep import sweep_of
+from src.common.say import say
 from src.tracking.store.names import ROUND
 from src.tracking.sweep import record
 from src.tracking.sweep.naming import told, varying
@@ -92,7 +93,7 @@ class Rounds:
     def sweep(self, arguments: list[str]):
         overrides = parse_overrides(self, arguments)
         try:
-            sweep = settings(self.config)
+            sweep = sweep_of(self.config)
         except ConfigError as err:
             raise SweepAbort(str(err)) from None
         rounds, reruns = sweep.rounds, sweep.busy_reruns
@@ -126,17 +127,15 @@ class Rounds:
                 break
             if done >= rounds + reruns:
                 if busy:
-                    print(
-                        f"quantspec: {busy} of {done} rounds ran on a busy host (host_busy) and busy_reruns={reruns} "
+                    say(
+                        f"{busy} of {done} rounds ran on a busy host (host_busy) and busy_reruns={reruns} "
                         f"are spent; the report leaves busy rounds out where it can and marks the rest",
-                        flush=True,
                     )
                 break
             if done >= rounds:
-                print(
-                    f"quantspec: {busy} of {done} rounds ran on a busy host (host_busy); measuring round {r + 1} "
+                say(
+                    f"{busy} of {done} rounds ran on a busy host (host_busy); measuring round {r + 1} "
                     f"({r + 1 - rounds} of at most {reruns} more)",
-                    flush=True,
                 )
         return returns
 

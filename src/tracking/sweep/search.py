@@ -36,8 +36,9 @@ from pathlib import Path
 from hydra.core.override_parser.types import IntervalSweep, Override
 
 from src.assembly.config import ConfigError
-from src.assembly.sweep import settings
+from src.assembly.sweep import sweep_of
 from src.common.metrics import markdown_table
+from src.common.say import say
 from src.tracking.store.names import CONFIG_KEY, ROUND, config_key, key_of
 from src.tracking.sweep import record
 from src.tracking.sweep.naming import field_of, told
@@ -202,7 +203,7 @@ class Search(Rounds):
     def _plan(self, overrides: list):
         """The sweep's settings, its objectives and the space to search; a bad one ends the sweep in one line."""
         try:
-            sweep = settings(self.config)
+            sweep = sweep_of(self.config)
             goals = objectives(self.objectives)
             if self.sampler not in SAMPLERS:
                 raise ConfigError(f"hydra.sweeper.sampler={self.sampler} is not one of: {', '.join(SAMPLERS)}")
@@ -340,10 +341,9 @@ class Search(Rounds):
         writer.writerow(head)
         writer.writerows(rows)
         (sweep_dir / "search.csv").write_text(out.getvalue())
-        print(
-            f"\nquantspec: search done, {len(front)} of {len(trials)} trials on the front "
-            f"({', '.join(m for m, _ in goals)}):\n{table}\n",
-            flush=True,
+        print()
+        say(
+            f"search done, {len(front)} of {len(trials)} trials on the front ({', '.join(m for m, _ in goals)}):\n{table}\n"
         )
         try:
             store = record.ledger.store_for(sweep)

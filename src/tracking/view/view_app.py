@@ -54,7 +54,9 @@ PAGE = """<!doctype html>
 def view_page(experiment_id: str, key: str) -> HTMLResponse:
     """The page that saves the view `key` of the experiment as the browser's own state, then opens it."""
     if not re.fullmatch(r"\d+", experiment_id) or not re.fullmatch(r"[\w.-]+", key):
-        return HTMLResponse("quantspec: not a view's address (/quantspec/view/<experiment id>/<key>)", status_code=404)
+        return HTMLResponse(
+            "Not the address of a quantspec view (/quantspec/view/<experiment id>/<key>)", status_code=404
+        )
     return HTMLResponse(
         PAGE.format(
             experiment_id=experiment_id,

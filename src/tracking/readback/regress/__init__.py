@@ -1,7 +1,8 @@
 """A sweep against a baseline sweep: jobs matched and judged (judge), the comparison written out (page), and
 the command (cli: python -m src.regress)."""
 
-from src.tracking.readback.regress.cli import COMMAND, SettingError, main, settings, usage
+from src.common.settings import SettingError
+from src.tracking.readback.regress.cli import COMMAND, main, settings, usage
 from src.tracking.readback.regress.judge import (
     Comparison,
     JobRuns,

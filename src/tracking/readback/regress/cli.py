@@ -24,17 +24,14 @@ unless `unjudged=pass`; what it could not judge is listed in the report either w
 
 from __future__ import annotations
 
-import sys
-
 from mlflow.tracking import MlflowClient
 
-from src.common import envvars
 from src.common.environment import PROJECT_ROOT
+from src.common.say import say
 from src.common.settings import Command, Setting, SettingError
+from src.tracking.readback.command import start
 from src.tracking.readback.regress.judge import compare, load
 from src.tracking.readback.regress.page import markdown, write
-from src.tracking.store.experiment import store_problem
-from src.tracking.store.names import default_uri
 
 # tolerance: a ratio is slower (faster) only where its whole interval lies above 1 + tolerance (below
 # 1 - tolerance); anything else is no change. The intervals hold the
@@ -91,31 +88,19 @@ def settings(argv: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(usage())
-        return 0
-    try:
-        envvars.check()
-        cfg = settings(argv)
-    except (SettingError, envvars.EnvError) as err:
-        print(f"quantspec: {err}", file=sys.stderr)
-        return 2
-    uri = cfg["tracking_uri"] or default_uri()
-    if (line := store_problem(uri)) is not None:
-        print(f"quantspec: {line}", file=sys.stderr)
-        return 2
+    started = start(argv, usage, settings)
+    if isinstance(started, int):
+        return started
+    cfg, uri = started
     client = MlflowClient(uri)
     try:
         base = load(client, cfg["experiment"], cfg["baseline"])
         new = load(client, cfg["experiment"], cfg["sweep"])
     except LookupError as err:
-        print(f"quantspec: {err}", file=sys.stderr)
+        say(f"{err}", err=True)
         return 2
     if base.parent_id == new.parent_id:
-        print(
-            f"quantspec: baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...",
-            file=sys.stderr,
-        )
+        say(f"baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...", err=True)
         return 2
     c = compare(client, base, new, cfg["confidence"], cfg["tolerance"])
     folder = write(c, PROJECT_ROOT / cfg["out"])
@@ -124,18 +109,18 @@ def main(argv: list[str]) -> int:
     if cfg["fail_on"] is not None:
         slow = c.slower_than(cfg["fail_on"])
         if slow:
-            print(
-                f"quantspec: {len(slow)} job(s) slower than the baseline by more than {cfg['fail_on']:.0%} at "
+            say(
+                f"{len(slow)} job(s) slower than the baseline by more than {cfg['fail_on']:.0%} at "
                 f"{c.confidence:.0%} confidence: {', '.join(r.name for r in slow)}",
-                file=sys.stderr,
+                err=True,
             )
             return 1
         if c.unjudged and cfg["unjudged"] == "fail":  # fail closed: what the gate could not see, it does not pass
-            print(
-                f"quantspec: the gate could not judge {len(c.unjudged)} thing(s): {c.unjudged[0]}"
+            say(
+                f"the gate could not judge {len(c.unjudged)} thing(s): {c.unjudged[0]}"
                 + (f" (and {len(c.unjudged) - 1} more, in regress.md)" if len(c.unjudged) > 1 else "")
                 + "; fix the sweeps, or pass unjudged=pass to let the gate pass them",
-                file=sys.stderr,
+                err=True,
             )
             return 3
     return 0

@@ -1,7 +1,8 @@
 """A sweep's report: rows read back (rows), tables (tables), plots (plots), report.md and its files
 (markdown), the same attached to the sweep in MLflow (publish), and the command (cli: python -m src.report)."""
 
-from src.tracking.readback.report.cli import SettingError, at_sweep_end, main, settings
+from src.common.settings import SettingError
+from src.tracking.readback.report.cli import at_sweep_end, main, settings
 from src.tracking.readback.report.markdown import build
 from src.tracking.readback.report.publish import publish
 from src.tracking.readback.report.rows import Report, job_rows

@@ -15,19 +15,14 @@ key=value, listed with their defaults by --help; a key it does not have is refus
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from src.common import envvars
 from src.common.environment import PROJECT_ROOT
-from src.common.settings import SettingError
+from src.common.say import say
+from src.tracking.readback.command import start
 from src.tracking.readback.report.markdown import build
 from src.tracking.readback.report.publish import publish, ui_line
 from src.tracking.readback.report.settings import command, settings
-from src.tracking.store.experiment import store_problem
-from src.tracking.store.names import (
-    default_uri,
-)
 
 
 def usage() -> str:
@@ -39,36 +34,27 @@ def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
     cfg = settings()
     try:
         report = publish(uri, experiment, sweep_id, cfg["baseline"], PROJECT_ROOT / cfg["out"], cfg["quality"])
-        print(f"quantspec: compare the sweep in the MLflow UI: {ui_line(uri, report.view_url)}", flush=True)
+        say(f"compare the sweep in the MLflow UI: {ui_line(uri, report.view_url)}")
     except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.report` can redo this
-        print(
-            f"quantspec: the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+        say(
+            f"the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
             f"run python -m src.report",
-            file=sys.stderr,
+            err=True,
         )
 
 
 def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(usage())
-        return 0
-    try:
-        envvars.check()
-        cfg = settings(argv)
-    except (SettingError, envvars.EnvError) as err:
-        print(f"quantspec: {err}", file=sys.stderr)
-        return 2
-    uri = cfg["tracking_uri"] or default_uri()
-    if (line := store_problem(uri)) is not None:
-        print(f"quantspec: {line}", file=sys.stderr)
-        return 2
+    started = start(argv, usage, settings)
+    if isinstance(started, int):
+        return started
+    cfg, uri = started
     try:
         sweep = str(Path(cfg["sweep"]).resolve()) if cfg["sweep"] else None  # sweeps are keyed by absolute directory
         report = (publish if cfg["attach"] else build)(
             uri, cfg["experiment"], sweep, cfg["baseline"], PROJECT_ROOT / cfg["out"], cfg["quality"]
         )
     except LookupError as err:
-        print(f"quantspec: {err}", file=sys.stderr)
+        say(f"{err}", err=True)
         return 2
     print((report.files["report.md"]).read_text())
     print(

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from src.common.metrics import csv_text, markdown_table, seed_table
 from src.common.paths import child
 from src.tracking.readback import quality as q
-from src.tracking.readback.compare import configs, speedups
+from src.tracking.readback.compare import job_rounds, speedups
 from src.tracking.readback.report.plots import _plots, _save
 from src.tracking.readback.report.rows import Report, draft_quality_lines, fallback_lines, job_rows
 from src.tracking.readback.report.settings import DEFAULT_QUALITY
@@ -27,7 +27,7 @@ def build(
     quality = {**DEFAULT_QUALITY, **(quality or {})}
     parent_id, jobs = sweep_jobs(uri, experiment, sweep)
     client = MlflowClient(uri)
-    groups = configs(jobs)
+    groups = job_rounds(jobs)
     finished = [j for j in jobs if j.tags.get("outcome") == "finished"]
     rows_of = {j.name: job_rows(client, j) for j in finished}
     tables = {name: seed_table(rows) for name, rows in rows_of.items() if rows}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from src.tracking.readback.compare import Config, Speedup, condition, ratio
+from src.tracking.readback.compare import JobRounds, Speedup, condition, ratio
 from src.tracking.readback.report.markdown import build
 from src.tracking.readback.report.rows import Report, _sig3, fallback
 from src.tracking.readback.report.tables import busy_figure, describe
@@ -102,7 +102,7 @@ def _headlines(client: MlflowClient, report: Report, held: dict[str, float]) -> 
 
 
 def _publish_job(
-    client: MlflowClient, config: Config, gain: Speedup | None, baseline: dict[str, str], flag: str = "", point=None
+    client: MlflowClient, config: JobRounds, gain: Speedup | None, baseline: dict[str, str], flag: str = "", point=None
 ) -> None:
     """The job's figures over its rounds, on the run that stands for it in the view (ui.VIEW_METRICS,
     3 significant digits: the UI shows a metric unrounded), with each round's as a series, and a

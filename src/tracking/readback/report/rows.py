@@ -11,7 +11,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from src.common.metrics import EXAMPLE, LEGACY_EXAMPLE, ROW_METRICS, Row
-from src.tracking.readback.compare import Config, Speedup
+from src.tracking.readback.compare import JobRounds, Speedup
 from src.tracking.readback.sweeps import JobRecord
 
 SUMMARY = (
@@ -33,7 +33,7 @@ SUMMARY = (
 class Report:
     parent_run_id: str
     jobs: list[JobRecord]  # every run: each round of each job
-    configs: list[Config]  # the jobs across their rounds
+    configs: list[JobRounds]  # the jobs across their rounds
     tables: dict[str, str]  # run name -> its seed table
     summary: list[list]  # one row per job
     speedups: list[Speedup]  # one per job with a baseline

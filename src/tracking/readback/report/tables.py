@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from src.common.metrics import markdown_table
-from src.tracking.readback.compare import Config, Speedup, Spread, condition
+from src.tracking.readback.compare import JobRounds, Speedup, Spread, condition
 from src.tracking.readback.quality import fields
 from src.tracking.readback.report.rows import SUMMARY, _marked, _sig3, fallback, kernels_of
 
@@ -22,7 +22,7 @@ def _drop_empty(rows: list[list], headers: list[str], fixed: int = 4) -> tuple[l
     return [[r[i] for i in keep] for r in rows], [headers[i] for i in keep]
 
 
-def summary_rows(groups: list[Config], flags: dict[str, str] | None = None) -> tuple[list[list], list[str]]:
+def summary_rows(groups: list[JobRounds], flags: dict[str, str] | None = None) -> tuple[list[list], list[str]]:
     """One row per job: what ran, and each metric as the median over its rounds (time/token with its
     min–max where there were several)."""
     several = any(len(c.runs) > 1 for c in groups)
@@ -81,7 +81,7 @@ def speedup_table(gains: list[Speedup], flags: dict[str, str] | None = None) -> 
     return markdown_table(headers, rows)
 
 
-def rounds_lines(groups: list[Config], rounds: int) -> list[str]:
+def rounds_lines(groups: list[JobRounds], rounds: int) -> list[str]:
     """How the figures were taken: rounds, and the busy rounds left out (said where the numbers are)."""
     if rounds <= 1:
         busy = [c.name for c in groups if c.busy_rounds()]
@@ -113,7 +113,7 @@ def rounds_lines(groups: list[Config], rounds: int) -> list[str]:
     ]
 
 
-def _headline(config: Config, gain: Speedup | None) -> tuple[Spread, list[str]]:
+def _headline(config: JobRounds, gain: Speedup | None) -> tuple[Spread, list[str]]:
     """The job's headline figure: its speedup where it has one (with the sides timed busy: its baseline's
     busy rounds count), else its time per token."""
     if gain is not None and not gain.is_baseline and not math.isnan(gain.time.median):
@@ -121,7 +121,7 @@ def _headline(config: Config, gain: Speedup | None) -> tuple[Spread, list[str]]:
     return config.spread("time_per_token_ms_median"), []
 
 
-def marker(config: Config, gain: Speedup | None) -> str:
+def marker(config: JobRounds, gain: Speedup | None) -> str:
     """How far the job's headline figure can be trusted, in the few characters a table shows first:
     `⚠ BUSY baseline, 1 round`, `1 round`, or '' (several quiet rounds)."""
     figure, sides = _headline(config, gain)
@@ -129,12 +129,12 @@ def marker(config: Config, gain: Speedup | None) -> str:
     return f"⚠ {said}" if figure.all_busy else said
 
 
-def busy_figure(config: Config, gain: Speedup | None) -> bool:
+def busy_figure(config: JobRounds, gain: Speedup | None) -> bool:
     """Whether the job's headline figure stands on busy timings only."""
     return _headline(config, gain)[0].all_busy
 
 
-def describe(config: Config, gain: Speedup | None, baseline: dict[str, str], flag: str = "") -> str:
+def describe(config: JobRounds, gain: Speedup | None, baseline: dict[str, str], flag: str = "") -> str:
     """One line for the view's Description column, whose first ~50 characters are all the UI shows: the
     figure's condition first (busy, one round), then the speedup, then what ran (precision, hardware as
     executed, draft)."""

@@ -2,12 +2,12 @@
 
 llama.cpp, OpenVINO and ONNX Runtime GenAI run native code that quantspec does not control: a segfault,
 an abort or the kernel's out-of-memory kill in one of them would end the sweep's process and every job
-after it. `Isolated(maker, name)` starts `python -m src.engine.isolated`, builds the engine there
-(`Maker("src.engine.llamacpp:LlamaCpp", path, eos, threads)`: that class called with those arguments, which
+after it. `Isolated(maker, name)` starts `python -m src.engine.runtimes.isolated`, builds the engine there
+(`Maker("src.engine.runtimes.llamacpp:LlamaCpp", path, eos, threads)`: that class called with those arguments, which
 is where the runtime loads its model), and forwards every call to it: `engine(model, input_ids, ...)` and,
 where the child's engine has it, `window_score(ids, indices)`. Each token's timestamp is taken in the child with
 `time.perf_counter` (CLOCK_MONOTONIC: one clock for every process of the host), so timings mean what they
-mean in process. A call's arguments and answer cross a pipe as JSON and raw tensor bytes (src.engine.wire;
+mean in process. A call's arguments and answer cross a pipe as JSON and raw tensor bytes (src.engine.runtimes.wire;
 the torch model argument is not sent: another runtime holds weights of its own). A call's stop rule (a
 tokenizer's, a task's) stays in this process: the child asks it after each new token, and waits for the
 answer, as the rule's own call would take its time in process.
@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from src.common import liveness
-from src.engine import wire
+from src.engine.runtimes import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.2  # how often a waiting parent checks that its child still lives
@@ -57,7 +57,7 @@ def death(returncode: int) -> str:
 
 class Maker:
     """What the runtime's process calls to make the engine: `target` ("package.module:Name") with these
-    arguments, which must be values src.engine.wire carries (a folder, numbers, a tuple of token ids): a
+    arguments, which must be values src.engine.runtimes.wire carries (a folder, numbers, a tuple of token ids): a
     maker holding anything else is a TypeError here, where it is made, not in the child."""
 
     def __init__(self, target: str, *args, **kwargs):
@@ -87,7 +87,7 @@ class Isolated:
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.getcwd(), os.environ.get("PYTHONPATH", "")) if p),
         }
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "src.engine.isolated", str(child_reads), str(child_writes)],
+            [sys.executable, "-m", "src.engine.runtimes.isolated", str(child_reads), str(child_writes)],
             pass_fds=(child_reads, child_writes),
             env=env,
             cwd=os.getcwd(),

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from src.engine.common import Generation, Sampling
-from src.engine.isolated import Maker
 from src.engine.runtimes import cached_export, exported
+from src.engine.runtimes.isolated import Maker
 from src.quality.scoring import score_logits
 
 log = logging.getLogger("quantspec")
@@ -91,7 +91,7 @@ def export(model, tokenizer, source_key: str, precision: str, provider: str, cac
         lambda work: [
             sys.executable,
             "-m",
-            "src.engine.ort_genai_build",
+            "src.engine.runtimes.ort_genai.builder",
             "-i",
             str(work / "hf"),
             "-o",
@@ -123,7 +123,10 @@ def build(cfg, loaded, placement, corpus, recorder):
         f"onnxruntime-genai/{provider}",
     )
     return Maker(
-        "src.engine.ort_genai:OrtGenAI", folder, provider, int(getattr(loaded.model.config, "sliding_window", 0) or 0)
+        "src.engine.runtimes.ort_genai:OrtGenAI",
+        folder,
+        provider,
+        int(getattr(loaded.model.config, "sliding_window", 0) or 0),
     )
 
 

@@ -5,7 +5,7 @@ optimum-intel 2.2 accepts transformers >= 4.51, < 5.6 and its exporter refuses w
 (transformers 5.23), so the export runs in a virtual environment of its own (`.venv-ov`, made by
 scripts/setup: torch, transformers 5.0, optimum-intel, NNCF) on the job's model written once as a
 Hugging Face folder; only OpenVINO itself runs in the job. Each precision is mapped to NNCF's weight
-compression (`src/engine/openvino_export.py`): w8a16 is int8 weights (asymmetric, per channel), w4a16
+compression (`src/engine/runtimes/openvino/export.py`): w8a16 is int8 weights (asymmetric, per channel), w4a16
 int4 (asymmetric, groups of 128) with NNCF's AWQ on quantspec's calibration texts, fp32 none; w8a8 is
 NNCF's full quantization, SmoothQuant at quantspec's alpha then int8 weights and static int8 activations,
 calibrated on the same texts (fp32 and w8a8 run their float parts in fp32, as quantspec's do). The export
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from src.engine.common import Generation, Sampling, eos_ids, token_loop
-from src.engine.isolated import Maker
 from src.engine.runtimes import cached_export, exported
+from src.engine.runtimes.isolated import Maker
 from src.quality.scoring import score_logits
 
 log = logging.getLogger("quantspec")
@@ -119,7 +119,7 @@ def export(
         tokenizer,
         lambda work: [
             str(export_python()),
-            str(ROOT / "src" / "engine" / "openvino_export.py"),
+            str(ROOT / "src" / "engine" / "runtimes" / "openvino" / "export.py"),
             str(work / "hf"),
             str(work / "model"),
             PRECISIONS[precision],
@@ -149,7 +149,7 @@ def build(cfg, loaded, placement, corpus, recorder):
         "openvino/CPU",
     )
     return Maker(
-        "src.engine.openvino_engine:OpenVINO",
+        "src.engine.runtimes.openvino:OpenVINO",
         folder,
         tuple(sorted(eos_ids(loaded.model))),
         f32=_f32(cfg.precision.name),

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from src.engine.common import Generation, Sampling, eos_ids, token_loop
-from src.engine.isolated import Maker
 from src.engine.runtimes import cached, exported
+from src.engine.runtimes.isolated import Maker
 from src.kernels.variants import cpu_features
 from src.models.load import gguf_path
 from src.quality.scoring import score_logits
@@ -108,14 +108,14 @@ def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Pa
 
 def build(cfg, loaded, placement, corpus, recorder):
     """The job's weights as a GGUF at the precision (cached); what loads it with llama.cpp on the job's
-    threads (in the runtime's own process: src.engine.isolated)."""
+    threads (in the runtime's own process: src.engine.runtimes.isolated)."""
     path = exported(
         recorder,
         lambda: export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key, cfg.precision.name, cfg.cache_dir),
         "llamacpp",
         "llama.cpp/CPU",
     )
-    return Maker("src.engine.llamacpp:LlamaCpp", path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
+    return Maker("src.engine.runtimes.llamacpp:LlamaCpp", path, tuple(sorted(eos_ids(loaded.model))), placement.threads)
 
 
 class LlamaCpp:

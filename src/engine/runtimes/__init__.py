@@ -1,19 +1,20 @@
-"""Engines that are other runtimes: each brings its own export of the job's weights, quantization and
-kernels, and is one module with these names:
+"""Engines that are other runtimes, one package each (openvino/, ort_genai/, llamacpp/), with what they share:
+the process an engine runs in (isolated.py, wire.py) and the export cache below. Each brings its own export of
+the job's weights, quantization and kernels, and its module is a `Runtime` (src.engine.config), with:
 
 - `unsupported(cfg) -> str | None`: why it cannot run that job (the sweep records a skip with it);
 - `runtime_name(cfg, device) -> str`: the runtime, its version and what it runs (param executed.runtime);
 - `build(cfg, loaded, placement, corpus, recorder)`: its export built or cached, and a
-  `src.engine.isolated.Maker("package.module:Engine", folder, ...)` that makes the engine: the engine is
-  made and run in a child process of its own (src.engine.isolated; the maker's arguments cross as JSON,
-  src.engine.wire), so a crash of the runtime's native code is that job's failure with its reason, not the
+  `src.engine.runtimes.isolated.Maker("package.module:Engine", folder, ...)` that makes the engine: the engine is
+  made and run in a child process of its own (src.engine.runtimes.isolated; the maker's arguments cross as JSON,
+  src.engine.runtimes.wire), so a crash of the runtime's native code is that job's failure with its reason, not the
   end of the sweep;
 - the engine has `window_score(ids, indices=None)` where the runtime gives logits for every position: its
   logits reduced by src.quality.scoring.score_logits (perplexity, divergence from the reference, lm_eval);
 - optionally `TITLE` (the runtime's name in a failure line) and `crash_hint()` (what to do about a crash
   on this host, or "").
 
-Adding one is that module and conf/engine/<name>.yaml with `kind: <name>` and `module: <its import
+Adding one is that module (anywhere importable: tests/example_runtime.py is one) and conf/engine/<name>.yaml with `kind: <name>` and `module: <its import
 path>` (its config is then src.engine.config.RuntimeEngine: quantspec's own kernels, attention and step
 path do not apply); nothing else lists the runtimes. A draft on any engine but native is refused when the config is read (drafts run on
 quantspec's engine), so a runtime's `unsupported` never sees one.
@@ -34,40 +35,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from src.common.locks import sha256_file
-from src.common.schema import ConfigError
+from src.engine.config import Runtime
 
 log = logging.getLogger("quantspec")
 
-NAMES = ("unsupported", "runtime_name", "build")  # what a runtime's module must define
 
-
-def check_module(name: str) -> None:
-    """engine.module must import (without torch's weight: these modules import their runtime lazily)
-    and define NAMES; a ConfigError of one line otherwise."""
-    try:
-        module = importlib.import_module(name)
-    except ImportError as err:
-        raise ConfigError(
-            f"engine.module={name} does not import ({err}); name a module such as src.engine.ort_genai"
-        ) from None
-    except (Exception, SystemExit) as err:  # noqa: BLE001 - the module's own code failed (or exited) on import
-        what = (
-            f"exits on import (SystemExit {err.code})"
-            if isinstance(err, SystemExit)
-            else f"fails on import ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})"
-        )
-        raise ConfigError(
-            f"engine.module={name} {what}; fix the module or name another, such as src.engine.ort_genai"
-        ) from None
-    lacking = [n for n in NAMES if not callable(getattr(module, n, None))]
-    if lacking:
-        raise ConfigError(
-            f"engine.module={name} is no runtime: it lacks {', '.join(lacking)} "
-            f"(src/engine/runtimes.py says what a runtime's module defines)"
-        )
-
-
-def runtime(engine):
+def runtime(engine) -> Runtime | None:
     """The module of an engine that is another runtime (engine.module), None for quantspec's own engines."""
     return importlib.import_module(engine.module) if engine.module else None
 

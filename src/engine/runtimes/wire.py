@@ -1,4 +1,4 @@
-"""The values that cross between a job and its runtime's process (src.engine.isolated), as JSON and raw bytes.
+"""The values that cross between a job and its runtime's process (src.engine.runtimes.isolated), as JSON and raw bytes.
 
 No pickle: a message is one JSON text followed by the raw bytes of each tensor it holds, so reading one can
 build only the plain values below, never run code. What crosses: None, booleans, numbers, strings, lists,
