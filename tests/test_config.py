@@ -228,3 +228,19 @@ def test_every_field_of_a_group_s_classes_is_in_its_schema():
         have = {f.name for f in dataclasses.fields(schema.schema(group))}
         want = {f.name for cls in classes for f in dataclasses.fields(cls)} - schema.INTERNAL.get(group, set())
         assert want | set(extra) == have, group
+
+
+def test_an_entry_that_skips_its_group_s_schema_is_refused_and_one_that_starts_from_it_is_typed(tmp_path):
+    """A user's own entry (found through hydra.searchpath) without `defaults: [_schema, _self_]` would go
+    untyped: refused in one line; with it, a wrong type in its YAML is one line too."""
+    (tmp_path / "hardware").mkdir()
+    entry = tmp_path / "hardware" / "mine.yaml"
+    body = "name: mine\ndescription: mine\ndevice: cpu\nthreads: abc\nprecisions: [fp32]\n"
+    entry.write_text(body)
+    args = ["hardware=mine", f"hydra.searchpath=[file://{tmp_path}]"]
+    assert "hardware mine does not start from the hardware schema" in composition_problem(args)
+    entry.write_text("defaults: [_schema, _self_]\n" + body)
+    said = composition_problem(args)
+    assert said.startswith("hardware.threads: Value 'abc'") and "\n" not in said
+    entry.write_text("defaults: [_schema, _self_]\n" + body.replace("abc", "2"))
+    assert composition_problem(args) is None

@@ -9,17 +9,20 @@ chosen entry's kind reads (task.window on a decode task) is refused too: it woul
 
 from __future__ import annotations
 
+import re
+
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, OverrideType
 from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from src.assembly import schema  # noqa: F401 - registers the groups' schemas that composition types fields by
+from src.assembly import schema  # registers the groups' schemas, which composition types every field by
 from src.assembly.config import unread
 from src.common.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
+FIELDS = ("model", "draft", "precision", "task", "engine", "tracking")  # groups with a _fields.yaml of defaults
 FLAGS = ("-m", "--multirun", "--cfg", "job", "hydra", "all", "--resolve")  # src.run's, not overrides
 TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "true or false values"}
@@ -79,7 +82,22 @@ def composition_problem(args: list[str]) -> str | None:
         except ConfigCompositionException as err:
             return _refused(err, job)
         composed.append(cfg)
-    return _unread(args, composed)
+    return _untyped(composed[0]) or _unread(args, composed)
+
+
+def _untyped(cfg: DictConfig) -> str | None:
+    """A chosen entry that does not start from its group's schema (a user's own file without
+    `defaults: [_schema, _self_]`, or [_fields, _self_]): its values would go unchecked, so it is refused."""
+    for group in schema.SOURCES:
+        node = cfg.get(group)
+        if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
+            choice = cfg.hydra.runtime.choices.get(group, "?")
+            return (
+                f"{group} {choice} does not start from the {group} schema, so its values would go unchecked; begin "
+                f"its YAML with `defaults: [{'_fields' if group in FIELDS else '_schema'}, _self_]` "
+                f"(docs/concepts/axes.md)"
+            )
+    return None
 
 
 def _unknown_choice(err: MissingConfigException) -> str:
@@ -97,14 +115,18 @@ def _refused(err: ConfigCompositionException, job: list[str]) -> str:
     """A key the group does not have, or a value its field's type refuses, in one line."""
     cause = err.__cause__
     said = str(err)
-    key = getattr(cause, "full_key", None) or (said.split("'")[1] if "'" in said else "")
+    found = re.search(r"full_key: (\S+)", f"{said}\n{cause}")
+    key = getattr(cause, "full_key", None) or (found.group(1) if found else said.split("'")[1] if "'" in said else "")
     key = key.split("[", 1)[0]  # an item of a list: the list's own override names it
     line = next((a for a in reversed(job) if a.lstrip("+~").split("=", 1)[0] == key), None)  # the last one set
     base = _base(job, line)
     if "not in" in str(cause) or "Could not override" in said:
         return _not_a_setting(key, base)
     node = _node(base, key)
-    value = OverridesParser.create().parse_override(line).value() if line else "?"
+    if line is None:  # a value in an entry's YAML, not on the command line: Hydra's words, in one line
+        why = next((w for w in f"{said}\n{cause}".splitlines() if w.startswith(("Value", "Incompatible"))), said)
+        return f"{key}: {why.strip()} (in the {key.split('.')[0]} entry's YAML)"
+    value = OverridesParser.create().parse_override(line).value()
     if node is None:
         return f"{key}={value!r}: {str(cause or err).splitlines()[0]}"
     kind = node._metadata.ref_type
