@@ -8,8 +8,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.engine import llamacpp
 from src.engine.common import Sampling, eos_ids
+from src.engine.runtimes import llamacpp
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.skipif(llamacpp.available() is not None, reason=str(llamacpp.available()))

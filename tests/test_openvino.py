@@ -7,8 +7,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.engine import openvino_engine as ov
 from src.engine.common import Sampling
+from src.engine.runtimes import openvino as ov
 from src.models.tiny import tiny_model
 from src.quality.scoring import torch_scorer
 from tests.conftest import fresh_cache, perplexity_by_engine, run_cli

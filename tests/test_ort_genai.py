@@ -7,8 +7,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.engine import ort_genai
 from src.engine.common import Sampling
+from src.engine.runtimes import ort_genai
 from src.models.tiny import tiny_model
 from tests.conftest import fresh_cache, perplexity_by_engine, run_cli
 

@@ -2,7 +2,7 @@
 precision asks. Run by src.engine.openvino in the export's own environment (.venv-ov: optimum-intel's
 transformers), never imported by quantspec itself.
 
-    python openvino_export.py HF_DIR OUT_DIR fp32|int8|int4_awq|int8_sq CALIBRATION_JSON [ALPHA]
+    python export.py HF_DIR OUT_DIR fp32|int8|int4_awq|int8_sq CALIBRATION_JSON [ALPHA]
 """
 
 import json
