@@ -10,6 +10,7 @@ chosen entry's kind reads (task.window on a decode task) is refused too: it woul
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -23,7 +24,21 @@ from src.common.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
 FIELDS = ("model", "draft", "precision", "task", "engine", "tracking")  # groups with a _fields.yaml of defaults
-FLAGS = ("-m", "--multirun", "--cfg", "job", "hydra", "all", "--resolve")  # src.run's, not overrides
+# Hydra's own flags (src.run is Hydra's app): those that take a value, by either name
+VALUED = {
+    "--config-path": "path",
+    "-cp": "path",
+    "--config-name": "name",
+    "-cn": "name",
+    "--config-dir": "dir",
+    "-cd": "dir",
+    "--cfg": "",
+    "-c": "",
+    "--package": "",
+    "-p": "",
+    "--info": "",
+    "-i": "",
+}
 TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "true or false values"}
 
@@ -52,10 +67,28 @@ def _written(o: Override, value: str) -> str:
     return f"{prefix}{o.key_or_group}={value}"
 
 
-def variants(args: list[str]) -> list[list[str]]:
+def split(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command line's overrides, and Hydra's flags that choose the config (path, name, dir) by kind."""
+    overrides, chosen, skip = [], {}, False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        name, eq, value = arg.partition("=")
+        if name in VALUED:
+            if not eq and i + 1 < len(args) and not (name in ("--info", "-i") and "=" in args[i + 1]):
+                value, skip = args[i + 1], True
+            if VALUED[name]:
+                chosen[VALUED[name]] = value
+        elif not arg.startswith("-"):
+            overrides.append(arg)
+    return overrides, chosen
+
+
+def variants(overrides: list[str]) -> list[list[str]]:
     """The jobs to compose to check a command line: every override at its first value, then each other
     value of each sweep in turn. An interval, which only a search samples, is left out."""
-    parsed = OverridesParser.create().parse_overrides([a for a in args if a not in FLAGS])
+    parsed = OverridesParser.create().parse_overrides(overrides)
     each = []  # per override: the values to try (one where it is no sweep)
     for o in parsed:
         if not o.is_sweep_override():
@@ -71,18 +104,30 @@ def variants(args: list[str]) -> list[list[str]]:
 
 def composition_problem(args: list[str]) -> str | None:
     """One line saying why the command line's jobs cannot be composed (an unknown choice, a key a group
-    does not have, a value of the wrong type, a field no chosen entry reads), or None."""
+    does not have, a value of the wrong type, a field no chosen entry reads), or None. A config folder of
+    the user's own (--config-path, --config-name) is composed as Hydra will; one added to the search path
+    (--config-dir) is left to Hydra."""
+    overrides, chosen = split(args)
+    if "dir" in chosen:
+        return None
+    where = (CONF_DIR, "config", chosen)
     composed = []
-    for job in variants(args):
+    for job in variants(overrides):
         try:
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose("config", overrides=job, return_hydra_config=True)
+            cfg = _compose(job, where)
         except MissingConfigException as err:
             return _unknown_choice(err)
         except ConfigCompositionException as err:
-            return _refused(err, job)
+            return _refused(err, job, where)
         composed.append(cfg)
-    return _untyped(composed[0]) or _unread(args, composed)
+    return _untyped(composed[0]) or _unread(overrides, composed)
+
+
+def _compose(job: list[str], where) -> DictConfig:
+    default_dir, default_name, chosen = where
+    folder = Path(chosen.get("path", default_dir)).resolve()
+    with initialize_config_dir(config_dir=str(folder), version_base="1.3"):
+        return compose(chosen.get("name", default_name), overrides=job, return_hydra_config=True)
 
 
 def _untyped(cfg: DictConfig) -> str | None:
@@ -111,7 +156,7 @@ def _unknown_choice(err: MissingConfigException) -> str:
     return f"unknown {group} {name!r}; choose from: {', '.join(known)}{where}"
 
 
-def _refused(err: ConfigCompositionException, job: list[str]) -> str:
+def _refused(err: ConfigCompositionException, job: list[str], where) -> str:
     """A key the group does not have, or a value its field's type refuses, in one line."""
     cause = err.__cause__
     said = str(err)
@@ -119,7 +164,7 @@ def _refused(err: ConfigCompositionException, job: list[str]) -> str:
     key = getattr(cause, "full_key", None) or (found.group(1) if found else said.split("'")[1] if "'" in said else "")
     key = key.split("[", 1)[0]  # an item of a list: the list's own override names it
     line = next((a for a in reversed(job) if a.lstrip("+~").split("=", 1)[0] == key), None)  # the last one set
-    base = _base(job, line)
+    base = _base(job, line, where)
     if "not in" in str(cause) or "Could not override" in said:
         return _not_a_setting(key, base)
     node = _node(base, key)
@@ -146,11 +191,10 @@ def _node(cfg: DictConfig | None, key: str):
     return node
 
 
-def _base(job: list[str], without: str | None) -> DictConfig | None:
+def _base(job: list[str], without: str | None, where) -> DictConfig | None:
     """The job composed without the refused override (to name what the group has), or None."""
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose("config", overrides=[a for a in job if a != without], return_hydra_config=True)
+        return _compose([a for a in job if a != without], where)
     except HydraException:
         return None
 

@@ -31,12 +31,12 @@ import traceback
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 from src.common import liveness
+from src.common.environment import PROJECT_ROOT
 from src.engine.runtimes import wire
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = PROJECT_ROOT
 POLL_S = 0.2  # how often a waiting parent checks that its child still lives
 
 

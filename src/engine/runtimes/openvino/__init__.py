@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from src.common.environment import PROJECT_ROOT
 from src.engine.common import Generation, Sampling, eos_ids, token_loop
 from src.engine.runtimes import cached_export, exported
 from src.engine.runtimes.isolated import Maker
@@ -39,7 +40,7 @@ TITLE = "OpenVINO"
 PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4_awq", "w8a8": "int8_sq"}
 CALIBRATED = ("int4_awq", "int8_sq")  # the NNCF methods that read calibration texts
 EXPORT_VERSION = 1
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = PROJECT_ROOT
 
 
 def export_python() -> Path:
