@@ -36,7 +36,7 @@ def parse(cmd: Command, argv: list[str]) -> tuple[SimpleNamespace, list[str]]:
     try:
         values, rest = cmd.parse(argv)
     except SettingError as err:
-        say(f"{err}", err=True)
+        say(str(err), err=True)
         sys.exit(2)
     return SimpleNamespace(**{k.replace(".", "_"): v for k, v in values.items()}), rest
 
@@ -64,7 +64,7 @@ def run_sweep(name: str, args: list[str], **run) -> Sweep | None:
     """`python -m src.run -m <args>` into multirun/bench-<name>-<time>/, its jobs read back from the store the
     args name (tracking.uri=) or the default one. None where src.run refused the command line (exit 2, said)."""
     uri = next((a.split("=", 1)[1] for a in args if a.startswith("tracking.uri=")), default_uri())
-    sweep_dir = PROJECT_ROOT / "multirun" / f"bench-{name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
+    sweep_dir = PROJECT_ROOT / "multirun" / stamp(name)
     argv = ["-m", *args, f"hydra.sweep.dir={sweep_dir}"]
     print("running: -m src.run", " ".join(argv), flush=True)
     done = subprocess.run([sys.executable, "-m", "src.run", *argv], cwd=PROJECT_ROOT, **run)

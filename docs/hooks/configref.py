@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from src.assembly import config as C
+from src.assembly import schema
 from src.assembly.overrides import CONF_DIR
 from src.quant.methods import METHODS
 from src.tasks.kinds import TASKS
@@ -33,7 +34,7 @@ GROUPS = {
 # Who reads a field that no registered kind has: the group's own class
 BASE_READER = {"precision": "every precision", "engine": "another runtime (engine.module)"}
 # Built from other fields, never set by a user: precision.quant is the method's fields gathered
-INTERNAL = {"precision.quant"}
+INTERNAL = {f"{group}.{name}" for group, names in schema.INTERNAL.items() for name in names}
 KEY = re.compile(r"^(\s*)([A-Za-z_][\w]*):(.*)$")
 
 

@@ -23,7 +23,6 @@ from src.assembly.config import unread
 from src.common.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
-FIELDS = ("model", "draft", "precision", "task", "engine", "tracking")  # groups with a _fields.yaml of defaults
 # Hydra's own flags (src.run is Hydra's app): those that take a value, by either name
 VALUED = {
     "--config-path": "path",
@@ -120,7 +119,7 @@ def composition_problem(args: list[str]) -> str | None:
         except ConfigCompositionException as err:
             return _refused(err, job, where)
         composed.append(cfg)
-    return _untyped(composed[0]) or _unread(overrides, composed)
+    return next(filter(None, map(_untyped, composed)), None) or _unread(overrides, composed)
 
 
 def _compose(job: list[str], where) -> DictConfig:
@@ -137,9 +136,10 @@ def _untyped(cfg: DictConfig) -> str | None:
         node = cfg.get(group)
         if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
             choice = cfg.hydra.runtime.choices.get(group, "?")
+            start = "_fields" if (CONF_DIR / group / "_fields.yaml").is_file() else "_schema"
             return (
                 f"{group} {choice} does not start from the {group} schema, so its values would go unchecked; begin "
-                f"its YAML with `defaults: [{'_fields' if group in FIELDS else '_schema'}, _self_]` "
+                f"its YAML with `defaults: [{start}, _self_]` "
                 f"(docs/concepts/axes.md)"
             )
     return None

@@ -41,7 +41,7 @@ def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
     if not args:  # the listed journals, and their sweeps' other journals (the store may have lost those too)
         found, lines = journal.with_sweeps(journal.pending(_registry()))
         for line in lines:
-            say(f"{line}", err=True)
+            say(line, err=True)
         return found
     found = []
     for arg in map(Path, args):
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
         envvars.check()
         cfg, argv = COMMAND.parse(argv)
     except (envvars.EnvError, SettingError) as err:
-        say(f"{err}", err=True)
+        say(str(err), err=True)
         return 2
     named = set(cfg["tracking_uri"])
     run = _Sync(named, journal.listed_uris(_registry()))
@@ -123,7 +123,7 @@ class _Sync:
     def replay(self, pointer, path: Path) -> str:
         """One journal into its store, said in one line: 'replayed', 'failed', or '' (nothing to do)."""
         if not path.is_file():
-            say(f"{journal.missing_line(path)}", err=True)
+            say(journal.missing_line(path), err=True)
             if pointer is not None:
                 pointer.unlink(missing_ok=True)
             return "failed"
@@ -179,4 +179,4 @@ class _Sync:
             except Exception as err:  # noqa: BLE001
                 lines = [f"could not check {store.uri} for runs left running ({type(err).__name__})"]
             for line in lines:
-                say(f"{line}")
+                say(line)

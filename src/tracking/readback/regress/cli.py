@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
         base = load(client, cfg["experiment"], cfg["baseline"])
         new = load(client, cfg["experiment"], cfg["sweep"])
     except LookupError as err:
-        say(f"{err}", err=True)
+        say(str(err), err=True)
         return 2
     if base.parent_id == new.parent_id:
         say(f"baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...", err=True)

@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
             uri, cfg["experiment"], sweep, cfg["baseline"], PROJECT_ROOT / cfg["out"], cfg["quality"]
         )
     except LookupError as err:
-        say(f"{err}", err=True)
+        say(str(err), err=True)
         return 2
     print((report.files["report.md"]).read_text())
     print(
