@@ -18,24 +18,18 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-from mlflow.tracking import MlflowClient
 
 from scripts import bench
-from scripts.peer import cache_dir, import_llama_cpp
+from scripts.peer import cache_dir, import_llama_cpp, llama_cpp_long, long_job
 from src.common.environment import PROJECT_ROOT as ROOT
-from src.common.metrics import EXAMPLE, markdown_table
+from src.common.metrics import markdown_table
 from src.common.say import say
 from src.common.settings import Setting
-from src.tracking.readback.compare import quiet
-from src.tracking.readback.sweeps import sweep_jobs
 
 MODEL = "llama-2-7b"
 TOKENS = 16  # single-token steps after each prefill
@@ -140,75 +134,6 @@ def write_gguf(path: Path, mix: str) -> Path:
     return path
 
 
-def ours(precision: str, lengths: list[int], store: str, extra: list[str]) -> dict[int, tuple[float, float]]:
-    """{prompt tokens: (prefill ms, time/token ms)} of one benchmark_long job."""
-    sweep_dir = Path(tempfile.mkdtemp(prefix="bench-long-"))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "src.run",
-            "-m",
-            f"model={MODEL}",
-            "model.weights=random",
-            f"precision={precision}",
-            "task=benchmark_long",
-            f"task.prompt_lengths=[{','.join(map(str, lengths))}]",
-            f"task.max_new_tokens={TOKENS}",
-            f"tracking.uri={store}",
-            f"hydra.sweep.dir={sweep_dir}",
-            "report_at_end=false",
-            *extra,
-        ],
-        cwd=ROOT,
-        check=True,
-    )
-    # a round timed while other processes were busy is measured again (busy_reruns): the last quiet one counts
-    _, runs = sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))
-    job = quiet(runs)[-1]
-    client = MlflowClient(store)
-    history = {
-        m: {h.step: h.value for h in client.get_metric_history(job.run_id, EXAMPLE + m)}
-        for m in ("prompt_tokens", "prefill_ms", "time_per_token_ms")
-    }
-    return {
-        int(t): (history["prefill_ms"].get(step, math.nan), history["time_per_token_ms"].get(step, math.nan))
-        for step, t in history["prompt_tokens"].items()
-    }
-
-
-def llama_cpp_times(path: Path, lengths: list[int], threads: int) -> dict[int, tuple[float, float]]:
-    import llama_cpp as lc
-
-    llm = lc.Llama(
-        model_path=str(path),
-        n_ctx=max(lengths) + TOKENS + 8,
-        n_batch=512,
-        n_ubatch=512,
-        n_threads=threads,
-        n_threads_batch=threads,
-        verbose=False,
-    )
-    rng = np.random.default_rng(1)
-    llm.reset()
-    llm.eval([1] + rng.integers(259, 32000, 31).tolist())  # warm-up, as the job's warm-up example
-    out = {}
-    for n in lengths:
-        llm.reset()
-        prompt = [1] + rng.integers(259, 32000, n - 1).tolist()
-        start = time.perf_counter()
-        llm.eval(prompt)
-        prefill = (time.perf_counter() - start) * 1000
-        steps = []
-        for _ in range(TOKENS):
-            start = time.perf_counter()
-            llm.eval([int(rng.integers(259, 32000))])
-            steps.append((time.perf_counter() - start) * 1000)
-        out[n] = (prefill, statistics.median(steps))
-    del llm
-    return out
-
-
 COMMAND = bench.command(
     "bench_long_llamacpp",
     __doc__,
@@ -242,8 +167,8 @@ def main(argv: list[str]) -> int:
         if not path.is_file():
             print(f"writing {path} (random {mix} blocks at {MODEL}'s shape)", flush=True)
             write_gguf(path, mix)
-        q = ours(precision, lengths, store, extra)
-        ref = llama_cpp_times(path, lengths, threads)
+        q = long_job(store, [f"model={MODEL}", "model.weights=random", f"precision={precision}", *extra], lengths, TOKENS)
+        ref = llama_cpp_long(path, lengths, threads, TOKENS, first=1, vocab=(259, 32000))
         for n in lengths:
             (qp, qt), (rp, rt) = q.get(n, (math.nan, math.nan)), ref[n]
             rows.append([n, f"quantspec {precision}", qp, qt, f"llama.cpp {mix}", rp, rt, qp / rp, qt / rt])

@@ -1,21 +1,28 @@
-"""llama.cpp beside quantspec, for the benchmark scripts: the users' decode job run whole and read back, and
-llama.cpp (llama-cpp-python, a reference, not a dependency) timed alike on the same GGUF and prompts."""
+"""llama.cpp beside quantspec, for the benchmark scripts: the users' jobs run whole and read back (decode, and
+benchmark_long's prefill and time/token per prompt length), and llama.cpp (llama-cpp-python, a reference, not a
+dependency) timed alike on the same GGUF and prompts."""
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
 
 from src.assembly.overrides import CONF_DIR
 from src.common.environment import PROJECT_ROOT
+from src.common.metrics import EXAMPLE
 from src.common.say import say
 from src.data.corpus import SEED_PROMPTS
+from src.tracking.readback.compare import quiet
 from src.tracking.readback.sweeps import sweep_jobs
 
 TOKENS = 30  # the decode task's max_new_tokens
@@ -69,3 +76,75 @@ def cache_dir() -> Path:
     """The jobs' cache directory, as the config composes it."""
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return Path(str(compose("config").cache_dir)).expanduser()
+
+
+def long_job(store: str, overrides: list[str], lengths: list[int], tokens: int) -> dict[int, tuple[float, float]]:
+    """{prompt tokens: (prefill ms, time/token ms)} of one `python -m src.run -m task=benchmark_long <overrides>`
+    job at these prompt lengths, `tokens` new tokens each, read back from its store (the last quiet round)."""
+    sweep_dir = Path(tempfile.mkdtemp(prefix="bench-long-"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "src.run",
+            "-m",
+            "task=benchmark_long",
+            f"task.prompt_lengths=[{','.join(map(str, lengths))}]",
+            f"task.max_new_tokens={tokens}",
+            *overrides,
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={sweep_dir}",
+            "report_at_end=false",
+        ],
+        cwd=PROJECT_ROOT,
+        check=True,
+        capture_output=True,
+    )
+    # a round timed while other processes were busy is measured again (busy_reruns): the last quiet one counts
+    _, runs = sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))
+    job = quiet(runs)[-1]
+    client = MlflowClient(store)
+    history = {
+        m: {h.step: h.value for h in client.get_metric_history(job.run_id, EXAMPLE + m)}
+        for m in ("prompt_tokens", "prefill_ms", "time_per_token_ms")
+    }
+    return {
+        int(t): (history["prefill_ms"].get(step, math.nan), history["time_per_token_ms"].get(step, math.nan))
+        for step, t in history["prompt_tokens"].items()
+    }
+
+
+def llama_cpp_long(
+    path: Path, lengths: list[int], threads: int, tokens: int, first: int, vocab: tuple[int, int]
+) -> dict[int, tuple[float, float]]:
+    """{prompt tokens: (prefill ms, time/token ms)} of llama.cpp on the GGUF at `path`: random prompts of ids in
+    `vocab` after the `first` token, each prefilled in one call, then `tokens` single-token steps."""
+    import llama_cpp as lc
+
+    llm = lc.Llama(
+        model_path=str(path),
+        n_ctx=max(lengths) + tokens + 8,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    rng = np.random.default_rng(1)
+    llm.reset()
+    llm.eval([first] + rng.integers(*vocab, 31).tolist())  # warm-up, as the job's warm-up example
+    out = {}
+    for n in lengths:
+        llm.reset()
+        prompt = [first] + rng.integers(*vocab, n - 1).tolist()
+        start = time.perf_counter()
+        llm.eval(prompt)
+        prefill = (time.perf_counter() - start) * 1000
+        steps = []
+        for _ in range(tokens):
+            start = time.perf_counter()
+            llm.eval([int(rng.integers(*vocab))])
+            steps.append((time.perf_counter() - start) * 1000)
+        out[n] = (prefill, statistics.median(steps))
+    del llm
+    return out

@@ -24,6 +24,10 @@ QUANT = {
         quant_spec("rtn", "w4a16", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",)),
         torch.bfloat16,
     ),
+    "w4a8": (
+        quant_spec("rtn", "w4a8", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",)),
+        torch.bfloat16,
+    ),
 }
 PRECISIONS = ["fp32", "bf16", *QUANT]
 FAMILIES = ["gemma3", "llama", "qwen2"]

@@ -98,6 +98,36 @@ def test_gemv_w4a16_matches_dequantized_reference(m, n, k, group):
     assert _rel_err(y, ref) < 1e-2  # dequantized weights are rounded to bf16 in registers
 
 
+@pytest.mark.parametrize("m,n,k,group", [(*s, 128) for s in SHAPES if s[2] % 128 == 0] + [(3, 20, 512, 256)])
+def test_gemv_w4a8_is_exact_integer_sums_of_int8_activations_and_the_nibbles(m, n, k, group):
+    # The reference rounds x per token to int8 as the kernel does (qparams.int8_per_token), then sums in float64:
+    # the integer sums are exact, so only the per-group float scaling differs.
+    torch.manual_seed(m * 5 + n)
+    x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
+    q, scale, zero = qparams.int4_groups(w, group)
+    offset = (zero - qparams.INT4_MID * scale).contiguous()
+    y = torch.ops.quantspec.gemv_w4a8(x, pack_w4(q), scale.contiguous(), offset, group)
+    x_q, x_scale = qparams.int8_per_token(x)
+    ref = (x_q.double() @ qparams.int4_dequant(q, scale, zero, group).double().t()) * x_scale.double()
+    assert y.dtype == torch.bfloat16 and _rel_err(y, ref) < 8e-3  # the output rounded to bf16, as x's dtype
+    y32 = torch.ops.quantspec.gemv_w4a8(x.float(), pack_w4(q), scale.contiguous(), offset, group)
+    assert _rel_err(y32, ref) < 1e-5
+    # the int8 activations are what the kernel used: bf16 x's own product is farther than the rounding above
+    assert _rel_err(x.double() @ qparams.int4_dequant(q, scale, zero, group).double().t(), ref) > 1e-3
+
+
+def test_w4a8_sums_at_their_worst_case():
+    # |q_x| = 127 against nibbles of 15 over a whole group of 256: the largest int32 lane sum the kernel sees.
+    k, group = 1024, 256
+    x = torch.full((2, k), 3.0)
+    x[1] = -3.0
+    q = torch.full((4, k), 15, dtype=torch.uint8)
+    scale, offset = torch.full((4, k // group), 0.5), torch.zeros(4, k // group)
+    y = torch.ops.quantspec.gemv_w4a8(x, pack_w4(q), scale, offset, group)
+    expect = torch.tensor([[3.0 * 15 * 0.5 * k] * 4, [-3.0 * 15 * 0.5 * k] * 4])
+    torch.testing.assert_close(y, expect, rtol=1e-6, atol=0)
+
+
 def test_int4_weight_unpacks_to_bf16_for_prefill_and_the_gemv_reads_it_unrounded():
     torch.manual_seed(5)
     w = torch.randn(24, 512)
@@ -194,6 +224,7 @@ def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
     for kind, tensors, dtype in (
         ("w8a8", int8_tensors(w, None), torch.float32),
         ("w4a16", int4_tensors(w, None, 128), torch.bfloat16),
+        ("w4a8", int4_tensors(w, None, 128), torch.bfloat16),
         ("w8a16", int8_tensors(w, None), torch.bfloat16),
     ):
         aten, fast = (build(kind, tensors, 128, dtype, gemv) for gemv in (False, True))
@@ -201,7 +232,7 @@ def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
         x = torch.randn(2, 3, 128).to(dtype)
         assert _rel_err(fast(x), aten(x).double()) < 1e-2  # both round to bf16 (w4a16) differently
         many = torch.randn(1, 20, 128).to(dtype)  # more rows than MAX_ROWS: a prefill
-        if kind == "w4a16":  # the weight unpacked to bf16 as the gemv does, one GEMM: no ATen int4 copy kept
+        if kind in ("w4a16", "w4a8"):  # the weight unpacked to bf16 as the gemv does, one GEMM: no ATen int4 copy
             assert not hasattr(fast, "packed")
             assert _rel_err(fast(many), aten(many).double()) < 1e-2
         else:  # ATen's path, unchanged
@@ -284,13 +315,14 @@ def _ops(kind: str, m: int, seed: int = 0):
         return x, lambda x: torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
     q, scale, zero = qparams.int4_groups(w, 128)
     packed, offset = pack_w4(q), (zero - qparams.INT4_MID * scale).contiguous()
-    return x, lambda x: torch.ops.quantspec.gemv_w4a16(x, packed, scale.contiguous(), offset, 128)
+    gemv = torch.ops.quantspec.gemv_w4a16 if kind == "w4a16" else torch.ops.quantspec.gemv_w4a8
+    return x, lambda x: gemv(x, packed, scale.contiguous(), offset, 128)
 
 
-GEMVS = ["f32", "bf16", "w8a8", "w8a16", "w4a16"]
+GEMVS = ["f32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8"]
 # The integer formats' sums are exact on every variant: w8a8's one int32 sum is scaled in the same order
 # everywhere (bit for bit); the 16-bit formats fold partial sums into fp32 at variant-specific points.
-BOUND = {"f32": 1e-6, "bf16": 1e-6, "w8a8": 0.0, "w8a16": 1e-6, "w4a16": 1e-6}
+BOUND = {"f32": 1e-6, "bf16": 1e-6, "w8a8": 0.0, "w8a16": 1e-6, "w4a16": 1e-6, "w4a8": 1e-6}
 
 
 @pytest.mark.parametrize("kind", GEMVS)
@@ -372,11 +404,11 @@ def _projections(kind: str, sizes: list[int], k: int = 256):
             for n, w in zip(sizes, ws)
         ], dtype
     dtype = torch.float32 if kind == "w8a8" else torch.bfloat16
-    tensors = [int4_tensors(w, None, 128) if kind == "w4a16" else int8_tensors(w, None) for w in ws]
+    tensors = [int4_tensors(w, None, 128) if kind in ("w4a16", "w4a8") else int8_tensors(w, None) for w in ws]
     return [build(kind, t, 128, dtype, True) for t in tensors], dtype
 
 
-@pytest.mark.parametrize("kind", ["f32", "bf16", "w8a8", "w8a16", "w4a16"])
+@pytest.mark.parametrize("kind", ["f32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8"])
 def test_fused_projections_give_each_part_bit_for_bit_and_hold_no_second_copy(kind):
     from src.engine.fused import Projection
 

@@ -30,7 +30,7 @@ from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes
 from src.engine.runtimes.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
-from src.kernels import modules
+from src.kernels import amx, modules
 from src.models.load import LoadedModel, load_model, tokenizer_mismatch
 from src.models.random_weights import parameter_count
 from src.quality.reference import Reference
@@ -349,6 +349,11 @@ def _kernels(cfg, placement, recorder) -> bool:
         log.warning(note)
     variant = kernels.variant() if used else None
     executed = f"quantspec/{variant}" if used else ("aten (fallback)" if fallback else "aten")
+    if used:  # AMX's tiles for w8a8's many rows, where the CPU has them; else why not (param executed.amx)
+        refused = amx.enable(cfg.cache_dir / "kernels")
+        if refused and not amx.missing():  # a CPU with AMX that cannot use it: said, not silent
+            log.warning("AMX not used (%s): w8a8's prefill keeps ATen's int8 GEMM", refused)
+        recorder.log_params({"executed.amx": "in use" if refused is None else refused})
     recorder.set_tags(
         {
             "kernels": "quantspec" if used else ("fallback" if fallback else "aten"),

@@ -20,7 +20,7 @@ import torch
 
 from src.engine import fastpath
 from src.kernels import MAX_ROWS, modules
-from src.quant.linear import W4A16Gemv, W8A8Gemv, W8A16Gemv
+from src.quant.linear import W4A8Gemv, W4A16Gemv, W8A8Gemv, W8A16Gemv
 
 QKV, OUT, GATE_UP, DOWN = range(4)  # step.cpp's Slot
 EMBEDDINGS = ("Embedding", "Gemma3TextScaledWordEmbedding")  # a lookup, and Gemma's times its scale
@@ -36,7 +36,7 @@ def _call(module, act: torch.dtype) -> tuple[int, list[torch.Tensor], list[torch
     """(kind, tensors, [bias], group, bf16 input) as step.cpp's Call runs it: what the module's forward
     does for a few rows (src.kernels.modules, src.quant.linear)."""
     kind = type(module)
-    if kind not in (modules.GemvLinear, W8A8Gemv, W8A16Gemv, W4A16Gemv):  # a cut-down head, ATen's kernels
+    if kind not in (modules.GemvLinear, W8A8Gemv, W8A16Gemv, W4A16Gemv, W4A8Gemv):  # a cut-down head, ATen's kernels
         raise Unsupported(f"{kind.__name__} is not on quantspec's kernels")
     bias = [module.bias.detach()] if module.bias is not None else []
     if kind is modules.GemvLinear:
@@ -47,7 +47,7 @@ def _call(module, act: torch.dtype) -> tuple[int, list[torch.Tensor], list[torch
         return 1, [module.w_q, module.w_scale, module.w_sum], bias, 0, act == torch.bfloat16
     if kind is W8A16Gemv:
         return 2, [module.w_q, module.w_scale32], bias, 0, act == torch.bfloat16
-    return 3, [module.w4, module.w4_scale, module.w4_offset], bias, module.group, True
+    return 3 if kind is W4A16Gemv else 4, [module.w4, module.w4_scale, module.w4_offset], bias, module.group, True
 
 
 def _norm(module, act: torch.dtype, conv: dict) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from src.kernels.modules import GemvLinear
-from src.quant.linear import W4A16Gemv, W8A8Gemv, W8A16Gemv
+from src.quant.linear import W4A8Gemv, W4A16Gemv, W8A8Gemv, W8A16Gemv
 
 # The tensors of each gemv module kind that stack along output channels (dim 0).
 ROWS = {
@@ -26,6 +26,7 @@ ROWS = {
     W8A8Gemv: ("w_q", "w_scale", "w_sum"),
     W8A16Gemv: ("w_q", "w_scale", "w_scale32"),
     W4A16Gemv: ("w4", "w4_scale", "w4_offset"),
+    W4A8Gemv: ("w4", "w4_scale", "w4_offset"),
 }
 ALIGN = 64  # bytes: ATen's int8 kernel needs its weight 64-byte aligned (src.quant.linear._owned)
 
@@ -36,7 +37,7 @@ def _fusable(parts: list[nn.Module]) -> bool:
         return False
     if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
         return False
-    if kind is W4A16Gemv and len({p.group for p in parts}) != 1:
+    if kind in (W4A16Gemv, W4A8Gemv) and len({p.group for p in parts}) != 1:
         return False
     # Each part must start where the kernels' blocks of 4 do, and its views stay aligned.
     offsets = [sum(p.out_features for p in parts[:i]) for i in range(len(parts))]
@@ -79,7 +80,7 @@ class Projection:
         self.calls: list[tuple[nn.Module, list[int]]] = []
         i = 0
         while i < len(linears):
-            # the longest run from i that fuses (q/k/v together, or q/k with v apart under w4a16)
+            # the longest run from i that fuses (q/k/v together, or q/k with v apart under w4a16 and w4a8)
             for j in range(len(linears), i + 1, -1):
                 fused = fuse(linears[i:j])
                 if fused is not None:

@@ -115,6 +115,7 @@ def _load_binding(directory: Path) -> str | None:
         HERE / "step.cpp",
         HERE / "ops.h",
         HERE / "core" / "api.h",
+        HERE / "core" / "amx.h",
         HERE / "core" / "common.h",
         Path(__file__),
     ]  # this file: the build's flags

@@ -8,10 +8,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "core/amx.h"
 #include "core/api.h"
 #include "core/common.h"
 #include "ops.h"
@@ -40,6 +42,23 @@ std::string use_variant(const std::string& path) {
 }
 
 std::string variant() { return g_kernels ? g_kernels->name : ""; }
+
+const qs_amx* g_amx = nullptr;  // the AMX library, once Linux has granted the tile state (amx.h)
+
+// "" once the AMX library at `path` is in use, else why not (Linux's refusal of the tile state, in its words).
+std::string use_amx(const std::string& path, int64_t feature) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(handle, "quantspec: cannot load the AMX kernels ", path, ": ", dlerror());
+  auto get = reinterpret_cast<const qs_amx* (*)()>(dlsym(handle, "qs_amx_get"));
+  TORCH_CHECK(get && get()->abi == QS_AMX_ABI, "quantspec: ", path, " is no AMX library of ABI ", QS_AMX_ABI);
+  const int refused = get()->request(int(feature));
+  if (refused != 0) return std::string("Linux refused the AMX tile state (arch_prctl: ") + strerror(refused) + ")";
+  g_amx = get();
+  return "";
+}
+
+bool amx() { return g_amx != nullptr; }
 
 }  // namespace
 
@@ -161,6 +180,55 @@ at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::T
   });
 }
 
+at::Tensor gemv_w4a8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
+                     int64_t group) {
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0);
+  check(x, packed, 128, K / 2);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && group % 128 == 0 && K % group == 0,
+              "quantspec gemv_w4a8: uint8 packed weight, group a multiple of 128 dividing K");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
+              offset.is_contiguous(), "quantspec gemv_w4a8: float32 scale and offset [N, K / group]");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+  at::Tensor sums = at::empty({M, K / group}, x.options().dtype(at::kFloat));
+  k().quantize_x8_w4(xf.data_ptr<float>(), M, K, group, q.data_ptr<int8_t>(), xs.data_ptr<float>(), sums.data_ptr<float>());
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float *xsp = xs.data_ptr<float>(), *gp = sums.data_ptr<float>(), *sp = scale.data_ptr<float>(),
+              *op = offset.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  return columns(M, N, K / 2, x, [&](int64_t n0, int64_t n1, float* y) {
+    k().gemv_w4a8(qp, xsp, gp, wp, sp, op, group, M, K, N, n0, n1, y);
+  });
+}
+
+// w8a8 for many rows on AMX's tiles (amx.h): x quantized per row to int8 as qparams.int8_per_token does, then
+// y = float(x_q . w^T) * x_scale * w_scale, bit for bit the ATen path's (src.quant.prefill).
+at::Tensor int8_gemm_amx(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale) {
+  TORCH_CHECK(g_amx, "quantspec: the AMX kernels are not in use (src.kernels.amx.enable)");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  check(x, w, 64, K);
+  TORCH_CHECK(w.scalar_type() == at::kChar && w_scale.scalar_type() == at::kFloat && w_scale.is_contiguous(),
+              "quantspec int8_gemm_amx: int8 weight, float32 scale");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor q = at::empty({g_amx->tiles_bytes(M, K)}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float *xsp = xs.data_ptr<float>(), *yp = y.data_ptr<float>();
+  const int64_t padded = q.numel() / K;
+  at::parallel_for(0, padded / 16, 1, [&](int64_t b0, int64_t b1) {
+    g_amx->quantize_x8_tiles(xp, M, K, 16 * b0, 16 * b1, qp, xsp);
+  });
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* wsp = w_scale.data_ptr<float>();
+  at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t p0, int64_t p1) {
+    g_amx->gemm_s8(qp, xsp, wp, wsp, M, K, N, 32 * p0, std::min(32 * p1, N), yp);
+  });
+  return y;
+}
+
 // The whole int4 weight as bf16 [N, K], for a prefill's GEMM.
 at::Tensor dequant_w4a16(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset, int64_t group) {
   const int64_t N = packed.size(0), K = packed.size(1) * 2;
@@ -225,11 +293,15 @@ using namespace qs_ops;
 TORCH_LIBRARY(quantspec, m) {
   m.def("use_variant(str path) -> str");
   m.def("variant() -> str");
+  m.def("use_amx(str path, int feature) -> str");
+  m.def("amx() -> bool");
+  m.def("int8_gemm_amx(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
   m.def("dequant_w4a16(Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
   m.def("gemv_float(Tensor x, Tensor w) -> Tensor");
   m.def("gemv_w8a8(Tensor x, Tensor w, Tensor w_scale, Tensor w_sum) -> Tensor");
   m.def("gemv_w8a16(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
   m.def("gemv_w4a16(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
+  m.def("gemv_w4a8(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, bool gemma) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
 }
@@ -239,12 +311,16 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("gemv_w8a8", gemv_w8a8);
   m.impl("gemv_w8a16", gemv_w8a16);
   m.impl("gemv_w4a16", gemv_w4a16);
+  m.impl("gemv_w4a8", gemv_w4a8);
   m.impl("dequant_w4a16", dequant_w4a16);
   m.impl("rms_norm", rms_norm);
   m.impl("decode_attention", decode_attention);
+  m.impl("int8_gemm_amx", int8_gemm_amx);
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CatchAll, m) {
   m.impl("use_variant", use_variant);
   m.impl("variant", variant);
+  m.impl("use_amx", use_amx);
+  m.impl("amx", amx);
 }

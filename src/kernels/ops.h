@@ -16,5 +16,7 @@ at::Tensor gemv_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 at::Tensor gemv_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale);
 at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
                       int64_t group);
+at::Tensor gemv_w4a8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
+                     int64_t group);
 
 }  // namespace qs_ops

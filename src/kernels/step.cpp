@@ -37,7 +37,7 @@ namespace {
 using BF = c10::BFloat16;
 using qs_ops::k;
 
-enum Kind : int64_t { FLOAT = 0, W8A8 = 1, W8A16 = 2, W4A16 = 3 };
+enum Kind : int64_t { FLOAT = 0, W8A8 = 1, W8A16 = 2, W4A16 = 3, W4A8 = 4 };
 enum Slot : int64_t { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
 enum Norm : int64_t { ATTN_IN = 0, ATTN_OUT = 1, MLP_IN = 2, MLP_OUT = 3, Q_NORM = 4, K_NORM = 5 };
 enum Mode { HIDDEN, LOGITS, GREEDY };  // what a call returns: the final norm's rows, the head's, its argmax
@@ -282,7 +282,7 @@ inline float round_bf16(float v) { return qs::bf16_to_f32(qs::f32_to_bf16(v)); }
 
 // as the Python path's operators are named, so that scripts/bench_step.py files them alike
 const char* const NAMES[] = {"quantspec::gemv_float", "quantspec::gemv_w8a8", "quantspec::gemv_w8a16",
-                             "quantspec::gemv_w4a16"};
+                             "quantspec::gemv_w4a16", "quantspec::gemv_w4a8"};
 
 struct StepCache : torch::CustomClassHolder {
   std::vector<at::Tensor> keys, values;  // per layer [KV heads, capacity, head dim]
@@ -397,10 +397,11 @@ struct Stepper : torch::CustomClassHolder {
 
   Call make_call(int64_t kind, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
                  bool bf16_in) {
-    TORCH_CHECK(kind >= FLOAT && kind <= W4A16 && !tensors.empty(), "quantspec Stepper: unknown kernel kind ", kind);
+    TORCH_CHECK(kind >= FLOAT && kind <= W4A8 && !tensors.empty(), "quantspec Stepper: unknown kernel kind ", kind);
     for (const at::Tensor& t : tensors) TORCH_CHECK(t.is_contiguous(), "quantspec Stepper: contiguous weights");
     const at::Tensor& w = tensors[0];
-    const int64_t steps[] = {w.scalar_type() == at::kFloat ? 16 : 32, 64, 32, 128};
+    const int64_t steps[] = {w.scalar_type() == at::kFloat ? 16 : 32, 64, 32, 128, 128};
+    const bool int4 = kind == W4A16 || kind == W4A8;
     Call call{kind, std::move(tensors), bias.empty() ? at::Tensor() : bias[0].contiguous(), group,
               bf16_in ? at::kBFloat16 : at::kFloat};
     call.w = call.t[0].data_ptr();
@@ -408,8 +409,8 @@ struct Stepper : torch::CustomClassHolder {
     call.w2 = call.t.size() > 2 ? call.t[2].data_ptr() : nullptr;
     call.bias_p = call.bias.defined() ? call.bias.data_ptr() : nullptr;
     call.N = w.size(0);
-    call.K = kind == W4A16 ? w.size(1) * 2 : w.size(1);
-    TORCH_CHECK(call.K % steps[kind] == 0 && (kind != W4A16 || (group % 128 == 0 && call.K % group == 0)),
+    call.K = int4 ? w.size(1) * 2 : w.size(1);
+    TORCH_CHECK(call.K % steps[kind] == 0 && (!int4 || (group % 128 == 0 && call.K % group == 0)),
                 "quantspec Stepper: K = ", call.K, " does not fit the kernel");
     TORCH_CHECK(kind != FLOAT || w.scalar_type() == call.in, "quantspec Stepper: a float weight takes its own type");
     max_k = std::max(max_k, call.K);
@@ -600,6 +601,8 @@ struct Stepper : torch::CustomClassHolder {
           std::copy(static_cast<const float*>(xin), static_cast<const float*>(xin) + n * K, xf);
         if (c.kind == W8A8)
           kern.quantize_x8(xf, n, K, p.xq_p, p.xs_p);
+        else if (c.kind == W4A8)
+          kern.quantize_x8_w4(xf, n, K, c.group, reinterpret_cast<int8_t*>(p.xq_p), p.xs_p, p.sums_p);
         else
           kern.quantize_x16(xf, n, K, c.kind == W4A16 ? c.group : 0, reinterpret_cast<int16_t*>(p.xq_p), p.xs_p,
                             c.kind == W4A16 ? p.sums_p : nullptr);
@@ -607,7 +610,7 @@ struct Stepper : torch::CustomClassHolder {
       float* yc = y + n * c.offset;  // each call's own [n, N] (the kernels' layout), side by side
       // In pieces of ~256 KB of weights, each finished while its outputs are in cache (as binding.cpp's
       // columns() does: one call over a whole slice of the head measured 13% slower in bf16).
-      const int64_t row_bytes = c.kind == W4A16 ? K / 2 : c.kind == FLOAT ? (bf16_in ? 2 : 4) * K : K;
+      const int64_t row_bytes = c.kind == W4A16 || c.kind == W4A8 ? K / 2 : c.kind == FLOAT ? (bf16_in ? 2 : 4) * K : K;
       const int64_t piece = 4 * std::max<int64_t>(1, (256 << 10) / (4 * row_bytes));
       const void *w = c.w, *w2 = c.w2, *bias = c.bias_p;
       const float *w1 = c.w1, *sums = p.sums_p;
@@ -629,6 +632,10 @@ struct Stepper : torch::CustomClassHolder {
             break;
           case W8A16:
             kern.gemv_w8a16(q16, xs, static_cast<const int8_t*>(w), w1, n, K, N, a, b, yc);
+            break;
+          case W4A8:
+            kern.gemv_w4a8(reinterpret_cast<const int8_t*>(xq), xs, sums, static_cast<const uint8_t*>(w), w1,
+                           static_cast<const float*>(w2), c.group, n, K, N, a, b, yc);
             break;
           default:
             kern.gemv_w4a16(q16, xs, sums, static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2), c.group,

@@ -71,6 +71,16 @@ AVX_VNNI_TWIN = Variant(
     ("avx2", "fma", "f16c", "avx512_vnni", "avx512vl"),
 )
 
+# The AMX library (core/amx.cpp): not a gemv variant but w8a8's GEMM for many rows, built and loaded beside the
+# variant in use where the CPU has the tile unit (src.kernels.amx).
+AMX = Variant(
+    "amx",
+    "x86_64",
+    "amx.cpp",
+    ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mamx-tile", "-mamx-int8"),
+    ("avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_int8"),
+)
+
 # The environment that holds torch's own kernels to an ISA (ATen's dispatch, oneDNN's and MKL's GEMMs),
 # read once when torch loads: with engine.isa=avx2, an AVX-512 host then runs a job as an AVX2-only host
 # would (the benchmarks use it; oneDNN's verbose log confirms "isa:Intel AVX2").
@@ -80,7 +90,7 @@ ATEN_ISA = {
 
 
 def by_name(name: str) -> Variant:
-    for v in (*VARIANTS, AVX_VNNI_TWIN):
+    for v in (*VARIANTS, AVX_VNNI_TWIN, AMX):
         if v.name == name:
             return v
     raise KeyError(name)

@@ -16,7 +16,7 @@ from torch import nn
 from src.common.progress import progress
 from src.quant import calibrate, scaling
 from src.quant.arch import awq_groups, decoder_linears
-from src.quant.qparams import fake_int4_weight
+from src.quant.qparams import fake_int4_weight, fake_int8_act
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ def search_scale(
     block: nn.Module | None = None,
     rows: int | None = None,
     seed: int = 0,
+    act_int8: bool = False,
 ) -> tuple[torch.Tensor, float]:
     """The best s for one group of linears sharing input x, and its exponent r.
 
@@ -41,6 +42,10 @@ def search_scale(
     fixed random sample of `rows` output channels estimates it without bias (4-bit groups run along
     the input features: a sampled row is quantized exactly as in the whole). At 7B this makes the search
     ~40x cheaper (Llama-2-7B's gate+up group has 22016 rows).
+
+    `act_int8` (w4a8): the linears' outputs are scored as the kernel computes them, x / s rounded per token to
+    int8 against Q(W * s): s moves activation outliers into the weights, which helps the int8 activations as
+    SmoothQuant's scales do, and the search weighs that against the 4-bit weights' error.
     """
     if block is None:
         w = torch.cat([lin.weight.detach() for lin in linears])
@@ -49,7 +54,10 @@ def search_scale(
             w = w[keep]
         w = w.float()
         ref = x @ w.T
-        output = lambda s: x @ (fake_int4_weight(w * s, group) / s).T  # noqa: E731
+        if act_int8:
+            output = lambda s: fake_int8_act(x / s) @ fake_int4_weight(w * s, group).T  # noqa: E731
+        else:
+            output = lambda s: x @ (fake_int4_weight(w * s, group) / s).T  # noqa: E731
     else:
         originals = [lin.weight.detach().clone() for lin in linears]
         ref = block(x)
@@ -111,8 +119,10 @@ def awq(
     block_loss: bool = False,
     clip_only: set[str] | None = None,
     search_rows: int | None = None,
+    act_int8: bool = False,
 ) -> tuple[set[str], dict[str, torch.Tensor]]:
-    """Scale the float model in place. Returns the float parameters changed and per-linear clips."""
+    """Scale the float model in place. Returns the float parameters changed and per-linear clips. `act_int8`:
+    the scale search scores int8 activations too (search_scale; not with block_loss)."""
     groups = awq_groups(model, arch)
     linears = decoder_linears(model, arch)
     # One capture per distinct input: a group's linears share theirs; any other linear (o_proj under
@@ -125,7 +135,8 @@ def awq(
     for i, g in enumerate(progress(groups, "awq scales")):
         kept = inputs.pop(g.names[0])
         x = kept.float()
-        s, r = search_scale(x, g.linears, group, grid, g.block if block_loss else None, search_rows, seed=i)
+        block = g.block if block_loss else None
+        s, r = search_scale(x, g.linears, group, grid, block, search_rows, seed=i, act_int8=act_int8 and block is None)
         changed.update(scaling.apply(g, s))
         if clip:  # what the scaled linears now see, for their clipping search; else freed as we go
             inputs[g.names[0]] = (x / s).to(kept.dtype)

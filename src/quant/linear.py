@@ -11,7 +11,7 @@ from torch import nn
 
 from src.kernels import MAX_ROWS
 from src.quant import aten_ops, qparams
-from src.quant.prefill import int8_gemm
+from src.quant.prefill import gemm as w8a8_gemm
 
 
 def _owned(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -75,9 +75,7 @@ class W8A8Linear(QuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
-        x_q, x_scale = qparams.int8_per_token(x2)
-        y = int8_gemm(x_q, self.w_q, self.prefill).mul_(x_scale).mul_(self.w_scale)
-        return self._finish(y, x, lead)
+        return self._finish(w8a8_gemm(x2, self.w_q, self.w_scale, self.prefill), x, lead)
 
 
 class W8A16Linear(QuantLinear):
@@ -143,6 +141,18 @@ class W4A16Linear(QuantLinear):
         y = aten_ops.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group, self.scales_zeros)
         if y.shape[-1] != self.out_features:
             y = y[:, : self.out_features]
+        return self._finish(y, x, lead)
+
+
+class W4A8Linear(W4A16Linear):
+    """4-bit weights as W4A16Linear's, activations rounded per token to int8 at the input (x / scale, exact in
+    bf16) before ATen's int4 kernel, then scaled back: w4a8's arithmetic where quantspec's kernels are not built."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        x_q, x_scale = qparams.int8_per_token(x2)
+        y = aten_ops.int4_weight_matmul(x_q.to(torch.bfloat16), self.packed, self.group, self.scales_zeros)
+        y = y[:, : self.out_features].float() * x_scale
         return self._finish(y, x, lead)
 
 
@@ -221,6 +231,22 @@ class W4A16Gemv(QuantLinear):
         return y
 
 
+class W4A8Gemv(W4A16Gemv):
+    """w4a8 on quantspec's kernels: w4a16's weights, activations quantized per token to int8 at the input. For
+    a few rows the kernel takes the nibbles against the int8 x (VPDPBUSD on x86: half w4a16's instructions per
+    weight); for more (a prefill) the int8 x, exact in bf16, meets the weight unpacked to bf16 in one GEMM and
+    is scaled back after: the same quantization on both paths."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        x2 = x2.to(torch.bfloat16).contiguous()
+        if x2.shape[0] > MAX_ROWS:
+            x_q, x_scale = qparams.int8_per_token(x2)
+            return self._finish(self._prefill(x_q.to(torch.bfloat16)).float() * x_scale, x, lead)
+        y = torch.ops.quantspec.gemv_w4a8(x2, self.w4, self.w4_scale, self.w4_offset, self.group)
+        return self._finish(y, x, lead)
+
+
 # --- portable tensors: what the quantizer produces and the cache stores ----------------------------
 
 
@@ -241,8 +267,8 @@ def int4_tensors(
     }
 
 
-ATEN = {"w8a8": W8A8Linear, "w8a16": W8A16Linear, "w4a16": W4A16Linear}
-GEMV = {"w8a8": W8A8Gemv, "w8a16": W8A16Gemv, "w4a16": W4A16Gemv}
+ATEN = {"w8a8": W8A8Linear, "w8a16": W8A16Linear, "w4a16": W4A16Linear, "w4a8": W4A8Linear}
+GEMV = {"w8a8": W8A8Gemv, "w8a16": W8A16Gemv, "w4a16": W4A16Gemv, "w4a8": W4A8Gemv}
 
 
 def build(
@@ -254,7 +280,7 @@ def build(
         raise ValueError(f"unknown quantized kernel {kind!r}; known: {', '.join(ATEN)}")
     k = t["w_q"].shape[1] if "w_q" in t else t["q4"].shape[1] * 2
     step = GEMV[kind].K_STEP
-    fits = k % step == 0 and (kind != "w4a16" or group % step == 0)
+    fits = k % step == 0 and ("q4" not in t or group % step == 0)
     cls = GEMV[kind] if gemv and fits else ATEN[kind]
     if kind == "w8a8":
         return cls(t["w_q"], t["w_scale"], t.get("bias"))

@@ -18,7 +18,8 @@ from src.common.schema import ConfigError, Kinds, check_choice
 from src.quant import awq, smoothquant
 from src.quant.arch import decoder_linears
 
-SCHEMES = ("w8a8", "w8a16", "w4a16")  # low-bit weights x activations (precision.scheme)
+SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")  # low-bit weights x activations (precision.scheme)
+INT4_SCHEMES = ("w4a16", "w4a8")  # 4-bit weights in groups (AWQ or RTN; int8_linears and group_size apply)
 INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel accepts
 HEAD = "lm_head"  # the output head's module name in every supported architecture
 
@@ -33,16 +34,16 @@ class QuantSpec:
     KIND: ClassVar[str]
     CALIBRATES: ClassVar[bool] = True  # reads calibration windows (their hash is part of the cache key)
     method: str
-    scheme: str  # the decoder linears' scheme (w8a8, w8a16, w4a16)
+    scheme: str  # the decoder linears' scheme (w8a8, w8a16, w4a16, w4a8)
     group_size: int | None  # int4 groups along the input features
     quantize_head: bool  # False keeps the output head in float
     head_scheme: str | None  # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
-    int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept at int8 under w4a16
+    int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept at int8 (w8a16) under a 4-bit scheme
 
     def scheme_for(self, name: str) -> str:
         if name == HEAD:
             return self.head_scheme or self.scheme
-        if self.scheme == "w4a16" and name.endswith(self.int8_linears):
+        if self.scheme in INT4_SCHEMES and name.endswith(self.int8_linears):
             return "w8a16"
         return self.scheme
 
@@ -50,7 +51,8 @@ class QuantSpec:
         check_choice("precision.scheme", self.scheme, SCHEMES)
         if self.head_scheme is not None:
             check_choice("precision.head_scheme", self.head_scheme, SCHEMES)
-        if self.scheme == "w4a16" and self.group_size not in INT4_GROUPS:
+        four_bit = self.scheme in INT4_SCHEMES or self.head_scheme in INT4_SCHEMES
+        if four_bit and self.group_size not in INT4_GROUPS:
             raise ConfigError(
                 f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
                 f"use one of: {', '.join(map(str, INT4_GROUPS))}"
@@ -79,8 +81,8 @@ class SmoothQuant(QuantSpec):
 
     def validate(self) -> None:
         super().validate()
-        if self.scheme == "w4a16":
-            raise ConfigError("precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w4a16")
+        if self.scheme in INT4_SCHEMES:
+            raise ConfigError(f"precision.method=smoothquant is for 8-bit kernels; use awq or rtn for {self.scheme}")
         if self.alpha is not None and not 0 <= self.alpha <= 1:
             raise ConfigError(f"precision.alpha={self.alpha} must be in [0, 1]")
 
@@ -112,8 +114,10 @@ class Awq(QuantSpec):
 
     def validate(self) -> None:
         super().validate()
-        if self.scheme != "w4a16":
-            raise ConfigError(f"precision.method=awq is for w4a16, not precision.scheme={self.scheme}")
+        if self.scheme not in INT4_SCHEMES:
+            raise ConfigError(
+                f"precision.method=awq is for 4-bit weights ({', '.join(INT4_SCHEMES)}), not precision.scheme={self.scheme}"
+            )
         if self.awq_search_rows is not None and self.awq_search_rows < 1:
             raise ConfigError(f"precision.awq_search_rows={self.awq_search_rows} must be at least 1 (or null: all)")
         for key in ("awq_grid", "awq_search_tokens"):
@@ -121,7 +125,7 @@ class Awq(QuantSpec):
                 raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
 
     def scale(self, model, arch, calibration):
-        int4 = {n for n in decoder_linears(model, arch) if self.scheme_for(n) == "w4a16"}
+        int4 = {n for n in decoder_linears(model, arch) if self.scheme_for(n) in INT4_SCHEMES}
         return awq.awq(
             model,
             arch,
@@ -133,6 +137,7 @@ class Awq(QuantSpec):
             self.awq_block_loss,
             clip_only=int4,
             search_rows=self.awq_search_rows,
+            act_int8=self.scheme == "w4a8",
         )
 
     def calibration_bytes(self, shape):

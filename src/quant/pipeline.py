@@ -14,7 +14,7 @@ from torch import nn
 
 from src.quant.arch import decoder_linears
 from src.quant.linear import build, int4_tensors, int8_tensors
-from src.quant.methods import HEAD, QuantSpec
+from src.quant.methods import HEAD, INT4_SCHEMES, QuantSpec
 
 
 @dataclass
@@ -29,7 +29,7 @@ class QuantizedWeights:
 def _tensors(
     scheme: str, lin: nn.Linear, group: int | None, clip: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    if scheme == "w4a16":
+    if scheme in INT4_SCHEMES:
         return int4_tensors(lin.weight.detach(), lin.bias, group, clip)
     return int8_tensors(lin.weight.detach(), lin.bias)
 

@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#define QS_ABI 1
+#define QS_ABI 2
 
 extern "C" {
 
@@ -46,6 +46,14 @@ typedef struct qs_kernels {
   void (*gemv_w4a16)(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w,
                      const float* scale, const float* offset, int64_t group, int64_t M, int64_t K, int64_t N,
                      int64_t n0, int64_t n1, float* y);
+  // w4a8: x rows quantized to int8 (as quantize_x8) in the order that meets the packed int4 bytes (common.h's
+  // w4x_position, the same on every variant), with each group's sum of q as float [M, K / group]; then int32
+  // dot products of the nibbles (0..15, unsigned) with them, each group's sum scaled as gemv_w4a16's.
+  void (*quantize_x8_w4)(const float* x, int64_t M, int64_t K, int64_t group, int8_t* q, float* x_scale,
+                         float* group_sums);
+  void (*gemv_w4a8)(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w,
+                    const float* scale, const float* offset, int64_t group, int64_t M, int64_t K, int64_t N,
+                    int64_t n0, int64_t n1, float* y);
   // Rows n0..n1 of the int4 weight as bf16 [N, K]: fp32 q * scale + offset (one fused multiply-add),
   // rounded to nearest even.
   void (*dequant_w4a16)(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K,

@@ -195,6 +195,18 @@ inline void pair_x(const int16_t* x, int64_t M, int64_t K, int16_t* out) {
   }
 }
 
+// An int4 format's last step (w = q * scale + offset per group): the offsets meet x's group sums, then x's scale.
+inline __m128 int4_finish(__m128 sums, const float* offset, const float* x_group, int64_t G, float x_scale, int64_t n,
+                          int m, int lanes) {
+  alignas(16) float off[4] = {0, 0, 0, 0};
+  for (int r = 0; r < lanes; ++r) {
+    float acc = 0.f;
+    for (int64_t g = 0; g < G; ++g) acc = std::fma(offset[(n + r) * G + g], x_group[m * G + g], acc);
+    off[r] = acc;
+  }
+  return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale));
+}
+
 // Per 64 bytes (128 values): half h (32 bytes) holds lanes 16h..16h+15, whose nibble u are values
 // 32u + 16h + 0..15: step s = 2u + h covers values 16s..16s+15, as x is laid out.
 struct W4A16 : Int16X {
@@ -227,14 +239,57 @@ struct W4A16 : Int16X {
     }
   }
   __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
-    const int64_t G = K / group;
-    alignas(16) float off[4] = {0, 0, 0, 0};
-    for (int r = 0; r < lanes; ++r) {
-      float acc = 0.f;
-      for (int64_t g = 0; g < G; ++g) acc = std::fma(offset[(n + r) * G + g], x_group[m * G + g], acc);
-      off[r] = acc;
+    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
+  }
+};
+
+// w4a8 (x from quantize_x8_w4, common.h): per 64 bytes, half h's low nibbles meet x bytes 32h..32h+31 of the
+// block and its high nibbles x bytes 64 + 32h..: step s = 2 * (high) + h covers x bytes 32s..32s+31. The nibbles
+// are the unsigned operand: VPDPBUSD where VNNI is, else VPMADDUBSW (|a pair| <= 2 * 15 * 127, never saturating)
+// and VPMADDWD by ones.
+struct W4A8 {
+  using Acc = __m256i; using V = __m256i; using Sum = __m256; using State = float;
+  static constexpr int kStep = 32, kSub = 4; static constexpr bool kFolds = true;
+  const int8_t* x; int64_t K; const float* x_scale;
+  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
+  static constexpr int order(int i) { return 2 * (i & 1) + (i >> 1); }   // half 0's steps, then half 1's
+  static Sum sum_zero() { return _mm256_setzero_ps(); }
+  static Acc zero() { return _mm256_setzero_si256(); }
+  int64_t span() const { return group; }
+  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
+  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k) + 32 * (s & 1)));
+    return _mm256_and_si256(s < 2 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0xF));
+  }
+  V xv(int m, int64_t k) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + k)); }
+#if QS_VNNI
+  static Acc madd(Acc a, V w, V x) { return QS_DPBUSD(a, w, x); }
+#else
+  static Acc madd(Acc a, V w, V x) {
+    return keep(_mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))));
+  }
+#endif
+  static __m256 fold(__m256 sum, Acc a, const State& s) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(s), sum);
+  }
+  // one_row_groups' group g of 4 rows (blocking.h), in block's order of steps: each half of the 4 rows loaded once.
+  void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
+    const int8_t* xg = x + 128 * g;
+    const __m256i low = _mm256_set1_epi8(0xF);
+    for (int r = 0; r < 4; ++r) acc[r] = zero();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 32 * h));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 64 + 32 * h));
+      for (int r = 0; r < 4; ++r) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 64 * g + 32 * h));
+        acc[r] = madd(acc[r], _mm256_and_si256(v, low), x0);
+        acc[r] = madd(acc[r], _mm256_and_si256(_mm256_srli_epi16(v, 4), low), x1);
+      }
     }
-    return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale[m]));
+  }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
   }
 };
 
@@ -283,6 +338,11 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
+}
+
+void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+               const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W4A8{xq, K, x_scale, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
 // A group's 16 possible bf16 values as two byte tables (low and high bytes), looked up with VPSHUFB by
@@ -407,7 +467,7 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
 }
 
 const qs_kernels table = {QS_ABI, QS_NAME, 1, gemv_f32, gemv_bf16, quantize_x8_variant, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
                           attention<float>, attention<uint16_t>};
 
 }  // namespace

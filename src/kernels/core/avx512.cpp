@@ -192,6 +192,31 @@ inline void pair_x(const int16_t* x, int64_t M, int64_t K, int16_t* out) {
   }
 }
 
+// An int4 format's last step (w = q * scale + offset per group): the offsets' share, sum over groups of
+// offset x x's group sum, then x's scale. A few groups a row (5 for K = 640): a plain loop, since a vector
+// reduction per row costs more than it sums; many (86 for K = 11008): 16 at a time.
+inline __m128 int4_finish(__m128 sums, const float* offset, const float* x_group, int64_t G, float x_scale, int64_t n,
+                          int m, int lanes) {
+  alignas(16) float off[4] = {0, 0, 0, 0};
+  for (int r = 0; r < lanes; ++r) {
+    const float* o = offset + (n + r) * G;
+    const float* xg = x_group + m * G;
+    if (G <= 16) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < G; ++g) acc = std::fma(o[g], xg[g], acc);
+      off[r] = acc;
+      continue;
+    }
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g += 16) {
+      const __mmask16 k = G - g >= 16 ? 0xFFFF : (1 << (G - g)) - 1;
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, o + g), _mm512_maskz_loadu_ps(k, xg + g), acc);
+    }
+    off[r] = _mm512_reduce_add_ps(acc);
+  }
+  return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale));
+}
+
 // int4 in pack_w4's layout (see W4Unpack above): nibble u of each 16-bit lane, masked, is the weight q (0..15)
 // as an int16. w = q * scale + offset per group: the int32 sum of q * x is scaled once per group, and
 // the offsets meet the group sums of x (x_group) in `finish`.
@@ -227,28 +252,46 @@ struct W4A16 : Int16X {
       acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_srli_epi16(v, 12), x3);
     }
   }
-  // The offsets' share, sum over groups of offset x group sum. A few groups a row (5 for K = 640): a plain
-  // loop, since a vector reduction per row costs more than it sums; many (86 for K = 11008): 16 at a time.
   __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
-    const int64_t G = K / group;
-    alignas(16) float off[4] = {0, 0, 0, 0};
-    for (int r = 0; r < lanes; ++r) {
-      const float* o = offset + (n + r) * G;
-      const float* xg = x_group + m * G;
-      if (G <= 16) {
-        float acc = 0.f;
-        for (int64_t g = 0; g < G; ++g) acc = std::fma(o[g], xg[g], acc);
-        off[r] = acc;
-        continue;
-      }
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t g = 0; g < G; g += 16) {
-        const __mmask16 k = G - g >= 16 ? 0xFFFF : (1 << (G - g)) - 1;
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, o + g), _mm512_maskz_loadu_ps(k, xg + g), acc);
-      }
-      off[r] = _mm512_reduce_add_ps(acc);
+    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
+  }
+};
+
+// w4a8: the nibbles as unsigned bytes (0..15) against int8 x (VPDPBUSD, 64 MACs per instruction), x laid out by
+// quantize_x8_w4 (common.h) so that a 64-byte load's low nibbles meet x bytes 0..63 of the block and its high
+// nibbles x bytes 64..127: per 128 weights two dot products and three masks or shifts, where w4a16 takes four
+// dot products and six. No offset to undo: the weights are the unsigned operand, x the signed one.
+struct W4A8 {
+  using Acc = __m512i; using V = __m512i; using Sum = __m512; using State = float;
+  static constexpr int kStep = 64, kSub = 2; static constexpr bool kFolds = true;
+  const int8_t* x; int64_t K; const float* x_scale;
+  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
+  static Sum sum_zero() { return _mm512_setzero_ps(); }
+  static Acc zero() { return _mm512_setzero_si512(); }
+  int64_t span() const { return group; }
+  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
+  const void* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
+  V wv(const State&, int64_t n, int64_t k, int u) const {
+    const __m512i v = _mm512_loadu_si512(at(n, k)), low = _mm512_set1_epi8(0xF);
+    return _mm512_and_si512(u == 0 ? v : _mm512_srli_epi16(v, 4), low);
+  }
+  V xv(int m, int64_t k) const { return _mm512_loadu_si512(x + m * K + k); }
+  static Acc madd(Acc a, V w, V x) { return _mm512_dpbusd_epi32(a, w, x); }
+  static __m512 fold(__m512 sum, Acc a, const State& s) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(s), sum);
+  }
+  // one_row_groups' group g of 4 rows (blocking.h), in block's order of steps: each row's 64 bytes loaded once.
+  void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
+    const int8_t* xg = x + 128 * g;
+    const __m512i low = _mm512_set1_epi8(0xF), x0 = _mm512_loadu_si512(xg), x1 = _mm512_loadu_si512(xg + 64);
+    for (int r = 0; r < 4; ++r) {
+      const __m512i v = _mm512_loadu_si512(w + r * row_bytes + 64 * g);
+      acc[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, low), x0);
+      acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_and_si512(_mm512_srli_epi16(v, 4), low), x1);
     }
-    return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale[m]));
+  }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
   }
 };
 
@@ -335,6 +378,11 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
+}
+
+void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+               const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W4A8{xq, K, x_scale, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
 void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
@@ -443,7 +491,7 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
 }
 
 const qs_kernels table = {QS_ABI, "avx512", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
                           attention<float>, attention<uint16_t>};
 
 }  // namespace

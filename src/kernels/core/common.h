@@ -78,6 +78,35 @@ inline void quantize_x16(const float* x, int64_t M, int64_t K, int64_t group, in
   }
 }
 
+// w4a8's activations: int8 as quant8 (scale = max|x| / 127, round half to even), each 128 values laid out
+// to meet the packed int4 weights byte for byte (api.h's layout: byte 2i of a 64-byte block holds values i and
+// i + 32 in its low and high nibbles, byte 2i + 1 values i + 64 and i + 96). Byte b of a block's first 64 is the
+// value that weight byte b's low nibble holds, byte 64 + b the one its high nibble holds: a SIMD variant masks
+// (low) or shifts and masks (high) a weight register and meets x at the same byte offset, whatever its width.
+inline int64_t w4x_position(int64_t j) {  // j: a value's index within its block of 128
+  const int64_t i = j % 32, u = j / 32;
+  return (u & 1) * 64 + 2 * i + (u >> 1);
+}
+
+// x [M, K] (K a multiple of 128) to int8 in w4x_position's order, with each group's sum of q (float [M, K/group]).
+inline void quantize_x8_w4(const float* x, int64_t M, int64_t K, int64_t group, int8_t* q, float* x_scale,
+                           float* group_sums) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = row_scale(x + m * K, K, 127.f, kX8Floor);
+    x_scale[m] = scale;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t v = quant8(x[m * K + k], scale);
+      q[m * K + (k / 128) * 128 + w4x_position(k % 128)] = int8_t(v);
+      sum += v;
+      if ((k + 1) % group == 0) {
+        group_sums[m * (K / group) + k / group] = float(sum);
+        sum = 0;
+      }
+    }
+  }
+}
+
 // x's sum of squares in 16 running sums (lane i takes every 16th value from i), added pairwise at the
 // end, the rest after: one order of additions on every variant (bit for bit alike), which the SIMD
 // variants' compilers vectorise; a single running sum was a chain of dependent adds, ~4 cycles a value.

@@ -117,6 +117,18 @@ struct W8A16 : Int16X {
   }
 };
 
+// An int4 format's last step (w = q * scale + offset per group): the offsets meet x's group sums, then x's scale.
+inline float32x4_t int4_finish(float32x4_t sums, const float* offset, const float* x_group, int64_t G, float x_scale,
+                               int64_t n, int m, int lanes) {
+  float off[4] = {0, 0, 0, 0};
+  for (int r = 0; r < lanes; ++r) {
+    float acc = 0.f;
+    for (int64_t g = 0; g < G; ++g) acc = std::fma(offset[(n + r) * G + g], x_group[m * G + g], acc);
+    off[r] = acc;
+  }
+  return vmulq_n_f32(vaddq_f32(sums, vld1q_f32(off)), x_scale);
+}
+
 // Per 64 bytes (128 values): 16-byte quarter c holds lanes 8c..8c+7, whose nibble u are values
 // 32u + 8c + 0..7: step s = 4u + c covers values 8s..8s+7, as x is laid out.
 struct W4A16 : Int16X {
@@ -131,14 +143,39 @@ struct W4A16 : Int16X {
   }
   static Sum fold(Sum sum, Acc a, const State& s) { return vfmaq_n_f32(sum, vcvtq_f32_s32(a), s); }
   float32x4_t finish(float32x4_t sums, int64_t n, int m, int lanes) const {
-    const int64_t G = K / group;
-    float off[4] = {0, 0, 0, 0};
-    for (int r = 0; r < lanes; ++r) {
-      float acc = 0.f;
-      for (int64_t g = 0; g < G; ++g) acc = std::fma(offset[(n + r) * G + g], x_group[m * G + g], acc);
-      off[r] = acc;
-    }
-    return vmulq_n_f32(vaddq_f32(sums, vld1q_f32(off)), x_scale[m]);
+    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
+  }
+};
+
+// w4a8 (x from quantize_x8_w4, common.h): per 64 bytes, 16-byte quarter c's low nibbles meet x bytes 16c..16c+15
+// and its high nibbles x bytes 64 + 16c..: step s = 4 * (high) + c covers x bytes 16s..16s+15. The nibbles are
+// 0..15, so they are int8 for SDOT (or SMULL: |products| <= 15 * 127, a pair's sum fits int16).
+struct W4A8 {
+  using Acc = int32x4_t; using V = int8x16_t; using Sum = float32x4_t; using State = float;
+  static constexpr int kStep = 16, kSub = 8; static constexpr bool kFolds = true;
+  const int8_t* x; int64_t K; const float* x_scale;
+  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
+  int64_t span() const { return group; }
+  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
+  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const uint8x16_t v = vld1q_u8(at(n, k) + 16 * (s & 3));
+    return vreinterpretq_s8_u8(s < 4 ? vandq_u8(v, vdupq_n_u8(0xF)) : vshrq_n_u8(v, 4));
+  }
+  V xv(int m, int64_t k) const { return vld1q_s8(x + m * K + k); }
+  static Acc zero() { return vdupq_n_s32(0); }
+  static Sum sum_zero() { return vdupq_n_f32(0.f); }
+  static Acc madd(Acc a, V w, V x) {
+#ifdef __ARM_FEATURE_DOTPROD
+    return vdotq_s32(a, w, x);
+#else
+    a = vpadalq_s16(a, vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+    return vpadalq_s16(a, vmull_high_s8(w, x));
+#endif
+  }
+  static Sum fold(Sum sum, Acc a, const State& s) { return vfmaq_n_f32(sum, vcvtq_f32_s32(a), s); }
+  float32x4_t finish(float32x4_t sums, int64_t n, int m, int lanes) const {
+    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
   }
 };
 
@@ -166,6 +203,11 @@ void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const f
 void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M, int64_t K,
                 int64_t N, int64_t n0, int64_t n1, float* y) {
   gemv(W8A16{{xq, K, x_scale}, w, w_scale}, M, N, n0, n1, y);
+}
+
+void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+               const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W4A8{xq, K, x_scale, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
@@ -293,7 +335,7 @@ constexpr const char* kName = "neon";
 #endif
 
 const qs_kernels table = {QS_ABI, kName, 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
                           attention<float>, attention<uint16_t>};
 
 }  // namespace

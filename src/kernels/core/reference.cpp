@@ -74,6 +74,26 @@ void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums
     }
 }
 
+// x's int8 value k of row m, from quantize_x8_w4's order.
+inline int32_t x8_w4(const int8_t* xq, int64_t K, int64_t m, int64_t k) {
+  return xq[m * K + (k / 128) * 128 + w4x_position(k % 128)];
+}
+
+void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+               const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  const int64_t G = K / group;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      double s = 0;
+      for (int64_t g = 0; g < G; ++g) {
+        int64_t d = 0;
+        for (int64_t k = g * group; k < (g + 1) * group; ++k) d += int64_t(nibble(w, K, n, k)) * x8_w4(xq, K, m, k);
+        s += double(scale[n * G + g]) * double(d) + double(offset[n * G + g]) * double(group_sums[m * G + g]);
+      }
+      y[m * N + n] = float(s * x_scale[m]);
+    }
+}
+
 void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
                    int64_t n1, uint16_t* out) {
   const int64_t G = K / group;
@@ -109,7 +129,7 @@ void attention(const T* q, const T* k, const T* v, int64_t head_stride, int64_t 
 }
 
 const qs_kernels table = {QS_ABI, "reference", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
                           attention<float>, attention<uint16_t>};
 
 }  // namespace

@@ -96,6 +96,12 @@ std::vector<float> gemv(const qs_kernels* t, const Inputs& in, const std::string
     if (w4) t->gemv_w4a16(q.data(), xs.data(), sums.data(), in.w4.data(), in.scale.data(), in.offset.data(), G, m, K, N, 0, N, y.data());
     else t->gemv_w8a16(q.data(), xs.data(), in.w8.data(), in.ws.data(), m, K, N, 0, N, y.data());
   }
+  if (kind == "w4a8") {
+    std::vector<int8_t> q(m * K);
+    std::vector<float> xs(m), sums(m * K / G);
+    t->quantize_x8_w4(x, m, K, G, q.data(), xs.data(), sums.data());
+    t->gemv_w4a8(q.data(), xs.data(), sums.data(), in.w4.data(), in.scale.data(), in.offset.data(), G, m, K, N, 0, N, y.data());
+  }
   return y;
 }
 
@@ -120,7 +126,7 @@ int main(int argc, char** argv) {
   if (!v || !ref) return 2;
   printf("variant %s against %s\n", v->name, ref->name);
   const Inputs in;
-  const char* kinds[] = {"f32", "bf16", "w8a8", "w8a16", "w4a16"};
+  const char* kinds[] = {"f32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8"};
   for (const char* kind : kinds) {
     const std::string k = kind;
     const std::vector<float> all = gemv(v, in, k, M), expect = gemv(ref, in, k, M);

@@ -66,7 +66,8 @@ CATALOG: list[Name] = [
             "or why none",
         ),
         ("executed.draft_huge_pages", "the same for a draft model"),
-        ("executed.int8_gemm", "w8a8's many-row path on this host: int_mm or float (the probe's choice)"),
+        ("executed.int8_gemm", "w8a8's many-row path on this host: int_mm, float or amx (the probe's choice)"),
+        ("executed.amx", "quantspec's AMX int8 GEMM: in use, or why not (no AMX on this CPU, Linux refused it)"),
         ("executed.draft_int8_gemm", "the same for a w8a8 draft"),
         ("kernels.<kind>", "how many modules of each kind run on quantspec's kernels"),
         (
@@ -176,7 +177,7 @@ CATALOG: list[Name] = [
         ("draft_quantize_s", "a draft's, likewise"),
         ("draft_quant_load_s", "a draft's"),
         ("draft_quantized_weights_mb", "a draft's"),
-        ("int8_gemm_probe_ms_<path>", "the probe that chose w8a8's many-row path: int_mm and float"),
+        ("int8_gemm_probe_ms_<path>", "the probe that chose w8a8's many-row path: int_mm, float and amx"),
         ("draft_int8_gemm_probe_ms_<path>", "a w8a8 draft's"),
     ),
     *_n(
