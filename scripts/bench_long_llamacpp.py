@@ -167,7 +167,9 @@ def main(argv: list[str]) -> int:
         if not path.is_file():
             print(f"writing {path} (random {mix} blocks at {MODEL}'s shape)", flush=True)
             write_gguf(path, mix)
-        q = long_job(store, [f"model={MODEL}", "model.weights=random", f"precision={precision}", *extra], lengths, TOKENS)
+        q = long_job(
+            store, [f"model={MODEL}", "model.weights=random", f"precision={precision}", *extra], lengths, TOKENS
+        )
         ref = llama_cpp_long(path, lengths, threads, TOKENS, first=1, vocab=(259, 32000))
         for n in lengths:
             (qp, qt), (rp, rt) = q.get(n, (math.nan, math.nan)), ref[n]

@@ -71,9 +71,7 @@ def main(argv: list[str]) -> int:
             ms = median[p][n]
             bf16 = median.get("bf16", {}).get(n, float("nan"))
             rows.append([n, p, ms, min(prefill[p][n]), max(prefill[p][n]), ms / bf16, ms / median[reference][n]])
-    table = markdown_table(
-        ["prompt tokens", "prefill of", "ms (median)", "min", "max", "/ bf16", "/ llama.cpp"], rows
-    )
+    table = markdown_table(["prompt tokens", "prefill of", "ms (median)", "min", "max", "/ bf16", "/ llama.cpp"], rows)
     bench.publish(
         args.doc,
         "prefill",

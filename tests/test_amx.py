@@ -39,7 +39,9 @@ def test_the_amx_gemm_is_the_aten_paths_result_bit_for_bit(tiles, m, k, n):
     w_q, w_scale = qparams.int8_per_channel(torch.randn(n, k, generator=g))
     ref = prefill.gemm(x, w_q, w_scale, "int_mm")
     assert torch.equal(torch.ops.quantspec.int8_gemm_amx(x, w_q, w_scale), ref)
-    assert torch.equal(prefill.gemm(x.bfloat16(), w_q, w_scale, "amx"), prefill.gemm(x.bfloat16(), w_q, w_scale, "int_mm"))
+    assert torch.equal(
+        prefill.gemm(x.bfloat16(), w_q, w_scale, "amx"), prefill.gemm(x.bfloat16(), w_q, w_scale, "int_mm")
+    )
 
 
 def test_the_amx_sums_at_their_worst_case(tiles):

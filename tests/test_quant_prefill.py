@@ -23,7 +23,9 @@ def test_the_choice_is_measured_once_per_host_and_installed(tmp_path):
     assert path in prefill.paths() and set(seconds) == set(prefill.paths()) and path == min(seconds, key=seconds.get)
     cached = json.loads((tmp_path / prefill.CACHE).read_text())
     assert len(cached) == 1
-    (tmp_path / prefill.CACHE).write_text(json.dumps({k: {p: 1.0 if p == "float" else 2.0 for p in prefill.paths()} for k in cached}))
+    (tmp_path / prefill.CACHE).write_text(
+        json.dumps({k: {p: 1.0 if p == "float" else 2.0 for p in prefill.paths()} for k in cached})
+    )
     assert prefill.choose(tmp_path, "cpu", 2)[0] == "float"  # the cached measurement, not a new one
     # a record that reads as JSON but is not one (null, a list, an entry without a path's time, a nan or a
     # string for one): measured again and rewritten, never a TypeError
