@@ -116,6 +116,17 @@ def test_gemv_w4a8_is_exact_integer_sums_of_int8_activations_and_the_nibbles(m, 
     assert _rel_err(x.double() @ qparams.int4_dequant(q, scale, zero, group).double().t(), ref) > 1e-3
 
 
+def test_w4a8_prefills_quantizer_and_rescale_are_atens_ops_bit_for_bit():
+    torch.manual_seed(4)
+    x = (torch.randn(37, 640) * torch.logspace(-3, 2, 640)).bfloat16()
+    x[5] = 0  # an all-zero row: the scale's floor
+    q, scale = torch.ops.quantspec.quantize_x8_bf16(x)
+    ref_q, ref_scale = qparams.int8_per_token(x)
+    assert q.dtype == torch.bfloat16 and torch.equal(q, ref_q.bfloat16()) and torch.equal(scale, ref_scale)
+    y = torch.randn(37, 100).bfloat16()
+    assert torch.equal(torch.ops.quantspec.scale_rows_bf16(y.clone(), scale), (y.float() * scale).bfloat16())
+
+
 def test_w4a8_sums_at_their_worst_case():
     # |q_x| = 127 against nibbles of 15 over a whole group of 256: the largest int32 lane sum the kernel sees.
     k, group = 1024, 256

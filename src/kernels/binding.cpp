@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "core/amx.h"
 #include "core/api.h"
@@ -229,6 +230,33 @@ at::Tensor int8_gemm_amx(const at::Tensor& x, const at::Tensor& w, const at::Ten
   return y;
 }
 
+// w4a8's prefill: bf16 x [M, K] quantized per row to int8 values held as bf16 (q, and x_scale float [M, 1]),
+// qparams.int8_per_token's values in one pass.
+std::tuple<at::Tensor, at::Tensor> quantize_x8_bf16(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % 128 == 0,
+              "quantspec quantize_x8_bf16: bf16 x [M, K], K a multiple of 128");
+  const at::Tensor xc = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options());
+  at::Tensor xs = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    k().quantize_x8_bf16(bits(xc), K, r0, r1, bits_out(q), xs.data_ptr<float>());
+  });
+  return {q, xs};
+}
+
+// bf16 y [M, N] *= x_scale [M, 1] row by row, rounded to bf16 (in place; returns y).
+at::Tensor scale_rows_bf16(at::Tensor y, const at::Tensor& x_scale) {
+  TORCH_CHECK(y.dim() == 2 && y.scalar_type() == at::kBFloat16 && y.is_contiguous() &&
+              x_scale.scalar_type() == at::kFloat && x_scale.is_contiguous() && x_scale.numel() == y.size(0),
+              "quantspec scale_rows_bf16: contiguous bf16 y [M, N], float32 x_scale [M]");
+  const int64_t N = y.size(1);
+  at::parallel_for(0, y.size(0), 16, [&](int64_t r0, int64_t r1) {
+    k().scale_rows_bf16(bits_out(y), N, x_scale.data_ptr<float>(), r0, r1);
+  });
+  return y;
+}
+
 // The whole int4 weight as bf16 [N, K], for a prefill's GEMM.
 at::Tensor dequant_w4a16(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset, int64_t group) {
   const int64_t N = packed.size(0), K = packed.size(1) * 2;
@@ -296,6 +324,8 @@ TORCH_LIBRARY(quantspec, m) {
   m.def("use_amx(str path, int feature) -> str");
   m.def("amx() -> bool");
   m.def("int8_gemm_amx(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
+  m.def("quantize_x8_bf16(Tensor x) -> (Tensor, Tensor)");
+  m.def("scale_rows_bf16(Tensor(a!) y, Tensor x_scale) -> Tensor(a!)");
   m.def("dequant_w4a16(Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
   m.def("gemv_float(Tensor x, Tensor w) -> Tensor");
   m.def("gemv_w8a8(Tensor x, Tensor w, Tensor w_scale, Tensor w_sum) -> Tensor");
@@ -316,6 +346,8 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("decode_attention", decode_attention);
   m.impl("int8_gemm_amx", int8_gemm_amx);
+  m.impl("quantize_x8_bf16", quantize_x8_bf16);
+  m.impl("scale_rows_bf16", scale_rows_bf16);
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CatchAll, m) {

@@ -150,9 +150,9 @@ class W4A8Linear(W4A16Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
-        x_q, x_scale = qparams.int8_per_token(x2)
-        y = aten_ops.int4_weight_matmul(x_q.to(torch.bfloat16), self.packed, self.group, self.scales_zeros)
-        y = y[:, : self.out_features].float() * x_scale
+        x_q, x_scale = qparams.int8_per_token(x2, torch.bfloat16)
+        y = aten_ops.int4_weight_matmul(x_q, self.packed, self.group, self.scales_zeros)
+        y = y[:, : self.out_features].float().mul_(x_scale)
         return self._finish(y, x, lead)
 
 
@@ -241,8 +241,8 @@ class W4A8Gemv(W4A16Gemv):
         x2, lead = _flat(x)
         x2 = x2.to(torch.bfloat16).contiguous()
         if x2.shape[0] > MAX_ROWS:
-            x_q, x_scale = qparams.int8_per_token(x2)
-            return self._finish(self._prefill(x_q.to(torch.bfloat16)).float() * x_scale, x, lead)
+            x_q, x_scale = torch.ops.quantspec.quantize_x8_bf16(x2)
+            return self._finish(torch.ops.quantspec.scale_rows_bf16(self._prefill(x_q), x_scale), x, lead)
         y = torch.ops.quantspec.gemv_w4a8(x2, self.w4, self.w4_scale, self.w4_offset, self.group)
         return self._finish(y, x, lead)
 

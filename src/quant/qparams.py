@@ -26,11 +26,12 @@ def int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q int8 [M, K], scale float32 [M, 1]) for a 2-D activation."""
+def int8_per_token(x: torch.Tensor, dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [M, K], scale float32 [M, 1]) for a 2-D activation: q the int8 values, held as `dtype` (bf16 holds
+    them exactly, for a GEMM that takes bf16)."""
     x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=EPS) / INT8_MAX
-    q = torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp_(min=EPS).div_(INT8_MAX)
+    q = torch.div(x, scale).round_().clamp_(-INT8_MAX, INT8_MAX).to(dtype)
     return q, scale
 
 

@@ -54,6 +54,10 @@ typedef struct qs_kernels {
   void (*gemv_w4a8)(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w,
                     const float* scale, const float* offset, int64_t group, int64_t M, int64_t K, int64_t N,
                     int64_t n0, int64_t n1, float* y);
+  // w4a8's prefill (common.h): rows r0..r1 of bf16 x (K a multiple of 128) quantized to int8 values held as
+  // bf16, and x_scale; the GEMM's bf16 rows r0..r1 scaled back in place.
+  void (*quantize_x8_bf16)(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, uint16_t* q, float* x_scale);
+  void (*scale_rows_bf16)(uint16_t* y, int64_t N, const float* x_scale, int64_t r0, int64_t r1);
   // Rows n0..n1 of the int4 weight as bf16 [N, K]: fp32 q * scale + offset (one fused multiply-add),
   // rounded to nearest even.
   void (*dequant_w4a16)(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K,

@@ -321,6 +321,29 @@ void quantize_x8_variant(const float* x, int64_t M, int64_t K, uint8_t* q, float
     for (int64_t i = 0; i < M * K; ++i) q[i] = uint8_t(q[i] + 128);
 }
 
+// common.h's quantize_x8_bf16, 8 at a time (avx512.cpp's, at 256 bits). K: a multiple of 8.
+void quantize_x8_bf16_simd(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, uint16_t* q, float* x_scale) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t m = r0; m < r1; ++m) {
+    const uint16_t* row = x + m * K;
+    __m256 amax = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, widen_bf16(row + k)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float scale = std::max(_mm_cvtss_f32(h), kX8Floor) / 127.f;
+    x_scale[m] = scale;
+    const __m256 s = _mm256_set1_ps(scale);
+    for (int64_t k = 0; k < K; k += 8) {
+      __m256i v = _mm256_cvtps_epi32(_mm256_div_ps(widen_bf16(row + k), s));  // MXCSR: nearest-even
+      v = _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+      const __m256i b = _mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(v)), 16);
+      const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + m * K + k), packed);
+    }
+  }
+}
+
 void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t* w_sum,
                int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   W8A8 f{{w, reinterpret_cast<const int8_t*>(xq), K}, w_scale, w_sum, x_scale};
@@ -467,7 +490,7 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
 }
 
 const qs_kernels table = {QS_ABI, QS_NAME, 1, gemv_f32, gemv_bf16, quantize_x8_variant, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, quantize_x8_bf16_simd, scale_rows_bf16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
                           attention<float>, attention<uint16_t>};
 
 }  // namespace

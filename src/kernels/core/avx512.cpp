@@ -361,6 +361,28 @@ void quantize_x16(const float* x, int64_t M, int64_t K, int64_t group, int16_t* 
   }
 }
 
+// common.h's quantize_x8_bf16, 16 at a time: q = round-half-even(x / scale) clamped to 127, then as bf16, which
+// holds an integer of |q| <= 127 exactly in its upper 16 bits. K: a multiple of 16.
+void quantize_x8_bf16_simd(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, uint16_t* q, float* x_scale) {
+  auto load = [](const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  };
+  for (int64_t m = r0; m < r1; ++m) {
+    const uint16_t* row = x + m * K;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(row + k)));
+    const float scale = std::max(_mm512_reduce_max_ps(amax), kX8Floor) / 127.f;
+    x_scale[m] = scale;
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int64_t k = 0; k < K; k += 16) {
+      __m512i v = _mm512_cvtps_epi32(_mm512_div_ps(load(row + k), s));  // MXCSR: nearest-even
+      v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+      const __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(v)), 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + m * K + k), _mm512_cvtepi32_epi16(b));
+    }
+  }
+}
+
 void gemv_w8a8(const uint8_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, const int32_t* w_sum,
                int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   gemv(W8A8{{w, xq, K}, w_scale, w_sum, x_scale}, M, N, n0, n1, y);
@@ -491,7 +513,7 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
 }
 
 const qs_kernels table = {QS_ABI, "avx512", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, quantize_x8_bf16_simd, scale_rows_bf16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
                           attention<float>, attention<uint16_t>};
 
 }  // namespace

@@ -107,6 +107,28 @@ inline void quantize_x8_w4(const float* x, int64_t M, int64_t K, int64_t group, 
   }
 }
 
+// w4a8's prefill: rows r0..r1 of bf16 x [., K] quantized per row as quant8 (scale = max|x| / 127), each q written
+// as bf16 (exact: |q| <= 127) for one bf16 GEMM of the int8 values; then that GEMM's bf16 rows scaled back,
+// bf16(float(y) * scale). One pass each, where ATen's ops make five temporaries of x's size.
+inline void quantize_x8_bf16(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, uint16_t* q, float* x_scale) {
+  for (int64_t m = r0; m < r1; ++m) {
+    const uint16_t* row = x + m * K;
+    float amax = 0.f;
+    for (int64_t k = 0; k < K; ++k) {  // a compare, not fmax: GCC 12 for AArch64 fails vectorizing that reduction
+      const float v = std::fabs(bf16_to_f32(row[k]));
+      amax = v > amax ? v : amax;
+    }
+    const float scale = std::fmax(amax, kX8Floor) / 127.f;
+    x_scale[m] = scale;
+    for (int64_t k = 0; k < K; ++k) q[m * K + k] = f32_to_bf16(float(quant8(bf16_to_f32(row[k]), scale)));
+  }
+}
+
+inline void scale_rows_bf16(uint16_t* y, int64_t N, const float* x_scale, int64_t r0, int64_t r1) {
+  for (int64_t m = r0; m < r1; ++m)
+    for (int64_t n = 0; n < N; ++n) y[m * N + n] = f32_to_bf16(bf16_to_f32(y[m * N + n]) * x_scale[m]);
+}
+
 // x's sum of squares in 16 running sums (lane i takes every 16th value from i), added pairwise at the
 // end, the rest after: one order of additions on every variant (bit for bit alike), which the SIMD
 // variants' compilers vectorise; a single running sum was a chain of dependent adds, ~4 cycles a value.

@@ -335,7 +335,7 @@ constexpr const char* kName = "neon";
 #endif
 
 const qs_kernels table = {QS_ABI, kName, 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
+                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, quantize_x8_bf16, scale_rows_bf16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
                           attention<float>, attention<uint16_t>};
 
 }  // namespace

@@ -139,6 +139,15 @@ int main(int argc, char** argv) {
     }
     check(alone, k + ": each of 16 rows equals that row alone");
   }
+  {  // w4a8's prefill quantizer and rescale, bit for bit
+    std::vector<uint16_t> qv(M * K), qr(M * K), yv(in.xb.begin(), in.xb.begin() + M * N), yr = yv;
+    std::vector<float> sv(M), sr(M);
+    v->quantize_x8_bf16(in.xb.data(), K, 0, M, qv.data(), sv.data());
+    ref->quantize_x8_bf16(in.xb.data(), K, 0, M, qr.data(), sr.data());
+    v->scale_rows_bf16(yv.data(), N, sr.data(), 0, M);
+    ref->scale_rows_bf16(yr.data(), N, sr.data(), 0, M);
+    check(qv == qr && sv == sr && yv == yr, "w4a8's prefill quantizer and rescale, bit for bit");
+  }
   std::vector<uint16_t> dv(N * K), dr(N * K);
   v->dequant_w4a16(in.w4.data(), in.scale.data(), in.offset.data(), G, K, 0, N, dv.data());
   ref->dequant_w4a16(in.w4.data(), in.scale.data(), in.offset.data(), G, K, 0, N, dr.data());
