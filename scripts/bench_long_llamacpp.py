@@ -112,13 +112,13 @@ def write_gguf(path: Path, mix: str) -> Path:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
-    for _name, k, rows, cols in tensors:
+    for tensor, k, rows, cols in tensors:
         if k is None:
-            writer.add_tensor_info(name, [cols], np.dtype(np.float32), cols * 4)
+            writer.add_tensor_info(tensor, [cols], np.dtype(np.float32), cols * 4)
         else:
             per, size, _ = BLOCKS[k]
             writer.add_tensor_info(
-                name,
+                tensor,
                 [rows, cols // per * size],
                 np.dtype(np.uint8),
                 rows * cols // per * size,

@@ -2,11 +2,13 @@
 
     .venv/bin/python -m scripts.bench_prefill                       # bf16, w8a8, w4a16, w4a8 at 128, 512, 2048
     .venv/bin/python -m scripts.bench_prefill precisions=w8a8,bf16 lengths=512 rounds=5
+    .venv/bin/python -m scripts.bench_prefill "precisions=bf16,w8a8,w8a8 precision.dtype=bfloat16"
 
 Each round runs `python -m src.run precision=<p> task=benchmark_long` for each precision (a whole job, as a
 user runs it: each prompt length prefilled in one call, then a few single-token steps; read back from its
 MLflow run) and then llama.cpp (llama-cpp-python, a reference, not a dependency) on the default model's own
-Q4_K_M GGUF, prompts of random token ids of the same lengths, each prefilled in one call. The table gives
+Q4_K_M GGUF, prompts of random token ids of the same lengths, each prefilled in one call. A precision may carry
+overrides after it, in one item ("w8a8 precision.dtype=bfloat16"). The table gives
 each precision's median prefill over the rounds, its ratio to bf16's (the same job's float path) and to
 llama.cpp's. Which int8 GEMM w8a8's prefill ran (amx, int_mm or float: the host's probe chooses) is printed.
 """
@@ -31,7 +33,9 @@ COMMAND = bench.command(
     "bench_prefill",
     __doc__,
     [
-        Setting("precisions", ("bf16", "w8a8", "w4a16", "w4a8"), "quantspec's precisions"),
+        Setting(
+            "precisions", ("bf16", "w8a8", "w4a16", "w4a8"), "quantspec's precisions, each with any overrides after it"
+        ),
         Setting("lengths", ("128", "512", "2048"), "the prompt lengths"),
         Setting("rounds", 3, "rounds in turns"),
     ],
@@ -58,7 +62,8 @@ def main(argv: list[str]) -> int:
     prefill: dict[str, dict[int, list[float]]] = {p: {n: [] for n in lengths} for p in (*args.precisions, reference)}
     for r in range(args.rounds):
         for p in args.precisions:
-            for n, (ms, _) in long_job(store, [f"precision={p}", *extra], lengths, TOKENS).items():
+            name, *fields = p.split()
+            for n, (ms, _) in long_job(store, [f"precision={name}", *fields, *extra], lengths, TOKENS).items():
                 prefill[p][n].append(ms)
         for n, (ms, _) in llama_cpp_long(path, lengths, threads, TOKENS, BOS, VOCAB).items():
             prefill[reference][n].append(ms)

@@ -18,8 +18,15 @@ SPECS = {
     "w8a16": quant_spec("smoothquant", "w8a16", alpha=0.5),
     "w4a16": quant_spec("awq", "w4a16", group_size=128, awq_grid=5, awq_search_tokens=256),
     "rtn": quant_spec("rtn", "w4a16", group_size=128),
+    "w4a8": quant_spec("awq", "w4a8", group_size=128, awq_grid=5, awq_search_tokens=256),
 }
-DTYPE = {"w8a8": torch.float32, "w8a16": torch.bfloat16, "w4a16": torch.bfloat16, "rtn": torch.bfloat16}
+DTYPE = {
+    "w8a8": torch.float32,
+    "w8a16": torch.bfloat16,
+    "w4a16": torch.bfloat16,
+    "rtn": torch.bfloat16,
+    "w4a8": torch.bfloat16,
+}
 
 
 def calib(tok, n=4, length=64):
@@ -131,6 +138,25 @@ def test_awq_search_beats_round_to_nearest_on_outlier_channels():
     mse = lambda wq: ((x @ wq.T - x @ w.T) ** 2).mean().item()  # noqa: E731
     assert r > 0
     assert mse(qparams.fake_int4_weight(w * s, 128) / s) < 0.9 * mse(qparams.fake_int4_weight(w, 128))
+
+
+def test_awq_search_for_int8_activations_scores_them_and_beats_round_to_nearest():
+    # w4a8: the loss is that of x / s rounded per token to int8 against the 4-bit W * s, and the chosen s
+    # must beat plain rounding (r = 0) on that loss, here where a few channels carry outliers.
+    torch.manual_seed(0)
+    x = torch.randn(512, 256)
+    x[:, :4] *= 60
+    lin = torch.nn.Linear(256, 128, bias=False)
+    w = lin.weight.detach().clone()
+    s, r = awq.search_scale(x, [lin], group=128, grid=20, act_int8=True)
+    assert torch.equal(lin.weight, w) and r > 0
+
+    def mse(s):
+        return ((qparams.fake_int8_act(x / s) @ qparams.fake_int4_weight(w * s, 128).T - x @ w.T) ** 2).mean().item()
+
+    assert mse(s) < 0.9 * mse(torch.ones(256))
+    s16, _ = awq.search_scale(x, [lin], group=128, grid=20)
+    assert mse(s) <= mse(s16)  # scored as the kernel computes, it does at least as well as w4a16's choice
 
 
 def test_awq_search_on_sampled_output_channels_picks_what_all_of_them_pick():
@@ -264,6 +290,12 @@ def test_mixed_kernels_follow_the_spec():
     assert isinstance(model.model.layers[1].mlp.down_proj, W8A16Linear)
     assert isinstance(model.model.layers[1].mlp.gate_proj, W4A16Linear)
     assert isinstance(model.lm_head, W8A16Linear)
+    spec8 = quant_spec("rtn", "w4a8", group_size=128, head_scheme="w8a8", int8_linears=("mlp.down_proj",))
+    assert [spec8.scheme_for(n) for n in ("lm_head", "model.layers.0.mlp.down_proj", "model.layers.0.mlp.up_proj")] == [
+        "w8a8",
+        "w8a16",
+        "w4a8",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -272,6 +304,7 @@ def test_mixed_kernels_follow_the_spec():
         ("precision.method=gptq", "precision.method='gptq' is not one of: none, smoothquant, awq, rtn"),
         ("precision.group_size=100", "precision.group_size=100 is not one the int4 kernel runs"),
         ("precision.scheme=w3a16", "precision.scheme='w3a16' is not one of"),
+        ("precision.method=smoothquant", "precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w4a16"),
     ],
 )
 def test_bad_method_or_group_size_is_one_line(override, expect, store):
