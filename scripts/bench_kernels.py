@@ -5,11 +5,13 @@
                                                                     # an AVX2-only host
     .venv/bin/python -m scripts.bench_kernels shapes=llama rows=1,4
     .venv/bin/python -m scripts.bench_kernels variants=avx2,avx_vnni_evex   # AVX-VNNI's code, EVEX-encoded
+    .venv/bin/python -m scripts.bench_kernels shapes=gemma formats=w8a8,bf16 rows=512 variants=avx512   # prefill
 
 Each round times every (shape, format, rows) on each variant and on ATen's kernel for the same weights,
 one after the other in this process (a variant is switched in place), so all see the same machine
 load; the table gives each median over rounds, its min-max, the GB/s of weights read, and the ratio of
-ATen's time to the variant's.
+ATen's time to the variant's. With more rows than a step (rows=512, a prefill) the quantized formats run
+their many-row paths: w8a8 on AMX's tiles where this CPU has them (else ATen's int8 GEMM, as its ATen column).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ SHAPES = {  # (name, N, K): a decode step's weights
     ],
     "llama": [("llama-2-7b mlp up", 11008, 4096), ("llama-2-7b mlp down", 4096, 11008)],
 }
-FORMATS = ("fp32", "bf16", "w8a8", "w8a16", "w4a16")
+FORMATS = ("fp32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8")
 
 
 COMMAND = bench.command(
@@ -63,7 +65,7 @@ def main(argv: list[str]) -> int:
 
     from src import kernels
     from src.common.metrics import markdown_table
-    from src.kernels import variants
+    from src.kernels import amx, variants
     from src.quant.linear import build, int4_tensors, int8_tensors
 
     if args.threads:
@@ -77,6 +79,7 @@ def main(argv: list[str]) -> int:
         if not kernels.load_variants(cache, [variants.by_name(name)]):  # passes over what the CPU lacks
             say(f"the {name} kernels cannot run here: {kernels.reason()}", err=True)
             return 1
+    no_amx = amx.enable(cache)  # w8a8's many rows on AMX's tiles where the CPU has them
 
     def timed(fn, x) -> float:
         fn(x)
@@ -103,8 +106,10 @@ def main(argv: list[str]) -> int:
                 else:
                     kind = fmt
                     dtype = torch.float32 if fmt == "w8a8" else torch.bfloat16
-                    t = int8_tensors(w, None) if fmt != "w4a16" else int4_tensors(w, None, 128)
+                    t = int8_tensors(w, None) if fmt in ("w8a8", "w8a16") else int4_tensors(w, None, 128)
                     fast, slow = build(kind, t, 128, dtype, gemv=True), build(kind, t, 128, dtype, gemv=False)
+                    if fmt == "w8a8" and no_amx is None:
+                        fast.prefill = "amx"
                     ours, aten = fast, slow
                     nbytes = fast.step_bytes()
                 for rows in rows_of:
@@ -135,8 +140,11 @@ def main(argv: list[str]) -> int:
             row += [f"{med:.3f} ({min(ms):.3f}-{max(ms):.3f})", f"{nbytes / med / 1e6:.1f}", f"{aten_ms / med:.2f}x"]
         row.append(f"{aten_ms:.3f}")
         table.append(row)
-    cpu = " ".join(sorted(f for f in variants.cpu_features() if f.startswith(("avx512", "avx2", "avx_vnni", "fma"))))
-    about = f"threads {torch.get_num_threads()}, ATen held to {args.aten_isa or 'this CPU'}; CPU flags: {cpu}"
+    cpu = " ".join(sorted(f for f in variants.cpu_features() if f.startswith(("avx512", "avx2", "avx_vnni", "fma", "amx"))))
+    about = (
+        f"threads {torch.get_num_threads()}, ATen held to {args.aten_isa or 'this CPU'}; w8a8 beyond "
+        f"{kernels.MAX_ROWS} rows: {'AMX' if no_amx is None else 'ATen (' + no_amx + ')'}; CPU flags: {cpu}"
+    )
     text = markdown_table(head, table)
     print(about)
     print(text)
