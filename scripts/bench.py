@@ -82,6 +82,15 @@ def publish(doc: bool, page: str, title: str, text: str, about: str, name: str, 
     benchpage.record(doc, page, title, f"{about}\n\n{text}", **entry)
 
 
+def whole_numbers(setting: str, values) -> list[int]:
+    """A setting's values as whole numbers, or exit 2 after saying so in one line."""
+    try:
+        return [int(v) for v in values]
+    except ValueError:
+        say(f"{setting}={','.join(map(str, values))} must be whole numbers", err=True)
+        sys.exit(2)
+
+
 def stamp(name: str) -> str:
     """A report's file name: bench-<name>-<date>_<time>."""
     return f"bench-{name}-{time.strftime('%Y-%m-%d_%H-%M-%S')}"

@@ -140,7 +140,9 @@ def main(argv: list[str]) -> int:
             row += [f"{med:.3f} ({min(ms):.3f}-{max(ms):.3f})", f"{nbytes / med / 1e6:.1f}", f"{aten_ms / med:.2f}x"]
         row.append(f"{aten_ms:.3f}")
         table.append(row)
-    cpu = " ".join(sorted(f for f in variants.cpu_features() if f.startswith(("avx512", "avx2", "avx_vnni", "fma", "amx"))))
+    cpu = " ".join(
+        sorted(f for f in variants.cpu_features() if f.startswith(("avx512", "avx2", "avx_vnni", "fma", "amx")))
+    )
     about = (
         f"threads {torch.get_num_threads()}, ATen held to {args.aten_isa or 'this CPU'}; w8a8 beyond "
         f"{kernels.MAX_ROWS} rows: {'AMX' if no_amx is None else 'ATen (' + no_amx + ')'}; CPU flags: {cpu}"

@@ -28,7 +28,6 @@ from scripts import bench
 from scripts.peer import cache_dir, import_llama_cpp, llama_cpp_long, long_job
 from src.common.environment import PROJECT_ROOT as ROOT
 from src.common.metrics import markdown_table
-from src.common.say import say
 from src.common.settings import Setting
 
 MODEL = "llama-2-7b"
@@ -146,11 +145,7 @@ COMMAND = bench.command(
 
 def main(argv: list[str]) -> int:
     args, extra = bench.parse(COMMAND, argv)
-    try:
-        lengths = [int(n) for n in args.lengths]
-    except ValueError:
-        say(f"lengths={','.join(args.lengths)} must be whole numbers", err=True)
-        return 2
+    lengths = bench.whole_numbers("lengths", args.lengths)
     llama_cpp = import_llama_cpp()
     if llama_cpp is None:
         return 2

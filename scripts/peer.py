@@ -28,17 +28,16 @@ from src.tracking.readback.sweeps import sweep_jobs
 TOKENS = 30  # the decode task's max_new_tokens
 
 
-def decode_job(store: str, sweep_dir: Path, overrides: list[str], env: dict | None = None) -> list:
-    """The runs of one `python -m src.run -m task=decode <overrides>` sweep (a whole job as a user runs it),
-    read back from its store."""
+def _sweep(store: str, sweep_dir: Path, args: list[str], env: dict | None = None) -> list:
+    """The runs of one `python -m src.run -m <args>` sweep into `sweep_dir` (whole jobs as a user runs them), read
+    back from its store."""
     subprocess.run(
         [
             sys.executable,
             "-m",
             "src.run",
             "-m",
-            "task=decode",
-            *overrides,
+            *args,
             f"tracking.uri={store}",
             f"hydra.sweep.dir={sweep_dir}",
             "report_at_end=false",
@@ -49,6 +48,11 @@ def decode_job(store: str, sweep_dir: Path, overrides: list[str], env: dict | No
         env={**os.environ, **(env or {})},
     )
     return sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))[1]
+
+
+def decode_job(store: str, sweep_dir: Path, overrides: list[str], env: dict | None = None) -> list:
+    """The runs of one `python -m src.run -m task=decode <overrides>` sweep, read back from its store."""
+    return _sweep(store, sweep_dir, ["task=decode", *overrides], env)
 
 
 def llama_cpp_ms(llm, limit: int | None = None) -> float:
@@ -81,27 +85,13 @@ def cache_dir() -> Path:
 def long_job(store: str, overrides: list[str], lengths: list[int], tokens: int) -> dict[int, tuple[float, float]]:
     """{prompt tokens: (prefill ms, time/token ms)} of one `python -m src.run -m task=benchmark_long <overrides>`
     job at these prompt lengths, `tokens` new tokens each, read back from its store (the last quiet round)."""
-    sweep_dir = Path(tempfile.mkdtemp(prefix="bench-long-"))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "src.run",
-            "-m",
-            "task=benchmark_long",
-            f"task.prompt_lengths=[{','.join(map(str, lengths))}]",
-            f"task.max_new_tokens={tokens}",
-            *overrides,
-            f"tracking.uri={store}",
-            f"hydra.sweep.dir={sweep_dir}",
-            "report_at_end=false",
-        ],
-        cwd=PROJECT_ROOT,
-        check=True,
-        capture_output=True,
+    lengths_arg = f"task.prompt_lengths=[{','.join(map(str, lengths))}]"
+    runs = _sweep(
+        store,
+        Path(tempfile.mkdtemp(prefix="bench-long-")),
+        ["task=benchmark_long", lengths_arg, f"task.max_new_tokens={tokens}", *overrides],
     )
     # a round timed while other processes were busy is measured again (busy_reruns): the last quiet one counts
-    _, runs = sweep_jobs(store, sweep_id=str(sweep_dir.resolve()))
     job = quiet(runs)[-1]
     client = MlflowClient(store)
     history = {

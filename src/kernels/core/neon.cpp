@@ -37,6 +37,16 @@ inline float32x4_t lanes4(const float* p, int lanes) {   // up to 4 values, zero
   return vld1q_f32(v);
 }
 
+// 16 int8 products summed into 4 int32 lanes: SDOT, or SMULL into int16 pairs (|products| <= 127 * 127) and SADALP.
+inline int32x4_t dot_s8(int32x4_t a, int8x16_t w, int8x16_t x) {
+#ifdef __ARM_FEATURE_DOTPROD
+  return vdotq_s32(a, w, x);
+#else
+  a = vpadalq_s16(a, vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+  return vpadalq_s16(a, vmull_high_s8(w, x));
+#endif
+}
+
 struct NoState {};
 
 template <typename W, typename X>
@@ -81,14 +91,7 @@ struct W8A8 : Dense<int8_t, int8_t> {
   V xv(int m, int64_t k) const { return vld1q_s8(x_at(m, k)); }
   static Acc zero() { return vdupq_n_s32(0); }
   static Sum sum_zero() { return zero(); }
-  static Acc madd(Acc a, V w, V x) {
-#ifdef __ARM_FEATURE_DOTPROD
-    return vdotq_s32(a, w, x);
-#else
-    a = vpadalq_s16(a, vmull_s8(vget_low_s8(w), vget_low_s8(x)));
-    return vpadalq_s16(a, vmull_high_s8(w, x));
-#endif
-  }
+  static Acc madd(Acc a, V w, V x) { return dot_s8(a, w, x); }
   float32x4_t finish(int32x4_t sums, int64_t n, int m, int lanes) const {
     return vmulq_n_f32(vmulq_f32(vcvtq_f32_s32(sums), lanes4(w_scale + n, lanes)), x_scale[m]);
   }
@@ -165,14 +168,7 @@ struct W4A8 {
   V xv(int m, int64_t k) const { return vld1q_s8(x + m * K + k); }
   static Acc zero() { return vdupq_n_s32(0); }
   static Sum sum_zero() { return vdupq_n_f32(0.f); }
-  static Acc madd(Acc a, V w, V x) {
-#ifdef __ARM_FEATURE_DOTPROD
-    return vdotq_s32(a, w, x);
-#else
-    a = vpadalq_s16(a, vmull_s8(vget_low_s8(w), vget_low_s8(x)));
-    return vpadalq_s16(a, vmull_high_s8(w, x));
-#endif
-  }
+  static Acc madd(Acc a, V w, V x) { return dot_s8(a, w, x); }
   static Sum fold(Sum sum, Acc a, const State& s) { return vfmaq_n_f32(sum, vcvtq_f32_s32(a), s); }
   float32x4_t finish(float32x4_t sums, int64_t n, int m, int lanes) const {
     return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
