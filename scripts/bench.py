@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from src.common import benchpage
-from src.common.environment import PROJECT_ROOT
+from src.common.environment import PROJECT_ROOT, git_commit
 from src.common.say import say
 from src.common.settings import Command, Setting, SettingError
 from src.tracking.readback.sweeps import JobRecord, sweep_jobs
@@ -37,6 +37,13 @@ def parse(cmd: Command, argv: list[str]) -> tuple[SimpleNamespace, list[str]]:
         values, rest = cmd.parse(argv)
     except SettingError as err:
         say(str(err), err=True)
+        sys.exit(2)
+    if values.get("doc") and git_commit().endswith("-dirty"):  # said before the measuring, not after it
+        say(
+            "doc=true records on the docs' benchmark pages only what a commit holds, and this tree has uncommitted "
+            "changes: commit or stash them first (git status), or run without doc=true",
+            err=True,
+        )
         sys.exit(2)
     return SimpleNamespace(**{k.replace(".", "_"): v for k, v in values.items()}), rest
 

@@ -65,3 +65,42 @@ def test_values_from_the_host_cannot_break_the_page():
     assert "*Command*: `x y`" in page and "commit `` c`1 ``" in page
     table = markdown_table(["cpu", "ms"], [[evil, 1.0]]).splitlines()
     assert len(table) == 3 and all(line.count(" | ") == 1 for line in (table[0], table[2]))  # two cells a row
+
+
+def test_doc_true_is_refused_on_a_tree_with_uncommitted_code_before_anything_is_measured(monkeypatch, capsys):
+    from scripts import bench
+    from src.common.settings import Setting
+
+    cmd = bench.command("bench_x", "doc", [Setting("rounds", 3, "rounds")])
+    monkeypatch.setattr(bench, "git_commit", lambda: "0123abcd-dirty")
+    with pytest.raises(SystemExit) as stop:
+        bench.parse(cmd, ["rounds=2", "doc=true"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "doc=true" in err[0] and "commit or stash" in err[0]
+    args, _ = bench.parse(cmd, ["rounds=2"])  # without doc=true the same tree is measured as it is
+    assert args.rounds == 2 and not args.doc
+
+
+def test_a_benchmark_result_just_recorded_does_not_make_the_tree_dirty(tmp_path, monkeypatch):
+    import subprocess
+
+    from src.common import environment
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    results = tmp_path / environment.RESULTS_DIR
+    results.mkdir(parents=True)
+    (results / "page.jsonl").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    monkeypatch.setattr(environment, "PROJECT_ROOT", tmp_path)
+    (results / "page.jsonl").write_text("{}\n{}\n")
+    assert not environment.git_commit().endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert environment.git_commit().endswith("-dirty")

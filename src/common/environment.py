@@ -26,13 +26,20 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# What the benchmark scripts append to (docs/benchmarks/results/*.jsonl): their output, not code, so a tree whose only
+# change is a result just recorded is not "-dirty" (the next benchmark in a row would otherwise record itself so).
+RESULTS_DIR = "docs/benchmarks/results"
+
+
 def git_commit() -> str:
+    """HEAD's commit, "-dirty" where a tracked file other than a benchmark result differs from it ("unknown"
+    outside a git checkout)."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5, check=True
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){RESULTS_DIR}"],
             cwd=PROJECT_ROOT,
             capture_output=True,
             text=True,
