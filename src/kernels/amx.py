@@ -45,6 +45,6 @@ def enable(directory: Path, feature: int = XTILEDATA) -> str | None:
 
 def enabled() -> bool:
     """Whether int8_gemm_amx may run in this process."""
-    import torch
+    import torch  # after the ISA environment a script sets (see src.kernels._key)
 
     return kernels.loaded() and bool(torch.ops.quantspec.amx())
