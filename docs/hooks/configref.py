@@ -112,6 +112,27 @@ def _choices(group: str) -> list[str]:
     return rows
 
 
+def _per_choice(group: str) -> dict[str, dict[str, list[str]]]:
+    """Each field's values as the group's choices set them: {field: {value shown: [choices]}}."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        if path.name.startswith("_"):
+            continue
+        for name, value in (yaml.safe_load(path.read_text()) or {}).items():
+            if name != "defaults" and not isinstance(value, dict):
+                found.setdefault(name, {}).setdefault(_default(value), []).append(path.stem)
+    return found
+
+
+def _default_cell(value, set_by: dict[str, list[str]]) -> str:
+    """The field's default, then what each choice that sets it otherwise sets (`w8a16` in w4a16, rtn)."""
+    shown = _default(value)
+    others = [f"{v} in {', '.join(choices)}" for v, choices in set_by.items() if v != shown]
+    if value == "???":
+        return "set by each choice: " + "; ".join(others) if others else shown
+    return shown + ("; " + "; ".join(others) if others else "")
+
+
 def _fields(group: str) -> list[str]:
     classes, registry = GROUPS[group]
     fields_file = CONF_DIR / group / "_fields.yaml"
@@ -132,6 +153,7 @@ def _fields(group: str) -> list[str]:
         for f in dataclasses.fields(cls):
             owners.setdefault(f.name, []).append(kind)
     names = list(defaults) + [n for n in types if n not in defaults]
+    set_by = _per_choice(group)
     rows = ["| field | type | default | read by | meaning |", "|---|---|---|---|---|"]
     for name in names:
         if name.startswith("_") or name == "defaults" or f"{group}.{name}" in INTERNAL:
@@ -142,7 +164,8 @@ def _fields(group: str) -> list[str]:
         if registry and not read_by:
             read = BASE_READER.get(group, every)
         rows.append(
-            f"| `{group}.{name}` | `{_cell(types.get(name) or 'str')}` | {_cell(_default(defaults.get(name)))} | "
+            f"| `{group}.{name}` | `{_cell(types.get(name) or 'str')}` | "
+            f"{_cell(_default_cell(defaults.get(name), set_by.get(name, {})))} | "
             f"{read} | {_cell(comments.get(name) or class_notes.get(name, ''))} |"
         )
     return rows
