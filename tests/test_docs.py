@@ -13,7 +13,25 @@ from src.common import doccommands
 from src.tracking.readback import report
 from tests.conftest import compose_job
 
-PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|HEAD:|/path/|/models/|/abs/")
+# What a reader fills in, and the value the check fills in for it: a command with one is checked with that value.
+FILLS = [
+    (re.compile(r"<[^>]*>"), "example"),  # <earlier-sweep>
+    (re.compile(r"\bHEAD\b"), "127.0.0.1"),  # the head node's address (tracking.uri=http://HEAD:5000)
+]
+OPTIONAL = re.compile(r"^\[.*\]$")  # [sweep=<new-sweep>]: a setting a reader may leave out
+
+
+def _filled(args: list[str]) -> list[str]:
+    out = []
+    for arg in args:
+        if OPTIONAL.match(arg):
+            arg = arg[1:-1]
+        for pattern, value in FILLS:
+            arg = pattern.sub(value, arg)
+        out.append(arg)
+    return out
+
+
 # Hydra's own settings and the sweep's: they do not compose into a job
 NOT_JOB = ("hydra.", "hydra/", "+hydra", "tracking.uri=", "rounds=", "busy_reruns=", "report_at_end=", "resume=")
 
@@ -23,8 +41,8 @@ def _documented(module: str):
         for block in doccommands.blocks(page):
             for words in doccommands.commands(block.text):
                 args = doccommands.module_args(words, module)
-                # a command with a placeholder for the reader to fill in (<p>, /models/...) is not checked
-                if args is not None and not any(PLACEHOLDER.search(a) for a in args):
+                if args is not None:  # every one, its placeholders filled in as a reader would
+                    args = _filled(args)
                     yield pytest.param(block.where, args, id=f"{block.where}:{' '.join(args)[:60]}")
 
 
@@ -95,3 +113,18 @@ def test_every_documented_regress_command_has_real_settings(where, args):
     from src.tracking.readback import regress
 
     regress.settings([a for a in args if a not in ("--help", "-h")])  # SettingError for one it lacks
+
+
+@pytest.mark.parametrize("where, args", list(_documented("src.sync")))
+def test_every_documented_sync_command_has_real_settings(where, args):
+    from src.tracking.store import sync
+
+    sync.COMMAND.parse([a for a in args if a not in ("--help", "-h")])  # SettingError for one it lacks
+
+
+def test_a_placeholder_is_filled_as_a_reader_fills_it():
+    assert _filled(["baseline=<earlier-sweep>", "[sweep=<new-sweep>]", "tracking.uri=http://HEAD:5000"]) == [
+        "baseline=example",
+        "sweep=example",
+        "tracking.uri=http://127.0.0.1:5000",
+    ]
