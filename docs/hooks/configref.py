@@ -190,19 +190,17 @@ def _top_level() -> list[str]:
     return rows
 
 
-def _search() -> list[str]:
-    """hydra/sweeper=search's settings (hydra.sweeper.*), from its config class."""
-    from hydra_plugins.quantspec_search.search_sweeper import SearchSweeperConf
-
-    notes = class_comments(SearchSweeperConf)
+def _plugin(conf: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
+    """A Hydra plugin's settings (`hydra.sweeper.*`, `hydra.launcher.*`), from its config class."""
+    notes = class_comments(conf)
     rows = ["| setting | type | default | meaning |", "|---|---|---|---|"]
-    for f in dataclasses.fields(SearchSweeperConf):
-        if f.name.startswith("_") or f.name in ("params", "max_batch_size"):
+    for f in dataclasses.fields(conf):
+        if f.name.startswith("_") or f.name in skip:
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         kind = getattr(f.type, "__name__", str(f.type)).replace("typing.", "")
         rows.append(
-            f"| `hydra.sweeper.{f.name}` | `{_cell(kind)}` | {_cell(_default(default))} | {_cell(notes.get(f.name, ''))} |"
+            f"| `{prefix}.{f.name}` | `{_cell(kind)}` | {_cell(_default(default))} | {_cell(notes.get(f.name, ''))} |"
         )
     return rows
 
@@ -220,13 +218,24 @@ def render() -> str:
     ]
     for group in GROUPS:
         out += [f"## `{group}`", "", "### Choices", "", *_choices(group), "", "### Fields", "", *_fields(group), ""]
+    from hydra_plugins.quantspec_ray.ray_launcher import RayLauncherConf
+    from hydra_plugins.quantspec_search.search_sweeper import SearchSweeperConf
+
     out += [
         "## `hydra/sweeper=search`",
         "",
         "The search over the sweep's axes (docs: how-to/search.md); "
         "`hydra/sweeper=rounds`, the default, takes `rounds` and `busy_reruns` above.",
         "",
-        *_search(),
+        *_plugin(SearchSweeperConf, "hydra.sweeper", skip=("params", "max_batch_size")),
+        "",
+        "## `hydra/launcher=ray`",
+        "",
+        "Jobs placed on a Ray cluster of machines, each job on a node that advertises its hardware profile's "
+        "resource (`hardware.resource`) and a free slot (docs: how-to/lab.md); `hydra/launcher=basic`, the "
+        "default, runs them one after another here.",
+        "",
+        *_plugin(RayLauncherConf, "hydra.launcher"),
         "",
     ]
     return "\n".join(out)
