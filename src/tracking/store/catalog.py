@@ -207,7 +207,8 @@ CATALOG: list[Name] = [
         ("perplexity_windows", "windows scored"),
         ("perplexity_window", "tokens per window"),
         ("perplexity_eval_s", "the scoring pass"),
-        ("window/<metric>", "per window (step = window number): nll, kl_mean"),
+        ("window/nll", "per window (step = window number): the mean negative log-likelihood"),
+        ("window/kl_mean", "per window: the mean KL divergence from the reference"),
         ("kl_mean", "KL divergence from the reference, mean over tokens"),
         ("kl_mean_se", "its standard error"),
         ("kl_median", "median"),
@@ -265,7 +266,8 @@ CATALOG: list[Name] = [
         ("prefill_ms", "prefill over its rounds"),
         ("tokens_per_s", "tokens/s over its rounds"),
         ("busy", "1 where the figure stands on busy timings only"),
-        ("round/<metric>", "per round (step = round): decode_ms_per_token, decode_speedup"),
+        ("round/decode_ms_per_token", "per round (step = round): the job's time per token"),
+        ("round/decode_speedup", "per round: its speedup over the sweep's baseline"),
         ("quality_below", "1: below quality.min_ratio of its reference"),
         ("front_ms_per_token", "a quality job's point on the speed–quality front: its configuration's speed"),
         ("front_quality", "its quality figure"),
@@ -321,12 +323,17 @@ CATALOG: list[Name] = [
 ]
 
 
-# Placeholders that stand for a fixed set (the config's groups and top-level settings); any other stands for
-# one segment of a name (no "/").
+# Placeholders that stand for a fixed set (the config's groups and top-level settings, the statistics, paths and
+# outcomes a name can carry), so a new name of that shape must be listed; any other stands for one segment of a
+# name (no "/").
 FIXED = {
     "<group>": "(model|hardware|precision|draft|task|engine|dataset|tracking|sampling)",
     "<key>": r"[\w.-]+",
     "<setting>": "(cache_dir|experiment|resume|report_at_end|rounds|busy_reruns|round)",
+    "<stat>": "(median|p90|p99)",  # the KL quantiles with intervals (src.quality.divergence)
+    "<path>": "(int_mm|float|amx)",  # w8a8's many-row paths (src.quant.prefill)
+    "<outcome>": "(finished|skipped|failed|killed|running)",
+    "<k>": r"\d+",
 }
 
 
