@@ -62,6 +62,12 @@ class Sweep:
         return [j for j in self.jobs if j.tags.get("outcome") == "finished"]
 
     @property
+    def rounds(self) -> int | None:
+        """The rounds its command asked for (`rounds=3`), or None: one run, as the pages say."""
+        asked = [a.split("=", 1)[1] for a in self.args if a.startswith("rounds=")]
+        return int(asked[-1]) if asked and asked[-1].isdigit() else None
+
+    @property
     def command(self) -> str:
         """How a user reruns it (the sweep directory left out)."""
         return "python -m src.run " + " ".join(a for a in self.args if not a.startswith("hydra.sweep.dir="))

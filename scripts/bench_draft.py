@@ -78,6 +78,7 @@ def main(argv: list[str]) -> int:
         table,
         f"`{sweep.command}`: each speedup against the same job's examples timed without the draft, in turns.",
         sweep.dir.name,
+        rounds=sweep.rounds,
     )
     return sweep.returncode
 

@@ -80,6 +80,7 @@ def main(argv: list[str]) -> int:
         table,
         f"`{sweep.command}`, three timed runs per prompt, the median kept; ratios to fp32 within the sweep.",
         sweep.dir.name,
+        rounds=sweep.rounds,
     )
     return sweep.returncode
 

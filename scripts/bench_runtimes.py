@@ -84,6 +84,7 @@ def main(argv: list[str]) -> int:
         f"`{sweep.command}`: one sweep, the benchmark task's prompts (medians over them) and 8 perplexity "
         f"windows; each runtime quantizes by its own method.",
         sweep.dir.name,
+        rounds=sweep.rounds,
     )
     return sweep.returncode
 

@@ -104,3 +104,12 @@ def test_a_benchmark_result_just_recorded_does_not_make_the_tree_dirty(tmp_path,
     assert not environment.git_commit().endswith("-dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert environment.git_commit().endswith("-dirty")
+
+
+def test_a_sweeps_entry_records_the_rounds_its_command_asked_for():
+    from pathlib import Path
+
+    from scripts.bench import Sweep
+
+    assert Sweep(Path("s"), ["-m", "precision=fp32,w8a8", "rounds=3"], 0).rounds == 3
+    assert Sweep(Path("s"), ["-m", "precision=fp32"], 0).rounds is None  # one run, as the page then says
