@@ -1,18 +1,39 @@
-"""Run the commands the docs mark runnable (`<!-- runnable -->` right above a fenced block), as a reader would:
-each block in bash from the project's root, one line per block, exit 1 if any fails (with its output's end).
+"""Run the commands the docs mark runnable, as a reader would, and check what they print against what the pages
+show.
 
-    .venv/bin/python -m scripts.check_docs            # every runnable block in README.md and docs/
-    .venv/bin/python -m scripts.check_docs list=true  # which blocks, without running them
+    .venv/bin/python -m scripts.check_docs              # every runnable block in README.md and docs/
+    .venv/bin/python -m scripts.check_docs list=true    # which blocks, without running them
+    .venv/bin/python -m scripts.check_docs write=true   # run them and rewrite the pages' output excerpts
+    .venv/bin/python -m scripts.check_docs only=docs/walk   # the pages under docs/walk only
 
-They run on tiny models in seconds, and write to the project's store (mlflow.db) as the reader's would. CI runs
-this after `mkdocs build --strict`, so a renamed setting breaks the build instead of the reader.
+A runnable block (`<!-- runnable -->` right above a fenced block) runs in bash (-euo pipefail), one line per block
+here; exit 1 if any fails, with its output's end. An output block (`<!-- output -->` right above the fenced block
+after a runnable one) is an excerpt of what that block prints: every line it shows must still be printed, `...`
+standing for lines left out. Figures, ids and times change from run to run, so lines are compared with each number
+read as `#` (an empty cell, `-`, too), hex ids as `<id>`, runs of spaces and dashes as one (a table's padding
+follows its figures), and what names the host (its CPU, the kernel variant), a `⚠ BUSY` mark (a figure timed
+beside other work) and a regress verdict (slower, faster, no change: it follows the figures) are not compared. `write=true` rewrites each excerpt with the lines
+this run printed that it matched, so a page shows real output of the current code (an empty excerpt gets all
+of it, to be cut down by hand).
+
+The blocks run in one scratch checkout: a temporary directory whose entries link to this project's, except the
+ones a run writes (the store, multirun/, outputs/), with a store of its own (MLFLOW_TRACKING_URI), so they run as
+on a fresh clone whatever this checkout already holds, in page order (README.md, then docs/ by path: the walk's
+pages are numbered). Paths into it, and the home directory, are shown as a reader's (/home/you/quantspec,
+/home/you). CI runs this after `mkdocs build --strict`, so a renamed setting or a changed line of output breaks the
+build instead of the reader.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from scripts import bench
 from src.common import doccommands
@@ -24,40 +45,163 @@ COMMAND = Command(
     __doc__,
     [
         Setting("list", False, "list the runnable blocks, run nothing"),
+        Setting("write", False, "rewrite the pages' output excerpts from this run (each shown line still matched)"),
+        Setting("only", "", "only the pages whose path (from the project's root) starts with this"),
         Setting("timeout", 600, "seconds per block"),
     ],
 )
 
+# what a run writes into the project's root: the scratch checkout gets fresh ones
+RUN_STATE = {"mlflow.db", ".mlflow.db.lock", "mlartifacts", "mlruns", "multirun", "outputs", "tracking-server", "site"}
+READER = Path("/home/you")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# how a figure timed beside other work is marked (and the rounds measured again for it): not compared, as the
+# checked runs share a machine
+BUSY = re.compile(
+    r"⚠ BUSY( baseline)?(, | · | )?|, \d+ / \d+ busy| ?\[(\d+ busy rounds? left out|every round busy)\]"
+    r"|.*rounds? ran on a busy host.*"
+)
+CPU = re.compile(r"host CPU \((?:[^()|]|\([^()|]*\))*\)")  # "host CPU (Intel(R) Xeon(R) Processor)"
+ISA = re.compile(r"\b(avx512|avx_vnni|avx2|neon_dotprod|neon|reference)\b")
+VERDICT = re.compile(r"\| *(slower|faster|no change) *\|")  # src.regress's, on figures that move run to run
+EMPTY_CELL = re.compile(r"(?<=\|) *[-–] *(?=\|)")  # "-": nothing measured, e.g. no busy round
+HEX_ID = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b")
+NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")  # not in a name: w8a8, fp32, avx512
+ELLIPSIS = "..."
+
+
+def scratch_checkout() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="quantspec-docs-"))
+    for entry in PROJECT_ROOT.iterdir():
+        if entry.name not in RUN_STATE and entry.name != ".git":
+            (root / entry.name).symlink_to(entry)
+    return root
+
+
+def as_reader(text: str, scratch: Path) -> list[str]:
+    """The output as a reader in a checkout at /home/you/quantspec would see it."""
+    text = ANSI.sub("", text)
+    for path, shown in ((scratch, READER / "quantspec"), (PROJECT_ROOT, READER / "quantspec"), (Path.home(), READER)):
+        text = text.replace(str(path), str(shown))
+    return [line.rstrip() for line in text.splitlines()]
+
+
+def key(line: str) -> str:
+    """What must stay the same: the line without what a run or a host changes."""
+    line = CPU.sub("host CPU (<cpu>)", ISA.sub("<isa>", VERDICT.sub("| <verdict> |", BUSY.sub("", line))))
+    line = NUMBER.sub("#", HEX_ID.sub("<id>", EMPTY_CELL.sub(" # ", line)))
+    line = re.sub(r"# (\w+?)s\b", r"# \1", line)  # "1 round", "3 rounds": the count is not compared, nor its plural
+    return re.sub(r"\s+", " ", re.sub(r"-{2,}", "-", line)).strip()
+
+
+def match(shown: list[str], printed: list[str]) -> tuple[list[int], list[str]]:
+    """The printed lines each shown line matches (in order where the order holds, else anywhere: a table's rows
+    come fastest first), and the shown lines nothing printed matches."""
+    wanted = [line for line in shown if line.strip() != ELLIPSIS]
+    keys = [key(line) for line in printed]
+    found, at = [], -1
+    for line in wanted:  # in order
+        k = key(line)
+        at = next((i for i in range(at + 1, len(printed)) if keys[i] == k), None)
+        if at is None:
+            break
+        found.append(at)
+    else:
+        return found, []
+    found, missing = [], []
+    for line in wanted:  # anywhere, each printed line used once
+        k = key(line)
+        i = next((i for i in range(len(printed)) if keys[i] == k and i not in found), None)
+        (missing.append(line) if i is None else found.append(i))
+    return sorted(found), missing
+
+
+def excerpt(shown: list[str], printed: list[str], found: list[int]) -> list[str]:
+    """The printed lines found, in the order printed, with `...` where lines were left out between them (and at
+    either end where the page had it)."""
+    out = [ELLIPSIS] if shown and shown[0].strip() == ELLIPSIS else []
+    for n, i in enumerate(found):
+        if n and i > found[n - 1] + 1:
+            gap = printed[found[n - 1] + 1 : i]
+            out.extend(gap if not any(line.strip() for line in gap) else [ELLIPSIS])  # blank lines are kept
+        out.append(printed[i])
+    if shown and shown[-1].strip() == ELLIPSIS:
+        out.append(ELLIPSIS)
+    return out
+
+
+def run(block: doccommands.Block, scratch: Path, timeout: int) -> tuple[str | None, str]:
+    """(None or why it failed, its output)."""
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{scratch / 'mlflow.db'}", PYTHONUNBUFFERED="1")
+    try:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.text],
+            cwd=scratch,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # interleaved, as a terminal shows them
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as err:
+        return f"over {timeout} s", err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+    return (None if done.returncode == 0 else f"exit {done.returncode}"), done.stdout
+
 
 def main(argv: list[str]) -> int:
     args, _ = bench.parse(COMMAND, argv)
-    runnable = [b for page in doccommands.pages() for b in doccommands.blocks(page) if b.runnable]
+    pages = [
+        (page, doccommands.blocks(page))
+        for page in doccommands.pages()
+        if str(page.relative_to(PROJECT_ROOT)).startswith(args.only)
+    ]
+    count = sum(b.runnable for _, blocks in pages for b in blocks)
+    if args.list:
+        for _, blocks in pages:
+            for b in blocks:
+                if b.runnable:
+                    print(f"{b.where}: {b.text.splitlines()[0]}")
+        return 0
+    scratch = scratch_checkout()
     failed = 0
-    for block in runnable:
-        if args.list:
-            print(f"{block.where}: {block.text.splitlines()[0]}")
-            continue
-        start = time.monotonic()
-        try:
-            done = subprocess.run(
-                ["bash", "-euo", "pipefail", "-c", block.text],
-                cwd=PROJECT_ROOT,
-                capture_output=True,
-                text=True,
-                timeout=args.timeout,
-            )
-            ok, tail = done.returncode == 0, (done.stdout + done.stderr)[-2000:]
-            why = f"exit {done.returncode}"
-        except subprocess.TimeoutExpired:
-            ok, tail, why = False, "", f"over {args.timeout} s"
-        print(
-            f"{block.where}: {'ok' if ok else 'FAILED (' + why + ')'} in {time.monotonic() - start:.0f} s", flush=True
-        )
-        if not ok:
-            failed += 1
-            print(tail, file=sys.stderr)
-    if not args.list:
-        print(f"check_docs: {len(runnable) - failed} of {len(runnable)} runnable blocks ran")
+    try:
+        for page, blocks in pages:
+            rewrites: list[tuple[doccommands.Block, list[str]]] = []
+            for n, block in enumerate(blocks):
+                if not block.runnable:
+                    continue
+                start = time.monotonic()
+                why, output = run(block, scratch, args.timeout)
+                printed = as_reader(output, scratch)
+                shown_block = blocks[n + 1] if n + 1 < len(blocks) and blocks[n + 1].output else None
+                if why is None and shown_block is not None:
+                    shown = shown_block.text.splitlines()
+                    found, missing = match(shown, printed)
+                    if not shown:  # a new excerpt: all of it, for the writer to cut down to what matters
+                        found = list(range(len(printed)))
+                    if not shown and not args.write:
+                        why = f"{shown_block.where} shows no output: run python -m scripts.check_docs write=true"
+                    elif missing:
+                        why = (
+                            f"its output no longer shows {len(missing)} of the lines {shown_block.where} shows, "
+                            f"first: {missing[0].strip()[:160]!r}"
+                        )
+                    elif args.write:
+                        rewrites.append((shown_block, excerpt(shown, printed, found)))
+                took = time.monotonic() - start
+                print(f"{block.where}: {'ok' if why is None else 'FAILED: ' + why} in {took:.0f} s", flush=True)
+                if why is not None:
+                    failed += 1
+                    print("\n".join(printed[-40:]), file=sys.stderr)
+            if rewrites:
+                lines = page.read_text().splitlines()
+                for shown_block, new in sorted(rewrites, key=lambda r: -r[0].line):
+                    lines[shown_block.line : shown_block.end - 1] = new
+                page.write_text("\n".join(lines) + "\n")
+                print(f"{page.relative_to(PROJECT_ROOT)}: {len(rewrites)} output excerpt(s) rewritten", flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"check_docs: {count - failed} of {count} runnable blocks ran and printed what their pages show")
     return 1 if failed else 0
 
 

@@ -1,6 +1,8 @@
 """Benchmark results as docs pages (src.common.benchpage): appended, never rewritten; the latest shown first, the
 earlier ones collapsed; a damaged results file said in one line."""
 
+import dataclasses
+
 import pytest
 
 from src.common import benchpage
@@ -19,17 +21,49 @@ def _entry(title: str, date: str) -> benchpage.Entry:
     )
 
 
-def test_entries_append_and_render_latest_first_with_the_rest_collapsed(tmp_path):
-    for title, date in (("first", "2026-11-01"), ("second", "2026-11-02"), ("third", "2026-11-03")):
-        benchpage.append("page", _entry(title, date), results=tmp_path)
-    entries = benchpage.load("page", results=tmp_path)
-    assert [e.title for e in entries] == ["first", "second", "third"]
-    text = benchpage.render(entries)
-    assert text.startswith("## Latest: third")
+def test_each_question_shows_its_latest_current_entry_and_the_rest_is_history(tmp_path):
+    entries = [
+        _entry("decode", "2026-11-01"),
+        _entry("decode", "2026-11-02"),
+        dataclasses.replace(_entry("decode", "2026-11-03"), commit="def456-dirty"),  # uncommitted changes
+        dataclasses.replace(_entry("decode", "2026-11-04"), origin="the README", flags=[]),  # carried over
+        _entry("prefill", "2026-11-02"),
+    ]
+    for item in entries:
+        benchpage.append("page", item, results=tmp_path)
+    loaded = benchpage.load("page", results=tmp_path)
+    assert [e.date for e in loaded] == [e.date for e in entries]
+    assert [(e.title, e.date) for e in benchpage.latest(loaded)] == [
+        ("prefill", "2026-11-02"),
+        ("decode", "2026-11-02"),
+    ]
+    text = benchpage.render(loaded)
+    assert text.startswith("## Latest: prefill") and "## Latest: decode" in text
     assert "CPU flags `avx2 fma`" in text and "3 rounds in turns" in text and "commit `abc123`" in text
+    assert "Some CPU, 2 cores (AVX2 + FMA)" in text
     history = text[text.index("## History") :]
-    assert history.index('??? note "second') < history.index('??? note "first')
+    notes = [line for line in history.splitlines() if line.startswith("??? note")]
+    assert [n.split("; ")[-1] for n in notes] == [
+        'carried over, host and flags as its text says)"',
+        'measured with uncommitted changes)"',
+        'superseded)"',
+    ]
     assert "\n    | a | b |" in history  # a collapsed entry's table stays inside its block
+
+
+def test_a_page_with_no_current_entry_says_so_and_shows_none_as_latest(tmp_path):
+    text = benchpage.render([dataclasses.replace(_entry("decode", "2026-11-01"), commit="abc-dirty")])
+    assert "## Latest" not in text and "No current result" in text and "## History" in text
+
+
+def test_the_host_is_named_by_its_cpu_and_the_isa_that_picks_the_kernels():
+    assert (
+        benchpage.isa(["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8"]) == "AVX-512 VNNI/BF16, AMX"
+    )
+    assert benchpage.isa(["avx2", "fma", "f16c"]) == "AVX2 + FMA"
+    assert benchpage.isa(["avx2", "fma", "avx_vnni"]) == "AVX2 + AVX-VNNI + FMA"
+    assert benchpage.isa(["asimd", "asimddp"]) == "Arm NEON + dot product"
+    assert benchpage.isa([]) == "flags not recorded"
 
 
 def test_a_page_without_results_says_how_to_make_one(tmp_path):
@@ -55,8 +89,10 @@ def test_values_from_the_host_cannot_break_the_page():
     from src.common.metrics import markdown_table
 
     evil = 'AMD "Epyc"\n## injected <img src=x onerror=alert(1)> a|b'
-    old = benchpage.Entry(title=f"on {evil}", body="body", date="d", commit="c`1", host=evil, flags=[], command="x\ny")
-    page = benchpage.render([old, old])
+    old = benchpage.Entry(
+        title=f"on {evil}", body="body", date="d", commit="c`1", host=evil, flags=["avx2"], command="x\ny"
+    )
+    page = benchpage.render([old, dataclasses.replace(old)])
     lines = page.splitlines()
     assert [line for line in lines if line.startswith("#")] == [lines[0], "## History"]
     assert "<img" not in page and "&lt;img" in page

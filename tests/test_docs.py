@@ -2,11 +2,14 @@
 valid job config (its choices, fields and values), every report command's settings exist, and the blocks
 marked runnable are found (scripts/check_docs.py runs them in CI)."""
 
+import json
 import re
+import shutil
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from scripts import check_docs, headline
 from src.assembly.config import ConfigError, job_config_from_dict
 from src.assembly.overrides import composition_problem, unparsable
 from src.common import doccommands
@@ -128,3 +131,60 @@ def test_a_placeholder_is_filled_as_a_reader_fills_it():
         "sweep=example",
         "tracking.uri=http://127.0.0.1:5000",
     ]
+
+
+def test_shown_output_is_compared_without_what_changes_from_run_to_run():
+    page = [
+        "[2026-11-28 00:12:38,371][HYDRA] round 1 of 3: 4 jobs",
+        "| [1 round] tiny-llama·cpu·w8a8·none·decode | host CPU (Intel(R) Xeon(R) Processor) | quantspec/avx512 | 1.76 | - |",
+        "quantspec: compare the sweep in the MLflow UI: /quantspec/view/1/be0c7c3e6c374dbd7fe4f986",
+    ]
+    printed = [
+        "[2026-12-01 09:00:00,001][HYDRA] round 1 of 3: 4 jobs",
+        "measuring round 4 (1 of at most 2 more)",
+        "| [⚠ BUSY, 2 rounds] tiny-llama·cpu·w8a8·none·decode | host CPU (AMD EPYC 9R14) | quantspec/avx2 | 0.93 | 1 |",
+        "quantspec: compare the sweep in the MLflow UI: /quantspec/view/1/0123456789abcdef01234567",
+    ]
+    assert check_docs.match(page, printed) == ([0, 2, 3], [])
+    # words are compared: a renamed precision, a changed message, a lost column
+    for old, new in (("w8a8", "w8a16"), ("4 jobs", "4 runs"), ("| 0.93 | 1 |", "| 0.93 |")):
+        assert check_docs.match(page, [line.replace(old, new) for line in printed])[1], new
+
+
+def test_an_excerpt_matches_in_any_order_and_is_rewritten_in_the_order_printed():
+    printed = ["a 1", "", "b 2", "c 3", "d 4"]
+    shown = ["...", "d 9", "a 7", "b 8"]
+    found, missing = check_docs.match(shown, printed)
+    assert (found, missing) == ([0, 2, 4], [])
+    assert check_docs.excerpt(shown, printed, found) == ["...", "a 1", "", "b 2", "...", "d 4"]
+    assert check_docs.match(["e 1"], printed) == ([], ["e 1"])
+
+
+def test_a_runnable_block_runs_in_a_scratch_checkout_with_a_store_of_its_own(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        '<!-- runnable -->\n```bash\necho "$MLFLOW_TRACKING_URI"; pwd; ls mlflow.db 2>&1 || true\n```\n\n'
+        "<!-- output -->\n```text\n```\n"
+    )
+    block, shown = doccommands.blocks(page)
+    assert block.runnable and shown.output and not shown.runnable
+    scratch = check_docs.scratch_checkout()
+    try:
+        why, output = check_docs.run(block, scratch, timeout=30)
+        lines = check_docs.as_reader(output, scratch)
+    finally:
+        shutil.rmtree(scratch)
+    assert why is None
+    assert lines[:2] == ["sqlite:////home/you/quantspec/mlflow.db", "/home/you/quantspec"]
+    assert "No such file" in lines[2]  # the project's own store is not linked in
+
+
+def test_the_readmes_headline_is_the_benchmark_pages_latest_entry():
+    """The README's table and picture are made from the page (python -m scripts.headline), so they cannot
+    disagree with it: a newer entry on the page fails this until they are made again."""
+    item = headline.entry()
+    assert headline.readme_block(headline.README.read_text()) == headline.block(item)
+    assert json.loads(headline.SOURCE.read_text()) == headline.source(item)
+    assert headline.PICTURE.exists() and "(docs/headline.png)" in headline.README.read_text()
+    names = [name for name, *_ in headline.rows(item)]
+    assert any(name.startswith("llama.cpp") for name in names) and any(name.startswith("quantspec") for name in names)

@@ -44,9 +44,12 @@ def _block(title: str, text: str) -> list[str]:
 
 
 def render() -> str:
-    # the runnable scripts: the benchmarks and the docs' check (bench.py, jobs.py and peer.py are their helpers)
+    # the runnable scripts: the benchmarks, the docs' check and the README's headline (bench.py, jobs.py and
+    # peer.py are their helpers)
     scripts = sorted(
-        f"scripts.{p.stem}" for p in (ROOT / "scripts").glob("*.py") if p.stem.startswith(("bench_", "check_"))
+        f"scripts.{p.stem}"
+        for p in (ROOT / "scripts").glob("*.py")
+        if p.stem.startswith(("bench_", "check_", "headline"))
     )
     with ThreadPoolExecutor(4) as pool:
         modules = list(pool.map(_module_doc, MODULES))

@@ -161,7 +161,8 @@ class Job:
             spread = ", ".join(f"{n} on {t}" for t, n in sorted(counts.items(), reverse=True))
             result.notes.append(
                 f"the decode step ran {fewer} of its {calls} calls on fewer than {self.placement.threads} threads "
-                f"({spread}): they were faster so while the host gave this job less than its cores"
+                f"({spread}): fewer timed faster for those calls (work too small to share out, or a host that gave "
+                f"this job less than its cores: the run's host_busy tag says whether it was busy)"
             )
 
     def roofline_applies(self) -> bool:

@@ -1,7 +1,9 @@
 """Benchmark results as documentation: each `python -m scripts.bench_* doc=true` run appends one entry (its table in
 markdown, with the host, its CPU flags, the date, the commit, the command and the rounds) to
-`docs/benchmarks/results/<page>.jsonl`; the docs site renders each page's entries, the latest first and the
-earlier ones in a collapsed history (`docs/hooks/generate.py`).
+`docs/benchmarks/results/<page>.jsonl`; the docs site renders each page's entries (`docs/hooks/generate.py`): for
+each question (an entry's title) the latest entry measured by a script on committed code with the host's flags
+recorded, and every other entry in a collapsed history: an older one, one carried over from the README that
+preceded the site, one measured with uncommitted changes (`-dirty`).
 
 JSON lines rather than markdown written into the page: an entry is data (it keeps its host and commit
 apart from its prose), a new run never rewrites an old one, and the page's layout can change without
@@ -139,15 +141,66 @@ def _code(text: str) -> str:
     return f"{fence} {one_line} {fence}" if len(fence) > 1 else f"`{one_line}`"
 
 
+def isa(flags: list[str]) -> str:
+    """What of the host decides the kernels, in a few words: a stable part of its name where CPU models repeat
+    ("AMD EPYC" names hosts with and without AVX-512)."""
+    have = set(flags)
+    if not have:
+        return "flags not recorded"
+    if "avx512f" in have:
+        extras = [
+            name
+            for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"), ("avx512_fp16", "FP16"))
+            if flag in have
+        ]
+        out = "AVX-512" + (f" {'/'.join(extras)}" if extras else "")
+        out += ", AMX" if "amx_int8" in have else ""
+        return out + (", AVX-VNNI" if "avx_vnni" in have else "")
+    if "avx2" in have:
+        return "AVX2" + (" + AVX-VNNI" if "avx_vnni" in have else "") + (" + FMA" if "fma" in have else "")
+    if "asimd" in have:
+        return "Arm NEON" + (" + dot product" if "asimddp" in have else "")
+    return " ".join(flags)
+
+
+def host_name(item: Entry) -> str:
+    return f"{item.host} ({isa(item.flags)})"
+
+
+def current(item: Entry) -> bool:
+    """Whether an entry can stand as a page's latest: measured by its script, on committed code, its host's
+    flags recorded."""
+    return item.origin == "script" and not item.commit.endswith("-dirty") and bool(item.flags)
+
+
+def why_history(item: Entry) -> str:
+    if item.origin != "script":
+        return "carried over, host and flags as its text says"
+    if item.commit.endswith("-dirty"):
+        return "measured with uncommitted changes"
+    if not item.flags:
+        return "host flags not recorded"
+    return "superseded"
+
+
+def latest(entries: list[Entry]) -> list[Entry]:
+    """The newest current entry of each question (title), newest first."""
+    out: dict[str, Entry] = {}
+    for item in reversed(entries):
+        if current(item) and item.title not in out:
+            out[item.title] = item
+    return list(out.values())
+
+
 def _header(item: Entry) -> str:
     rounds = f"{item.rounds} rounds in turns" if item.rounds else "one run"
-    return f"{md_text(item.date)} · {md_text(item.host)} · {rounds} · commit {_code(item.commit)}"
+    return f"{md_text(item.date)} · {md_text(host_name(item))} · {rounds} · commit {_code(item.commit)}"
 
 
 def _about(item: Entry) -> str:
     flags = " ".join(item.flags) or "not recorded"
     lines = [
-        f"*Host*: {md_text(item.host)}; CPU flags {_code(flags)}.  ",
+        f"*Host*: {md_text(host_name(item))}; CPU flags {_code(flags)}.  ",
         f"*Measured*: {md_text(item.date)}, commit {_code(item.commit)}, "
         f"{f'{item.rounds} rounds in turns' if item.rounds else 'one run'}"
         f"{f'; {md_text(item.load)}' if item.load else ''}.  ",
@@ -158,15 +211,25 @@ def _about(item: Entry) -> str:
 
 
 def render(entries: list[Entry]) -> str:
-    """The latest entry in full, the earlier ones collapsed (Material's `???` blocks), newest first."""
+    """Each question's latest current entry in full, newest first; every other entry collapsed (Material's `???`
+    blocks), newest first, saying why it is history."""
     if not entries:
         return "*No result recorded yet: run the script above with `doc=true`.*\n"
-    latest, *earlier = reversed(entries)
-    out = [f"## Latest: {md_text(latest.title)}", "", _about(latest), "", latest.body.strip(), ""]
+    shown = latest(entries)
+    out: list[str] = []
+    for item in shown:
+        out += [f"## Latest: {md_text(item.title)}", "", _about(item), "", item.body.strip(), ""]
+    if not shown:
+        out += [
+            "*No current result: every entry below was carried over, measured with uncommitted changes or without "
+            "its host's flags. Run the script above with `doc=true` on committed code.*",
+            "",
+        ]
+    earlier = [item for item in reversed(entries) if not any(item is s for s in shown)]
     if earlier:
         out += ["## History", ""]
         for item in earlier:
-            title = f"{md_text(item.title)} ({_header(item)})".replace('"', "&quot;")  # a quote would end it
+            title = f"{md_text(item.title)} ({_header(item)}; {why_history(item)})".replace('"', "&quot;")
             out.append(f'??? note "{title}"')
             block = _about(item) + "\n\n" + item.body.strip()
             out += [("    " + line) if line else "" for line in block.splitlines()]

@@ -1,6 +1,6 @@
 """The commands the README and docs/ show, read out of their markdown: for the checks that keep them true
 (tests/test_docs.py composes every `python -m src.run` one; scripts/check_docs.py runs the blocks marked
-`<!-- runnable -->`)."""
+`<!-- runnable -->`, and checks each one's shown output, the block marked `<!-- output -->` right after it)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from src.common.environment import PROJECT_ROOT
 
 RUNNABLE = "<!-- runnable -->"
+OUTPUT = "<!-- output -->"
 FENCE = re.compile(r"^```(\w*)\s*$")
 
 
@@ -21,6 +22,8 @@ class Block:
     line: int  # where the block starts (1-based)
     text: str
     runnable: bool  # marked <!-- runnable --> right above it: the docs check runs it
+    output: bool = False  # marked <!-- output -->: what the runnable block before it prints, in excerpt
+    end: int = 0  # the line of its closing fence (1-based), for rewriting an output block in place
 
     @property
     def where(self) -> str:
@@ -38,11 +41,12 @@ def blocks(path: Path) -> list[Block]:
     i = 0
     while i < len(lines):
         marked = i > 0 and lines[i - 1].strip() == RUNNABLE
+        shown = i > 0 and lines[i - 1].strip() == OUTPUT
         if FENCE.match(lines[i]):
             j = i + 1
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
-            found.append(Block(path, i + 1, "\n".join(lines[i + 1 : j]), marked))
+            found.append(Block(path, i + 1, "\n".join(lines[i + 1 : j]), marked, shown, j + 1))
             i = j + 1
             continue
         if lines[i].startswith("    ") and (i == 0 or not lines[i - 1].strip()):

@@ -8,6 +8,7 @@ rejected positions from the cache. Greedy output is token-for-token that of tran
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 
@@ -36,6 +37,9 @@ class Decoder:
         self.cache = growing_cache(model.config)
         self.compiled, self.fast = _steps(model, path)
         self.own = None  # the C++ step's cache, once it holds the sequence
+        # transformers 5 names the cache argument `cache` (past_key_values warns on every call); 4.x knows only
+        # past_key_values and would take `cache` into **kwargs unused
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         new = ids.shape[1]
@@ -53,7 +57,7 @@ class Decoder:
         return self._transformers(ids, keep)
 
     def _transformers(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self.cache_arg: self.cache})
         return out.logits[0]
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:

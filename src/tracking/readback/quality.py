@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import math
+import os
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -23,6 +24,10 @@ from src.assembly.config import AXES
 from src.common.metrics import markdown_table
 from src.quality import front, paired
 from src.tracking.readback.compare import NO_SPREAD, JobRounds, Spread
+
+# MLflow draws a progress bar per download: three lines of noise per job in a report printed when a sweep ends
+# (unless the user asked for them)
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 # The front's quality figures (report setting quality.metric), each with whether lower is better
 METRICS = {"kl_mean": True, "delta_perplexity": True, "perplexity": True, "divergent_share": True, "accuracy": False}
@@ -260,10 +265,14 @@ def front_plot(pts: list[Point], metric: str, path: Path, save) -> Path | None:
     return path
 
 
+def _artifact(client, run_id: str, name: str) -> str:
+    return Path(client.download_artifacts(run_id, name)).read_text()
+
+
 def _per_token(client, run_id: str) -> dict[str, list[float]] | None:
     """A perplexity job's per_token.csv as columns (None for a run that kept none)."""
     try:
-        text = Path(client.download_artifacts(run_id, "per_token.csv")).read_text()
+        text = _artifact(client, run_id, "per_token.csv")
     except Exception:  # noqa: BLE001 - a run from before per-token records, or one that kept none
         return None
     rows = list(csv.DictReader(io.StringIO(text)))
@@ -275,7 +284,7 @@ def _per_token(client, run_id: str) -> dict[str, list[float]] | None:
 def _items(client, run_id: str) -> dict[tuple, tuple[str, float]] | None:
     """An lm_eval job's items: (task, doc) -> (target, whether it got it)."""
     try:
-        text = Path(client.download_artifacts(run_id, "lm_eval_samples.jsonl")).read_text()
+        text = _artifact(client, run_id, "lm_eval_samples.jsonl")
     except Exception:  # noqa: BLE001 - see _per_token
         return None
     docs = [json.loads(line) for line in text.splitlines() if line.strip()]

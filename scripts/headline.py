@@ -1,0 +1,125 @@
+"""The README's headline, made from a benchmark page's latest entry so the two cannot disagree: the table of the
+users' decode path against llama.cpp (the latest `engine.isa=auto` entry of docs/benchmarks/llamacpp.md) between
+the README's headline markers, and its picture, docs/headline.png, with docs/headline.json naming the entry it was
+drawn from. tests/test_docs.py fails when either is not the latest entry's.
+
+    .venv/bin/python -m scripts.headline     # rewrite both from the latest entry (after a bench_llamacpp doc=true)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from matplotlib.figure import Figure  # no pyplot: the figure is written to a file, never shown
+
+from src.common import benchpage
+from src.common.environment import PROJECT_ROOT
+from src.common.metrics import md_text
+
+PAGE = "llamacpp"
+QUESTION = "engine.isa=auto"  # in the entry's title: the users' own path, as the CPU picks it
+README = PROJECT_ROOT / "README.md"
+PICTURE = PROJECT_ROOT / "docs" / "headline.png"
+SOURCE = PICTURE.with_suffix(".json")
+START = (
+    "<!-- headline: made by python -m scripts.headline from the benchmark page's latest entry; not edited by hand -->"
+)
+END = "<!-- headline: end -->"
+
+
+def entry() -> benchpage.Entry:
+    found = [item for item in benchpage.latest(benchpage.load(PAGE)) if QUESTION in item.title]
+    if not found:
+        raise LookupError(f"docs/benchmarks/results/{PAGE}.jsonl has no current entry titled with {QUESTION}")
+    return found[0]
+
+
+def source(item: benchpage.Entry) -> dict:
+    """What names an entry: the page, its title, date and commit."""
+    return {"page": PAGE, "title": item.title, "date": item.date, "commit": item.commit}
+
+
+def table(item: benchpage.Entry) -> list[str]:
+    return [line for line in item.body.splitlines() if line.startswith("|")]
+
+
+def block(item: benchpage.Entry) -> str:
+    rounds = f"{item.rounds} rounds in turns" if item.rounds else "one run"
+    lines = [
+        START,
+        *table(item),
+        "",
+        f"{md_text(item.title)}: {md_text(item.date)}, {md_text(benchpage.host_name(item))}, {rounds}, commit "
+        f"`{item.commit}`; ten seed prompts, 30 greedy tokens, whole jobs in turns with llama.cpp on the model's own "
+        f"Q4_K_M GGUF ([Against llama.cpp](docs/benchmarks/llamacpp.md), where earlier entries and other hosts are).",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def readme_block(text: str) -> str | None:
+    found = re.search(re.escape(START) + r".*?" + re.escape(END), text, re.S)
+    return found.group(0) if found else None
+
+
+def rows(item: benchpage.Entry) -> list[tuple[str, float, float, float]]:
+    """(decoder, median, min, max) from the entry's table."""
+    head, _, *body = table(item)
+    names = [cell.strip() for cell in head.strip("|").split("|")]
+    at = {name: i for i, name in enumerate(names)}
+    value = next(i for name, i in at.items() if name.startswith("ms/token"))
+    out = []
+    for line in body:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        out.append((cells[0], float(cells[value]), float(cells[at["min"]]), float(cells[at["max"]])))
+    return out
+
+
+def draw(item: benchpage.Entry, path: Path = PICTURE) -> Path:
+    data = rows(item)[::-1]  # the first row on top
+    fig = Figure(figsize=(8, 0.45 * len(data) + 1.6))
+    ax = fig.add_subplot()
+    # the table's names carry how each was run, said in the title instead
+    labels = [
+        re.sub(r" \(engine\.isa=[^)]*\)", "", name).replace("precision.head_scheme=", "head ") for name, *_ in data
+    ]
+    medians = [m for _, m, _, _ in data]
+    spans = [[m - low for _, m, low, _ in data], [high - m for _, m, _, high in data]]
+    colors = ["#9e9e9e" if name.startswith("llama.cpp") else "#1f77b4" for name in labels]
+    ax.barh(labels, medians, xerr=spans, color=colors, capsize=3)
+    for y, m in enumerate(medians):
+        ax.text(m, y, f"  {m:.2f}", va="center")
+    ax.set_xlabel("ms per token, median of rounds (whiskers: min–max); lower is better")
+    ax.set_title(
+        f"gemma3-270m decode on 2 threads, in turns with llama.cpp\n{benchpage.host_name(item)}\n"
+        f"{item.date}, commit {item.commit}",
+        fontsize=9,
+    )
+    ax.set_xlim(0, max(high for *_, high in data) * 1.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    if argv:
+        print(__doc__, file=sys.stdout if argv[0] in ("-h", "--help") else sys.stderr)
+        return 0 if argv[0] in ("-h", "--help") else 2
+    item = entry()
+    text = README.read_text()
+    old = readme_block(text)
+    if old is None:
+        print(f"quantspec: README.md has no headline block ({START!r} ... {END!r})", file=sys.stderr)
+        return 2
+    README.write_text(text.replace(old, block(item)))
+    draw(item)
+    SOURCE.write_text(json.dumps(source(item), indent=1) + "\n")
+    print(f"README.md's headline and {PICTURE.relative_to(PROJECT_ROOT)}: {item.title}, {item.date}, {item.commit}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
