@@ -16,10 +16,13 @@ from src.common import benchpage
 from src.common.environment import PROJECT_ROOT, git_commit
 from src.common.say import say
 from src.common.settings import Command, Setting, SettingError
+from src.tracking.readback.compare import busy, quiet, round_of
 from src.tracking.readback.sweeps import JobRecord, sweep_jobs
 from src.tracking.store.names import default_uri
 
-DOC = Setting("doc", False, "also append the result to the docs' benchmark page (docs/benchmarks/results/)")
+DOC = Setting(
+    "doc", False, "also append the result to the docs' benchmark page (docs/benchmarks/results/)", purpose="the result"
+)
 
 
 def command(module: str, doc: str, settings: list[Setting], takes: str = "overrides") -> Command:
@@ -66,6 +69,35 @@ class Sweep:
         """The rounds its command asked for (`rounds=3`), or None: one run, as the pages say."""
         asked = [a.split("=", 1)[1] for a in self.args if a.startswith("rounds=")]
         return int(asked[-1]) if asked and asked[-1].isdigit() else None
+
+    @property
+    def measured_rounds(self) -> int:
+        """The rounds it measured: those asked for and any busy round measured again."""
+        return max((round_of(j) for j in self.finished), default=0)
+
+    @property
+    def load(self) -> str:
+        """What else ran, as the jobs' host_busy tags say; empty where every job was timed quiet."""
+        timed_busy = [j for j in self.finished if busy(j)]
+        if not timed_busy:
+            return ""
+        return (
+            f"{len(timed_busy)} of {len(self.finished)} job runs timed while other processes used the CPU (host_busy), "
+            f"left out where a quiet round of the same job remains; {self.measured_rounds} rounds measured"
+        )
+
+    def by(self, *groups: str) -> dict[tuple, dict[str, float]]:
+        """Each configuration's figures (keyed by its choices of `groups`): each metric the median over the
+        configuration's quiet rounds, over all of them where every round was busy."""
+        runs: dict[tuple, list[JobRecord]] = {}
+        for job in self.finished:
+            runs.setdefault(tuple(job.choice(g) for g in groups), []).append(job)
+        out = {}
+        for key, jobs in runs.items():
+            used = quiet(jobs)
+            names = {name for j in used for name in j.metrics}
+            out[key] = {name: statistics.median(j.metrics[name] for j in used if name in j.metrics) for name in names}
+        return out
 
     @property
     def command(self) -> str:

@@ -64,12 +64,17 @@ def main(argv: list[str]) -> int:
         draft = j.choice("draft")
         return j.choice("precision"), j.choice("task"), DRAFTS.index(draft) if draft in DRAFTS else len(DRAFTS)
 
+    figures = sweep.by("precision", "task", "draft")  # each the median over its quiet rounds
+    seen = set()
     for j in sorted(jobs, key=order):
-        key = [j.choice("precision"), j.choice("task"), j.choice("draft")]
-        if j.tags.get("outcome") != "finished":
-            rows.append(key + [j.tags.get("outcome", "?")] + [math.nan] * len(COLUMNS))
+        key = (j.choice("precision"), j.choice("task"), j.choice("draft"))
+        if key in seen:  # another round of the same configuration
             continue
-        rows.append(key + ["finished"] + [j.metrics.get(k, math.nan) for k, _ in COLUMNS])
+        seen.add(key)
+        if key not in figures:
+            rows.append([*key, j.tags.get("outcome", "?")] + [math.nan] * len(COLUMNS))
+            continue
+        rows.append([*key, "finished"] + [figures[key].get(k, math.nan) for k, _ in COLUMNS])
     table = markdown_table(["target", "task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
     bench.publish(
         args.doc,
@@ -79,6 +84,7 @@ def main(argv: list[str]) -> int:
         f"`{sweep.command}`: each speedup against the same job's examples timed without the draft, in turns.",
         sweep.dir.name,
         rounds=sweep.rounds,
+        load=sweep.load,
     )
     return sweep.returncode
 

@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     )
     if sweep is None:
         return 2
-    by = {(j.choice("precision"), j.choice("task")): j.metrics for j in sweep.finished}
+    by = sweep.by("precision", "task")  # each the median over its quiet rounds
     base = {
         k: by.get(("fp32", t), {}).get(m)
         for k, t, m in [
@@ -78,9 +78,11 @@ def main(argv: list[str]) -> int:
         "precisions",
         "Every precision in one sweep",
         table,
-        f"`{sweep.command}`, three timed runs per prompt, the median kept; ratios to fp32 within the sweep.",
+        f"`{sweep.command}`, three timed runs per prompt, the median kept (and over a job's quiet rounds where a "
+        "busy round was measured again); ratios to fp32 within the sweep.",
         sweep.dir.name,
         rounds=sweep.rounds,
+        load=sweep.load,
     )
     return sweep.returncode
 

@@ -43,15 +43,17 @@ def main(argv: list[str]) -> int:
     if sweep is None:
         return 2
     jobs = sweep.jobs
-    by = {(j.choice("engine"), j.choice("precision"), j.choice("task")): j for j in jobs}
+    keys = ("engine", "precision", "task")
+    by = {tuple(j.choice(k) for k in keys): j for j in jobs}
+    figures = sweep.by(*keys)  # each the median over its quiet rounds
 
     def cell(engine: str, precision: str, task: str, metric: str, digits: int) -> str:
         job = by.get((engine, precision, task))
         if job is None:
             return "–"
-        if job.tags.get("outcome") != "finished":
+        if (engine, precision, task) not in figures:
             return f"({job.tags.get('outcome', '?')})"
-        value = job.metrics.get(metric, math.nan)
+        value = figures[(engine, precision, task)].get(metric, math.nan)
         return f"{value:.{digits}f}"
 
     head = (
@@ -85,6 +87,7 @@ def main(argv: list[str]) -> int:
         f"windows; each runtime quantizes by its own method.",
         sweep.dir.name,
         rounds=sweep.rounds,
+        load=sweep.load,
     )
     return sweep.returncode
 

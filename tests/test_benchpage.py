@@ -149,3 +149,36 @@ def test_a_sweeps_entry_records_the_rounds_its_command_asked_for():
 
     assert Sweep(Path("s"), ["-m", "precision=fp32,w8a8", "rounds=3"], 0).rounds == 3
     assert Sweep(Path("s"), ["-m", "precision=fp32"], 0).rounds is None  # one run, as the page then says
+
+
+def test_a_sweeps_figures_stand_on_its_quiet_rounds_and_its_entry_says_what_was_busy():
+    from pathlib import Path
+
+    from scripts.bench import Sweep
+    from src.tracking.readback.sweeps import JobRecord
+
+    def job(precision, round_, busy, ms):
+        tags = {"precision": precision, "outcome": "finished", "round": str(round_), "host_busy": str(busy).lower()}
+        return JobRecord(f"r{precision}{round_}", "n", tags, {"time_per_token_ms_median": ms})
+
+    quiet_sweep = Sweep(Path("s"), ["-m"], 0, [job("fp32", 1, False, 40.0), job("w8a8", 1, False, 10.0)])
+    assert quiet_sweep.load == "" and quiet_sweep.measured_rounds == 1
+    sweep = Sweep(
+        Path("s"),
+        ["-m"],
+        0,
+        [
+            job("fp32", 1, True, 90.0),
+            job("w8a8", 1, False, 11.0),
+            job("fp32", 2, False, 41.0),
+            job("w8a8", 2, False, 9.0),
+        ],
+    )
+    figures = sweep.by("precision")
+    assert figures[("fp32",)]["time_per_token_ms_median"] == 41.0  # the busy round left out
+    assert figures[("w8a8",)]["time_per_token_ms_median"] == 10.0  # the median of its quiet rounds
+    assert (
+        sweep.load.startswith("1 of 4 job runs timed while other processes used the CPU") and "2 rounds" in sweep.load
+    )
+    every_round_busy = Sweep(Path("s"), ["-m"], 0, [job("fp32", 1, True, 90.0), job("fp32", 2, True, 70.0)])
+    assert every_round_busy.by("precision")[("fp32",)]["time_per_token_ms_median"] == 80.0  # kept, as nothing quiet

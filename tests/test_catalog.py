@@ -49,6 +49,6 @@ def test_the_catalog_check_catches_a_name_it_does_not_list():
     ]
     assert catalog.entry("tag", "jobs_finished").where == "a sweep's parent"
     # a placeholder of a fixed set lets only that set through: a new statistic, path or outcome must be listed
-    new = ["kl_p95_low", "int8_gemm_probe_ms_vnni", "window/new", "round/x"]
+    new = ["kl_p95_low", "int8_gemm_probe_ms_vnni", "window/new", "round/x", "by_example/new_series", "system/gpu_x"]
     assert sorted(catalog.unlisted("metric", new)) == sorted(new)
     assert catalog.unlisted("metric", ["kl_p90_high", "int8_gemm_probe_ms_amx", "window/kl_mean"]) == []

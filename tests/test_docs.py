@@ -188,3 +188,33 @@ def test_the_readmes_headline_is_the_benchmark_pages_latest_entry():
     assert headline.PICTURE.exists() and "(docs/headline.png)" in headline.README.read_text()
     names = [name for name, *_ in headline.rows(item)]
     assert any(name.startswith("llama.cpp") for name in names) and any(name.startswith("quantspec") for name in names)
+
+
+def _hook(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, doccommands.PROJECT_ROOT / "docs" / "hooks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_command_reference_gives_every_setting_grouped_by_purpose():
+    from src.tracking.readback.regress import COMMAND
+
+    cliref = _hook("cliref")
+    page = "\n".join(cliref._section("src.regress", ""))
+    for setting in COMMAND.settings:
+        assert f"| `{setting.name}` |" in page, setting.name
+    for purpose in ("**Which sweeps**", "**The verdict**", "**The gate (its exit code)**", "**What it writes**"):
+        assert purpose in page
+    assert "| `unjudged` | text | `fail` | `fail`, `pass` |" in page
+    assert "../walk/5-regress.md" in page
+
+
+def test_the_configuration_reference_gives_the_values_a_field_accepts():
+    configref = _hook("configref")
+    accepted = configref.accepted()
+    assert accepted["engine.isa"][:2] == ("auto", "avx512") and "reference" in accepted["engine.isa"]
+    assert set(accepted["precision.scheme"]) >= {"w8a8", "w8a16", "w4a16", "w4a8"}
+    assert "`str`: one of `sdpa`, `eager`" in configref._type_cell("engine.attention", "str")

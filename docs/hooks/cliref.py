@@ -1,5 +1,7 @@
-"""The command reference, generated: each command's own usage, as the command itself prints it (`--help`, or
-its module docstring), so a renamed option changes this page on the next build."""
+"""The command reference, generated: for each command its own usage text (its docstring, as `--help` prints it),
+then its settings, grouped by purpose, as tables of kind, default, accepted values and meaning, read from the
+command's own settings (src.common.settings), so a renamed or added setting changes this page on the next build;
+where a walk page shows the command run with its output, a link to it."""
 
 from __future__ import annotations
 
@@ -43,6 +45,85 @@ def _block(title: str, text: str) -> list[str]:
     return [f"## `{title}`", "", "```text", text, "```", ""]
 
 
+# Where the walk runs a command and shows what it prints
+EXAMPLES = {
+    "src.run": "[1. A first sweep](../getting-started.md) and every step of the walk",
+    "src.report": "[1. A first sweep](../getting-started.md#read-the-report), "
+    "[2. Precisions in rounds](../walk/2-rounds.md), [3. Quality beside speed](../walk/3-quality.md)",
+    "src.regress": "[5. Compare with a baseline sweep](../walk/5-regress.md)",
+}
+
+
+def _command(name: str):
+    """The module's Command (its settings), or None for one without (src.run is Hydra's; headline has none)."""
+    import importlib
+
+    if name == "src.report":
+        from src.tracking.readback.report.settings import command
+
+        return command(importlib.import_module(name).__doc__ or "")
+    if name == "src.regress":
+        from src.tracking.readback.regress import COMMAND
+
+        return COMMAND
+    if name == "src.sync":
+        from src.tracking.store.sync import COMMAND
+
+        return COMMAND
+    return getattr(importlib.import_module(name), "COMMAND", None)
+
+
+def _kind(setting) -> str:
+    from src.common.settings import show
+
+    if isinstance(setting.default, dict):
+        return "named parts"
+    kind = setting.kind or (type(setting.default) if setting.default is not None else str)
+    return {
+        bool: "true/false",
+        int: "whole number",
+        float: "number",
+        str: "text",
+        tuple: "list",
+        list: "repeatable",
+    }.get(kind, show(kind))
+
+
+def _settings(command) -> list[str]:
+    """The settings as tables, one per purpose, in the order the command lists them."""
+    from src.common.settings import show
+
+    groups: dict[str, list] = {}
+    for setting in command.settings:
+        groups.setdefault(setting.purpose or "settings", []).append(setting)
+    out = []
+    for purpose, settings in groups.items():
+        out += [f"**{purpose[0].upper() + purpose[1:]}**", "", "| setting | kind | default | accepted | meaning |"]
+        out.append("|---|---|---|---|---|")
+        for setting in settings:
+            name = setting.name
+            if isinstance(setting.default, dict):
+                name += ".<" + "\\|".join(setting.parts or tuple(setting.default)) + ">"
+            accepted = ", ".join(f"`{c}`" for c in setting.choices) or (
+                "a config group's choice" if isinstance(setting.default, dict) else "any"
+            )
+            meaning = setting.meaning.replace("|", "\\|").replace("<", "&lt;")  # text, never a tag
+            out.append(f"| `{name}` | {_kind(setting)} | `{show(setting.default)}` | {accepted} | {meaning} |")
+        out.append("")
+    return out
+
+
+def _section(name: str, text: str) -> list[str]:
+    command = _command(name)
+    doc = command.doc if command is not None else text
+    out = [f"## `python -m {name}`", "", "```text", doc.strip(), "```", ""]
+    if command is not None and command.settings:
+        out += _settings(command)
+    if name in EXAMPLES:
+        out += [f"Run, with what it prints: {EXAMPLES[name]}.", ""]
+    return out
+
+
 def render() -> str:
     # the runnable scripts: the benchmarks, the docs' check and the README's headline (bench.py, jobs.py and
     # peer.py are their helpers)
@@ -55,14 +136,15 @@ def render() -> str:
         modules = list(pool.map(_module_doc, MODULES))
         helps = list(pool.map(lambda s: _help(["-m", s]), scripts))
     out = [
-        "Every command quantspec ships, with the usage it prints itself. Run each with `.venv/bin/python` "
-        "from the project's root.",
+        "Every command quantspec ships: its usage, then its settings grouped by purpose (`key=value` on the command "
+        "line; `--help` prints the same). Run each with `.venv/bin/python` from the project's root. The settings of "
+        "`python -m src.run` are the [configuration reference](config.md)'s.",
         "",
     ]
     for name, text in zip(MODULES, modules):
-        out += _block(f"python -m {name}", text)
+        out += _section(name, text)
     for name, text in zip(scripts, helps):
-        out += _block(f"python -m {name}", text)
+        out += _section(name, text)
     for name in SHELL:
         out += _block(f"bash {name}", _shell_doc(name))
     return "\n".join(out)

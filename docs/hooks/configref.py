@@ -1,15 +1,19 @@
 """The configuration reference, generated: every config group's choices (conf/<group>/*.yaml) and every field
 with its type (the config classes of src.assembly.config, src.tasks.kinds, src.quant.methods), its default and
-its meaning (conf/<group>/_fields.yaml's comment, else the class's), and which kinds read it (the registries).
+its meaning (conf/<group>/_fields.yaml's comment, else the class's), the values it accepts where they are a fixed set
+(the code's own check_choice calls), and which kinds read it (the registries).
 
 Nothing here is written by hand: a field added to a class and its _fields.yaml appears on the next build.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib
 import inspect
 import re
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -133,6 +137,36 @@ def _default_cell(value, set_by: dict[str, list[str]]) -> str:
     return shown + ("; " + "; ".join(others) if others else "")
 
 
+@cache
+def accepted() -> dict[str, tuple[str, ...]]:
+    """The fields whose values are a fixed set, read from the code that refuses the others: every
+    `check_choice("<group>.<field>", value, ALLOWED)` under src/, ALLOWED evaluated in its module."""
+    src = CONF_DIR.parent / "src"
+    out: dict[str, tuple[str, ...]] = {}
+    for path in sorted(src.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        calls = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", "")) == "check_choice"
+            and len(node.args) == 3
+            and isinstance(node.args[0], ast.Constant)
+        ]
+        if not calls:
+            continue
+        module = importlib.import_module(".".join(path.relative_to(src.parent).with_suffix("").parts))
+        for call in calls:
+            allowed = eval(ast.unparse(call.args[2]), vars(module))  # noqa: S307 - the project's own constants
+            out[call.args[0].value] = tuple(allowed)
+    return out
+
+
+def _type_cell(key: str, type_name: str) -> str:
+    values = accepted().get(key)
+    return f"`{_cell(type_name)}`" + (f": one of {', '.join(f'`{v}`' for v in values)}" if values else "")
+
+
 def _fields(group: str) -> list[str]:
     classes, registry = GROUPS[group]
     fields_file = CONF_DIR / group / "_fields.yaml"
@@ -164,7 +198,7 @@ def _fields(group: str) -> list[str]:
         if registry and not read_by:
             read = BASE_READER.get(group, every)
         rows.append(
-            f"| `{group}.{name}` | `{_cell(types.get(name) or 'str')}` | "
+            f"| `{group}.{name}` | {_type_cell(f'{group}.{name}', types.get(name) or 'str')} | "
             f"{_cell(_default_cell(defaults.get(name), set_by.get(name, {})))} | "
             f"{read} | {_cell(comments.get(name) or class_notes.get(name, ''))} |"
         )

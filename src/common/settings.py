@@ -29,6 +29,7 @@ class Setting:
     # list: the setting may be given again, each value kept (its default: a tuple)
     choices: tuple = ()  # the values it takes (of each item, for a list); empty: any
     parts: tuple = ()  # a dict's part names it takes; empty: those of the default
+    purpose: str = ""  # what the setting is for, grouping the command reference's tables ("" : "settings")
 
 
 @dataclass

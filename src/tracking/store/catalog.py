@@ -160,13 +160,30 @@ CATALOG: list[Name] = [
         ("memory_estimate_gb", "its estimate before loading"),
         ("others_cpu_cores", "CPU other processes used while the job was timed"),
         ("export_s", "another runtime: building its export (or reading it from the cache)"),
-        (
-            "by_example/<metric>",
-            "per example, step = example number: prompt_tokens, new_tokens, total_time_s, "
-            "prefill_ms, time_per_token_ms, tokens_per_s, decode_efficiency, bandwidth_gbs, and the draft's "
-            "and the quality task's per-example figures",
-        ),
-        ("system/<metric>", "MLflow's system metrics while the job runs, and system/others_cpu_cores_per_interval"),
+        # per example (step = the example's number), each named: a new series fails the suite until listed here
+        ("by_example/prompt_tokens", "per example: its prompt's tokens"),
+        ("by_example/new_tokens", "per example: the tokens it generated"),
+        ("by_example/total_time_s", "per example: prefill and decode, seconds"),
+        ("by_example/prefill_ms", "per example: the prompt's prefill"),
+        ("by_example/time_per_token_ms", "per example: decode time per new token"),
+        ("by_example/tokens_per_s", "per example: new tokens per second"),
+        ("by_example/bandwidth_gbs", "per example: the host's read bandwidth, probed after it"),
+        ("by_example/decode_efficiency", "per example: the roofline's time per token over the measured one"),
+        ("by_example/acceptance_rate", "a drafted example: the share of proposed tokens kept"),
+        ("by_example/accepted_per_step", "a drafted example: proposals kept per verification"),
+        ("by_example/draft_k_mean", "a drafted example: tokens proposed per step"),
+        ("by_example/draft_ms_per_step", "a drafted example: the draft's time per step"),
+        ("by_example/verify_ms_per_step", "a drafted example: the target's verification per step"),
+        ("by_example/baseline_time_per_token_ms", "a drafted example: its time/token without the draft, timed beside"),
+        ("by_example/speedup_vs_no_draft", "a drafted example: that time over its own"),
+        ("by_example/first_divergent_token", "decode against the reference: the first token that departs from it"),
+        ("by_example/divergent_share", "decode against the reference: the share of tokens that depart"),
+        # sampled while the job runs (src.common.sysmetrics), under the names MLflow's UI charts as system metrics
+        ("system/cpu_utilization_percentage", "the host's CPU use, every interval"),
+        ("system/system_memory_usage_megabytes", "the host's memory in use"),
+        ("system/system_memory_usage_percentage", "the same, as a share"),
+        ("system/process_rss_megabytes", "the job's resident memory"),
+        ("system/others_cpu_cores_per_interval", "CPU other processes used over each interval, loading included"),
     ),
     *_n(
         "metric",

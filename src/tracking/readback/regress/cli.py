@@ -42,27 +42,41 @@ COMMAND = Command(
     __doc__,
     [
         Setting(
-            "baseline", None, "the sweep to compare against: its directory, its id or its parent run's id (required)"
+            "baseline",
+            None,
+            "the sweep to compare against: its directory, its id or its parent run's id (required)",
+            purpose="which sweeps",
         ),
-        Setting("sweep", None, "the new sweep, named the same ways (null: the latest sweep)"),
+        Setting("sweep", None, "the new sweep, named the same ways (null: the latest sweep)", purpose="which sweeps"),
         Setting(
             "tracking_uri",
             None,
             "the store both sweeps are in (null: MLFLOW_TRACKING_URI, else the project's mlflow.db)",
+            purpose="which sweeps",
         ),
-        Setting("experiment", "quantspec", "the MLflow experiment they were recorded under"),
-        Setting("confidence", 0.95, "the bootstrap interval's level, in [0.5, 1)"),
-        Setting("tolerance", 0.03, "how far past 1 the whole interval must lie for slower or faster (a fraction)"),
+        Setting("experiment", "quantspec", "the MLflow experiment they were recorded under", purpose="which sweeps"),
+        Setting("confidence", 0.95, "the bootstrap interval's level, in [0.5, 1)", purpose="the verdict"),
+        Setting(
+            "tolerance",
+            0.03,
+            "how far past 1 the whole interval must lie for slower or faster (a fraction)",
+            purpose="the verdict",
+        ),
         Setting(
             "fail_on",
             None,
             "exit 1 where a job is slower with confidence by more than this fraction (null: never)",
             float,
+            purpose="the gate (its exit code)",
         ),
         Setting(
-            "unjudged", "fail", "fail (exit 3) or pass where the gate could not judge a job", choices=("fail", "pass")
+            "unjudged",
+            "fail",
+            "fail (exit 3) or pass where the gate could not judge a job",
+            choices=("fail", "pass"),
+            purpose="the gate (its exit code)",
         ),
-        Setting("out", "reports", "the folder the regress-<key>/ files are written under"),
+        Setting("out", "reports", "the folder the regress-<key>/ files are written under", purpose="what it writes"),
     ],
 )
 

@@ -7,20 +7,35 @@ from src.assembly.config import AXES
 from src.common.settings import Command, Setting, SettingError
 from src.tracking.readback import quality as q
 
+READ, COMPARE, WRITE = "which sweep", "what each job is compared with", "what it writes"
 SETTINGS = [
-    Setting("sweep", None, "a sweep directory (its id); null: the latest sweep"),
-    Setting("tracking_uri", None, "the store (null: MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db)"),
-    Setting("experiment", "quantspec", "the MLflow experiment the sweep was recorded under"),
+    Setting("sweep", None, "a sweep directory (its id); null: the latest sweep", purpose=READ),
     Setting(
-        "out", "reports", "written to <out>/<sweep name>-<key of its id>/ (and attached to the sweep's parent run)"
+        "tracking_uri",
+        None,
+        "the store (null: MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db)",
+        purpose=READ,
     ),
-    Setting("attach", True, "attach the files to the sweep's parent run and publish its view in the MLflow UI"),
+    Setting("experiment", "quantspec", "the MLflow experiment the sweep was recorded under", purpose=READ),
+    Setting(
+        "out",
+        "reports",
+        "written to <out>/<sweep name>-<key of its id>/ (and attached to the sweep's parent run)",
+        purpose=WRITE,
+    ),
+    Setting(
+        "attach",
+        True,
+        "attach the files to the sweep's parent run and publish its view in the MLflow UI",
+        purpose=WRITE,
+    ),
     Setting(
         "baseline",
         {"precision": "fp32", "draft": "none"},
         "each job's speedup is over the job that differs only in these choices (same model, hardware, task, "
         "engine): baseline.<group>=<choice>",
         parts=AXES,
+        purpose=COMPARE,
     ),
     Setting(
         "quality.metric",
@@ -28,12 +43,14 @@ SETTINGS = [
         "the front's quality figure (kl_mean, delta_perplexity, perplexity, divergent_share: lower is better; "
         "accuracy: higher)",
         choices=tuple(q.METRICS),
+        purpose=COMPARE,
     ),
     Setting(
         "quality.min_ratio",
         0.99,
         "MLPerf's rule: a job below this fraction of its reference's quality (perplexity: reference ppl / ppl; "
         "accuracy: accuracy / the reference precision's) is flagged wherever its speed is shown",
+        purpose=COMPARE,
     ),
 ]
 
