@@ -218,3 +218,38 @@ def test_the_configuration_reference_gives_the_values_a_field_accepts():
     assert accepted["engine.isa"][:2] == ("auto", "avx512") and "reference" in accepted["engine.isa"]
     assert set(accepted["precision.scheme"]) >= {"w8a8", "w8a16", "w4a16", "w4a8"}
     assert "`str`: one of `sdpa`, `eager`" in configref._type_cell("engine.attention", "str")
+
+
+def _documented_scripts():
+    scripts = sorted(p.stem for p in (doccommands.PROJECT_ROOT / "scripts").glob("*.py") if p.stem != "__init__")
+    for name in scripts:
+        for param in _documented(f"scripts.{name}"):
+            yield pytest.param(name, *param.values, id=f"{name}:{param.id}")
+
+
+SCRIPT_COMMANDS = list(_documented_scripts())
+
+
+def test_the_docs_show_the_benchmark_scripts_commands():
+    assert {name for name, *_ in (p.values for p in SCRIPT_COMMANDS)} >= {
+        "bench_llamacpp",
+        "bench_prefill",
+        "bench_quant",
+    }
+
+
+@pytest.mark.parametrize("name, where, args", SCRIPT_COMMANDS)
+def test_every_documented_script_command_has_real_settings(name, where, args):
+    """A documented `python -m scripts.<name>` exists, its settings are its own, and what it passes on to
+    src.run is Hydra's override syntax."""
+    import importlib
+
+    module = importlib.import_module(f"scripts.{name}")
+    command = getattr(module, "COMMAND", None)
+    args = [a for a in args if a not in ("--help", "-h")]
+    if command is None:  # a script without settings (headline) takes none
+        assert args == [], f"{where}: python -m scripts.{name} takes no arguments"
+        return
+    _, rest = command.parse(args)  # SettingError for a setting it lacks
+    if command.takes == "overrides":
+        assert unparsable(rest) is None, f"{where}: {unparsable(rest)}"
