@@ -10,6 +10,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from src.common.settings import show
+
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("src.run", "src.report", "src.regress", "src.sync")
 SHELL = ("scripts/setup", "scripts/tracking-server")
@@ -74,8 +76,6 @@ def _command(name: str):
 
 
 def _kind(setting) -> str:
-    from src.common.settings import show
-
     if isinstance(setting.default, dict):
         return "named parts"
     kind = setting.kind or (type(setting.default) if setting.default is not None else str)
@@ -91,8 +91,6 @@ def _kind(setting) -> str:
 
 def _settings(command) -> list[str]:
     """The settings as tables, one per purpose, in the order the command lists them."""
-    from src.common.settings import show
-
     groups: dict[str, list] = {}
     for setting in command.settings:
         groups.setdefault(setting.purpose or "settings", []).append(setting)
@@ -132,6 +130,8 @@ def render() -> str:
         for p in (ROOT / "scripts").glob("*.py")
         if p.stem.startswith(("bench_", "check_", "headline"))
     )
+    # Every command's --help is run once here, so one that breaks fails the build; its text is shown only for a
+    # command without settings (src.run, headline): the others' sections are read from their Command instead.
     with ThreadPoolExecutor(4) as pool:
         modules = list(pool.map(_module_doc, MODULES))
         helps = list(pool.map(lambda s: _help(["-m", s]), scripts))
