@@ -1,7 +1,7 @@
 """The README's headline, made from a benchmark page's latest entry so the two cannot disagree: the table of the
 users' decode path against llama.cpp (the latest `engine.isa=auto` entry of docs/benchmarks/llamacpp.md) between
 the README's headline markers, and its picture, docs/headline.png, with docs/headline.json naming the entry it was
-drawn from. tests/test_docs.py fails when either is not the latest entry's.
+drawn from. tests/docs/test_docs.py fails when either is not the latest entry's.
 
     .venv/bin/python -m scripts.headline     # rewrite both from the latest entry (after a bench_llamacpp doc=true)
 """

@@ -1,5 +1,5 @@
 """The commands the README and docs/ show, read out of their markdown: for the checks that keep them true
-(tests/test_docs.py composes every `python -m src.run` one; scripts/check_docs.py runs the blocks marked
+(tests/docs/test_docs.py composes every `python -m src.run` one; scripts/check_docs.py runs the blocks marked
 `<!-- runnable -->`, and checks each one's shown output, the block marked `<!-- output -->` right after it)."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ head) are handed to a `torch.classes.quantspec.Stepper` once per model, and a st
 token ids to logits, or for greedy decoding to the next token (the argmax taken where the head's columns
 are computed). The sequence's keys and values live in a `StepCache` of its own, sliding windows
 included, so the step never leaves C++ for a mask or a window. The logits are the Python step path's,
-bit for bit (tests/test_cstep.py, every family and precision).
+bit for bit (tests/engine/test_cstep.py, every family and precision).
 
 It covers Gemma 3 text models and Llama/Qwen2 (the seeds' families but OPT) whose every linear runs on
 quantspec's kernels (engine=native with kernels loaded); otherwise the Decoder keeps src.engine.fastpath.

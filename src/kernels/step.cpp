@@ -4,7 +4,7 @@
 // between them (copies, residual adds, rotary positions) is plain loops over the activations' own type,
 // each operation rounded as ATen rounds it (c10::BFloat16's arithmetic rounds every product and sum to
 // bf16, as ATen's bf16 kernels do), and the activation function is ATen's own. So the logits are those of
-// the Python step path, bit for bit: tests/test_cstep.py checks it for every family and precision.
+// the Python step path, bit for bit: tests/engine/test_cstep.py checks it for every family and precision.
 //
 // Two classes: Stepper holds a model's weights (built once per model by src.engine.cstep) and StepCache
 // one sequence's keys and values ([KV heads, capacity, head dim] per layer, growing by a quarter).

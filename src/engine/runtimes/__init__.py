@@ -14,7 +14,7 @@ the job's weights, quantization and kernels, and its module is a `Runtime` (src.
 - optionally `TITLE` (the runtime's name in a failure line) and `crash_hint()` (what to do about a crash
   on this host, or "").
 
-Adding one is that module (anywhere importable: tests/example_runtime.py is one) and conf/engine/<name>.yaml with `kind: <name>` and `module: <its import
+Adding one is that module (anywhere importable: tests/support/example_runtime.py is one) and conf/engine/<name>.yaml with `kind: <name>` and `module: <its import
 path>` (its config is then src.engine.config.RuntimeEngine: quantspec's own kernels, attention and step
 path do not apply); nothing else lists the runtimes. A draft on any engine but native is refused when the config is read (drafts run on
 quantspec's engine), so a runtime's `unsupported` never sees one.

@@ -6,7 +6,7 @@
 //   w8a16   int8 weights widened to int16, SMLAL into int32, folded into fp32 every 1024 values
 //   w4a16   the nibbles as int16 by a shift and a mask, SMLAL, each group's sum scaled in fp32
 // Its speed cannot be measured on this project's machines; its arithmetic is checked under qemu against
-// the reference variant (core/selftest.cpp, tests/test_kernels_arm.py).
+// the reference variant (core/selftest.cpp, tests/kernels/test_kernels_selftest.py).
 #include <arm_neon.h>
 
 #include <algorithm>

@@ -1,0 +1,246 @@
+"""Every config file composes and validates; bad values fail with a line naming the field."""
+
+import dataclasses
+
+import pytest
+
+from src.assembly.config import GROUPS, ConfigError, job_config_from_dict
+from src.assembly.overrides import composition_problem
+from tests.helpers import CONF, compose_job
+
+# dataset=textfile has a mandatory path; it is checked on its own below.
+NEEDS = {("dataset", "textfile"): ["dataset.path=/tmp/corpus.txt"], ("task", "quantize"): ["precision=w8a8"]}
+
+
+def all_choices():
+    for group in GROUPS:
+        for path in sorted((CONF / group).glob("*.yaml")):
+            if not path.stem.startswith("_"):  # shared fields, not a choice
+                yield group, path.stem
+
+
+@pytest.mark.parametrize("group,choice", list(all_choices()))
+def test_every_choice_composes_and_validates(group, choice):
+    raw, choices = compose_job([f"{group}={choice}", *NEEDS.get((group, choice), [])])
+    job = job_config_from_dict(raw)  # a draft's model and precision are composed into it
+    assert choices[group] == choice
+    part = getattr(job, group)
+    assert getattr(part, "name", getattr(part, "kind", None)) == choice  # the file names its own choice
+
+
+def test_groups_have_the_design_layout():
+    for group in GROUPS:
+        assert any((CONF / group).glob("*.yaml")), f"conf/{group}/ is empty"
+    assert (CONF / "model" / "gemma3-270m.yaml").exists()
+    for hw in ("cpu", "cuda", "phx", "hpt", "stx"):
+        assert (CONF / "hardware" / f"{hw}.yaml").exists()
+
+
+def test_silicon_support_matches_the_seeds():
+    supported = {
+        hw: set(job_config_from_dict(compose_job([f"hardware={hw}"])[0]).hardware.precisions)
+        for hw in ("phx", "hpt", "stx")
+    }
+    assert "w8a16" not in supported["phx"] and "w8a16" not in supported["hpt"]
+    assert {"w8a8", "w8a16", "w4a16", "fp32", "bf16"} <= supported["stx"]
+
+
+def test_unsupported_pair_is_a_reason_not_an_error():
+    job = job_config_from_dict(compose_job(["hardware=phx", "hardware.precisions=[fp32]", "precision=bf16"])[0])
+    assert "phx has no bf16 kernels" in job.unsupported_reason()
+    assert job_config_from_dict(compose_job(["hardware=stx"])[0]).unsupported_reason() is None
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("task.limit=0", "task.limit"),
+        ("task.max_new_tokens=0", "task.max_new_tokens"),
+        ("sampling.temperature=0", "sampling.temperature"),
+        ("sampling.top_p=1.5", "sampling.top_p"),
+        ("hardware.threads=0", "hardware.threads"),
+        ("model.arch=gpt5", "model.arch"),
+        ("precision.dtype=int3", "precision.dtype"),
+    ],
+)
+def test_bad_values_name_their_field(override, field):
+    raw, _ = compose_job([override])
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        job_config_from_dict(raw)
+
+
+def test_unknown_keys_are_refused():
+    raw, _ = compose_job([])
+    raw["task"]["max_new_tokenz"] = 3
+    with pytest.raises(ConfigError, match="task has unknown key.*max_new_tokenz"):
+        job_config_from_dict(raw)
+
+
+def test_benchmark_needs_prompt_lengths():
+    raw, _ = compose_job(["task=benchmark", "task.prompt_lengths=[]"])
+    with pytest.raises(ConfigError, match="prompt_lengths"):
+        job_config_from_dict(raw)
+
+
+def test_frozen_config():
+    job = job_config_from_dict(compose_job([])[0])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.task.limit = 3
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["model=nope"], "unknown model 'nope'; choose from: "),
+        (["-m", "precision=fp32,w3a3"], "unknown precision 'w3a3'"),
+        (["+hardware=tpu"], "unknown hardware 'tpu'"),
+    ],
+)
+def test_unknown_choice_is_one_line(args, expect):
+    line = composition_problem(args)
+    assert line is not None and expect in line and "\n" not in line
+
+
+def test_field_files_are_not_choices():
+    assert "_fields" not in composition_problem(["precision=nope"])
+
+
+def test_any_precision_field_overrides_in_a_sweep_of_float_and_quantized():
+    # Hydra checks sweep overrides against the first composition (fp32): the field must exist there.
+    raw, _ = compose_job(["precision=fp32", "precision.quantize_head=false", "task.window=64"])
+    assert raw["precision"]["quantize_head"] is False and raw["task"]["window"] == 64
+
+
+def test_known_choices_and_plain_overrides_pass():
+    assert (
+        composition_problem(["-m", "hardware=phx,stx", "precision=fp32,bf16", "task.limit=2", "model.local_path=/x"])
+        is None
+    )
+
+
+def test_unknown_fields_are_one_line_and_a_draft_s_composed_fields_are_known():
+    assert composition_problem(["draft=self_w8a8", "draft.precision.alpha=0.6"]) is None
+    assert composition_problem(["draft=llama-160m", "draft.model.local_path=/x"]) is None
+    assert "task.foo is not a setting of task decode" in composition_problem(["task.foo=1"])
+    assert "draft.precision.alfa is not a setting" in composition_problem(["draft=self_w8a8", "draft.precision.alfa=1"])
+
+
+def test_engine_isa_choices_are_the_kernel_variants_but_never_the_tests_twin():
+    from src.engine.config import ISA_CHOICES
+    from src.kernels.variants import AVX_VNNI_TWIN, NAMES
+
+    assert ISA_CHOICES == ("auto", *NAMES) and "avx_vnni" in ISA_CHOICES and AVX_VNNI_TWIN.name not in ISA_CHOICES
+
+
+def test_each_kind_holds_only_its_own_fields():
+    """A kind's config is its registered class: a w8a8 job has no AWQ fields, decode no perplexity window, a
+    runtime engine none of quantspec's kernels or step path (the YAML's _fields reach every job of a sweep;
+    the typed config keeps the kind's own)."""
+    from src.engine.config import RuntimeEngine
+    from src.quant.methods import Awq, SmoothQuant
+    from src.tasks.kinds import Decode, Perplexity
+
+    job = job_config_from_dict(compose_job(["precision=w8a8", "task=decode"])[0])
+    assert type(job.precision.quant) is SmoothQuant and not hasattr(job.precision.quant, "awq_grid")
+    assert type(job.task) is Decode and not hasattr(job.task, "window")
+    job = job_config_from_dict(compose_job(["precision=w4a16", "task=perplexity", "engine=openvino"])[0])
+    assert type(job.precision.quant) is Awq and not hasattr(job.precision.quant, "alpha")
+    assert type(job.task) is Perplexity and not hasattr(job.task, "max_new_tokens")
+    assert type(job.engine) is RuntimeEngine and not hasattr(job.engine, "kernels")
+    assert job_config_from_dict(compose_job(["precision=fp32"])[0]).precision.quant is None
+
+
+def test_another_method_s_field_does_not_re_key_a_quantized_cache():
+    """The cache key is the method's spec: AWQ's search settings leave a SmoothQuant cache where it is (the flat
+    precision config had keyed every cache by every method's fields)."""
+    from src.quant.cache import cache_key
+
+    model = job_config_from_dict(compose_job([])[0]).model
+
+    def key(*overrides):
+        return cache_key("src", job_config_from_dict(compose_job(list(overrides))[0]).precision.spec(model), "h")
+
+    assert key("precision=w8a8") == key("precision=w8a8", "precision.awq_grid=3")
+    assert key("precision=w4a16") != key("precision=w4a16", "precision.awq_grid=3")
+    assert key("precision=w8a8") != key("precision=w8a8", "precision.alpha=0.9")
+
+
+def test_a_kind_is_registered_once_and_its_names_are_the_choices():
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from src.common.schema import Kinds
+    from src.tasks.kinds import TASKS, TaskConfig
+
+    assert TASKS.names == ("decode", "benchmark", "benchmark_code", "perplexity", "lm_eval", "quantize")
+    assert {p.stem for p in (CONF / "task").glob("*.yaml") if not p.stem.startswith("_")} >= set(TASKS.names)
+    kinds = Kinds("task", "kind")
+
+    @dataclass(frozen=True, kw_only=True)
+    class Mine(TaskConfig):
+        KIND: ClassVar[str] = "mine"
+
+    kinds.register(Mine)
+    with pytest.raises(ValueError, match="registered twice"):
+        kinds.register(Mine)
+    with pytest.raises(ConfigError, match="task.kind='other' is not one of: mine"):
+        kinds["other"]
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["task.window=128"], "task.window is read by task.kind perplexity, not by task decode"),
+        (
+            ["precision=w8a8", "precision.awq_grid=3"],
+            "precision.awq_grid is read by precision.method awq, not by precision w8a8",
+        ),
+        (
+            ["engine=openvino", "engine.isa=avx2"],
+            "engine.isa is read by quantspec's own engines (hf, native), not by engine openvino",
+        ),
+        (["task=decode,perplexity", "task.window=128"], None),  # a sweep: the perplexity job reads it
+        (["precision=w8a8,w4a16", "precision.awq_grid=3"], None),
+        (["precision=w8a8", "precision.alpha=0.3"], None),
+    ],
+)
+def test_a_field_no_chosen_kind_reads_is_one_line(args, said):
+    """_fields.yaml gives every entry every kind's fields (so one override reaches a sweep); an override that
+    no chosen entry's kind reads would do nothing, and is refused in one line."""
+    problem = composition_problem(args)
+    assert problem == said if said is None else said in problem
+
+
+@pytest.mark.parametrize("override", ["task.limit=abc", "task.limt=2", "hardware.threads=1.5", "rounds=two"])
+def test_composition_itself_refuses_a_wrong_type_or_an_unknown_key(override):
+    """The groups' schemas (src.assembly.schema) type every field: Hydra's own composition refuses these,
+    before any check of quantspec's."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        compose_job([override])
+
+
+def test_every_field_of_a_group_s_classes_is_in_its_schema():
+    from src.assembly import schema
+
+    for group, (classes, extra) in schema.SOURCES.items():
+        have = {f.name for f in dataclasses.fields(schema.schema(group))}
+        want = {f.name for cls in classes for f in dataclasses.fields(cls)} - schema.INTERNAL.get(group, set())
+        assert want | set(extra) == have, group
+
+
+def test_an_entry_that_skips_its_group_s_schema_is_refused_and_one_that_starts_from_it_is_typed(tmp_path):
+    """A user's own entry (found through hydra.searchpath) without `defaults: [_schema, _self_]` would go
+    untyped: refused in one line; with it, a wrong type in its YAML is one line too."""
+    (tmp_path / "hardware").mkdir()
+    entry = tmp_path / "hardware" / "mine.yaml"
+    body = "name: mine\ndescription: mine\ndevice: cpu\nthreads: abc\nprecisions: [fp32]\n"
+    entry.write_text(body)
+    args = ["hardware=mine", f"hydra.searchpath=[file://{tmp_path}]"]
+    assert "hardware mine does not start from the hardware schema" in composition_problem(args)
+    entry.write_text("defaults: [_schema, _self_]\n" + body)
+    said = composition_problem(args)
+    assert said.startswith("hardware.threads: Value 'abc'") and "\n" not in said
+    entry.write_text("defaults: [_schema, _self_]\n" + body.replace("abc", "2"))
+    assert composition_problem(args) is None

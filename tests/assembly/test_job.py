@@ -1,0 +1,104 @@
+"""A job built and run from its typed config alone: no Hydra run, no MLflow."""
+
+import pytest
+
+from src.assembly.config import job_config_from_dict
+from src.assembly.job import build
+from tests.helpers import compose_job
+
+
+class Kept:
+    """A recorder that keeps what building reports."""
+
+    def __init__(self):
+        self.tags, self.metrics, self.texts, self.params, self.inputs = {}, {}, {}, {}, {}
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
+
+    def log_metrics(self, values, step=0):
+        self.metrics.update(values)
+
+    def log_text(self, text, name):
+        self.texts[name] = text
+
+    def log_params(self, params):
+        self.params.update(params)
+
+    def log_input(self, text, context):
+        self.inputs[text.name] = context
+
+
+def test_build_then_run_gives_rows_and_reports_what_it_decided(tmp_path):
+    raw, _ = compose_job(
+        [
+            "model=tiny-llama",
+            "precision=w8a8",
+            "task.limit=2",
+            "task.max_new_tokens=3",
+            "task.warmup=0",
+            "engine.kernels=aten",
+            f"cache_dir={tmp_path}",
+        ]
+    )
+    kept = Kept()
+    job = build(job_config_from_dict(raw), kept)
+    assert kept.tags["executed_on"] == "cpu" and kept.tags["kernels"] == "aten"
+    assert "model_load_s" in kept.metrics and "quantize_s" in kept.metrics and "environment.json" in kept.texts
+    result = job.run()
+    assert [r.new_tokens for r in result.rows] == [3, 3]
+    assert kept.inputs == {"humaneval": "calibration", "seed-prompts": "evaluation"}  # what it read, and what for
+    assert len(result.series["decode_efficiency"]) == 2 and result.summary["examples"] == 2
+    # the bandwidth was probed beside each example, and the summary's is their median
+    assert len(result.series["bandwidth_gbs"]) == 2 and min(result.series["bandwidth_gbs"]) > 0
+    assert result.summary["bandwidth_gbs"] == pytest.approx(sum(result.series["bandwidth_gbs"]) / 2)
+
+
+def test_a_profile_that_ran_elsewhere_says_what_executed(tmp_path):
+    raw, _ = compose_job(
+        [
+            "model=tiny-llama",
+            "hardware=phx",
+            "task.limit=1",
+            "task.max_new_tokens=2",
+            "task.warmup=0",
+            "engine=hf",
+            "engine.kernels=aten",
+            f"cache_dir={tmp_path}",
+        ]
+    )
+    kept = Kept()
+    build(job_config_from_dict(raw), kept)
+    assert raw["hardware"]["device"] == "npu"  # what the phx profile asks for
+    assert kept.params["executed.device"] == "cpu" and kept.params["executed.kernels"] == "aten"
+    assert kept.tags["ran_on"] == f"phx profile, ran on host CPU ({kept.params['executed.cpu']})"
+    assert kept.params["executed.runtime"].startswith("transformers ") and "generate" in kept.params["executed.runtime"]
+
+
+def test_a_native_job_says_which_step_path_runs_its_model():
+    """executed.step_path: the C++ step where it covers the model (on quantspec's kernels), the Python loop
+    where it does not (ATen's kernels)."""
+    from tests.helpers import KERNELS as CACHE
+
+    said = {}
+    for kernels_choice in ("quantspec", "aten"):
+        raw, _ = compose_job(
+            [
+                "model=tiny-gemma3",
+                "task.limit=1",
+                f"engine.kernels={kernels_choice}",
+                f"cache_dir={CACHE.parent.expanduser()}",
+            ]
+        )
+        kept = Kept()
+        build(job_config_from_dict(raw), kept)
+        said[kernels_choice] = kept.params["executed.step_path"]
+    assert said == {"quantspec": "quantspec", "aten": "python"}
+
+
+def test_every_draft_kind_has_its_drafter_and_its_builder():
+    from src.assembly.config import DRAFT_KINDS
+    from src.assembly.job import DRAFT_BUILDS
+    from src.engine.speculative import DRAFTERS
+
+    assert set(DRAFT_BUILDS) == set(DRAFTERS) == set(DRAFT_KINDS) - {"none"}

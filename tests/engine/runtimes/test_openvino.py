@@ -1,0 +1,75 @@
+"""engine=openvino: OpenVINO runs the job's own weights, exported by optimum-intel (in its own
+environment) and compressed by NNCF at the precision, through the same tasks, timing and records."""
+
+import json
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from src.engine.common import Sampling
+from src.engine.runtimes import openvino as ov
+from src.models.tiny import tiny_model
+from src.quality.scoring import torch_scorer
+from tests.helpers import fresh_cache, perplexity_by_engine, run_cli
+
+pytestmark = pytest.mark.skipif(ov.available() is not None, reason=str(ov.available()))
+
+
+def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(tmp_path):
+    model, tok = tiny_model("llama")
+    folder = ov.export(model, tok, "tiny-llama-test", "fp32", [], tmp_path)
+    assert json.loads((folder / "quantspec-export.json").read_text())["want"]["precision"] == "fp32"
+    engine = ov.OpenVINO(folder, (tok.eos_token_id,), f32=True)
+    ids = tok("hello world", return_tensors="pt").input_ids
+    gen = engine(None, ids, 12, True, Sampling(), tok.pad_token_id)
+    with torch.no_grad():
+        ref = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert gen.new_token_ids == ref[0, ids.shape[1] :].tolist()  # the same weights, the same greedy tokens
+    assert len(gen.token_times) == 12 and gen.start < gen.token_times[0] <= gen.end
+    window = torch.tensor(tok("the quick brown fox jumps over the lazy dog").input_ids)
+    theirs, ours = engine.window_score(window), torch_scorer(model)(window)
+    assert theirs.target_logp.sum().item() == pytest.approx(ours.target_logp.sum().item(), rel=1e-4)
+    assert theirs.top1.tolist() == ours.top1.tolist()
+    before = (folder / "openvino_model.xml").stat().st_mtime_ns
+    assert ov.export(model, tok, "tiny-llama-test", "fp32", [], tmp_path) == folder
+    assert (folder / "openvino_model.xml").stat().st_mtime_ns == before  # cached, not rebuilt
+
+
+def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(
+        [
+            "-m",
+            "model=tiny-llama",
+            "engine=openvino",
+            "precision=fp32,w4a16,w8a8,bf16",
+            "task=benchmark",
+            "task.prompt_lengths=[4,8]",
+            "task.max_new_tokens=4",
+            "task.warmup=0",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "sweep done: 3 finished, 1 skipped" in out.stdout and "engine openvino has no bf16" in out.stdout
+    client = MlflowClient(store)
+    runs = client.search_runs(
+        [client.get_experiment_by_name("quantspec").experiment_id],
+        "tags.`quantspec.role` = 'job' and tags.outcome = 'finished'",
+    )
+    by = {r.data.tags["precision"]: r for r in runs}
+    assert "NNCF int4 weights (asym, group 128) with AWQ" in by["w4a16"].data.params["executed.runtime"]
+    assert (
+        "NNCF SmoothQuant (alpha 0.5), int8 weights and static int8 activations, its float parts in fp32"
+        in by["w8a8"].data.params["executed.runtime"]
+    )
+    assert by["fp32"].data.params["executed.runtime"].startswith("openvino 2026")
+    assert all(r.data.metrics["time_per_token_ms_median"] > 0 and r.data.tags["kernels"] == "openvino" for r in runs)
+
+
+def test_perplexity_on_openvino_matches_torch_on_the_same_fp32_weights(tmp_path):
+    ppl = perplexity_by_engine(tmp_path, "native,openvino")
+    assert ppl["openvino"] == pytest.approx(ppl["native"], rel=1e-3)

@@ -1,0 +1,96 @@
+"""The roofline's byte counts, its efficiency arithmetic, and the bandwidth probe."""
+
+import math
+
+import pytest
+import torch
+
+from src.common.metrics import Row
+from src.engine import roofline
+from src.models.tiny import tiny_model
+from src.quant.pipeline import install, quantize
+from tests.helpers import quant_spec
+
+
+def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():
+    model, _ = tiny_model("gemma3")
+    vocab, hidden = model.get_input_embeddings().weight.shape
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert roofline.weight_bytes(model) == (linears + hidden + norms) * 4 + buffers
+    assert model.lm_head.weight.numel() == vocab * hidden  # the tied head is counted in full
+
+
+def test_a_quantized_module_counts_the_layout_its_step_reads_once():
+    from src.quant.linear import build, int4_tensors
+
+    n, k = 64, 256
+    tensors = int4_tensors(torch.randn(n, k), None, 128)
+    groups = n * k // 128
+    for gemv in (False, True):  # the gemv module holds ATen's packed layout (prefill) and its own: a step reads one
+        module = build("w4a16", tensors, 128, torch.bfloat16, gemv)
+        assert n * k // 2 <= module.step_bytes() <= n * k // 2 + groups * 8
+        assert roofline.weight_bytes(module) == module.step_bytes()
+
+
+def test_quantized_modules_count_their_packed_buffers():
+    model, _ = tiny_model("llama")
+    before = roofline.weight_bytes(model)
+    install(model, quantize(model, "llama", quant_spec("rtn", "w8a8"), None), torch.float32)
+    after = roofline.weight_bytes(model)
+    assert after < before / 2  # int8 weights: a quarter of fp32, plus scales and the float parts
+
+
+def test_kv_bytes_caps_sliding_layers():
+    model, _ = tiny_model("gemma3")  # one sliding layer (window 32), one full layer, 2 kv heads of 32
+    per_position = 2 * 2 * 32 * 4
+    assert roofline.kv_bytes(model.config, 10, 4) == 2 * 10 * per_position
+    assert roofline.kv_bytes(model.config, 100, 4) == (32 + 100) * per_position
+
+
+def test_efficiency_is_roofline_over_measured_at_each_examples_own_bandwidth():
+    model, _ = tiny_model("llama")
+    rows = [
+        Row(1, 8, 11, 1.0, 5.0, 2.0, 500.0),
+        Row(2, 8, 11, 1.0, 5.0, 2.0, 500.0),
+        Row(3, 8, 1, 1.0, 5.0, math.nan, math.nan),
+    ]
+    per_example, summary = roofline.efficiency(model, rows, [10.0, 20.0, 30.0])
+    ideal = roofline.roofline_ms(model, 8 + 5, 10.0)
+    # the same time per token is twice as far from a roofline whose bandwidth was twice as high
+    assert per_example[0] == pytest.approx(ideal / 2.0) and per_example[1] == pytest.approx(ideal / 4.0)
+    assert math.isnan(per_example[2])
+    assert summary["decode_efficiency_median"] == pytest.approx((ideal / 2.0 + ideal / 4.0) / 2)
+    assert summary["bandwidth_gbs"] == 20.0
+    with pytest.raises(ValueError, match="3 examples but 2 bandwidth probes"):
+        roofline.efficiency(model, rows, [10.0, 20.0])
+
+
+def test_the_probe_measures_something_plausible_each_time_it_is_called():
+    probe = roofline.Probe(1, mb=64, repeats=2)
+    first, second = probe(), probe()
+    assert 0.1 < first < 10_000 and 0.1 < second < 10_000
+    assert probe._buffer is not None and probe._buffer.numel() * 4 == 64 * 2**20  # one buffer, kept
+
+
+def test_a_step_that_outran_the_probe_is_rated_one_and_counted_not_hidden():
+    model, _ = tiny_model("llama")
+    ideal = roofline.roofline_ms(model, 8 + 5, 10.0)
+    rows = [Row(1, 8, 11, 1.0, 5.0, ideal / 1.25, 0.0), Row(2, 8, 11, 1.0, 5.0, ideal * 2, 0.0)]
+    per_example, summary = roofline.efficiency(model, rows, [10.0, 10.0])
+    assert per_example == [1.0, pytest.approx(0.5)]  # the first step read 1.25x the probe's rate
+    assert summary["bandwidth_probe_short"] == 1.0 and summary["bandwidth_probe_short_max"] == pytest.approx(1.25)
+    _, fine = roofline.efficiency(model, rows[1:], [10.0])
+    assert fine["bandwidth_probe_short"] == 0.0 and "bandwidth_probe_short_max" not in fine
+
+
+def test_the_probe_reads_with_quantspecs_kernel_beside_torchs_sum_and_takes_the_faster():
+    from src import kernels
+    from tests.helpers import KERNELS as CACHE
+
+    assert kernels.load(CACHE), kernels.reason()
+    probe = roofline.Probe(1, mb=64, repeats=2)
+    rates = probe.rates()
+    assert set(rates) == {"torch.sum", "quantspec gemv"} and all(0.1 < r < 10_000 for r in rates.values())
+    assert probe() >= min(rates.values())  # the faster reader, probed anew

@@ -1,0 +1,439 @@
+"""quantspec's own kernels (src/kernels): every test runs once per kernel variant of this architecture
+(avx512, avx_vnni, avx2, reference on x86-64, and avx_vnni's EVEX twin), each against a float64
+reference, against the reference variant, and installed in tiny models. A variant is skipped only where this CPU lacks its instructions; one that
+cannot be built fails.
+"""
+
+import platform
+
+import pytest
+import torch
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from src import kernels
+from src.engine import GENERATE, Sampling
+from src.engine.native import Decoder
+from src.kernels import modules, variants
+from src.models.tiny import tiny_model
+from src.quant import qparams
+from src.quant.aten_ops import pack_w4
+from src.quant.linear import build, int4_tensors, int8_tensors
+from tests.helpers import use_variant
+
+ARCHS = ["llama", "opt", "qwen2", "gemma3"]
+
+
+# On x86-64 also avx_vnni's code in its EVEX twin (variants.AVX_VNNI_TWIN), which AVX-512 VNNI hosts run.
+HOST_VARIANTS = [v.name for v in variants.for_arch()] + (
+    [variants.AVX_VNNI_TWIN.name] if platform.machine() == "x86_64" else []
+)
+
+
+@pytest.fixture(autouse=True, params=HOST_VARIANTS)
+def isa(request):
+    return use_variant(request.param)
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).abs().max() / ref.abs().max())
+
+
+SHAPES = [(1, 37, 128), (2, 64, 256), (5, 41, 640), (7, 16, 128), (8, 9, 64)]  # M > 6 takes two passes
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_float_matches_matmul(m, n, k, dtype):
+    torch.manual_seed(m * n)
+    x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
+    y = torch.ops.quantspec.gemv_float(x, w)
+    assert y.dtype == dtype and y.shape == (m, n)
+    # bf16 inputs are exact in float64; what is left is fp32 accumulation and the output's rounding
+    assert _rel_err(y, x.double() @ w.double().t()) < (1e-6 if dtype == torch.float32 else 8e-3)
+
+
+@pytest.mark.parametrize("m,n,k", [s for s in SHAPES if s[2] % 64 == 0])
+def test_gemv_w8a8_matches_int8_reference(m, n, k):
+    torch.manual_seed(m + n)
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    w_q, w_s = qparams.int8_per_channel(w)
+    y = torch.ops.quantspec.gemv_w8a8(x, w_q, w_s, w_q.sum(1, dtype=torch.int32))
+    x_q, x_s = qparams.int8_per_token(x)
+    ref = (x_q.double() @ w_q.double().t()) * x_s.double() * w_s.double()
+    assert _rel_err(y, ref) < 1e-5  # the integer sums are exact; only the scaling rounds
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_gemv_w8a16_matches_int8_weight_reference(m, n, k):
+    torch.manual_seed(m + 2 * n)
+    x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
+    w_q, w_s = qparams.int8_per_channel(w)
+    y = torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
+    ref = x.double() @ (w_q.double() * w_s.double()[:, None]).t()
+    assert _rel_err(y, ref) < 8e-3  # int8 and bf16 are exact in registers; the sums are fp32
+
+
+@pytest.mark.parametrize("m,n,k,group", [(*s, 128) for s in SHAPES if s[2] % 128 == 0] + [(3, 20, 512, 256)])
+def test_gemv_w4a16_matches_dequantized_reference(m, n, k, group):
+    torch.manual_seed(m * 3 + n)
+    x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
+    q, scale, zero = qparams.int4_groups(w, group)
+    offset = (zero - qparams.INT4_MID * scale).contiguous()
+    y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, group)
+    ref = x.double() @ qparams.int4_dequant(q, scale, zero, group).double().t()
+    assert _rel_err(y, ref) < 1e-2  # dequantized weights are rounded to bf16 in registers
+
+
+@pytest.mark.parametrize("m,n,k,group", [(*s, 128) for s in SHAPES if s[2] % 128 == 0] + [(3, 20, 512, 256)])
+def test_gemv_w4a8_is_exact_integer_sums_of_int8_activations_and_the_nibbles(m, n, k, group):
+    # The reference rounds x per token to int8 as the kernel does (qparams.int8_per_token), then sums in float64:
+    # the integer sums are exact, so only the per-group float scaling differs.
+    torch.manual_seed(m * 5 + n)
+    x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
+    q, scale, zero = qparams.int4_groups(w, group)
+    offset = (zero - qparams.INT4_MID * scale).contiguous()
+    y = torch.ops.quantspec.gemv_w4a8(x, pack_w4(q), scale.contiguous(), offset, group)
+    x_q, x_scale = qparams.int8_per_token(x)
+    ref = (x_q.double() @ qparams.int4_dequant(q, scale, zero, group).double().t()) * x_scale.double()
+    assert y.dtype == torch.bfloat16 and _rel_err(y, ref) < 8e-3  # the output rounded to bf16, as x's dtype
+    y32 = torch.ops.quantspec.gemv_w4a8(x.float(), pack_w4(q), scale.contiguous(), offset, group)
+    assert _rel_err(y32, ref) < 1e-5
+    # the int8 activations are what the kernel used: bf16 x's own product is farther than the rounding above
+    assert _rel_err(x.double() @ qparams.int4_dequant(q, scale, zero, group).double().t(), ref) > 1e-3
+
+
+def test_w4a8_prefills_quantizer_and_rescale_are_atens_ops_bit_for_bit():
+    torch.manual_seed(4)
+    x = (torch.randn(37, 640) * torch.logspace(-3, 2, 640)).bfloat16()
+    x[5] = 0  # an all-zero row: the scale's floor
+    q, scale = torch.ops.quantspec.quantize_x8_bf16(x)
+    ref_q, ref_scale = qparams.int8_per_token(x)
+    assert q.dtype == torch.bfloat16 and torch.equal(q, ref_q.bfloat16()) and torch.equal(scale, ref_scale)
+    y = torch.randn(37, 100).bfloat16()
+    assert torch.equal(torch.ops.quantspec.scale_rows_bf16(y.clone(), scale), (y.float() * scale).bfloat16())
+
+
+def test_w4a8_sums_at_their_worst_case():
+    # |q_x| = 127 against nibbles of 15 over a whole group of 256: the largest int32 lane sum the kernel sees.
+    k, group = 1024, 256
+    x = torch.full((2, k), 3.0)
+    x[1] = -3.0
+    q = torch.full((4, k), 15, dtype=torch.uint8)
+    scale, offset = torch.full((4, k // group), 0.5), torch.zeros(4, k // group)
+    y = torch.ops.quantspec.gemv_w4a8(x, pack_w4(q), scale, offset, group)
+    expect = torch.tensor([[3.0 * 15 * 0.5 * k] * 4, [-3.0 * 15 * 0.5 * k] * 4])
+    torch.testing.assert_close(y, expect, rtol=1e-6, atol=0)
+
+
+def test_int4_weight_unpacks_to_bf16_for_prefill_and_the_gemv_reads_it_unrounded():
+    torch.manual_seed(5)
+    w = torch.randn(24, 512)
+    q, scale, zero = qparams.int4_groups(w, 256)
+    offset = (zero - qparams.INT4_MID * scale).contiguous()
+    dense = torch.ops.quantspec.dequant_w4a16(pack_w4(q), scale.contiguous(), offset, 256)
+    # q * scale + offset rounded once to float32 (the kernel's FMA; exact in float64 first), then to bf16
+    ref = (q.double().reshape(24, 2, 256) * scale.double()[..., None] + offset.double()[..., None]).reshape(24, 512)
+    assert dense.dtype == torch.bfloat16 and torch.equal(dense, ref.float().bfloat16())
+    x = torch.zeros(1, 512)
+    x[0, 300] = 1  # one input channel: the gemv returns that column of the weight, in float32
+    torch.testing.assert_close(
+        torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 256)[0],
+        ref[:, 300].float(),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("kind", ["w8a16", "w4a16"])
+def test_16_bit_activations_are_as_precise_as_float32_not_bf16(kind):
+    # x quantized per row to int16 in the kernel: against a float64 reference with x as given (float32),
+    # the error is far below what rounding x to bf16 would cost (~2^-9 of the largest term).
+    torch.manual_seed(11)
+    x, w = torch.randn(3, 1024) * torch.logspace(-2, 1, 1024), torch.randn(40, 1024)
+    if kind == "w8a16":
+        w_q, w_s = qparams.int8_per_channel(w)
+        y = torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
+        dense = w_q.double() * w_s.double()[:, None]
+    else:
+        q, scale, zero = qparams.int4_groups(w, 128)
+        y = torch.ops.quantspec.gemv_w4a16(
+            x, pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 128
+        )
+        dense = qparams.int4_dequant(q, scale, zero, 128).double()
+    assert y.dtype == torch.float32
+    assert _rel_err(y, x.double() @ dense.t()) < 2e-4
+    assert _rel_err(x.bfloat16().double() @ dense.t(), x.double() @ dense.t()) > 5e-4  # what bf16 x would cost
+
+
+def test_16_bit_activation_sums_cannot_overflow():
+    # The worst case for int32 sums: every weight at 127 and every activation at the int16 limit, over a
+    # K of many 4096-value spans (the kernel folds its int32 sums into fp32 once per span).
+    k = 16384
+    x, w_q = torch.full((1, k), 3.0), torch.full((8, k), 127, dtype=torch.int8)
+    y = torch.ops.quantspec.gemv_w8a16(x, w_q, torch.full((8,), 0.5))
+    torch.testing.assert_close(y, torch.full((1, 8), 3.0 * 127 * 0.5 * k), rtol=1e-5, atol=0)  # fp32 rounding only
+    q = torch.full((8, k), 15, dtype=torch.uint8)
+    y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), torch.full((8, k // 128), 0.5), torch.zeros(8, k // 128), 128)
+    torch.testing.assert_close(y, torch.full((1, 8), 3.0 * 15 * 0.5 * k), rtol=1e-5, atol=0)  # fp32 rounding only
+
+
+def test_gemv_rejects_a_k_it_cannot_step_through():
+    with pytest.raises(RuntimeError, match="multiple of"):
+        torch.ops.quantspec.gemv_float(torch.randn(1, 40), torch.randn(8, 40))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm_cls,gemma", [(Gemma3RMSNorm, True), (LlamaRMSNorm, False)])
+@pytest.mark.parametrize("d", [96, 100])  # 100: a sum of squares' tail after its 16 running sums
+def test_fused_rms_norm_matches_transformers(norm_cls, gemma, dtype, d):
+    torch.manual_seed(0)
+    norm = norm_cls(d, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+    norm = norm.to(dtype)
+    x = torch.randn(3, 5, d).to(dtype)
+    fused = modules.FusedRMSNorm(norm, gemma)
+    torch.testing.assert_close(fused(x), norm(x), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_matches_causal_sdpa_and_each_row_stands_alone(dtype):
+    torch.manual_seed(0)
+    heads, kv_heads, queries, length, dim = 4, 2, 5, 40, 32
+    q = torch.randn(1, heads, queries, dim).to(dtype)
+    k, v = (torch.randn(1, kv_heads, length, dim).to(dtype) for _ in range(2))
+    visible = torch.arange(length)[None, :] <= torch.arange(length - queries, length)[:, None]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=visible, scale=0.2, enable_gqa=True
+    )
+    out = torch.ops.quantspec.decode_attention(q, k, v, 0.2)
+    assert _rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+    for i in range(queries):  # bit for bit what a one-query step over the shorter cache gives
+        alone = torch.ops.quantspec.decode_attention(
+            q[:, :, i : i + 1], k[:, :, : length - queries + i + 1], v[:, :, : length - queries + i + 1], 0.2
+        )
+        assert torch.equal(alone[:, :, 0], out[:, :, i])
+
+
+def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
+    torch.manual_seed(1)
+    w = torch.randn(48, 128)
+    for kind, tensors, dtype in (
+        ("w8a8", int8_tensors(w, None), torch.float32),
+        ("w4a16", int4_tensors(w, None, 128), torch.bfloat16),
+        ("w4a8", int4_tensors(w, None, 128), torch.bfloat16),
+        ("w8a16", int8_tensors(w, None), torch.bfloat16),
+    ):
+        aten, fast = (build(kind, tensors, 128, dtype, gemv) for gemv in (False, True))
+        assert type(fast).__name__.endswith("Gemv") and not type(aten).__name__.endswith("Gemv")
+        x = torch.randn(2, 3, 128).to(dtype)
+        assert _rel_err(fast(x), aten(x).double()) < 1e-2  # both round to bf16 (w4a16) differently
+        many = torch.randn(1, 20, 128).to(dtype)  # more rows than MAX_ROWS: a prefill
+        if kind in ("w4a16", "w4a8"):  # the weight unpacked to bf16 as the gemv does, one GEMM: no ATen int4 copy
+            assert not hasattr(fast, "packed")
+            assert _rel_err(fast(many), aten(many).double()) < 1e-2
+        else:  # ATen's path, unchanged
+            torch.testing.assert_close(fast(many), aten(many), rtol=0, atol=0)
+        cut = fast.select_rows(torch.tensor([0, 5])) if hasattr(fast, "select_rows") else None
+        assert cut is None or type(cut) is type(fast)  # a draft's cut head stays on the same kernels
+    assert (
+        type(build("w8a8", int8_tensors(torch.randn(8, 96), None), None, torch.float32, True)).__name__ == "W8A8Linear"
+    )  # K = 96 is no multiple of the w8a8 kernel's 64: ATen's
+    assert (
+        type(build("w4a16", int4_tensors(w, None, 64), 64, torch.bfloat16, True)).__name__ == "W4A16Linear"
+    )  # groups of 64 split the int4 kernel's 128-value loads: ATen's
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_installed_kernels_keep_greedy_output_and_tie_the_head(arch):
+    model, tok = tiny_model(arch)
+    ids = tok("def add(a, b):", return_tensors="pt").input_ids
+    before = GENERATE["hf"](model, ids, 16, True, Sampling(), tok.pad_token_id)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    counts = modules.install(model)
+    assert counts["gemv_float32"] == linears  # every projection and the head
+    if arch in ("llama", "qwen2", "gemma3"):
+        assert counts["fused_rms_norm"] > 0
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.get_input_embeddings().weight
+    native = GENERATE["native"](model, ids, 16, True, Sampling(), tok.pad_token_id)
+    hf = GENERATE["hf"](model, ids, 16, True, Sampling(), tok.pad_token_id)
+    assert native.new_token_ids == hf.new_token_ids == before.new_token_ids
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama", "qwen2", "opt"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_with_kernels_the_lean_path_verifies_exactly_like_steps(dtype, arch):
+    """Every op on the lean path treats rows alone: a k-token verification gives the same logits, bit for
+    bit, as k one-token steps, so speculative decoding reproduces plain decoding even in bf16."""
+    model, tok = tiny_model(arch)
+    model = model.to(dtype)
+    modules.install(model)
+    ids = tok("def f(x):", return_tensors="pt").input_ids
+    tokens = [70, 71, 72, 73, 74]
+    with torch.inference_mode():
+        stepper, verifier = Decoder(model, "quantspec"), Decoder(model, "quantspec")
+        stepper.prefill(ids)
+        verifier.prefill(ids)
+        steps = torch.stack([stepper.step(t) for t in tokens])
+        block = verifier.verify(tokens)
+    assert torch.equal(block, steps)
+
+
+def test_a_cut_head_keeps_its_kernels_when_it_is_cut_again():
+    from src.engine.subset_head import cut_head
+
+    model, _ = tiny_model("llama")
+    cut_head(model, torch.tensor([1, 2, 3]))
+    modules.install(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head.head, modules.GemvLinear)
+    head.focus([5, 6])  # a prompt's own tokens: the rows are cut again, from the swapped full head
+    assert isinstance(head.head, modules.GemvLinear) and {5, 6} <= set(head.ids.tolist())
+
+
+# --- every variant against the reference variant, and the invariants each must keep -----------------
+
+
+def _ops(kind: str, m: int, seed: int = 0):
+    """One op of each kind with its inputs (m rows), as a function of x alone."""
+    g = torch.Generator().manual_seed(seed)
+    k, n = 1024, 45  # 45: a tail of rows past the blocks of 4
+    x = torch.randn(m, k, generator=g) * torch.logspace(-1, 1, k)
+    w = torch.randn(n, k, generator=g)
+    if kind in ("f32", "bf16"):
+        dtype = torch.float32 if kind == "f32" else torch.bfloat16
+        wt = w.to(dtype)
+        return x.to(dtype), lambda x: torch.ops.quantspec.gemv_float(x, wt)
+    if kind in ("w8a8", "w8a16"):
+        w_q, w_s = qparams.int8_per_channel(w)
+        if kind == "w8a8":
+            return x, lambda x: torch.ops.quantspec.gemv_w8a8(x, w_q, w_s, w_q.sum(1, dtype=torch.int32))
+        return x, lambda x: torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
+    q, scale, zero = qparams.int4_groups(w, 128)
+    packed, offset = pack_w4(q), (zero - qparams.INT4_MID * scale).contiguous()
+    gemv = torch.ops.quantspec.gemv_w4a16 if kind == "w4a16" else torch.ops.quantspec.gemv_w4a8
+    return x, lambda x: gemv(x, packed, scale.contiguous(), offset, 128)
+
+
+GEMVS = ["f32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8"]
+# The integer formats' sums are exact on every variant: w8a8's one int32 sum is scaled in the same order
+# everywhere (bit for bit); the 16-bit formats fold partial sums into fp32 at variant-specific points.
+BOUND = {"f32": 1e-6, "bf16": 1e-6, "w8a8": 0.0, "w8a16": 1e-6, "w4a16": 1e-6, "w4a8": 1e-6}
+
+
+@pytest.mark.parametrize("kind", GEMVS)
+def test_each_variant_agrees_with_the_reference_variant(isa, kind):
+    x, op = _ops(kind, 3)
+    y = op(x)
+    use_variant("reference")
+    ref = op(x)
+    err = float((y.double() - ref.double()).abs().max() / ref.double().abs().max())
+    assert err <= BOUND[kind], f"{isa} vs reference: {err}"
+
+
+@pytest.mark.parametrize("kind", GEMVS)
+def test_a_rows_result_does_not_depend_on_how_many_rows_come_together(isa, kind):
+    """On every variant this host runs; also each SIMD variant's one-row 4-bit path (blocking.h one_row_groups) against
+    its blocking for several rows."""
+    x, op = _ops(kind, kernels.MAX_ROWS, seed=3)
+    together = op(x)
+    for m in range(1, kernels.MAX_ROWS + 1):  # every row count a step or a verification can bring
+        assert torch.equal(op(x[:m]), together[:m]), f"{m} rows"
+    for i in range(kernels.MAX_ROWS):
+        assert torch.equal(op(x[i : i + 1])[0], together[i]), f"row {i} alone"
+
+
+def test_the_int4_unpacking_and_the_norms_are_bit_for_bit_the_reference_variants(isa):
+    torch.manual_seed(2)
+    q, scale, zero = qparams.int4_groups(torch.randn(36, 768), 256)
+    args = (pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 256)
+    # d = 100: the sum of squares' 16 running sums and the 4 values after them
+    norms = [(torch.randn(5, d).to(t), torch.randn(d).to(t)) for d in (640, 100) for t in (torch.bfloat16, torch.float)]
+
+    def outputs():
+        return [torch.ops.quantspec.dequant_w4a16(*args)] + [
+            torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for x, w in norms for g in (True, False)
+        ]
+
+    ours = outputs()
+    use_variant("reference")
+    assert all(torch.equal(a, b) for a, b in zip(ours, outputs()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [16, 64, 256])
+def test_attention_agrees_with_the_reference_variant(isa, dtype, dim):
+    torch.manual_seed(dim)
+    q = torch.randn(1, 4, 3, dim).to(dtype)
+    k, v = (torch.randn(1, 1, 37, dim).to(dtype) for _ in range(2))
+    out = torch.ops.quantspec.decode_attention(q, k, v, dim**-0.5)
+    use_variant("reference")
+    ref = torch.ops.quantspec.decode_attention(q, k, v, dim**-0.5)
+    assert _rel_err(out, ref.double()) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_w8a8_integer_sums_at_their_worst_case():
+    # Every product at 127 * 127 (AVX2's VPMADDUBSW pairs reach 2 * 127 * 127, below int16's limit; an
+    # unsigned x + 128 would saturate), of both signs, over a long K: exact int32 sums, fp32 scaling only.
+    k = 16384
+    w_q = torch.full((8, k), 127, dtype=torch.int8)
+    w_q[1::2] = -127
+    for sign in (1.0, -1.0):
+        x = torch.full((1, k), sign * 2.0)
+        y = torch.ops.quantspec.gemv_w8a8(x, w_q, torch.full((8,), 0.5), w_q.sum(1, dtype=torch.int32))
+        expect = torch.tensor([sign * (1 if r % 2 == 0 else -1) * 127 * 127 * k * 0.5 * (2.0 / 127) for r in range(8)])
+        torch.testing.assert_close(y[0], expect, rtol=1e-6, atol=0)
+
+
+def _projections(kind: str, sizes: list[int], k: int = 256):
+    torch.manual_seed(3)
+    ws = [torch.randn(n, k) for n in sizes]
+    if kind in ("f32", "bf16"):
+        dtype = torch.float32 if kind == "f32" else torch.bfloat16
+        return [
+            modules.GemvLinear(
+                torch.nn.Linear(k, n, bias=False)
+                .to(dtype)
+                .requires_grad_(False)
+                .apply(lambda m, w=w: m.weight.copy_(w))
+            )
+            for n, w in zip(sizes, ws)
+        ], dtype
+    dtype = torch.float32 if kind == "w8a8" else torch.bfloat16
+    tensors = [int4_tensors(w, None, 128) if kind in ("w4a16", "w4a8") else int8_tensors(w, None) for w in ws]
+    return [build(kind, t, 128, dtype, True) for t in tensors], dtype
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8"])
+def test_fused_projections_give_each_part_bit_for_bit_and_hold_no_second_copy(kind):
+    from src.engine.fused import Projection
+
+    parts, dtype = _projections(kind, [64, 32, 32])
+    x = torch.randn(3, 256).to(dtype)
+    alone = [p(x) for p in parts]
+    projection = Projection(parts)
+    assert projection.kernel_calls == 1
+    for y, ref in zip(projection(x), alone):
+        assert torch.equal(y, ref)
+    fused = projection.calls[0][0]
+    for p in parts:  # the parts read views of the fused tensors, and still work alone (a prefill's calls)
+        for name, t in p.named_buffers() if kind not in ("f32", "bf16") else p.named_parameters():
+            assert t.untyped_storage().data_ptr() == getattr(fused, name).untyped_storage().data_ptr()
+    many = torch.randn(20, 256).to(dtype)
+    assert [tuple(y.shape) for y in projection(many)] == [(20, 64), (20, 32), (20, 32)]
+    for y, p in zip(projection(x), parts):
+        assert torch.equal(y, p(x))
+
+
+def test_projections_of_mixed_kinds_fuse_the_runs_that_share_one():
+    from src.engine.fused import Projection
+
+    (q, k), _ = _projections("w4a16", [64, 32])
+    (v,), _ = _projections("w8a16", [32])
+    projection = Projection([q, k, v])  # w4a16's q and k, with v kept at 8 bits
+    assert projection.kernel_calls == 2 and projection.calls[1][0] is v
+    x = torch.randn(1, 256).to(torch.bfloat16)
+    refs = [q(x), k(x), v(x)]
+    assert all(torch.equal(a, b) for a, b in zip(projection(x), refs))

@@ -1,0 +1,115 @@
+"""model.weights=random: the seeds' models at their published shapes, built fast in bf16, timed but never
+scored; and the memory estimate that refuses a job that cannot fit, set against a measured peak."""
+
+import time
+
+import pytest
+import torch
+
+from src.assembly import memory
+from src.assembly.config import ConfigError, job_config_from_dict
+from src.models.random_weights import config_of, parameter_count, random_model, shapes
+from tests.helpers import compose_job, fresh_cache, run_cli
+
+SEEDS = {
+    "llama-2-7b": 6.74e9,
+    "CodeLlama-7b-hf": 6.74e9,
+    "opt-6.7b": 6.66e9,
+    "Qwen1.5-7B-Chat": 7.72e9,
+    "llama-160m": 0.162e9,
+    "opt-125m": 0.125e9,
+    "Qwen1.5-0.5B-Chat": 0.464e9,
+}
+
+
+def test_every_seed_model_has_its_published_shape():
+    assert set(SEEDS) <= set(shapes())
+    for name, published in SEEDS.items():
+        assert parameter_count(config_of(name)) == pytest.approx(published, rel=0.01), name
+
+
+@pytest.mark.parametrize("name", ["llama-160m", "opt-125m"])
+def test_a_random_model_is_built_in_seconds_in_bf16_and_decodes(name):
+    start = time.perf_counter()
+    model, tokenizer = random_model(name)
+    assert time.perf_counter() - start < 20
+    params = dict(model.named_parameters())
+    assert all(p.dtype == torch.bfloat16 for p in params.values())
+    weights = [p for n, p in params.items() if p.dim() == 2]
+    assert 0.015 < weights[1].float().std().item() < 0.025
+    assert not torch.equal(weights[1].flatten()[:1000], weights[2].flatten()[:1000])  # layers differ
+    norms = [p for n, p in params.items() if "norm" in n and n.endswith("weight")]
+    assert norms and all(bool((p == 1).all()) for p in norms)
+    again, _ = random_model(name)
+    assert torch.equal(next(again.parameters()), next(model.parameters()))  # the same seed, the same model
+    ids = tokenizer("hello", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids.shape[1] and torch.isfinite(model(ids).logits).all()
+
+
+def _cfg(*extra):
+    raw, _ = compose_job(["model=llama-160m", "model.weights=random", *extra])
+    return job_config_from_dict(raw)
+
+
+def test_quality_of_random_weights_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="random weights .* perplexity would mean nothing"):
+        _cfg("task=perplexity")
+    out = run_cli(["model=llama-2-7b", "model.weights=random", "task=perplexity"])
+    assert out.returncode == 1 and out.stderr.strip().count("\n") == 0, out.stderr
+
+
+def test_a_job_that_cannot_fit_is_refused_before_loading():
+    cfg = _cfg("precision=fp32")
+    need = memory.check(cfg, available=64 * memory.GB)
+    assert need > 0.162e9 * 4
+    with pytest.raises(ConfigError, match=r"needs about .* GB of memory and 0\.5 GB is available"):
+        memory.check(cfg, available=memory.GB // 2)
+    seven = job_config_from_dict(compose_job(["model=llama-2-7b", "model.weights=random", "precision=fp32"])[0])
+    assert memory.estimate_bytes(seven) > 25 * memory.GB  # a float32 7B: refused on this 24 GB machine
+    w8 = job_config_from_dict(compose_job(["model=llama-2-7b", "model.weights=random", "precision=w8a16"])[0])
+    assert memory.estimate_bytes(w8) < 20 * memory.GB
+
+
+def test_a_random_weight_job_is_timed_tagged_and_its_peak_within_the_estimate(tmp_path, store):
+    from mlflow.tracking import MlflowClient
+
+    fresh_cache(tmp_path / "cache")  # the kernels built already: a build inside the job would be its peak
+    out = run_cli(
+        [
+            "model=llama-160m",
+            "model.weights=random",
+            "task=benchmark",
+            "task.prompt_lengths=[8,32]",
+            "task.max_new_tokens=4",
+            "task.warmup=0",
+            "precision=w8a16",
+            "draft=self_w8a8",
+            "draft.k=2",
+            f"tracking.uri={store}",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "random weights: acceptance_rate" in out.stdout + out.stderr
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
+    assert run.data.tags["weights"] == "random"
+    metrics = run.data.metrics
+    assert metrics["time_per_token_ms_median"] > 0 and "draft_ms_per_step_overall" in metrics
+    assert not any(k.startswith(("acceptance_rate", "speedup_vs_no_draft", "expected_speedup")) for k in metrics)
+    assert 0 < metrics["peak_rss_gb"] <= metrics["memory_estimate_gb"]
+
+
+def test_freed_memory_is_returned_before_the_next_job_is_weighed():
+    """glibc keeps freed heap pages (the OS counts them as used): a sweep's later 7B job was refused for it."""
+    import psutil
+
+    rss = lambda: psutil.Process().memory_info().rss  # noqa: E731
+    chunks = [bytearray(4096) for _ in range(150_000)]  # ~600 MB of small heap allocations
+    kept = chunks[::10]  # holes: the heap cannot simply shrink from its top
+    del chunks
+    before = rss()
+    memory.release_freed()
+    assert before - rss() > 300 * 2**20, (before, rss())
+    assert len(kept) == 15_000

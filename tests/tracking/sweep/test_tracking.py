@@ -1,0 +1,185 @@
+"""MLflow logging against a temporary store: finished, skipped and failed jobs, and a whole sweep."""
+
+import math
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from src.tracking.store.experiment import Store
+from src.tracking.store.jobrun import JobRun
+from src.tracking.store.names import flatten
+from src.tracking.sweep.record import run_job
+from tests.helpers import compose_job, run_cli
+
+TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
+
+
+def job(store, extra, tmp_path=None):
+    raw, choices = compose_job([*TINY, f"tracking.uri={store}", *extra])
+    out = Path(store.removeprefix("sqlite:///")).parent / "out"
+    return run_job(raw, choices, sweep=None, output_dir=out)
+
+
+def runs(store, filter_string=""):
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("quantspec")
+    return client, client.search_runs([exp.experiment_id], filter_string=filter_string)
+
+
+def test_finished_job_logs_the_contract(store):
+    assert job(store, []) == "finished"
+    client, (run,) = runs(store)
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert {k: tags[k] for k in ("model", "hardware", "precision", "draft", "task", "executed_on", "outcome")} == {
+        "model": "tiny-llama",
+        "hardware": "cpu",
+        "precision": "fp32",
+        "draft": "none",
+        "task": "decode",
+        "executed_on": "cpu",
+        "outcome": "finished",
+    }
+    assert tags["git_commit"] and tags["cpu_model"]
+    history = client.get_metric_history(run.info.run_id, "by_example/time_per_token_ms")
+    assert sorted(m.step for m in history) == [1, 2]
+    for name in ("prompt_tokens", "new_tokens", "total_time_s", "prefill_ms", "tokens_per_s"):
+        assert len(client.get_metric_history(run.info.run_id, f"by_example/{name}")) == 2
+    # summaries are the medians of the per-example values
+    per_token = sorted(m.value for m in history)
+    assert run.data.metrics["time_per_token_ms_median"] == pytest.approx(sum(per_token) / 2)
+    assert run.data.params["task.max_new_tokens"] == "4" and run.data.params["choice.model"] == "tiny-llama"
+    files = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"examples.csv", "examples.md", "config.yaml", "environment.json", "responses.jsonl"} <= files
+
+
+def test_skipped_pair_is_recorded_with_its_reason(store):
+    assert job(store, ["hardware=phx", "hardware.precisions=[fp32]", "precision=bf16"]) == "skipped"
+    _, (run,) = runs(store)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["outcome"] == "skipped"
+    assert "phx has no bf16 kernels" in run.data.tags["outcome_reason"]
+    assert not run.data.metrics
+
+
+def test_failing_job_is_marked_failed_and_keeps_earlier_runs(store, tmp_path, capsys):
+    assert job(store, []) == "finished"
+    missing = tmp_path / "missing.txt"
+    assert job(store, ["task=benchmark", "dataset=textfile", f"dataset.path={missing}"]) == "failed"
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("quantspec:")]
+    assert len(err) == 1 and "is not a file" in err[0]
+    client, found = runs(store)
+    by_outcome = {r.data.tags["outcome"]: r for r in found}
+    assert set(by_outcome) == {"finished", "failed"}
+    failed = by_outcome["failed"]
+    assert failed.info.status == "FAILED" and "is not a file" in failed.data.tags["outcome_reason"]
+    assert "error.txt" in {a.path for a in client.list_artifacts(failed.info.run_id)}
+    assert by_outcome["finished"].data.metrics["tokens_per_s_median"] > 0
+
+
+def test_flatten_makes_dot_keys():
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {"a.b": "1", "a.c.d": "[1, 2]", "e": "None"}
+
+
+def test_experiment_and_sweep_parent_are_found_not_duplicated(store):
+    from src.tracking.store.names import SweepInfo
+
+    first, second = Store(store, "quantspec"), Store(store, "quantspec")
+    assert first.experiment_id == second.experiment_id
+    sweep = SweepInfo("/tmp/sweep-x's", "sweep x", "a=1").as_dict()  # a quote in the id is harmless
+    assert first.sweep_parent(sweep) == second.sweep_parent(sweep)
+
+
+def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
+    out = run_cli(
+        [
+            "-m",
+            *TINY,
+            "hardware=phx,stx",
+            "precision=fp32,bf16",
+            "hardware.precisions=[fp32]",
+            f"tracking.uri={store}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ]
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 finished, 2 skipped, 0 failed" in out.stdout
+    client, found = runs(store)
+    parents = [r for r in found if r.data.tags.get("quantspec.role") == "sweep"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(children) == 4
+    assert sorted((r.data.tags["hardware"], r.data.tags["precision"], r.data.tags["outcome"]) for r in children) == [
+        ("phx", "bf16", "skipped"),
+        ("phx", "fp32", "finished"),
+        ("stx", "bf16", "skipped"),
+        ("stx", "fp32", "finished"),
+    ]
+    assert parents[0].data.tags["jobs_finished"] == "2"
+    # read back as a sweep: the latest by default, or by its directory
+    from src.tracking.readback.sweeps import sweep_jobs
+
+    parent_id, jobs = sweep_jobs(store)
+    assert parent_id == parents[0].info.run_id and len(jobs) == 4
+    assert sweep_jobs(store, sweep_id=str((tmp_path / "sweep").resolve()))[0] == parent_id
+    finished = [j for j in jobs if j.tags["outcome"] == "finished"]
+    assert all(j.metrics["time_per_token_ms_median"] > 0 for j in finished)
+    # what the MLflow UI shows on opening: runs (not the GenAI overview), the experiment's how-to, and on
+    # the parent the comparison table, the headline metrics and the report (made when the sweep ended)
+    exp = client.get_experiment_by_name("quantspec")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "latest sweep, side by side" in exp.tags["mlflow.note.content"]
+    parent = client.get_run(parent_id)
+    note = parent.data.tags["mlflow.note.content"]
+    assert "time/token (ms)" in note and all(j.name in note for j in jobs)
+    assert parent.data.metrics["best_time_per_token_ms"] == min(j.metrics["time_per_token_ms_median"] for j in finished)
+    assert parent.data.tags["best_time_per_token_job"] in {j.name for j in finished}
+    assert {"report/report.md", "report/summary.csv"} <= {a.path for a in client.list_artifacts(parent_id, "report")}
+
+
+def test_sweep_survives_a_failing_job_and_exits_nonzero(store, tmp_path):
+    good = tmp_path / "corpus.txt"
+    good.write_text("def f(x):\n    return x * 2\n" * 50)
+    out = run_cli(
+        [
+            "-m",
+            *TINY,
+            "task=benchmark",
+            "task.prompt_lengths=[8]",
+            "dataset=textfile",
+            "report_at_end=false",
+            f"dataset.path={tmp_path / 'missing.txt'},{good}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        env={"MLFLOW_TRACKING_URI": store},  # no tracking.uri: the store MLflow's own variable names
+    )
+    assert out.returncode == 1
+    assert "1 finished, 0 skipped, 1 failed" in out.stdout
+    _, found = runs(store, "tags.`quantspec.role` = 'job'")
+    assert sorted(r.data.tags["outcome"] for r in found) == ["failed", "finished"]
+    client, (parent,) = runs(store, "tags.`quantspec.role` = 'sweep'")
+    assert not client.list_artifacts(parent.info.run_id)  # report_at_end=false: no report
+    # the read-back commands find the sweep in the store MLflow's variable names, as src.run did
+    reported = run_cli(
+        ["attach=false", f"out={tmp_path / 'reports'}"], module="src.report", env={"MLFLOW_TRACKING_URI": store}
+    )
+    assert reported.returncode == 0 and parent.info.run_name in reported.stdout, reported.stderr[-2000:]
+    judged = run_cli([f"baseline={tmp_path / 'sweep'}"], module="src.regress", env={"MLFLOW_TRACKING_URI": store})
+    assert judged.returncode == 2 and "are the same sweep" in judged.stderr, judged.stderr[-2000:]  # found both
+
+
+def test_unknown_model_exits_with_one_line():
+    out = run_cli(["model=llama-3-400b"])
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "unknown model 'llama-3-400b'" in out.stderr
+    assert out.stderr.startswith("quantspec: ")
+
+
+def test_nan_metrics_are_not_logged(store):
+    run = JobRun(Store(store, "quantspec"), None, store, "quantspec")
+    run.start("x", None, {}, {}, "key")
+    run.log_metrics({"a": 1.0, "b": math.nan})
+    run.finish()
+    _, (found,) = runs(store)
+    assert found.data.metrics == {"a": 1.0}
