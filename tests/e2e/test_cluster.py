@@ -158,7 +158,9 @@ def test_each_job_runs_on_a_node_with_its_hardware_and_lands_in_one_store(cluste
         f"tracking.uri={server}",
         f"hydra.sweep.dir={sweep}",
     ]
-    out = run_process(args, cwd=tmp_path, env={"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")})
+    out = run_process(
+        args, cwd=tmp_path, env={"RAY_ADDRESS": cluster["address"], "QUANTSPEC_CACHE": str(tmp_path / "c")}
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "2 finished, 1 skipped, 0 failed" in out.stdout
     assert not (tmp_path / "mlflow.db").exists()  # every node logged to the server
