@@ -108,9 +108,8 @@ SWEEP_LOCK = ".quantspec-sweep.lock"
 
 
 class SweepCallback(Callback):
-    """Holds the sweep directory for this process while its jobs run (a second process into the same
-    directory refuses in one line), and closes the sweep's parent run once every job has run, with the
-    job counts the store holds."""
+    """Holds the sweep directory while its jobs run (a second process into the same directory refuses in one
+    line), and closes the sweep's parent run once every job has run, with the job counts the store holds."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
@@ -123,8 +122,17 @@ class SweepCallback(Callback):
                 f"the sweep directory {sweep_dir} is in use by {held}; wait for it to end (then "
                 f"rerunning into it resumes the sweep) or choose another hydra.sweep.dir"
             )
+        self.held = held
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        try:
+            self._end(config)
+        finally:  # the sweep's directory is free once its sweep has ended (a process that dies frees it too)
+            held, self.held = getattr(self, "held", None), None
+            if held is not None:
+                os.close(held)
+
+    def _end(self, config: DictConfig) -> None:
         ledger = record.ledger
         counts = {o: ledger.outcomes.count(o) for o in ("finished", "skipped", "failed", "killed")}
         if ledger.outcomes and len(ledger.refused) == len(ledger.outcomes):
