@@ -15,6 +15,7 @@ descriptors, so what a runtime's child process or a compiler prints is captured 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import logging
 import os
@@ -22,6 +23,9 @@ import signal
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass
@@ -132,6 +136,12 @@ def _restored_process_state(argv: list[str], env: dict | None, cwd):
     # from it for the run and put back after.
     saved_handler_list = logging._handlerList[:]
     logging._handlerList[:] = []
+    # PYTHONPATH is read by a new interpreter into sys.path: here its folders join sys.path for the run, and what
+    # was imported from them is forgotten after, as a new process would not have it either
+    extra_paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+    saved_path = sys.path[:]
+    sys.path[:0] = extra_paths
+    importlib.invalidate_caches()
     sys.argv = argv
     os.environ.update(env or {})
     if cwd is not None:
@@ -150,6 +160,11 @@ def _restored_process_state(argv: list[str], env: dict | None, cwd):
         os.environ.clear()
         os.environ.update(saved_env)
         sys.argv = saved_argv
+        sys.path[:] = saved_path
+        for name, module in list(sys.modules.items()):
+            where = getattr(module, "__file__", None) or ""
+            if extra_paths and any(where.startswith(p.rstrip("/") + "/") for p in extra_paths if p != str(ROOT)):
+                del sys.modules[name]
         for h in root.handlers[:]:
             if h not in saved_root[0]:
                 root.removeHandler(h)
