@@ -4,9 +4,11 @@ a tracking server, and records built by hand. No test module imports another."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -169,6 +171,29 @@ def job_record(
         **tags,
     }
     return JobRecord(f"{key}-{rnd}", key, tags, {"time_per_token_ms_median": time_per_token_ms})
+
+
+@contextlib.contextmanager
+def spinning_neighbours(count: int = 1):
+    """`count` processes spinning on a core each while the block runs: a neighbour on the host, as another user's
+    work is. Not children of this process: a job run here counts its own children's CPU as its own (a runtime's
+    process is its work), so a child of the test would not be a neighbour to it."""
+    pids = []
+    try:
+        for _ in range(count):
+            # the shell starts the spinner in the background and ends: the spinner is left to init, no child of ours
+            out = subprocess.run(
+                ["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            pids.append(int(out.stdout.strip()))
+        yield pids
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def free_port() -> int:

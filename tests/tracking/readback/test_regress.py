@@ -2,16 +2,13 @@
 beside two processes burning both cores, matched job by job: slower at the stated confidence, a CI gate
 (fail_on) that fails on it, new and removed jobs listed, and what differs between the hosts said."""
 
-import subprocess
-import sys
-
 import pytest
 from mlflow.tracking import MlflowClient
 
 from src.quality.stats import median_ratio_ci
 from src.tracking.readback import regress
 from src.tracking.readback.sweeps import JobRecord
-from tests.helpers import fresh_cache, run_cli
+from tests.helpers import fresh_cache, run_cli, spinning_neighbours
 
 # Long enough to time that two burners slow it systematically: with the C++ step the tiny Llama's token takes
 # ~0.05 ms, and 3 repeats of 48 tokens (7 ms a round) were timed faster or slower by chance.
@@ -40,15 +37,10 @@ def sweeps(tmp_path_factory):
     out = run_cli([*SWEEP, "precision=fp32,bf16", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'base'}"], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     # the new sweep shares the host with two processes that burn both cores while it runs
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
+    with spinning_neighbours(2):
         out = run_cli(
             [*SWEEP, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'new'}"], env=env
         )
-    finally:
-        for b in burners:
-            b.kill()
-            b.wait()
     assert out.returncode == 0, out.stderr[-3000:]
     return store, tmp
 

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from src.tracking.readback import report
 from src.tracking.readback.report import plots
 from src.tracking.readback.sweeps import sweep_jobs
-from tests.helpers import free_port, fresh_cache, job_record, mlflow_server, run_cli
+from tests.helpers import free_port, fresh_cache, job_record, mlflow_server, run_cli, spinning_neighbours
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 
@@ -227,8 +227,6 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
     best speedup, the report's tables and its plots say so first. Under a long CPU name holding a comma
     and quotes, summary.csv parses back cell for cell and every plot keeps its text inside the image."""
     import csv
-    import subprocess
-    import sys
 
     import pandas
 
@@ -245,14 +243,10 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
         f"tracking.uri={store}",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     ]
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with spinning_neighbours(1):
         out = run_cli(
             args, env={"QUANTSPEC_CPU_NAME": LONG_CPU, "QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))}
         )
-    finally:
-        burner.kill()
-        burner.wait()
     assert out.returncode == 0, out.stderr[-2000:]
     assert "1 of 1 rounds ran on a busy host (host_busy); measuring round 2 (1 of at most 1 more)" in out.stdout
     assert "sweep done: 4 finished" in out.stdout  # 2 jobs x (1 round + 1 measured again)

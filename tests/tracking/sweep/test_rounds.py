@@ -2,8 +2,6 @@
 left out, and a real sweep in rounds end to end (report, parent run, the view's runs)."""
 
 import math
-import subprocess
-import sys
 
 from mlflow.tracking import MlflowClient
 
@@ -12,7 +10,7 @@ from src.tracking.readback.compare import JobRounds, job_rounds, ratio_spread, s
 from src.tracking.readback.sweeps import sweep_jobs
 from src.tracking.store.names import config_key
 from src.tracking.sweep.rounds import schedule
-from tests.helpers import job_record, run_cli
+from tests.helpers import job_record, run_cli, spinning_neighbours
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 
@@ -79,12 +77,8 @@ def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rou
     ]
     # a real neighbour: a process spinning on one of the host's cores for the whole sweep, so every round
     # is timed on a busy host and earns a re-measure, up to busy_reruns=1
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with spinning_neighbours(1):
         out = run_cli(args)
-    finally:
-        burner.kill()
-        burner.wait()
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2 of 2 rounds ran on a busy host (host_busy); measuring round 3 (1 of at most 1 more)" in out.stdout
     assert "3 of 3 rounds ran on a busy host (host_busy) and busy_reruns=1 are spent" in out.stdout
