@@ -111,6 +111,8 @@ class SweepCallback(Callback):
     """Holds the sweep directory while its jobs run (a second process into the same directory refuses in one
     line), and closes the sweep's parent run once every job has run, with the job counts the store holds."""
 
+    held: int | None = None  # the sweep directory's lock, from the sweep's start to its end
+
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
         try:
@@ -128,7 +130,7 @@ class SweepCallback(Callback):
         try:
             self._end(config)
         finally:  # the sweep's directory is free once its sweep has ended (a process that dies frees it too)
-            held, self.held = getattr(self, "held", None), None
+            held, self.held = self.held, None
             if held is not None:
                 os.close(held)
 

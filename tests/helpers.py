@@ -102,7 +102,7 @@ def bwrap_problem() -> str | None:
     return None
 
 
-def needs_bwrap():
+def skip_without_bwrap():
     """The mark that skips a test, saying why, where bubblewrap cannot run."""
     return pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap cannot run here: {bwrap_problem()}")
 

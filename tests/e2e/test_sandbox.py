@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from src.tasks import sandbox
-from tests.helpers import needs_bwrap
+from tests.helpers import skip_without_bwrap
 
-needs_bwrap = needs_bwrap()
+needs_bwrap = skip_without_bwrap()
 LIMITS = sandbox.Limits(timeout_s=4.0, memory_mb=512)
 SANDBOXES = [pytest.param("bwrap", marks=needs_bwrap), "rlimit"]
 

@@ -23,9 +23,6 @@ import signal
 import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass
@@ -138,7 +135,11 @@ def _restored_process_state(argv: list[str], env: dict | None, cwd):
     logging._handlerList[:] = []
     # PYTHONPATH is read by a new interpreter into sys.path: here its folders join sys.path for the run, and what
     # was imported from them is forgotten after, as a new process would not have it either
-    extra_paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+    # (only folders not already on it: the project's own root is, and its modules stay)
+    on_path = {os.path.realpath(p or ".") for p in sys.path}
+    extra_paths = [
+        p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p and os.path.realpath(p) not in on_path
+    ]
     saved_path = sys.path[:]
     sys.path[:0] = extra_paths
     importlib.invalidate_caches()
@@ -163,7 +164,7 @@ def _restored_process_state(argv: list[str], env: dict | None, cwd):
         sys.path[:] = saved_path
         for name, module in list(sys.modules.items()):
             where = getattr(module, "__file__", None) or ""
-            if extra_paths and any(where.startswith(p.rstrip("/") + "/") for p in extra_paths if p != str(ROOT)):
+            if extra_paths and any(where.startswith(p.rstrip("/") + "/") for p in extra_paths):
                 del sys.modules[name]
         for h in root.handlers[:]:
             if h not in saved_root[0]:

@@ -17,9 +17,9 @@ from mlflow.tracking import MlflowClient
 from src.data.corpus import humaneval_problems
 from src.tasks import sandbox
 from src.tasks.benchmark_code import STOP, StopAt, pass_at_k, program, score, truncate
-from tests.helpers import ROOT, needs_bwrap, run_cli, uncatalogued
+from tests.helpers import ROOT, run_cli, skip_without_bwrap, uncatalogued
 
-needs_bwrap = needs_bwrap()
+needs_bwrap = skip_without_bwrap()
 LIMITS = sandbox.Limits(timeout_s=3.0, memory_mb=512)
 PROBLEMS = humaneval_problems()[:6]
 
