@@ -20,6 +20,9 @@ own settings (store, experiment, resume, report, rounds) by `src.assembly.sweep.
 
 from __future__ import annotations
 
+from src.common import startup  # first: the collector paused for the imports below
+
+# isort: split
 import hashlib
 import os
 import sys
@@ -46,6 +49,8 @@ from src.tracking.sweep import record, signals
 from src.tracking.sweep.naming import VARIES, job_name
 from src.tracking.sweep.record import SweepAbort, SweepUnwritable
 from src.tracking.sweep.signals import Stopped
+
+startup.imported()
 
 # Two sweeps started in the same second must not share a directory (and so a parent run): the default
 # sweep directory ends in the sweeping process's id. Cached: every job of the sweep sees one value.

@@ -115,16 +115,23 @@ def calib(tok, n: int = 4, length: int = 64):
     return calibrate.calibration_ids(tok, text, n, length)
 
 
-def fresh_cache(path: Path) -> Path:
-    """A cache directory of its own for a test's jobs (their QUANTSPEC_CACHE or cache_dir), holding only the
-    kernels this test session built once: a job's own kernel build takes ~20 s here, and only the tests of
-    kernel builds (tests/e2e/test_faults.py) need to watch one happen. Copies, not links: a test may damage or
-    lock what is in its cache. Called again on the same path it leaves the kernels there as they are: a command
-    run in this process may have loaded them, and a loaded library written over in place crashes the process."""
-    from src import kernels
+def fresh_cache(path: Path, kernels: bool = True) -> Path:
+    """A cache directory of its own for a test's jobs (their QUANTSPEC_CACHE or cache_dir), holding what this
+    test session made once: the kernels (a job's own kernel build takes ~20 s here, and only the tests of kernel
+    builds, tests/e2e/test_faults.py, need to watch one happen; `kernels=False` leaves them out) and the empty
+    tracking store every new store is copied from (src.tracking.store.blank: 2.8 s to make here). Copies, not
+    links: a test may damage or lock what is in its cache. Called again on the same path it leaves the kernels
+    there as they are: a command run in this process may have loaded them, and a loaded library written over in
+    place crashes the process."""
+    from src import kernels as built
+    from src.tracking.store import blank
 
-    if not (path / "kernels").exists() and kernels.load(KERNELS):  # built once for the session
+    if kernels and not (path / "kernels").exists() and built.load(KERNELS):  # built once for the session
         shutil.copytree(KERNELS, path / "kernels", ignore=shutil.ignore_patterns(".*.lock"))
+    template = blank.empty_template()  # the session's own cache: made once
+    if template is not None and not (path / "stores" / template.name).exists():
+        (path / "stores").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, path / "stores" / template.name)
     return path
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import ROOT, cli_env, free_port, mlflow_server, run_cli, run_process
+from tests.helpers import ROOT, cli_env, free_port, fresh_cache, mlflow_server, run_cli, run_process
 
 # aten kernels: a fresh cache per test must not rebuild src/kernels (the kernel tests below do that)
 QUICK = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0", "engine.kernels=aten"]
@@ -54,7 +54,7 @@ def start(args: list[str], tmp_path: Path, name: str = "run", module: str = "src
         cwd=ROOT,
         stdout=out,
         stderr=err,
-        env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}),
+        env=cli_env({"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))}),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
@@ -73,7 +73,7 @@ def said(text: str) -> list[str]:
 
 @pytest.fixture
 def env(tmp_path):
-    return {"QUANTSPEC_CACHE": str(tmp_path / "cache")}
+    return {"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))}
 
 
 # --- signals ---------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ print('SWEEPS', [(r.info.status, r.data.tags.get('jobs_finished'), r.data.tags.g
         capture_output=True,
         text=True,
         timeout=900,
-        env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}),
+        env=cli_env({"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))}),
     )
     assert "rc=0" in out.stdout, out.stdout + out.stderr + (tmp_path / "second.err").read_text()
     assert "journaled in" in (tmp_path / "second.err").read_text()
@@ -746,7 +746,7 @@ echo "sweep rc=$?"
         capture_output=True,
         text=True,
         timeout=600,
-        env=cli_env({"QUANTSPEC_CACHE": str(tmp_path / "cache")}),
+        env=cli_env({"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))}),
     )
     first = (tmp_path / "first.err").read_text()
     assert "first rc=1" in out.stdout and said(first) == [first.strip()], out.stdout + out.stderr + first

@@ -198,6 +198,7 @@ def _cpu_share(pid: int, seconds: float) -> tuple[float, sysmetrics.OthersCpu]:
     return (sum(proc.cpu_times()[:2]) - before) / others.wall_s, others
 
 
+@pytest.mark.alone  # it measures other processes' CPU
 def test_a_host_busy_with_other_processes_is_flagged_not_hidden(caplog):
     """Held against what the processes themselves took (their own CPU counters), not against a quiet host:
     the machine may be busy with other work while this runs (its share is in both figures alike)."""

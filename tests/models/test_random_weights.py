@@ -86,6 +86,12 @@ def test_a_random_weight_job_is_timed_tagged_and_its_peak_within_the_estimate(tm
             "precision=w8a16",
             "draft=self_w8a8",
             "draft.k=2",
+            # SmoothQuant's calibration of 160M random bf16 weights at its defaults (16 x 256 tokens) took 57 s a
+            # model here; what this checks (the flow, its tags, the peak against the estimate) needs few tokens
+            "precision.calib_samples=2",
+            "precision.calib_seq_len=64",
+            "draft.precision.calib_samples=2",
+            "draft.precision.calib_seq_len=64",
             f"tracking.uri={store}",
             f"cache_dir={tmp_path / 'cache'}",
         ]

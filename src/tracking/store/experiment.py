@@ -17,11 +17,11 @@ from pathlib import Path
 import requests
 from mlflow.entities import RunStatus, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
 from src.common.locks import file_lock
 from src.tracking.store import journal, owner, reaping, replay
+from src.tracking.store.blank import forget_engine, new_sqlite_store
 from src.tracking.store.locks import sweep_lock
 from src.tracking.store.names import (
     BATCH,
@@ -69,26 +69,6 @@ def probe(uri: str) -> None:
     )
 
 
-def _new_sqlite_store(db: Path) -> None:
-    """A new SQLite store's schema made in a scratch file and renamed into place: killed at any point, it
-    leaves either no store or a whole one (MLflow's own first open, killed mid-way, left tables that make
-    every later open fail: `table ... already exists`)."""
-    db.parent.mkdir(parents=True, exist_ok=True)
-    scratch = db.with_name(f".{db.name}.new-{os.getpid()}")
-    scratch.unlink(missing_ok=True)
-    MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments(max_results=1)  # makes the schema
-    _forget_engine(f"sqlite:///{scratch}")
-    os.replace(scratch, db)
-    for stale in db.parent.glob(f".{db.name}.new-*"):  # a killed creation's scratch file
-        stale.unlink(missing_ok=True)
-
-
-def _forget_engine(uri: str) -> None:
-    engine = SqlAlchemyStore._engine_map.pop(uri, None)
-    if engine is not None:
-        engine.dispose()
-
-
 def _half_made(db: Path, err: Exception) -> bool:
     """Whether a SQLite store MLflow cannot open is one whose schema creation was cut short: its migration
     failed on a table that already exists, and it holds no runs (so nothing is lost by making it anew)."""
@@ -112,14 +92,14 @@ class Store:
             db = Path(uri.removeprefix("sqlite:///"))
             with file_lock(db.with_name(f".{db.name}.lock"), f"the tracking store {db.name}"):
                 if not db.exists():
-                    _new_sqlite_store(db)
+                    new_sqlite_store(db)
                 try:
                     self.client = MlflowClient(tracking_uri=uri)
                 except Exception as err:  # noqa: BLE001 - a half-made schema is remade below; the rest is raised
                     if not _half_made(db, err):
                         raise
                     aside = db.with_name(f"{db.name}.half-made-{int(time.time())}")
-                    _forget_engine(uri)  # MLflow keeps one engine per address, still on the moved file
+                    forget_engine(uri)  # MLflow keeps one engine per address, still on the moved file
                     os.replace(db, aside)
                     log.warning(
                         "the tracking store %s was left half-made (its first creation killed mid-way) and "
@@ -127,7 +107,7 @@ class Store:
                         db,
                         aside.name,
                     )
-                    _new_sqlite_store(db)
+                    new_sqlite_store(db)
                     self.client = MlflowClient(tracking_uri=uri)
                 self.experiment_id = self._experiment(experiment)
         else:

@@ -45,6 +45,7 @@ def sweeps(tmp_path_factory):
     return store, tmp
 
 
+@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside two burners
 def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
     store, tmp = sweeps
     client = MlflowClient(store)
@@ -59,6 +60,7 @@ def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
     assert c.failed == [] and c.host_changes == []  # one host, one commit, minutes apart
 
 
+@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside two burners
 def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     store, tmp = sweeps
     args = [f"baseline={tmp / 'base'}", f"sweep={tmp / 'new'}", f"tracking_uri={store}", f"out={tmp / 'reports'}"]
@@ -92,6 +94,7 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     assert out.returncode == 0 and "faster" in out.stdout, out.stderr[-2000:]
 
 
+@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside two burners
 def test_bad_settings_and_unknown_sweeps_are_one_line(sweeps, tmp_path):
     store, tmp = sweeps
     for args, said in (

@@ -96,7 +96,7 @@ def test_a_job_whose_kernels_fell_back_is_said_marked_and_kept_out_of_the_headli
     empty.mkdir()
     out = run_cli(
         ["-m", *TINY, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 's'}"],
-        env={"PATH": str(empty), "CXX": "", "QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"PATH": str(empty), "CXX": "", "QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache", kernels=False))},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     said = [line for line in (out.stdout + out.stderr).splitlines() if "quantspec kernels unavailable" in line]
@@ -221,6 +221,7 @@ def test_a_decode_sweep_gets_its_plots_and_no_empty_columns(tmp_path):
 LONG_CPU = 'Intel(R) Xeon(R) Processor, a "long" name @ 2.10GHz (stepping 8, microcode 0x2b000590)'
 
 
+@pytest.mark.alone  # its neighbour is the only load it may count
 def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(tmp_path, monkeypatch):
     """A one-round sweep beside a real CPU-burning neighbour: its busy round is measured again
     (busy_reruns), and where every round stayed busy the view's description, its busy column, the parent's

@@ -8,7 +8,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from src.tracking.sweep.naming import field_of, job_name, told, varying
-from tests.helpers import run_cli
+from tests.helpers import fresh_cache, run_cli
 
 CHOICES = {"model": "m", "hardware": "cpu", "precision": "w4a16", "draft": "none", "task": "decode", "engine": "native"}
 
@@ -45,7 +45,7 @@ def _sweep(tmp_path, store: str, name: str):
             f"tracking.uri={store}",
             f"hydra.sweep.dir={tmp_path / name}",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -92,7 +92,7 @@ def test_search_trials_over_a_field_are_named_by_its_value(tmp_path):
             f"hydra.sweep.dir={tmp_path / 'search'}",
             "report_at_end=false",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     client = MlflowClient(store)

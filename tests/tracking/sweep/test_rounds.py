@@ -3,6 +3,7 @@ left out, and a real sweep in rounds end to end (report, parent run, the view's 
 
 import math
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from src.common.environment import PROJECT_ROOT
@@ -59,6 +60,7 @@ def test_a_speedup_is_the_median_of_ratios_taken_round_by_round_with_its_range()
     assert [c.key for c in grouped] == ["fp32", "w8a8"] and grouped[0].outcome == "2 of 3 rounds finished"
 
 
+@pytest.mark.alone  # its neighbour is the only load it may count
 def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rounds(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # timed for over a second (the least over which others' CPU use is told): each of two prompts for 0.6 s,

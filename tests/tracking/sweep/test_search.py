@@ -7,7 +7,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 
 from src.tracking.sweep import search
-from tests.helpers import run_cli
+from tests.helpers import fresh_cache, run_cli
 
 pytest.importorskip("optuna", reason="optuna not installed (scripts/setup installs it: the search extra)")
 
@@ -30,7 +30,7 @@ def test_a_search_runs_its_trials_as_jobs_in_rounds_and_reports_the_front(tmp_pa
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
             "report_at_end=false",
         ],
-        env={"QUANTSPEC_CACHE": str(tmp_path / "cache")},
+        env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "search done" in out.stdout and "on the front" in out.stdout
