@@ -83,7 +83,11 @@ def _turn(config, alone: bool):
             fcntl.flock(gate, fcntl.LOCK_UN)
             yield  # closing the files releases both locks
             return
-        every, own = config.quantspec_cores
+        cores = getattr(config, "quantspec_cores", None)  # None: one worker, never held to fewer cores
+        if cores is None:
+            yield
+            return
+        every, own = cores
         _hold_to(every)  # alone: the whole host, as a user's job would have it
         try:
             yield

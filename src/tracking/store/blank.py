@@ -39,14 +39,19 @@ def new_sqlite_store(db: Path) -> None:
     if template is not None:
         try:
             shutil.copyfile(template, scratch)
-            _open(scratch)
-        except Exception as err:  # noqa: BLE001 - a template that does not copy or open: the slow way below
-            log.warning("the cached empty store %s did not open (%s); making the schema anew", template, err)
-            scratch.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                template.unlink()
+        except OSError as err:  # this store's disk, not the template: the slow way below says what is wrong
+            log.debug("could not copy the cached empty store (%s); making the schema in place", err)
             template = None
+        else:
+            try:
+                _open(scratch)
+            except Exception as err:  # noqa: BLE001 - a template that does not open: removed, the slow way below
+                log.warning("the cached empty store %s did not open (%s); making the schema anew", template, err)
+                with contextlib.suppress(OSError):
+                    template.unlink()
+                template = None
     if template is None:
+        scratch.unlink(missing_ok=True)  # a copy cut short or one that did not open
         _open(scratch)  # MLflow's migrations
     os.replace(scratch, db)
     for stale in db.parent.glob(f".{db.name}.new-*"):  # a killed creation's scratch file
