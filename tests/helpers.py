@@ -246,6 +246,9 @@ def mlflow_server(where: Path, port: int) -> subprocess.Popen:
             str(where / "artifacts"),
         ],
         cwd=where,
+        # no job-queue workers: MLflow starts seven (a Python process importing MLflow each, for GenAI jobs
+        # quantspec never submits), as scripts/tracking-server also turns off
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -5,9 +5,10 @@ where a walk page shows the command run with its output, a link to it."""
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
+import io
+import runpy
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from src.common.settings import show
@@ -17,11 +18,23 @@ MODULES = ("src.run", "src.report", "src.regress", "src.sync")
 SHELL = ("scripts/setup", "scripts/tracking-server")
 
 
-def _help(argv: list[str]) -> str:
-    done = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} --help failed ({done.returncode}): {done.stderr.strip()[-300:]}")
-    return done.stdout.strip()
+def _help(module: str) -> str:
+    """What `python -m <module> --help` prints, run here as `python -m` runs it (the module as __main__), not in
+    a process of its own: the build already imports every command (for its settings), and a new interpreter per
+    command cost a minute of CI on 2 cores."""
+    out, argv = io.StringIO(), sys.argv
+    sys.argv = [module, "--help"]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    finally:
+        sys.argv = argv
+    if code != 0:
+        raise RuntimeError(f"python -m {module} --help failed ({code}): {out.getvalue().strip()[-300:]}")
+    return out.getvalue().strip()
 
 
 def _module_doc(name: str) -> str:
@@ -31,7 +44,7 @@ def _module_doc(name: str) -> str:
         import importlib
 
         return importlib.import_module(name).__doc__.strip()
-    return _help(["-m", name])
+    return _help(name)
 
 
 def _shell_doc(path: str) -> str:
@@ -132,9 +145,8 @@ def render() -> str:
     )
     # Every command's --help is run once here, so one that breaks fails the build; its text is shown only for a
     # command without settings (src.run, headline): the others' sections are read from their Command instead.
-    with ThreadPoolExecutor(4) as pool:
-        modules = list(pool.map(_module_doc, MODULES))
-        helps = list(pool.map(lambda s: _help(["-m", s]), scripts))
+    modules = [_module_doc(name) for name in MODULES]
+    helps = [_help(name) for name in scripts]
     out = [
         "Every command quantspec ships: its usage, then its settings grouped by purpose (`key=value` on the command "
         "line; `--help` prints the same). Run each with `.venv/bin/python` from the project's root. The settings of "

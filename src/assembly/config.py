@@ -37,10 +37,6 @@ DRAFT_KINDS = ("none", *DRAFTERS)  # no draft, or one of the registered drafters
 DRAFT_SCHEDULES = ("constant", "heuristic")
 MAX_DRAFT_K = 15  # a verification of k + 1 tokens stays on the engine's step path and kernels (16 rows)
 UNREACHABLE = ("fail", "journal")
-# The axes a sweep composes (conf/<axis>/): a job's identity, in the order its name and tags list them. The
-# command line's groups add the two that are not part of it.
-AXES = ("model", "hardware", "precision", "draft", "task", "engine")
-GROUPS = (*AXES, "dataset", "tracking")
 MAX_EXPERIMENT_CHARS = 200
 
 

@@ -22,6 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from src.assembly import config as C
+from src.common.axes import GROUPS
 from src.quant.methods import METHODS
 from src.tasks.kinds import TASKS
 
@@ -104,7 +105,7 @@ def root() -> type:
     return dataclasses.make_dataclass(
         "ConfigSchema",
         [
-            *((group, Any, dataclasses.field(default=MISSING)) for group in C.GROUPS),
+            *((group, Any, dataclasses.field(default=MISSING)) for group in GROUPS),
             ("sampling", sampling, dataclasses.field(default_factory=sampling)),
             ("cache_dir", str, dataclasses.field(default=MISSING)),
             ("experiment", str, dataclasses.field(default="quantspec")),

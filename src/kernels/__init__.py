@@ -106,10 +106,8 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
     return False
 
 
-def _load_binding(directory: Path) -> str | None:
-    """The torch binding (no ISA code): built with torch's extension builder. None, or why it failed."""
-    if variants.compiler() is None:
-        return "no C++ compiler (install g++ or set CXX)"
+def binding_folder(directory: Path) -> Path:
+    """Where the binding built from these sources, by this torch, lives under `directory`."""
     sources = [
         HERE / "binding.cpp",
         HERE / "step.cpp",
@@ -119,7 +117,24 @@ def _load_binding(directory: Path) -> str | None:
         HERE / "core" / "common.h",
         Path(__file__),
     ]  # this file: the build's flags
-    build = directory / f"binding-{_key(*(p.read_bytes() for p in sources))}"
+    return Path(directory) / f"binding-{_key(*(p.read_bytes() for p in sources))}"
+
+
+def variant_folder(variant: variants.Variant, directory: Path, cxx: str) -> Path:
+    """Where `variant` built from these sources and flags, by compiler `cxx`, lives under `directory`."""
+    key = _key(
+        *(p.read_bytes() for p in variants.sources(variant)),
+        " ".join(variants.build_flags(variant)).encode(),
+        cxx.encode(),
+    )
+    return Path(directory) / f"{variant.name}-{key}"
+
+
+def _load_binding(directory: Path) -> str | None:
+    """The torch binding (no ISA code): built with torch's extension builder. None, or why it failed."""
+    if variants.compiler() is None:
+        return "no C++ compiler (install g++ or set CXX)"
+    build = binding_folder(directory)
     try:
         if _recorded(build / f"{BINDING}.so", warn=False):  # built and whole: loaded without a lock (a read-only cache)
             import torch  # after the ISA environment a script sets (see _key)
@@ -189,12 +204,7 @@ def _built_variant(variant: variants.Variant, directory: Path) -> Path:
     cxx = variants.compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler")
-    key = _key(
-        *(p.read_bytes() for p in variants.sources(variant)),
-        " ".join(variants.build_flags(variant)).encode(),
-        cxx.encode(),
-    )
-    build = directory / f"{variant.name}-{key}"
+    build = variant_folder(variant, directory, cxx)
     library = build / f"qs_{variant.name}.so"
     if _recorded(library, warn=False):  # built and whole: used without a lock (a read-only cache)
         return library

@@ -13,7 +13,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from src.assembly.config import AXES
+from src.common.axes import AXES
 from src.tracking.readback.sweeps import JobRecord
 from src.tracking.store.names import CONFIG_KEY
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 
-from src.assembly.config import AXES
+from src.common.axes import AXES
 from src.common.metrics import markdown_table
 from src.quality import front, paired
 from src.tracking.readback.compare import NO_SPREAD, JobRounds, Spread

@@ -11,7 +11,7 @@ Only the sweeper sees the whole sweep, so it tells each job which fields vary, t
 
 from __future__ import annotations
 
-from src.assembly.config import AXES
+from src.common.axes import AXES
 
 VARIES = "QUANTSPEC_VARIES"
 NAMED_GROUPS = AXES[:-1]  # the engine is added only where it is not native

@@ -16,8 +16,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from src.assembly import job as jobs
-from src.assembly.config import AXES, ConfigError, job_config_from_dict
+from src.assembly.config import ConfigError, job_config_from_dict
 from src.common import sysmetrics
+from src.common.axes import AXES
 from src.common.environment import host_state
 from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
 from src.common.say import say

@@ -3,7 +3,7 @@ job's speedup is over, and the quality floor. A sweep's own report (report_at_en
 
 from __future__ import annotations
 
-from src.assembly.config import AXES
+from src.common.axes import AXES
 from src.common.settings import Command, Setting, SettingError
 from src.tracking.readback import quality as q
 

@@ -1,0 +1,42 @@
+"""A job's peak memory against the estimate it was weighed by before loading: the peak is the process's own
+(VmHWM from the job's start), which a job run inside a test process would share with every test before it, so
+the job runs as a command of its own."""
+
+from mlflow.tracking import MlflowClient
+
+from tests.helpers import fresh_cache, run_process
+
+
+def test_a_random_weight_job_is_timed_tagged_and_its_peak_within_the_estimate(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    fresh_cache(tmp_path / "cache")  # the kernels built already: a build inside the job would be its peak
+    out = run_process(
+        [
+            "model=llama-160m",
+            "model.weights=random",
+            "task=benchmark",
+            "task.prompt_lengths=[8,32]",
+            "task.max_new_tokens=4",
+            "task.warmup=0",
+            "precision=w8a16",
+            "draft=self_w8a8",
+            "draft.k=2",
+            # SmoothQuant's calibration of 160M random bf16 weights at its defaults (16 x 256 tokens) took 57 s a
+            # model here; what this checks (the flow, its tags, the peak against the estimate) needs few tokens
+            "precision.calib_samples=2",
+            "precision.calib_seq_len=64",
+            "draft.precision.calib_samples=2",
+            "draft.precision.calib_seq_len=64",
+            f"tracking.uri={store}",
+            f"cache_dir={tmp_path / 'cache'}",
+        ]
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "random weights: acceptance_rate" in out.stdout + out.stderr
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
+    assert run.data.tags["weights"] == "random"
+    metrics = run.data.metrics
+    assert metrics["time_per_token_ms_median"] > 0 and "draft_ms_per_step_overall" in metrics
+    assert not any(k.startswith(("acceptance_rate", "speedup_vs_no_draft", "expected_speedup")) for k in metrics)
+    assert 0 < metrics["peak_rss_gb"] <= metrics["memory_estimate_gb"]
