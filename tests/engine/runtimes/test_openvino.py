@@ -43,7 +43,7 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
             "-m",
             "model=tiny-llama",
             "engine=openvino",
-            "precision=fp32,w4a16,w8a8,bf16",
+            "precision=w4a16,w8a8,bf16",  # fp32's export: the perplexity test's below
             "task=benchmark",
             "task.prompt_lengths=[4,8]",
             "task.max_new_tokens=4",
@@ -54,7 +54,7 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
         env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "sweep done: 3 finished, 1 skipped" in out.stdout and "engine openvino has no bf16" in out.stdout
+    assert "sweep done: 2 finished, 1 skipped" in out.stdout and "engine openvino has no bf16" in out.stdout
     client = MlflowClient(store)
     runs = client.search_runs(
         [client.get_experiment_by_name("quantspec").experiment_id],
@@ -66,10 +66,12 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
         "NNCF SmoothQuant (alpha 0.5), int8 weights and static int8 activations, its float parts in fp32"
         in by["w8a8"].data.params["executed.runtime"]
     )
-    assert by["fp32"].data.params["executed.runtime"].startswith("openvino 2026")
     assert all(r.data.metrics["time_per_token_ms_median"] > 0 and r.data.tags["kernels"] == "openvino" for r in runs)
 
 
 def test_perplexity_on_openvino_matches_torch_on_the_same_fp32_weights(tmp_path):
     ppl = perplexity_by_engine(tmp_path, "native,openvino")
     assert ppl["openvino"] == pytest.approx(ppl["native"], rel=1e-3)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (job,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.engine = 'openvino'")
+    assert job.data.params["executed.runtime"].startswith("openvino 2026")
