@@ -62,37 +62,70 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    with _turn(item.config, alone=item.get_closest_marker("alone") is not None):
+    alone = _alone(item)
+    keep = alone and nextitem is not None and _alone(nextitem)
+    if alone and _machine.held:  # the worker kept the host from the alone test before this one
+        try:
+            return (yield)
+        finally:
+            if not keep:
+                _machine.release()
+    with _turn(item.config, alone, keep):
         return (yield)
 
 
+def _alone(item) -> bool:
+    return item.get_closest_marker("alone") is not None
+
+
+class _Machine:
+    """The host as an `alone` test holds it (its turn's open lock files), kept through the alone tests that follow
+    it on this worker (a module's tests that read one timed sweep): released between them, the other workers would
+    start a test each, and the next alone test would wait for the longest of them to end."""
+
+    held: contextlib.ExitStack | None = None
+
+    def release(self) -> None:
+        if self.held is not None:
+            self.held.close()
+            self.held = None
+
+
+_machine = _Machine()
+
+
 @contextlib.contextmanager
-def _turn(config, alone: bool):
+def _turn(config, alone: bool, keep: bool = False):
     """A test's turn among the workers (a readers-writer lock on two files the run's workers share): any number
     of tests at once, or one `alone` test with none beside it. An `alone` test holds the gate while it waits for
     the others to finish their current tests, so no new one starts and it is not starved. No lock without
-    workers: one process runs one test at a time."""
+    workers: one process runs one test at a time. `keep`: an alone test's turn is not given back at its end but
+    kept (_machine) until the last alone test of a run of them on this worker ends."""
     if not hasattr(config, "workerinput"):  # not an xdist worker
         yield
         return
     shared = Path(config.option.basetemp).parent  # the run's own folder: workers' basetemps are popen-gwN in it
-    with open(shared / "turns.gate", "a") as gate, open(shared / "turns.room", "a") as room:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        if not alone:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-            yield  # closing the files releases both locks
-            return
-        cores = getattr(config, "quantspec_cores", None)  # None: one worker, never held to fewer cores
-        if cores is None:
+    turn = contextlib.ExitStack()
+    gate = turn.enter_context(open(shared / "turns.gate", "a"))  # closing the files releases the locks
+    room = turn.enter_context(open(shared / "turns.room", "a"))
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    if not alone:
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        with turn:
             yield
-            return
+        return
+    cores = getattr(config, "quantspec_cores", None)  # None: one worker, never held to fewer cores
+    if cores is not None:
         every, own = cores
         _hold_to(every)  # alone: the whole host, as a user's job would have it
-        try:
-            yield
-        finally:
-            _hold_to(own)
+        turn.callback(_hold_to, own)  # runs first when the turn is given back: then the locks
+    _machine.held = turn
+    try:
+        yield
+    finally:
+        if not keep:
+            _machine.release()
 
 
 def _hold_to(cores: set[int]) -> None:

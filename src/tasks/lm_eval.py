@@ -4,6 +4,7 @@ per task, each item's outcome kept (lm_eval_samples.jsonl) for paired comparison
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -16,11 +17,20 @@ log = logging.getLogger("quantspec")
 PER_ITEM = ("acc", "acc_norm", "exact_match")  # per-item outcomes kept for McNemar
 
 
+@functools.cache
+def _manager():
+    """lm-eval's index of its tasks and the local ones: once per process, as it reads some 15,000 task files
+    (13-15 s here) and a sweep's lm_eval jobs share a process."""
+    from lm_eval.tasks import TaskManager  # optional: the eval extra
+
+    return TaskManager(include_path=str(harness.LOCAL_TASKS), verbosity="ERROR")
+
+
 def _load(names: list[str]):
     """The tasks, or one line saying why one cannot be had here (unknown, or its dataset unreachable)."""
-    from lm_eval.tasks import TaskManager, get_task_dict  # optional: the eval extra
+    from lm_eval.tasks import get_task_dict  # optional: the eval extra
 
-    manager = TaskManager(include_path=str(harness.LOCAL_TASKS), verbosity="ERROR")
+    manager = _manager()
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         local = sorted(p.stem for p in harness.LOCAL_TASKS.glob("*.yaml"))
