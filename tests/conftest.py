@@ -63,14 +63,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     alone = _alone(item)
-    keep = alone and nextitem is not None and _alone(nextitem)
-    if alone and _machine.held:  # the worker kept the host from the alone test before this one
-        try:
-            return (yield)
-        finally:
-            if not keep:
-                _machine.release()
-    with _turn(item.config, alone, keep):
+    with _turn(item.config, alone, keep=alone and nextitem is not None and _alone(nextitem)):
         return (yield)
 
 
@@ -104,6 +97,21 @@ def _turn(config, alone: bool, keep: bool = False):
     if not hasattr(config, "workerinput"):  # not an xdist worker
         yield
         return
+    if not alone:
+        with _take_turn(config, alone=False):
+            yield
+        return
+    if _machine.held is None:  # else the alone test before this one kept its turn
+        _machine.held = _take_turn(config, alone=True)
+    try:
+        yield
+    finally:
+        if not keep:
+            _machine.release()
+
+
+def _take_turn(config, alone: bool) -> contextlib.ExitStack:
+    """The turn's locks taken (for an alone test, the host's every core too), as what gives them back."""
     shared = Path(config.option.basetemp).parent  # the run's own folder: workers' basetemps are popen-gwN in it
     turn = contextlib.ExitStack()
     gate = turn.enter_context(open(shared / "turns.gate", "a"))  # closing the files releases the locks
@@ -112,20 +120,13 @@ def _turn(config, alone: bool, keep: bool = False):
     fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     if not alone:
         fcntl.flock(gate, fcntl.LOCK_UN)
-        with turn:
-            yield
-        return
+        return turn
     cores = getattr(config, "quantspec_cores", None)  # None: one worker, never held to fewer cores
     if cores is not None:
         every, own = cores
         _hold_to(every)  # alone: the whole host, as a user's job would have it
         turn.callback(_hold_to, own)  # runs first when the turn is given back: then the locks
-    _machine.held = turn
-    try:
-        yield
-    finally:
-        if not keep:
-            _machine.release()
+    return turn
 
 
 def _hold_to(cores: set[int]) -> None:

@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 
 from src import kernels
-from src.common.locks import sha256_file
 
 
 @pytest.fixture
 def library(tmp_path) -> Path:
     built = tmp_path / "qs_avx2.so"
     built.write_bytes(bytes(range(256)) * 64)
-    (tmp_path / kernels.RECORD).write_text(f'{{"sha256": "{sha256_file(built)}", "torch": "2.13.0"}}')
+    kernels._record(built)  # as a build records it
     return built
 
 
