@@ -287,6 +287,7 @@ def test_kernel_builds_damaged_killed_and_raced_all_end_in_a_working_library(tmp
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # a group of its own: the load and the compilers it started
         )
 
     first = load()
@@ -295,7 +296,9 @@ def test_kernel_builds_damaged_killed_and_raced_all_end_in_a_working_library(tmp
         assert time.time() < deadline and first.poll() is None, "the build never started"
         time.sleep(0.1)
     time.sleep(1)
-    first.kill()
+    # SIGKILL to its whole group, as a cancelled CI job or a closed terminal ends it: the compilers go with it
+    # (left running, they would take the cores from the racers for half a minute)
+    os.killpg(first.pid, signal.SIGKILL)
     _, err = first.communicate()
     assert err.count("does not match its recorded sha256") == 1 and "quantspec_kernels.so" in err, err
     assert list(where.glob("binding-*/lock"))

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
-
 from src.common.axes import AXES
 from src.common.metrics import markdown_table
 from src.quality import front, paired
@@ -235,6 +233,8 @@ def front_plot(pts: list[Point], metric: str, path: Path, save) -> Path | None:
     drawn = [p for p in pts if not math.isnan(p.speed.median)]
     if not drawn:
         return None
+
+    from matplotlib.figure import Figure  # not at the top: 1.2 s a process pays, drawing or not
 
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()

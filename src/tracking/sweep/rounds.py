@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
+from hydra.types import HydraContext
 from omegaconf import OmegaConf
 
 from src.assembly.config import ConfigError
@@ -76,11 +77,42 @@ def parse_overrides(sweeper, arguments: list[str]) -> list:
     return overrides
 
 
+class Precomposed:
+    """The sweep's config loader (Hydra's, wrapped by Rounds.setup), holding the jobs legal() composed ahead: the
+    launcher takes each from here instead of composing it again (a composition is ~0.35 s here, as long as a tiny
+    model's whole job). Anything else is Hydra's loader's own."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+        self._ready: dict[tuple, object] = {}
+
+    def __getattr__(self, name: str):
+        if name in ("_loader", "_ready") or name.startswith("__"):  # its own (unset while unpickled), protocols
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def __reduce__(self):
+        # sent to a Ray worker with the job (src.cluster): Hydra's loader only, not the jobs composed ahead
+        return Precomposed, (self._loader,)
+
+    def compose_ahead(self, master_config, overrides: list[str]) -> None:
+        self._ready[(id(master_config), tuple(overrides))] = self._loader.load_sweep_config(master_config, overrides)
+
+    def load_sweep_config(self, master_config, sweep_overrides: list[str]):
+        ready = self._ready.pop((id(master_config), tuple(sweep_overrides)), None)  # taken once: the launcher edits it
+        return ready if ready is not None else self._loader.load_sweep_config(master_config, sweep_overrides)
+
+
 def legal(sweeper, batch: list[list[str]]) -> None:
-    """Every job of the batch composed before any runs; one that cannot be ends the sweep in one line
-    (src.run checked each value already: this is the sweeper's own guard)."""
+    """Every job of the batch composed before any runs (and kept for the launcher: Precomposed); one that cannot
+    be ends the sweep in one line (src.run checked each value already: this is the sweeper's own guard)."""
+    loader = sweeper.hydra_context.config_loader
     try:
-        sweeper.validate_batch_is_legal(batch)
+        for job in batch:
+            if isinstance(loader, Precomposed):
+                loader.compose_ahead(sweeper.config, list(job))
+            else:
+                loader.load_sweep_config(sweeper.config, list(job))
     except ConfigCompositionException as err:
         raise SweepAbort(f"a job of the sweep cannot be composed: {str(err).splitlines()[0]}") from None
 
@@ -89,6 +121,13 @@ class Rounds:
     """The work of the `rounds` sweeper (hydra_plugins.quantspec_rounds): Hydra's basic sweeper (the
     cartesian product of the sweep's overrides, each batch composed, launched and its returns read as it
     does), run `rounds` times."""
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        # the launcher (local or Ray) is made from this context, so it takes the jobs legal() composed ahead
+        context = HydraContext(
+            config_loader=Precomposed(hydra_context.config_loader), callbacks=hydra_context.callbacks
+        )
+        super().setup(hydra_context=context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]):
         overrides = parse_overrides(self, arguments)
@@ -104,6 +143,9 @@ class Rounds:
         jobs = [job for batch in self.split_arguments(overrides, None) for job in batch]
         jobs = [told(job, varying(jobs)) for job in jobs]  # each job named by what the sweep varies
         open_sweep_dir(self.config)
+        # each job composed once, before any runs: a later round differs from round 1 only by its `round` (an
+        # integer any job takes), and a composition is ~0.35 s here, as long as a tiny model's whole job
+        legal(self, jobs)
         returns, index, done, busy = [], 0, 0, 0
         while True:
             r = done + 1
@@ -140,10 +182,9 @@ class Rounds:
         return returns
 
     def _launch(self, batch: list[list[str]], index: int):
-        """One batch of a round, as Hydra's basic sweeper launches one: each job's config composed first
-        (a composition error is said before any job runs), then launched, and each job's return read (an
-        error a job raised is raised here, not passed over)."""
-        legal(self, batch)
+        """One batch of a round, as Hydra's basic sweeper launches one (its jobs composed already, in
+        sweep()): launched, and each job's return read (an error a job raised is raised here, not passed
+        over)."""
         try:  # Hydra makes each job's folder and writes its config before the job runs
             results = self.launcher.launch(batch, initial_job_idx=index)
         except OSError as err:

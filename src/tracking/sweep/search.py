@@ -257,7 +257,8 @@ class Search(Rounds):
         while True:
             r = first_round + done
             (order,) = schedule(jobs, 1, first=r)
-            legal(self, order)
+            if not done:  # composed once: its later rounds differ only by their `round`
+                legal(self, order)
             try:  # Hydra makes each job's folder and writes its config before the job runs
                 results = self.launcher.launch(order, initial_job_idx=index)
             except OSError as err:

@@ -4,6 +4,7 @@ left out, and a real sweep in rounds end to end (report, parent run, the view's 
 import math
 
 import pytest
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from mlflow.tracking import MlflowClient
 
 from src.common.environment import PROJECT_ROOT
@@ -61,7 +62,12 @@ def test_a_speedup_is_the_median_of_ratios_taken_round_by_round_with_its_range()
 
 
 @pytest.mark.alone  # its neighbour is the only load it may count
-def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rounds(tmp_path):
+def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rounds(tmp_path, monkeypatch):
+    composed = []  # every job's config Hydra composes: once before the sweep runs, then once a later round
+    real = ConfigLoaderImpl.load_sweep_config
+    monkeypatch.setattr(
+        ConfigLoaderImpl, "load_sweep_config", lambda self, m, o: composed.append(list(o)) or real(self, m, o)
+    )
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # timed for over a second (the least over which others' CPU use is told): each of two prompts for 0.6 s,
     # sized by time (a count of repeats tuned on one host took 70-80 s an example on another, under load)
@@ -85,6 +91,12 @@ def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rou
     assert "2 of 2 rounds ran on a busy host (host_busy); measuring round 3 (1 of at most 1 more)" in out.stdout
     assert "3 of 3 rounds ran on a busy host (host_busy) and busy_reruns=1 are spent" in out.stdout
     assert "sweep done: 6 finished" in out.stdout  # 2 jobs x (2 rounds + 1 re-measured)
+    # round 1's jobs composed once (the launcher takes what the sweeper composed to check them), rounds 2 and 3's
+    # once each
+    assert (
+        len(composed) == 6
+        and sorted(o[-1] for o in composed if o[-1].startswith("round=")) == ["round=2"] * 2 + ["round=3"] * 2
+    ), composed
     parent_id, jobs = sweep_jobs(store, sweep_id=str((tmp_path / "sweep").resolve()))
     assert sorted((j.tags["precision"], j.tags["round"]) for j in jobs) == [
         (p, r) for p in ("fp32", "w8a8") for r in ("1", "2", "3")

@@ -7,8 +7,6 @@ import io
 import math
 from pathlib import Path
 
-from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
-
 from src.common.metrics import markdown_table
 from src.tracking.readback.regress.judge import Comparison
 from src.tracking.store.names import key_of
@@ -71,6 +69,8 @@ def markdown(c: Comparison) -> str:
 
 def plot(c: Comparison, path: Path) -> None:
     rows = [r for r in c.rows if r.figure == "time/token"]
+    from matplotlib.figure import Figure  # not at the top: 1.2 s a process pays, drawing or not
+
     fig = Figure(figsize=(max(6, 1.2 * len(rows) + 2), 4))
     ax = fig.subplots()
     x = range(len(rows))

@@ -8,7 +8,6 @@ import math
 import textwrap
 from pathlib import Path
 
-from matplotlib.figure import Figure  # no pyplot: figures are written to files, never shown
 from mlflow.tracking import MlflowClient
 
 from src.common.metrics import Row
@@ -42,6 +41,8 @@ def _by_job(
     if not drawn:
         return None
     busy = {j.name for j in jobs if j.tags.get("host_busy") == "true"}
+    from matplotlib.figure import Figure  # not at the top: 1.2 s a process pays, drawing or not
+
     fig = Figure(figsize=(7, 0.45 * len(drawn) + 1.5))
     ax = fig.subplots()
     medians = [v[len(v) // 2] for _, v in drawn]
@@ -120,6 +121,8 @@ def _plots(
 def _against_prompt(jobs: list[JobRecord], rows_of: dict[str, list[Row]], metric: str, label: str, out: Path):
     """Tasks with fixed prompt lengths (benchmark, benchmark_long): each job's curve against prompt length.
     None where no such job has two rows."""
+    from matplotlib.figure import Figure  # not at the top: 1.2 s a process pays, drawing or not
+
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
     drawn = 0
@@ -155,6 +158,8 @@ def _speedup_plot(speedups: list[Speedup], out: Path, base_text: str, flags: dic
     drawn = [u for u in speedups if not u.is_baseline and not math.isnan(u.time.median)]
     if not drawn:
         return None
+    from matplotlib.figure import Figure  # not at the top: 1.2 s a process pays, drawing or not
+
     fig = Figure(figsize=(7, 0.45 * len(drawn) + 1.5))
     ax = fig.subplots()
     medians = [u.time.median for u in drawn]
