@@ -3,7 +3,10 @@
 // so a step through step.cpp computes what the Python step path computes, operation for operation.
 #pragma once
 
-#include <ATen/ATen.h>
+// The ATen headers of what this file uses, not ATen/ATen.h (why: binding.cpp).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include "core/api.h"
 

@@ -8,7 +8,12 @@
 //
 // Two classes: Stepper holds a model's weights (built once per model by src.engine.cstep) and StepCache
 // one sequence's keys and values ([KV heads, capacity, head dim] per layer, growing by a quarter).
-#include <ATen/ATen.h>
+// The ATen headers of what this file uses, not ATen/ATen.h (why: binding.cpp).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/silu.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
