@@ -106,13 +106,9 @@ class Precomposed:
 def legal(sweeper, batch: list[list[str]]) -> None:
     """Every job of the batch composed before any runs (and kept for the launcher: Precomposed); one that cannot
     be ends the sweep in one line (src.run checked each value already: this is the sweeper's own guard)."""
-    loader = sweeper.hydra_context.config_loader
     try:
         for job in batch:
-            if isinstance(loader, Precomposed):
-                loader.compose_ahead(sweeper.config, list(job))
-            else:
-                loader.load_sweep_config(sweeper.config, list(job))
+            sweeper.hydra_context.config_loader.compose_ahead(sweeper.config, list(job))  # Rounds.setup's
     except ConfigCompositionException as err:
         raise SweepAbort(f"a job of the sweep cannot be composed: {str(err).splitlines()[0]}") from None
 
@@ -144,7 +140,7 @@ class Rounds:
         jobs = [told(job, varying(jobs)) for job in jobs]  # each job named by what the sweep varies
         open_sweep_dir(self.config)
         # each job composed once, before any runs: a later round differs from round 1 only by its `round` (an
-        # integer any job takes), and a composition is ~0.35 s here, as long as a tiny model's whole job
+        # integer any job takes)
         legal(self, jobs)
         returns, index, done, busy = [], 0, 0, 0
         while True:
