@@ -16,12 +16,16 @@ beside other work) and a regress verdict (slower, faster, no change: it follows 
 this run printed that it matched, so a page shows real output of the current code (an empty excerpt gets all
 of it, to be cut down by hand).
 
-The blocks run in one scratch checkout: a temporary directory whose entries link to this project's, except the
-ones a run writes (the store, multirun/, outputs/), with a store of its own (MLFLOW_TRACKING_URI), so they run as
-on a fresh clone whatever this checkout already holds, in page order (README.md, then docs/ by path: the walk's
-pages are numbered). Paths into it, and the home directory, are shown as a reader's (/home/you/quantspec,
-/home/you). CI runs this after `mkdocs build --strict`, so a renamed setting or a changed line of output breaks the
-build instead of the reader.
+Each page runs in a scratch checkout of its own: a temporary directory whose entries link to this project's,
+except the ones a run writes (the store, multirun/, outputs/), with a store of its own (MLFLOW_TRACKING_URI), so
+its blocks run in order as on a fresh clone whatever this checkout, or another page, already holds (a page's
+report reads its own sweep). Pages run side by side in lanes, one per core (at most `lanes`), each lane's
+processes held to its own core(s), as the test suite's workers are: a block spends most of its time starting
+Python and importing torch on one core, and two jobs' thread pools on the same cores spin against each other.
+The figures a page prints are timed beside the other lane and marked busy, which is not compared. Paths into a
+scratch checkout, and the home directory, are shown as a reader's (/home/you/quantspec, /home/you). CI runs this
+after `mkdocs build --strict`, so a renamed setting or a changed line of output breaks the build instead of the
+reader.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +53,7 @@ COMMAND = Command(
         Setting("write", False, "rewrite the pages' output excerpts from this run (each shown line still matched)"),
         Setting("only", "", "only the pages whose path (from the project's root) starts with this"),
         Setting("timeout", 600, "seconds per block"),
+        Setting("lanes", 2, "pages run at once, at most one per core (1: one after another, on every core)"),
     ],
 )
 
@@ -130,12 +136,13 @@ def excerpt(shown: list[str], printed: list[str], found: list[int]) -> list[str]
     return out
 
 
-def run(block: doccommands.Block, scratch: Path, timeout: int) -> tuple[str | None, str]:
-    """(None or why it failed, its output)."""
+def run(block: doccommands.Block, scratch: Path, timeout: int, cores: str = "") -> tuple[str | None, str]:
+    """(None or why it failed, its output). `cores`: the CPU list its processes are held to (taskset), if any."""
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{scratch / 'mlflow.db'}", PYTHONUNBUFFERED="1")
+    held = ["taskset", "--cpu-list", cores] if cores else []
     try:
         done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block.text],
+            [*held, "bash", "-euo", "pipefail", "-c", block.text],
             cwd=scratch,
             env=env,
             stdout=subprocess.PIPE,
@@ -146,6 +153,60 @@ def run(block: doccommands.Block, scratch: Path, timeout: int) -> tuple[str | No
     except subprocess.TimeoutExpired as err:
         return f"over {timeout} s", err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
     return (None if done.returncode == 0 else f"exit {done.returncode}"), done.stdout
+
+
+def check_page(page: Path, blocks: list[doccommands.Block], write: bool, timeout: int, cores: str) -> int:
+    """Run a page's runnable blocks in order in a scratch checkout of its own, check each one's shown output (and
+    with `write`, rewrite it): how many failed. Each block's verdict is printed as one line when it ends."""
+    scratch = scratch_checkout()
+    failed = 0
+    rewrites: list[tuple[doccommands.Block, list[str]]] = []
+    try:
+        for n, block in enumerate(blocks):
+            if not block.runnable:
+                continue
+            start = time.monotonic()
+            why, output = run(block, scratch, timeout, cores)
+            printed = as_reader(output, scratch)
+            shown_block = blocks[n + 1] if n + 1 < len(blocks) and blocks[n + 1].output else None
+            if why is None and shown_block is not None:
+                shown = shown_block.text.splitlines()
+                found, missing = match(shown, printed)
+                if not shown:  # a new excerpt: all of it, for the writer to cut down to what matters
+                    found = list(range(len(printed)))
+                if not shown and not write:
+                    why = f"{shown_block.where} shows no output: run python -m scripts.check_docs write=true"
+                elif missing:
+                    why = (
+                        f"its output no longer shows {len(missing)} of the lines {shown_block.where} shows, "
+                        f"first: {missing[0].strip()[:160]!r}"
+                    )
+                elif write:
+                    rewrites.append((shown_block, excerpt(shown, printed, found)))
+            took = time.monotonic() - start
+            verdict = f"{block.where}: {'ok' if why is None else 'FAILED: ' + why} in {took:.0f} s"
+            if why is not None:
+                failed += 1
+                verdict += "\n" + "\n".join(printed[-40:])  # one write: the other lane prints too
+            print(verdict, file=sys.stderr if why else sys.stdout, flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if rewrites:
+        lines = page.read_text().splitlines()
+        for shown_block, new in sorted(rewrites, key=lambda r: -r[0].line):
+            lines[shown_block.line : shown_block.end - 1] = new
+        page.write_text("\n".join(lines) + "\n")
+        print(f"{page.relative_to(PROJECT_ROOT)}: {len(rewrites)} output excerpt(s) rewritten", flush=True)
+    return failed
+
+
+def lane_cores(lanes: int) -> list[str]:
+    """Each lane's CPU list for taskset: this process's cores dealt out round-robin ('' for one lane: no hold)."""
+    cores = sorted(os.sched_getaffinity(0))
+    lanes = max(1, min(lanes, len(cores)))
+    if lanes == 1:
+        return [""]
+    return [",".join(str(c) for c in cores[i::lanes]) for i in range(lanes)]
 
 
 def main(argv: list[str]) -> int:
@@ -162,45 +223,28 @@ def main(argv: list[str]) -> int:
                 if b.runnable:
                     print(f"{b.where}: {b.text.splitlines()[0]}")
         return 0
-    scratch = scratch_checkout()
-    failed = 0
-    try:
-        for page, blocks in pages:
-            rewrites: list[tuple[doccommands.Block, list[str]]] = []
-            for n, block in enumerate(blocks):
-                if not block.runnable:
-                    continue
-                start = time.monotonic()
-                why, output = run(block, scratch, args.timeout)
-                printed = as_reader(output, scratch)
-                shown_block = blocks[n + 1] if n + 1 < len(blocks) and blocks[n + 1].output else None
-                if why is None and shown_block is not None:
-                    shown = shown_block.text.splitlines()
-                    found, missing = match(shown, printed)
-                    if not shown:  # a new excerpt: all of it, for the writer to cut down to what matters
-                        found = list(range(len(printed)))
-                    if not shown and not args.write:
-                        why = f"{shown_block.where} shows no output: run python -m scripts.check_docs write=true"
-                    elif missing:
-                        why = (
-                            f"its output no longer shows {len(missing)} of the lines {shown_block.where} shows, "
-                            f"first: {missing[0].strip()[:160]!r}"
-                        )
-                    elif args.write:
-                        rewrites.append((shown_block, excerpt(shown, printed, found)))
-                took = time.monotonic() - start
-                print(f"{block.where}: {'ok' if why is None else 'FAILED: ' + why} in {took:.0f} s", flush=True)
-                if why is not None:
-                    failed += 1
-                    print("\n".join(printed[-40:]), file=sys.stderr)
-            if rewrites:
-                lines = page.read_text().splitlines()
-                for shown_block, new in sorted(rewrites, key=lambda r: -r[0].line):
-                    lines[shown_block.line : shown_block.end - 1] = new
-                page.write_text("\n".join(lines) + "\n")
-                print(f"{page.relative_to(PROJECT_ROOT)}: {len(rewrites)} output excerpt(s) rewritten", flush=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    todo = [(page, blocks) for page, blocks in pages if any(b.runnable for b in blocks)]
+    failures: list[int] = []
+    taken = threading.Lock()
+
+    def lane(cores: str) -> None:  # takes the next page, in page order, until none is left
+        while True:
+            with taken:
+                if not todo:
+                    return
+                page, blocks = todo.pop(0)
+            try:
+                failures.append(check_page(page, blocks, args.write, args.timeout, cores))
+            except Exception as err:  # noqa: BLE001 - the page's blocks count as failed, the other pages go on
+                print(f"{page.relative_to(PROJECT_ROOT)}: FAILED: {type(err).__name__}: {err}", file=sys.stderr)
+                failures.append(sum(b.runnable for b in blocks))
+
+    threads = [threading.Thread(target=lane, args=(cores,)) for cores in lane_cores(args.lanes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = sum(failures)
     print(f"check_docs: {count - failed} of {count} runnable blocks ran and printed what their pages show")
     return 1 if failed else 0
 

@@ -52,12 +52,25 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
 def pytest_collection_modifyitems(config, items):
     """A module's tests that share one of its module-scoped fixtures (a sweep they all read, a Ray cluster, a
-    tracking server) go to one worker, which builds it once: pytest-xdist's loadgroup reads this mark."""
+    tracking server) go to one worker, which builds it once: pytest-xdist's loadgroup reads this mark. The
+    `alone` tests go first, all to one worker, one after another: it holds the host once for all of them (the
+    other worker waits at its first test), instead of each one, met mid-run, waiting for the other worker's
+    current test to end (up to a minute and a half, one core idle) and then running with the other core idle."""
+    groups: dict[str, list] = {}
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
         shared = defs and any(fixture[-1].scope == "module" for fixture in defs.name2fixturedefs.values() if fixture)
         if shared and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        mark = item.get_closest_marker("xdist_group")
+        groups.setdefault(mark.args[0] if mark else item.nodeid, []).append(item)
+    # a group whose every test is alone (a module's tests of one timed sweep) joins the alone tests' group
+    first = [item for group in groups.values() if all(_alone(item) for item in group) for item in group]
+    for item in first:
+        item.own_markers = [m for m in item.own_markers if m.name != "xdist_group"]
+        item.add_marker(pytest.mark.xdist_group("alone"))
+    chosen = set(map(id, first))
+    items[:] = first + [item for item in items if id(item) not in chosen]
 
 
 @pytest.hookimpl(wrapper=True)
