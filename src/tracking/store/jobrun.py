@@ -132,8 +132,13 @@ class JobRun:
         self._record("tags", tags={k: str(v) for k, v in tags.items()})
 
     def log_metrics(self, values: dict[str, float], step: int = 0) -> None:
+        self.log_points((k, v, step) for k, v in values.items())
+
+    def log_points(self, points) -> None:
+        """(name, value, step) triples, each at its own step, as one record (one journal line, one store call):
+        what a job measured once its task ended goes in one, not a call per example and figure."""
         now = journal.now_ms()
-        metrics = [[k, float(v), now, step] for k, v in values.items() if not math.isnan(float(v))]
+        metrics = [[k, float(v), now, step] for k, v, step in points if not math.isnan(float(v))]
         if metrics:
             self._record("metrics", metrics=metrics)
 

@@ -340,14 +340,13 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
     # The table first: whatever happens to the store below, the user has seen the measurements.
     table = seed_table(result.rows) if result.rows else summary_table({**job.quant_metrics, **result.summary})
     print(f"\n{name} (executed on {job.placement.executed_on})\n{table}\n", flush=True)
-    for row in result.rows:
-        if row.example not in logged:  # tasks that measure outside src.tasks.common.measure
-            run.log_metrics(row.metrics(), step=row.example)
+    # the rows not logged yet (tasks that measure outside src.tasks.common.measure), each example's derived
+    # figures and the summary: measured by now, so one record, one store call
+    points = [(k, v, row.example) for row in result.rows if row.example not in logged for k, v in row.metrics().items()]
     for metric, values in result.series.items():  # per example, unless the task named its own prefix
         name = metric if "/" in metric else EXAMPLE + metric
-        for step, value in enumerate(values, start=1):
-            run.log_metrics({name: value}, step=step)
-    run.log_metrics(result.summary)
+        points += [(name, value, step) for step, value in enumerate(values, start=1)]
+    run.log_points([*points, *((k, v, 0) for k, v in result.summary.items())])
     if result.tags:
         run.set_tags(result.tags)
     if result.rows:

@@ -16,9 +16,19 @@ from tests.helpers import fresh_cache, perplexity_by_engine, run_cli
 pytestmark = pytest.mark.skipif(ov.available() is not None, reason=str(ov.available()))
 
 
-def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(tmp_path):
-    model, tok = tiny_model("llama")
-    folder = ov.export(model, tok, "tiny-llama-test", "fp32", [], tmp_path)
+@pytest.fixture(scope="module")
+def fp32_sweep(tmp_path_factory):
+    """`task=perplexity` on the tiny Llama at fp32 on engines native and openvino, in a store and cache of its own:
+    each engine's perplexity, the store, and the cache that holds the fp32 export the openvino job made (the
+    export test below reads it back rather than paying for a second export of the same weights)."""
+    tmp = tmp_path_factory.mktemp("openvino")
+    return perplexity_by_engine(tmp, "native,openvino"), f"sqlite:///{tmp / 'mlflow.db'}", tmp / "cache"
+
+
+def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(fp32_sweep):
+    _, _, cache = fp32_sweep
+    model, tok = tiny_model("llama")  # the weights the sweep's tiny-llama job exported
+    (folder,) = (cache / "openvino").glob("*-fp32")
     assert json.loads((folder / "quantspec-export.json").read_text())["want"]["precision"] == "fp32"
     engine = ov.OpenVINO(folder, (tok.eos_token_id,), f32=True)
     ids = tok("hello world", return_tensors="pt").input_ids
@@ -32,7 +42,8 @@ def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(tmp
     assert theirs.target_logp.sum().item() == pytest.approx(ours.target_logp.sum().item(), rel=1e-4)
     assert theirs.top1.tolist() == ours.top1.tolist()
     before = (folder / "openvino_model.xml").stat().st_mtime_ns
-    assert ov.export(model, tok, "tiny-llama-test", "fp32", [], tmp_path) == folder
+    source = json.loads((folder / "quantspec-export.json").read_text())["want"]["source"]
+    assert ov.export(model, tok, source, "fp32", [], cache) == folder
     assert (folder / "openvino_model.xml").stat().st_mtime_ns == before  # cached, not rebuilt
 
 
@@ -69,9 +80,9 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
     assert all(r.data.metrics["time_per_token_ms_median"] > 0 and r.data.tags["kernels"] == "openvino" for r in runs)
 
 
-def test_perplexity_on_openvino_matches_torch_on_the_same_fp32_weights(tmp_path):
-    ppl = perplexity_by_engine(tmp_path, "native,openvino")
+def test_perplexity_on_openvino_matches_torch_on_the_same_fp32_weights(fp32_sweep):
+    ppl, store, _ = fp32_sweep
     assert ppl["openvino"] == pytest.approx(ppl["native"], rel=1e-3)
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(store)
     (job,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id], "tags.engine = 'openvino'")
     assert job.data.params["executed.runtime"].startswith("openvino 2026")
