@@ -9,6 +9,7 @@ import math
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 
 from mlflow.exceptions import MlflowException
 
@@ -134,7 +135,7 @@ class JobRun:
     def log_metrics(self, values: dict[str, float], step: int = 0) -> None:
         self.log_points((k, v, step) for k, v in values.items())
 
-    def log_points(self, points) -> None:
+    def log_points(self, points: Iterable[tuple[str, float, int]]) -> None:
         """(name, value, step) triples, each at its own step, as one record (one journal line, one store call):
         what a job measured once its task ended goes in one, not a call per example and figure."""
         now = journal.now_ms()

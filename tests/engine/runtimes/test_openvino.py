@@ -29,7 +29,8 @@ def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(fp3
     _, _, cache = fp32_sweep
     model, tok = tiny_model("llama")  # the weights the sweep's tiny-llama job exported
     (folder,) = (cache / "openvino").glob("*-fp32")
-    assert json.loads((folder / "quantspec-export.json").read_text())["want"]["precision"] == "fp32"
+    want = json.loads((folder / "quantspec-export.json").read_text())["want"]
+    assert want["precision"] == "fp32"
     engine = ov.OpenVINO(folder, (tok.eos_token_id,), f32=True)
     ids = tok("hello world", return_tensors="pt").input_ids
     gen = engine(None, ids, 12, True, Sampling(), tok.pad_token_id)
@@ -42,8 +43,7 @@ def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(fp3
     assert theirs.target_logp.sum().item() == pytest.approx(ours.target_logp.sum().item(), rel=1e-4)
     assert theirs.top1.tolist() == ours.top1.tolist()
     before = (folder / "openvino_model.xml").stat().st_mtime_ns
-    source = json.loads((folder / "quantspec-export.json").read_text())["want"]["source"]
-    assert ov.export(model, tok, source, "fp32", [], cache) == folder
+    assert ov.export(model, tok, want["source"], "fp32", [], cache) == folder
     assert (folder / "openvino_model.xml").stat().st_mtime_ns == before  # cached, not rebuilt
 
 
