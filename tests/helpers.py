@@ -203,6 +203,26 @@ def spinning_neighbours(count: int = 1):
                 os.kill(pid, signal.SIGKILL)
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL to every live process of session `sid` (a process started with start_new_session=True, and all it
+    started), as a cancelled CI job or a closed terminal ends them. Its process group is not enough: ninja starts
+    each compiler in a group of its own, and a compiler left running takes a core for half a minute."""
+    import psutil
+
+    while True:  # again until none is left: one may start another while the first ones are killed
+        found = []
+        for proc in psutil.process_iter(["status"]):
+            with contextlib.suppress(psutil.Error, OSError):
+                if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getsid(proc.pid) == sid:
+                    found.append(proc)
+        if not found:
+            return
+        for proc in found:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(found, timeout=5)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,9 +10,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sst
 
-from src.quality.stats import BOOTSTRAP, SEED, interval
+from src.quality.stats import BOOTSTRAP, SEED, interval, scipy_stats
 
 
 @dataclass
@@ -36,7 +35,7 @@ def mcnemar(a, b) -> Paired:
     if a.shape != b.shape:
         raise ValueError(f"paired scores need the same items: {a.size} against {b.size}")
     only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
-    p = sst.binomtest(only_a, only_a + only_b).pvalue if only_a + only_b else 1.0
+    p = scipy_stats().binomtest(only_a, only_a + only_b).pvalue if only_a + only_b else 1.0
     return Paired("McNemar (exact)", int(a.size), float(a.mean() - b.mean()), math.nan, math.nan, float(p))
 
 
@@ -49,7 +48,7 @@ def means(a, b, iters: int = BOOTSTRAP * 2) -> Paired:
         raise ValueError(f"paired scores need the same examples: {a.size} against {b.size}")
     d = a - b
     low, high = interval((d,), lambda x, axis: np.mean(x, axis=axis), 0.95, iters)
-    tested = sst.permutation_test(
+    tested = scipy_stats().permutation_test(
         (a, b),
         lambda x, y, axis: np.mean(x - y, axis=axis),
         permutation_type="samples",

@@ -11,11 +11,19 @@ import math
 import warnings
 
 import numpy as np
-from scipy import stats as sst
+
+# scipy.stats is imported where an interval is drawn, not here: it takes ~0.8 s of a process's start on one core,
+# and most processes that import this module (an fp32 job, a sync, a report without quality figures) draw none.
 
 BOOTSTRAP = 1000  # resamples: a 95% interval's ends move by well under its width from one seed to the next
 SEED = 0  # fixed: the same scores give the same interval
 BCA_MAX = 20_000  # values per sample up to which an interval is BCa (its jackknife is n evaluations of n - 1)
+
+
+def scipy_stats():
+    from scipy import stats
+
+    return stats
 
 
 def mean_se(values) -> tuple[float, float]:
@@ -31,6 +39,7 @@ def interval(samples: tuple, statistic, level: float = 0.95, iters: int = BOOTST
     """scipy's bootstrap interval of `statistic` over `samples` (each resampled on its own): BCa, which
     corrects the percentile interval's bias and skew, where it is defined and affordable, else the percentile
     interval (BCa's jackknife is undefined on too few or tied values, and its cost grows with n squared)."""
+    sst = scipy_stats()
     methods = ("BCa", "percentile") if max(len(s) for s in samples) <= BCA_MAX else ("percentile",)
     for method in methods:
         with warnings.catch_warnings():
@@ -82,7 +91,7 @@ def proportion_ci(hits, level: float = 0.95) -> tuple[float, float, float]:
     x = np.asarray(hits, dtype=bool)
     if x.size == 0:
         return math.nan, math.nan, math.nan
-    found = sst.binomtest(int(x.sum()), int(x.size)).proportion_ci(confidence_level=level, method="wilson")
+    found = scipy_stats().binomtest(int(x.sum()), int(x.size)).proportion_ci(confidence_level=level, method="wilson")
     return float(x.mean()), float(found.low), float(found.high)
 
 

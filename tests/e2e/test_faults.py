@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import KERNELS, ROOT, cli_env, free_port, fresh_cache, mlflow_server, run_cli, run_process
+from tests.helpers import (
+    KERNELS,
+    ROOT,
+    cli_env,
+    free_port,
+    fresh_cache,
+    kill_session,
+    mlflow_server,
+    run_cli,
+    run_process,
+)
 
 # aten kernels: a fresh cache per test must not rebuild src/kernels (the kernel tests below do that)
 QUICK = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0", "engine.kernels=aten"]
@@ -287,7 +297,7 @@ def test_kernel_builds_damaged_killed_and_raced_all_end_in_a_working_library(tmp
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            start_new_session=True,  # a group of its own: the load and the compilers it started
+            start_new_session=True,  # a session of its own: the load and the compilers it started
         )
 
     first = load()
@@ -296,9 +306,7 @@ def test_kernel_builds_damaged_killed_and_raced_all_end_in_a_working_library(tmp
         assert time.time() < deadline and first.poll() is None, "the build never started"
         time.sleep(0.1)
     time.sleep(1)
-    # SIGKILL to its whole group, as a cancelled CI job or a closed terminal ends it: the compilers go with it
-    # (left running, they would take the cores from the racers for half a minute)
-    os.killpg(first.pid, signal.SIGKILL)
+    kill_session(first.pid)  # the load and the compilers it started (left running, they slow the racers)
     _, err = first.communicate()
     assert err.count("does not match its recorded sha256") == 1 and "quantspec_kernels.so" in err, err
     assert list(where.glob("binding-*/lock"))

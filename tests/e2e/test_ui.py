@@ -5,7 +5,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,37 +23,12 @@ from src.tracking.store.jobrun import JobRun
 from src.tracking.store.journal import Journal
 from src.tracking.sweep.record import _flag_busy_host
 from tests.helpers import ROOT, free_port, mlflow_server, run_cli
-from tests.support.browser import Page
+from tests.support.browser import BROWSER, Page
 
 # docs/concepts/mlflow-ui.md shows this screenshot; the test writes it there only when asked
 # (QUANTSPEC_REFRESH_DOCS=1): a test run must not change the repository's files
 SCREENSHOT = ROOT / "docs" / "mlflow-ui-sweep.png"
 REFRESH_DOCS = os.environ.get("QUANTSPEC_REFRESH_DOCS") == "1"
-BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-
-
-def browse(url: str, *extra: str, width: int = 1920) -> str:
-    """The page's DOM after its scripts ran (Chromium's virtual time lets the app fetch and render), or
-    with --screenshot=PATH, the page as drawn."""
-    out = subprocess.run(
-        [
-            BROWSER,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--no-first-run",
-            f"--window-size={width},1000",
-            "--virtual-time-budget=25000",
-            *(extra or ["--dump-dom"]),
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return out.stdout
 
 
 def visible_text(dom: str) -> str:
@@ -127,15 +101,10 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         )
         assert sorted(p.step for p in client.get_metric_history(w8a8.info.run_id, "round/decode_speedup")) == [1, 2]
 
-        # the page a user opens: the runs view of this sweep, one row per job, its columns in reading order
-        dom = browse(url, width=2560)  # the grid draws only the columns in view: all of them, here
-        text = visible_text(dom)
-        assert "Runs - Experiment" in text, text[:1500]
-        # the columns drawn, left to right (MLflow names each header cell by its column)
-        columns = [
-            c.split("`")[1] if "`" in c else c for c in re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', dom)
-        ]
-        columns = [c for c in columns if not re.fullmatch(r"\d+(_\d+)?|metrics_\d+|tags_\d+", c)]  # column groups
+        # the page a user opens, in one headless Chromium (a tab driven over its debugging port): the runs view
+        # of this sweep, one row per job, its columns in reading order
+        page = Page(free_port(), width=2560)  # the grid draws only the columns in view: all of them, here
+        drawn = 'Array.from(document.querySelectorAll("[role=columnheader]")).map(e => e.getAttribute("col-id"))'
         wanted = [
             "Run Name",
             "Description",
@@ -146,34 +115,36 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             "prefill_ms",
             "tokens_per_s",
         ]
-        assert [c for c in columns if c in wanted] == wanted, columns
-        assert "Dataset" not in columns and "host_busy" not in columns  # the same on every row: no column
-        assert text.count("round 2") == 0 and all(j.info.run_name in text for j in jobs)
-        assert f"{m['decode_ms_per_token']:g}" in text and f"{m['decode_speedup']:g}" in text
-        # the description: the speedup and what ran, in the ~50 characters MLflow shows whatever the CPU's name
-        note = w8a8.data.tags["mlflow.note.content"]
-        assert re.match(r"[\d.]+× over fp32 \([\d.]+–[\d.]+×\) · w8a8 · no draft · host CPU \(", note), note
-        assert note[:30] in text, text[text.find("Description") :][:1500]
-        assert "BUSY" not in note and "busy" not in columns  # busy_cores=64: nothing here was busy
-        # the chart view opens on the preset charts: time/token and speedup, per job and by precision
-        charts = visible_text(
-            browse(
-                url.replace("quantspec/view/1/", "#/experiments/1/runs?viewStateShareKey=")
-                + "&compareRunsMode=CHART&workflowType=machine_learning"
-            )
-        )
-        assert re.search(r"time per token and speedup \(4\) .*example \(", charts), charts[:2000]
-        shot = SCREENSHOT if REFRESH_DOCS else tmp_path / SCREENSHOT.name
-        browse(url, f"--screenshot={shot}")
-        assert shot.stat().st_size > 20_000
-
-        # the address the page rewrites itself to keeps the view through a reload (MLflow's share link alone
-        # would not: src.tracking.view.view_app)
-        page = Page(free_port(), width=2560)
         try:
             page.open(url)
-            drawn = 'Array.from(document.querySelectorAll("[role=columnheader]")).map(e => e.getAttribute("col-id"))'
+            page.wait_for(f'{drawn}.includes("metrics.`decode_speedup`")')
+            dom = page.evaluate("document.documentElement.outerHTML")
+            text = visible_text(dom)
+            assert "Runs - Experiment" in text, text[:1500]
+            # the columns drawn, left to right (MLflow names each header cell by its column)
+            columns = [
+                c.split("`")[1] if "`" in c else c for c in re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', dom)
+            ]
+            columns = [c for c in columns if not re.fullmatch(r"\d+(_\d+)?|metrics_\d+|tags_\d+", c)]  # column groups
+            assert [c for c in columns if c in wanted] == wanted, columns
+            assert "Dataset" not in columns and "host_busy" not in columns  # the same on every row: no column
+            page.wait_for(" && ".join(f"document.body.innerText.includes({j.info.run_name!r})" for j in jobs))
+            text = visible_text(page.evaluate("document.documentElement.outerHTML"))
+            assert text.count("round 2") == 0 and all(j.info.run_name in text for j in jobs)
+            assert f"{m['decode_ms_per_token']:g}" in text and f"{m['decode_speedup']:g}" in text
+            # the description: the speedup and what ran, in the ~50 characters MLflow shows whatever the CPU's name
+            note = w8a8.data.tags["mlflow.note.content"]
+            assert re.match(r"[\d.]+× over fp32 \([\d.]+–[\d.]+×\) · w8a8 · no draft · host CPU \(", note), note
+            assert note[:30] in text, text[text.find("Description") :][:1500]
+            assert "BUSY" not in note and "busy" not in columns  # busy_cores=64: nothing here was busy
+            # the page as drawn (docs/concepts/mlflow-ui.md's screenshot), at the width a laptop shows it
+            shot = SCREENSHOT if REFRESH_DOCS else tmp_path / SCREENSHOT.name
+            page.screenshot(shot, width=1920)
+            assert shot.stat().st_size > 20_000
+            # the address the page rewrote itself to keeps the view through a reload (MLflow's share link alone
+            # would not: src.tracking.view.view_app)
             for _ in range(2):
+                page.reload()
                 page.wait_for(f'{drawn}.includes("metrics.`decode_speedup`")')
                 assert "#/experiments/" in page.evaluate("location.href") and "quantspec.shown" in page.evaluate(
                     "decodeURIComponent(location.href)"
@@ -181,7 +152,16 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
                 shown = [c.split("`")[1] if "`" in c else c for c in page.evaluate(drawn) if c]
                 shown = [c for c in shown if c in wanted]
                 assert shown == wanted, shown
-                page.reload()
+            # the chart view opens on the preset charts: time/token and speedup, per job and by precision
+            page.open(
+                url.replace("quantspec/view/1/", "#/experiments/1/runs?viewStateShareKey=")
+                + "&compareRunsMode=CHART&workflowType=machine_learning"
+            )
+            charts = page.wait_for(
+                "(t => /time per token and speedup \\(4\\) .*example \\(/.test(t) && t)"
+                '(document.body.innerText.replace(/\\s+/g, " "))'
+            )
+            assert re.search(r"time per token and speedup \(4\) .*example \(", charts), charts[:2000]
         finally:
             page.close()
     finally:
