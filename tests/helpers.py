@@ -248,6 +248,14 @@ def mlflow_server(where: Path, port: int) -> subprocess.Popen:
     store in `where`, in its own process group
     (so a test can kill it with its workers, as a crash would), answering when this returns."""
     mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    backend = where / "server.db"
+    if not backend.exists():  # MLflow's schema copied from the cached empty store, not migrated anew (~3 s);
+        # the server makes its Default experiment on its first open, as on any new store
+        from src.tracking.store.blank import empty_template
+
+        template = empty_template()
+        if template is not None:
+            shutil.copyfile(template, backend)
     proc = subprocess.Popen(
         [
             mlflow,
@@ -261,7 +269,7 @@ def mlflow_server(where: Path, port: int) -> subprocess.Popen:
             "--workers",
             "1",
             "--backend-store-uri",
-            f"sqlite:///{where / 'server.db'}",
+            f"sqlite:///{backend}",
             "--artifacts-destination",
             str(where / "artifacts"),
         ],

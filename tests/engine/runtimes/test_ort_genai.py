@@ -2,6 +2,7 @@
 precision, through the same tasks, timing and records as every engine; what it cannot run is a skip."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -15,10 +16,25 @@ from tests.helpers import fresh_cache, perplexity_by_engine, run_cli
 pytestmark = pytest.mark.skipif(ort_genai.available() is not None, reason=str(ort_genai.available()))
 
 
-def test_the_export_greedy_decodes_as_torch_does_and_is_cached(tmp_path):
-    model, tok = tiny_model("llama")
-    folder = ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path)
-    manifest = json.loads((folder / "quantspec-export.json").read_text())
+@pytest.fixture(scope="module")
+def fp32_sweep(tmp_path_factory):
+    """`task=perplexity` on the tiny Llama at fp32 on engines native and ort_genai, in a store and cache of its own:
+    each engine's perplexity, and the cache that holds the fp32 export the ort_genai job made (the export tests
+    below read it back, or damage a copy of it, rather than paying for more exports of the same weights)."""
+    tmp = tmp_path_factory.mktemp("ort_genai")
+    return perplexity_by_engine(tmp, "native,ort_genai"), tmp / "cache"
+
+
+def _fp32_export(cache):
+    """The fp32 export in `cache` and its manifest."""
+    (folder,) = (cache / "ort_genai").glob("*-fp32-cpu")
+    return folder, json.loads((folder / "quantspec-export.json").read_text())
+
+
+def test_the_export_greedy_decodes_as_torch_does_and_is_cached(fp32_sweep):
+    _, cache = fp32_sweep
+    model, tok = tiny_model("llama")  # the weights the sweep's tiny-llama job exported
+    folder, manifest = _fp32_export(cache)
     assert manifest["want"]["precision"] == "fp32" and (folder / "genai_config.json").is_file()
     assert manifest["files"]["model.onnx"]["size"] == (folder / "model.onnx").stat().st_size
     engine = ort_genai.OrtGenAI(folder, "cpu")
@@ -36,7 +52,7 @@ def test_the_export_greedy_decodes_as_torch_does_and_is_cached(tmp_path):
     assert theirs.target_logp.sum().item() == pytest.approx(ours.target_logp.sum().item(), rel=1e-4)
     assert theirs.top1.tolist() == ours.top1.tolist()
     before = (folder / "model.onnx").stat().st_mtime_ns
-    assert ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path) == folder
+    assert ort_genai.export(model, tok, manifest["want"]["source"], "fp32", "cpu", cache) == folder
     assert (folder / "model.onnx").stat().st_mtime_ns == before  # cached, not rebuilt
 
 
@@ -77,14 +93,17 @@ def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(t
     )
 
 
-def test_perplexity_on_the_runtime_matches_torch_on_the_same_fp32_weights(tmp_path):
-    ppl = perplexity_by_engine(tmp_path, "native,ort_genai")
+def test_perplexity_on_the_runtime_matches_torch_on_the_same_fp32_weights(fp32_sweep):
+    ppl, _ = fp32_sweep
     assert ppl["ort_genai"] == pytest.approx(ppl["native"], rel=1e-3)
 
 
-def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cleared(tmp_path, caplog):
+def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cleared(fp32_sweep, tmp_path, caplog):
     model, tok = tiny_model("llama")
-    folder = ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path)
+    built, manifest = _fp32_export(fp32_sweep[1])
+    folder = tmp_path / "ort_genai" / built.name  # a copy of the sweep's export, damaged here
+    shutil.copytree(built, folder)
+    source = manifest["want"]["source"]
     data = max((p for p in folder.iterdir() if p.is_file()), key=lambda p: p.stat().st_size)  # the weights
     with data.open("r+b") as f:  # bytes flipped in the middle of the weights: the issue's 50 KB
         f.seek(data.stat().st_size // 2)
@@ -92,7 +111,7 @@ def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cl
     orphan = folder.with_name(f".{folder.name}.999999999.tmp")  # a build killed mid-way (its pid is gone)
     orphan.mkdir()
     with caplog.at_level("WARNING"):
-        assert ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path) == folder
+        assert ort_genai.export(model, tok, source, "fp32", "cpu", tmp_path) == folder
     assert f"is rebuilt: {data.name} is not the file it exported" in caplog.text
     assert not orphan.exists()
     engine = ort_genai.OrtGenAI(folder, "cpu")
@@ -104,5 +123,5 @@ def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cl
     )  # the rebuilt export scores as torch
     (folder / "quantspec-export.json").write_text("null")  # a manifest that is no object
     with caplog.at_level("WARNING"):
-        ort_genai.export(model, tok, "tiny-llama-test", "fp32", "cpu", tmp_path)
+        ort_genai.export(model, tok, source, "fp32", "cpu", tmp_path)
     assert "its manifest records no files" in caplog.text
