@@ -12,16 +12,14 @@ import warnings
 
 import numpy as np
 
-# scipy.stats is imported where an interval is drawn, not here: it takes ~0.8 s of a process's start on one core,
-# and most processes that import this module (an fp32 job, a sync, a report without quality figures) draw none.
-
 BOOTSTRAP = 1000  # resamples: a 95% interval's ends move by well under its width from one seed to the next
 SEED = 0  # fixed: the same scores give the same interval
 BCA_MAX = 20_000  # values per sample up to which an interval is BCa (its jackknife is n evaluations of n - 1)
 
 
 def scipy_stats():
-    from scipy import stats
+    """scipy.stats, imported at the first interval drawn rather than with this module."""
+    from scipy import stats  # ~0.5-0.8 s of a process's start, and most that import this module draw no interval
 
     return stats
 

@@ -350,6 +350,7 @@ def _command(kind: str, limits: Limits) -> list[str]:
     supervisor = [
         exe,
         "-I",
+        "-S",  # the standard library is all it needs: no site-packages' .pth hooks (~70 ms a start on some hosts)
         "-c",
         SUPERVISOR,
         str(limits.timeout_s),

@@ -39,14 +39,21 @@ def _filled(args: list[str]) -> list[str]:
 NOT_JOB = ("hydra.", "hydra/", "+hydra", "tracking.uri=", "rounds=", "busy_reruns=", "report_at_end=", "resume=")
 
 
+# every command the docs show, with where: the pages read once for every module's commands below
+SHOWN = [
+    (block.where, words)
+    for page in doccommands.pages()
+    for block in doccommands.blocks(page)
+    for words in doccommands.commands(block.text)
+]
+
+
 def _documented(module: str):
-    for page in doccommands.pages():
-        for block in doccommands.blocks(page):
-            for words in doccommands.commands(block.text):
-                args = doccommands.module_args(words, module)
-                if args is not None:  # every one, its placeholders filled in as a reader would
-                    args = _filled(args)
-                    yield pytest.param(block.where, args, id=f"{block.where}:{' '.join(args)[:60]}")
+    for where, words in SHOWN:
+        args = doccommands.module_args(words, module)
+        if args is not None:  # every one, its placeholders filled in as a reader would
+            args = _filled(args)
+            yield pytest.param(where, args, id=f"{where}:{' '.join(args)[:60]}")
 
 
 def _first_of_each_sweep(args: list[str]) -> list[str]:

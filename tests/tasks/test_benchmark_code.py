@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from src.data.corpus import humaneval_problems
 from src.tasks import sandbox
 from src.tasks.benchmark_code import STOP, StopAt, pass_at_k, program, score, truncate
-from tests.helpers import ROOT, run_cli, skip_without_bwrap, uncatalogued
+from tests.helpers import run_cli, skip_without_bwrap, uncatalogued
 
 needs_bwrap = skip_without_bwrap()
 LIMITS = sandbox.Limits(timeout_s=3.0, memory_mb=512)
@@ -194,23 +193,11 @@ def test_tiny_model_runs_the_task_end_to_end_with_and_without_a_draft(store, tmp
 
 
 def test_job_refuses_without_its_sandbox_before_loading_anything(store):
-    env = {"PATH": "/nonexistent"}  # no bwrap on the PATH (nor anything else the job would need later)
     t0 = time.monotonic()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "src.run",
-            "model=tiny-llama",
-            "task=benchmark_code",
-            "task.limit=1",
-            f"tracking.uri={store}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **env},
+    # no bwrap on the PATH (nor anything else the job would need later)
+    out = run_cli(
+        ["model=tiny-llama", "task=benchmark_code", "task.limit=1", f"tracking.uri={store}"],
+        env={"PATH": "/nonexistent"},
     )
     assert out.returncode != 0 and time.monotonic() - t0 < 60
     lines = [line for line in (out.stdout + out.stderr).splitlines() if "apt-get install bubblewrap" in line]
