@@ -96,7 +96,12 @@ class Page:
                 deviceScaleFactor=1,
                 mobile=False,
             )
-            self.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            # two frames drawn at that width before the shot
+            self.send(
+                "Runtime.evaluate",
+                expression="new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))",
+                awaitPromise=True,
+            )
         try:
             data = self.send("Page.captureScreenshot", format="png")["data"]
         finally:
