@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -312,6 +313,14 @@ def perplexity_by_engine(tmp_path: Path, engines: str, *overrides: str) -> dict[
         [client.get_experiment_by_name("quantspec").experiment_id], "tags.`quantspec.role` = 'job'"
     )
     return {r.data.tags["engine"]: r.data.metrics["perplexity"] for r in runs}
+
+
+def fp32_export(cache: Path, runtime: str) -> tuple[Path, dict]:
+    """The fp32 export a job on engine `runtime` made in `cache` (perplexity_by_engine's), and its manifest."""
+    from src.engine.runtimes import MANIFEST
+
+    (folder,) = (cache / runtime).glob("*-fp32*")
+    return folder, json.loads((folder / MANIFEST).read_text())
 
 
 def uncatalogued(store_uri: str, experiment: str = "quantspec") -> dict[str, list[str]]:

@@ -115,43 +115,49 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             "prefill_ms",
             "tokens_per_s",
         ]
+        # the grid drawn: its columns and every job's row
+        ready = " && ".join(
+            [f'{drawn}.includes("metrics.`decode_speedup`")']
+            + [f"document.body.innerText.includes({j.info.run_name!r})" for j in jobs]
+        )
+
+        def columns() -> list[str]:
+            """The columns drawn, left to right (MLflow names each header cell by its column), less the groups."""
+            named = [c.split("`")[1] if "`" in c else c for c in page.evaluate(drawn) if c]
+            return [c for c in named if not re.fullmatch(r"\d+(_\d+)?|metrics_\d+|tags_\d+", c)]
+
+        def keeps_its_view() -> bool:
+            """The address the page rewrote itself to: the view's, which survives a reload."""
+            return "#/experiments/" in page.evaluate("location.href") and "quantspec.shown" in page.evaluate(
+                "decodeURIComponent(location.href)"
+            )
+
         try:
             page.open(url)
-            page.wait_for(f'{drawn}.includes("metrics.`decode_speedup`")')
-            dom = page.evaluate("document.documentElement.outerHTML")
-            text = visible_text(dom)
-            assert "Runs - Experiment" in text, text[:1500]
-            # the columns drawn, left to right (MLflow names each header cell by its column)
-            columns = [
-                c.split("`")[1] if "`" in c else c for c in re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', dom)
-            ]
-            columns = [c for c in columns if not re.fullmatch(r"\d+(_\d+)?|metrics_\d+|tags_\d+", c)]  # column groups
-            assert [c for c in columns if c in wanted] == wanted, columns
-            assert "Dataset" not in columns and "host_busy" not in columns  # the same on every row: no column
-            page.wait_for(" && ".join(f"document.body.innerText.includes({j.info.run_name!r})" for j in jobs))
+            page.wait_for(ready)
             text = visible_text(page.evaluate("document.documentElement.outerHTML"))
+            assert "Runs - Experiment" in text, text[:1500]
+            shown = columns()
+            assert [c for c in shown if c in wanted] == wanted, shown
+            assert "Dataset" not in shown and "host_busy" not in shown  # the same on every row: no column
             assert text.count("round 2") == 0 and all(j.info.run_name in text for j in jobs)
             assert f"{m['decode_ms_per_token']:g}" in text and f"{m['decode_speedup']:g}" in text
             # the description: the speedup and what ran, in the ~50 characters MLflow shows whatever the CPU's name
             note = w8a8.data.tags["mlflow.note.content"]
             assert re.match(r"[\d.]+× over fp32 \([\d.]+–[\d.]+×\) · w8a8 · no draft · host CPU \(", note), note
             assert note[:30] in text, text[text.find("Description") :][:1500]
-            assert "BUSY" not in note and "busy" not in columns  # busy_cores=64: nothing here was busy
+            assert "BUSY" not in note and "busy" not in shown  # busy_cores=64: nothing here was busy
             # the page as drawn (docs/concepts/mlflow-ui.md's screenshot), at the width a laptop shows it
             shot = SCREENSHOT if REFRESH_DOCS else tmp_path / SCREENSHOT.name
             page.screenshot(shot, width=1920)
             assert shot.stat().st_size > 20_000
             # the address the page rewrote itself to keeps the view through a reload (MLflow's share link alone
             # would not: src.tracking.view.view_app)
-            for _ in range(2):
-                page.reload()
-                page.wait_for(f'{drawn}.includes("metrics.`decode_speedup`")')
-                assert "#/experiments/" in page.evaluate("location.href") and "quantspec.shown" in page.evaluate(
-                    "decodeURIComponent(location.href)"
-                )
-                shown = [c.split("`")[1] if "`" in c else c for c in page.evaluate(drawn) if c]
-                shown = [c for c in shown if c in wanted]
-                assert shown == wanted, shown
+            assert keeps_its_view()
+            page.reload()
+            page.wait_for(ready)
+            assert keeps_its_view()
+            assert [c for c in columns() if c in wanted] == wanted, columns()
             # the chart view opens on the preset charts: time/token and speedup, per job and by precision
             page.open(
                 url.replace("quantspec/view/1/", "#/experiments/1/runs?viewStateShareKey=")

@@ -344,8 +344,8 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
     # figures and the summary: measured by now, so one record, one store call
     points = [(k, v, row.example) for row in result.rows if row.example not in logged for k, v in row.metrics().items()]
     for metric, values in result.series.items():  # per example, unless the task named its own prefix
-        name = metric if "/" in metric else EXAMPLE + metric
-        points += [(name, value, step) for step, value in enumerate(values, start=1)]
+        key = metric if "/" in metric else EXAMPLE + metric
+        points += [(key, value, step) for step, value in enumerate(values, start=1)]
     run.log_points([*points, *((k, v, 0) for k, v in result.summary.items())])
     if result.tags:
         run.set_tags(result.tags)

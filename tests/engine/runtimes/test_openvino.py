@@ -1,8 +1,6 @@
 """engine=openvino: OpenVINO runs the job's own weights, exported by optimum-intel (in its own
 environment) and compressed by NNCF at the precision, through the same tasks, timing and records."""
 
-import json
-
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -11,7 +9,7 @@ from src.engine.common import Sampling
 from src.engine.runtimes import openvino as ov
 from src.models.tiny import tiny_model
 from src.quality.scoring import torch_scorer
-from tests.helpers import fresh_cache, perplexity_by_engine, run_cli
+from tests.helpers import fp32_export, fresh_cache, perplexity_by_engine, run_cli
 
 pytestmark = pytest.mark.skipif(ov.available() is not None, reason=str(ov.available()))
 
@@ -28,8 +26,8 @@ def fp32_sweep(tmp_path_factory):
 def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(fp32_sweep):
     _, _, cache = fp32_sweep
     model, tok = tiny_model("llama")  # the weights the sweep's tiny-llama job exported
-    (folder,) = (cache / "openvino").glob("*-fp32")
-    want = json.loads((folder / "quantspec-export.json").read_text())["want"]
+    folder, manifest = fp32_export(cache, "openvino")
+    want = manifest["want"]
     assert want["precision"] == "fp32"
     engine = ov.OpenVINO(folder, (tok.eos_token_id,), f32=True)
     ids = tok("hello world", return_tensors="pt").input_ids

@@ -1,7 +1,6 @@
 """engine=ort_genai: ONNX Runtime GenAI runs the job's own weights, exported by its model builder at the
 precision, through the same tasks, timing and records as every engine; what it cannot run is a skip."""
 
-import json
 import shutil
 
 import pytest
@@ -11,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from src.engine.common import Sampling
 from src.engine.runtimes import ort_genai
 from src.models.tiny import tiny_model
-from tests.helpers import fresh_cache, perplexity_by_engine, run_cli
+from tests.helpers import fp32_export, fresh_cache, perplexity_by_engine, run_cli
 
 pytestmark = pytest.mark.skipif(ort_genai.available() is not None, reason=str(ort_genai.available()))
 
@@ -25,16 +24,10 @@ def fp32_sweep(tmp_path_factory):
     return perplexity_by_engine(tmp, "native,ort_genai"), tmp / "cache"
 
 
-def _fp32_export(cache):
-    """The fp32 export in `cache` and its manifest."""
-    (folder,) = (cache / "ort_genai").glob("*-fp32-cpu")
-    return folder, json.loads((folder / "quantspec-export.json").read_text())
-
-
 def test_the_export_greedy_decodes_as_torch_does_and_is_cached(fp32_sweep):
     _, cache = fp32_sweep
     model, tok = tiny_model("llama")  # the weights the sweep's tiny-llama job exported
-    folder, manifest = _fp32_export(cache)
+    folder, manifest = fp32_export(cache, "ort_genai")
     assert manifest["want"]["precision"] == "fp32" and (folder / "genai_config.json").is_file()
     assert manifest["files"]["model.onnx"]["size"] == (folder / "model.onnx").stat().st_size
     engine = ort_genai.OrtGenAI(folder, "cpu")
@@ -100,7 +93,7 @@ def test_perplexity_on_the_runtime_matches_torch_on_the_same_fp32_weights(fp32_s
 
 def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cleared(fp32_sweep, tmp_path, caplog):
     model, tok = tiny_model("llama")
-    built, manifest = _fp32_export(fp32_sweep[1])
+    built, manifest = fp32_export(fp32_sweep[1], "ort_genai")
     folder = tmp_path / "ort_genai" / built.name  # a copy of the sweep's export, damaged here
     shutil.copytree(built, folder)
     source = manifest["want"]["source"]
