@@ -26,7 +26,7 @@ from src.assembly.config import ConfigError, JobConfig
 from src.assembly.hardware import Placement
 from src.common import environment
 from src.data.corpus import Corpus, TextInput
-from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes
+from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes, static
 from src.engine.runtimes.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
@@ -226,9 +226,19 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     model = _place(cfg, model, placement, gemv, recorder)
     if placement.device == "cpu":  # before anything is timed: the weights' pages as a step streams them
         recorder.log_params({"executed.huge_pages": hugepages.back_with_huge_pages(model)})
-    plain = engine_for(cfg.engine.kind, cfg.engine.step_path)
+    plain = engine_for(cfg.engine.kind, cfg.engine.step_path, compile=cfg.engine.compile)
     if cfg.engine.kind == "native":  # what the step path covers, said (and the C++ step built) before timing
-        recorder.log_params({"executed.step_path": native.executed_path(model, cfg.engine.step_path)})
+        executed = native.executed_path(model, cfg.engine.step_path)
+        if cfg.engine.compile and executed != "static":
+            raise ConfigError(
+                f"engine.compile=true compiles the static step, and this job's step path is {executed}: "
+                "add engine.step_path=static"
+            )
+        recorder.log_params({"executed.step_path": executed})
+        if executed == "static":  # how its steps run: eager, a CUDA graph per draft length, or compiled
+            recorder.log_params(
+                {"executed.capture": static.capture_mode(torch.device(placement.device), cfg.engine.compile)}
+            )
         cstep.adapt_threads(model, cfg.engine.adapt_threads)
     drafter = _prepare_draft(cfg, loaded, corpus, placement, gemv, recorder) if cfg.draft.active else None
     engine = (
@@ -238,6 +248,7 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
             cfg.engine.kind,
             cfg.engine.step_path,
             drafter,
+            compile=cfg.engine.compile,
             k=cfg.draft.k,
             schedule=cfg.draft.schedule,
             k_max=cfg.draft.k_max,
@@ -313,7 +324,7 @@ def _draft_model(cfg, loaded, corpus, placement, gemv: bool, recorder) -> ModelD
     model = _place(cfg, model, placement, gemv)
     if placement.device == "cpu":
         recorder.log_params({"executed.draft_huge_pages": hugepages.back_with_huge_pages(model)})
-    return ModelDrafter(model, path=cfg.engine.step_path)
+    return ModelDrafter(model, path=cfg.engine.step_path, compile=cfg.engine.compile)
 
 
 # draft.kind -> what builds its drafter for a job (src.engine.speculative.DRAFTERS registers the kinds)

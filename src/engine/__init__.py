@@ -19,16 +19,17 @@ from src.engine.config import ENGINES, STEP_PATHS
 GENERATE = {kind: importlib.import_module(ENGINES[kind].MODULE).generate for kind in ENGINES.names}
 
 
-def engine_for(kind: str, step_path: str = "transformers", drafter=None, **draft):
+def engine_for(kind: str, step_path: str = "transformers", drafter=None, compile: bool = False, **draft):
     """The engine function a task calls: (model, ids, max_new_tokens, exact, sampling, pad) -> Generation.
-    native steps through the C++ step or the lean layer loop when asked (engine.step_path); with a drafter
-    it decodes speculatively (`draft`: k, schedule, k_max)."""
+    native steps through the C++ step, the lean layer loop or the static step when asked (engine.step_path;
+    `compile`: engine.compile, the static step's); with a drafter it decodes speculatively (`draft`: k,
+    schedule, k_max)."""
     path = step_path if kind == "native" else "transformers"
     if drafter is not None:
         if kind != "native":
             raise ValueError("speculative decoding runs on the native engine")
-        return partial(speculative.generate, drafter=drafter, path=path, **draft)
-    return partial(native.generate, path=path) if path != "transformers" else GENERATE[kind]
+        return partial(speculative.generate, drafter=drafter, path=path, compile=compile, **draft)
+    return partial(native.generate, path=path, compile=compile) if path != "transformers" else GENERATE[kind]
 
 
 __all__ = ["ENGINES", "GENERATE", "STEP_PATHS", "Generation", "Sampling", "engine_for"]

@@ -22,7 +22,7 @@ KERNEL_CHOICES = ("quantspec", "aten")
 # name forces one, refused in one line where the CPU lacks it.
 
 ISA_CHOICES = ("auto", *kernel_variants.NAMES)
-STEP_PATHS = ("quantspec", "python", "transformers")
+STEP_PATHS = ("quantspec", "python", "static", "transformers")
 
 
 MIN_TEMPERATURE = 1e-3
@@ -41,6 +41,7 @@ class EngineConfig:
     step_path: str  # quantspec: C++ steps (src.engine.cstep), else python's lean loop (src.engine.fastpath)
     isa: str = "auto"  # which variant of src/kernels runs (engine.kernels=quantspec)
     adapt_threads: bool = True  # the C++ step picks its thread count per call by measurement (step.cpp)
+    compile: bool = False  # the static step through torch.compile (src.engine.static.Runner)
     module: ClassVar[None] = None  # not another runtime
 
     @property

@@ -28,12 +28,15 @@ ROWS = {
     W4A16Gemv: ("w4", "w4_scale", "w4_offset"),
     W4A8Gemv: ("w4", "w4_scale", "w4_offset"),
 }
+# Plain float linears fuse too where a step asks (src.engine.static: on a GPU one launch instead of three);
+# the Python step path keeps them apart, as measured.
+PLAIN = {nn.Linear: ("weight",)}
 ALIGN = 64  # bytes: ATen's int8 kernel needs its weight 64-byte aligned (src.quant.linear._owned)
 
 
-def _fusable(parts: list[nn.Module]) -> bool:
+def _fusable(parts: list[nn.Module], rows: dict) -> bool:
     kind = type(parts[0])
-    if kind not in ROWS or any(type(p) is not kind for p in parts) or len(parts) < 2:
+    if kind not in rows or any(type(p) is not kind for p in parts) or len(parts) < 2:
         return False
     if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
         return False
@@ -41,21 +44,21 @@ def _fusable(parts: list[nn.Module]) -> bool:
         return False
     # Each part must start where the kernels' blocks of 4 do, and its views stay aligned.
     offsets = [sum(p.out_features for p in parts[:i]) for i in range(len(parts))]
-    matrices = [getattr(parts[0], name) for name in ROWS[kind] if getattr(parts[0], name).dim() == 2]
+    matrices = [getattr(parts[0], name) for name in rows[kind] if getattr(parts[0], name).dim() == 2]
     return all(o % 4 == 0 for o in offsets) and all(
         o * m.stride(0) * m.element_size() % ALIGN == 0 for m in matrices for o in offsets
     )
 
 
-def fuse(parts: list[nn.Module]) -> nn.Module | None:
+def fuse(parts: list[nn.Module], rows: dict = ROWS) -> nn.Module | None:
     """One module computing the parts' outputs side by side, or None where they cannot share a call.
-    The parts' tensors become views of the fused module's."""
-    if not _fusable(parts):
+    The parts' tensors become views of the fused module's. `rows`: the kinds that may fuse."""
+    if not _fusable(parts, rows):
         return None
     fused = copy.copy(parts[0])
     fused._parameters, fused._buffers = dict(fused._parameters), dict(fused._buffers)
     fused.out_features = sum(p.out_features for p in parts)
-    names = ROWS[type(parts[0])] + (("bias",) if parts[0].bias is not None else ())
+    names = rows[type(parts[0])] + (("bias",) if parts[0].bias is not None else ())
     for name in names:
         whole = torch.cat([getattr(p, name).detach() for p in parts])
         setattr(
@@ -74,15 +77,17 @@ def fuse(parts: list[nn.Module]) -> nn.Module | None:
 
 
 class Projection:
-    """Linears over one input, called as one: consecutive parts that fuse share a kernel call."""
+    """Linears over one input, called as one: consecutive parts that fuse share a kernel call (`plain`: float
+    nn.Linears too)."""
 
-    def __init__(self, linears: list[nn.Module]):
+    def __init__(self, linears: list[nn.Module], plain: bool = False):
+        rows = {**ROWS, **PLAIN} if plain else ROWS
         self.calls: list[tuple[nn.Module, list[int]]] = []
         i = 0
         while i < len(linears):
             # the longest run from i that fuses (q/k/v together, or q/k with v apart under w4a16 and w4a8)
             for j in range(len(linears), i + 1, -1):
-                fused = fuse(linears[i:j])
+                fused = fuse(linears[i:j], rows)
                 if fused is not None:
                     self.calls.append((fused, [p.out_features for p in linears[i:j]]))
                     i = j

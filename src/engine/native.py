@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from src.engine import cstep, fastpath
+from src.engine import cstep, fastpath, static
 from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
 from src.engine.kvcache import growing_cache
 from src.kernels import MAX_ROWS
@@ -90,6 +90,21 @@ class Decoder:
         return self.own.size() if self.own is not None else self.cache.get_seq_length()
 
 
+def resolved(model, path: str) -> str:
+    """engine.step_path as this model runs it: quantspec off the CPU is the static step (the C++ step is a CPU
+    step, and the Python loop's ~40 launches a layer leave a GPU waiting on the host), where it serves the
+    family."""
+    if path == "quantspec" and model.device.type != "cpu" and static.for_model(model) is not None:
+        return "static"
+    return path
+
+
+def decoder(model, path: str, reserve: int = 0, compile: bool = False):
+    """The Decoder for engine.step_path=`path`: the static step's (src.engine.static) or this module's."""
+    path = resolved(model, path)
+    return static.Decoder(model, reserve, compile) if path == "static" else Decoder(model, path)
+
+
 def _steps(model, path: str):
     """(the C++ step, the Python loop) a Decoder with engine.step_path=`path` uses for this model: at most
     one of them, None where neither covers it."""
@@ -100,7 +115,11 @@ def _steps(model, path: str):
 
 def executed_path(model, path: str) -> str:
     """The step path a Decoder with engine.step_path=`path` runs for this model (param
-    executed.step_path): quantspec where the C++ step covers it, python where the Python loop does."""
+    executed.step_path): quantspec where the C++ step covers it, python where the Python loop does, static
+    where the static step runs (asked, or quantspec's choice off the CPU)."""
+    path = resolved(model, path)
+    if path == "static":
+        return "static" if static.for_model(model) is not None else "transformers"
     compiled, fast = _steps(model, path)
     return "quantspec" if compiled is not None else "python" if fast is not None else "transformers"
 
@@ -115,10 +134,13 @@ def generate(
     pad_token_id: int | None,
     path: str = "transformers",
     stop: Callable[[list[int]], bool] | None = None,
+    compile: bool = False,
 ) -> Generation:
     """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does;
-    `path` is engine.step_path (see Decoder); `stop`, given
-    the new tokens so far, ends the generation when true (a task's stop sequences)."""
+    `path` is engine.step_path (see Decoder; static: src.engine.static's loop, `compile` its engine.compile);
+    `stop`, given the new tokens so far, ends the generation when true (a task's stop sequences)."""
+    if executed_path(model, path) == "static":
+        return static.generate(model, input_ids, max_new_tokens, exact, sampling, pad_token_id, stop, compile)
     eos, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from src.engine.common import Generation, Sampling, eos_ban, eos_ids, probabilities
-from src.engine.native import Decoder
+from src.engine.native import decoder
 
 # A draft proposal: (tokens, the draft's distribution for each or None when it is a point mass)
 Proposal = tuple[list[int], list[torch.Tensor | None]]
@@ -53,12 +53,12 @@ class PromptLookup:
 class ModelDrafter:
     """A draft model decoding over its own cache, kept in step with the accepted context."""
 
-    def __init__(self, model, path: str = "transformers"):
-        self.model, self.path = model, path  # engine.step_path
+    def __init__(self, model, path: str = "transformers", compile: bool = False):
+        self.model, self.path, self.compile = model, path, compile  # engine.step_path, engine.compile
         self.start()
 
     def start(self) -> None:
-        self.decoder = Decoder(self.model, self.path)
+        self.decoder = decoder(self.model, self.path, compile=self.compile)
         self.fed = 0  # context tokens in the draft cache
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
@@ -197,6 +197,7 @@ def generate(
     k_max: int = 8,
     path: str = "transformers",
     stop: Callable[[list[int]], bool] | None = None,
+    compile: bool = False,
 ) -> Generation:
     """One prompt with a drafter; the same call shape as the other engines. Greedy output equals the
     target's greedy output; sampled output follows the target's distribution. Stats in `.spec`."""
@@ -214,7 +215,7 @@ def generate(
         return sample(logits)[0]
 
     stats, plan = SpecStats(), Schedule(k, schedule, k_max)
-    target = Decoder(model, path)
+    target = decoder(model, path, reserve=max_new_tokens + k_max + 1, compile=compile)
     drafter.start()
     prompt = input_ids[0].tolist()
     start = time.perf_counter()

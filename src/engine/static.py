@@ -1,0 +1,492 @@
+"""A decode step whose shapes never change (engine.step_path=static): the same on any device.
+
+The other step paths grow the KV cache a position a step and read the sequence length as a Python int,
+so every step is a new shape: a CUDA graph cannot be replayed, torch.compile would recompile at every
+position, and an attention backend that plans per shape plans every step. Here:
+
+- the cache is one buffer per layer, sized to the run (prompt + new tokens + draft, rounded up to
+  ROUND), written in place at a position tensor (index_copy_);
+- a step is a pure tensor function `(ids [1, k], pos [k]) -> logits [k, V]`: rotary angles gathered
+  from a table by position, attention over the whole buffer with a mask made from the positions
+  (causality, and each sliding layer's window), q/k/v and gate/up as one linear each (fused once at
+  load, src.engine.fused), RMSNorm through F.rms_norm. No `.item()`, no Python int read from a tensor;
+- a rejected draft is rolled back by moving the position: the rows past it are masked until rewritten.
+
+So one shape per k, and `Static.capture` records it once: a CUDA graph replayed per token where the
+device has graphs, torch.compile (engine.compile) where asked, the eager step otherwise. The greedy loop
+(`generate`) keeps the next token on the device (argmax over logits plus the end-of-sequence ban as a
+bias) and reads it back once per token, for the stop check.
+
+It serves the native engine's families: Gemma 3 text models, Llama and Qwen2, OPT with layer norm first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from src.engine.common import Generation, Sampling, eos_ids, probabilities
+from src.engine.fused import Projection
+
+ROUND = 64  # cache positions are allocated in blocks of this many (a graph per k, not per length)
+
+
+class Cache:
+    """Keys and values [1, kv_heads, capacity, head_dim] per layer, and how many positions hold the sequence."""
+
+    def __init__(self, shapes: list[tuple[int, int]], capacity: int, dtype: torch.dtype, device):
+        capacity = -(-capacity // ROUND) * ROUND
+        self.keys = [torch.zeros(1, h, capacity, d, dtype=dtype, device=device) for h, d in shapes]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.length = 0  # positions written and kept (the host's count: never read from a tensor)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def grow(self, needed: int) -> bool:
+        """Room for `needed` positions, reallocating (and copying) where there is none; True if it moved."""
+        if needed <= self.capacity:
+            return False
+        capacity = -(-max(needed, 2 * self.capacity) // ROUND) * ROUND
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                new = old.new_zeros(*old.shape[:2], capacity, old.shape[3])
+                new[:, :, : old.shape[2]].copy_(old)
+                buffers[i] = new
+        return True
+
+
+def _rms(norm: nn.Module, gemma: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """transformers' RMSNorm (or src.kernels' fused one) as F.rms_norm over float32, as transformers rounds:
+    Gemma scales by (1 + w) before the cast back, Llama/Qwen2 by w after it."""
+    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
+    shape = (norm.weight.shape[-1],)
+    if gemma:
+        scale = 1.0 + norm.weight.detach().float()
+        return lambda x: (F.rms_norm(x.float(), shape, eps=eps) * scale).to(x.dtype)
+    weight = norm.weight.detach()
+    return lambda x: weight * F.rms_norm(x.float(), shape, eps=eps).to(x.dtype)
+
+
+def _linears(parts: list[nn.Module]) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """Linears over one input as one call: float nn.Linears concatenated into one weight (the parts' weights
+    become its views, nothing held twice), the kinds src.engine.fused knows fused as it fuses them."""
+    return Projection(parts, plain=True)
+
+
+class Step:
+    """A family's pure step over a Cache's buffers. Subclasses say how tokens become hidden states, what a
+    layer does and how the head ends; the masks and the attention are shared."""
+
+    gemma = False
+
+    def __init__(self, model, head_dim: int, scaling: float, layer_types: list[str], window: int | None):
+        self.model, self.head_dim, self.scaling = model, head_dim, scaling
+        self.types, self.window = layer_types, window
+        weight = model.get_input_embeddings().weight
+        self.dtype, self.device = weight.dtype, weight.device
+
+    def shapes(self) -> list[tuple[int, int]]:
+        cfg = self.model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        return [(heads, self.head_dim)] * len(self.types)
+
+    def new_cache(self, capacity: int) -> Cache:
+        return Cache(self.shapes(), capacity, self.dtype, self.device)
+
+    def masks(self, pos: torch.Tensor, capacity: int) -> dict[str, torch.Tensor]:
+        """[k, capacity] bool per layer type: query at position p sees key j when j <= p (and, in a sliding
+        layer, p - j < window: transformers' sliding mask)."""
+        keys = torch.arange(capacity, device=pos.device)[None, :]
+        seen = keys <= pos[:, None]
+        out = {"full_attention": seen}
+        if self.window is not None:
+            out["sliding_attention"] = seen & (pos[:, None] - keys < self.window)
+        return out
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(1, x.shape[1], -1, self.head_dim).transpose(1, 2)
+
+    def attend(self, i: int, q, key, value, pos, mask, cache_k, cache_v) -> torch.Tensor:
+        """Write this step's keys and values at `pos`, attend over the whole buffer under `mask`:
+        [1, heads, k, head_dim] -> [1, k, heads * head_dim]."""
+        cache_k.index_copy_(2, pos, key)
+        cache_v.index_copy_(2, pos, value)
+        out = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
+        return out.transpose(1, 2).reshape(1, q.shape[2], -1)
+
+    def rotaries(self) -> list[Rotary]:
+        return []
+
+    def __call__(self, ids: torch.Tensor, pos: torch.Tensor, keys: list, values: list) -> torch.Tensor:
+        """ids [1, k], pos [k] (the positions they take) -> logits [k, V]; the cache written in place."""
+        masks = self.masks(pos, keys[0].shape[2])
+        h = self.embed(ids, pos)
+        for i in range(len(self.types)):
+            h = self.layer(i, h, pos, masks[self.types[i]], keys[i], values[i])
+        return self.head(h)[0]
+
+
+class Rotary:
+    """cos and sin tables [positions, head_dim] from the model's own rotary embedding (its arithmetic, in
+    its dtype), sin's first half negated so that rotate_half is a roll: x * cos + roll(x) * sin."""
+
+    def __init__(self, make: Callable[[torch.Tensor, torch.Tensor], tuple], positions: int, dtype, device):
+        self.make, self.dtype, self.device = make, dtype, device
+        self.cos = self.sin = torch.empty(0, device=device)
+        self.cover(positions)
+
+    def cover(self, positions: int) -> None:
+        """Tables for at least `positions` (rebuilt at the cache's capacity when it grows)."""
+        if positions <= self.cos.shape[0]:
+            return
+        probe = torch.empty(1, 1, 1, dtype=self.dtype, device=self.device)
+        cos, sin = self.make(probe, torch.arange(positions, device=self.device)[None])
+        half = sin.shape[-1] // 2
+        self.cos, self.sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+
+    def __call__(self, q: torch.Tensor, key: torch.Tensor, pos: torch.Tensor):
+        cos, sin = self.cos[pos][None, None], self.sin[pos][None, None]
+        half = q.shape[-1] // 2
+        return q * cos + q.roll(half, -1) * sin, key * cos + key.roll(half, -1) * sin
+
+
+class LlamaStep(Step):
+    """LlamaForCausalLM and Qwen2ForCausalLM (Qwen2's q/k/v biases live in its linears)."""
+
+    FAMILIES = ("llama", "qwen2")
+
+    def __init__(self, model, positions: int):
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
+        window = cfg.sliding_window if "sliding_attention" in types else None
+        super().__init__(model, head_dim, head_dim**-0.5, types, window)
+        base = model.model
+        self.layers = list(base.layers)
+        self.attn_in = [_linears([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)]
+        self.mlp_in = [_linears([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
+        self.norms = [(_rms(x.input_layernorm, False), _rms(x.post_attention_layernorm, False)) for x in self.layers]
+        self.final = _rms(base.norm, False)
+        self.rotary = Rotary(base.rotary_emb, positions, self.dtype, self.device)
+
+    @staticmethod
+    def supports(model) -> bool:
+        return model.config.model_type in LlamaStep.FAMILIES
+
+    def rotaries(self) -> list[Rotary]:
+        return [self.rotary]
+
+    def embed(self, ids, pos):
+        return self.model.model.embed_tokens(ids)
+
+    def layer(self, i, h, pos, mask, cache_k, cache_v):
+        layer, (pre, post) = self.layers[i], self.norms[i]
+        q, key, value = self.attn_in[i](pre(h))
+        q, key = self.rotary(self.heads(q), self.heads(key), pos)
+        h = h + layer.self_attn.o_proj(self.attend(i, q, key, self.heads(value), pos, mask, cache_k, cache_v))
+        gate, up = self.mlp_in[i](post(h))
+        return h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+
+    def head(self, h):
+        return self.model.lm_head(self.final(h))
+
+
+class GemmaStep(Step):
+    """Gemma3ForCausalLM: sandwich norms, q/k norms, sliding and global layers (each its rotary table), a
+    soft-capped head."""
+
+    gemma = True
+
+    def __init__(self, model, positions: int):
+        cfg = model.config
+        types = list(cfg.layer_types)
+        window = cfg.sliding_window if "sliding_attention" in types else None
+        super().__init__(model, cfg.head_dim, cfg.query_pre_attn_scalar**-0.5, types, window)
+        base = model.model
+        self.layers = list(base.layers)
+        self.attn_in = [_linears([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)]
+        self.mlp_in = [_linears([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
+        names = (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        )
+        self.norms = [[_rms(getattr(x, n), True) for n in names] for x in self.layers]
+        self.qk_norms = [(_rms(x.self_attn.q_norm, True), _rms(x.self_attn.k_norm, True)) for x in self.layers]
+        self.final = _rms(base.norm, True)
+        self.rotary = {
+            t: Rotary(lambda x, p, t=t: base.rotary_emb(x, p, t), positions, self.dtype, self.device)
+            for t in set(types)
+        }
+        self.softcap = cfg.final_logit_softcapping
+
+    @staticmethod
+    def supports(model) -> bool:
+        cfg = model.config
+        return (
+            cfg.model_type == "gemma3_text"
+            and cfg.attn_logit_softcapping is None
+            and not cfg.use_bidirectional_attention
+        )
+
+    def rotaries(self) -> list[Rotary]:
+        return list(self.rotary.values())
+
+    def embed(self, ids, pos):
+        return self.model.model.embed_tokens(ids)  # Gemma's embedding multiplies by its scale itself
+
+    def layer(self, i, h, pos, mask, cache_k, cache_v):
+        layer, (pre, post, pre_ff, post_ff), (qn, kn) = self.layers[i], self.norms[i], self.qk_norms[i]
+        q, key, value = self.attn_in[i](pre(h))
+        q, key = self.rotary[self.types[i]](qn(self.heads(q)), kn(self.heads(key)), pos)
+        out = layer.self_attn.o_proj(self.attend(i, q, key, self.heads(value), pos, mask, cache_k, cache_v))
+        h = h + post(out)
+        gate, up = self.mlp_in[i](pre_ff(h))
+        return h + post_ff(layer.mlp.down_proj(layer.mlp.act_fn(gate) * up))
+
+    def head(self, h):
+        logits = self.model.lm_head(self.final(h))
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
+
+
+class OptStep(Step):
+    """OPTForCausalLM with layer norm before attention: learned positions (offset 2, as OPT's embedding adds),
+    q scaled before attention, a ReLU MLP."""
+
+    def __init__(self, model, positions: int):
+        cfg = model.config
+        super().__init__(
+            model, cfg.hidden_size // cfg.num_attention_heads, 1.0, ["full_attention"] * cfg.num_hidden_layers, None
+        )
+        self.decoder = model.model.decoder
+        self.layers = list(self.decoder.layers)
+        self.kv_in = [_linears([x.self_attn.k_proj, x.self_attn.v_proj]) for x in self.layers]
+
+    @staticmethod
+    def supports(model) -> bool:
+        return model.config.model_type == "opt" and model.config.do_layer_norm_before
+
+    def embed(self, ids, pos):
+        dec = self.decoder
+        h = dec.embed_tokens(ids)
+        if dec.project_in is not None:
+            h = dec.project_in(h)
+        return h + F.embedding(pos[None] + dec.embed_positions.offset, dec.embed_positions.weight)
+
+    def layer(self, i, h, pos, mask, cache_k, cache_v):
+        layer = self.layers[i]
+        attn = layer.self_attn
+        x = layer.self_attn_layer_norm(h)
+        q = self.heads(attn.q_proj(x) * attn.scaling)
+        key, value = self.kv_in[i](x)
+        h = h + attn.out_proj(self.attend(i, q, self.heads(key), self.heads(value), pos, mask, cache_k, cache_v))
+        return h + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(h))))
+
+    def head(self, h):
+        dec = self.decoder
+        if dec.final_layer_norm is not None:
+            h = dec.final_layer_norm(h)
+        if dec.project_out is not None:
+            h = dec.project_out(h)
+        return self.model.lm_head(h)
+
+
+FAMILIES = (GemmaStep, LlamaStep, OptStep)
+FIRST_POSITIONS = 1024  # rotary positions tabulated at first; a longer cache extends the tables
+
+
+def for_model(model) -> Step | None:
+    """The static step for this model (built once and kept on it: building fuses its linears), or None for a
+    family it does not serve."""
+    step = model.__dict__.get("_quantspec_static")
+    if step is None:
+        family = next((f for f in FAMILIES if f.supports(model)), None)
+        step = family(model, FIRST_POSITIONS) if family else False
+        model.__dict__["_quantspec_static"] = step
+    return step or None
+
+
+def _greedy(logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The next token [1] from the last row of logits, on the device: argmax over float32 (as generate
+    does) plus the ban (0, or -inf at end-of-sequence while `exact`)."""
+    return (logits[-1].float() + bias).argmax(-1, keepdim=True)
+
+
+def _draw(logits: torch.Tensor, bias: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> torch.Tensor:
+    """A seeded draw [1] on the device with no host read: argmax of p / E, E ~ Exp(1), picks token i with
+    probability p_i (the exponential race, as gpt-fast samples)."""
+    p = probabilities(logits[-1:] + bias, sampling)[0]
+    return (p / torch.empty_like(p).exponential_(generator=generator)).argmax(-1, keepdim=True)
+
+
+class Runner:
+    """How a step of k tokens runs: eager; a CUDA graph per k captured at its first call and replayed after
+    (`graph`: the same kernels on the same buffers, so bit for bit the eager step); or torch.compile
+    (`compile`: fullgraph, no dynamic shapes; reduce-overhead, graphs of its own, on CUDA). Inputs are
+    copied into buffers the capture owns; a Cache that grows invalidates what was captured."""
+
+    MAX_CAPTURED = 16  # longer calls (prefills) run eager: one shape each, not worth a graph
+
+    def __init__(self, fn: Callable, mode: str, device: torch.device, backend: str | None = None):
+        self.fn, self.mode, self.device = fn, mode, device
+        if mode == "compile":
+            options = {"fullgraph": True, "dynamic": False}
+            if backend is not None:
+                options["backend"] = backend
+            elif device.type == "cuda":
+                options["mode"] = "reduce-overhead"
+            self.compiled = torch.compile(fn, **options)
+        self.graphs: dict[int, tuple] = {}
+
+    def reset(self) -> None:
+        self.graphs.clear()
+
+    def __call__(self, *inputs: torch.Tensor):
+        k = inputs[0].shape[-1]
+        if self.mode == "eager" or k > self.MAX_CAPTURED:
+            return self.fn(*inputs)
+        if self.mode == "compile":
+            return self.compiled(*inputs)
+        if k not in self.graphs:
+            self.graphs[k] = self._capture(inputs)
+        graph, buffers, out = self.graphs[k]
+        for buffer, value in zip(buffers, inputs):
+            if buffer is not value:
+                buffer.copy_(value)
+        graph.replay()
+        return out
+
+    def _capture(self, inputs: tuple[torch.Tensor, ...]) -> tuple:
+        """torch's recipe: warm up on a side stream (allocator pools, lazy inits), then record one call. The
+        warm-up calls write the cache at the inputs' positions, which the recorded call writes again."""
+        buffers = tuple(t.clone() for t in inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.fn(*buffers)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self.fn(*buffers)
+        return graph, buffers, out
+
+
+def capture_mode(device: torch.device, compile: bool) -> str:
+    """compile where asked (engine.compile), a CUDA graph where the device has them, else eager."""
+    return "compile" if compile else "graph" if device.type == "cuda" else "eager"
+
+
+class Decoder:
+    """native.Decoder's interface (prefill, step, verify, rollback, length) over the static step: the
+    speculative loop and a model drafter run on it unchanged. Each call returns logits; `next_token` is
+    the greedy loop's step, its token left on the device."""
+
+    def __init__(self, model, reserve: int = 0, compile: bool = False, backend: str | None = None):
+        self.model, self.reserve = model, reserve
+        self.step_fn = for_model(model)
+        if self.step_fn is None:
+            raise ValueError(f"the static step does not serve {model.config.model_type} models")
+        device = self.step_fn.device
+        self.mode = capture_mode(device, compile)
+        self.cache: Cache | None = None
+        self.tables: tuple[int, ...] = ()  # where the rotary tables were when the graphs were captured
+        self.logits = Runner(self._logits, self.mode, device, backend)
+        self.greedy = Runner(self._next, self.mode, device, backend)
+        self.bias = torch.zeros(model.config.get_text_config().vocab_size, device=device)
+
+    def _logits(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self.step_fn(ids, pos, self.cache.keys, self.cache.values)
+
+    def _next(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One token's step straight to the next token."""
+        return _greedy(self._logits(ids, pos), self.bias)
+
+    def _positions(self, k: int) -> torch.Tensor:
+        """The next k positions, room made for them; the host's count moves past them."""
+        start = 0 if self.cache is None else self.cache.length
+        if self.cache is None:
+            self.cache = self.step_fn.new_cache(start + k + self.reserve)
+        elif self.cache.grow(start + k):
+            self.logits.reset()
+            self.greedy.reset()
+        for rotary in self.step_fn.rotaries():
+            rotary.cover(self.cache.capacity)
+        tables = tuple(r.cos.data_ptr() for r in self.step_fn.rotaries())
+        if tables != self.tables:  # rebuilt (this or another decoder of the model outgrew them): recapture
+            self.logits.reset()
+            self.greedy.reset()
+            self.tables = tables
+        self.cache.length = start + k
+        return torch.arange(start, start + k, device=self.step_fn.device)
+
+    def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
+        out = self.logits(ids, self._positions(ids.shape[1]))
+        return out[-keep:].clone() if self.mode != "eager" else out[-keep:]  # a replayed graph reuses its output
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        return self._forward(prompt_ids.to(self.step_fn.device), 1)[-1]
+
+    def step(self, token: int) -> torch.Tensor:
+        return self._forward(torch.tensor([[token]], device=self.step_fn.device), 1)[-1]
+
+    def verify(self, tokens: list[int]) -> torch.Tensor:
+        return self._forward(torch.tensor([tokens], device=self.step_fn.device), len(tokens))
+
+    def next_token(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [1, 1] on the device -> the greedy next token [1] on the device; nothing read by the host."""
+        return self.greedy(ids, self._positions(1))
+
+    def greedy_step(self, token: int, banned: torch.Tensor) -> None:
+        return None  # native.Decoder's C++ shortcut: the static step has next_token instead
+
+    def rollback(self, n: int) -> None:
+        """Drop the last n positions: masked from here on, overwritten by the next writes."""
+        self.cache.length -= n
+
+    @property
+    def length(self) -> int:
+        return 0 if self.cache is None else self.cache.length
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    exact: bool,
+    sampling: Sampling,
+    pad_token_id: int | None,
+    stop: Callable[[list[int]], bool] | None = None,
+    compile: bool = False,
+    backend: str | None = None,
+) -> Generation:
+    """native.generate's loop on the static step: the next token chosen on the device and read back once per
+    token (the stop check needs it); that read waits for the step, so perf_counter after it times the
+    device's work too."""
+    decoder = Decoder(model, reserve=max_new_tokens, compile=compile, backend=backend)
+    device, eos = decoder.step_fn.device, eos_ids(model)
+    if exact and eos:
+        decoder.bias[sorted(eos)] = float("-inf")  # as eos_ban does: min_new_tokens' rule
+    generator = torch.Generator(device).manual_seed(sampling.seed) if sampling.do_sample else None
+    start = time.perf_counter()
+    logits = decoder.prefill(input_ids)
+    nxt = _draw(logits[None], decoder.bias, sampling, generator) if generator else _greedy(logits[None], decoder.bias)
+    token = int(nxt)
+    tokens, times = [token], [time.perf_counter()]
+    while len(tokens) < max_new_tokens and token not in eos and not (stop and stop(tokens)):
+        if generator is None:
+            nxt = decoder.next_token(nxt.view(1, 1))  # fed back on the device: no host copy
+        else:  # sampling draws from a device generator, eager (a graph would replay one draw)
+            nxt = _draw(decoder.step(token)[None], decoder.bias, sampling, generator)
+        token = int(nxt)  # the one read a token: the stop check needs it
+        tokens.append(token)
+        times.append(time.perf_counter())
+    return Generation(input_ids.shape[1], tokens, start, times, time.perf_counter())
