@@ -222,7 +222,9 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
         engine = Isolated(make, getattr(other, "TITLE", cfg.engine.name), getattr(other, "crash_hint", lambda: ""))
         return Job(cfg, placement, env, loaded, loaded.model, corpus, engine, None, {}, recorder)
     gemv = _kernels(cfg, placement, recorder)  # chosen once: quantized modules are built for it
-    model, quant_metrics = _prepare_precision(cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv)
+    model, quant_metrics = _prepare_precision(
+        cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv, placement.device
+    )
     model = _place(cfg, model, placement, gemv, recorder)
     if placement.device == "cpu":  # before anything is timed: the weights' pages as a step streams them
         recorder.log_params({"executed.huge_pages": hugepages.back_with_huge_pages(model)})
@@ -314,7 +316,7 @@ def _draft_model(cfg, loaded, corpus, placement, gemv: bool, recorder) -> ModelD
         )
     recorder.log_metrics({"draft_model_load_s": draft_loaded.load_s})
     model, _ = _prepare_precision(
-        cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, recorder, gemv, "draft_"
+        cfg.draft_model, cfg.draft_precision, cfg, draft_loaded, corpus, recorder, gemv, placement.device, "draft_"
     )
     if cfg.draft.vocab:
         kept = cut_head(
@@ -388,11 +390,12 @@ def _place(cfg, model, placement, gemv: bool, recorder=None):
     return model
 
 
-def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv: bool, prefix: str = ""):
+def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv: bool, device: str, prefix: str = ""):
     """Cast to the precision's dtype, quantizing first (from the cache when it holds this key).
-    Returns the model and the quantization step's metrics (empty for a float precision). `prefix`
-    names a draft's metrics and tags apart from the target's."""
-    model, report = prepare(loaded, model_cfg, precision, corpus.reader("calibration"), cfg.cache_dir, gemv)
+    Returns the model and the quantization step's metrics (empty for a float precision); quantized modules
+    are built on `device` (the placement's). `prefix` names a draft's metrics and tags apart from the
+    target's."""
+    model, report = prepare(loaded, model_cfg, precision, corpus.reader("calibration"), cfg.cache_dir, gemv, device)
     if report is None:
         return model, {}
     log.info(
@@ -404,7 +407,7 @@ def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv
         report.cache_dir,
     )
     metrics = {prefix + k: v for k, v in report.metrics().items()}
-    if w8a8_linears(model):  # their many-row path: whichever this host runs faster
+    if w8a8_linears(model) and device == "cpu":  # their many-row path: whichever this host runs faster
         path, seconds = prefill.choose(cfg.cache_dir, environment.cpu_model(), torch.get_num_threads())
         install_prefill(model, path)
         recorder.log_params({f"executed.{prefix}int8_gemm": path})

@@ -50,6 +50,7 @@ def quantize_model(
     label: str,
     dtype: torch.dtype,
     gemv: bool = False,
+    device: str = "cpu",
 ) -> tuple[nn.Module, QuantReport]:
     start = time.perf_counter()
     # A method that reads no data (RTN) hashes none: its key stays independent of the dataset.
@@ -62,7 +63,7 @@ def quantize_model(
         {"source": source_key, "key": key},
         before_load=lambda: release_quantized(model, arch, spec),
     )
-    model = install(model.to(dtype), weights, dtype, gemv)
+    model = install(model.to(dtype), weights, dtype, gemv, device)
     return model, QuantReport(
         directory, built, time.perf_counter() - start, quantized_bytes(weights), getattr(spec, "alpha", None)
     )
@@ -75,9 +76,10 @@ def prepare(
     corpus: Callable[[], str],
     cache_root: Path,
     gemv: bool = False,
+    device: str = "cpu",
 ) -> tuple[nn.Module, QuantReport | None]:
     """A loaded float32 model, cast to the precision's dtype and quantized first where it asks (its
-    quantized linears with quantspec's few-row kernels where `gemv`)."""
+    quantized linears with quantspec's few-row kernels where `gemv`, built on `device`: the job's)."""
     dtype = getattr(torch, precision.dtype)
     if not precision.quantized:
         return loaded.model.to(dtype), None
@@ -94,4 +96,5 @@ def prepare(
         model_cfg.name,
         dtype,
         gemv,
+        device,
     )

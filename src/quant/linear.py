@@ -1,7 +1,9 @@
 """Runtime linear modules in the gpt-fast manner: packed buffers, and one kernel call in `forward`.
 
 Each is built from portable tensors (what the cache stores); kernel-specific layouts are made here,
-at load, because they depend on the machine.
+at load, because they depend on the machine. Built on a CUDA device (`build(..., device="cuda")`), the
+ATen modules take ATen's CUDA kernels from the same tensors (src.quant.aten_ops): a precision means the
+same on every hardware.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ def _owned(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A fresh copy in the allocator's (64-byte aligned) memory. Tensors loaded from safetensors are
     views at arbitrary offsets, and torch 2.13's _weight_int8pack_mm segfaults on an int8 weight that
     is not 64-byte aligned (found with a cached model: 4+ rows crashed, 1-3 did not)."""
-    out = torch.empty(t.shape, dtype=dtype or t.dtype)
+    out = torch.empty(t.shape, dtype=dtype or t.dtype, device=t.device)
     return out.copy_(t)
 
 
@@ -75,6 +77,8 @@ class W8A8Linear(QuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
+        if x2.device.type != "cpu":  # the CPU's many-row paths (int_mm, float, AMX) are measured per host
+            return self._finish(aten_ops.int8_matmul(x2, self.w_q, self.w_scale), x, lead)
         return self._finish(w8a8_gemm(x2, self.w_q, self.w_scale, self.prefill), x, lead)
 
 
@@ -115,7 +119,8 @@ class W8A16Linear(QuantLinear):
 
 
 class W4A16Linear(QuantLinear):
-    """4-bit asymmetric weights in groups, bf16 activations: the CPU int4 kernel."""
+    """4-bit asymmetric weights in groups, bf16 activations: ATen's int4 kernel for the device the tensors are
+    on (the CPU's, or CUDA's tinygemm)."""
 
     N_MULTIPLE = 16  # the kernel packs output channels in blocks of 16
     STEP_BUFFERS = ("packed", "scales_zeros")
@@ -272,12 +277,20 @@ GEMV = {"w8a8": W8A8Gemv, "w8a16": W8A16Gemv, "w4a16": W4A16Gemv, "w4a8": W4A8Ge
 
 
 def build(
-    kind: str, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype, gemv: bool = False
+    kind: str,
+    t: dict[str, torch.Tensor],
+    group: int | None,
+    dtype: torch.dtype,
+    gemv: bool = False,
+    device: str = "cpu",
 ) -> nn.Module:
     """The runtime module for these portable tensors: on ATen's kernels, or (gemv, where its K fits the
-    kernel's step) with quantspec's for a few rows."""
+    kernel's step) with quantspec's for a few rows; off the CPU, on ATen's kernels for `device`, its layouts
+    made there."""
     if kind not in ATEN:
         raise ValueError(f"unknown quantized kernel {kind!r}; known: {', '.join(ATEN)}")
+    if device != "cpu":  # quantspec's kernels are CPU kernels
+        t, gemv = {name: v.to(device) for name, v in t.items()}, False
     k = t["w_q"].shape[1] if "w_q" in t else t["q4"].shape[1] * 2
     step = GEMV[kind].K_STEP
     fits = k % step == 0 and ("q4" not in t or group % step == 0)

@@ -73,13 +73,16 @@ def release_quantized(model: nn.Module, arch: str, spec: QuantSpec) -> None:
 
 
 @torch.no_grad()
-def install(model: nn.Module, weights: QuantizedWeights, dtype: torch.dtype, gemv: bool = False) -> nn.Module:
+def install(
+    model: nn.Module, weights: QuantizedWeights, dtype: torch.dtype, gemv: bool = False, device: str = "cpu"
+) -> nn.Module:
     """Copy the scaled float parameters in and swap each linear for its runtime module (with quantspec's
-    few-row kernels where `gemv`: they must be loaded). Cast first."""
+    few-row kernels where `gemv`: they must be loaded), built on `device` (its kernels' layouts made there).
+    Cast first."""
     for name, value in weights.floats.items():
         model.get_parameter(name).copy_(value)
     for name, tensors in weights.layers.items():
-        model.set_submodule(name, build(weights.schemes[name], tensors, weights.group_size, dtype, gemv))
+        model.set_submodule(name, build(weights.schemes[name], tensors, weights.group_size, dtype, gemv, device))
     if HEAD in weights.layers:
         # The head had shared the embedding's weight (Gemma ties them); it now has its own, quantized.
         model.config.tie_word_embeddings = False

@@ -72,7 +72,7 @@ def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     n, half = packed.shape
-    out = torch.empty(n, half * 2, dtype=torch.uint8)
+    out = torch.empty(n, half * 2, dtype=torch.uint8, device=packed.device)
     out[:, 0::2] = packed >> 4
     out[:, 1::2] = packed & 0xF
     return out
