@@ -119,25 +119,27 @@ class Job:
         )
 
     def run(self) -> TaskResult:
+        gpu = self.placement.device == "cuda"
+        if gpu:  # the device's peak from here: the weights already held, then what the task adds
+            torch.cuda.reset_peak_memory_stats()
         try:
             result = self.cfg.task.run(self.inputs())
         finally:  # another runtime's process ends with its task
             getattr(self.engine, "close", lambda: None)()
+        if gpu:
+            result.summary["device_peak_gb"] = torch.cuda.max_memory_allocated() / memory.GB
         for text, contexts in self.corpus.used():
             self.recorder.log_input(text, contexts)
         if self.cfg.model.weights == "random":
             _drop_quality(result)
-        if result.rows and runtimes.runtime(self.cfg.engine) is None and self.placement.device != "cpu":
-            result.notes.append(
-                f"decode_efficiency not computed on {self.placement.device}: the roofline's "
-                f"bandwidth is the host memory's"
-            )
-        elif result.rows and self.roofline_applies():
+        if result.rows and self.roofline_applies():
             # each example against the bandwidth probed beside it; a task that times outside
             # src.tasks.common.measure (no probes) is set against one probe taken now
             bandwidths = result.series.get(BANDWIDTH) or [self.probe()] * len(result.rows)
             result.series["decode_efficiency"], extra = roofline.efficiency(self.model, result.rows, bandwidths)
             result.summary.update(extra)
+            if self.probe.spreads:  # how far one probe's passes were apart: the ceiling's own noise
+                result.summary["bandwidth_spread_max"] = max(self.probe.spreads)
             if extra["bandwidth_probe_short"]:
                 result.notes.append(
                     f"the bandwidth probe read slower than the decode step itself in "
@@ -166,14 +168,16 @@ class Job:
             )
 
     def roofline_applies(self) -> bool:
-        """A timed task on torch's weights, on the CPU: its steps are set against the memory-bandwidth
-        roofline (another runtime holds weights of its own, whose bytes per step are not the torch
-        model's; a GPU's step is not bound by the host memory the probe reads)."""
-        return runtimes.runtime(self.cfg.engine) is None and self.placement.device == "cpu"
+        """A timed task on torch's weights, on the CPU or a CUDA device: its steps are set against the
+        memory-bandwidth roofline of the memory they read (another runtime holds weights of its own, whose
+        bytes per step are not the torch model's)."""
+        return runtimes.runtime(self.cfg.engine) is None and self.placement.device in ("cpu", "cuda")
 
     @functools.cached_property
     def probe(self) -> roofline.Probe:
-        return roofline.Probe(self.placement.threads)
+        """As many bytes as the step reads, on its threads; on a GPU its memory, by a device copy."""
+        mb = roofline.DEVICE_PROBE_MB if self.placement.device != "cpu" else roofline.probe_mb(self.model)
+        return roofline.Probe(self.placement.threads, mb, device=self.placement.device)
 
 
 AUTO_FP32_PARAMS = 2_000_000_000  # task.reference=auto: fp32 up to this many parameters, bf16 above
@@ -206,12 +210,13 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     env = _environment(cfg, placement, recorder)
 
     memory.release_freed()  # a sweep's previous job is freed, and its memory returned, before this one is weighed
-    need = memory.check(cfg)  # before loading: a job that cannot fit says so now, in one line
+    need = memory.check(cfg, device=placement.device)  # before loading: a job that cannot fit says so now, in one line
     cfg.task.check_host()
     recorder.set_tags({"weights": cfg.model.weights, **cfg.task.tags()})
     if need is not None:
         recorder.log_metrics({"memory_estimate_gb": need / memory.GB})
-    loaded = load_model(cfg.model, cfg.cache_dir)
+    # random weights for a float precision are made where they run (quantizing reads them on the CPU)
+    loaded = load_model(cfg.model, cfg.cache_dir, placement.device if not cfg.precision.quantized else "cpu")
     recorder.log_metrics({"model_load_s": loaded.load_s})
     cfg.task.preflight(cfg, loaded)  # its context, before anything is quantized or timed
     corpus = Corpus(cfg.dataset)  # read only by the tasks and calibration that need it

@@ -15,6 +15,7 @@ import ctypes.util
 import gc
 
 import psutil
+import torch
 
 from src.assembly.config import ConfigError, JobConfig
 from src.engine import kvcache
@@ -92,16 +93,28 @@ def release_freed() -> None:
             pass
 
 
-def check(cfg: JobConfig, available: int | None = None) -> int | None:
+def device_free(device: str) -> int | None:
+    """Bytes free on a GPU now (what its driver says: other processes' use included), None on the CPU."""
+    if device == "cpu":
+        return None
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return free
+
+
+def check(cfg: JobConfig, available: int | None = None, device: str = "cpu") -> int | None:
     """The estimate in bytes (None where the shape is not known beforehand); ConfigError when it exceeds
-    the memory available now."""
+    the memory available now: the host's, or on a GPU (`device`) the device's, which holds the weights,
+    the cache and the activations (the interpreter's share stays on the host)."""
     need = estimate_bytes(cfg)
     if need is None:
         return None
+    where = "memory"
+    if available is None and device != "cpu":
+        need, available, where = need - RUNTIME_BYTES, device_free(device), f"{device} memory"
     available = psutil.virtual_memory().available if available is None else available
     if need > available:
         raise ConfigError(
-            f"{cfg.model.name} at {cfg.precision.name} needs about {need / GB:.1f} GB of memory and "
+            f"{cfg.model.name} at {cfg.precision.name} needs about {need / GB:.1f} GB of {where} and "
             f"{available / GB:.1f} GB is available; free memory, or pick a smaller model or precision"
         )
     return need

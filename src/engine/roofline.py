@@ -6,12 +6,16 @@ read bandwidth, and decode_efficiency = roofline time/token / measured time/toke
 
 The bandwidth is probed beside the timing, after each example, not once per host: on a shared host
 the memory a job gets moves within minutes (43-84 GB/s read on this project's 2-core EPYC within one
-hour), so a bandwidth from another time would rate the same step anywhere from 0.7 to 1.3.
+hour), so a bandwidth from another time would rate the same step anywhere from 0.7 to 1.3. The probe reads
+what the step reads (as many bytes, up to PROBE_MB, on the job's threads) and repeats its passes until the
+best stops rising, so one probe's figure holds still; the passes' spread is kept beside it. On a GPU the
+probe is a device-to-device copy timed by CUDA events (its read + write bytes, as copy bandwidth is quoted).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 
@@ -21,52 +25,93 @@ from torch import nn
 from src import kernels
 from src.common.metrics import Row, median
 
-PROBE_MB = 256  # several times the last-level caches seen here (32-105 MB), so the probe reads DRAM
-PROBE_REPEATS = 3
+PROBE_MB = 256  # the most a CPU probe reads: several times the last-level caches seen here (32-105 MB)
+MIN_PROBE_MB = 4
+DEVICE_PROBE_MB = 1024  # a GPU's copy: far beyond its L2 (50-60 MB on an H100/H200)
+PROBE_REPEATS = 3  # passes at least
+MAX_PASSES = 12  # and at most: a probe that never settles says so in its spread
+STILL = 0.02  # settled: the best rose by less than this over the last pass
 READ_ROW = 2048  # bf16 values per row of the kernel reader's matrix: 4 KB rows, as a 2048-wide layer's
 
 
+def probe_mb(model: nn.Module) -> int:
+    """The probe's size for this model: what its step reads, within [MIN_PROBE_MB, PROBE_MB] (a step smaller
+    than the caches reads from them, and so does its probe)."""
+    return int(min(max(weight_bytes(model) / 2**20, MIN_PROBE_MB), PROBE_MB))
+
+
 class Probe:
-    """Read bandwidth in GB/s, measured now: the best of a few passes over one buffer by each reader, taking
-    the fastest reader. The readers are torch's sum and, where quantspec's kernels are loaded, their own
-    bf16 matrix-vector product over the same bytes (the step's kernels' loads and prefetch order, on the
-    job's threads): on an Intel Xeon torch's sum read 25 GB/s where the kernel read 30-32, so a probe of the
-    sum alone rated steps above 1.0. The buffer is touched once, when first measured, and kept."""
+    """Bandwidth in GB/s, measured now: each reader's best pass over one buffer, passes repeated (readers in
+    turns) until the best stops rising, taking the fastest reader; `spreads` keeps each call's spread (its
+    best pass over its median pass, less one). On the CPU the readers are torch's sum and, where quantspec's
+    kernels are loaded, their own bf16 matrix-vector product over the same bytes (the step's kernels' loads
+    and prefetch order, on the job's threads): on an Intel Xeon torch's sum read 25 GB/s where the kernel read
+    30-32, so a probe of the sum alone rated steps above 1.0. On CUDA: a device copy timed by events. The
+    buffer is touched once, when first measured, and kept."""
 
-    def __init__(self, threads: int, mb: int = PROBE_MB, repeats: int = PROBE_REPEATS):
-        self.threads, self.mb, self.repeats = threads, mb, repeats
+    def __init__(self, threads: int, mb: int = PROBE_MB, repeats: int = PROBE_REPEATS, device: str = "cpu"):
+        self.threads, self.mb, self.repeats, self.device = threads, mb, repeats, torch.device(device)
         self._buffer: torch.Tensor | None = None
+        self.spreads: list[float] = []
 
-    def readers(self) -> dict[str, Callable[[], object]]:
-        """Each way of reading the whole buffer once, by name."""
+    def readers(self) -> dict[str, Callable[[], float]]:
+        """Each way of reading the whole buffer once, by name: a call returns (seconds, bytes moved)."""
         x = self._buffer
-        found = {"torch.sum": x.sum}
+        if self.device.type == "cuda":
+            copy = torch.empty_like(x)
+            return {"cuda copy": lambda: _events(lambda: copy.copy_(x), 2 * x.numel() * 4)}
+        found = {"torch.sum": lambda: _timed(x.sum, x.numel() * 4)}
         if kernels.loaded():
             rows = x.view(torch.bfloat16).view(-1, READ_ROW)  # 1.0f's halves are bf16 0 and 1: no NaN, no Inf
             vector = torch.ones(1, READ_ROW, dtype=torch.bfloat16)
-            found["quantspec gemv"] = lambda: torch.ops.quantspec.gemv_float(vector, rows)
+            found["quantspec gemv"] = lambda: _timed(
+                lambda: torch.ops.quantspec.gemv_float(vector, rows), x.numel() * 4
+            )
         return found
 
     def rates(self) -> dict[str, float]:
-        """GB/s of each reader, the best of `repeats` passes, readers in turns."""
+        """GB/s of each reader, its best pass, passes until every reader's best settles (STILL)."""
         previous = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            if self._buffer is None:
-                self._buffer = torch.ones(self.mb * 2**20 // 4, dtype=torch.float32)  # touched: pages resident
+            if self._buffer is None:  # touched: pages resident
+                values = self.mb * 2**20 // 4 // READ_ROW * READ_ROW
+                self._buffer = torch.ones(values, dtype=torch.float32, device=self.device)
             readers = self.readers()
-            best = dict.fromkeys(readers, math.inf)
-            for _ in range(self.repeats):
+            passes: dict[str, list[float]] = {name: [] for name in readers}
+            for count in range(1, MAX_PASSES + 1):
+                before = {name: max(r, default=0.0) for name, r in passes.items()}
                 for name, read in readers.items():
-                    start = time.perf_counter()
-                    read()
-                    best[name] = min(best[name], time.perf_counter() - start)
-            return {name: self._buffer.numel() * 4 / seconds / 1e9 for name, seconds in best.items()}
+                    seconds, moved = read()
+                    passes[name].append(moved / seconds / 1e9)
+                settled = all(max(r) <= before[name] * (1 + STILL) for name, r in passes.items())
+                if count >= self.repeats and settled:
+                    break
+            best = {name: max(r) for name, r in passes.items()}
+            top = max(best, key=best.get)
+            self.spreads.append(best[top] / statistics.median(passes[top]) - 1)
+            return best
         finally:
             torch.set_num_threads(previous)
 
     def __call__(self) -> float:
         return max(self.rates().values())
+
+
+def _timed(read: Callable[[], object], moved: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    read()
+    return time.perf_counter() - start, moved
+
+
+def _events(work: Callable[[], object], moved: int) -> tuple[float, int]:
+    """A GPU's time for `work`, by CUDA events around it on the current stream."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3, moved
 
 
 def _buffer_bytes(module: nn.Module) -> int:

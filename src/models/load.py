@@ -197,13 +197,13 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     return model, tokenizer, f"{cfg.source}:{where}"
 
 
-def load_model(cfg: ModelConfig, cache_dir: Path) -> LoadedModel:
-    """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy); the job casts and
-    moves it for its precision and hardware."""
+def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu") -> LoadedModel:
+    """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy, made on `device`); the
+    job casts and moves it for its precision and hardware."""
     start = time.perf_counter()
     if cfg.weights == "random":  # the published shape, in bf16, filled in seconds (src.models.random_weights)
         try:
-            model, tokenizer = random_model(cfg.name)
+            model, tokenizer = random_model(cfg.name, device=device)
         except NoShape as err:
             raise ModelUnavailable(str(err)) from None
         key = f"random:{cfg.name}:{SEED}"

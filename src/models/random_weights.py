@@ -54,9 +54,11 @@ def parameter_count(config) -> int:
 
 def fill(model: torch.nn.Module, seed: int = SEED) -> None:
     """Norm scales 1, biases 0, every other weight N(0, STD): one random block copied with a different
-    shift into each tensor, so no two layers are alike and nothing is drawn 7 billion times."""
+    shift into each tensor, so no two layers are alike and nothing is drawn 7 billion times. The block is
+    drawn on the CPU (the same numbers on every device) and copied to the parameters' device once."""
     generator = torch.Generator().manual_seed(seed)
-    block = torch.randn(2 * BLOCK, generator=generator) * STD
+    device = next(model.parameters()).device
+    block = (torch.randn(2 * BLOCK, generator=generator) * STD).to(device)
     shift = 0
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -71,10 +73,11 @@ def fill(model: torch.nn.Module, seed: int = SEED) -> None:
                 shift = (shift + 7919) % BLOCK
 
 
-def random_model(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = SEED):
-    """(model, tokenizer) for a shipped shape: parameters allocated uninitialised, then filled."""
+def random_model(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = SEED, device: str = "cpu"):
+    """(model, tokenizer) for a shipped shape: parameters allocated uninitialised on `device`, then filled (a
+    GPU job's 7B weights made there: no host copy to cast and move)."""
     config = config_of(name)
-    with no_init_weights():
+    with no_init_weights(), torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     fill(model, seed)
     if model.config.tie_word_embeddings:

@@ -94,3 +94,32 @@ def test_the_probe_reads_with_quantspecs_kernel_beside_torchs_sum_and_takes_the_
     rates = probe.rates()
     assert set(rates) == {"torch.sum", "quantspec gemv"} and all(0.1 < r < 10_000 for r in rates.values())
     assert probe() >= min(rates.values())  # the faster reader, probed anew
+
+
+def test_the_probe_reads_what_the_step_reads_up_to_its_ceiling():
+    from transformers import AutoModelForCausalLM
+
+    from src.models.random_weights import config_of
+
+    tiny, _ = tiny_model("llama")
+    assert roofline.probe_mb(tiny) == roofline.MIN_PROBE_MB  # ~1 MB of weights: read from the caches, as the step
+    with torch.device("meta"):  # Llama-2-7B's shape, no memory
+        big = AutoModelForCausalLM.from_config(config_of("llama-2-7b"))
+    assert roofline.probe_mb(big) == roofline.PROBE_MB
+
+
+def test_the_probe_passes_until_its_best_settles_and_keeps_the_spread(monkeypatch):
+    script = iter([1.0, 2.0, 3.0, 3.03, 1.0, 1.0, 1.0])  # GB/s of each pass, as a reader would read them
+    calls = []
+
+    def reader():
+        calls.append(1)
+        return 1.0 / next(script), 10**9  # seconds for one GB
+
+    probe = roofline.Probe(1, mb=4, repeats=3)
+    monkeypatch.setattr(probe, "readers", lambda: {"scripted": reader})
+    assert probe() == 3.03
+    # passes 1-3 rose; pass 4 rose 1% (settled, and 3 passes done): four passes, no more
+    assert len(calls) == 4
+    assert probe.spreads == [pytest.approx(3.03 / 2.5 - 1)]  # best over the median pass
+    assert probe() == 1.0 and len(calls) == 4 + 3 and len(probe.spreads) == 2  # a flat probe: the least passes

@@ -72,6 +72,18 @@ def test_a_job_that_cannot_fit_is_refused_before_loading():
     assert memory.estimate_bytes(w8) < 20 * memory.GB
 
 
+def test_a_gpu_job_is_weighed_against_the_devices_free_memory_and_its_weights_made_there(monkeypatch):
+    seven = job_config_from_dict(compose_job(["model=llama-2-7b", "model.weights=random", "precision=bf16"])[0])
+    host = memory.estimate_bytes(seven)
+    monkeypatch.setattr(memory, "device_free", lambda device: 8 * memory.GB)  # a GPU with 8 GB free
+    with pytest.raises(ConfigError, match=r"needs about .* GB of cuda memory and 8\.0 GB is available"):
+        memory.check(seven, device="cuda")
+    monkeypatch.setattr(memory, "device_free", lambda device: 80 * memory.GB)
+    assert memory.check(seven, device="cuda") == host - memory.RUNTIME_BYTES  # the interpreter stays on the host
+    model, _ = random_model("llama-160m", device="meta")  # made on the device it is asked for (meta: no memory)
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
 def test_freed_memory_is_returned_before_the_next_job_is_weighed():
     """glibc keeps freed heap pages (the OS counts them as used): a sweep's later 7B job was refused for it."""
     import psutil
