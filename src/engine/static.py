@@ -35,13 +35,21 @@ from src.engine.fused import Projection
 ROUND = 64  # cache positions are allocated in blocks of this many (a graph per k, not per length)
 
 
+def _fixed(t: torch.Tensor) -> torch.Tensor:
+    """A tensor the step reads or writes in place at the same address for the run (the cache, the tables):
+    torch.compile's CUDA graphs then take it as it is, where an input of theirs is copied in at every replay
+    (a 7B cache, gigabytes, at every token)."""
+    torch._dynamo.mark_static_address(t)
+    return t
+
+
 class Cache:
     """Keys and values [1, kv_heads, capacity, head_dim] per layer, and how many positions hold the sequence."""
 
     def __init__(self, shapes: list[tuple[int, int]], capacity: int, dtype: torch.dtype, device):
         capacity = -(-capacity // ROUND) * ROUND
-        self.keys = [torch.zeros(1, h, capacity, d, dtype=dtype, device=device) for h, d in shapes]
-        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.keys = [_fixed(torch.zeros(1, h, capacity, d, dtype=dtype, device=device)) for h, d in shapes]
+        self.values = [_fixed(torch.zeros_like(k)) for k in self.keys]
         self.length = 0  # positions written and kept (the host's count: never read from a tensor)
 
     @property
@@ -57,7 +65,7 @@ class Cache:
             for i, old in enumerate(buffers):
                 new = old.new_zeros(*old.shape[:2], capacity, old.shape[3])
                 new[:, :, : old.shape[2]].copy_(old)
-                buffers[i] = new
+                buffers[i] = _fixed(new)
         return True
 
 
@@ -67,9 +75,9 @@ def _rms(norm: nn.Module, gemma: bool) -> Callable[[torch.Tensor], torch.Tensor]
     eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
     shape = (norm.weight.shape[-1],)
     if gemma:
-        scale = 1.0 + norm.weight.detach().float()
+        scale = _fixed(1.0 + norm.weight.detach().float())
         return lambda x: (F.rms_norm(x.float(), shape, eps=eps) * scale).to(x.dtype)
-    weight = norm.weight.detach()
+    weight = norm.weight  # the parameter itself: compiled graphs take parameters as they are
     return lambda x: weight * F.rms_norm(x.float(), shape, eps=eps).to(x.dtype)
 
 
@@ -148,7 +156,8 @@ class Rotary:
         probe = torch.empty(1, 1, 1, dtype=self.dtype, device=self.device)
         cos, sin = self.make(probe, torch.arange(positions, device=self.device)[None])
         half = sin.shape[-1] // 2
-        self.cos, self.sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        self.cos = _fixed(cos[0].contiguous())
+        self.sin = _fixed(torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1))
 
     def __call__(self, q: torch.Tensor, key: torch.Tensor, pos: torch.Tensor):
         cos, sin = self.cos[pos][None, None], self.sin[pos][None, None]
@@ -400,7 +409,7 @@ class Decoder:
         self.tables: tuple[int, ...] = ()  # where the rotary tables were when the graphs were captured
         self.logits = Runner(self._logits, self.mode, device, backend)
         self.greedy = Runner(self._next, self.mode, device, backend)
-        self.bias = torch.zeros(model.config.get_text_config().vocab_size, device=device)
+        self.bias = _fixed(torch.zeros(model.config.get_text_config().vocab_size, device=device))
 
     def _logits(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return self.step_fn(ids, pos, self.cache.keys, self.cache.values)
@@ -434,8 +443,12 @@ class Decoder:
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         return self._forward(prompt_ids.to(self.step_fn.device), 1)[-1]
 
-    def step(self, token: int) -> torch.Tensor:
-        return self._forward(torch.tensor([[token]], device=self.step_fn.device), 1)[-1]
+    def step(self, token: int | torch.Tensor) -> torch.Tensor:
+        """One token (an int, or a tensor on the device) -> logits [V] for the next."""
+        ids = (
+            token.view(1, 1) if isinstance(token, torch.Tensor) else torch.tensor([[token]], device=self.step_fn.device)
+        )
+        return self._forward(ids, 1)[-1]
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
         return self._forward(torch.tensor([tokens], device=self.step_fn.device), len(tokens))
@@ -444,9 +457,6 @@ class Decoder:
         """ids [1, 1] on the device -> the greedy next token [1] on the device; nothing read by the host."""
         return self.greedy(ids, self._positions(1))
 
-    def greedy_step(self, token: int, banned: torch.Tensor) -> None:
-        return None  # native.Decoder's C++ shortcut: the static step has next_token instead
-
     def rollback(self, n: int) -> None:
         """Drop the last n positions: masked from here on, overwritten by the next writes."""
         self.cache.length -= n
@@ -454,6 +464,35 @@ class Decoder:
     @property
     def length(self) -> int:
         return 0 if self.cache is None else self.cache.length
+
+
+class Clock:
+    """When each token existed, on one clock (perf_counter). On the CPU a step is done when its call returns:
+    perf_counter then. On CUDA the host runs ahead of the device, so each token's time is a CUDA event recorded
+    after its step, read once at the end as an offset from an anchor event recorded while the device was idle
+    (after a read back), whose perf_counter time is known."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.start = time.perf_counter()
+        if self.cuda:
+            self.anchor = torch.cuda.Event(enable_timing=True)
+            self.anchor.record()
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def times(self) -> list[float]:
+        if not self.cuda:
+            return self.marks
+        torch.cuda.synchronize()
+        return [self.start + self.anchor.elapsed_time(e) / 1e3 for e in self.marks]
 
 
 @torch.inference_mode()
@@ -468,25 +507,37 @@ def generate(
     compile: bool = False,
     backend: str | None = None,
 ) -> Generation:
-    """native.generate's loop on the static step: the next token chosen on the device and read back once per
-    token (the stop check needs it); that read waits for the step, so perf_counter after it times the
-    device's work too."""
+    """native.generate's loop on the static step: each token chosen on the device (argmax, or a seeded draw) and
+    fed back there. The host reads a token only where the loop must look at it (an end-of-sequence that may end
+    it, a stop check): otherwise the steps are queued without a wait and all tokens read at the end. Times by
+    Clock."""
     decoder = Decoder(model, reserve=max_new_tokens, compile=compile, backend=backend)
     device, eos = decoder.step_fn.device, eos_ids(model)
     if exact and eos:
         decoder.bias[sorted(eos)] = float("-inf")  # as eos_ban does: min_new_tokens' rule
     generator = torch.Generator(device).manual_seed(sampling.seed) if sampling.do_sample else None
+
+    def advance(nxt: torch.Tensor) -> torch.Tensor:
+        if generator is None:
+            return decoder.next_token(nxt.view(1, 1)).clone()  # a replayed graph's output: kept apart from it
+        # a draw from the device's generator, eager (a captured graph would replay one draw)
+        return _draw(decoder.step(nxt)[None], decoder.bias, sampling, generator)
+
     start = time.perf_counter()
     logits = decoder.prefill(input_ids)
     nxt = _draw(logits[None], decoder.bias, sampling, generator) if generator else _greedy(logits[None], decoder.bias)
-    token = int(nxt)
-    tokens, times = [token], [time.perf_counter()]
-    while len(tokens) < max_new_tokens and token not in eos and not (stop and stop(tokens)):
-        if generator is None:
-            nxt = decoder.next_token(nxt.view(1, 1))  # fed back on the device: no host copy
-        else:  # sampling draws from a device generator, eager (a graph would replay one draw)
-            nxt = _draw(decoder.step(token)[None], decoder.bias, sampling, generator)
-        token = int(nxt)  # the one read a token: the stop check needs it
-        tokens.append(token)
-        times.append(time.perf_counter())
-    return Generation(input_ids.shape[1], tokens, start, times, time.perf_counter())
+    tokens = [int(nxt)]  # the first token read: its time is the prefill's, and the device is idle for the anchor
+    clock = Clock(device)
+    if stop is not None or (eos and not exact):  # the loop looks at every token: one read each
+        while len(tokens) < max_new_tokens and tokens[-1] not in eos and not (stop and stop(tokens)):
+            nxt = advance(nxt)
+            tokens.append(int(nxt))
+            clock.mark()
+    else:  # nothing to look at: max_new_tokens - 1 steps queued, one read at the end
+        out = torch.empty(max_new_tokens - 1, dtype=torch.long, device=device)
+        for i in range(max_new_tokens - 1):
+            nxt = advance(nxt)
+            out[i : i + 1].copy_(nxt)
+            clock.mark()
+        tokens += out.tolist()
+    return Generation(input_ids.shape[1], tokens, start, [clock.start, *clock.times()], time.perf_counter())

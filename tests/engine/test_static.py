@@ -30,6 +30,14 @@ def test_greedy_tokens_are_the_native_decoders(arch):
         assert len(own.token_times) == own.new_tokens and own.token_times == sorted(own.token_times)
 
 
+def test_a_stop_check_reads_each_token_and_ends_where_it_says():
+    model, tok = tiny_model("llama")
+    ids = tok("def add(a, b):", return_tensors="pt").input_ids
+    ref = GENERATE["native"](model, ids, 20, True, Sampling(), tok.pad_token_id).new_token_ids
+    out = static.generate(model, ids, 20, True, Sampling(), tok.pad_token_id, stop=lambda new: ref[4] in new)
+    assert out.new_token_ids == ref[: ref.index(ref[4]) + 1] and len(out.token_times) == out.new_tokens
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_drafts_verified_and_rolled_back_by_position_keep_the_targets_tokens(arch):
     model, tok = tiny_model(arch)
