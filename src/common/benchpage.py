@@ -15,14 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import re
 import shlex
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from src.common.environment import PROJECT_ROOT, cpu_model, git_commit
-from src.common.metrics import md_text
+from src.common.mdtext import md_code, md_text
 
 RESULTS = PROJECT_ROOT / "docs" / "benchmarks" / "results"
 # The flags that decide which kernel variant runs and how fast: what a reader must know of the host.
@@ -135,10 +134,8 @@ def load(page: str, results: Path = RESULTS) -> list[Entry]:
 
 
 def _code(text: str) -> str:
-    """Text as an inline code span: on one line, fenced by more backticks than it holds in a row."""
-    one_line = " ".join(str(text).splitlines())
-    fence = "`" * (max((len(run) for run in re.findall(r"`+", one_line)), default=0) + 1)
-    return f"{fence} {one_line} {fence}" if len(fence) > 1 else f"`{one_line}`"
+    """Text as an inline code span (src.common.mdtext.md_code)."""
+    return md_code(text)
 
 
 def isa(flags: list[str]) -> str:

@@ -8,15 +8,18 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from src.common.mdtext import plain
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "transformers", "mlflow", "hydra-core", "safetensors", "gguf", "accelerate")
 
 
 def cpu_model() -> str:
     """The CPU's name as /proc/cpuinfo gives it; QUANTSPEC_CPU_NAME stands in for it where set (recorded
-    as given: tests run the whole suite under a long name to show that nothing depends on its length)."""
+    as given, less bidi and control characters (src.common.mdtext.plain): tests run the whole suite under a long
+    name to show that nothing depends on its length)."""
     if os.environ.get("QUANTSPEC_CPU_NAME"):
-        return os.environ["QUANTSPEC_CPU_NAME"]
+        return plain(os.environ["QUANTSPEC_CPU_NAME"])
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

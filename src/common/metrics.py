@@ -8,11 +8,12 @@ divided by (new tokens - 1). Tokens/Sec: 1000 / Time/Token. Total Time (s): the 
 from __future__ import annotations
 
 import csv
-import html
 import io
 import math
 import statistics
 from dataclasses import asdict, dataclass
+
+from src.common.mdtext import md_text  # a table's cells are text by its rule (and md_text is still imported from here)
 
 # Metric names are a contract users query by. Each example's values are series (step = example) under
 # their own prefix, named as a series (`by_example/time_per_token_ms`), so that nobody reads a series'
@@ -79,13 +80,6 @@ def summarize(rows: list[Row]) -> dict[str, float]:
         "examples": float(len(rows)),
         "new_tokens_total": float(sum(r.new_tokens for r in rows)),
     }
-
-
-def md_text(value) -> str:
-    """A value (a CPU's name, a host's, a setting) as text in markdown: on one line, `|` escaped so it cannot
-    split a table, and HTML's special characters as entities so it is shown, never interpreted."""
-    one_line = " ".join(str(value).splitlines()).replace("\t", " ")
-    return html.escape(one_line, quote=False).replace("|", "\\|")
 
 
 def _cell(value) -> str:

@@ -188,6 +188,14 @@ class Benchmark(Generating):
             )
 
 
+# What a sandboxed run may be given: an hour and a TiB are far beyond HumanEval's needs, and far inside the C longs
+# setrlimit takes (seconds, bytes).
+MAX_SANDBOX_S = 3600
+MAX_SANDBOX_MB = 2**20
+MAX_SAMPLES = 1000
+MAX_SANDBOX_WORKERS = 256
+
+
 @TASKS.register
 @dataclass(frozen=True, kw_only=True)
 class BenchmarkCode(Generating):
@@ -208,10 +216,17 @@ class BenchmarkCode(Generating):
             raise ConfigError(
                 f"task.samples={self.samples} and task.sandbox_workers={self.sandbox_workers} must be at least 1"
             )
-        if self.sandbox_timeout_s <= 0 or self.sandbox_memory_mb < 64:
+        # bounded by what the sandbox's rlimits hold (a C long of seconds and bytes): 1e300 s overflowed setrlimit
+        # inside every run, so every completion, a correct one too, was scored failed
+        if not (0 < self.sandbox_timeout_s <= MAX_SANDBOX_S) or not (64 <= self.sandbox_memory_mb <= MAX_SANDBOX_MB):
             raise ConfigError(
-                f"task.sandbox_timeout_s={self.sandbox_timeout_s} must be above 0 and "
-                f"task.sandbox_memory_mb={self.sandbox_memory_mb} at least 64"
+                f"task.sandbox_timeout_s={self.sandbox_timeout_s} must be above 0 and at most {MAX_SANDBOX_S}, and "
+                f"task.sandbox_memory_mb={self.sandbox_memory_mb} from 64 to {MAX_SANDBOX_MB}"
+            )
+        if self.samples > MAX_SAMPLES or self.sandbox_workers > MAX_SANDBOX_WORKERS:
+            raise ConfigError(
+                f"task.samples={self.samples} must be at most {MAX_SAMPLES} and "
+                f"task.sandbox_workers={self.sandbox_workers} at most {MAX_SANDBOX_WORKERS}"
             )
 
     def check_job(self, job) -> None:

@@ -44,6 +44,12 @@ def one_line(text: str) -> str:
         ("experiment='" + "é" * 300 + "'", "must be 1 to 200 printable characters"),
         ("experiment=" + "é" * 300, "cannot read the override 'experiment=ééé"),
         ("dataset.max_mb=0", "dataset.max_mb=0 must be at least 1"),
+        # beyond what setrlimit holds: every completion, a correct one too, had been scored failed, exit 0
+        (
+            "task=benchmark_code task.sandbox_timeout_s=1e300",
+            "task.sandbox_timeout_s=1e+300 must be above 0 and at most",
+        ),
+        ("task=benchmark_code task.sandbox_memory_mb=99999999999", "task.sandbox_memory_mb=99999999999 from 64 to"),
         # before any runtime's own unsupported(): a runtime never sees a draft
         ("engine=openvino draft=prompt_lookup", "draft=prompt_lookup runs on quantspec's engine; use engine=native"),
         (

@@ -215,11 +215,15 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         assert synced.returncode == 1 and "torn.json does not read" in synced.stderr, synced.stderr[-2000:]
         assert "1 journal(s) replayed" in synced.stdout and "are not closed yet" in synced.stdout
         assert by_role(uri)[0][0].info.status == "RUNNING"
-        synced = run_cli([str(tmp_path / "lost")], module="src.sync", env=env)  # as the line says
+        synced = run_cli(
+            [str(tmp_path / "lost"), f"tracking_uri={uri}"], module="src.sync", env=env
+        )  # as the line says
         assert synced.returncode == 0, synced.stderr[-2000:]
         assert "already in the store" in synced.stdout and "closed with 1 finished" in synced.stdout
         torn.unlink()
-        again = run_cli([str(tmp_path / "offline"), str(tmp_path / "lost")], module="src.sync", env=env)
+        again = run_cli(
+            [str(tmp_path / "offline"), str(tmp_path / "lost"), f"tracking_uri={uri}"], module="src.sync", env=env
+        )
         assert again.stdout.count("already in the store") == 2
         (parent,), jobs = by_role(uri)
         assert len(jobs) == 2 and all(j.info.status == "FINISHED" for j in jobs)
@@ -421,7 +425,7 @@ def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp
         synced = run_cli([], module="src.sync", env=env)
         assert synced.returncode == 0 and "1 journal(s) replayed" in synced.stdout, synced.stdout + synced.stderr
         assert _metric_counts(uri) == [("finished", 2)]
-        again = run_cli([str(tmp_path / "job")], module="src.sync", env=env)
+        again = run_cli([str(tmp_path / "job"), f"tracking_uri={uri}"], module="src.sync", env=env)
         assert again.returncode == 0 and "already in the store" in again.stdout
         assert _metric_counts(uri) == [("finished", 2)]
         nothing = run_cli([], module="src.sync", env=env)  # nothing pending: exit 0
@@ -460,7 +464,7 @@ def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
     assert _metric_counts(uri) == [("finished", 2)] * 3, synced.stdout
     (parent,), _ = by_role(uri)
     assert parent.data.tags["jobs_finished"] == "3"
-    again = run_cli([str(sweep)], module="src.sync", env=env)
+    again = run_cli([str(sweep), f"tracking_uri={uri}"], module="src.sync", env=env)
     assert again.returncode == 0 and again.stdout.count("already in the store") == 3
     assert _metric_counts(uri) == [("finished", 2)] * 3
 
@@ -542,7 +546,7 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
     err = (tmp_path / "run.err").read_text()
     assert "Traceback" not in err and "journaled in" in err, err[-3000:]
     db.unlink()
-    synced = run_cli([str(sweep)], module="src.sync", env=env)
+    synced = run_cli([str(sweep), f"tracking_uri={uri}"], module="src.sync", env=env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
 
@@ -567,7 +571,7 @@ def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
         lost = run_cli([], module="src.sync", env=env)
         assert lost.returncode == 1 and "is listed as pending but is gone" in lost.stderr
         assert "python -m src.sync <its new folder>" in lost.stderr
-        found = run_cli([str(tmp_path / "moved")], module="src.sync", env=env)
+        found = run_cli([str(tmp_path / "moved"), f"tracking_uri={uri}"], module="src.sync", env=env)
         assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout
         assert _metric_counts(uri) == [("finished", 2)]
         assert run_cli([], module="src.sync", env=env).returncode == 0  # nothing listed any more
@@ -591,7 +595,7 @@ def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     (tmp_path / "m.db").unlink()  # the store lost: both syncs find every job missing and send it whole
-    syncs = [start([str(sweep)], tmp_path, name=f"sync{i}", module="src.sync") for i in range(2)]
+    syncs = [start([str(sweep), f"tracking_uri={uri}"], tmp_path, name=f"sync{i}", module="src.sync") for i in range(2)]
     assert [p.wait(timeout=300) for p in syncs] == [0, 0], [(tmp_path / f"sync{i}.err").read_text() for i in range(2)]
     parents, jobs = by_role(uri)
     assert len(parents) == 1 and len(jobs) == 3, (len(parents), len(jobs))
@@ -600,8 +604,9 @@ def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
 
 
 def test_sync_writes_only_to_a_store_the_user_chose_not_to_any_a_journal_names(tmp_path, env):
-    """A journal planted in a folder names a store elsewhere: sync of that folder refuses it in one line and
-    creates nothing there; named on the command line, the same store gets it."""
+    """A journal planted in a folder names a store elsewhere, and so does a Hydra config planted beside it (the
+    fifth round's case: the config vouched for the store and sync wrote there): sync of that folder refuses it in
+    one line and creates nothing there; named on the command line, the same store gets it."""
     from src.tracking.store import journal
     from src.tracking.store.jobrun import JobRun
 
@@ -610,6 +615,8 @@ def test_sync_writes_only_to_a_store_the_user_chose_not_to_any_a_journal_names(t
     run = JobRun(None, journal.Journal(tmp_path / "folder" / "job", tmp_path / "registry", uri), uri, "quantspec")
     run.start("planted", None, {"a": "1"}, {}, "key")
     run.finish()
+    (hydra := tmp_path / "folder" / "job" / ".hydra").mkdir(parents=True)
+    (hydra / "config.yaml").write_text(f"tracking:\n  uri: {uri}\n")  # "its job's config" says the same store
     out = run_cli([str(tmp_path / "folder")], module="src.sync", env=env)
     assert out.returncode == 1 and not (tmp_path / "elsewhere").exists(), out.stdout + out.stderr
     (line,) = said(out.stderr)
@@ -658,7 +665,7 @@ def test_a_pending_journal_entry_that_does_not_read_is_named_and_its_journal_sti
         lines = said(plain.stderr)
         assert plain.returncode == 1 and len(lines) == 1 and entry.name in lines[0] and "does not read" in lines[0]
         assert "Traceback" not in plain.stderr
-        found = run_cli([str(tmp_path / "job")], module="src.sync", env=env)
+        found = run_cli([str(tmp_path / "job"), f"tracking_uri={uri}"], module="src.sync", env=env)
         assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout, found.stderr[-2000:]
         assert _metric_counts(uri) == [("finished", 2)]
     finally:

@@ -116,10 +116,11 @@ def _restored_process_state(argv: list[str], env: dict | None, cwd):
     """The command line, environment, working directory, signal handlers and logging as they were."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from src.tracking.sweep import record
+    from src.tracking.sweep import record, signals
 
     saved_argv, saved_env, saved_cwd = sys.argv, dict(os.environ), os.getcwd()
-    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)}
+    saved_unraisable = sys.unraisablehook
     root = logging.getLogger()
     saved_root = root.handlers[:], root.level
     saved_loggers = {
@@ -155,8 +156,11 @@ def _restored_process_state(argv: list[str], env: dict | None, cwd):
     finally:
         GlobalHydra.instance().clear()
         record.ledger = record.Ledger()
+        signal.setitimer(signal.ITIMER_REAL, 0)
         for s, handler in saved_signals.items():
             signal.signal(s, handler)
+        sys.unraisablehook = saved_unraisable
+        signals._pending = signals._dropped_stop = None  # a stop this run received is its own
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)

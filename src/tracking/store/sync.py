@@ -9,9 +9,9 @@ a store that lost a job's run (deleted, or a server on a fresh backend) gets the
 against the same store does the same by itself.
 
 A journal names the store it was written for; sync replays it there only where that store is one the user
-chose: named with `tracking_uri=<uri>` (repeatable), the default store, one a pending entry of this user's own
-jobs names, or the one its job's Hydra config (`.hydra/config.yaml` beside it) names. Any other is refused in
-one line (a file in a folder can name any store).
+chose: named with `tracking_uri=<uri>` (repeatable), the default store, or one a pending entry of this user's own
+jobs names (in their cache). Any other is refused in one line: a file in a folder can name any store, and so can
+a Hydra config planted beside it, so neither vouches for one.
 
 A journal leaves the list once the store holds all it can take. One whose store cannot be opened stays
 listed while it has records to deliver (exit 1); one with nothing left to deliver is unlisted. Exit 0
@@ -21,8 +21,6 @@ when nothing is pending.
 from __future__ import annotations
 
 from pathlib import Path
-
-import yaml
 
 from src.common import envvars
 from src.common.paths import cache_root
@@ -50,29 +48,15 @@ def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
     return found
 
 
-def _config_uri(path: Path) -> str | None:
-    """The store the journal's job was configured with (its Hydra config beside it), or None."""
-    config = path.parent / ".hydra" / "config.yaml"
-    try:
-        loaded = yaml.safe_load(config.read_text()) if config.is_file() else None
-        tracking = loaded.get("tracking") if isinstance(loaded, dict) else None
-        uri = tracking.get("uri") if isinstance(tracking, dict) else None
-    except Exception:  # noqa: BLE001 - a damaged or odd config vouches for nothing
-        return None
-    return uri if isinstance(uri, str) else default_uri() if tracking is not None else None
-
-
-def _trusted(uri: str, path: Path, named: set[str], listed: set[str]) -> str | None:
-    """Why this journal may be replayed into `uri` (a file can name any store; a sync writes only where the
-    user asked), or None."""
+def _trusted(uri: str, named: set[str], listed: set[str]) -> str | None:
+    """Why a journal may be replayed into `uri` (a file can name any store; a sync writes only where the user
+    asked), or None. Nothing beside the journal counts: a folder's own config is as plantable as the journal."""
     if uri in named:
         return "named on the command line"
     if uri in listed:
         return "listed by this user's own jobs"
     if uri == default_uri():
         return "the default store"
-    if uri == _config_uri(path):
-        return "its job's config"
     return None
 
 
@@ -130,10 +114,10 @@ class _Sync:
         start = journal.start_of(path)
         if not start.get("uri"):
             return ""
-        if not isinstance(start["uri"], str) or not _trusted(start["uri"], path, self.named, self.listed):
+        if not isinstance(start["uri"], str) or not _trusted(start["uri"], self.named, self.listed):
             say(
                 f"{path}: written for the store {start['uri']!r}, which is neither named here, the "
-                f"default store, one this user's jobs listed, nor its job's config's; not replayed (python -m "
+                f"default store, nor one this user's jobs listed; not replayed (python -m "
                 f"src.sync {path.parent} tracking_uri=<that store> replays it there)",
                 err=True,
             )
@@ -160,7 +144,11 @@ class _Sync:
                 f"({first_line(err)}), so it stays unchecked and is unlisted"
             )
             return ""
-        say(f"{path}: not replayed ({first_line(err)}); fix the store and run python -m src.sync again", err=True)
+        say(
+            f"{path}: not replayed ({first_line(err)}); fix the store and run python -m src.sync {path.parent} "
+            f"tracking_uri={uri} again",
+            err=True,
+        )
         self.behind.add(uri)
         return "failed"
 
@@ -171,6 +159,7 @@ class _Sync:
                 say(
                     f"runs left running in {store.uri} are not closed yet: a journal was not replayed "
                     f"(said above), and its jobs may belong to them; python -m src.sync <its sweep's directory> "
+                    f"tracking_uri={store.uri} "
                     f"replays it and closes them"
                 )
                 continue

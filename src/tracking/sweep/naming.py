@@ -12,6 +12,7 @@ Only the sweeper sees the whole sweep, so it tells each job which fields vary, t
 from __future__ import annotations
 
 from src.common.axes import AXES
+from src.common.mdtext import plain
 
 VARIES = "QUANTSPEC_VARIES"
 NAMED_GROUPS = AXES[:-1]  # the engine is added only where it is not native
@@ -50,4 +51,4 @@ def job_name(choices: dict[str, str], overrides: list[str], varies: str = "") ->
     for key, label in zip(keys, short):
         if key in fields:
             name += f"·{label if short.count(label) == 1 else key}={fields[key]}"
-    return name
+    return plain(name)  # a value's right-to-left override would reorder the name the UI shows

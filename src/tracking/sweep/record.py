@@ -148,6 +148,7 @@ def run_job(
     A config error is one line and no run. A job a previous attempt of the same sweep finished is kept,
     not rerun (resume=false reruns it). Everything measured is journaled in `output_dir` as it is
     logged, so a store that fails mid-job loses nothing."""
+    signals.check()  # a stop dropped inside a library callback ends the sweep here, before another job starts
     name = name or job_name(choices, [])
     if raw.get("round", 1) != 1:  # src.tracking.sweep.rounds: a later round of the same job, its own run
         name += f" round {raw['round']}"
@@ -330,6 +331,7 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         run.log_metrics(row.metrics(), step=row.example)
         logged.add(row.example)
         run.measured = (len(logged), total)
+        signals.check()  # the row is kept: a stop dropped inside a library callback ends the job here
 
     with sysmetrics.Sampler(lambda values, step: run.log_metrics(values, step=step), cfg.tracking.system_metrics_s):
         job = jobs.build(cfg, run)

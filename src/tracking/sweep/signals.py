@@ -4,11 +4,20 @@ SIGTERM (a scheduler, `kill`) and SIGHUP (a closed terminal) raise Stopped in th
 already raises KeyboardInterrupt. Both derive from BaseException, so no `except Exception` on the way
 up (Hydra's included) mistakes a stop for a job failure. Once stopping has begun, further signals are
 ignored: the few store calls that close the runs must not be cut short by an impatient second Ctrl-C.
+
+A signal can land while Python runs a weakref callback, a finalizer or a garbage collection: an exception raised
+there is printed ("Exception ignored in: ...") and dropped, and the sweep went on (the fifth round of faults, twice).
+So a stop is remembered before it is raised, a dropped one is raised again 10 ms later (the unraisable hook sets a
+one-shot timer whose SIGALRM raises it: by then the interpreter is back in ordinary code, and should it land in a
+callback again, the same happens again), and the loops check for one (`check`) at every job and every measured
+example. (Sending the signal again from the hook does not do: its handler runs at once, inside the hook, where
+Python drops the exception too.)
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 
 CAUGHT = (signal.SIGTERM, signal.SIGHUP)
 
@@ -19,18 +28,56 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+_pending: int | None = None  # the stop signal received, if any: set before it is raised, so none is lost
+
+
 def _raise(signum, frame):
+    global _pending
+    _pending = signum
     raise Stopped(signum)
 
 
+def check() -> None:
+    """Raise the stop a signal asked for, where one was received and dropped (or not raised yet)."""
+    if _pending is not None:
+        raise Stopped(_pending)
+
+
+RETRY_S = 0.01
+
+
+def _again(signum, frame):
+    if _dropped_stop is not None:
+        raise _dropped_stop
+
+
+_dropped_stop: BaseException | None = None
+
+
+def _dropped(unraisable) -> None:
+    """sys.unraisablehook: a stop (or Ctrl-C) raised where Python drops exceptions is raised again RETRY_S later;
+    the rest as Python reports them."""
+    global _dropped_stop
+    if isinstance(unraisable.exc_value, (Stopped, KeyboardInterrupt)):
+        _dropped_stop = unraisable.exc_value
+        signal.setitimer(signal.ITIMER_REAL, RETRY_S)
+    else:
+        sys.__unraisablehook__(unraisable)
+
+
 def install() -> None:
+    global _pending, _dropped_stop
+    _pending = _dropped_stop = None
     for sig in CAUGHT:
         signal.signal(sig, _raise)
+    signal.signal(signal.SIGALRM, _again)
+    sys.unraisablehook = _dropped
 
 
 def stopping() -> None:
-    """From here on the process is ending: ignore further stop signals."""
-    for sig in (*CAUGHT, signal.SIGINT):
+    """From here on the process is ending: ignore further stop signals (and a dropped stop's retry)."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    for sig in (*CAUGHT, signal.SIGINT, signal.SIGALRM):
         signal.signal(sig, signal.SIG_IGN)
 
 

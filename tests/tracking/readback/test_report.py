@@ -1,5 +1,6 @@
 """The sweep report against the runs' own metrics, and a real MLflow tracking server on loopback."""
 
+import html
 import json
 import math
 import urllib.request
@@ -195,8 +196,14 @@ def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path
         assert "Traceback" not in out.stderr and not store.exists()
 
 
-def test_a_decode_sweep_gets_its_plots_and_no_empty_columns(tmp_path):
+def test_a_decode_sweep_gets_its_plots_and_no_empty_columns_and_a_hostile_cpu_name_stays_text(tmp_path):
+    """The sweep's host names itself with markup (QUANTSPEC_CPU_NAME: a VM's model string is anyone's): report.md
+    and each job's MLflow description (which the UI renders as markdown), rendered, hold no tag, no link and no
+    right-to-left override (the fifth round of faults found them live)."""
+    from tests.common.test_mdtext import assert_inert, render
+
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    hostile = "Evil | CPU <img src=x onerror=alert(1)> [l](javascript:alert(2)) ` \u202eedoc"
     out = run_cli(
         [
             "-m",
@@ -208,11 +215,23 @@ def test_a_decode_sweep_gets_its_plots_and_no_empty_columns(tmp_path):
             f"tracking.uri={store}",
             f"hydra.sweep.dir={tmp_path / 's'}",
             "report_at_end=false",
-        ]
+        ],
+        env={"QUANTSPEC_CPU_NAME": hostile},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
     assert {"time_per_token_ms_by_job.png", "prefill_ms_by_job.png", "speedup.png"} <= set(rep.files)
+    page = render(rep.files["report.md"].read_text())
+    assert_inert(page)
+    assert "Evil | CPU <img src=x onerror=alert(1)> [l](javascript:alert(2)) ` edoc" in html.unescape(page)
+    published = run_cli([f"tracking_uri={store}", f"out={tmp_path / 'published'}"], module="src.report")
+    assert published.returncode == 0, published.stderr[-2000:]  # the descriptions written on the runs
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
+    notes = [r.data.tags.get("mlflow.note.content", "") for r in runs]
+    assert any("Evil" in n for n in notes)
+    for note in notes:
+        assert_inert(render(note))
     table = rep.files["report.md"].read_text().split("## Summary")[1].split("##")[0]
     assert "time/token (ms)" in table and "perplexity" not in table and "pass@1" not in table
     assert all(not (isinstance(c, float) and math.isnan(c)) for row in rep.summary for c in row[4:])

@@ -7,6 +7,7 @@ import io
 import math
 from pathlib import Path
 
+from src.common.mdtext import md_text
 from src.common.metrics import markdown_table
 from src.tracking.readback.regress.judge import Comparison
 from src.tracking.store.names import key_of
@@ -15,7 +16,7 @@ from src.tracking.store.names import key_of
 def markdown(c: Comparison) -> str:
     level = f"{c.confidence:.0%}"
     lines = [
-        f"# {c.new.sweep_id} against {c.baseline.sweep_id}",
+        f"# {md_text(c.new.sweep_id)} against {md_text(c.baseline.sweep_id)}",
         "",
         f"Ratios are new / baseline: above 1 is slower (or, for a quality figure, higher), with a {level} "
         f"bootstrap interval: of the median of the examples' ratios where both sweeps ran the same examples "
@@ -52,7 +53,7 @@ def markdown(c: Comparison) -> str:
         ("Failed or killed jobs", c.failed),
     ):
         if items:
-            lines += [f"## {title}", "", *[f"- {i}" for i in items], ""]
+            lines += [f"## {title}", "", *[f"- {md_text(i)}" for i in items], ""]
     lines += ["## What differs between the two sweeps' hosts", ""]
     if c.host_changes:
         lines += [

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from src.common.mdtext import md_code, md_text
 from src.common.metrics import csv_text, markdown_table, seed_table
 from src.common.paths import child
 from src.tracking.readback import quality as q
@@ -48,8 +49,8 @@ def build(
     summary, headers = summary_rows(groups, flags)
     rounds = max((len(c.runs) for c in groups), default=1)
     parts = [
-        f"# {parent.info.run_name}\n",
-        f"`{parent.data.tags.get('overrides', '')}`\n",
+        f"# {md_text(parent.info.run_name)}\n",
+        f"{md_code(parent.data.tags.get('overrides', ''))}\n",
         *fallback_lines(jobs),
         *rounds_lines(groups, rounds),
         "## Summary\n",
@@ -64,7 +65,7 @@ def build(
     overview = "\n".join(parts[2:])
     parts += [f"![{name}]({name})\n" for name in files if name.endswith(".png")]
     for name, table in tables.items():
-        parts += [f"## {name}\n", table + "\n"]
+        parts += [f"## {md_text(name)}\n", table + "\n"]
     (out / "report.md").write_text("\n".join(parts))
     (out / "summary.csv").write_text(csv_text([headers, *summary]))
     files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})

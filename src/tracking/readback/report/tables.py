@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from src.common.mdtext import md_text
 from src.common.metrics import markdown_table
 from src.tracking.readback.compare import JobRounds, Speedup, Spread, condition
 from src.tracking.readback.quality import fields
@@ -155,4 +156,5 @@ def describe(config: JobRounds, gain: Speedup | None, baseline: dict[str, str], 
         f"{'' if engine in ('native', '?') else ' on ' + engine} · "
         f"{'no draft' if draft == 'none' else 'draft ' + draft} · {run.tags.get('ran_on', config.choice('hardware'))}"
     )
-    return " · ".join(part for part in (flag, said, figure, what) if part)
+    # MLflow's UI renders a description as markdown: the names in it are text (src.common.mdtext)
+    return md_text(" · ".join(part for part in (flag, said, figure, what) if part))

@@ -1,0 +1,70 @@
+"""A stop signal that lands where Python drops exceptions (a weakref callback, a finalizer, a garbage collection)
+still stops: the fifth round of faults saw SIGTERM printed as "Exception ignored in: ...WeakValueDictionary...
+Stopped: SIGTERM" and the sweep go on. Each case is a real process sent a real signal while it runs such a
+callback (the process is what is tested)."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from src.tracking.sweep import signals
+
+PROGRAM = textwrap.dedent(
+    """
+    import gc, os, signal, sys, time, weakref
+    from src.tracking.sweep import signals
+
+    signals.install()
+
+    class Held:
+        def __del__(self):
+            if WHERE == "finalizer":
+                os.kill(os.getpid(), SIG)
+                spin()
+
+    def spin():  # the handler runs here, inside the callback, at the interpreter's next check
+        end = time.time() + 0.2
+        while time.time() < end:
+            pass
+
+    def landed(ref):
+        os.kill(os.getpid(), SIG)
+        spin()
+
+    try:
+        held = Held()
+        ref = weakref.ref(held, landed if WHERE == "weakref" else None)
+        del held
+        gc.collect()
+        for _ in range(200):  # the sweep's loop going on: a stop must end it
+            time.sleep(0.01)
+        print("went on")
+    except (signals.Stopped, KeyboardInterrupt) as err:
+        print("stopped", type(err).__name__)
+        sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["weakref", "finalizer"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_dropped_inside_a_callback_still_stops_the_process(where, sig):
+    head = f"WHERE = {where!r}\nSIG = signal.{sig}\nimport signal\n"
+    program = PROGRAM.replace("signals.install()", head + "signals.install()", 1)
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("stopped") and "went on" not in ran.stdout
+
+
+def test_a_stop_left_pending_is_raised_at_the_next_check():
+    saved = signals._pending
+    try:
+        signals._pending = None
+        signals.check()  # nothing asked for: nothing raised
+        signals._pending = 15
+        with pytest.raises(signals.Stopped, match="SIGTERM"):
+            signals.check()
+    finally:
+        signals._pending = saved
