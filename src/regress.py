@@ -11,4 +11,4 @@ from src.tracking.readback.regress.cli import main
 startup.imported()
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(startup.run(main, sys.argv[1:]))

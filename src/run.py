@@ -25,6 +25,7 @@ from src.common import startup  # first: the collector paused for the imports be
 # isort: split
 import hashlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -191,6 +192,9 @@ def cli() -> None:
     signals.install()
     try:
         main()
+    except BrokenPipeError:  # the output's reader went away (`| head`): nothing more can be said there
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
     except (KeyboardInterrupt, Stopped) as err:
         sys.exit(record.stopped(err))
     except SweepAbort as err:

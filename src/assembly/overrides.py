@@ -42,13 +42,20 @@ TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true
 PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "true or false values"}
 
 
+# Hydra's flags that take the next word as their value (`-cn config`, `--cfg job`): that word is no override.
+VALUED_FLAGS = {"-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "-c", "--cfg", "-p", "--package"}
+
+
 def unparsable(args: list[str]) -> str | None:
     """The first override Hydra's grammar cannot read, in one line (Hydra's own error is a multi-line
-    report with a link), or None."""
+    report with a link, and a word without `=` a traceback), or None."""
     parser = OverridesParser.create()
-    for arg in args:
-        if arg.startswith("-") or "=" not in arg:
+    for i, arg in enumerate(args):
+        if arg.startswith("-") or (i and args[i - 1] in VALUED_FLAGS):
             continue
+        if "=" not in arg and not arg.startswith("~"):  # ~key deletes: Hydra's grammar reads it
+            shown = arg if len(arg) <= 60 else arg[:57] + "..."
+            return f"{shown!r} is not an override: overrides are key=value (e.g. model=llama-160m, precision=w8a8)"
         try:
             parser.parse_override(arg)
         except (OverrideParseException, HydraException) as err:

@@ -32,3 +32,18 @@ def child(parent: Path, name: str) -> Path:
     if not path.resolve().is_relative_to(parent.resolve()):
         raise ValueError(f"{name!r} would leave {parent}")
     return path
+
+
+def unwritable(folder: Path, setting: str) -> str | None:
+    """Why a command's output folder (`setting`, as the user wrote it) cannot be written, in one line, or None:
+    made (with its parents) and probed now, before anything is read or computed."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".quantspec-write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        return (
+            f"{setting} cannot be written ({err.strerror or type(err).__name__}: {folder}); name a folder you can write"
+        )
+    return None

@@ -11,6 +11,9 @@ An entry module imports this first (its own import block, before the heavy ones)
 its last import."""
 
 import gc
+import os
+import signal
+import sys
 
 _was_enabled = gc.isenabled()
 gc.disable()
@@ -23,3 +26,16 @@ def imported() -> None:
     gc.freeze()
     if _was_enabled:
         gc.enable()
+
+
+def run(main, argv: list[str]) -> int:
+    """The command's exit code: main's, or 141 (128 + SIGPIPE, as a shell reports a writer its reader left) where
+    the reader of its output went away (`| head -1`): nothing more can be said there, so nothing is, and the
+    interpreter's own flush at exit is pointed at /dev/null instead of printing a traceback."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return code

@@ -44,6 +44,7 @@ def one_line(text: str) -> str:
         ("experiment='" + "é" * 300 + "'", "must be 1 to 200 printable characters"),
         ("experiment=" + "é" * 300, "cannot read the override 'experiment=ééé"),
         ("dataset.max_mb=0", "dataset.max_mb=0 must be at least 1"),
+        ("bogus", "'bogus' is not an override: overrides are key=value"),  # had been Hydra's parse traceback
         # beyond what setrlimit holds: every completion, a correct one too, had been scored failed, exit 0
         (
             "task=benchmark_code task.sandbox_timeout_s=1e300",

@@ -27,6 +27,17 @@ def sweep(tmp_path_factory):
     return store, tmp
 
 
+@pytest.mark.parametrize("module, args", [("src.report", []), ("src.regress", ["baseline=x"])])
+def test_an_output_folder_that_cannot_be_written_is_one_line_before_the_store_is_read(sweep, module, args):
+    """out=/proc/x had ended both commands in a FileNotFoundError traceback, exit 1 (regress's "slower")."""
+    store, _ = sweep
+    out = run_cli([*args, f"tracking_uri={store}", "out=/proc/x"], module=module)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip() == "quantspec: out=/proc/x cannot be written (No such file or directory: /proc/x); " + (
+        "name a folder you can write"
+    )
+
+
 def test_report_numbers_are_the_runs_own(sweep):
     store, tmp = sweep
     rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp / "reports")
@@ -298,7 +309,7 @@ def test_a_busy_sweep_is_measured_again_and_marked_where_its_figures_are_shown(t
     )
     rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "reports")
     text = rep.files["report.md"].read_text()
-    assert "[⚠ BUSY job+baseline] tiny-llama·phx·bf16" in text
+    assert "\\[⚠ BUSY job+baseline\\] tiny-llama·phx·bf16" in text  # a cell is text: its brackets escaped
     assert {"speedup.png", "time_per_token_ms_vs_prompt.png", "prefill_ms_vs_prompt.png"} <= {n for n, _, _ in drawn}
     for name, box, (width, height) in drawn:
         assert box.x0 >= -0.01 and box.y0 >= -0.01 and box.x1 <= width + 0.01 and box.y1 <= height + 0.01, name

@@ -68,3 +68,13 @@ def test_a_stop_left_pending_is_raised_at_the_next_check():
             signals.check()
     finally:
         signals._pending = saved
+
+
+@pytest.mark.parametrize("module", ["src.sync", "src.report", "src.regress", "src.run"])
+def test_a_reader_that_leaves_the_pipe_gets_no_traceback(module):
+    """`python -m src.sync --help | head -1` had printed a BrokenPipeError traceback: the reader here leaves before
+    the command writes (the process, its pipe and its exit code are what is tested)."""
+    ran = subprocess.run(
+        f"{sys.executable} -m {module} --help | true", shell=True, capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in ran.stderr and "BrokenPipe" not in ran.stderr, ran.stderr

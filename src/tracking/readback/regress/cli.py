@@ -27,6 +27,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from src.common.environment import PROJECT_ROOT
+from src.common.paths import unwritable
 from src.common.say import say
 from src.common.settings import Command, Setting, SettingError
 from src.tracking.readback.command import start
@@ -106,6 +107,10 @@ def main(argv: list[str]) -> int:
     if isinstance(started, int):
         return started
     cfg, uri = started
+    problem = unwritable(PROJECT_ROOT / cfg["out"], f"out={cfg['out']}")
+    if problem:  # said before the store is read: a traceback at the end had lost the work
+        say(problem, err=True)
+        return 2
     client = MlflowClient(uri)
     try:
         base = load(client, cfg["experiment"], cfg["baseline"])

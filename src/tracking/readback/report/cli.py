@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from src.common.environment import PROJECT_ROOT
+from src.common.paths import unwritable
 from src.common.say import say
 from src.tracking.readback.command import start
 from src.tracking.readback.report.markdown import build
@@ -48,6 +49,10 @@ def main(argv: list[str]) -> int:
     if isinstance(started, int):
         return started
     cfg, uri = started
+    problem = unwritable(PROJECT_ROOT / cfg["out"], f"out={cfg['out']}")
+    if problem:  # said before the store is read: a traceback at the end had lost the work
+        say(problem, err=True)
+        return 2
     try:
         sweep = str(Path(cfg["sweep"]).resolve()) if cfg["sweep"] else None  # sweeps are keyed by absolute directory
         report = (publish if cfg["attach"] else build)(
