@@ -52,6 +52,16 @@ class QuantSpec:
         if self.head_scheme is not None:
             check_choice("precision.head_scheme", self.head_scheme, SCHEMES)
         four_bit = self.scheme in INT4_SCHEMES or self.head_scheme in INT4_SCHEMES
+        if four_bit and self.group_size is None:  # the precision chose no groups: blame what asked for 4 bits
+            asked = (
+                f"precision.scheme={self.scheme}"
+                if self.scheme in INT4_SCHEMES
+                else (f"precision.head_scheme={self.head_scheme}")
+            )
+            raise ConfigError(
+                f"{asked} is a 4-bit scheme, which quantizes in groups, and this precision sets none; add "
+                f"precision.group_size= one of: {', '.join(map(str, INT4_GROUPS))}"
+            )
         if four_bit and self.group_size not in INT4_GROUPS:
             raise ConfigError(
                 f"precision.group_size={self.group_size} is not one the int4 kernel runs; "

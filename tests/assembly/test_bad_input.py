@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from src.assembly.config import ConfigError, job_config_from_dict
 from src.tracking.sweep.record import run_job
 from tests.helpers import compose_job, fresh_cache, run_cli
 
@@ -332,3 +333,10 @@ def test_an_lm_eval_setting_is_blamed_alone(overrides, words):
     with pytest.raises(ConfigError) as err:
         job_config_from_dict(raw)  # validated as it is converted, once, at the entry
     assert str(err.value) == words
+
+
+def test_a_four_bit_head_on_a_precision_without_groups_blames_the_head():
+    """precision=w8a8 precision.head_scheme=w4a8 had blamed precision.group_size=None, a field never set."""
+    raw, _ = compose_job(["model=tiny-llama", "precision=w8a8", "precision.head_scheme=w4a8"])
+    with pytest.raises(ConfigError, match=r"^precision.head_scheme=w4a8 is a 4-bit scheme, which quantizes in groups"):
+        job_config_from_dict(raw)

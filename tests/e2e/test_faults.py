@@ -626,6 +626,13 @@ def test_sync_writes_only_to_a_store_the_user_chose_not_to_any_a_journal_names(t
     assert [r.info.run_name for r in runs(uri)] == ["planted"]
 
 
+def test_sync_of_a_folder_that_is_not_there_is_one_line(tmp_path, env):
+    """A mistyped sweep directory had been said as "journal ... is listed as pending but is gone"."""
+    out = run_cli([str(tmp_path / "a-mistyped-sweep-dir")], module="src.sync", env=env)
+    assert out.returncode == 2 and said(out.stderr) == [out.stderr.strip()], out.stdout + out.stderr
+    assert "a-mistyped-sweep-dir: no such journal or folder; name a sweep's directory" in out.stderr
+
+
 @pytest.mark.parametrize("module, args", [("src.report", []), ("src.regress", ["baseline=x"])])
 def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_within_seconds(module, args):
     import socket

@@ -43,6 +43,8 @@ def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
         return found
     found = []
     for arg in map(Path, args):
+        if not arg.exists():  # a mistyped folder: not a journal "listed as pending but gone"
+            raise SettingError(f"{arg}: no such journal or folder; name a sweep's directory or a {journal.FILE}")
         paths = sorted(arg.rglob(journal.FILE)) if arg.is_dir() else [arg]
         found += [(None, p) for p in paths]
     return found
@@ -75,6 +77,7 @@ def main(argv: list[str]) -> int:
     try:
         envvars.check()
         cfg, argv = COMMAND.parse(argv)
+        journals = _journals(argv) if argv else None  # given paths: each must be there, before anything is replayed
     except (envvars.EnvError, SettingError) as err:
         say(str(err), err=True)
         return 2
@@ -87,7 +90,7 @@ def main(argv: list[str]) -> int:
     for pointer, why in unread:  # an entry that does not read hides its journal, so it is said, and counts
         say(f"{journal.unreadable_line(pointer, why)}", err=True)
         failed += 1
-    for pointer, path in _journals(argv):
+    for pointer, path in journals if journals is not None else _journals(argv):
         done = run.replay(pointer, path)
         failed += done == "failed"
         replayed += done == "replayed"

@@ -38,6 +38,17 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_before_the_store_is
     )
 
 
+def test_a_baseline_no_job_has_is_refused_in_one_line(sweep, tmp_path):
+    """baseline.precision=zzz had written a report saying "(no job has its baseline in this sweep)", exit 0."""
+    store, _ = sweep
+    out = run_cli([f"tracking_uri={store}", "baseline.precision=zzz", f"out={tmp_path}"], module="src.report")
+    assert out.returncode == 2 and not list(tmp_path.iterdir()), out.stderr[-2000:]
+    assert out.stderr.strip() == (
+        "quantspec: baseline.precision=zzz is no job's precision in this sweep (its jobs': bf16, fp32, w8a8); "
+        "name one of those"
+    )
+
+
 def test_report_numbers_are_the_runs_own(sweep):
     store, tmp = sweep
     rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp / "reports")

@@ -13,12 +13,24 @@ from src.tracking.readback import quality as q
 from src.tracking.readback.compare import job_rounds, speedups
 from src.tracking.readback.report.plots import _plots, _save
 from src.tracking.readback.report.rows import Report, draft_quality_lines, fallback_lines, job_rows
-from src.tracking.readback.report.settings import DEFAULT_QUALITY
+from src.tracking.readback.report.settings import DEFAULT_BASELINE, DEFAULT_QUALITY
 from src.tracking.readback.report.tables import rounds_lines, speedup_table, summary_rows
 from src.tracking.readback.sweeps import sweep_jobs
 from src.tracking.store.names import (
     SWEEP_KEY,
 )
+
+
+def _check_baseline(baseline: dict[str, str], jobs) -> None:
+    """A baseline choice the user set that no job of the sweep has is a typo (baseline.precision=zzz): refused in
+    one line, not written as a report with no speedups. The defaults may match nothing (a sweep without fp32)."""
+    for group, choice in baseline.items():
+        held = sorted({j.choice(group) for j in jobs})
+        if choice != DEFAULT_BASELINE.get(group) and choice not in held:
+            raise LookupError(
+                f"baseline.{group}={choice} is no job's {group} in this sweep (its jobs': {', '.join(held)}); "
+                f"name one of those"
+            )
 
 
 def build(
@@ -29,6 +41,7 @@ def build(
     parent_id, jobs = sweep_jobs(uri, experiment, sweep)
     client = MlflowClient(uri)
     groups = job_rounds(jobs)
+    _check_baseline(baseline, jobs)
     finished = [j for j in jobs if j.tags.get("outcome") == "finished"]
     rows_of = {j.name: job_rows(client, j) for j in finished}
     tables = {name: seed_table(rows) for name, rows in rows_of.items() if rows}

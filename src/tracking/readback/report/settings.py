@@ -71,3 +71,4 @@ def settings(argv: list[str] = ()) -> dict:
 
 
 DEFAULT_QUALITY = settings()["quality"]
+DEFAULT_BASELINE = settings()["baseline"]
