@@ -283,6 +283,9 @@ class Search(Rounds):
         every round was busy), from the first of its jobs that has it."""
         store = record.ledger.store_for(sweep)
         parent = store.find_sweep(str(sweep.sweep_dir))
+        if parent is None:  # no job of the search has run yet: every one so far was refused by its config
+            trial.state = "refused by its config (said above)"
+            return
         runs = []
         for key in trial.keys:
             runs += store.search(
@@ -349,6 +352,8 @@ class Search(Rounds):
         try:
             store = record.ledger.store_for(sweep)
             parent = store.find_sweep(str(sweep.sweep_dir))
+            if parent is None:  # every trial refused by its config: no run to tag
+                return
             store.set_tags(
                 parent.info.run_id,
                 {

@@ -86,6 +86,26 @@ def test_a_search_that_cannot_run_says_why_in_one_line(tmp_path, args, said):
     assert "Traceback" not in out.stderr and len([x for x in out.stderr.splitlines() if "quantspec:" in x]) == 1
 
 
+def test_a_search_whose_every_trial_is_refused_ends_in_lines_not_a_traceback(tmp_path):
+    """precision.alpha=interval(2,5) lies outside the field's range: each trial is refused by its config, and the
+    sweeper's tell had then read a parent run that did not exist (AttributeError)."""
+    out = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=search",
+            "model=tiny-llama",
+            "precision=w8a8",
+            "precision.alpha=interval(2,5)",
+            "hydra.sweeper.trials=2",
+            f"tracking.uri=sqlite:///{tmp_path / 'db'}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ]
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr + out.stdout, out.stderr[-2000:]
+    assert "AttributeError" not in out.stderr + out.stdout and "all 2 jobs refused by their config" in out.stdout
+    assert out.stdout.count("refused by its config (said above)") >= 2  # each trial's log line and its table row
+
+
 def test_the_space_reads_the_command_line():
     parser = OverridesParser.create()
     plan = search.space(
