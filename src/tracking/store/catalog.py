@@ -58,8 +58,10 @@ CATALOG: list[Name] = [
         (
             "executed.step_path",
             "native engine: the step path that runs the model (quantspec: the C++ step; python: the Python "
-            "layer loop where the C++ step does not cover the model; transformers: its own forward)",
+            "layer loop where the C++ step does not cover the model; static: the fixed-shape step, quantspec's "
+            "on a GPU; transformers: its own forward)",
         ),
+        ("executed.capture", "the static step's: eager, graph (a CUDA graph per draft length) or compile"),
         (
             "executed.huge_pages",
             "CPU jobs: how much of the weights the step streams sits on 2 MB pages (collapsed before timing), "
