@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from src.engine import fastpath
 from src.engine.common import Generation, Sampling, eos_ids, probabilities
 from src.engine.fused import Projection
 
@@ -120,7 +121,7 @@ class Step:
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(1, x.shape[1], -1, self.head_dim).transpose(1, 2)
 
-    def attend(self, i: int, q, key, value, pos, mask, cache_k, cache_v) -> torch.Tensor:
+    def attend(self, q, key, value, pos, mask, cache_k, cache_v) -> torch.Tensor:
         """Write this step's keys and values at `pos`, attend over the whole buffer under `mask`:
         [1, heads, k, head_dim] -> [1, k, heads * head_dim]."""
         cache_k.index_copy_(2, pos, key)
@@ -168,8 +169,6 @@ class Rotary:
 class LlamaStep(Step):
     """LlamaForCausalLM and Qwen2ForCausalLM (Qwen2's q/k/v biases live in its linears)."""
 
-    FAMILIES = ("llama", "qwen2")
-
     def __init__(self, model, positions: int):
         cfg = model.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -184,9 +183,7 @@ class LlamaStep(Step):
         self.final = _rms(base.norm, False)
         self.rotary = Rotary(base.rotary_emb, positions, self.dtype, self.device)
 
-    @staticmethod
-    def supports(model) -> bool:
-        return model.config.model_type in LlamaStep.FAMILIES
+    supports = staticmethod(fastpath.LlamaSteps.supports)  # the same families as the Python step path
 
     def rotaries(self) -> list[Rotary]:
         return [self.rotary]
@@ -198,7 +195,7 @@ class LlamaStep(Step):
         layer, (pre, post) = self.layers[i], self.norms[i]
         q, key, value = self.attn_in[i](pre(h))
         q, key = self.rotary(self.heads(q), self.heads(key), pos)
-        h = h + layer.self_attn.o_proj(self.attend(i, q, key, self.heads(value), pos, mask, cache_k, cache_v))
+        h = h + layer.self_attn.o_proj(self.attend(q, key, self.heads(value), pos, mask, cache_k, cache_v))
         gate, up = self.mlp_in[i](post(h))
         return h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
@@ -236,14 +233,7 @@ class GemmaStep(Step):
         }
         self.softcap = cfg.final_logit_softcapping
 
-    @staticmethod
-    def supports(model) -> bool:
-        cfg = model.config
-        return (
-            cfg.model_type == "gemma3_text"
-            and cfg.attn_logit_softcapping is None
-            and not cfg.use_bidirectional_attention
-        )
+    supports = staticmethod(fastpath.GemmaSteps.supports)  # the same models as the Python step path
 
     def rotaries(self) -> list[Rotary]:
         return list(self.rotary.values())
@@ -255,7 +245,7 @@ class GemmaStep(Step):
         layer, (pre, post, pre_ff, post_ff), (qn, kn) = self.layers[i], self.norms[i], self.qk_norms[i]
         q, key, value = self.attn_in[i](pre(h))
         q, key = self.rotary[self.types[i]](qn(self.heads(q)), kn(self.heads(key)), pos)
-        out = layer.self_attn.o_proj(self.attend(i, q, key, self.heads(value), pos, mask, cache_k, cache_v))
+        out = layer.self_attn.o_proj(self.attend(q, key, self.heads(value), pos, mask, cache_k, cache_v))
         h = h + post(out)
         gate, up = self.mlp_in[i](pre_ff(h))
         return h + post_ff(layer.mlp.down_proj(layer.mlp.act_fn(gate) * up))
@@ -278,9 +268,7 @@ class OptStep(Step):
         self.layers = list(self.decoder.layers)
         self.kv_in = [_linears([x.self_attn.k_proj, x.self_attn.v_proj]) for x in self.layers]
 
-    @staticmethod
-    def supports(model) -> bool:
-        return model.config.model_type == "opt" and model.config.do_layer_norm_before
+    supports = staticmethod(fastpath.OptSteps.supports)  # layer norm first, as the Python step path
 
     def embed(self, ids, pos):
         dec = self.decoder
@@ -295,7 +283,7 @@ class OptStep(Step):
         x = layer.self_attn_layer_norm(h)
         q = self.heads(attn.q_proj(x) * attn.scaling)
         key, value = self.kv_in[i](x)
-        h = h + attn.out_proj(self.attend(i, q, self.heads(key), self.heads(value), pos, mask, cache_k, cache_v))
+        h = h + attn.out_proj(self.attend(q, self.heads(key), self.heads(value), pos, mask, cache_k, cache_v))
         return h + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(h))))
 
     def head(self, h):
@@ -424,17 +412,20 @@ class Decoder:
         if self.cache is None:
             self.cache = self.step_fn.new_cache(start + k + self.reserve)
         elif self.cache.grow(start + k):
-            self.logits.reset()
-            self.greedy.reset()
+            self._recapture()
         for rotary in self.step_fn.rotaries():
             rotary.cover(self.cache.capacity)
         tables = tuple(r.cos.data_ptr() for r in self.step_fn.rotaries())
         if tables != self.tables:  # rebuilt (this or another decoder of the model outgrew them): recapture
-            self.logits.reset()
-            self.greedy.reset()
+            self._recapture()
             self.tables = tables
         self.cache.length = start + k
         return torch.arange(start, start + k, device=self.step_fn.device)
+
+    def _recapture(self) -> None:
+        """What was captured read buffers that moved: capture again at the next call."""
+        self.logits.reset()
+        self.greedy.reset()
 
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         out = self.logits(ids, self._positions(ids.shape[1]))
