@@ -298,6 +298,21 @@ def unread(group: str, entry: Mapping[str, Any], key: str) -> str | None:
     return f"{group}.{kinds.selector} {' or '.join(kinds.owners(key))}" if kinds.owners(key) else None
 
 
+def reads_dataset(raw: Mapping[str, Any]) -> bool:
+    """Whether a composed job (its plain dict) reads the dataset group's text: a task that cuts prompts or windows
+    from it, a precision (the target's or a model draft's) that calibrates on it, or another runtime, which may
+    calibrate its own export on it. Where none does, the dataset is neither a setting to give nor one to record."""
+    task = TASKS.get((raw.get("task") or {}).get("kind"))
+    if task is not None and task.READS_DATASET:
+        return True
+    draft = raw.get("draft") or {}
+    for precision in (raw.get("precision"), draft.get("precision") if draft.get("kind") == "model" else None):
+        method = METHODS.get((precision or {}).get("method"))
+        if method is not None and method.CALIBRATES:
+            return True
+    return (raw.get("engine") or {}).get("module") is not None and (raw.get("precision") or {}).get("method") != "none"
+
+
 def hardware_config(raw: Mapping[str, Any]) -> HardwareConfig:
     """A hardware profile alone (the Ray launcher places each job by its resource before the job runs)."""
     hardware = _build("hardware", HardwareConfig, raw)

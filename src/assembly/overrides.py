@@ -19,7 +19,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.assembly import schema  # registers the groups' schemas, which composition types every field by
-from src.assembly.config import unread
+from src.assembly.config import reads_dataset, unread
 from src.common.environment import PROJECT_ROOT
 
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -218,11 +218,22 @@ def _not_a_setting(key: str, base: DictConfig | None) -> str:
     return f"{key} is not a setting of {group} {choice}; its settings: {settings}"
 
 
+def _reads_dataset(cfg: DictConfig) -> bool:
+    parts = ("task", "precision", "draft", "engine")
+    return reads_dataset({k: OmegaConf.to_container(cfg[k], resolve=False) for k in parts if k in cfg})
+
+
 def _unread(args: list[str], composed: list[DictConfig]) -> str | None:
-    """A field override that no composed job's entry reads (another kind's field), or None: in a sweep, one
-    job reading it is enough."""
+    """A field override that no composed job's entry reads (another kind's field), or a dataset that no job
+    reads, or None: in a sweep, one job reading it is enough."""
     for arg in args:
-        key = arg.split("=", 1)[0]
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key.split(".", 1)[0] == "dataset" and not any(_reads_dataset(cfg) for cfg in composed):
+            tasks = sorted({cfg.hydra.runtime.choices.get("task", "?") for cfg in composed})
+            return (
+                f"{key}=... is read by no job here: task {', '.join(tasks)} reads no dataset (task benchmark, "
+                f"benchmark_long and perplexity do, and a calibrating precision such as w8a8 or w4a16); leave it out"
+            )
         group, _, path = key.partition(".")
         if "=" not in arg or not path or group not in composed[0] or not isinstance(composed[0][group], DictConfig):
             continue

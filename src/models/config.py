@@ -46,6 +46,11 @@ class ModelConfig:
                 "model.local_path is empty; give the directory holding the model's config.json and "
                 "weights, or null to use model.id"
             )
+        if self.weights == "random" and self.local_path:  # the published shape is built by name: nothing is read
+            raise ConfigError(
+                f"model.weights=random builds {self.name}'s published shape and never reads "
+                f"model.local_path={self.local_path}; drop one of the two"
+            )
         if self.source == "gguf_package" and not GGUF_PACKAGE.fullmatch(self.id):
             raise ConfigError(
                 f"model.id={self.id!r} is not a GGUF model package (an importable name ending in "

@@ -160,6 +160,32 @@ def _load_gguf_package(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedMod
     return model, tokenizer, f"gguf:{sha}"
 
 
+# A config.json's sizes: transformers checks few of them (hidden_size=-8 had failed in the tokenizer, -5 in a
+# validator whose reason it keeps in a tag), so they are checked here, before anything is built.
+SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "ffn_dim",
+    "word_embed_proj_dim",
+)
+
+
+def _bad_size(config: dict) -> str | None:
+    """The first size in a config.json (or its text_config) that is not a positive integer, as `key=value`."""
+    for part in (config, config.get("text_config")):
+        for key in SIZES:
+            value = part.get(key) if isinstance(part, dict) else None
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                return f"{key}={value!r}"
+    return None
+
+
 def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     where = cfg.local_path or cfg.id
     if cfg.local_path and not Path(cfg.local_path).expanduser().is_dir():
@@ -181,6 +207,12 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
             raise ModelUnavailable(
                 f"model {cfg.name}: {cfg.local_path}/config.json holds {type(config).__name__}, not a model's "
                 f"config (a JSON object); restore it from the model's source"
+            )
+        bad = _bad_size(config)
+        if bad:
+            raise ModelUnavailable(
+                f"model {cfg.name}: {cfg.local_path}/config.json has {bad}, but a model's sizes are positive "
+                f"integers; restore it from the model's source"
             )
     try:
         model, tokenizer = _load_dir(Path(where).expanduser() if cfg.local_path else where)

@@ -34,6 +34,7 @@ class TaskConfig:
     KIND: ClassVar[str]
     MODULE: ClassVar[str]  # its implementation: a module with run(inputs) -> TaskResult
     DECODES: ClassVar[bool] = False  # a draft changes what it measures
+    READS_DATASET: ClassVar[bool] = False  # reads the dataset group's text (a calibrating precision may too)
     name: str  # the choice's name (conf/task/<name>.yaml): benchmark and benchmark_long share a kind
 
     @property
@@ -159,6 +160,7 @@ class Benchmark(Generating):
 
     KIND: ClassVar[str] = "benchmark"
     MODULE: ClassVar[str] = "src.tasks.benchmark"
+    READS_DATASET: ClassVar[bool] = True
     prompt_lengths: tuple[int, ...] = ()  # prompt lengths in tokens, cut from the dataset
 
     def validate(self) -> None:
@@ -259,6 +261,7 @@ class Perplexity(Referenced, TaskConfig):
 
     KIND: ClassVar[str] = "perplexity"
     MODULE: ClassVar[str] = "src.tasks.perplexity"
+    READS_DATASET: ClassVar[bool] = True
     window: int = 512  # tokens per window
     windows: int = 8  # how many windows
 

@@ -44,7 +44,10 @@ def one_line(text: str) -> str:
         ("experiment=", "experiment='' must be 1 to 200 printable characters"),
         ("experiment='" + "é" * 300 + "'", "must be 1 to 200 printable characters"),
         ("experiment=" + "é" * 300, "cannot read the override 'experiment=ééé"),
-        ("dataset.max_mb=0", "dataset.max_mb=0 must be at least 1"),
+        ("task=benchmark dataset.max_mb=0", "dataset.max_mb=0 must be at least 1"),
+        # decode reads the seed prompts: a dataset given to it had been recorded as if read, exit 0
+        ("dataset=textfile dataset.path=/nope", "dataset=... is read by no job here: task decode reads no dataset"),
+        ("task=benchmark_code dataset.path=/nope", "dataset.path=... is read by no job here: task benchmark_code"),
         ("bogus", "'bogus' is not an override: overrides are key=value"),  # had been Hydra's parse traceback
         # beyond what setrlimit holds: every completion, a correct one too, had been scored failed, exit 0
         (
@@ -240,33 +243,38 @@ def test_inputs_past_their_limits_are_said_in_one_line(tmp_path, store):
     # a local model whose config.json is damaged: said so, not "the hub is unreachable"
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text("{not json")
+    cases = [
+        ("{not json", "config.json cannot be read as JSON"),
+        ("null", "config.json holds NoneType, not a model's config"),  # JSON, but no config: not a TypeError
+        # a size transformers does not check: -5 had ended in "Class validation error for validator", its reason
+        # only in a tag; -8 had blamed the tokenizer
+        ('{"model_type": "llama", "hidden_size": -5}', "config.json has hidden_size=-5, but a model's sizes are"),
+        ('{"model_type": "llama", "hidden_size": -8}', "config.json has hidden_size=-8, but a model's sizes are"),
+        ('{"model_type": "llama", "num_hidden_layers": 2.5}', "has num_hidden_layers=2.5, but"),
+    ]
+    for i, (text, words) in enumerate(cases):
+        (model / "config.json").write_text(text)
+        out = run_cli(
+            [
+                *QUICK,
+                "model=llama-2-7b",
+                f"model.local_path={model}",
+                "model.weights=real",
+                f"tracking.uri={store}",
+                f"hydra.run.dir={tmp_path / f'model-run{i}'}",
+            ],
+            env=env,
+        )
+        line = one_line(out.stderr)
+        assert out.returncode == 1 and words in line and "hub" not in line, line
+    # random weights are built by name: a local folder given beside them was never read, yet recorded
     out = run_cli(
-        [
-            *QUICK,
-            "model=llama-2-7b",
-            f"model.local_path={model}",
-            "model.weights=real",
-            f"tracking.uri={store}",
-            f"hydra.run.dir={tmp_path / 'model-run'}",
-        ],
+        [*QUICK, "model=llama-2-7b", "model.weights=random", f"model.local_path={model}", f"tracking.uri={store}"],
         env=env,
     )
-    line = one_line(out.stderr)
-    assert "config.json cannot be read as JSON" in line and "hub" not in line
-    (model / "config.json").write_text("null")  # JSON, but no config: one line, not a TypeError
-    out = run_cli(
-        [
-            *QUICK,
-            "model=llama-2-7b",
-            f"model.local_path={model}",
-            "model.weights=real",
-            f"tracking.uri={store}",
-            f"hydra.run.dir={tmp_path / 'model-run2'}",
-        ],
-        env=env,
+    assert "model.weights=random builds llama-2-7b's published shape and never reads model.local_path" in one_line(
+        out.stderr
     )
-    assert "config.json holds NoneType, not a model's config" in one_line(out.stderr)
     # more threads than cores: runs, and says so in one line
     out = run_cli(
         [*QUICK, "hardware.threads=1000", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 't'}"], env=env

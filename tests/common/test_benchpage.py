@@ -2,10 +2,14 @@
 earlier ones collapsed; a damaged results file said in one line."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
 from src.common import benchpage
+from src.common.environment import PROJECT_ROOT
 
 
 def _entry(title: str, date: str) -> benchpage.Entry:
@@ -182,3 +186,22 @@ def test_a_sweeps_figures_stand_on_its_quiet_rounds_and_its_entry_says_what_was_
     )
     every_round_busy = Sweep(Path("s"), ["-m"], 0, [job("fp32", 1, True, 90.0), job("fp32", 2, True, 70.0)])
     assert every_round_busy.by("precision")[("fp32",)]["time_per_token_ms_median"] == 80.0  # kept, as nothing quiet
+
+
+def test_a_sweep_src_run_refuses_ends_a_benchmark_in_that_one_line(tmp_path):
+    """The script and the src.run it starts are both real processes: their chain is what is tested. A word that
+    is no override had ended in src.run's traceback, then the script's own ("no experiment 'quantspec'")."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "scripts.bench_quant", "rounds=1", "bogus"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "quantspec: 'bogus' is not an override: overrides are key=value (e.g. model=llama-160m, precision=w8a8)"
+    ]
+    assert not (tmp_path / "m.db").exists()  # nothing ran, nothing recorded

@@ -10,6 +10,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable
+from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 
@@ -84,6 +85,9 @@ class JobRun:
 
     def _go_offline(self, err: Exception) -> None:
         self.offline = first_line(err)[:160]
+        db = Path(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else None
+        if db is not None and not db.exists():  # SQLite says "readonly database" of a file deleted under it
+            self.offline = f"its file {db} is gone, deleted while the job ran"
         where = f"journaling to {self.journal.path}" if self.journal else "and no journal is writable"
         log.warning("tracking store failed (%s); the job goes on, %s", self.offline, where)
 

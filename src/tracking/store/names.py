@@ -45,8 +45,9 @@ class StoreUnreachable(RuntimeError):
 def first_line(err: BaseException) -> str:
     """An exception in one short line: its type and its message's first line (MLflow and SQLAlchemy put
     the SQL, the parameters and a link after it)."""
-    text = str(err).strip()
-    first = text.splitlines()[0].split(" with exception")[0] if text else ""
+    # SQLAlchemy opens some errors with advice about autoflush, its cause on the next line
+    lines = [line for line in str(err).strip().splitlines() if not line.startswith("(raised as a result of")]
+    first = lines[0].split(" with exception")[0] if lines else ""
     return f"{type(err).__name__}: {first}"[:200]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from src.assembly import job as jobs
-from src.assembly.config import ConfigError, job_config_from_dict
+from src.assembly.config import ConfigError, job_config_from_dict, reads_dataset
 from src.common import sysmetrics
 from src.common.axes import AXES
 from src.common.environment import host_state
@@ -189,7 +189,11 @@ def run_job(
 
 
 def _params(raw: dict, choices: dict[str, str]) -> dict:
-    """The job's params: its composed config flattened, its choices, and the config's digest."""
+    """The job's params: its composed config flattened, its choices, and the config's digest. A dataset the job
+    does not read (a decode's, with no calibration) is left out: what the run records is what it ran on."""
+    if not reads_dataset(raw):
+        raw = {k: v for k, v in raw.items() if k != "dataset"}
+        choices = {k: v for k, v in choices.items() if k != "dataset"}
     params = {
         **flatten({k: v for k, v in raw.items() if k != "hydra"}),
         # a nested choice (precision@draft.precision) by its place: MLflow keys allow no '@'

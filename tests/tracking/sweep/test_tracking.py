@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from src.tracking.store.experiment import Store
 from src.tracking.store.jobrun import JobRun
 from src.tracking.store.names import flatten
-from src.tracking.sweep.record import run_job
+from src.tracking.sweep.record import _params, run_job
 from tests.helpers import compose_job, run_cli
 
 TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
@@ -50,8 +50,18 @@ def test_finished_job_logs_the_contract(store):
     per_token = sorted(m.value for m in history)
     assert run.data.metrics["time_per_token_ms_median"] == pytest.approx(sum(per_token) / 2)
     assert run.data.params["task.max_new_tokens"] == "4" and run.data.params["choice.model"] == "tiny-llama"
+    # decode reads the seed prompts, not the dataset: the dataset it never read is not recorded as if it had
+    assert not [k for k in run.data.params if k.startswith("dataset.") or k == "choice.dataset"]
     files = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"examples.csv", "examples.md", "config.yaml", "environment.json", "responses.jsonl"} <= files
+
+
+def test_a_job_that_reads_the_dataset_records_it():
+    raw, choices = compose_job([*TINY, "task=benchmark", "task.prompt_lengths=[4]"])
+    params = _params(raw, choices)
+    assert params["dataset.name"] == "humaneval" and params["choice.dataset"] == "humaneval"
+    raw, choices = compose_job([*TINY, "precision=w8a8"])  # decode, but SmoothQuant calibrates on the dataset
+    assert _params(raw, choices)["dataset.name"] == "humaneval"
 
 
 def test_skipped_pair_is_recorded_with_its_reason(store):
