@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from src.common.schema import ConfigError, Kinds, check_choice
+from src.common.schema import ConfigError, Kinds, check_choice, check_range
 from src.data.config import DatasetConfig
 from src.engine.config import ENGINES, EngineConfig, RuntimeEngine, Sampling
 from src.engine.runtimes import runtime
@@ -38,6 +38,9 @@ DRAFT_SCHEDULES = ("constant", "heuristic")
 MAX_DRAFT_K = 15  # a verification of k + 1 tokens stays on the engine's step path and kernels (16 rows)
 UNREACHABLE = ("fail", "journal")
 MAX_EXPERIMENT_CHARS = 200
+MAX_THREADS = 4096
+MAX_ROUNDS = 1000  # a sweep's rounds (each a run of every job); more is a typo, not a plan
+MAX_METRICS_S = 3600  # the system-metrics sampler waits this long between samples (a wait past it overflows)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class HardwareConfig:
         check_choice("hardware.device", self.device, DEVICES)
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"hardware.threads={self.threads} must be at least 1 (or null for every core)")
+        if self.threads is not None:  # torch.set_num_threads takes a C int; no host has more cores than this
+            check_range("hardware.threads", self.threads, 1, MAX_THREADS, "null: every core")
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class TrackingConfig:
     def validate(self) -> None:
         if self.system_metrics_s < 0 or self.busy_cores < 0:
             raise ConfigError("tracking.system_metrics_s and tracking.busy_cores must be 0 or more")
+        check_range("tracking.system_metrics_s", self.system_metrics_s, 0, MAX_METRICS_S, "0: off")
         check_choice("tracking.unreachable", self.unreachable, UNREACHABLE)
 
 
@@ -392,6 +398,9 @@ def sweep_settings(raw: Mapping[str, Any], sweep_dir: Path) -> SweepSettings:
                 f"{key} must be a whole number >= {1 if key == 'rounds' else 0} (got {key}={values[key]!r}); "
                 f"e.g. rounds=3"
             )
+    for key, low in (("rounds", 1), ("busy_reruns", 0)):
+        if key in values:
+            check_range(key, values[key], low, MAX_ROUNDS, "each round times every job of the sweep again")
     if raw.get("tracking") is None:
         raise ConfigError("the config has no 'tracking' group; check conf/config.yaml's defaults")
     return SweepSettings(

@@ -15,6 +15,14 @@ class ConfigError(ValueError):
     """A setting a user can fix: the message is the one line they see."""
 
 
+def check_range(where: str, value: float, low: float, high: float, why: str = "") -> None:
+    """`value` within [low, high], or one line saying so (`why`: what holds the upper bound, e.g. the C long a
+    setrlimit takes): a count or size past what its user can hold had overflowed, or run without end, after the
+    job had started."""
+    if not low <= value <= high:
+        raise ConfigError(f"{where}={value} must be from {low} to {high}" + (f" ({why})" if why else ""))
+
+
 def check_choice(where: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{where}={value!r} is not one of: {', '.join(allowed)}")

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from src.common.schema import ConfigError, check_choice
+from src.common.schema import ConfigError, check_choice, check_range
 from src.models.config import ModelConfig
 from src.quant import methods as quant_methods
 from src.quant.methods import QuantSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+MAX_CALIB_SAMPLES = 1 << 16
+MAX_CALIB_SEQ_LEN = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -39,5 +43,8 @@ class PrecisionConfig:
         for key in ("calib_samples", "calib_seq_len"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
+        # one calibration tensor holds samples x seq_len tokens (torch's sizes are int64; 2**60 had overflowed)
+        check_range("precision.calib_samples", self.calib_samples, 1, MAX_CALIB_SAMPLES)
+        check_range("precision.calib_seq_len", self.calib_seq_len, 1, MAX_CALIB_SEQ_LEN, "no model's context is longer")
         if self.quant is not None:
             self.quant.validate()

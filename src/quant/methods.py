@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from src.common.schema import ConfigError, Kinds, check_choice
+from src.common.schema import ConfigError, Kinds, check_choice, check_range
 from src.quant import awq, smoothquant
 from src.quant.arch import decoder_linears
 
@@ -133,6 +133,8 @@ class Awq(QuantSpec):
         for key in ("awq_grid", "awq_search_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")
+        # the grid is the scale search's trials per layer (each a forward): past this the search never ends
+        check_range("precision.awq_grid", self.awq_grid, 1, 1000)
 
     def scale(self, model, arch, calibration):
         int4 = {n for n in decoder_linears(model, arch) if self.scheme_for(n) in INT4_SCHEMES}

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from src.common.schema import ConfigError, Kinds, check_choice
+from src.common.schema import ConfigError, Kinds, check_choice, check_range
 from src.data.corpus import humaneval_problems, prompts
 from src.quality import harness
 from src.tasks import sandbox
@@ -128,6 +128,8 @@ class Generating(TaskConfig):
             raise ConfigError(f"task.min_time_s={self.min_time_s} must be between 0 and 3600 seconds")
         if self.warmup < 0:
             raise ConfigError(f"task.warmup={self.warmup} must be 0 or more")
+        for key in ("warmup", "repeats"):  # runs of each example: past this a task never ends (min_time_s: by time)
+            check_range(f"task.{key}", getattr(self, key), 0, MAX_RUNS, "task.min_time_s times by seconds")
 
     def new_tokens(self, code_model: bool) -> int:
         return self.code_max_new_tokens if code_model else self.max_new_tokens
@@ -196,6 +198,8 @@ MAX_SANDBOX_S = 3600
 MAX_SANDBOX_MB = 2**20
 MAX_SAMPLES = 1000
 MAX_SANDBOX_WORKERS = 256
+MAX_RUNS = 10_000  # untimed or timed runs of one example
+MAX_FEWSHOT = 100
 
 
 @TASKS.register
@@ -302,6 +306,8 @@ class LmEval(TaskConfig):
             raise ConfigError("task.tasks is empty: name at least one lm-eval task (e.g. task.tasks=[quantspec_facts])")
         if self.num_fewshot < 0:
             raise ConfigError(f"task.num_fewshot={self.num_fewshot} must be 0 or more")
+        # lm-eval samples them from a task's few-shot split, tens of documents; more had failed after the model loaded
+        check_range("task.num_fewshot", self.num_fewshot, 0, MAX_FEWSHOT)
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"task.limit={self.limit} must be at least 1 (or null: every document)")
 

@@ -55,6 +55,16 @@ def one_line(text: str) -> str:
             "task.sandbox_timeout_s=1e+300 must be above 0 and at most",
         ),
         ("task=benchmark_code task.sandbox_memory_mb=99999999999", "task.sandbox_memory_mb=99999999999 from 64 to"),
+        # past what their users hold: an overflow ("Overflow when unpacking long long") after the job had started
+        (
+            "hardware.threads=100000000000000000000000",
+            "hardware.threads=100000000000000000000000 must be from 1 to 4096",
+        ),
+        ("precision.calib_samples=100000000000000000000000", "precision.calib_samples=100000000000000000000000 must"),
+        ("tracking.system_metrics_s=1e300", "tracking.system_metrics_s=1e+300 must be from 0 to 3600 (0: off)"),
+        # or a job, or a sweep, that never ends
+        ("task.warmup=100000000000000000000000", "task.warmup=100000000000000000000000 must be from 0 to 10000"),
+        ("rounds=100000000000000000000000", "rounds=100000000000000000000000 must be from 1 to 1000"),
         # before any runtime's own unsupported(): a runtime never sees a draft
         ("engine=openvino draft=prompt_lookup", "draft=prompt_lookup runs on quantspec's engine; use engine=native"),
         (
@@ -332,6 +342,11 @@ def test_the_commands_that_read_a_store_say_a_store_they_cannot_read_in_one_line
     [
         (["task.limit=0"], "task.limit=0 must be at least 1 (or null: every document)"),  # num_fewshot is not blamed
         (["task.num_fewshot=-1"], "task.num_fewshot=-1 must be 0 or more"),
+        # lm-eval's "Sample larger than population", after the model had loaded
+        (
+            ["task.num_fewshot=100000000000000000000000"],
+            "task.num_fewshot=100000000000000000000000 must be from 0 to 100",
+        ),
     ],
 )
 def test_an_lm_eval_setting_is_blamed_alone(overrides, words):
