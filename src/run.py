@@ -39,17 +39,17 @@ from transformers.utils import logging as hf_logging
 
 from src.assembly.overrides import CONF_DIR, composition_problem, unparsable
 from src.assembly.sweep import sweep_of, unset_line
-from src.common import envvars
+from src.common import envvars, signals
 from src.common.locks import hold
 from src.common.progress import watched
 from src.common.say import say
+from src.common.signals import Stopped
 from src.tracking.readback import report
 from src.tracking.store.locks import replay_lock
 from src.tracking.store.names import SWEEP_ID, SweepInfo, bound_http_retries, quiet_store_logs
-from src.tracking.sweep import record, signals
+from src.tracking.sweep import record
 from src.tracking.sweep.naming import VARIES, job_name
 from src.tracking.sweep.record import SweepAbort, SweepUnwritable
-from src.tracking.sweep.signals import Stopped
 
 startup.imported()
 
@@ -172,6 +172,14 @@ class SweepCallback(Callback):
 
 
 def cli() -> None:
+    signals.install()  # first: a stop while the command line is checked is one line too
+    try:
+        _cli()
+    except (KeyboardInterrupt, Stopped) as err:
+        sys.exit(record.stopped(err))
+
+
+def _cli() -> None:
     problem = unparsable(sys.argv[1:]) or composition_problem(sys.argv[1:])
     try:
         envvars.check()  # before any job: a variable read mid-run (the heartbeat's) would fail it there
@@ -189,14 +197,11 @@ def cli() -> None:
         hf_logging.disable_progress_bar()
     bound_http_retries()
     quiet_store_logs()
-    signals.install()
     try:
         main()
     except BrokenPipeError:  # the output's reader went away (`| head`): nothing more can be said there
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + signal.SIGPIPE)
-    except (KeyboardInterrupt, Stopped) as err:
-        sys.exit(record.stopped(err))
     except SweepAbort as err:
         say(str(err), err=True)
         sys.exit(2)

@@ -8,24 +8,52 @@ before a job (src.assembly.memory.release_freed: 0.8 s each), and at the interpr
 object is never walked again; what the command makes after its imports is collected as before.
 
 An entry module imports this first (its own import block, before the heavy ones) and calls `imported()` after
-its last import."""
+its last import. While the imports load (seconds), a stop (SIGINT, SIGTERM, SIGHUP) ends the command in one line
+(Ctrl-C had printed a KeyboardInterrupt traceback from deep in torch's imports): nothing is recorded yet, so
+nothing needs closing. Only where a quantspec command is the process's main module (`python -m src.run`): a
+test runner importing it keeps its own handlers."""
 
 import gc
 import os
 import signal
 import sys
 
+from src.common.say import say
+
+ENTRY = ("src.run", "src.sync", "src.report", "src.regress")
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 _was_enabled = gc.isenabled()
 gc.disable()
+
+
+def _stopped_while_starting(signum, frame):
+    name = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else signal.Signals(signum).name
+    say(f"stopped by {name} while starting; nothing was recorded", err=True)
+    os._exit(128 + signum)
+
+
+_main = getattr(sys.modules.get("__main__"), "__spec__", None)
+_early = getattr(_main, "name", None) in ENTRY
+if _early:  # a signal the command was started ignoring (a shell's `&` job and SIGINT) stays ignored
+    _before = {sig: signal.getsignal(sig) for sig in STOPS}
+    for sig in STOPS:
+        if _before[sig] is not signal.SIG_IGN:
+            signal.signal(sig, _stopped_while_starting)
 
 
 def imported() -> None:
     """The command's imports are done: freeze what exists now and let the collector run again (if it ran before
     this module paused it) on what the command makes from here on. Idempotent: a second entry module imported
     by the first calls it too."""
+    global _early
     gc.freeze()
     if _was_enabled:
         gc.enable()
+    if _early:  # the command's own handling from here (src.common.signals for a sweep; Python's for the rest)
+        _early = False
+        for sig, handler in _before.items():
+            signal.signal(sig, handler)
 
 
 def run(main, argv: list[str]) -> int:

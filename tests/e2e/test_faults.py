@@ -117,6 +117,52 @@ def test_a_signal_ends_the_job_and_the_sweep_as_killed_in_one_line(tmp_path, sig
     assert done >= 1 and len(client.get_metric_history(job.info.run_id, "by_example/time_per_token_ms")) == done
 
 
+def test_a_stop_anywhere_in_a_sweep_ends_it_in_one_line_and_leaves_nothing_running(tmp_path):
+    """SIGTERM and SIGINT, in turns, at points spread over a whole sweep's life (from the interpreter's imports to
+    the report at its end), placed by fractions of the time one whole run of it took here: each ends the process
+    in seconds, with 128 + the signal, in one line, and no run of the store is left RUNNING. Before: Ctrl-C while
+    the imports loaded printed a KeyboardInterrupt traceback, and one landing inside a store call left SQLite's
+    write lock held, so the closing calls failed after 40 s and the job and the sweep stayed RUNNING."""
+    sweep = ["-m", "model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
+    sweep += ["engine.kernels=aten", "precision=fp32,w8a8"]
+
+    def run(name: str) -> tuple[subprocess.Popen, str]:
+        uri = f"sqlite:///{tmp_path / name / 'm.db'}"
+        (tmp_path / name).mkdir()
+        return start(
+            [*sweep, f"tracking.uri={uri}", f"hydra.sweep.dir={tmp_path / name / 'sweep'}"], tmp_path, name
+        ), uri
+
+    began = time.time()
+    whole, _ = run("whole")
+    assert whole.wait(timeout=300) == 0, (tmp_path / "whole.err").read_text()[-2000:]
+    took = time.time() - began
+    landed = 0
+    for i, fraction in enumerate((0.02, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9)):
+        sig, code = (signal.SIGTERM, 143) if i % 2 == 0 else (signal.SIGINT, 130)
+        proc, uri = run(f"at{i}")
+        time.sleep(fraction * took)
+        if proc.poll() is not None:
+            continue  # this run was quicker than the first: nothing to stop
+        sent = time.time()
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=60)
+        err = (tmp_path / f"at{i}.err").read_text()
+        where = f"{sig.name} at {fraction:.0%} ({fraction * took:.1f} s): rc {rc}, {err[-1500:]}"
+        if rc == 0:
+            continue  # it had finished its last write when the signal came
+        landed += 1
+        assert rc == code and time.time() - sent < 15, where
+        assert "Traceback" not in err and len(said(err)) == 1 and "stopped by" in said(err)[0], where
+        left = (
+            [(r.data.tags.get("quantspec.role"), r.info.status) for r in runs(uri)]
+            if (tmp_path / f"at{i}" / "m.db").exists()
+            else []
+        )
+        assert not [r for r in left if r[1] == "RUNNING"], f"{where}; runs: {left}"
+    assert landed >= 4, f"only {landed} of 7 stops landed before the sweep ended (a whole run took {took:.1f} s)"
+
+
 def test_a_killed_process_s_runs_are_ended_by_the_next_process(tmp_path, env):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     proc = start(

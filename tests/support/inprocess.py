@@ -116,7 +116,8 @@ def _restored_process_state(argv: list[str], env: dict | None, cwd):
     """The command line, environment, working directory, signal handlers and logging as they were."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from src.tracking.sweep import record, signals
+    from src.common import signals
+    from src.tracking.sweep import record
 
     saved_argv, saved_env, saved_cwd = sys.argv, dict(os.environ), os.getcwd()
     saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)}
@@ -161,6 +162,7 @@ def _restored_process_state(argv: list[str], env: dict | None, cwd):
             signal.signal(s, handler)
         sys.unraisablehook = saved_unraisable
         signals._pending = signals._dropped_stop = None  # a stop this run received is its own
+        signals._owed, signals._depth = False, 0
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)

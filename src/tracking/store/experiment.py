@@ -19,6 +19,7 @@ from mlflow.entities import RunStatus, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from src.common import signals
 from src.common.locks import file_lock
 from src.tracking.store import journal, owner, reaping, replay
 from src.tracking.store.blank import forget_engine, new_sqlite_store
@@ -82,6 +83,26 @@ def _half_made(db: Path, err: Exception) -> bool:
         return False
 
 
+class Deferring:
+    """An MlflowClient whose every call runs whole: a stop arriving inside one is raised when it returns
+    (src.common.signals.deferred). Cut in the middle, a call had left SQLite's write lock held by a session that
+    never ended, and the calls that close the runs then failed on "database is locked"."""
+
+    def __init__(self, client: MlflowClient):
+        self._client = client
+
+    def __getattr__(self, name: str):
+        found = getattr(self._client, name)
+        if not callable(found):
+            return found
+
+        def call(*args, **kwargs):
+            with signals.deferred():
+                return found(*args, **kwargs)
+
+        return call
+
+
 class Store:
     """One experiment in one tracking store."""
 
@@ -94,7 +115,7 @@ class Store:
                 if not db.exists():
                     new_sqlite_store(db)
                 try:
-                    self.client = MlflowClient(tracking_uri=uri)
+                    self.client = Deferring(MlflowClient(tracking_uri=uri))
                 except Exception as err:  # noqa: BLE001 - a half-made schema is remade below; the rest is raised
                     if not _half_made(db, err):
                         raise
@@ -108,10 +129,10 @@ class Store:
                         aside.name,
                     )
                     new_sqlite_store(db)
-                    self.client = MlflowClient(tracking_uri=uri)
+                    self.client = Deferring(MlflowClient(tracking_uri=uri))
                 self.experiment_id = self._experiment(experiment)
         else:
-            self.client = MlflowClient(tracking_uri=uri)
+            self.client = Deferring(MlflowClient(tracking_uri=uri))
             self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 
+from src.common import signals
 from src.tracking.store import journal, owner
 from src.tracking.store.experiment import Store, heartbeat
 from src.tracking.store.names import (
@@ -48,7 +49,8 @@ class JobRun:
         self._lock = threading.Lock()  # the system-metrics sampler records from its own thread
 
     def _record(self, op: str, **fields) -> None:
-        with self._lock:
+        # whole, journal line and store call: a stop arriving inside is raised once both are done
+        with self._lock, signals.deferred():
             self._send({"op": op, "time": journal.now_ms(), **fields})
 
     def _send(self, record: dict) -> None:

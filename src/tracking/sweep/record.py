@@ -17,11 +17,12 @@ from omegaconf import OmegaConf
 
 from src.assembly import job as jobs
 from src.assembly.config import ConfigError, job_config_from_dict, reads_dataset
-from src.common import sysmetrics
+from src.common import signals, sysmetrics
 from src.common.axes import AXES
 from src.common.environment import host_state
 from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
 from src.common.say import say
+from src.common.signals import Stopped
 from src.tracking.store.experiment import Store, open_store
 from src.tracking.store.jobrun import JobRun
 from src.tracking.store.journal import Journal
@@ -36,9 +37,7 @@ from src.tracking.store.names import (
     key_of,
 )
 from src.tracking.store.names import config_key as rounds_config_key
-from src.tracking.sweep import signals
 from src.tracking.sweep.naming import job_name
-from src.tracking.sweep.signals import Stopped
 
 log = logging.getLogger("quantspec")
 

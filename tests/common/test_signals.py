@@ -9,12 +9,12 @@ import textwrap
 
 import pytest
 
-from src.tracking.sweep import signals
+from src.common import signals
 
 PROGRAM = textwrap.dedent(
     """
     import gc, os, signal, sys, time, weakref
-    from src.tracking.sweep import signals
+    from src.common import signals
 
     signals.install()
 
@@ -79,3 +79,40 @@ def test_a_reader_that_leaves_the_pipe_gets_no_traceback(module):
         f"{sys.executable} -m {module} --help | true", shell=True, capture_output=True, text=True, timeout=120
     )
     assert "Traceback" not in ran.stderr and "BrokenPipe" not in ran.stderr, ran.stderr
+
+
+DEFERRED = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from src.common import signals
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signals.install()
+    steps = []
+    try:
+        with signals.deferred():
+            os.kill(os.getpid(), SIG)
+            time.sleep(0.05)  # the handler has run by now: it must not have raised
+            steps.append("write finished")
+            if TWICE:
+                os.kill(os.getpid(), SIG)
+                time.sleep(0.05)
+                steps.append("second write finished")
+        steps.append("went on")
+    except (signals.Stopped, KeyboardInterrupt) as err:
+        print(",".join(steps), type(err).__name__)
+        sys.exit(3)
+    """
+)
+
+
+@pytest.mark.parametrize("sig, raised", [("SIGTERM", "Stopped"), ("SIGINT", "KeyboardInterrupt")])
+@pytest.mark.parametrize("twice", [False, True])
+def test_a_stop_inside_a_write_is_raised_when_the_write_ends_and_a_second_at_once(sig, raised, twice):
+    """A stop raised inside an MLflow call had left SQLite's write lock held: the runs' closing calls then failed
+    on "database is locked" and stayed RUNNING. Inside `deferred()` the write finishes first; a second stop there
+    is not held back (a hung write must not hold the process)."""
+    program = f"SIG = {sig!r}\nTWICE = {twice}\nimport signal\nSIG = getattr(signal, SIG)\n" + DEFERRED
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    assert ran.stdout.strip() == f"write finished {raised}", ran.stdout
