@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 
+from src.common import signals
 from src.common.say import say
 
 ENTRY = ("src.run", "src.sync", "src.report", "src.regress")
@@ -57,13 +58,19 @@ def imported() -> None:
 
 
 def run(main, argv: list[str]) -> int:
-    """The command's exit code: main's, or 141 (128 + SIGPIPE, as a shell reports a writer its reader left) where
+    """The command's exit code: main's; 128 + the signal where a stop ended it, said in one line (its store writes
+    finish first: src.common.signals); or 141 (128 + SIGPIPE, as a shell reports a writer its reader left) where
     the reader of its output went away (`| head -1`): nothing more can be said there, so nothing is, and the
     interpreter's own flush at exit is pointed at /dev/null instead of printing a traceback."""
+    signals.install()
     try:
         code = main(argv)
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except (KeyboardInterrupt, signals.Stopped) as err:
+        signals.stopping()
+        reason, code = signals.describe(err)
+        say(reason, err=True)
     return code

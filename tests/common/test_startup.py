@@ -2,6 +2,10 @@
 
 import gc
 import importlib
+import subprocess
+import sys
+
+import pytest
 
 from src.common import startup
 
@@ -24,3 +28,20 @@ def test_the_collector_is_paused_while_a_command_imports_and_runs_again_after_on
         assert not gc.isenabled()
     finally:  # what was frozen stays frozen, as in a command: only the collector's switch is put back
         (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize(
+    "sig, code, words", [("SIGINT", 130, "stopped by SIGINT (Ctrl-C)"), ("SIGTERM", 143, "stopped by SIGTERM")]
+)
+def test_a_read_back_command_stopped_mid_way_says_so_in_one_line(sig, code, words):
+    """src.report, src.regress and src.sync run their main through startup.run: Ctrl-C there had printed a
+    KeyboardInterrupt traceback, SIGTERM ended it without a word. A real process, sent a real signal."""
+    program = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from src.common import startup\n"
+        f"main = lambda argv: (os.kill(os.getpid(), signal.{sig}), time.sleep(5), 0)[-1]\n"
+        "sys.exit(startup.run(main, []))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == code and ran.stderr.strip() == f"quantspec: {words}", ran.stderr
