@@ -132,6 +132,8 @@ class Job:
             self.recorder.log_input(text, contexts)
         if self.cfg.model.weights == "random":
             _drop_quality(result)
+        if result.rows and runtimes.runtime(self.cfg.engine) is None:  # another runtime's weights are its own
+            result.summary.update(roofline.memory_figures(self.model, result.rows))
         if result.rows and self.roofline_applies():
             # each example against the bandwidth probed beside it; a task that times outside
             # src.tasks.common.measure (no probes) is set against one probe taken now

@@ -1,5 +1,5 @@
 """What the host did while a job ran: MLflow system metrics (CPU, memory) sampled in the background,
-the CPU that other processes took while the job was timed, and the job's peak resident memory.
+and the CPU that other processes took while the job was timed (its peak memory: src.common.peakmemory).
 
 The machine quantspec is measured on is often shared: another process moves a time/token by tens of
 percent. A job timed while others used the CPU is flagged (src.tracking.sweep.record tags it host_busy), never hidden.
@@ -7,11 +7,9 @@ percent. A job timed while others used the CPU is flagged (src.tracking.sweep.re
 
 from __future__ import annotations
 
-import resource
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 
@@ -115,23 +113,3 @@ class Sampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-
-
-def reset_peak_rss() -> None:
-    """Start the peak-memory count afresh (Linux: clear_refs 5), so each job of a sweep run in one
-    process reports its own peak, not the largest job's before it."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass  # not Linux, or not allowed: the peak then counts from the process's start
-
-
-def peak_rss_gb() -> float:
-    """The process's peak resident memory since the last reset, in GB (2**30 bytes)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024 / 2**30
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30

@@ -135,6 +135,28 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
+def held_bytes(model: nn.Module) -> int:
+    """Bytes the model's tensors hold as loaded (quantized ones as packed): each storage once, so a head tied
+    to the embedding, or a fused projection's parts (views of it), count once."""
+    seen, total = set(), 0
+    for t in (*model.parameters(), *model.buffers()):
+        if t.device.type == "meta":
+            continue
+        key = (t.untyped_storage().data_ptr(), t.device.type)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def memory_figures(model: nn.Module, rows: list[Row]) -> dict[str, float]:
+    """weights_gb (the tensors as held) and kv_cache_gb (keys and values at the job's longest context, in the
+    model's float dtype, sliding layers capped at their window), in GB (2**30 bytes)."""
+    longest = max((r.prompt_tokens + r.new_tokens for r in rows), default=0)
+    element = next(model.parameters()).element_size()
+    return {"weights_gb": held_bytes(model) / 2**30, "kv_cache_gb": kv_bytes(model.config, longest, element) / 2**30}
+
+
 def kv_bytes(config, context: int, element_size: int) -> int:
     """Bytes of keys and values one step reads at this context length (sliding layers cap it)."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config

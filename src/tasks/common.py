@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from src.common import latency
 from src.common.metrics import Row, summarize, timing_row
 from src.common.progress import progress
 from src.common.sysmetrics import OthersCpu
@@ -75,6 +76,7 @@ class Measured:
     baseline_outputs: list[list[int]] = field(default_factory=list)  # with a draft: the same without it
     series: dict[str, list[float]] = field(default_factory=dict)  # per example (draft metrics)
     summary: dict[str, float] = field(default_factory=dict)  # over all examples (draft metrics)
+    token_times: list[latency.TokenTimes] = field(default_factory=list)  # each example's, its kept run's
 
 
 def _row(number: int, gen) -> Row:
@@ -117,6 +119,7 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
         )
         out.rows.append(row)
         out.outputs.append(gen.new_token_ids)
+        out.token_times.append(latency.token_times(number, gen.start, gen.token_times))
         if gen.spec is not None:
             drafted.add(out, number, gen, row, _median_run(runs[1]) if inputs.baseline else None)
     if drafted.specs:
@@ -169,6 +172,9 @@ class _Drafted:
         )
 
 
-def result(measured: Measured, **kwargs) -> TaskResult:
-    summary = {**summarize(measured.rows), **measured.summary}
-    return TaskResult(measured.rows, summary, series=dict(measured.series), **kwargs)
+def result(measured: Measured, artifacts: dict[str, str] | None = None, **kwargs) -> TaskResult:
+    """The task's result from what it measured: the seed table's medians, every token's statistics (TTFT, TPOT,
+    ITL percentiles; src.common.latency) and their times as an artifact, and the task's own figures."""
+    summary = {**summarize(measured.rows), **latency.summary(measured.token_times), **measured.summary}
+    files = {latency.ARTIFACT: latency.jsonl(measured.token_times), **(artifacts or {})}
+    return TaskResult(measured.rows, summary, artifacts=files, series=dict(measured.series), **kwargs)

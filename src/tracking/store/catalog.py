@@ -143,6 +143,9 @@ CATALOG: list[Name] = [
         ("time_per_token_ms_median", "the rest of the generation over its tokens, median over examples"),
         ("tokens_per_s_median", "1000 / time per token"),
         ("examples", "examples timed"),
+        ("ttft_ms_<latency>", "time to the first token, ms: p50, p90, p99, mean or max over examples"),
+        ("tpot_ms_<latency>", "time per output token after the first (each example's mean gap), over examples"),
+        ("itl_ms_<latency>", "inter-token latency: the gap before each token after the first, over all of them"),
         ("new_tokens_total", "tokens generated in all"),
         ("model_load_s", "loading the model"),
         ("decode_efficiency_median", "roofline time/token over measured time/token (CPU and CUDA jobs; at most 1)"),
@@ -160,7 +163,11 @@ CATALOG: list[Name] = [
         ("roofline_ms_median", "the memory roofline's time per token"),
         ("bandwidth_gbs", "the read bandwidth (a GPU's: copy), probed after each timed example (the median)"),
         ("step_weight_mb", "bytes a decode step must read"),
-        ("peak_rss_gb", "the job's peak resident memory"),
+        ("weights_gb", "quantspec's engines: the model's tensors as held (quantized ones packed), each storage once"),
+        ("kv_cache_gb", "quantspec's engines: keys and values at the job's longest context, in the model's dtype"),
+        ("peak_rss_gb", "the job's peak resident memory, its child processes' included (a runtime's, a sandbox's)"),
+        ("peak_rss_own_gb", "the job's process alone: its own peak (the kernel's VmHWM, reset at the job's start)"),
+        ("peak_rss_children_gb", "its children: the largest sum of the live ones' own peaks, read every 0.2 s"),
         ("memory_estimate_gb", "its estimate before loading"),
         ("others_cpu_cores", "CPU other processes used while the job was timed"),
         ("export_s", "another runtime: building its export (or reading it from the cache)"),
@@ -286,6 +293,11 @@ CATALOG: list[Name] = [
         ("decode_speedup_high", "their highest"),
         ("prefill_ms", "prefill over its rounds"),
         ("tokens_per_s", "tokens/s over its rounds"),
+        ("ttft_p99_ms", "time to the first token, p99, over its rounds (each round's own p99, their median)"),
+        ("itl_p50_ms", "inter-token latency, p50, over its rounds"),
+        ("itl_p90_ms", "inter-token latency, p90, over its rounds"),
+        ("itl_p99_ms", "inter-token latency, p99, over its rounds"),
+        ("peak_memory_gb", "peak resident memory, its child processes' included, over its rounds"),
         ("busy", "1 where the figure stands on busy timings only"),
         ("round/decode_ms_per_token", "per round (step = round): the job's time per token"),
         ("round/decode_speedup", "per round: its speedup over the sweep's baseline"),
@@ -322,6 +334,7 @@ CATALOG: list[Name] = [
         "every job",
         ("examples.md", "the seed table"),
         ("examples.csv", "the same as CSV"),
+        ("token_times.jsonl", "timed tasks: each example's TTFT and every inter-token gap, ms (its kept run)"),
         ("config.yaml", "the resolved config"),
         ("environment.json", "CPU model, threads, library versions, git commit"),
         ("notes.txt", "what the job told the console"),
@@ -355,6 +368,7 @@ FIXED = {
     "<path>": "(int_mm|float|amx)",  # w8a8's many-row paths (src.quant.prefill)
     "<outcome>": "(finished|skipped|failed|killed|running)",
     "<k>": r"\d+",
+    "<latency>": "(p50|p90|p99|mean|max)",  # every token's statistics (src.common.latency)
 }
 
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from src.assembly import job as jobs
 from src.assembly.config import ConfigError, job_config_from_dict, reads_dataset
-from src.common import signals, sysmetrics
+from src.common import peakmemory, signals, sysmetrics
 from src.common.axes import AXES
 from src.common.environment import host_state
 from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
@@ -326,7 +326,6 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         run.skip(reason)
         say(f"job {name} skipped: {reason}")
         return
-    sysmetrics.reset_peak_rss()
     logged: set[int] = set()
 
     def keep(row, total: int) -> None:
@@ -336,11 +335,12 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         run.measured = (len(logged), total)
         signals.check()  # the row is kept: a stop dropped inside a library callback ends the job here
 
-    with sysmetrics.Sampler(lambda values, step: run.log_metrics(values, step=step), cfg.tracking.system_metrics_s):
+    sampled = sysmetrics.Sampler(lambda values, step: run.log_metrics(values, step=step), cfg.tracking.system_metrics_s)
+    with sampled, peakmemory.Peak() as peak:  # its children's memory too: another runtime runs in one
         job = jobs.build(cfg, run)
         job.on_row = keep
         result = job.run()
-    result.summary["peak_rss_gb"] = sysmetrics.peak_rss_gb()
+    result.summary.update(peak.figures())
     _flag_busy_host(run, result.summary.get("others_cpu_cores"), cfg.tracking.busy_cores)
     # The table first: whatever happens to the store below, the user has seen the measurements.
     table = seed_table(result.rows) if result.rows else summary_table({**job.quant_metrics, **result.summary})

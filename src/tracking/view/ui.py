@@ -27,7 +27,8 @@ SHOWN = "quantspec.shown"  # 'true' on the one run that stands for a job (its ro
 # So what a job is (its figure's condition first, then precision, draft, hardware as it ran) is its run's
 # description (an attribute column, before the metrics; the UI shows its first ~50 characters), and the
 # figures' names sort in the order they are read: `busy` (1 where the figure stands on busy timings only:
-# it sorts first), time per token, speedup and its range, prefill, tokens/s.
+# it sorts first), time per token, speedup and its range, prefill, tokens/s, then the latency percentiles and the
+# peak memory.
 VIEW_METRICS = (
     "busy",
     "quality_below",
@@ -37,6 +38,11 @@ VIEW_METRICS = (
     "decode_speedup_high",
     "prefill_ms",
     "tokens_per_s",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p90_ms",
+    "itl_p99_ms",
+    "peak_memory_gb",
     "perplexity",
     "kl_mean",
     "top1_agreement",

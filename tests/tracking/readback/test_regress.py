@@ -206,5 +206,39 @@ def test_the_gate_lists_what_it_could_not_judge():
 def test_help_lists_every_setting_with_its_default():
     text = regress.usage()
     names = [s.name for s in regress.COMMAND.settings]
-    assert len(names) == 9 and all(s.meaning for s in regress.COMMAND.settings)
+    assert len(names) == 10 and all(s.meaning for s in regress.COMMAND.settings)
     assert all(f"    {k}=" in text for k in names) and "unjudged=fail" in text and "fail_on=null" in text
+    assert "metric=time_per_token" in text
+
+
+def _rounds(name: str, metric: str, *values: float) -> regress.JobRuns:
+    tags = [{"outcome": "finished", "round": str(i + 1)} for i in range(len(values))]
+    records = [JobRecord(f"{name}{i}", name, t, {metric: v}) for i, (t, v) in enumerate(zip(tags, values))]
+    return regress.JobRuns(name, records)
+
+
+def test_the_gate_judges_the_figure_metric_names():
+    """metric=itl_p99: a job whose ITL p99 tripled fails the gate, its time/token (absent) aside; the gate's
+    unjudged lines name the figure it judges."""
+    base = regress.Sweep("a", "1", {"k": _rounds("one", "itl_ms_p99", 1.0, 1.05, 0.95, 1.0)}, {})
+    new = regress.Sweep("b", "2", {"k": _rounds("one", "itl_ms_p99", 3.0, 3.1, 2.9, 3.05)}, {})
+    c = regress.compare(_NoHistory(), base, new, 0.95, gate=regress.GATES["itl_p99"])
+    (row,) = c.rows
+    assert row.figure == "ITL p99" and row.verdict == "slower" and [r.name for r in c.slower_than(0.5)] == ["one"]
+    assert c.unjudged == []
+    by_time = regress.compare(_NoHistory(), base, new, 0.95)  # the default gate: time/token, which neither has
+    assert by_time.slower_than(0.5) == [] and by_time.unjudged[0] == "no job finished in both sweeps with a time/token"
+
+
+def test_a_job_that_read_no_dataset_matches_across_the_change_that_stopped_recording_it():
+    """A decode run recorded before its (unread) dataset was left out of its params matches one recorded after."""
+    after = {"model.name": "m", "task.kind": "decode", "precision.method": "none", "engine.module": "None"}
+    before = {**after, "dataset.name": "humaneval", "dataset.source": "humaneval"}
+    assert regress.identity(before) == regress.identity(after)
+    # a job that reads it (a benchmark cuts its prompts from it) is another job on another dataset
+    reads = {**after, "task.kind": "benchmark"}
+    assert regress.identity({**reads, "dataset.name": "a"}) != regress.identity({**reads, "dataset.name": "b"})
+    calibrates = {**after, "precision.method": "smoothquant"}
+    assert regress.identity({**calibrates, "dataset.name": "a"}) != regress.identity(
+        {**calibrates, "dataset.name": "b"}
+    )

@@ -54,6 +54,15 @@ def test_finished_job_logs_the_contract(store):
     assert not [k for k in run.data.params if k.startswith("dataset.") or k == "choice.dataset"]
     files = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"examples.csv", "examples.md", "config.yaml", "environment.json", "responses.jsonl"} <= files
+    # every token's time: TTFT, TPOT and ITL percentiles, and the gaps they were taken over as an artifact
+    m = run.data.metrics
+    assert m["itl_ms_p50"] <= m["itl_ms_p90"] <= m["itl_ms_p99"] <= m["itl_ms_max"]
+    # the seed table's Time/Token, but to the last token rather than to the engine's return
+    assert m["tpot_ms_p50"] == pytest.approx(m["time_per_token_ms_median"], rel=0.1)
+    assert "token_times.jsonl" in files
+    # its memory: the process's own peak and its children's, the weights as held, the cache at its longest context
+    assert m["peak_rss_gb"] == pytest.approx(m["peak_rss_own_gb"] + m["peak_rss_children_gb"])
+    assert m["weights_gb"] > 0 and m["kv_cache_gb"] > 0
 
 
 def test_a_job_that_reads_the_dataset_records_it():

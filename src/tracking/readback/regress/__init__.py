@@ -4,6 +4,7 @@ the command (cli: python -m src.regress)."""
 from src.common.settings import SettingError
 from src.tracking.readback.regress.cli import COMMAND, main, settings, usage
 from src.tracking.readback.regress.judge import (
+    GATES,
     Comparison,
     JobRuns,
     Row,
@@ -17,6 +18,7 @@ from src.tracking.readback.regress.page import markdown, plot, write
 
 __all__ = [
     "COMMAND",
+    "GATES",
     "Comparison",
     "JobRuns",
     "Row",

@@ -15,7 +15,8 @@ can change a figure on the same code (the host's governor, turbo, transparent hu
 versions, the commit and a dirty tree: params `host.*`, tag git_commit) is compared between the two sweeps.
 
 Exit 0, or 1 where a matched job is slower with confidence by more than `fail_on` (a fraction: 0.05 = 5%;
-null: never), or 2 for a setting that does not exist or a sweep that cannot be found (one line). The gate
+null: never) in the figure `metric` names (time per token, or prefill, or the p99 of TTFT or ITL, each
+round's own p99 compared as the median is), or 2 for a setting that does not exist or a sweep that cannot be found (one line). The gate
 (`fail_on`) fails closed: exit 3 where it could not judge a job (failed, killed or missing in the new sweep,
 or a time/token with no interval: one round and fewer than three examples on a side) or nothing matched,
 unless `unjudged=pass`; what it could not judge is listed in the report either way. Writes
@@ -31,7 +32,7 @@ from src.common.paths import unwritable
 from src.common.say import say
 from src.common.settings import Command, Setting, SettingError
 from src.tracking.readback.command import start
-from src.tracking.readback.regress.judge import compare, load
+from src.tracking.readback.regress.judge import GATES, compare, load
 from src.tracking.readback.regress.page import markdown, write
 
 # tolerance: a ratio is slower (faster) only where its whole interval lies above 1 + tolerance (below
@@ -68,6 +69,13 @@ COMMAND = Command(
             None,
             "exit 1 where a job is slower with confidence by more than this fraction (null: never)",
             float,
+            purpose="the gate (its exit code)",
+        ),
+        Setting(
+            "metric",
+            "time_per_token",
+            "the figure the gate judges: time per token (median), prefill, or the p99 of TTFT or ITL",
+            choices=tuple(GATES),
             purpose="the gate (its exit code)",
         ),
         Setting(
@@ -121,7 +129,7 @@ def main(argv: list[str]) -> int:
     if base.parent_id == new.parent_id:
         say(f"baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...", err=True)
         return 2
-    c = compare(client, base, new, cfg["confidence"], cfg["tolerance"])
+    c = compare(client, base, new, cfg["confidence"], cfg["tolerance"], GATES[cfg["metric"]])
     folder = write(c, PROJECT_ROOT / cfg["out"])
     print(markdown(c))
     print(f"written to {folder}")
@@ -129,8 +137,9 @@ def main(argv: list[str]) -> int:
         slow = c.slower_than(cfg["fail_on"])
         if slow:
             say(
-                f"{len(slow)} job(s) slower than the baseline by more than {cfg['fail_on']:.0%} at "
-                f"{c.confidence:.0%} confidence: {', '.join(r.name for r in slow)}",
+                f"{len(slow)} job(s) slower than the baseline by more than {cfg['fail_on']:.0%}"
+                + (f" in {c.gate}" if c.gate != "time/token" else "")
+                + f" at {c.confidence:.0%} confidence: {', '.join(r.name for r in slow)}",
                 err=True,
             )
             return 1

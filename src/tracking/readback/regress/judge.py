@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from src.assembly.config import reads_dataset
 from src.quality.stats import median_ratio_ci, quantile_ci
 from src.tracking.readback.compare import busy, quiet, round_of
 from src.tracking.readback.sweeps import JobRecord, find_sweep
@@ -22,19 +23,44 @@ from src.tracking.store.names import ROLE, SWEEP_ID, latest_attempts
 IDENTITY = ("model.", "hardware.", "precision.", "draft.", "task.", "engine.", "dataset.", "sampling.")
 
 
+# (the figure's name, its summary metric, its per-example series: None where it has none, as a percentile over
+# every example's tokens has not)
 FIGURES = (
     ("time/token", "time_per_token_ms_median", "by_example/time_per_token_ms"),
     ("prefill", "prefill_ms_median", "by_example/prefill_ms"),
+    ("TTFT p99", "ttft_ms_p99", None),
+    ("ITL p99", "itl_ms_p99", None),
 )
+# what the gate (fail_on) may judge, by the name a command line gives it
+GATES = {"time_per_token": "time/token", "prefill": "prefill", "ttft_p99": "TTFT p99", "itl_p99": "ITL p99"}
 
 
 QUALITY = ("kl_mean", "perplexity", "divergent_share", "accuracy")
 
 
 def identity(params: dict[str, str]) -> str:
-    """A job's identity across sweeps: its config's params that say what ran, hashed."""
+    """A job's identity across sweeps: its config's params that say what ran, hashed. The dataset counts only
+    where the job read it (a run recorded before a decode stopped recording the dataset it never read still
+    matches one recorded after)."""
     kept = {k: v for k, v in params.items() if k.startswith(IDENTITY)}
+    if not _read_dataset(params):
+        kept = {k: v for k, v in kept.items() if not k.startswith("dataset.")}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_dataset(params: dict[str, str]) -> bool:
+    """src.assembly.config.reads_dataset, from a run's params (values as strings; None as "None")."""
+
+    def section(prefix: str) -> dict:
+        return {
+            k.removeprefix(prefix): None if v in ("None", "null") else v
+            for k, v in params.items()
+            if k.startswith(prefix) and "." not in k.removeprefix(prefix)
+        }
+
+    draft = {**section("draft."), "precision": section("draft.precision.") or None}
+    raw = {"task": section("task."), "precision": section("precision."), "draft": draft, "engine": section("engine.")}
+    return reads_dataset(raw)
 
 
 @dataclass
@@ -106,9 +132,11 @@ def per_round(job: JobRuns, summary: str) -> list[float]:
     return [r.metrics[summary] for r in quiet_runs(job) if summary in r.metrics]
 
 
-def per_example(client: MlflowClient, job: JobRuns, series: str) -> dict[int, float]:
+def per_example(client: MlflowClient, job: JobRuns, series: str | None) -> dict[int, float]:
     """Each example's figure (step = example number), the median over the job's quiet rounds."""
     values: dict[int, list[float]] = {}
+    if series is None:
+        return {}
     for run in quiet_runs(job):
         for m in client.get_metric_history(run.run_id, series):
             if not math.isnan(m.value):
@@ -119,7 +147,7 @@ def per_example(client: MlflowClient, job: JobRuns, series: str) -> dict[int, fl
 PAIRED_MIN = 3  # examples in both sweeps for the paired ratio; fewer: the rounds' figures, unpaired
 
 
-def ratio_of(client: MlflowClient, old: JobRuns, new: JobRuns, summary: str, series: str, confidence: float):
+def ratio_of(client: MlflowClient, old: JobRuns, new: JobRuns, summary: str, series: str | None, confidence: float):
     """(baseline, new, ratio, low, high, over): paired by example where both sweeps ran the same three or more
     examples (each example's new / baseline, each side the median of its rounds: the prompts' own spread
     cancels), else the ratio of the rounds' medians with each side resampled; None where a side has nothing."""
@@ -178,12 +206,17 @@ class Comparison:
     confidence: float
     tolerance: float = 0.0
     unjudged: list[str] = field(default_factory=list)  # what the gate could not judge, and why
+    gate: str = "time/token"  # the figure the gate judges (GATES)
 
     def slower_than(self, fraction: float) -> list[Row]:
-        return [r for r in self.rows if r.figure == "time/token" and r.verdict == "slower" and r.low > 1 + fraction]
+        return [r for r in self.rows if r.figure == self.gate and r.verdict == "slower" and r.low > 1 + fraction]
 
 
-def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float, tolerance: float = 0.03) -> Comparison:
+def compare(
+    client: MlflowClient, base: Sweep, new: Sweep, confidence: float, tolerance: float = 0.03, gate: str = "time/token"
+) -> Comparison:
+    """Every matched job's figures and quality, new against baseline; what the gate (its figure, `gate`) could not
+    judge, listed."""
     rows, unjudged = [], []
     for key in sorted(set(base.jobs) & set(new.jobs), key=lambda k: new.jobs[k].name):
         old_job, new_job = base.jobs[key], new.jobs[key]
@@ -197,12 +230,12 @@ def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float, to
             if found is not None:
                 a, b, ratio, low, high, over = found
                 rows.append(Row(new_job.name, figure, a, b, ratio, low, high, over, verdict(low, high, tolerance)))
-                if figure == "time/token" and math.isnan(low):
+                if figure == gate and math.isnan(low):
                     unjudged.append(
-                        f"{new_job.name}: no interval for its time/token ({over}); rounds=3 or more examples give one"
+                        f"{new_job.name}: no interval for its {figure} ({over}); rounds=3 or more examples give one"
                     )
-            elif figure == "time/token":
-                unjudged.append(f"{new_job.name}: no time/token on a side")
+            elif figure == gate:
+                unjudged.append(f"{new_job.name}: no {figure} on a side")
         for metric in QUALITY:
             old_q = [r.metrics[metric] for r in old_job.finished if metric in r.metrics]
             new_q = [r.metrics[metric] for r in new_job.finished if metric in r.metrics]
@@ -235,6 +268,6 @@ def compare(client: MlflowClient, base: Sweep, new: Sweep, confidence: float, to
         if base.host.get(k) != new.host.get(k)
     ]
     unjudged += [f"{name}: not in the new sweep" for name in removed]
-    if not any(r.figure == "time/token" for r in rows):
-        unjudged.insert(0, "no job finished in both sweeps with a time/token")
-    return Comparison(base, new, rows, added, removed, failed, changes, confidence, tolerance, unjudged)
+    if not any(r.figure == gate for r in rows):
+        unjudged.insert(0, f"no job finished in both sweeps with a {gate}")
+    return Comparison(base, new, rows, added, removed, failed, changes, confidence, tolerance, unjudged, gate)

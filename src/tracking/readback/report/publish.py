@@ -113,6 +113,11 @@ def _publish_job(
         "decode_ms_per_token": config.spread("time_per_token_ms_median"),
         "prefill_ms": config.spread("prefill_ms_median"),
         "tokens_per_s": config.spread("tokens_per_s_median"),
+        "ttft_p99_ms": config.spread("ttft_ms_p99"),
+        "itl_p50_ms": config.spread("itl_ms_p50"),
+        "itl_p90_ms": config.spread("itl_ms_p90"),
+        "itl_p99_ms": config.spread("itl_ms_p99"),
+        "peak_memory_gb": config.spread("peak_rss_gb"),
     }
     if gain is not None and not gain.is_baseline:
         figures["decode_speedup"] = gain.time
