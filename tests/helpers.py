@@ -338,3 +338,11 @@ def uncatalogued(store_uri: str, experiment: str = "quantspec") -> dict[str, lis
         seen["param"] |= set(run.data.params)
         seen["tag"] |= set(run.data.tags)
     return {kind: missing for kind, names in seen.items() if (missing := catalog.unlisted(kind, names))}
+
+
+def doc_schema(name: str) -> dict:
+    """The JSON schema docs/reference/report-json.md shows under `<!-- schema: name -->`: the code's documents are
+    validated against what the reader is told."""
+    text = (ROOT / "docs" / "reference" / "report-json.md").read_text()
+    block = text.split(f"<!-- schema: {name} -->", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    return json.loads(block)

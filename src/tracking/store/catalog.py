@@ -334,6 +334,10 @@ CATALOG: list[Name] = [
         "every job",
         ("examples.md", "the seed table"),
         ("examples.csv", "the same as CSV"),
+        (
+            "result.json",
+            "a finished job: its config, host, rows, summary figures, quantization and tags (format quantspec.job/1)",
+        ),
         ("token_times.jsonl", "timed tasks: each example's TTFT and every inter-token gap, ms (its kept run)"),
         ("config.yaml", "the resolved config"),
         ("environment.json", "CPU model, threads, library versions, git commit"),
@@ -352,7 +356,7 @@ CATALOG: list[Name] = [
     *_n(
         "artifact",
         "a sweep's parent",
-        ("report/<file>", "the report: report.md, summary.csv, plots, front.png, front.csv"),
+        ("report/<file>", "the report: report.md, report.json, summary.csv, plots, front.png, front.csv"),
     ),
 ]
 

@@ -5,6 +5,7 @@ finished, skipped, failed or killed. The job itself is src.assembly.job's; Hydra
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ from src.assembly.config import ConfigError, job_config_from_dict, reads_dataset
 from src.common import peakmemory, signals, sysmetrics
 from src.common.axes import AXES
 from src.common.environment import host_state
+from src.common.jsonable import jsonable
 from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
 from src.common.say import say
 from src.common.signals import Stopped
@@ -317,6 +319,33 @@ def _flag_busy_host(run, others_cores: float | None, limit: float) -> None:
         )
 
 
+RESULT_JSON = "result.json"
+RESULT_FORMAT = "quantspec.job/1"
+
+
+def job_json(name: str, raw: dict, job, result) -> str:
+    """The job's result as one JSON document (result.json): what a script or a dashboard reads without MLflow's
+    API. Its config, the host as it saw it, each example's row, every figure it measured (latency percentiles,
+    memory, quality: the run's summary metrics), the quantization's own figures and its tags; NaN is null."""
+    return json.dumps(
+        jsonable(
+            {
+                "format": RESULT_FORMAT,
+                "name": name,
+                "config": {k: v for k, v in raw.items() if k != "hydra"},
+                "environment": job.env,
+                "executed_on": job.placement.executed_on,
+                "rows": [dataclasses.asdict(row) for row in result.rows],
+                "summary": result.summary,
+                "quantization": job.quant_metrics,
+                "tags": result.tags,
+            }
+        ),
+        indent=2,
+        sort_keys=True,
+    )
+
+
 def _execute(cfg, raw: dict, run, name: str) -> None:
     """Build the job, run its task, print its table, log what it measured, end the run."""
 
@@ -359,6 +388,7 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         run.log_text(rows_csv(result.rows), "examples.csv")
     for file_name, text in result.artifacts.items():
         run.log_text(text, file_name)
+    run.log_text(job_json(name, raw, job, result), RESULT_JSON)
     for note in result.notes:
         log.warning(note)
     if result.notes:  # kept with the run, not only on the console

@@ -5,13 +5,14 @@ import json
 import math
 import urllib.request
 
+import jsonschema
 import pytest
 from mlflow.tracking import MlflowClient
 
 from src.tracking.readback import report
 from src.tracking.readback.report import plots
 from src.tracking.readback.sweeps import sweep_jobs
-from tests.helpers import free_port, fresh_cache, job_record, mlflow_server, run_cli, spinning_neighbours
+from tests.helpers import doc_schema, free_port, fresh_cache, job_record, mlflow_server, run_cli, spinning_neighbours
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 
@@ -47,6 +48,28 @@ def test_a_baseline_no_job_has_is_refused_in_one_line(sweep, tmp_path):
         "quantspec: baseline.precision=zzz is no job's precision in this sweep (its jobs': bf16, fp32, w8a8); "
         "name one of those"
     )
+
+
+def test_the_report_as_json_is_the_documented_document_and_stdout_holds_only_it(sweep, tmp_path):
+    store, _ = sweep
+    out = run_cli([f"tracking_uri={store}", "format=json", f"out={tmp_path}", "attach=false"], module="src.report")
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))  # strict: no NaN
+    jsonschema.validate(doc, doc_schema("sweep"))  # docs/reference/report-json.md's
+    assert out.stderr.startswith("written to ")  # beside the document, not in it
+    assert sorted(j["choices"]["precision"] for j in doc["jobs"]) == ["bf16", "fp32", "w8a8"]
+    rep = report.build(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp_path / "again")
+    by_name = {c.name: c for c in rep.configs}
+    for job in doc["jobs"]:  # the runs' own figures: one round, so the median is the run's value
+        run = by_name[job["name"]].shown
+        for name in ("time_per_token_ms_median", "itl_ms_p99", "ttft_ms_p50", "peak_rss_gb"):
+            assert (
+                job["figures"][name]["median"] == pytest.approx(run.metrics[name])
+                and job["figures"][name]["rounds"] == 1
+            )
+    (base,) = [s for s in doc["speedups"] if s["is_baseline"]]
+    assert base["job"].split("·")[2] == "fp32" and base["time_per_token"]["median"] == pytest.approx(1)
+    assert len(list(tmp_path.glob("*/report.json"))) == 1  # written where report.md is, again's aside
 
 
 def test_report_numbers_are_the_runs_own(sweep):

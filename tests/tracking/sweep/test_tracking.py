@@ -1,8 +1,10 @@
 """MLflow logging against a temporary store: finished, skipped and failed jobs, and a whole sweep."""
 
+import json
 import math
 from pathlib import Path
 
+import jsonschema
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -10,7 +12,7 @@ from src.tracking.store.experiment import Store
 from src.tracking.store.jobrun import JobRun
 from src.tracking.store.names import flatten
 from src.tracking.sweep.record import _params, run_job
-from tests.helpers import compose_job, run_cli
+from tests.helpers import compose_job, doc_schema, run_cli
 
 TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
 
@@ -27,7 +29,7 @@ def runs(store, filter_string=""):
     return client, client.search_runs([exp.experiment_id], filter_string=filter_string)
 
 
-def test_finished_job_logs_the_contract(store):
+def test_finished_job_logs_the_contract(store, tmp_path):
     assert job(store, []) == "finished"
     client, (run,) = runs(store)
     assert run.info.status == "FINISHED"
@@ -63,6 +65,13 @@ def test_finished_job_logs_the_contract(store):
     # its memory: the process's own peak and its children's, the weights as held, the cache at its longest context
     assert m["peak_rss_gb"] == pytest.approx(m["peak_rss_own_gb"] + m["peak_rss_children_gb"])
     assert m["weights_gb"] > 0 and m["kv_cache_gb"] > 0
+    # its result as one strict JSON document (no NaN: a reader in another language takes it)
+    text = Path(client.download_artifacts(run.info.run_id, "result.json", str(tmp_path))).read_text()
+    result = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in result.json"))
+    assert result["format"] == "quantspec.job/1" and result["name"] == run.info.run_name
+    assert len(result["rows"]) == 2 and result["summary"]["itl_ms_p99"] == pytest.approx(m["itl_ms_p99"])
+    assert result["config"]["model"]["name"] == "tiny-llama" and result["environment"]["cpu_model"]
+    jsonschema.validate(result, doc_schema("job"))  # the schema the docs show (reference/report-json.md)
 
 
 def test_a_job_that_reads_the_dataset_records_it():

@@ -5,16 +5,18 @@ sweep measured quality, the quality table, the speed–quality front and paired 
     python -m src.report                          # the latest sweep in the default store
     python -m src.report sweep=/abs/multirun/... baseline.precision=bf16 tracking_uri=http://127.0.0.1:5000
     python -m src.report quality.metric=accuracy quality.min_ratio=0.98
+    python -m src.report format=json              # the same as one JSON document (docs: reference/report-json.md)
     python -m src.report --help                   # this, and the settings; touches nothing
 
 Reads the runs back from the tracking store (the report's numbers are the runs' own metrics), writes
-report.md, summary.csv and PNG plots, and attaches them to the sweep's parent run so the MLflow UI
+report.md, report.json, summary.csv and PNG plots, and attaches them to the sweep's parent run so the MLflow UI
 shows them beside the runs; rerun, it replaces the files and adds no metric points. Settings:
 key=value, listed with their defaults by --help; a key it does not have is refused in one line.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from src.common.environment import PROJECT_ROOT
@@ -61,13 +63,15 @@ def main(argv: list[str]) -> int:
     except LookupError as err:
         say(str(err), err=True)
         return 2
-    print((report.files["report.md"]).read_text())
-    print(
+    printed = "report.json" if cfg["format"] == "json" else "report.md"
+    print(report.files[printed].read_text(), end="" if printed == "report.json" else "\n")
+    print(  # beside JSON, on stderr: what is printed on stdout stays one document a program can read
         f"written to {report.files['report.md'].parent}"
         + (
             f" and attached to the sweep's parent run; compare in the MLflow UI: {ui_line(uri, report.view_url)}"
             if cfg["attach"]
             else ""
-        )
+        ),
+        file=sys.stderr if printed == "report.json" else sys.stdout,
     )
     return 0

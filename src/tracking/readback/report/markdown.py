@@ -11,6 +11,7 @@ from src.common.metrics import csv_text, markdown_table, seed_table
 from src.common.paths import child
 from src.tracking.readback import quality as q
 from src.tracking.readback.compare import job_rounds, speedups
+from src.tracking.readback.report import jsondoc
 from src.tracking.readback.report.plots import _plots, _save
 from src.tracking.readback.report.rows import Report, draft_quality_lines, fallback_lines, job_rows
 from src.tracking.readback.report.settings import DEFAULT_BASELINE, DEFAULT_QUALITY
@@ -81,8 +82,12 @@ def build(
         parts += [f"## {md_text(name)}\n", table + "\n"]
     (out / "report.md").write_text("\n".join(parts))
     (out / "summary.csv").write_text(csv_text([headers, *summary]))
-    files.update({"report.md": out / "report.md", "summary.csv": out / "summary.csv"})
-    return Report(parent_id, jobs, groups, tables, summary, gains, files, overview, flags=flags, points=points)
+    files.update(
+        {"report.md": out / "report.md", "summary.csv": out / "summary.csv", "report.json": out / "report.json"}
+    )
+    made = Report(parent_id, jobs, groups, tables, summary, gains, files, overview, flags=flags, points=points)
+    (out / "report.json").write_text(jsondoc.text(made, baseline))
+    return made
 
 
 def _quality_parts(client, groups, ratios, quality: dict, reference: str, front, out: Path, files: dict) -> list[str]:

@@ -24,6 +24,13 @@ SETTINGS = [
         purpose=WRITE,
     ),
     Setting(
+        "format",
+        "markdown",
+        "what it prints: markdown (report.md) or json (report.json, docs: reference/report-json.md); both are written",
+        choices=("markdown", "json"),
+        purpose=WRITE,
+    ),
+    Setting(
         "attach",
         True,
         "attach the files to the sweep's parent run and publish its view in the MLflow UI",
