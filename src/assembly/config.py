@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
-from src.data.config import DatasetConfig
+from src.data.config import PROMPT_SOURCES, DatasetConfig
 from src.engine.config import ENGINES, EngineConfig, RuntimeEngine, Sampling
 from src.engine.runtimes import runtime
 from src.engine.speculative import DRAFTERS
@@ -306,10 +306,12 @@ def unread(group: str, entry: Mapping[str, Any], key: str) -> str | None:
 
 def reads_dataset(raw: Mapping[str, Any]) -> bool:
     """Whether a composed job (its plain dict) reads the dataset group's text: a task that cuts prompts or windows
-    from it, a precision (the target's or a model draft's) that calibrates on it, or another runtime, which may
+    from it, or takes its prompts from a prompts file (decode, dataset=jsonl), a precision (the target's or a model draft's) that calibrates on it, or another runtime, which may
     calibrate its own export on it. Where none does, the dataset is neither a setting to give nor one to record."""
     task = TASKS.get((raw.get("task") or {}).get("kind"))
     if task is not None and task.READS_DATASET:
+        return True
+    if task is not None and task.READS_PROMPTS and (raw.get("dataset") or {}).get("source") in PROMPT_SOURCES:
         return True
     draft = raw.get("draft") or {}
     for precision in (raw.get("precision"), draft.get("precision") if draft.get("kind") == "model" else None):

@@ -25,7 +25,9 @@ from src.assembly import hardware, memory
 from src.assembly.config import ConfigError, JobConfig
 from src.assembly.hardware import Placement
 from src.common import environment
-from src.data.corpus import Corpus, TextInput
+from src.data import prompts as prompt_file
+from src.data.config import PROMPT_SOURCES
+from src.data.corpus import Corpus, TextInput, file_prompts_input
 from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes, static
 from src.engine.runtimes.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
@@ -103,7 +105,13 @@ class Job:
             bandwidth=self.probe if self.roofline_applies() else None,
             score=score,
             reference=self.reference(),
+            prompts=prompt_file.read(cfg.dataset.path, cfg.dataset.max_mb) if self.reads_prompts() else None,
+            prompts_input=lambda texts: file_prompts_input(cfg.dataset, texts),
         )
+
+    def reads_prompts(self) -> bool:
+        """The task takes its prompts from the dataset (decode, dataset=jsonl)."""
+        return self.cfg.task.READS_PROMPTS and self.cfg.dataset.source in PROMPT_SOURCES
 
     def reference(self) -> Reference | None:
         """What the task measures the model against: the same weights in task.reference's float precision

@@ -219,7 +219,7 @@ def _not_a_setting(key: str, base: DictConfig | None) -> str:
 
 
 def _reads_dataset(cfg: DictConfig) -> bool:
-    parts = ("task", "precision", "draft", "engine")
+    parts = ("task", "precision", "draft", "engine", "dataset")
     return reads_dataset({k: OmegaConf.to_container(cfg[k], resolve=False) for k in parts if k in cfg})
 
 
@@ -232,7 +232,8 @@ def _unread(args: list[str], composed: list[DictConfig]) -> str | None:
             tasks = sorted({cfg.hydra.runtime.choices.get("task", "?") for cfg in composed})
             return (
                 f"{key}=... is read by no job here: task {', '.join(tasks)} reads no dataset (task benchmark, "
-                f"benchmark_long and perplexity do, and a calibrating precision such as w8a8 or w4a16); leave it out"
+                f"benchmark_long and perplexity do, decode a prompts file (dataset=jsonl), and a calibrating "
+                f"precision such as w8a8 or w4a16); leave it out"
             )
         group, _, path = key.partition(".")
         if "=" not in arg or not path or group not in composed[0] or not isinstance(composed[0][group], DictConfig):

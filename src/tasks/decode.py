@@ -7,6 +7,7 @@ import json
 
 import torch
 
+from src.data import prompts as prompt_file
 from src.data.corpus import prompts, prompts_input
 from src.quality import divergence
 from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
@@ -27,12 +28,29 @@ def diverging(inputs: TaskInputs, examples: list[Example], new_tokens: int) -> t
     return divergence.generation_summary(first, share), series, references
 
 
+def _examples(inputs: TaskInputs, new_tokens: int) -> tuple[list[Example], list[str]]:
+    """The seeds' prompts, or the user's (dataset=jsonl: a chat through the tokenizer's chat template); and what
+    the job must say of them."""
+    tok = inputs.tokenizer
+    if inputs.prompts is None:
+        texts = limit(prompts(inputs.code_model), inputs.task.limit)
+        inputs.record_input(prompts_input(inputs.code_model, texts))
+        return [Example(tok(t, return_tensors="pt").input_ids, new_tokens, t) for t in texts], []
+    chosen = limit(inputs.prompts, inputs.task.limit)
+    encoded = [prompt_file.encode(tok, p) for p in chosen]
+    inputs.record_input(inputs.prompts_input([tok.decode(ids) for ids in encoded]))
+    examples = [Example(torch.tensor([ids]), new_tokens, p.label) for p, ids in zip(chosen, encoded)]
+    chats = sum(1 for p in chosen if p.messages)
+    notes = []
+    if chats and not prompt_file.templated(tok):
+        notes.append(f"the tokenizer has no chat template: {chats} chat prompt(s) ran as their turns' text joined")
+    return examples, notes
+
+
 def run(inputs: TaskInputs) -> TaskResult:
     new_tokens = inputs.task.new_tokens(inputs.code_model)
-    texts = limit(prompts(inputs.code_model), inputs.task.limit)
-    inputs.record_input(prompts_input(inputs.code_model, texts))
     tok = inputs.tokenizer
-    examples = [Example(tok(t, return_tensors="pt").input_ids, new_tokens, t) for t in texts]
+    examples, notes = _examples(inputs, new_tokens)
     measured = measure(inputs, examples, exact=inputs.task.exact_new_tokens)
     responses = [
         {"example": i, "prompt": ex.label, "response": tok.decode(ids, skip_special_tokens=True)}
@@ -47,6 +65,6 @@ def run(inputs: TaskInputs) -> TaskResult:
             response["reference"] = tok.decode(tokens, skip_special_tokens=True)
         tags = {"reference": inputs.reference.describe()}
     text = "\n".join(json.dumps(r, ensure_ascii=False) for r in responses) + "\n"
-    out = result(measured, artifacts={"responses.jsonl": text})
+    out = result(measured, artifacts={"responses.jsonl": text}, notes=notes)
     out.tags.update(tags)
     return out

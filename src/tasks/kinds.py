@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
+from src.data import prompts as prompt_file
+from src.data.config import PROMPT_SOURCES
 from src.data.corpus import humaneval_problems, prompts
 from src.quality import harness
 from src.tasks import sandbox
@@ -35,6 +37,7 @@ class TaskConfig:
     MODULE: ClassVar[str]  # its implementation: a module with run(inputs) -> TaskResult
     DECODES: ClassVar[bool] = False  # a draft changes what it measures
     READS_DATASET: ClassVar[bool] = False  # reads the dataset group's text (a calibrating precision may too)
+    READS_PROMPTS: ClassVar[bool] = False  # reads a prompts dataset (dataset=jsonl) in place of its own prompts
     name: str  # the choice's name (conf/task/<name>.yaml): benchmark and benchmark_long share a kind
 
     @property
@@ -91,9 +94,10 @@ def _refuse_random(job, what: str, metric: str) -> None:
         )
 
 
-def _fits(job, loaded, prompts: list[str], new: int, limit: int | None) -> None:
-    """Given prompts and `new` tokens after each must fit the model's context."""
-    longest = max(len(loaded.tokenizer(p).input_ids) for p in prompts[:limit])
+def _fits(job, loaded, prompts: list[str], new: int, limit: int | None, lengths: list[int] | None = None) -> None:
+    """Given prompts (or their `lengths` in tokens) and `new` tokens after each must fit the model's context."""
+    lengths = lengths or [len(loaded.tokenizer(p).input_ids) for p in prompts[:limit]]
+    longest = max(lengths[:limit])
     if longest + new > loaded.max_context:
         field = f"task.{'code_' if job.model.code else ''}max_new_tokens"
         raise ConfigError(
@@ -146,13 +150,19 @@ class Decode(Generating, Referenced):
 
     KIND: ClassVar[str] = "decode"
     MODULE: ClassVar[str] = "src.tasks.decode"
+    READS_PROMPTS: ClassVar[bool] = True  # dataset=jsonl: the user's prompts in place of the seeds'
 
     def validate(self) -> None:
         super().validate()
         self.validate_reference()
 
     def preflight(self, job, loaded) -> None:
-        _fits(job, loaded, prompts(job.model.code), self.new_tokens(job.model.code), self.limit)
+        new = self.new_tokens(job.model.code)
+        if job.dataset.source in PROMPT_SOURCES:  # the user's prompts, as the task will encode them
+            found = prompt_file.read(job.dataset.path, job.dataset.max_mb)[: self.limit]
+            _fits(job, loaded, [], new, None, [len(prompt_file.encode(loaded.tokenizer, p)) for p in found])
+        else:
+            _fits(job, loaded, prompts(job.model.code), new, self.limit)
 
 
 @TASKS.register

@@ -10,7 +10,11 @@ from src.common.axes import GROUPS
 from tests.helpers import CONF, compose_job
 
 # dataset=textfile has a mandatory path; it is checked on its own below.
-NEEDS = {("dataset", "textfile"): ["dataset.path=/tmp/corpus.txt"], ("task", "quantize"): ["precision=w8a8"]}
+NEEDS = {
+    ("dataset", "textfile"): ["dataset.path=/tmp/corpus.txt"],
+    ("dataset", "jsonl"): ["dataset.path=examples/prompts.jsonl"],  # read when validated: the shipped example
+    ("task", "quantize"): ["precision=w8a8"],
+}
 
 
 def all_choices():

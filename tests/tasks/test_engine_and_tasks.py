@@ -209,3 +209,33 @@ def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_famil
     post_norm = tiny_model("opt")[0]
     post_norm.config.do_layer_norm_before = False  # OPT-350m's layout: not covered, transformers' forward runs
     assert fastpath.for_model(post_norm) is None
+
+
+def test_a_decode_runs_the_user_s_prompts_from_a_jsonl_file_and_a_bad_line_is_one_line(tmp_path, store):
+    """dataset=jsonl: five prompts, three of them chats, in place of the seed prompts; a bad line refused in one
+    line naming it, before anything loads and with no run recorded."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.data.test_prompts import FIVE
+    from tests.helpers import run_cli
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(item) + "\n" for item in FIVE))
+    quick = ["model=tiny-llama", "dataset=jsonl", f"dataset.path={path}", "task.max_new_tokens=4", "task.warmup=0"]
+    out = run_cli([*quick, f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])
+    lines = client.download_artifacts(run.info.run_id, "responses.jsonl", str(tmp_path))
+    shown = [json.loads(line)["prompt"] for line in open(lines)]
+    assert shown == ["What is recursion?", "Name a prime.", "2+2?", "Tell me a one line joke.", "How did it all begin?"]
+    assert run.data.params["dataset.source"] == "jsonl" and run.data.metrics["examples"] == 5
+    assert "no chat template: 3 chat prompt(s)" in out.stdout  # the tiny tokenizer has none: said (logged)
+    path.write_text(json.dumps(FIVE[0]) + "\n" + '{"messages": "hi"}\n')
+    out = run_cli([*quick, f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'bad'}"])
+    said = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
+    assert out.returncode == 1 and len(said) == 1 and "Traceback" not in out.stderr
+    assert said[0].endswith(f"dataset.path={path} line 2: a chat must be a non-empty list of turns")
+    assert len(client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])) == 1  # none added

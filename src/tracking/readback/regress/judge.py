@@ -60,6 +60,7 @@ def _read_dataset(params: dict[str, str]) -> bool:
 
     draft = {**section("draft."), "precision": section("draft.precision.") or None}
     raw = {"task": section("task."), "precision": section("precision."), "draft": draft, "engine": section("engine.")}
+    raw["dataset"] = section("dataset.")
     return reads_dataset(raw)
 
 
