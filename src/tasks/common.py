@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from src.common import latency
+from src.common.energy import Energy
 from src.common.metrics import Row, summarize, timing_row
 from src.common.progress import progress
 from src.common.sysmetrics import OthersCpu
@@ -79,6 +80,7 @@ class Measured:
     series: dict[str, list[float]] = field(default_factory=dict)  # per example (draft metrics)
     summary: dict[str, float] = field(default_factory=dict)  # over all examples (draft metrics)
     token_times: list[latency.TokenTimes] = field(default_factory=list)  # each example's, its kept run's
+    tags: dict[str, str] = field(default_factory=dict)  # what the run is tagged with (its energy's source)
 
 
 def _row(number: int, gen) -> Row:
@@ -103,31 +105,36 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
     out = Measured([], [])
     drafted = _Drafted()
     others = OthersCpu()  # what other processes took while we timed: a busy host is flagged, not hidden
-    for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
-        with others:
-            runs = _timed(inputs, engines, ex, exact, pad)
-        if inputs.bandwidth is not None:  # outside `others`: the probe's own threads are not another's load
-            out.series.setdefault(BANDWIDTH, []).append(inputs.bandwidth())
-        gen = _median_run(runs[0])
-        row = _row(number, gen)
-        inputs.on_row(row, len(examples))  # journaled before it is said: "example n/" means it is kept
-        log.info(
-            "example %d/%d: %d prompt tokens, %d new, %.1f ms/token",
-            number,
-            len(examples),
-            row.prompt_tokens,
-            row.new_tokens,
-            row.time_per_token_ms,
-        )
-        out.rows.append(row)
-        out.outputs.append(gen.new_token_ids)
-        out.token_times.append(latency.token_times(number, gen.start, gen.token_times))
-        if gen.spec is not None:
-            drafted.add(out, number, gen, row, _median_run(runs[1]) if inputs.baseline else None)
+    generated = 0
+    with Energy() as energy:  # the host's energy, where it says (src.common.energy)
+        for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
+            with others:
+                runs = _timed(inputs, engines, ex, exact, pad)
+            generated += sum(g.new_tokens for engine_runs in runs for g in engine_runs)
+            if inputs.bandwidth is not None:  # outside `others`: the probe's own threads are not another's load
+                out.series.setdefault(BANDWIDTH, []).append(inputs.bandwidth())
+            gen = _median_run(runs[0])
+            row = _row(number, gen)
+            inputs.on_row(row, len(examples))  # journaled before it is said: "example n/" means it is kept
+            log.info(
+                "example %d/%d: %d prompt tokens, %d new, %.1f ms/token",
+                number,
+                len(examples),
+                row.prompt_tokens,
+                row.new_tokens,
+                row.time_per_token_ms,
+            )
+            out.rows.append(row)
+            out.outputs.append(gen.new_token_ids)
+            out.token_times.append(latency.token_times(number, gen.start, gen.token_times))
+            if gen.spec is not None:
+                drafted.add(out, number, gen, row, _median_run(runs[1]) if inputs.baseline else None)
     if drafted.specs:
         out.summary = drafted.summary(out, greedy=not inputs.sampling.do_sample)
     if others.cores() is not None:
         out.summary["others_cpu_cores"] = others.cores()
+    out.summary.update(energy.figures(generated))
+    out.tags["energy"] = energy.why
     return out
 
 
@@ -179,4 +186,6 @@ def result(measured: Measured, artifacts: dict[str, str] | None = None, **kwargs
     ITL percentiles; src.common.latency) and their times as an artifact, and the task's own figures."""
     summary = {**summarize(measured.rows), **latency.summary(measured.token_times), **measured.summary}
     files = {latency.ARTIFACT: latency.jsonl(measured.token_times), **(artifacts or {})}
-    return TaskResult(measured.rows, summary, artifacts=files, series=dict(measured.series), **kwargs)
+    out = TaskResult(measured.rows, summary, artifacts=files, series=dict(measured.series), **kwargs)
+    out.tags.update(measured.tags)
+    return out

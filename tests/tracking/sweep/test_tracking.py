@@ -72,6 +72,8 @@ def test_finished_job_logs_the_contract(store, tmp_path):
     assert len(result["rows"]) == 2 and result["summary"]["itl_ms_p99"] == pytest.approx(m["itl_ms_p99"])
     assert result["config"]["model"]["name"] == "tiny-llama" and result["environment"]["cpu_model"]
     jsonschema.validate(result, doc_schema("job"))  # the schema the docs show (reference/report-json.md)
+    # energy where the host has RAPL counters, else the reason and no figure (never an estimate)
+    assert ("energy_j_per_token" in m) == run.data.tags["energy"].startswith("RAPL")
 
 
 def test_a_job_that_reads_the_dataset_records_it():
