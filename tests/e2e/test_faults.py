@@ -118,7 +118,7 @@ def test_a_signal_ends_the_job_and_the_sweep_as_killed_in_one_line(tmp_path, sig
 
 
 def test_a_stop_anywhere_in_a_sweep_ends_it_in_one_line_and_leaves_nothing_running(tmp_path):
-    """SIGTERM and SIGINT, in turns, at points spread over a whole sweep's life (from the interpreter's imports to
+    """SIGTERM and SIGINT, in turns, at four points spread over a whole sweep's life (from the interpreter's imports to
     the report at its end), placed by fractions of the time one whole run of it took here: each ends the process
     in seconds, with 128 + the signal, in one line, and no run of the store is left RUNNING. Before: Ctrl-C while
     the imports loaded printed a KeyboardInterrupt traceback, and one landing inside a store call left SQLite's
@@ -138,7 +138,8 @@ def test_a_stop_anywhere_in_a_sweep_ends_it_in_one_line_and_leaves_nothing_runni
     assert whole.wait(timeout=300) == 0, (tmp_path / "whole.err").read_text()[-2000:]
     took = time.time() - began
     landed = 0
-    for i, fraction in enumerate((0.02, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9)):
+    # four points (the suite's time is bounded): the imports, a job loading, a job timing, the report at the end
+    for i, fraction in enumerate((0.02, 0.35, 0.65, 0.92)):
         sig, code = (signal.SIGTERM, 143) if i % 2 == 0 else (signal.SIGINT, 130)
         proc, uri = run(f"at{i}")
         time.sleep(fraction * took)
@@ -160,7 +161,7 @@ def test_a_stop_anywhere_in_a_sweep_ends_it_in_one_line_and_leaves_nothing_runni
             else []
         )
         assert not [r for r in left if r[1] == "RUNNING"], f"{where}; runs: {left}"
-    assert landed >= 4, f"only {landed} of 7 stops landed before the sweep ended (a whole run took {took:.1f} s)"
+    assert landed >= 3, f"only {landed} of 4 stops landed before the sweep ended (a whole run took {took:.1f} s)"
 
 
 def test_a_killed_process_s_runs_are_ended_by_the_next_process(tmp_path, env):
