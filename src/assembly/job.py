@@ -25,8 +25,6 @@ from src.assembly import hardware, memory
 from src.assembly.config import ConfigError, JobConfig
 from src.assembly.hardware import Placement
 from src.common import environment
-from src.data import prompts as prompt_file
-from src.data.config import PROMPT_SOURCES
 from src.data.corpus import Corpus, TextInput, file_prompts_input
 from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes, static
 from src.engine.runtimes.isolated import Isolated
@@ -105,13 +103,10 @@ class Job:
             bandwidth=self.probe if self.roofline_applies() else None,
             score=score,
             reference=self.reference(),
-            prompts=prompt_file.read(cfg.dataset.path, cfg.dataset.max_mb) if self.reads_prompts() else None,
+            # decode, dataset=jsonl: the user's prompts in place of the task's own
+            prompts=cfg.dataset.prompts if cfg.task.READS_PROMPTS and cfg.dataset.holds_prompts else None,
             prompts_input=lambda texts: file_prompts_input(cfg.dataset, texts),
         )
-
-    def reads_prompts(self) -> bool:
-        """The task takes its prompts from the dataset (decode, dataset=jsonl)."""
-        return self.cfg.task.READS_PROMPTS and self.cfg.dataset.source in PROMPT_SOURCES
 
     def reference(self) -> Reference | None:
         """What the task measures the model against: the same weights in task.reference's float precision

