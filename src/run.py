@@ -177,6 +177,8 @@ def cli() -> None:
         _cli()
     except (KeyboardInterrupt, Stopped) as err:
         sys.exit(record.stopped(err))
+    finally:  # all is recorded: a stop during the interpreter's teardown (seconds) had killed it with no word
+        signals.stopping()  # ignored, which Python's teardown keeps (it resets only handlers of its own)
 
 
 def _cli() -> None:

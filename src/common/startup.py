@@ -73,4 +73,5 @@ def run(main, argv: list[str]) -> int:
         signals.stopping()
         reason, code = signals.describe(err)
         say(reason, err=True)
+    signals.stopping()  # done: a stop during the interpreter's teardown is ignored, not a death by signal
     return code
