@@ -37,12 +37,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 from transformers.utils import logging as hf_logging
 
+from src.assembly import ownmodel
 from src.assembly.overrides import CONF_DIR, composition_problem, unparsable
 from src.assembly.sweep import sweep_of, unset_line
 from src.common import envvars, signals
 from src.common.locks import hold
 from src.common.progress import watched
 from src.common.say import say
+from src.common.schema import ConfigError
 from src.common.signals import Stopped
 from src.tracking.readback import report
 from src.tracking.store.locks import replay_lock
@@ -98,6 +100,11 @@ def task(cfg: DictConfig, preset: tuple[str, str] | None = None, node: dict | No
         record.ledger.refuse(hc.job.override_dirname, unset_line(err))
         return "failed"
     choices = {k: v for k, v in hc.runtime.choices.items() if not k.startswith("hydra") and v is not None}
+    try:  # a model of one's own: its family read from its config, where it runs (here, or on the Ray worker)
+        raw, choices = ownmodel.resolve(raw, choices)
+    except ConfigError as err:
+        record.ledger.refuse(hc.job.override_dirname, str(err))
+        return "failed"
     # named by its choices and the fields its sweep varies, as the sweeper told it (src.tracking.sweep.naming)
     name = job_name(choices, list(hc.overrides.task), hc.job.env_set.get(VARIES, ""))
     return record.run_job(

@@ -26,7 +26,7 @@ from src.data.config import PROMPT_SOURCES, DatasetConfig
 from src.engine.config import ENGINES, EngineConfig, RuntimeEngine, Sampling
 from src.engine.runtimes import runtime
 from src.engine.speculative import DRAFTERS
-from src.models.config import ModelConfig
+from src.models.config import ARCHS, OTHER, ModelConfig
 from src.quant import methods as quant_methods
 from src.quant.config import PrecisionConfig
 from src.quant.methods import METHODS
@@ -176,6 +176,15 @@ class JobConfig:
                 f"cache_dir={self.cache_dir} is a file, not a directory; point QUANTSPEC_CACHE "
                 f"(or cache_dir=) at a directory"
             )
+        if self.model.arch == OTHER:  # a family whose layers quantspec does not map (src.assembly.ownmodel)
+            family = f"{self.model.name} ({self.model.model_type or 'another family'})"
+            if self.precision.quantized:
+                raise ConfigError(
+                    f"{family} is quantized only where quantspec maps its layers ({', '.join(ARCHS)}); "
+                    f"run it at precision=fp32 or bf16"
+                )
+            if self.engine.kind == "native":
+                raise ConfigError(f"{family} runs on transformers' generate, not quantspec's engine: use engine=hf")
         if self.precision.quantized:
             self.precision.spec(self.model)  # the method finds what it takes from the model (or says so)
         self.task.check_job(self)

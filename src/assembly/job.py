@@ -31,6 +31,7 @@ from src.engine.runtimes.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
 from src.kernels import amx, modules
+from src.models.config import ARCHS, OTHER
 from src.models.load import LoadedModel, load_model, tokenizer_mismatch
 from src.models.random_weights import parameter_count
 from src.quality.reference import Reference
@@ -270,6 +271,18 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     return Job(cfg, placement, env, loaded, model, corpus, engine, baseline, quant_metrics, recorder)
 
 
+def engine_note(cfg) -> str:
+    """Why a model of another family runs on transformers' generate (src.assembly.ownmodel moved it there), or ""."""
+    if cfg.model.arch != OTHER:
+        return ""
+    note = (
+        f"{cfg.model.name} is a {cfg.model.model_type or 'model of another family'}, which quantspec's engine does "
+        f"not map (it maps {', '.join(ARCHS)}): it runs on transformers' generate (engine=hf)"
+    )
+    log.warning(note)
+    return note
+
+
 def _environment(cfg, placement, recorder) -> dict:
     """The host as the job sees it (environment.json), its placement's tags, and what executes."""
     env = environment.describe(placement.threads, placement.device)
@@ -277,6 +290,7 @@ def _environment(cfg, placement, recorder) -> dict:
         {
             "executed_on": placement.executed_on,
             "placement_note": placement.note or "",
+            "engine_note": engine_note(cfg),
             "git_commit": env["git_commit"],
             "cpu_model": env["cpu_model"],
             "threads": str(placement.threads),

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from src.assembly import config as C
 from src.common.axes import GROUPS
+from src.models.hub import name_of
 from src.quant.methods import METHODS
 from src.tasks.kinds import TASKS
 
@@ -124,6 +125,8 @@ def register() -> None:
     for group in SOURCES:
         store.store(group=group, name=NAME, node=schema(group))
     store.store(name=NAME, node=root())
+    # a model of one's own is named after its hub id, folder or file (conf/model/hub.yaml, gguf.yaml)
+    OmegaConf.register_new_resolver("quantspec_model_name", name_of, replace=True)
 
 
 register()

