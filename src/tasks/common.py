@@ -25,6 +25,14 @@ log = logging.getLogger(__name__)
 BANDWIDTH = "bandwidth_gbs"  # the series of each example's bandwidth probe
 
 
+def _gpu_uuid(model) -> str | None:
+    """The UUID of the CUDA device the model's weights are on (its energy is read by NVML), or None."""
+    weight = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    if weight is None or weight.device.type != "cuda":
+        return None
+    return str(torch.cuda.get_device_properties(weight.device).uuid)
+
+
 @dataclass
 class TaskInputs:
     model: torch.nn.Module
@@ -106,7 +114,7 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
     drafted = _Drafted()
     others = OthersCpu()  # what other processes took while we timed: a busy host is flagged, not hidden
     generated = 0
-    with Energy() as energy:  # the host's energy, where it says (src.common.energy)
+    with Energy(gpu=_gpu_uuid(inputs.model)) as energy:  # the host's energy, where it says (src.common.energy)
         for number, ex in progress(enumerate(examples, start=1), inputs.task.name, total=len(examples)):
             with others:
                 runs = _timed(inputs, engines, ex, exact, pad)

@@ -28,3 +28,17 @@ def test_a_host_without_counters_says_why_and_gives_no_figure(tmp_path):
     with Energy(tmp_path / "none") as e:
         pass
     assert e.joules is None and e.figures(10) == {} and e.why.startswith("unavailable: no RAPL counters")
+
+
+def test_a_gpu_nvml_cannot_read_is_said_beside_the_cpu_s_part(tmp_path):
+    """A GPU job's energy: NVML (nvidia-ml-py) asked for a board it does not know (here: no driver at all, or a UUID
+    no board has) gives no figure and says so; the CPU's part is kept and named."""
+    _domain(tmp_path, "intel-rapl:0", 5_000_000)
+    with Energy(tmp_path, gpu="GPU-00000000-0000-0000-0000-000000000000") as e:
+        (tmp_path / "intel-rapl:0" / "energy_uj").write_text("6000000")
+    assert e.joules == 1.0 and e.why.startswith("RAPL, 1 package(s)")
+    assert "; no GPU energy: NVML could not read GPU-00000000-" in e.why
+    with Energy(tmp_path / "none", gpu="GPU-00000000-0000-0000-0000-000000000000") as e:
+        pass
+    assert e.joules is None and e.why.startswith("unavailable: no CPU energy: no RAPL counters")
+    assert "no GPU energy" in e.why

@@ -138,7 +138,11 @@ CATALOG: list[Name] = [
         ("on_search_front", "hydra/sweeper=search: true where its trial is on the search's front"),
         ("reference_cache", "built or cached: the reference's run"),
         ("sandbox", "benchmark_code: bwrap or rlimit"),
-        ("energy", "timed tasks: where energy_j came from (RAPL), or why the host gives none (unavailable: ...)"),
+        (
+            "energy",
+            "timed tasks: where energy_j came from (RAPL; on an NVIDIA GPU also NVML), or why the host gives none "
+            "(unavailable: ...)",
+        ),
         ("lm_eval_version", "lm_eval: the harness's version"),
         ("lm_eval_tasks", "lm_eval: its tasks"),
     ),
@@ -149,7 +153,11 @@ CATALOG: list[Name] = [
         ("time_per_token_ms_median", "the rest of the generation over its tokens, median over examples"),
         ("tokens_per_s_median", "1000 / time per token"),
         ("examples", "examples timed"),
-        ("energy_j", "where the host has RAPL counters: the CPU packages' energy while the job timed, joules"),
+        (
+            "energy_j",
+            "where the host has RAPL counters: the CPU packages' energy while the job timed, joules (a GPU job: plus "
+            "the board's, from NVML)",
+        ),
         ("energy_j_per_token", "that over every token the timed runs generated (the whole package's: see energy)"),
         ("ttft_ms_<latency>", "time to the first token, ms: p50, p90, p99, mean or max over examples"),
         ("tpot_ms_<latency>", "time per output token after the first (each example's mean gap), over examples"),
