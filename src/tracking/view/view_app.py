@@ -16,13 +16,26 @@ view's facets: a reload reads the same state again, and the user's own changes t
 from __future__ import annotations
 
 import json
+import logging
 import re
 
+import mlflow
 from fastapi.responses import HTMLResponse
 from fastapi.routing import APIRoute
 from mlflow.server.fastapi_app import app
 
 from src.tracking.view.ui import VIEW_TAG
+
+# What this page knows of MLflow's UI (the saved state's key and form) was read from these versions' source; pyproject
+# holds mlflow to them. Another (installed by hand) may key or read the state otherwise: said once, when served.
+KNOWN_MLFLOW = ("3.17.",)
+if not mlflow.__version__.startswith(KNOWN_MLFLOW):
+    logging.getLogger(__name__).warning(
+        "quantspec's view page was written against MLflow %s's saved view state; MLflow %s may not open a sweep's "
+        "columns and charts (the runs are all there): install mlflow>=3.17,<3.18 for the view",
+        "/".join(v.rstrip(".") for v in KNOWN_MLFLOW),
+        mlflow.__version__,
+    )
 
 # MLflow's saved view state of an experiment page (its LocalStorageUtils, version 1.1), keyed by the page's
 # experiment ids as JSON
