@@ -253,3 +253,28 @@ def test_an_entry_that_skips_its_group_s_schema_is_refused_and_one_that_starts_f
     assert said.startswith("hardware.threads: Value 'abc'") and "\n" not in said
     entry.write_text("defaults: [_schema, _self_]\n" + body.replace("abc", "2"))
     assert composition_problem(args) is None
+
+
+def test_a_default_written_in_a_class_and_in_its_fields_yaml_is_the_same():
+    """A field's default lives in its config class (what code that builds one gets) and in conf/<group>/_fields.yaml
+    (what a job composes, with its words): where both write one, they must agree, or a test built from the class
+    would measure another setting than a user's job."""
+    from omegaconf import OmegaConf
+
+    from src.assembly.schema import SOURCES
+
+    checked, differ = 0, []
+    for group, (classes, _) in SOURCES.items():
+        path = CONF / group / "_fields.yaml"
+        if not path.exists():  # hardware and dataset entries write every field themselves
+            continue
+        written = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        for cls in classes:
+            for f in dataclasses.fields(cls):
+                if f.name not in written or (f.default is f.default_factory is dataclasses.MISSING):
+                    continue
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                checked += 1
+                if (list(default) if isinstance(default, tuple) else default) != written[f.name]:
+                    differ.append(f"{group}.{f.name}: {cls.__name__} says {default!r}, _fields.yaml {written[f.name]!r}")
+    assert checked > 40 and not differ, differ
