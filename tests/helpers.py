@@ -317,9 +317,9 @@ def perplexity_by_engine(tmp_path: Path, engines: str, *overrides: str) -> dict[
 
 def fp32_export(cache: Path, runtime: str) -> tuple[Path, dict]:
     """The fp32 export a job on engine `runtime` made in `cache` (perplexity_by_engine's), and its manifest."""
-    from src.engine.runtimes import MANIFEST
+    from src.common.cache import MANIFEST
 
-    (folder,) = (cache / runtime).glob("*-fp32*")
+    (folder,) = (p for p in (cache / runtime).glob("*-fp32*") if p.is_dir() and not p.name.startswith("."))
     return folder, json.loads((folder / MANIFEST).read_text())
 
 

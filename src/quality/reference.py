@@ -2,7 +2,7 @@
 where fp32 does not fit), run by torch, computed once and cached.
 
 Two caches, each a directory under <cache_dir>/reference/ holding safetensors or JSON with a manifest
-(sha256 of each file, checked before use; src.models.load.build_cached), keyed by the model's exact
+(sha256 of each file, checked before use; src.common.cache), keyed by the model's exact
 weights, the reference precision and exactly what was scored:
 - windows: per position, the reference's top-k next tokens and their log-probs, and the log-prob of the
   token that came (src.quality.divergence says what the cut to k costs);
@@ -23,9 +23,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from src.common.cache import build_cached
 from src.common.paths import child
 from src.models.config import ModelConfig
-from src.models.load import build_cached, load_model
+from src.models.load import load_model
 from src.quality.scoring import ReferenceWindow, reference_window
 
 log = logging.getLogger("quantspec")
@@ -91,7 +92,7 @@ class Reference:
                 metadata={"vocab": str(refs[0].vocab)},
             )
 
-        build_cached(directory, build, {"reference": self.precision, "source": self.source_key})
+        build_cached(directory, build, {"reference": self.precision, "source": self.source_key}, "reference")
         with safe_open(str(directory / "windows.safetensors"), "pt") as f:  # one read: metadata and tensors
             vocab = int(f.metadata()["vocab"])
             t = {name: f.get_tensor(name) for name in f.keys()}
@@ -129,5 +130,5 @@ class Reference:
             gc.collect()
             (tmp / "continuations.json").write_text(json.dumps(out))
 
-        build_cached(directory, build, {"reference": self.precision, "source": self.source_key})
+        build_cached(directory, build, {"reference": self.precision, "source": self.source_key}, "reference")
         return json.loads((directory / "continuations.json").read_text())

@@ -1,7 +1,7 @@
 """The quantized-model cache: safetensors + JSON, keyed by everything that changes the weights.
 
 A key covers the model's source, the method and every parameter, and a hash of the calibration data.
-Files are verified against their recorded sha256 on every load (src.models.load.build_cached): a damaged
+Files are verified against their recorded sha256 on every load (src.common.cache): a damaged
 or stale cache is rebuilt, never trusted.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from src.models.load import build_cached
+from src.common.cache import build_cached
 from src.quant.methods import QuantSpec
 from src.quant.pipeline import QuantizedWeights
 
@@ -78,7 +78,7 @@ def load_or_build(
         save(out, weights)
         built.append(weights)
 
-    build_cached(directory, make, meta)
+    build_cached(directory, make, meta, "quantized model")
     if built:
         return built[0], True
     if before_load is not None:
@@ -92,5 +92,5 @@ def load_or_build(
                 f"quantized cache {directory} is unreadable ({err}); removed: rerun the job to rebuild it"
             ) from err
         log.warning("quantized cache %s is unreadable (%s); rebuilding it", directory, err)
-        build_cached(directory, make, meta)
+        build_cached(directory, make, meta, "quantized model")
         return built[0], True

@@ -276,5 +276,7 @@ def test_a_default_written_in_a_class_and_in_its_fields_yaml_is_the_same():
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 checked += 1
                 if (list(default) if isinstance(default, tuple) else default) != written[f.name]:
-                    differ.append(f"{group}.{f.name}: {cls.__name__} says {default!r}, _fields.yaml {written[f.name]!r}")
+                    differ.append(
+                        f"{group}.{f.name}: {cls.__name__} says {default!r}, _fields.yaml {written[f.name]!r}"
+                    )
     assert checked > 40 and not differ, differ

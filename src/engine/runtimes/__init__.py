@@ -1,5 +1,5 @@
 """Engines that are other runtimes, one package each (openvino/, ort_genai/, llamacpp/), with what they share:
-the process an engine runs in (isolated.py, wire.py) and the export cache below. Each brings its own export of
+the process an engine runs in (isolated.py, wire.py) and the export cache below (src.common.cache's). Each brings its own export of
 the job's weights, quantization and kernels, and its module is a `Runtime` (src.engine.config), with:
 
 - `unsupported(cfg) -> str | None`: why it cannot run that job (the sweep records a skip with it);
@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import json
 import logging
-import os
-import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from src.common.locks import sha256_file
+from src.common.cache import build_cached
 from src.engine.config import Runtime
 
 log = logging.getLogger("quantspec")
@@ -45,76 +42,18 @@ def runtime(engine) -> Runtime | None:
     return importlib.import_module(engine.module) if engine.module else None
 
 
-MANIFEST = "quantspec-export.json"
-
-
-def damage(out: Path, want: dict) -> str | None:
-    """Why the export in `out` cannot be used as it is (None: it can): no manifest, one that is not what this
-    job wants, or a file whose size or sha256 is not the one recorded when it was built. A read-only but whole
-    export passes: nothing here writes."""
-    path = out / MANIFEST
-    if not path.is_file():
-        return "no manifest" if out.exists() else None
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        return f"its manifest does not read ({type(err).__name__})"
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or not manifest["files"]:
-        return "its manifest records no files (made before exports were checked, or damaged)"
-    if manifest.get("want") != want:
-        return "it was exported for other settings or versions"
-    for name, entry in manifest["files"].items():
-        file = out / name
-        if not isinstance(entry, dict) or not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != entry.get("size") or sha256_file(file) != entry.get("sha256"):
-            return f"{name} is not the file it exported (size or sha256 differs)"
-    return None
-
-
-def _clear_orphans(out: Path) -> None:
-    """Scratch folders of earlier builds of `out` whose process is gone (a killed build leaves one)."""
-    for work in out.parent.glob(f".{out.name}.*.tmp"):
-        pid = work.name.removeprefix(f".{out.name}.").removesuffix(".tmp")
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(work, ignore_errors=True)
-        except (ValueError, PermissionError):
-            pass  # not ours to judge: left alone
-
-
 def cached(out: Path, want: dict, build: Callable[[Path], None], what: str) -> Path:
-    """A runtime's export in `out`, built once and then cached: kept while its manifest holds `want` and each
-    file's size and sha256 as built (src.engine.runtimes.damage), rebuilt with one line saying why otherwise.
-    `build(work)` writes the export to `<work>/model` in a scratch folder beside `out`, which replaces
-    `out` only once it is whole; a failure (its one-line RuntimeError) leaves no cache."""
-    if out.is_dir():
-        why = damage(out, want)
-        if why is None:
-            return out
-        log.warning("the %s export in %s is rebuilt: %s", what, out, why)
-    _clear_orphans(out)
-    work = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    started = time.perf_counter()
-    try:
-        build(work)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    log.info("exported to %s in %.1f s", what, time.perf_counter() - started)
-    files = {
-        p.relative_to(work / "model").as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)}
-        for p in sorted((work / "model").rglob("*"))
-        if p.is_file()
-    }
-    (work / "model" / MANIFEST).write_text(json.dumps({"want": want, "files": files}, indent=1))
-    shutil.rmtree(out, ignore_errors=True)
-    (work / "model").rename(out)
-    shutil.rmtree(work, ignore_errors=True)
-    return out
+    """A runtime's export in `out`, built once and then cached (src.common.cache: kept while its manifest wants the
+    same and each file is as built, rebuilt with one line saying why otherwise). `build(work)` writes the export
+    into the empty folder `<work>/model` (and may use `work` as scratch), which replaces `out` once whole; a
+    failure (its one-line RuntimeError) leaves no cache."""
+
+    def timed(model: Path) -> None:
+        started = time.perf_counter()
+        build(model.parent)
+        log.info("exported to %s in %.1f s", what, time.perf_counter() - started)
+
+    return build_cached(out, timed, want, f"{what} export")
 
 
 def cached_export(

@@ -29,7 +29,7 @@ def test_the_export_greedy_decodes_as_torch_does_and_is_cached(fp32_sweep):
     model, tok = tiny_model("llama")  # the weights the sweep's tiny-llama job exported
     folder, manifest = fp32_export(cache, "ort_genai")
     assert manifest["want"]["precision"] == "fp32" and (folder / "genai_config.json").is_file()
-    assert manifest["files"]["model.onnx"]["size"] == (folder / "model.onnx").stat().st_size
+    assert manifest["files"]["model.onnx"]["bytes"] == (folder / "model.onnx").stat().st_size
     engine = ort_genai.OrtGenAI(folder, "cpu")
     ids = tok("hello world", return_tensors="pt").input_ids
     gen = engine(None, ids, 12, True, Sampling(), tok.pad_token_id)
@@ -101,11 +101,11 @@ def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cl
     with data.open("r+b") as f:  # bytes flipped in the middle of the weights: the 50 KB
         f.seek(data.stat().st_size // 2)
         f.write(b"\xff" * min(50_000, data.stat().st_size // 4))
-    orphan = folder.with_name(f".{folder.name}.999999999.tmp")  # a build killed mid-way (its pid is gone)
+    orphan = folder.with_name(f".{folder.name}.999999999.tmp")  # a build killed mid-way (it held the lock no more)
     orphan.mkdir()
     with caplog.at_level("WARNING"):
         assert ort_genai.export(model, tok, source, "fp32", "cpu", tmp_path) == folder
-    assert f"is rebuilt: {data.name} is not the file it exported" in caplog.text
+    assert f"is rebuilt: {data.name} does not match its recorded sha256" in caplog.text
     assert not orphan.exists()
     engine = ort_genai.OrtGenAI(folder, "cpu")
     from src.quality.scoring import torch_scorer
@@ -114,7 +114,7 @@ def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cl
     assert engine.window_score(window).target_logp.sum().item() == pytest.approx(
         torch_scorer(model)(window).target_logp.sum().item(), rel=1e-4
     )  # the rebuilt export scores as torch
-    (folder / "quantspec-export.json").write_text("null")  # a manifest that is no object
+    (folder / "quantspec-cache.json").write_text("null")  # a manifest that is no object
     with caplog.at_level("WARNING"):
         ort_genai.export(model, tok, source, "fp32", "cpu", tmp_path)
     assert "its manifest records no files" in caplog.text

@@ -96,7 +96,6 @@ def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Pa
     def quantize(work: Path) -> None:
         import llama_cpp  # optional: the llamacpp extra
 
-        (work / "model").mkdir()
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype, params.allow_requantize, params.nthread = FTYPES[precision], True, os.cpu_count() or 1
         if llama_cpp.llama_model_quantize(str(source).encode(), str(work / "model" / "model.gguf").encode(), params):
