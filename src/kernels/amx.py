@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from src import kernels
-from src.kernels import variants
+from src.kernels import loader, variants
 
 XTILEDATA = 18  # the tile data's state component (Linux's XFEATURE_XTILEDATA)
 
@@ -25,7 +25,7 @@ def enable(directory: Path, feature: int = XTILEDATA) -> str | None:
     """Build (once) and enable the AMX GEMM after quantspec's kernels are loaded (src.kernels.load). None when
     it is in use, else why not. `feature`: the state component asked for (only a test asks for another, to see
     Linux refuse)."""
-    import torch  # after the ISA environment a script sets (see src.kernels._key)
+    import torch  # after the ISA environment a script sets (see src.kernels.loader._key)
 
     if not kernels.loaded():
         return "quantspec's kernels are not loaded"
@@ -37,7 +37,7 @@ def enable(directory: Path, feature: int = XTILEDATA) -> str | None:
     if torch.ops.quantspec.amx():
         return None
     try:
-        path = kernels._built_variant(variants.AMX, Path(directory).expanduser())
+        path = loader.built_variant(variants.AMX, Path(directory).expanduser())
     except Exception as err:  # an older compiler without -mamx-int8
         return str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
     return torch.ops.quantspec.use_amx(str(path), feature) or None
@@ -45,6 +45,6 @@ def enable(directory: Path, feature: int = XTILEDATA) -> str | None:
 
 def enabled() -> bool:
     """Whether int8_gemm_amx may run in this process."""
-    import torch  # after the ISA environment a script sets (see src.kernels._key)
+    import torch  # after the ISA environment a script sets (see src.kernels.loader._key)
 
     return kernels.loaded() and bool(torch.ops.quantspec.amx())

@@ -893,7 +893,7 @@ def test_a_killed_build_takes_its_exporter_with_it_and_the_next_build_clears_its
 import sys
 from pathlib import Path
 from src.models.tiny import tiny_model
-from src.engine.runtimes import cached_export
+from src.engine.runtimes.exports import cached_export
 model, tok = tiny_model("llama")
 exporter = [sys.executable, "-c", "import os, time; open({str(pids)!r}, 'w').write(str(os.getpid())); time.sleep(600)"]
 cached_export(Path({str(out)!r}), {{}}, model, tok, lambda work: exporter, "test")
@@ -911,7 +911,7 @@ cached_export(Path({str(out)!r}), {{}}, model, tok, lambda work: exporter, "test
     while _alive(exporter) and time.time() < deadline:
         time.sleep(0.1)
     assert not _alive(exporter), "the exporter outlived the job that started it"
-    from src.engine.runtimes import cached_export
+    from src.engine.runtimes.exports import cached_export
     from src.models.tiny import tiny_model
 
     model, tok = tiny_model("llama")

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from src.engine.common import Generation, Sampling
-from src.engine.runtimes import cached
+from src.engine.runtimes.exports import cached
 from src.engine.runtimes.isolated import Maker
 
 

@@ -3,7 +3,7 @@
 llama.cpp, OpenVINO and ONNX Runtime GenAI run native code that quantspec does not control: a segfault,
 an abort or the kernel's out-of-memory kill in one of them would end the sweep's process and every job
 after it. `Isolated(maker, name)` starts `python -m src.engine.runtimes.isolated`, builds the engine there
-(`Maker("src.engine.runtimes.llamacpp:LlamaCpp", path, eos, threads)`: that class called with those arguments, which
+(`Maker("src.engine.runtimes.llamacpp.runtime:LlamaCpp", path, eos, threads)`: that class called with those arguments, which
 is where the runtime loads its model), and forwards every call to it: `engine(model, input_ids, ...)` and,
 where the child's engine has it, `window_score(ids, indices)`. Each token's timestamp is taken in the child with
 `time.perf_counter` (CLOCK_MONOTONIC: one clock for every process of the host), so timings mean what they

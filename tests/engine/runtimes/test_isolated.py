@@ -1,4 +1,4 @@
-"""The export cache every runtime shares (src.engine.runtimes.cached and cached_export): built once in a
+"""The export cache every runtime shares (src.engine.runtimes.exports: cached and cached_export): built once in a
 scratch folder, kept while its manifest matches, and a failure is one line that leaves nothing behind."""
 
 import os
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from src.engine.runtimes import cached, cached_export
+from src.engine.runtimes.exports import cached, cached_export
 from src.models.tiny import tiny_model
 from tests.helpers import ROOT, cli_env
 

@@ -1,0 +1,223 @@
+"""Building, checking and loading quantspec's kernel libraries (the package's docstring says what they are): each
+variant and the binding built once per machine and torch version, its bytes checked against the record made when
+it was built, the best variant this CPU runs chosen, or why none could be."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from src.common.locks import atomic_write_text, file_lock, read_record, sha256_file
+from src.kernels import variants
+
+log = logging.getLogger(__name__)
+BINDING = "quantspec_kernels"
+RECORD = "library.json"  # a built library's sha256, checked before every load
+HERE = Path(__file__).parent
+# Up to this many rows (a step, a verification of up to 15 drafts) these kernels run; above it (a
+# prefill) ATen's blocked GEMMs win, as these re-read W per few rows. It must cover every verification:
+# a row's result must not depend on how many rows come together, or a draft could change greedy output.
+MAX_ROWS = 16
+
+_state: dict[str, object] = {}
+
+
+class IsaUnavailable(ValueError):
+    """engine.isa names a variant this machine cannot run."""
+
+
+def _key(*parts: bytes) -> str:
+    import torch  # here, not at import: scripts set the ISA environment torch reads before loading it
+
+    return hashlib.sha256(b"".join(parts) + torch.__version__.encode()).hexdigest()[:16]
+
+
+def candidates(isa: str, features: set[str] | None = None, arch: str | None = None) -> list[variants.Variant]:
+    """The variants to try for engine.isa, best first: every one this CPU runs for `auto`, else the one
+    named (IsaUnavailable, one line, if this CPU lacks what it needs)."""
+    features = variants.cpu_features() if features is None else features
+    runnable = [v for v in variants.for_arch(arch) if not variants.missing(v, features, arch)]
+    if isa == "auto":
+        return runnable
+    if isa not in variants.NAMES:
+        raise IsaUnavailable(
+            f"engine.isa={isa!r} is no kernel variant; choose auto or one of: {', '.join(variants.NAMES)}"
+        )
+    lacks = variants.missing(variants.by_name(isa), features, arch)
+    if lacks:
+        raise IsaUnavailable(
+            f"engine.isa={isa}: this CPU lacks {', '.join(lacks)}; choose engine.isa=auto or one "
+            f"of: {', '.join(v.name for v in runnable)}"
+        )
+    return [variants.by_name(isa)]
+
+
+def load(directory: Path, isa: str = "auto") -> bool:
+    """Build (once) and load the binding and the variant for `isa`. True when a variant is in use."""
+    # IsaUnavailable goes to the caller: a config error, not a slower run
+    return load_variants(directory, candidates(isa))
+
+
+def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
+    """load() for the first of `chosen` that this CPU runs and that builds (the tests and scripts load
+    variants.AVX_VNNI_TWIN through it). A variant whose instructions the CPU lacks is never loaded: its
+    first call would kill the process (SIGILL), so it is passed over with that reason."""
+    directory = Path(directory).expanduser()
+    if not _state.get("binding"):
+        reason = _load_binding(directory)
+        if reason:
+            _state.update(ok=False, reason=reason, variant=None)
+            return False
+        _state["binding"] = True
+    skipped, features = [], variants.cpu_features()
+    for variant in chosen:
+        lacks = variants.missing(variant, features)
+        if lacks:
+            skipped.append(f"{variant.name}: this CPU lacks {', '.join(lacks)}")
+            continue
+        try:
+            path = built_variant(variant, directory)
+        except Exception as err:  # an old compiler without these flags: the next variant down
+            skipped.append(
+                f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
+            )
+            continue
+        import torch  # after the ISA environment a script sets (see _key)
+
+        name = torch.ops.quantspec.use_variant(str(path))
+        _state.update(ok=True, reason="; ".join(skipped) or None, variant=name)
+        if skipped:
+            log.warning("kernel variants not built here (%s); %s runs", "; ".join(skipped), name)
+        return True
+    _state.update(ok=False, reason="; ".join(skipped) or "no kernel variant for this CPU", variant=None)
+    return False
+
+
+def binding_folder(directory: Path) -> Path:
+    """Where the binding built from these sources, by this torch, lives under `directory`."""
+    sources = [
+        HERE / "binding.cpp",
+        HERE / "step.cpp",
+        HERE / "ops.h",
+        HERE / "core" / "api.h",
+        HERE / "core" / "amx.h",
+        HERE / "core" / "common.h",
+        Path(__file__),
+    ]  # this file: the build's flags
+    return Path(directory) / f"binding-{_key(*(p.read_bytes() for p in sources))}"
+
+
+def variant_folder(variant: variants.Variant, directory: Path, cxx: str) -> Path:
+    """Where `variant` built from these sources and flags, by compiler `cxx`, lives under `directory`."""
+    key = _key(
+        *(p.read_bytes() for p in variants.sources(variant)),
+        " ".join(variants.build_flags(variant)).encode(),
+        cxx.encode(),
+    )
+    return Path(directory) / f"{variant.name}-{key}"
+
+
+def _load_binding(directory: Path) -> str | None:
+    """The torch binding (no ISA code): built with torch's extension builder. None, or why it failed."""
+    if variants.compiler() is None:
+        return "no C++ compiler (install g++ or set CXX)"
+    build = binding_folder(directory)
+    try:
+        if _recorded(build / f"{BINDING}.so", warn=False):  # built and whole: loaded without a lock (a read-only cache)
+            import torch  # after the ISA environment a script sets (see _key)
+
+            torch.ops.load_library(str(build / f"{BINDING}.so"))
+            return None
+        with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):
+            _build_and_load(build)
+    except Exception as err:  # no compiler or no ninja: a slower run, not a failed one
+        last = str(err).strip().splitlines()
+        return f"could not build src/kernels ({last[-1] if last else type(err).__name__})"
+    return None
+
+
+def _build_and_load(build: Path) -> None:
+    """Load the binding only if its bytes are those recorded when it was built: a truncated or damaged
+    .so can crash the process inside dlopen, before any Python error could say why. Anything else is
+    wiped and built again (the caller holds the build lock)."""
+    import torch  # after the ISA environment a script sets (see _key)
+
+    library = build / f"{BINDING}.so"
+    if _recorded(library):
+        torch.ops.load_library(str(library))
+        return
+    # Also clears torch's own build baton ("lock"), which a build killed midway leaves behind forever.
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    from torch.utils import cpp_extension  # after the ISA environment a script sets (see _key)
+
+    # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every call runs on one thread.
+    # -ffp-contract=off: step.cpp rounds each product and sum as ATen does; a fused multiply-add (Arm's
+    # baseline has one) would round once and the C++ step would drift from the Python one.
+    cpp_extension.load(
+        name=BINDING,
+        sources=[str(HERE / "binding.cpp"), str(HERE / "step.cpp")],
+        extra_cflags=["-O2", "-fopenmp", "-ffp-contract=off"],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build),
+        is_python_module=False,
+        verbose=bool(os.environ.get("QUANTSPEC_VERBOSE_BUILD")),
+    )
+    _record(library)
+
+
+def _recorded(library: Path, warn: bool = True) -> bool:
+    record = library.with_name(RECORD)
+    if not (library.is_file() and record.is_file()):
+        return False
+    recorded = (read_record(record) or {}).get("sha256")
+    if recorded != sha256_file(library):
+        if warn:  # said once, by the check under the build lock
+            log.warning("kernel library %s does not match its recorded sha256; rebuilding it", library)
+        return False
+    return True
+
+
+def _record(library: Path) -> None:
+    import torch  # after the ISA environment a script sets (see _key)
+
+    atomic_write_text(
+        library.with_name(RECORD), json.dumps({"sha256": sha256_file(library), "torch": torch.__version__})
+    )
+
+
+def built_variant(variant: variants.Variant, directory: Path) -> Path:
+    """The variant's library, compiled once (a few seconds) into its own folder, checked like the binding."""
+    cxx = variants.compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler")
+    build = variant_folder(variant, directory, cxx)
+    library = build / f"qs_{variant.name}.so"
+    if _recorded(library, warn=False):  # built and whole: used without a lock (a read-only cache)
+        return library
+    with file_lock(build.with_name(f".{build.name}.lock"), f"the {variant.name} kernels"):
+        if not _recorded(library):
+            shutil.rmtree(build, ignore_errors=True)
+            build.mkdir(parents=True)
+            variants.compile_variant(variant, library, cxx)
+            _record(library)
+    return library
+
+
+def loaded() -> bool:
+    """True once load() has succeeded in this process."""
+    return bool(_state.get("ok"))
+
+
+def reason() -> str | None:
+    """Why load() returned False (or which variants could not be built)."""
+    return _state.get("reason")  # type: ignore[return-value]
+
+
+def variant() -> str | None:
+    """The variant in use ('avx512', 'avx_vnni', 'avx2', ..., 'reference'), or None."""
+    return _state.get("variant") if _state.get("ok") else None  # type: ignore[return-value]
