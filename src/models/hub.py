@@ -20,14 +20,13 @@ from huggingface_hub.errors import HfHubHTTPError
 from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from src.models.config import MODEL_NAME
+from src.models.config import MODEL_NAME, OTHER
 
 # model_type (config.json) -> quantspec's family. Gemma 3's multimodal checkpoints (model_type gemma3) are not
 # its text model: transformers builds them as Gemma3ForConditionalGeneration, whose layers sit elsewhere.
 FAMILIES = {"llama": "llama", "opt": "opt", "qwen2": "qwen2", "gemma3_text": "gemma3"}
 # general.architecture (a GGUF's metadata) -> quantspec's family; transformers reads these GGUF architectures
 GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3"}
-OTHER = "other"
 # a hub id as the hub writes one: an optional owner, a name; letters, digits and . _ -
 HUB_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")
 
