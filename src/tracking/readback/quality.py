@@ -105,9 +105,6 @@ def _in(value: float, low: float, high: float) -> str:
     return f"{value:.4g} ({low:.4g}–{high:.4g})" if not math.isnan(low) else f"{value:.4g}"
 
 
-QUALITY_TASKS = ("perplexity", "lm_eval", "decode")
-
-
 def quality_table(
     groups: list[JobRounds], ratios: dict[tuple, tuple[float, str]], min_ratio: float, reference: str
 ) -> str:
