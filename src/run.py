@@ -190,6 +190,9 @@ def cli() -> None:
 
 def _cli() -> None:
     problem = unparsable(sys.argv[1:]) or composition_problem(sys.argv[1:])
+    # a stop that landed inside Hydra's composition comes back wrapped as a composition error (its key `defaults`):
+    # the stop, not that error, is what happened (the stop-anywhere test caught SIGTERM there, said as bad YAML)
+    signals.check()
     try:
         envvars.check()  # before any job: a variable read mid-run (the heartbeat's) would fail it there
     except envvars.EnvError as err:

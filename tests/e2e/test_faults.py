@@ -117,6 +117,26 @@ def test_a_signal_ends_the_job_and_the_sweep_as_killed_in_one_line(tmp_path, sig
     assert done >= 1 and len(client.get_metric_history(job.info.run_id, "by_example/time_per_token_ms")) == done
 
 
+def test_a_stop_that_composition_swallowed_is_still_the_stop(monkeypatch, tmp_path):
+    """The stop-anywhere test's SIGTERM once landed inside Hydra's composition of the command line, which handed it
+    back as a composition error (`defaults: ... (in the defaults entry's YAML)`, rc 2). A real SIGTERM here, taken
+    while the command line is composed and lost there as Hydra lost it: the process still ends as stopped, 143."""
+    from src import run
+
+    def composing(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the real handler (src.common.signals) raises Stopped here
+            time.sleep(5)
+        except BaseException:  # noqa: BLE001 - what Hydra's composition did with it: a config error instead
+            return "defaults:  (in the defaults entry's YAML)"
+        return None
+
+    monkeypatch.setattr(run, "composition_problem", composing)
+    out = run_cli([*QUICK, f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+    assert out.returncode == 143 and len(said(out.stderr)) == 1 and "stopped by" in said(out.stderr)[0], out.stderr
+    assert not (tmp_path / "m.db").exists()
+
+
 def test_a_stop_anywhere_in_a_sweep_ends_it_in_one_line_and_leaves_nothing_running(tmp_path):
     """SIGTERM and SIGINT, in turns, at four points spread over a whole sweep's life (from the interpreter's imports to
     the report at its end), placed by fractions of the time one whole run of it took here: each ends the process
