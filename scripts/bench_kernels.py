@@ -66,7 +66,8 @@ def main(argv: list[str]) -> int:
     from src import kernels
     from src.common.metrics import markdown_table
     from src.kernels import amx, variants
-    from src.quant.linear import build, int4_tensors, int8_tensors
+    from src.quant.linear import int4_tensors, int8_tensors
+    from src.quant.schemes import build
 
     if args.threads:
         torch.set_num_threads(args.threads)

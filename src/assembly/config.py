@@ -28,7 +28,8 @@ from src.engine.runtimes import runtime
 from src.engine.speculative import DRAFTERS
 from src.models.config import ARCHS, OTHER, ModelConfig
 from src.quant import methods as quant_methods
-from src.quant.config import PrecisionConfig
+from src.quant import schemes
+from src.quant.config import DTYPES, PrecisionConfig
 from src.quant.methods import METHODS
 from src.tasks.kinds import TASKS, TaskConfig
 
@@ -48,12 +49,17 @@ class HardwareConfig:
     name: str  # the profile's name (conf/hardware/<name>.yaml)
     description: str  # what the profile is, in words
     device: str  # cpu, cuda or npu: what its kernels were built for
-    precisions: tuple[str, ...]  # the precisions its silicon supports; others are skipped
+    dtypes: tuple[str, ...]  # the float dtypes it runs (a float precision's)
     threads: int | None = None  # threads a job runs with; null: every core
     resource: str = ""  # the Ray resource of the nodes that have this hardware, e.g. hw-stx
+    lacks: tuple[str, ...] = ()  # the quantized schemes (src.quant.schemes) its silicon has no kernels for
 
     def validate(self) -> None:
         check_choice("hardware.device", self.device, DEVICES)
+        for scheme in self.lacks:
+            check_choice("hardware.lacks", scheme, schemes.names())
+        for dtype in self.dtypes:
+            check_choice("hardware.dtypes", dtype, DTYPES)
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"hardware.threads={self.threads} must be at least 1 (or null for every core)")
         if self.threads is not None:  # torch.set_num_threads takes a C int; no host has more cores than this
@@ -198,18 +204,25 @@ class JobConfig:
             if self.draft_precision.quantized:
                 self.draft_precision.spec(self.draft_model)
 
+    def _no_kernels(self, precision: PrecisionConfig, role: str = "") -> str | None:
+        """Why this hardware cannot run `precision`: a quantized one by its layers' scheme (a profile names the
+        schemes it lacks, so a new precision or a new scheme runs on every profile that does not name it), a
+        float one by its dtype."""
+        hw = self.hardware
+        says = f"(it lacks {', '.join(hw.lacks) or 'no scheme'}; its float dtypes: {', '.join(hw.dtypes)})"
+        if precision.quantized and precision.quant.scheme in hw.lacks:
+            return f"{hw.name} has no {precision.quant.scheme} kernels{role} {says}"
+        if not precision.quantized and precision.dtype not in hw.dtypes:
+            return f"{hw.name} has no {precision.name} kernels{role} ({precision.dtype}) {says}"
+        return None
+
     def unsupported_reason(self) -> str | None:
         """Why this hardware cannot run this precision, or None. Not an error: the sweep records a skip."""
-        if self.precision.name not in self.hardware.precisions:
-            return (
-                f"{self.hardware.name} has no {self.precision.name} kernels "
-                f"(it supports {', '.join(self.hardware.precisions)})"
-            )
-        if self.draft_precision is not None and self.draft_precision.name not in self.hardware.precisions:
-            return (
-                f"{self.hardware.name} has no {self.draft_precision.name} kernels for the draft "
-                f"(it supports {', '.join(self.hardware.precisions)})"
-            )
+        reason = self._no_kernels(self.precision)
+        if reason is None and self.draft_precision is not None:
+            reason = self._no_kernels(self.draft_precision, " for the draft")
+        if reason is not None:
+            return reason
         if self.draft.active and not self.task.DECODES:
             return f"task {self.task.name} does not decode: draft {self.draft.name} would change nothing"
         other = runtime(self.engine)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from src.engine import fastpath
-from src.kernels import MAX_ROWS, modules
-from src.quant.linear import W4A8Gemv, W4A16Gemv, W8A8Gemv, W8A16Gemv
+from src.kernels import MAX_ROWS, format_number, modules
+from src.quant.linear import QuantLinear
 
 QKV, OUT, GATE_UP, DOWN = range(4)  # step.cpp's Slot
 EMBEDDINGS = ("Embedding", "Gemma3TextScaledWordEmbedding")  # a lookup, and Gemma's times its scale
@@ -33,21 +33,19 @@ class Unsupported(Exception):
 
 
 def _call(module, act: torch.dtype) -> tuple[int, list[torch.Tensor], list[torch.Tensor], int, bool]:
-    """(kind, tensors, [bias], group, bf16 input) as step.cpp's Call runs it: what the module's forward
-    does for a few rows (src.kernels.modules, src.quant.linear)."""
-    kind = type(module)
-    if kind not in (modules.GemvLinear, W8A8Gemv, W8A16Gemv, W4A16Gemv, W4A8Gemv):  # a cut-down head, ATen's kernels
-        raise Unsupported(f"{kind.__name__} is not on quantspec's kernels")
-    bias = [module.bias.detach()] if module.bias is not None else []
-    if kind is modules.GemvLinear:
+    """(format number, tensors, [bias], group, bf16 input) as step.cpp's Call runs it: what the module's forward
+    does for a few rows (src.kernels.modules, and each quantized module's step_call: src.quant.linear)."""
+    if isinstance(module, modules.GemvLinear):
         if module.weight.dtype != act:  # its forward would take F.linear
             raise Unsupported(f"a {module.weight.dtype} linear in a {act} model")
-        return 0, [module.weight.detach()], bias, 0, act == torch.bfloat16
-    if kind is W8A8Gemv:
-        return 1, [module.w_q, module.w_scale, module.w_sum], bias, 0, act == torch.bfloat16
-    if kind is W8A16Gemv:
-        return 2, [module.w_q, module.w_scale32], bias, 0, act == torch.bfloat16
-    return 3 if kind is W4A16Gemv else 4, [module.w4, module.w4_scale, module.w4_offset], bias, module.group, True
+        call = format_number("float"), [module.weight.detach()], 0, act == torch.bfloat16
+    else:
+        call = module.step_call(act) if isinstance(module, QuantLinear) else None
+    if call is None:  # a cut-down head, ATen's kernels
+        raise Unsupported(f"{type(module).__name__} is not on quantspec's kernels")
+    kind, tensors, group, bf16_in = call
+    bias = [module.bias.detach()] if module.bias is not None else []
+    return kind, tensors, bias, group, bf16_in
 
 
 def _norm(module, act: torch.dtype, conv: dict) -> torch.Tensor:

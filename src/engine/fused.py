@@ -18,16 +18,11 @@ import torch
 from torch import nn
 
 from src.kernels.modules import GemvLinear
-from src.quant.linear import W4A8Gemv, W4A16Gemv, W8A8Gemv, W8A16Gemv
+from src.quant import schemes
+from src.quant.linear import GroupedGemv
 
-# The tensors of each gemv module kind that stack along output channels (dim 0).
-ROWS = {
-    GemvLinear: ("weight",),
-    W8A8Gemv: ("w_q", "w_scale", "w_sum"),
-    W8A16Gemv: ("w_q", "w_scale", "w_scale32"),
-    W4A16Gemv: ("w4", "w4_scale", "w4_offset"),
-    W4A8Gemv: ("w4", "w4_scale", "w4_offset"),
-}
+# The tensors of each gemv module kind that stack along output channels (dim 0): each scheme's (its ROWS).
+ROWS = {GemvLinear: ("weight",), **schemes.fusable_rows()}
 # Plain float linears fuse too where a step asks (src.engine.static: on a GPU one launch instead of three);
 # the Python step path keeps them apart, as measured.
 PLAIN = {nn.Linear: ("weight",)}
@@ -40,7 +35,7 @@ def _fusable(parts: list[nn.Module], rows: dict) -> bool:
         return False
     if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
         return False
-    if kind in (W4A16Gemv, W4A8Gemv) and len({p.group for p in parts}) != 1:
+    if issubclass(kind, GroupedGemv) and len({p.group for p in parts}) != 1:
         return False
     # Each part must start where the kernels' blocks of 4 do, and its views stay aligned.
     offsets = [sum(p.out_features for p in parts[:i]) for i in range(len(parts))]

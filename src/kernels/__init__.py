@@ -1,5 +1,5 @@
 """quantspec's own CPU kernels: small-batch matmuls for decode steps and draft verification (fp32, bf16,
-w8a8, w8a16, w4a16), the int4 unpacking for prefill, RMSNorm, and attention for a few new queries whose
+w8a8, w8a16, and the grouped low-bit formats of core/api.h), their unpacking for prefill, RMSNorm, and attention for a few new queries whose
 rows do not depend on how many arrive together.
 
 One library, several ISA variants (src/kernels/variants.py: avx512, avx_vnni, avx2, neon_dotprod, neon,
@@ -18,6 +18,7 @@ from src.kernels.loader import (
     IsaUnavailable,
     binding_folder,
     candidates,
+    format_number,
     load,
     load_variants,
     loaded,
@@ -33,6 +34,7 @@ __all__ = [
     "IsaUnavailable",
     "binding_folder",
     "candidates",
+    "format_number",
     "load",
     "load_variants",
     "loaded",

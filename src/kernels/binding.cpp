@@ -1,6 +1,6 @@
 // The torch side of quantspec's kernels: torch.ops.quantspec.* check their tensors, split the work across
 // ATen's threads, and call the kernel variant chosen for this CPU (core/api.h), loaded with dlopen by
-// use_variant(path). The variants know nothing of torch; this file knows nothing of any ISA.
+// use_variant(path, reference). The variants know nothing of torch; this file knows nothing of any ISA.
 // The ATen headers of what this file uses, not ATen/ATen.h (every operator): the binding builds in ~45 s of CPU,
 // not ~60 (measured side by side, x86-64, g++ 12), on a user's first run and in every rebuild.
 #include <ATen/core/Tensor.h>
@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/amx.h"
 #include "core/api.h"
@@ -24,24 +25,43 @@
 namespace {
 
 const qs_kernels* g_kernels = nullptr;   // the variant in use (one per process: use_variant switches it)
-std::map<std::string, const qs_kernels*> g_loaded;
+std::map<std::string, qs_kernels> g_loaded;  // each variant's table, its missing grouped kernels filled in
 std::mutex g_mutex;
 
-std::string use_variant(const std::string& path) {
+const qs_kernels* open_table(const std::string& path) {
+  // RTLD_LOCAL: each variant keeps its own copies of inline code, compiled for its own ISA.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(handle, "quantspec: cannot load kernel variant ", path, ": ", dlerror());
+  auto get = reinterpret_cast<const qs_kernels* (*)()>(dlsym(handle, "qs_kernels_get"));
+  TORCH_CHECK(get, "quantspec: ", path, " is no kernel variant (no qs_kernels_get)");
+  const qs_kernels* table = get();
+  TORCH_CHECK(table->abi == QS_ABI, "quantspec: ", path, " has kernel ABI ", table->abi, ", expected ", QS_ABI);
+  return table;
+}
+
+// The variant at `path`, each grouped format it has no kernel for taken from the reference variant at
+// `reference` (ggml-cpu's arch-fallback, at load): a new format runs everywhere once its reference kernel exists.
+std::string use_variant(const std::string& path, const std::string& reference) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto found = g_loaded.find(path);
   if (found == g_loaded.end()) {
-    // RTLD_LOCAL: each variant keeps its own copies of inline code, compiled for its own ISA.
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    TORCH_CHECK(handle, "quantspec: cannot load kernel variant ", path, ": ", dlerror());
-    auto get = reinterpret_cast<const qs_kernels* (*)()>(dlsym(handle, "qs_kernels_get"));
-    TORCH_CHECK(get, "quantspec: ", path, " is no kernel variant (no qs_kernels_get)");
-    const qs_kernels* table = get();
-    TORCH_CHECK(table->abi == QS_ABI, "quantspec: ", path, " has kernel ABI ", table->abi, ", expected ", QS_ABI);
+    qs_kernels table = *open_table(path);
+    const qs_kernels* ref = path == reference ? &table : open_table(reference);
+    for (int f = 0; f < QS_FORMAT_COUNT; ++f) {
+      if (!table.gemv_grouped[f]) table.gemv_grouped[f] = ref->gemv_grouped[f];
+      if (!table.dequant_grouped[f]) table.dequant_grouped[f] = ref->dequant_grouped[f];
+    }
     found = g_loaded.emplace(path, table).first;
   }
-  g_kernels = found->second;
+  g_kernels = &found->second;
   return g_kernels->name;
+}
+
+// The formats' names by number (api.h's QS_FORMATS): src.quant.schemes finds a format's number here.
+std::vector<std::string> formats() {
+#define QS_FORMAT_NAME(kind, name, bits) name,
+  return {QS_FORMATS(QS_FORMAT_NAME)};
+#undef QS_FORMAT_NAME
 }
 
 std::string variant() { return g_kernels ? g_kernels->name : ""; }
@@ -161,14 +181,21 @@ at::Tensor gemv_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   return columns(M, N, K, x, [&](int64_t n0, int64_t n1, float* y) { k().gemv_w8a16(qp, xsp, wp, wsp, M, K, N, n0, n1, y); });
 }
 
-at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
-                      int64_t group) {
-  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0);
-  check(x, packed, 128, K / 2);
+// A grouped format's packed weight (api.h): its bits, or a clear refusal of a format no kernel has.
+int64_t grouped_bits(int64_t format, const char* op) {
+  TORCH_CHECK(format >= 0 && format < QS_FORMAT_COUNT && k().gemv_grouped[format] && k().dequant_grouped[format],
+              "quantspec ", op, ": format ", format, " has no grouped kernel");
+  return qs_format_bits(int(format));
+}
+
+at::Tensor gemv_grouped(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                        const at::Tensor& offset, int64_t group, int64_t format) {
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0), bits = grouped_bits(format, "gemv_grouped");
+  check(x, packed, 128, K * bits / 8);
   TORCH_CHECK(packed.scalar_type() == at::kByte && group % 128 == 0 && K % group == 0,
-              "quantspec gemv_w4a16: uint8 packed weight, group a multiple of 128 dividing K");
+              "quantspec gemv_grouped: uint8 packed weight, group a multiple of 128 dividing K");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
-              offset.is_contiguous(), "quantspec gemv_w4a16: float32 scale and offset [N, K / group]");
+              offset.is_contiguous(), "quantspec gemv_grouped: float32 scale and offset [N, K / group]");
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kShort));
   at::Tensor xs = at::empty({M}, x.options().dtype(at::kFloat));
@@ -178,8 +205,9 @@ at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::T
   const float *xsp = xs.data_ptr<float>(), *gp = sums.data_ptr<float>(), *sp = scale.data_ptr<float>(),
               *op = offset.data_ptr<float>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  return columns(M, N, K / 2, x, [&](int64_t n0, int64_t n1, float* y) {
-    k().gemv_w4a16(qp, xsp, gp, wp, sp, op, group, M, K, N, n0, n1, y);
+  const auto kernel = k().gemv_grouped[format];
+  return columns(M, N, K * bits / 8, x, [&](int64_t n0, int64_t n1, float* y) {
+    kernel(qp, xsp, gp, wp, sp, op, group, M, K, N, n0, n1, y);
   });
 }
 
@@ -259,18 +287,21 @@ at::Tensor scale_rows_bf16(at::Tensor y, const at::Tensor& x_scale) {
   return y;
 }
 
-// The whole int4 weight as bf16 [N, K], for a prefill's GEMM.
-at::Tensor dequant_w4a16(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset, int64_t group) {
-  const int64_t N = packed.size(0), K = packed.size(1) * 2;
+// The whole of a grouped weight as bf16 [N, K], for a prefill's GEMM.
+at::Tensor dequant_grouped(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset, int64_t group,
+                           int64_t format) {
+  const int64_t bits = grouped_bits(format, "dequant_grouped");
+  const int64_t N = packed.size(0), K = packed.size(1) * 8 / bits;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() && K % 128 == 0 && group % 128 == 0 &&
-              K % group == 0, "quantspec dequant_w4a16: contiguous uint8 packed weight, K and group multiples of 128");
+              K % group == 0, "quantspec dequant_grouped: contiguous uint8 packed weight, K and group multiples of 128");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
-              offset.is_contiguous(), "quantspec dequant_w4a16: float32 scale and offset [N, K / group]");
+              offset.is_contiguous(), "quantspec dequant_grouped: float32 scale and offset [N, K / group]");
   at::Tensor out = at::empty({N, K}, packed.options().dtype(at::kBFloat16));
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const float *sp = scale.data_ptr<float>(), *op = offset.data_ptr<float>();
   uint16_t* o = bits_out(out);
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { k().dequant_w4a16(wp, sp, op, group, K, n0, n1, o); });
+  const auto kernel = k().dequant_grouped[format];
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { kernel(wp, sp, op, group, K, n0, n1, o); });
   return out;
 }
 
@@ -321,18 +352,19 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& key, const at
 using namespace qs_ops;
 
 TORCH_LIBRARY(quantspec, m) {
-  m.def("use_variant(str path) -> str");
+  m.def("use_variant(str path, str reference) -> str");
+  m.def("formats() -> str[]");
   m.def("variant() -> str");
   m.def("use_amx(str path, int feature) -> str");
   m.def("amx() -> bool");
   m.def("int8_gemm_amx(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
   m.def("quantize_x8_bf16(Tensor x) -> (Tensor, Tensor)");
   m.def("scale_rows_bf16(Tensor(a!) y, Tensor x_scale) -> Tensor(a!)");
-  m.def("dequant_w4a16(Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
+  m.def("dequant_grouped(Tensor packed, Tensor scale, Tensor offset, int group, int format) -> Tensor");
   m.def("gemv_float(Tensor x, Tensor w) -> Tensor");
   m.def("gemv_w8a8(Tensor x, Tensor w, Tensor w_scale, Tensor w_sum) -> Tensor");
   m.def("gemv_w8a16(Tensor x, Tensor w, Tensor w_scale) -> Tensor");
-  m.def("gemv_w4a16(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
+  m.def("gemv_grouped(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group, int format) -> Tensor");
   m.def("gemv_w4a8(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, bool gemma) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
@@ -342,9 +374,9 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("gemv_float", gemv_float);
   m.impl("gemv_w8a8", gemv_w8a8);
   m.impl("gemv_w8a16", gemv_w8a16);
-  m.impl("gemv_w4a16", gemv_w4a16);
+  m.impl("gemv_grouped", gemv_grouped);
   m.impl("gemv_w4a8", gemv_w4a8);
-  m.impl("dequant_w4a16", dequant_w4a16);
+  m.impl("dequant_grouped", dequant_grouped);
   m.impl("rms_norm", rms_norm);
   m.impl("decode_attention", decode_attention);
   m.impl("int8_gemm_amx", int8_gemm_amx);
@@ -355,6 +387,7 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
 TORCH_LIBRARY_IMPL(quantspec, CatchAll, m) {
   m.impl("use_variant", use_variant);
   m.impl("variant", variant);
+  m.impl("formats", formats);
   m.impl("use_amx", use_amx);
   m.impl("amx", amx);
 }

@@ -81,6 +81,8 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
             continue
         try:
             path = built_variant(variant, directory)
+            # the reference variant too: the kernels a variant has none of its own for are taken from it (core/api.h)
+            reference = built_variant(variants.by_name("reference"), directory)
         except Exception as err:  # an old compiler without these flags: the next variant down
             skipped.append(
                 f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
@@ -88,7 +90,7 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
             continue
         import torch  # after the ISA environment a script sets (see _key)
 
-        name = torch.ops.quantspec.use_variant(str(path))
+        name = torch.ops.quantspec.use_variant(str(path), str(reference))
         _state.update(ok=True, reason="; ".join(skipped) or None, variant=name)
         if skipped:
             log.warning("kernel variants not built here (%s); %s runs", "; ".join(skipped), name)
@@ -206,6 +208,17 @@ def built_variant(variant: variants.Variant, directory: Path) -> Path:
             variants.compile_variant(variant, library, cxx)
             _record(library)
     return library
+
+
+def format_number(name: str) -> int:
+    """A weight format's number in the kernels' list (core/api.h's QS_FORMATS, read through the binding, so
+    Python and C++ never disagree): what the grouped ops and the C++ step take. ValueError if it has none."""
+    import torch  # after the ISA environment a script sets (see _key)
+
+    names = list(torch.ops.quantspec.formats())
+    if name not in names:
+        raise ValueError(f"weight format {name!r} has no kernels in core/api.h (they have: {', '.join(names)})")
+    return names.index(name)
 
 
 def loaded() -> bool:

@@ -74,7 +74,7 @@ def _fits(linear: nn.Linear) -> bool:
 
 def accelerated(module: nn.Module) -> nn.Module:
     """A float linear module on the gemv path (a GemvLinear), or the module itself. Quantized modules
-    get theirs when they are built (src.quant.linear.build, gemv=True)."""
+    get theirs when they are built (src.quant.schemes.build, gemv=True)."""
     if isinstance(module, nn.Linear) and _fits(module):
         return GemvLinear(module)
     return module

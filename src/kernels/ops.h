@@ -17,8 +17,6 @@ const qs_kernels& k();  // the variant in use (TORCH_CHECK if none)
 at::Tensor gemv_float(const at::Tensor& x, const at::Tensor& w);
 at::Tensor gemv_w8a8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale, const at::Tensor& w_sum);
 at::Tensor gemv_w8a16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& w_scale);
-at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
-                      int64_t group);
 at::Tensor gemv_w4a8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
                      int64_t group);
 

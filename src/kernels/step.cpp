@@ -42,7 +42,9 @@ namespace {
 using BF = c10::BFloat16;
 using qs_ops::k;
 
-enum Kind : int64_t { FLOAT = 0, W8A8 = 1, W8A16 = 2, W4A16 = 3, W4A8 = 4 };
+// The kinds of call: api.h's formats. These four have kernels of their own shape; every other is a grouped
+// weight-only format (api.h's gemv_grouped), run by one path whatever its bits.
+constexpr int64_t FLOAT = QS_FLOAT, W8A8 = QS_W8A8, W8A16 = QS_W8A16, W4A8 = QS_W4A8;
 enum Slot : int64_t { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
 enum Norm : int64_t { ATTN_IN = 0, ATTN_OUT = 1, MLP_IN = 2, MLP_OUT = 3, Q_NORM = 4, K_NORM = 5 };
 enum Mode { HIDDEN, LOGITS, GREEDY };  // what a call returns: the final norm's rows, the head's, its argmax
@@ -266,6 +268,8 @@ struct Call {
   at::ScalarType in;
   int64_t K = 0, N = 0;
   int64_t offset = 0;  // its first column in the projection's output (calls of one projection side by side)
+  int64_t bits = 0;    // its weights' bits (api.h), and whether it is a grouped weight-only format
+  bool grouped = false;
   // The tensors' addresses, read once: a step's stream of weights evicts everything between two calls, and
   // a tensor's data_ptr() is a chain of dependent loads (each then a miss to memory).
   const void *w = nullptr, *w2 = nullptr, *bias_p = nullptr;
@@ -286,8 +290,13 @@ float to_f(T v) { return static_cast<float>(v); }
 inline float round_bf16(float v) { return qs::bf16_to_f32(qs::f32_to_bf16(v)); }
 
 // as the Python path's operators are named, so that scripts/bench_step.py files them alike
-const char* const NAMES[] = {"quantspec::gemv_float", "quantspec::gemv_w8a8", "quantspec::gemv_w8a16",
-                             "quantspec::gemv_w4a16", "quantspec::gemv_w4a8"};
+const std::vector<std::string> NAMES = [] {
+  std::vector<std::string> names;
+#define QS_FORMAT_NAME(kind, name, bits) names.push_back(std::string("quantspec::gemv_") + name);
+  QS_FORMATS(QS_FORMAT_NAME)
+#undef QS_FORMAT_NAME
+  return names;
+}();
 
 struct StepCache : torch::CustomClassHolder {
   std::vector<at::Tensor> keys, values;  // per layer [KV heads, capacity, head dim]
@@ -330,7 +339,7 @@ struct Private {
   at::Tensor h, x, act_out;  // activations' type: the residual stream [n, hidden], a kernel's input
   at::Tensor xin;            // a kernel's input in its own type, where that differs from the activations'
   at::Tensor xf;             // float32 copy for the quantizers
-  at::Tensor xq, xs, sums;   // quantized rows, their scales, int4 group sums
+  at::Tensor xq, xs, sums;   // quantized rows, their scales, grouped formats' group sums
   void* xin_p;               // their addresses (Call's why)
   float *xf_p, *xs_p, *sums_p;
   uint8_t* xq_p;
@@ -402,11 +411,14 @@ struct Stepper : torch::CustomClassHolder {
 
   Call make_call(int64_t kind, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
                  bool bf16_in) {
-    TORCH_CHECK(kind >= FLOAT && kind <= W4A8 && !tensors.empty(), "quantspec Stepper: unknown kernel kind ", kind);
+    const bool grouped = kind > W8A16 && kind < QS_FORMAT_COUNT && kind != W4A8 && k().gemv_grouped[kind];
+    TORCH_CHECK((kind >= FLOAT && kind <= W8A16) || kind == W4A8 || grouped, "quantspec Stepper: unknown kernel kind ",
+                kind);
+    TORCH_CHECK(!tensors.empty(), "quantspec Stepper: a call without weights");
     for (const at::Tensor& t : tensors) TORCH_CHECK(t.is_contiguous(), "quantspec Stepper: contiguous weights");
     const at::Tensor& w = tensors[0];
-    const int64_t steps[] = {w.scalar_type() == at::kFloat ? 16 : 32, 64, 32, 128, 128};
-    const bool int4 = kind == W4A16 || kind == W4A8;
+    const bool packed = grouped || kind == W4A8;  // K values in K * bits / 8 bytes a row, in groups
+    const int64_t step = packed ? 128 : kind == W8A8 ? 64 : kind == W8A16 ? 32 : w.scalar_type() == at::kFloat ? 16 : 32;
     Call call{kind, std::move(tensors), bias.empty() ? at::Tensor() : bias[0].contiguous(), group,
               bf16_in ? at::kBFloat16 : at::kFloat};
     call.w = call.t[0].data_ptr();
@@ -414,8 +426,10 @@ struct Stepper : torch::CustomClassHolder {
     call.w2 = call.t.size() > 2 ? call.t[2].data_ptr() : nullptr;
     call.bias_p = call.bias.defined() ? call.bias.data_ptr() : nullptr;
     call.N = w.size(0);
-    call.K = int4 ? w.size(1) * 2 : w.size(1);
-    TORCH_CHECK(call.K % steps[kind] == 0 && (!int4 || (group % 128 == 0 && call.K % group == 0)),
+    call.bits = qs_format_bits(int(kind));
+    call.grouped = grouped;
+    call.K = packed ? w.size(1) * 8 / call.bits : w.size(1);
+    TORCH_CHECK(call.K % step == 0 && (!packed || (group % 128 == 0 && call.K % group == 0)),
                 "quantspec Stepper: K = ", call.K, " does not fit the kernel");
     TORCH_CHECK(kind != FLOAT || w.scalar_type() == call.in, "quantspec Stepper: a float weight takes its own type");
     max_k = std::max(max_k, call.K);
@@ -609,13 +623,13 @@ struct Stepper : torch::CustomClassHolder {
         else if (c.kind == W4A8)
           kern.quantize_x8_w4(xf, n, K, c.group, reinterpret_cast<int8_t*>(p.xq_p), p.xs_p, p.sums_p);
         else
-          kern.quantize_x16(xf, n, K, c.kind == W4A16 ? c.group : 0, reinterpret_cast<int16_t*>(p.xq_p), p.xs_p,
-                            c.kind == W4A16 ? p.sums_p : nullptr);
+          kern.quantize_x16(xf, n, K, c.grouped ? c.group : 0, reinterpret_cast<int16_t*>(p.xq_p), p.xs_p,
+                            c.grouped ? p.sums_p : nullptr);
       }
       float* yc = y + n * c.offset;  // each call's own [n, N] (the kernels' layout), side by side
       // In pieces of ~256 KB of weights, each finished while its outputs are in cache (as binding.cpp's
       // columns() does: one call over a whole slice of the head measured 13% slower in bf16).
-      const int64_t row_bytes = c.kind == W4A16 || c.kind == W4A8 ? K / 2 : c.kind == FLOAT ? (bf16_in ? 2 : 4) * K : K;
+      const int64_t row_bytes = c.grouped || c.kind == W4A8 ? K * c.bits / 8 : c.kind == FLOAT ? (bf16_in ? 2 : 4) * K : K;
       const int64_t piece = 4 * std::max<int64_t>(1, (256 << 10) / (4 * row_bytes));
       const void *w = c.w, *w2 = c.w2, *bias = c.bias_p;
       const float *w1 = c.w1, *sums = p.sums_p;
@@ -642,8 +656,8 @@ struct Stepper : torch::CustomClassHolder {
             kern.gemv_w4a8(reinterpret_cast<const int8_t*>(xq), xs, sums, static_cast<const uint8_t*>(w), w1,
                            static_cast<const float*>(w2), c.group, n, K, N, a, b, yc);
             break;
-          default:
-            kern.gemv_w4a16(q16, xs, sums, static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2), c.group,
+          default:  // a grouped format
+            kern.gemv_grouped[c.kind](q16, xs, sums, static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2), c.group,
                             n, K, N, a, b, yc);
         }
         for (int64_t m = 0; m < n; ++m) {
@@ -802,7 +816,7 @@ struct Stepper : torch::CustomClassHolder {
       // a projection into the shared output (pp), then a barrier: one profiler record on the calling
       // thread, its wait included
       auto projected = [&](const Layer& L, int slot, const T* in, T* out) {
-        RECORD_FUNCTION(NAMES[L.calls[slot][0].kind], std::vector<c10::IValue>());
+        RECORD_FUNCTION(NAMES[L.calls[slot][0].kind].c_str(), std::vector<c10::IValue>());
         project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt, next);
         bar.wait(waited);
       };
@@ -893,7 +907,7 @@ struct Stepper : torch::CustomClassHolder {
         if (tid == 0) norm_rows<T>(h + (n - keep) * hidden, final_norm.data_ptr(), hidden, keep, outp);
       } else {
         norm_rows<T>(last, final_norm.data_ptr(), hidden, rows, x);
-        RECORD_FUNCTION(NAMES[head[0].kind], std::vector<c10::IValue>());
+        RECORD_FUNCTION(NAMES[head[0].kind].c_str(), std::vector<c10::IValue>());
         if (mode == GREEDY) {  // this thread's columns, seen as they are computed
           Pick pick{banned_mask.data()};
           project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next, &pick);

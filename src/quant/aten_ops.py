@@ -73,13 +73,24 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return torch._convert_weight_to_int4pack(qparams.pack_nibbles(q), inner_k_tiles(q.shape[1]))
 
 
-def pack_w4(q: torch.Tensor) -> torch.Tensor:
-    """[N, K] values 0..15 -> quantspec's gemv layout: per 128 values, 64 bytes whose 16-bit lane i
-    holds values i, i+32, i+64, i+96 in its four nibbles (the kernel shifts a lane to pick one)."""
+def pack_lanes(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """[N, K] values below 2^bits (bits dividing 16) -> quantspec's gemv layout (core/api.h): per 128 values,
+    16 * bits bytes whose 16-bit lane i (of 8 * bits) holds values i + 8 * bits * u in its field u, from the
+    lowest (the kernel shifts a lane to pick one). At 4 bits: lane i holds values i, i+32, i+64, i+96."""
     n, k = q.shape
-    b = q.to(torch.uint8).reshape(n, k // 128, 4, 32)
-    lanes = torch.stack([b[:, :, 0] | b[:, :, 1] << 4, b[:, :, 2] | b[:, :, 3] << 4], dim=-1)  # bytes 2i, 2i+1
-    return lanes.reshape(n, k // 2).contiguous()
+    lanes, fields = 8 * bits, 16 // bits
+    out = torch.empty(n, k * bits // 8, dtype=torch.uint8, device=q.device)
+    shifts = (torch.arange(fields, dtype=torch.int32, device=q.device) * bits).view(1, 1, fields, 1)
+    for r0 in range(0, n, 4096):  # int32 words for a block of rows at a time, not the whole weight
+        b = q[r0 : r0 + 4096].to(torch.int32).reshape(-1, k // 128, fields, lanes)
+        words = (b << shifts).sum(dim=2)  # [rows, K/128, lanes], each below 2^16
+        out[r0 : r0 + 4096] = torch.stack([words & 0xFF, words >> 8], dim=-1).reshape(-1, k * bits // 8).to(torch.uint8)
+    return out
+
+
+def pack_w4(q: torch.Tensor) -> torch.Tensor:
+    """pack_lanes at 4 bits."""
+    return pack_lanes(q, 4)
 
 
 def int4_weight_matmul(x: torch.Tensor, packed: torch.Tensor, group: int, scales_zeros: torch.Tensor) -> torch.Tensor:

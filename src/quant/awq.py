@@ -1,4 +1,4 @@
-"""AWQ (Lin et al., 2024): activation-aware scales, then an optional clipping search, for 4-bit weights.
+"""AWQ (Lin et al., 2024): activation-aware scales, then an optional clipping search, for grouped low-bit weights (4-bit, 2-bit, ...).
 
 For each group of linears sharing one input x: s = mean|x|^r over a grid of r in [0, 1), normalized;
 the loss is the MSE of the group's outputs (x @ Q(W * s)^T / s vs x @ W^T) on calibration tokens.
@@ -16,7 +16,7 @@ from torch import nn
 from src.common.progress import progress
 from src.quant import calibrate, scaling
 from src.quant.arch import awq_groups, decoder_linears
-from src.quant.qparams import fake_int4_weight, fake_int8_act
+from src.quant.qparams import fake_groups_weight, fake_int8_act
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ def search_scale(
     rows: int | None = None,
     seed: int = 0,
     act_int8: bool = False,
+    bits: int = 4,
 ) -> tuple[torch.Tensor, float]:
     """The best s for one group of linears sharing input x, and its exponent r.
 
@@ -55,16 +56,16 @@ def search_scale(
         w = w.float()
         ref = x @ w.T
         if act_int8:
-            output = lambda s: fake_int8_act(x / s) @ fake_int4_weight(w * s, group).T  # noqa: E731
+            output = lambda s: fake_int8_act(x / s) @ fake_groups_weight(w * s, group, bits).T  # noqa: E731
         else:
-            output = lambda s: x @ (fake_int4_weight(w * s, group) / s).T  # noqa: E731
+            output = lambda s: x @ (fake_groups_weight(w * s, group, bits) / s).T  # noqa: E731
     else:
         originals = [lin.weight.detach().clone() for lin in linears]
         ref = block(x)
 
         def output(s):
             for lin, orig in zip(linears, originals):
-                lin.weight.copy_(fake_int4_weight(orig.float() * s, group) / s)
+                lin.weight.copy_(fake_groups_weight(orig.float() * s, group, bits) / s)
             try:
                 return block(x)
             finally:
@@ -84,7 +85,13 @@ def search_scale(
 
 
 def search_clip(
-    x: torch.Tensor, w: torch.Tensor, group: int, grid: int = 20, min_ratio: float = 0.5, rows: int = 512
+    x: torch.Tensor,
+    w: torch.Tensor,
+    group: int,
+    grid: int = 20,
+    min_ratio: float = 0.5,
+    rows: int = 512,
+    bits: int = 4,
 ) -> torch.Tensor:
     """Per (output channel, group) max |w| that minimizes the group's output error: [N, K/group]."""
     n, k = w.shape
@@ -98,7 +105,7 @@ def search_clip(
         best = w_max.clone()
         for i in range(int(grid * (1 - min_ratio)) + 1):
             clip = w_max * (1 - i / grid)
-            q = fake_int4_weight(wg.reshape(wg.shape[0], k), group, clip).reshape_as(wg)
+            q = fake_groups_weight(wg.reshape(wg.shape[0], k), group, bits, clip).reshape_as(wg)
             err = ((torch.bmm(xg, q.permute(1, 2, 0)) - ref) ** 2).mean(dim=1).T  # [r, G]
             better = err < best_err
             best_err = torch.where(better, err, best_err)
@@ -120,9 +127,10 @@ def awq(
     clip_only: set[str] | None = None,
     search_rows: int | None = None,
     act_int8: bool = False,
+    bits: int = 4,
 ) -> tuple[set[str], dict[str, torch.Tensor]]:
     """Scale the float model in place. Returns the float parameters changed and per-linear clips. `act_int8`:
-    the scale search scores int8 activations too (search_scale; not with block_loss)."""
+    the scale search scores int8 activations too (search_scale; not with block_loss); `bits`: the weights'."""
     groups = awq_groups(model, arch)
     linears = decoder_linears(model, arch)
     # One capture per distinct input: a group's linears share theirs; any other linear (o_proj under
@@ -136,7 +144,9 @@ def awq(
         kept = inputs.pop(g.names[0])
         x = kept.float()
         block = g.block if block_loss else None
-        s, r = search_scale(x, g.linears, group, grid, block, search_rows, seed=i, act_int8=act_int8 and block is None)
+        s, r = search_scale(
+            x, g.linears, group, grid, block, search_rows, seed=i, act_int8=act_int8 and block is None, bits=bits
+        )
         changed.update(scaling.apply(g, s))
         if clip:  # what the scaled linears now see, for their clipping search; else freed as we go
             inputs[g.names[0]] = (x / s).to(kept.dtype)
@@ -148,5 +158,5 @@ def awq(
             # AWQ leaves q and k unclipped: attention scores are too sensitive to their range.
             if name.endswith(("q_proj", "k_proj")) or (clip_only is not None and name not in clip_only):
                 continue
-            clips[name] = search_clip(inputs[key_of[name]][:512].float(), lin.weight, group)
+            clips[name] = search_clip(inputs[key_of[name]][:512].float(), lin.weight, group, bits=bits)
     return changed, clips

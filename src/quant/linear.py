@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from src.kernels import MAX_ROWS
+from src.kernels import MAX_ROWS, format_number
 from src.quant import aten_ops, qparams
 from src.quant.prefill import gemm as w8a8_gemm
 
@@ -36,6 +36,21 @@ class QuantLinear(nn.Module):
     # The buffers a one-token step reads (a Gemv module also holds ATen's layout, for prefill: counting
     # every buffer would overstate the roofline).
     STEP_BUFFERS: tuple[str, ...] = ()
+    # The tensors that stack along output channels, where src.engine.fused may join modules of this class
+    # into one call (quantspec's kernels only); () for none.
+    ROWS: tuple[str, ...] = ()
+    # The weight's first dimension multiple of K its kernel steps through (quantspec's kernels; 1: any).
+    K_STEP = 1
+
+    @classmethod
+    def from_tensors(cls, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype) -> QuantLinear:
+        """The module from its scheme's portable tensors (src.quant.schemes)."""
+        raise NotImplementedError
+
+    def step_call(self, act: torch.dtype) -> tuple[int, list[torch.Tensor], int, bool] | None:
+        """(format number, tensors, group, bf16 input) as step.cpp's Call runs it, or None where this module is
+        not on quantspec's kernels (the C++ step then leaves the model to the Python step path)."""
+        return None
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None):
         super().__init__()
@@ -71,6 +86,10 @@ class W8A8Linear(QuantLinear):
         self.register_buffer("w_q", _owned(w_q, torch.int8), persistent=False)
         self.register_buffer("w_scale", _owned(w_scale, torch.float32), persistent=False)
 
+    @classmethod
+    def from_tensors(cls, t, group, dtype):
+        return cls(t["w_q"], t["w_scale"], t.get("bias"))
+
     def select_rows(self, ids: torch.Tensor) -> W8A8Linear:
         """These output channels only (a draft's cut-down head), on the same kernels."""
         return type(self)(self.w_q[ids], self.w_scale[ids], _rows_bias(self.bias, ids))
@@ -99,6 +118,10 @@ class W8A16Linear(QuantLinear):
         self.register_buffer("w_scale", _owned(w_scale, dtype), persistent=False)  # ATen's kernel: x's dtype
         # The exact (float32) scale: a cut-down head is rebuilt from it, not from its rounding.
         self.register_buffer("w_scale32", _owned(w_scale, torch.float32), persistent=False)
+
+    @classmethod
+    def from_tensors(cls, t, group, dtype):
+        return cls(t["w_q"], t["w_scale"], t.get("bias"), dtype=dtype)
 
     def select_rows(self, ids: torch.Tensor) -> W8A16Linear:
         """These output channels only (a draft's cut-down head), on the same kernels."""
@@ -141,6 +164,10 @@ class W4A16Linear(QuantLinear):
         sz = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
         self.register_buffer("scales_zeros", sz, persistent=False)
 
+    @classmethod
+    def from_tensors(cls, t, group, dtype):
+        return cls(t["q4"], t["scale"], t["zero"], group, t.get("bias"))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
         y = aten_ops.int4_weight_matmul(x2.to(torch.bfloat16).contiguous(), self.packed, self.group, self.scales_zeros)
@@ -167,6 +194,7 @@ class W4A8Linear(W4A16Linear):
 class W8A8Gemv(W8A8Linear):
     K_STEP = 64  # the kernel steps through K in 64s
     STEP_BUFFERS = ("w_q", "w_scale", "w_sum")
+    ROWS = STEP_BUFFERS
 
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__(w_q, w_scale, bias)
@@ -179,10 +207,14 @@ class W8A8Gemv(W8A8Linear):
             return super().forward(x)
         return self._finish(torch.ops.quantspec.gemv_w8a8(x2, self.w_q, self.w_scale, self.w_sum), x, lead)
 
+    def step_call(self, act):
+        return format_number("w8a8"), [self.w_q, self.w_scale, self.w_sum], 0, act == torch.bfloat16
+
 
 class W8A16Gemv(W8A16Linear):
     K_STEP = 32
     STEP_BUFFERS = ("w_q", "w_scale32")
+    ROWS = ("w_q", "w_scale", "w_scale32")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
@@ -190,33 +222,51 @@ class W8A16Gemv(W8A16Linear):
             return super().forward(x)
         return self._finish(torch.ops.quantspec.gemv_w8a16(x2, self.w_q, self.w_scale32), x, lead)
 
+    def step_call(self, act):
+        return format_number("w8a16"), [self.w_q, self.w_scale32], 0, act == torch.bfloat16
 
-class W4A16Gemv(QuantLinear):
-    """w4a16 on quantspec's kernels alone: the gemv for a few rows; for more (a prefill) the weight is
-    unpacked to bf16 by the same lookup and multiplied in one bf16 GEMM. No copy in ATen's int4 layout
-    is kept (at 7B that would be 3.4 GB more)."""
 
-    K_STEP = 128  # 128 values per 64-byte load; groups must be whole multiples of it
-    STEP_BUFFERS = ("w4", "w4_scale", "w4_offset")
+class GroupedGemv(QuantLinear):
+    """A grouped weight-only format (w4a16, ...) on quantspec's kernels alone: the gemv for a few rows; for
+    more (a prefill) the weight is unpacked to bf16 by the same kernels and multiplied in one bf16 GEMM. No
+    copy in ATen's layout is kept (at 7B, for int4, that would be 3.4 GB more). A format is a subclass naming
+    its kernels' format (core/api.h) and its bits."""
+
+    FORMAT: str  # its name in core/api.h's QS_FORMATS (the kernels' number is read from there at build)
+    UNPACK: str  # the format whose unpacking its prefill uses (its own, or w4a16's for w4a8's same nibbles)
+    BITS: int
+    K_STEP = 128  # 128 values per 16 * BITS bytes; groups must be whole multiples of it
+    STEP_BUFFERS = ("wg", "wg_scale", "wg_offset")
+    ROWS = STEP_BUFFERS
 
     def __init__(
-        self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
+        self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
     ):
-        q = qparams.unpack_nibbles(q4)
-        super().__init__(q.shape[1], q.shape[0], None if bias is None else bias.to(torch.bfloat16))
+        """q: the portable packed bytes (qparams.pack_bits at BITS)."""
+        values = qparams.unpack_bits(q, self.BITS)
+        super().__init__(values.shape[1], values.shape[0], None if bias is None else bias.to(torch.bfloat16))
         self.group = group
-        # The kernel's own layout: w = q * scale + offset, offset = zero - 8 * scale.
-        self.register_buffer("w4", aten_ops.pack_w4(q), persistent=False)
-        self.register_buffer("w4_scale", scale.float().contiguous(), persistent=False)
-        self.register_buffer("w4_offset", (zero - qparams.INT4_MID * scale).float().contiguous(), persistent=False)
+        self.format, self.unpack = format_number(self.FORMAT), format_number(self.UNPACK)
+        # The kernels' own layout: w = q * scale + offset, offset = zero - 2^(bits-1) * scale.
+        self.register_buffer("wg", aten_ops.pack_lanes(values, self.BITS), persistent=False)
+        self.register_buffer("wg_scale", scale.float().contiguous(), persistent=False)
+        offset = zero - (1 << (self.BITS - 1)) * scale
+        self.register_buffer("wg_offset", offset.float().contiguous(), persistent=False)
+
+    @classmethod
+    def from_tensors(cls, t, group, dtype):
+        return cls(t[f"q{cls.BITS}"], t["scale"], t["zero"], group, t.get("bias"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
         x2 = x2.to(torch.bfloat16).contiguous()
         if x2.shape[0] > MAX_ROWS:
             return self._finish(self._prefill(x2), x, lead)
-        y = torch.ops.quantspec.gemv_w4a16(x2, self.w4, self.w4_scale, self.w4_offset, self.group)
+        y = torch.ops.quantspec.gemv_grouped(x2, self.wg, self.wg_scale, self.wg_offset, self.group, self.format)
         return self._finish(y, x, lead)
+
+    def step_call(self, act):
+        return self.format, [self.wg, self.wg_scale, self.wg_offset], self.group, True
 
     # The weight is unpacked a block of output channels at a time, ~8 MB of bf16: reused from the
     # allocator's free memory, where a whole 11008 x 4096 weight at once (90 MB of fresh pages) cost 28 ms,
@@ -229,18 +279,26 @@ class W4A16Gemv(QuantLinear):
         block = max(64, self.PREFILL_BYTES // (2 * self.in_features) // 64 * 64)
         for n0 in range(0, self.out_features, block):
             n1 = min(n0 + block, self.out_features)
-            w = torch.ops.quantspec.dequant_w4a16(
-                self.w4[n0:n1], self.w4_scale[n0:n1], self.w4_offset[n0:n1], self.group
+            w = torch.ops.quantspec.dequant_grouped(
+                self.wg[n0:n1], self.wg_scale[n0:n1], self.wg_offset[n0:n1], self.group, self.unpack
             )
             torch.mm(x2, w.t(), out=y[:, n0:n1])
         return y
 
 
-class W4A8Gemv(W4A16Gemv):
+class W4A16Gemv(GroupedGemv):
+    FORMAT = UNPACK = "w4a16"
+    BITS = 4
+
+
+class W4A8Gemv(GroupedGemv):
     """w4a8 on quantspec's kernels: w4a16's weights, activations quantized per token to int8 at the input. For
     a few rows the kernel takes the nibbles against the int8 x (VPDPBUSD on x86: half w4a16's instructions per
     weight); for more (a prefill) the int8 x, exact in bf16, meets the weight unpacked to bf16 in one GEMM and
     is scaled back after: the same quantization on both paths."""
+
+    FORMAT, UNPACK = "w4a8", "w4a16"
+    BITS = 4
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
@@ -248,7 +306,43 @@ class W4A8Gemv(W4A16Gemv):
         if x2.shape[0] > MAX_ROWS:
             x_q, x_scale = torch.ops.quantspec.quantize_x8_bf16(x2)
             return self._finish(torch.ops.quantspec.scale_rows_bf16(self._prefill(x_q), x_scale), x, lead)
-        y = torch.ops.quantspec.gemv_w4a8(x2, self.w4, self.w4_scale, self.w4_offset, self.group)
+        y = torch.ops.quantspec.gemv_w4a8(x2, self.wg, self.wg_scale, self.wg_offset, self.group)
+        return self._finish(y, x, lead)
+
+
+class GroupedLinear(QuantLinear):
+    """A grouped format off quantspec's kernels (no compiler, or another device) where ATen has no kernel for
+    its bits: the weight unpacked to x's dtype a block of output channels at a time, then one GEMM per block
+    (the gemv modules' prefill, in torch operators). The same weights and arithmetic as the kernels' path."""
+
+    BITS: int
+    BLOCK_ROWS = 4096
+
+    def __init__(
+        self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
+    ):
+        values = qparams.unpack_bits(q, self.BITS)
+        super().__init__(values.shape[1], values.shape[0], None if bias is None else bias.to(torch.bfloat16))
+        self.group = group
+        self.register_buffer("q", q.contiguous(), persistent=False)  # packed: BITS / 8 bytes a weight
+        self.register_buffer("scale", scale.float().contiguous(), persistent=False)
+        self.register_buffer("zero", zero.float().contiguous(), persistent=False)
+
+    STEP_BUFFERS = ("q", "scale", "zero")
+
+    @classmethod
+    def from_tensors(cls, t, group, dtype):
+        return cls(t[f"q{cls.BITS}"], t["scale"], t["zero"], group, t.get("bias"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2, lead = _flat(x)
+        x2 = x2.to(torch.bfloat16)
+        y = x2.new_empty(x2.shape[0], self.out_features)
+        for n0 in range(0, self.out_features, self.BLOCK_ROWS):
+            n1 = min(n0 + self.BLOCK_ROWS, self.out_features)
+            values = qparams.unpack_bits(self.q[n0:n1], self.BITS)
+            w = qparams.groups_dequant(values, self.scale[n0:n1], self.zero[n0:n1], self.group, self.BITS)
+            torch.mm(x2, w.to(x2.dtype).t(), out=y[:, n0:n1])
         return self._finish(y, x, lead)
 
 
@@ -260,46 +354,22 @@ def int8_tensors(weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, t
     return {"w_q": w_q, "w_scale": w_scale, **({"bias": bias.detach().float()} if bias is not None else {})}
 
 
-def int4_tensors(
-    weight: torch.Tensor, bias: torch.Tensor | None, group: int, clip: torch.Tensor | None = None
+def grouped_tensors(
+    weight: torch.Tensor, bias: torch.Tensor | None, group: int, bits: int, clip: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    q, scale, zero = qparams.int4_groups(weight, group, clip)
+    q, scale, zero = qparams.int_groups(weight, group, bits, clip)
     return {
-        "q4": qparams.pack_nibbles(q),
+        f"q{bits}": qparams.pack_bits(q, bits),
         "scale": scale,
         "zero": zero,
         **({"bias": bias.detach().float()} if bias is not None else {}),
     }
 
 
-ATEN = {"w8a8": W8A8Linear, "w8a16": W8A16Linear, "w4a16": W4A16Linear, "w4a8": W4A8Linear}
-GEMV = {"w8a8": W8A8Gemv, "w8a16": W8A16Gemv, "w4a16": W4A16Gemv, "w4a8": W4A8Gemv}
-
-
-def build(
-    kind: str,
-    t: dict[str, torch.Tensor],
-    group: int | None,
-    dtype: torch.dtype,
-    gemv: bool = False,
-    device: str = "cpu",
-) -> nn.Module:
-    """The runtime module for these portable tensors: on ATen's kernels, or (gemv, where its K fits the
-    kernel's step) with quantspec's for a few rows; off the CPU, on ATen's kernels for `device`, its layouts
-    made there."""
-    if kind not in ATEN:
-        raise ValueError(f"unknown quantized kernel {kind!r}; known: {', '.join(ATEN)}")
-    if device != "cpu":  # quantspec's kernels are CPU kernels
-        t, gemv = {name: v.to(device) for name, v in t.items()}, False
-    k = t["w_q"].shape[1] if "w_q" in t else t["q4"].shape[1] * 2
-    step = GEMV[kind].K_STEP
-    fits = k % step == 0 and ("q4" not in t or group % step == 0)
-    cls = GEMV[kind] if gemv and fits else ATEN[kind]
-    if kind == "w8a8":
-        return cls(t["w_q"], t["w_scale"], t.get("bias"))
-    if kind == "w8a16":
-        return cls(t["w_q"], t["w_scale"], t.get("bias"), dtype=dtype)
-    return cls(t["q4"], t["scale"], t["zero"], group, t.get("bias"))
+def int4_tensors(
+    weight: torch.Tensor, bias: torch.Tensor | None, group: int, clip: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    return grouped_tensors(weight, bias, group, 4, clip)
 
 
 def w8a8_linears(model: nn.Module) -> list[nn.Module]:

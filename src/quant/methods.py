@@ -15,12 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
-from src.quant import awq, smoothquant
+from src.quant import awq, schemes, smoothquant
 from src.quant.arch import decoder_linears
 
-SCHEMES = ("w8a8", "w8a16", "w4a16", "w4a8")  # low-bit weights x activations (precision.scheme)
-INT4_SCHEMES = ("w4a16", "w4a8")  # 4-bit weights in groups (AWQ or RTN; int8_linears and group_size apply)
-INT4_GROUPS = (32, 64, 128, 256)  # what the CPU int4 kernel accepts
 HEAD = "lm_head"  # the output head's module name in every supported architecture
 
 METHODS = Kinds("precision", "method")
@@ -34,38 +31,39 @@ class QuantSpec:
     KIND: ClassVar[str]
     CALIBRATES: ClassVar[bool] = True  # reads calibration windows (their hash is part of the cache key)
     method: str
-    scheme: str  # the decoder linears' scheme (w8a8, w8a16, w4a16, w4a8)
-    group_size: int | None  # int4 groups along the input features
+    scheme: str  # the decoder linears' scheme (one of src.quant.schemes)
+    group_size: int | None  # a grouped scheme's groups along the input features
     quantize_head: bool  # False keeps the output head in float
     head_scheme: str | None  # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
-    int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept at int8 (w8a16) under a 4-bit scheme
+    int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept at int8 (w8a16) under a grouped scheme
 
     def scheme_for(self, name: str) -> str:
         if name == HEAD:
             return self.head_scheme or self.scheme
-        if self.scheme in INT4_SCHEMES and name.endswith(self.int8_linears):
-            return "w8a16"
+        if schemes.get(self.scheme).grouped and name.endswith(self.int8_linears):
+            return schemes.INT8_LINEAR
         return self.scheme
 
+    @property
+    def grouped(self) -> bool:
+        """Whether the decoder's linears quantize in groups (AWQ and RTN's low-bit formats)."""
+        return schemes.get(self.scheme).grouped
+
     def validate(self) -> None:
-        check_choice("precision.scheme", self.scheme, SCHEMES)
+        check_choice("precision.scheme", self.scheme, schemes.names())
         if self.head_scheme is not None:
-            check_choice("precision.head_scheme", self.head_scheme, SCHEMES)
-        four_bit = self.scheme in INT4_SCHEMES or self.head_scheme in INT4_SCHEMES
-        if four_bit and self.group_size is None:  # the precision chose no groups: blame what asked for 4 bits
-            asked = (
-                f"precision.scheme={self.scheme}"
-                if self.scheme in INT4_SCHEMES
-                else (f"precision.head_scheme={self.head_scheme}")
-            )
+            check_choice("precision.head_scheme", self.head_scheme, schemes.names())
+        asked = [f"precision.{k}={v}" for k, v in (("scheme", self.scheme), ("head_scheme", self.head_scheme))]
+        asked = [a for a, v in zip(asked, (self.scheme, self.head_scheme)) if v in schemes.grouped()]
+        if asked and self.group_size is None:  # the precision chose no groups: blame what asked for them
             raise ConfigError(
-                f"{asked} is a 4-bit scheme, which quantizes in groups, and this precision sets none; add "
-                f"precision.group_size= one of: {', '.join(map(str, INT4_GROUPS))}"
+                f"{asked[0]} is a {schemes.get(asked[0].split('=')[1]).bits}-bit scheme, which quantizes in groups, "
+                f"and this precision sets none; add precision.group_size= one of: {', '.join(map(str, schemes.GROUPS))}"
             )
-        if four_bit and self.group_size not in INT4_GROUPS:
+        if asked and self.group_size not in schemes.GROUPS:
             raise ConfigError(
-                f"precision.group_size={self.group_size} is not one the int4 kernel runs; "
-                f"use one of: {', '.join(map(str, INT4_GROUPS))}"
+                f"precision.group_size={self.group_size} is not one the grouped kernels run; "
+                f"use one of: {', '.join(map(str, schemes.GROUPS))}"
             )
 
     def resolved(self, model) -> QuantSpec:
@@ -91,7 +89,7 @@ class SmoothQuant(QuantSpec):
 
     def validate(self) -> None:
         super().validate()
-        if self.scheme in INT4_SCHEMES:
+        if self.grouped:
             raise ConfigError(f"precision.method=smoothquant is for 8-bit kernels; use awq or rtn for {self.scheme}")
         if self.alpha is not None and not 0 <= self.alpha <= 1:
             raise ConfigError(f"precision.alpha={self.alpha} must be in [0, 1]")
@@ -125,9 +123,10 @@ class Awq(QuantSpec):
 
     def validate(self) -> None:
         super().validate()
-        if self.scheme not in INT4_SCHEMES:
+        if not self.grouped:
             raise ConfigError(
-                f"precision.method=awq is for 4-bit weights ({', '.join(INT4_SCHEMES)}), not precision.scheme={self.scheme}"
+                f"precision.method=awq is for grouped low-bit weights ({', '.join(schemes.grouped())}), "
+                f"not precision.scheme={self.scheme}"
             )
         if self.awq_search_rows is not None and self.awq_search_rows < 1:
             raise ConfigError(f"precision.awq_search_rows={self.awq_search_rows} must be at least 1 (or null: all)")
@@ -138,7 +137,8 @@ class Awq(QuantSpec):
         check_range("precision.awq_grid", self.awq_grid, 1, 1000)
 
     def scale(self, model, arch, calibration):
-        int4 = {n for n in decoder_linears(model, arch) if self.scheme_for(n) in INT4_SCHEMES}
+        low = {n for n in decoder_linears(model, arch) if self.scheme_for(n) in schemes.grouped()}
+        scheme = schemes.get(self.scheme)
         return awq.awq(
             model,
             arch,
@@ -148,9 +148,10 @@ class Awq(QuantSpec):
             self.awq_clip,
             self.awq_search_tokens,
             self.awq_block_loss,
-            clip_only=int4,
+            clip_only=low,
             search_rows=self.awq_search_rows,
-            act_int8=self.scheme == "w4a8",
+            act_int8=scheme.act_bits == 8,
+            bits=scheme.bits,
         )
 
     def calibration_bytes(self, shape):

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from src.quant import schemes as formats
 from src.quant.arch import decoder_linears
-from src.quant.linear import build, int4_tensors, int8_tensors
-from src.quant.methods import HEAD, INT4_SCHEMES, QuantSpec
+from src.quant.methods import HEAD, QuantSpec
 
 
 @dataclass
@@ -24,14 +24,6 @@ class QuantizedWeights:
     layers: dict[str, dict[str, torch.Tensor]]  # linear name -> portable tensors
     floats: dict[str, torch.Tensor]  # float parameters the scaling changed
     info: dict = field(default_factory=dict)
-
-
-def _tensors(
-    scheme: str, lin: nn.Linear, group: int | None, clip: torch.Tensor | None = None
-) -> dict[str, torch.Tensor]:
-    if scheme in INT4_SCHEMES:
-        return int4_tensors(lin.weight.detach(), lin.bias, group, clip)
-    return int8_tensors(lin.weight.detach(), lin.bias)
 
 
 @torch.no_grad()
@@ -44,7 +36,9 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     schemes = {name: spec.scheme_for(name) for name in linears}
     layers = {}
     for name, lin in linears.items():
-        layers[name] = _tensors(schemes[name], lin, spec.group_size, clips.get(name))
+        layers[name] = formats.get(schemes[name]).tensors(
+            lin.weight.detach(), lin.bias, spec.group_size, clips.get(name)
+        )
         release(lin)  # its low-bit copy exists: freeing the float one keeps the peak at the float model's size
     quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
     floats = {name: model.get_parameter(name).detach().clone() for name in sorted(changed - quantized_params)}
@@ -82,7 +76,9 @@ def install(
     for name, value in weights.floats.items():
         model.get_parameter(name).copy_(value)
     for name, tensors in weights.layers.items():
-        model.set_submodule(name, build(weights.schemes[name], tensors, weights.group_size, dtype, gemv, device))
+        model.set_submodule(
+            name, formats.build(weights.schemes[name], tensors, weights.group_size, dtype, gemv, device)
+        )
     if HEAD in weights.layers:
         # The head had shared the embedding's weight (Gemma ties them); it now has its own, quantized.
         model.config.tie_word_embeddings = False

@@ -3,9 +3,9 @@
 Conventions (those of the kernels that consume them):
 - int8 weights: symmetric per output channel, q in [-127, 127], w ~= q * scale[n].
 - int8 activations: symmetric per token (row), computed at run time.
-- int4 weights: asymmetric per group of `group` input channels, q in [0, 15],
-  w ~= q * scale + min = (q - 8) * scale + zero, with zero = min + 8 * scale (the int4pack kernels'
-  form, as in gpt-fast).
+- grouped b-bit weights (b = 4: int4; b = 2, ...): asymmetric per group of `group` input channels, q in
+  [0, 2^b - 1], w ~= q * scale + min = (q - 2^(b-1)) * scale + zero, with zero = min + 2^(b-1) * scale (the
+  int4pack kernels' form, as in gpt-fast, at any width).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 
 INT8_MAX = 127
-INT4_MAX = 15
-INT4_MID = 8
+INT4_MID = 8  # 2^(4-1): the int4 kernels' zero point
 EPS = 1e-8
 
 
@@ -40,42 +39,68 @@ def check_group(k: int, group: int) -> None:
         raise ValueError(f"group size {group} must divide the input features {k}")
 
 
-def int4_groups(
-    w: torch.Tensor, group: int, clip: torch.Tensor | None = None
+def int_groups(
+    w: torch.Tensor, group: int, bits: int, clip: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q uint8 [N, K] in 0..15, scale float32 [N, K/group], zero float32 [N, K/group]).
+    """(q uint8 [N, K] in 0..2^bits-1, scale float32 [N, K/group], zero float32 [N, K/group]).
 
     `clip` ([N, K/group]) bounds each group's range to [-clip, clip] before the min/max are taken
     (AWQ's clipping search finds it).
     """
     n, k = w.shape
     check_group(k, group)
+    top = (1 << bits) - 1
     g = w.float().reshape(n, k // group, group)
     if clip is not None:
         g = torch.max(torch.min(g, clip[..., None]), -clip[..., None])
     lo, hi = g.amin(dim=-1), g.amax(dim=-1)
-    scale = ((hi - lo) / INT4_MAX).clamp(min=1e-6)
-    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, INT4_MAX).to(torch.uint8)
-    return q.reshape(n, k), scale, lo + INT4_MID * scale
+    scale = ((hi - lo) / top).clamp(min=1e-6)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, top).to(torch.uint8)
+    return q.reshape(n, k), scale, lo + (1 << (bits - 1)) * scale
+
+
+def int4_groups(w: torch.Tensor, group: int, clip: torch.Tensor | None = None):
+    return int_groups(w, group, 4, clip)
+
+
+def groups_dequant(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bits: int) -> torch.Tensor:
+    n, k = q.shape
+    g = q.float().reshape(n, k // group, group)
+    return ((g - (1 << (bits - 1))) * scale[..., None] + zero[..., None]).reshape(n, k)
 
 
 def int4_dequant(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
+    return groups_dequant(q, scale, zero, group, 4)
+
+
+def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """[N, K] values below 2^bits (bits dividing 8) -> [N, K * bits / 8] uint8, the first value of each byte in
+    its highest bits: the portable on-disk form (kernel layouts are not)."""
+    per = 8 // bits
     n, k = q.shape
-    g = q.float().reshape(n, k // group, group)
-    return ((g - INT4_MID) * scale[..., None] + zero[..., None]).reshape(n, k)
+    v = q.to(torch.uint8).reshape(n, k // per, per)
+    out = torch.zeros(n, k // per, dtype=torch.uint8, device=q.device)
+    for i in range(per):
+        out |= v[..., i] << (bits * (per - 1 - i))
+    return out
+
+
+def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    per, mask = 8 // bits, (1 << bits) - 1
+    n, m = packed.shape
+    out = torch.empty(n, m, per, dtype=torch.uint8, device=packed.device)
+    for i in range(per):
+        out[..., i] = (packed >> (bits * (per - 1 - i))) & mask
+    return out.reshape(n, m * per)
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """[N, K] values 0..15 -> [N, K/2] uint8: the portable on-disk form (kernel layouts are not)."""
-    return (q[:, 0::2] << 4 | q[:, 1::2]).to(torch.uint8)
+    """[N, K] values 0..15 -> [N, K/2] uint8 (pack_bits at 4 bits: even columns in the high nibble)."""
+    return pack_bits(q, 4)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    n, half = packed.shape
-    out = torch.empty(n, half * 2, dtype=torch.uint8, device=packed.device)
-    out[:, 0::2] = packed >> 4
-    out[:, 1::2] = packed & 0xF
-    return out
+    return unpack_bits(packed, 4)
 
 
 # --- fake quantization: references for tests and the loss inside AWQ's search, never the runtime path ---
@@ -91,6 +116,10 @@ def fake_int8_act(x: torch.Tensor) -> torch.Tensor:
     return q.float() * scale
 
 
+def fake_groups_weight(w: torch.Tensor, group: int, bits: int, clip: torch.Tensor | None = None) -> torch.Tensor:
+    q, scale, zero = int_groups(w, group, bits, clip)
+    return groups_dequant(q, scale, zero, group, bits)
+
+
 def fake_int4_weight(w: torch.Tensor, group: int, clip: torch.Tensor | None = None) -> torch.Tensor:
-    q, scale, zero = int4_groups(w, group, clip)
-    return int4_dequant(q, scale, zero, group)
+    return fake_groups_weight(w, group, 4, clip)

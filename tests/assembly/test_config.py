@@ -45,18 +45,30 @@ def test_groups_have_the_design_layout():
         assert (CONF / "hardware" / f"{hw}.yaml").exists()
 
 
+def _runs(hw: str, precision: str) -> bool:
+    return (
+        job_config_from_dict(compose_job([f"hardware={hw}", f"precision={precision}"])[0]).unsupported_reason() is None
+    )
+
+
 def test_silicon_support_matches_the_seeds():
-    supported = {
-        hw: set(job_config_from_dict(compose_job([f"hardware={hw}"])[0]).hardware.precisions)
-        for hw in ("phx", "hpt", "stx")
-    }
-    assert "w8a16" not in supported["phx"] and "w8a16" not in supported["hpt"]
-    assert {"w8a8", "w8a16", "w4a16", "fp32", "bf16"} <= supported["stx"]
+    assert not _runs("phx", "w8a16") and not _runs("hpt", "w8a16")
+    assert all(_runs("stx", p) for p in ("w8a8", "w8a16", "w4a16", "fp32", "bf16"))
+
+
+def test_a_profile_names_what_it_lacks_so_a_new_precision_runs_everywhere_without_an_edit():
+    # rtn is w4a16's scheme by another method: no profile names it, and each that runs w4a16 runs it
+    for hw in ("cpu", "phx", "hpt", "stx"):
+        assert _runs(hw, "rtn") == _runs(hw, "w4a16") is True
+    own = ["hardware=phx", "precision=w4a16", "precision.group_size=64", "precision.method=rtn"]
+    assert job_config_from_dict(compose_job(own)[0]).unsupported_reason() is None
 
 
 def test_unsupported_pair_is_a_reason_not_an_error():
-    job = job_config_from_dict(compose_job(["hardware=phx", "hardware.precisions=[fp32]", "precision=bf16"])[0])
+    job = job_config_from_dict(compose_job(["hardware=phx", "hardware.dtypes=[float32]", "precision=bf16"])[0])
     assert "phx has no bf16 kernels" in job.unsupported_reason()
+    job = job_config_from_dict(compose_job(["hardware=phx", "precision=w8a16"])[0])
+    assert job.unsupported_reason() == "phx has no w8a16 kernels (it lacks w8a16; its float dtypes: float32, bfloat16)"
     assert job_config_from_dict(compose_job(["hardware=stx"])[0]).unsupported_reason() is None
 
 
@@ -244,7 +256,7 @@ def test_an_entry_that_skips_its_group_s_schema_is_refused_and_one_that_starts_f
     untyped: refused in one line; with it, a wrong type in its YAML is one line too."""
     (tmp_path / "hardware").mkdir()
     entry = tmp_path / "hardware" / "mine.yaml"
-    body = "name: mine\ndescription: mine\ndevice: cpu\nthreads: abc\nprecisions: [fp32]\n"
+    body = "name: mine\ndescription: mine\ndevice: cpu\nthreads: abc\ndtypes: [float32]\n"
     entry.write_text(body)
     args = ["hardware=mine", f"hydra.searchpath=[file://{tmp_path}]"]
     assert "hardware mine does not start from the hardware schema" in composition_problem(args)

@@ -5,7 +5,7 @@ from src.assembly.hardware import host_threads, resolve
 
 
 def profile(device: str, threads=None) -> HardwareConfig:
-    return HardwareConfig("x", "x", device, ("fp32",), threads, "hw-x")
+    return HardwareConfig("x", "x", device, dtypes=("float32",), threads=threads, resource="hw-x")
 
 
 def test_cpu_runs_on_the_cpu_with_every_core_unless_told():

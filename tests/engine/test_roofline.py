@@ -23,7 +23,8 @@ def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():
 
 
 def test_a_quantized_module_counts_the_layout_its_step_reads_once():
-    from src.quant.linear import build, int4_tensors
+    from src.quant.linear import int4_tensors
+    from src.quant.schemes import build
 
     n, k = 64, 256
     tensors = int4_tensors(torch.randn(n, k), None, 128)

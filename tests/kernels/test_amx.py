@@ -12,7 +12,8 @@ from src import kernels
 from src.common.environment import PROJECT_ROOT
 from src.kernels import amx
 from src.quant import prefill, qparams
-from src.quant.linear import build, int8_tensors
+from src.quant.linear import int8_tensors
+from src.quant.schemes import build
 from tests.helpers import KERNELS as CACHE
 
 

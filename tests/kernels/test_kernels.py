@@ -14,12 +14,22 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from src import kernels
 from src.engine import GENERATE, Sampling
 from src.engine.native import Decoder
-from src.kernels import modules, variants
+from src.kernels import format_number, modules, variants
 from src.models.tiny import tiny_model
-from src.quant import qparams
-from src.quant.aten_ops import pack_w4
-from src.quant.linear import build, int4_tensors, int8_tensors
+from src.quant import qparams, schemes
+from src.quant.aten_ops import pack_lanes, pack_w4
+from src.quant.linear import int4_tensors, int8_tensors
+from src.quant.schemes import build
 from tests.helpers import use_variant
+
+
+def gemv_w4a16(x, packed, scale, offset, group):
+    return torch.ops.quantspec.gemv_grouped(x, packed, scale, offset, group, format_number("w4a16"))
+
+
+def dequant_w4a16(packed, scale, offset, group):
+    return torch.ops.quantspec.dequant_grouped(packed, scale, offset, group, format_number("w4a16"))
+
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 
@@ -74,15 +84,32 @@ def test_gemv_w8a16_matches_int8_weight_reference(m, n, k):
     assert _rel_err(y, ref) < 8e-3  # int8 and bf16 are exact in registers; the sums are fp32
 
 
+# every grouped weight-only scheme the registry holds (w4a16, w2a16, ...): a new one is tested here unasked
+GROUPED_A16 = [s for s in schemes.grouped() if schemes.get(s).act_bits == 16]
+
+
+@pytest.mark.parametrize("scheme", GROUPED_A16)
 @pytest.mark.parametrize("m,n,k,group", [(*s, 128) for s in SHAPES if s[2] % 128 == 0] + [(3, 20, 512, 256)])
-def test_gemv_w4a16_matches_dequantized_reference(m, n, k, group):
+def test_gemv_grouped_matches_dequantized_reference(scheme, m, n, k, group):
+    bits = schemes.get(scheme).bits
     torch.manual_seed(m * 3 + n)
     x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
-    q, scale, zero = qparams.int4_groups(w, group)
-    offset = (zero - qparams.INT4_MID * scale).contiguous()
-    y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, group)
-    ref = x.double() @ qparams.int4_dequant(q, scale, zero, group).double().t()
+    q, scale, zero = qparams.int_groups(w, group, bits)
+    offset = (zero - (1 << (bits - 1)) * scale).contiguous()
+    packed = pack_lanes(q, bits)
+    y = torch.ops.quantspec.gemv_grouped(x, packed, scale.contiguous(), offset, group, format_number(scheme))
+    ref = x.double() @ qparams.groups_dequant(q, scale, zero, group, bits).double().t()
     assert _rel_err(y, ref) < 1e-2  # dequantized weights are rounded to bf16 in registers
+    # the prefill's unpacking: q * scale + offset in one fused multiply-add (exact in float64 here, then
+    # rounded to fp32 as the FMA rounds), rounded to bf16
+    dense = torch.ops.quantspec.dequant_grouped(packed, scale.contiguous(), offset, group, format_number(scheme))
+    exact = (q.double().reshape(n, -1, group) * scale[..., None].double() + offset[..., None].double()).reshape(n, k)
+    assert torch.equal(dense, exact.float().bfloat16())
+    for i in range(m):  # row independence: a row alone gives its row among m, bit for bit
+        alone = torch.ops.quantspec.gemv_grouped(
+            x[i : i + 1], packed, scale.contiguous(), offset, group, format_number(scheme)
+        )
+        assert torch.equal(alone[0], y[i])
 
 
 @pytest.mark.parametrize("m,n,k,group", [(*s, 128) for s in SHAPES if s[2] % 128 == 0] + [(3, 20, 512, 256)])
@@ -131,14 +158,14 @@ def test_int4_weight_unpacks_to_bf16_for_prefill_and_the_gemv_reads_it_unrounded
     w = torch.randn(24, 512)
     q, scale, zero = qparams.int4_groups(w, 256)
     offset = (zero - qparams.INT4_MID * scale).contiguous()
-    dense = torch.ops.quantspec.dequant_w4a16(pack_w4(q), scale.contiguous(), offset, 256)
+    dense = dequant_w4a16(pack_w4(q), scale.contiguous(), offset, 256)
     # q * scale + offset rounded once to float32 (the kernel's FMA; exact in float64 first), then to bf16
     ref = (q.double().reshape(24, 2, 256) * scale.double()[..., None] + offset.double()[..., None]).reshape(24, 512)
     assert dense.dtype == torch.bfloat16 and torch.equal(dense, ref.float().bfloat16())
     x = torch.zeros(1, 512)
     x[0, 300] = 1  # one input channel: the gemv returns that column of the weight, in float32
     torch.testing.assert_close(
-        torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 256)[0],
+        gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 256)[0],
         ref[:, 300].float(),
         rtol=1e-6,
         atol=1e-6,
@@ -157,9 +184,7 @@ def test_16_bit_activations_are_as_precise_as_float32_not_bf16(kind):
         dense = w_q.double() * w_s.double()[:, None]
     else:
         q, scale, zero = qparams.int4_groups(w, 128)
-        y = torch.ops.quantspec.gemv_w4a16(
-            x, pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 128
-        )
+        y = gemv_w4a16(x, pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 128)
         dense = qparams.int4_dequant(q, scale, zero, 128).double()
     assert y.dtype == torch.float32
     assert _rel_err(y, x.double() @ dense.t()) < 2e-4
@@ -174,7 +199,7 @@ def test_16_bit_activation_sums_cannot_overflow():
     y = torch.ops.quantspec.gemv_w8a16(x, w_q, torch.full((8,), 0.5))
     torch.testing.assert_close(y, torch.full((1, 8), 3.0 * 127 * 0.5 * k), rtol=1e-5, atol=0)  # fp32 rounding only
     q = torch.full((8, k), 15, dtype=torch.uint8)
-    y = torch.ops.quantspec.gemv_w4a16(x, pack_w4(q), torch.full((8, k // 128), 0.5), torch.zeros(8, k // 128), 128)
+    y = gemv_w4a16(x, pack_w4(q), torch.full((8, k // 128), 0.5), torch.zeros(8, k // 128), 128)
     torch.testing.assert_close(y, torch.full((1, 8), 3.0 * 15 * 0.5 * k), rtol=1e-5, atol=0)  # fp32 rounding only
 
 
@@ -313,7 +338,7 @@ def _ops(kind: str, m: int, seed: int = 0):
         return x, lambda x: torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
     q, scale, zero = qparams.int4_groups(w, 128)
     packed, offset = pack_w4(q), (zero - qparams.INT4_MID * scale).contiguous()
-    gemv = torch.ops.quantspec.gemv_w4a16 if kind == "w4a16" else torch.ops.quantspec.gemv_w4a8
+    gemv = gemv_w4a16 if kind == "w4a16" else torch.ops.quantspec.gemv_w4a8
     return x, lambda x: gemv(x, packed, scale.contiguous(), offset, 128)
 
 
@@ -353,7 +378,7 @@ def test_the_int4_unpacking_and_the_norms_are_bit_for_bit_the_reference_variants
     norms = [(torch.randn(5, d).to(t), torch.randn(d).to(t)) for d in (640, 100) for t in (torch.bfloat16, torch.float)]
 
     def outputs():
-        return [torch.ops.quantspec.dequant_w4a16(*args)] + [
+        return [dequant_w4a16(*args)] + [
             torch.ops.quantspec.rms_norm(x, w, 1e-6, g) for x, w in norms for g in (True, False)
         ]
 

@@ -4,6 +4,7 @@ for the variants this CPU runs (on AVX-512 VNNI hosts also avx_vnni's EVEX twin)
 scripts/setup installs both where it can; without them the Arm test skips and says so."""
 
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,6 +35,11 @@ def _selftest(tmp_path: Path, cxx: str, names: list[str], run: list[str]) -> dic
     return outputs
 
 
+def _checks(text: str) -> int:
+    found = re.search(r"(\d+) passed, 0 failed", text)
+    return int(found.group(1)) if found else 0
+
+
 def test_this_cpus_variants_pass_the_selftest(tmp_path):
     cxx = variants.compiler()
     assert cxx, "no C++ compiler: scripts/setup installs g++"
@@ -44,7 +50,7 @@ def test_this_cpus_variants_pass_the_selftest(tmp_path):
         if not variants.missing(v, features) and v.name != "reference"
     ]
     out = _selftest(tmp_path, cxx, names or ["reference"], [])
-    assert all("25 passed, 0 failed" in text for text in out.values())
+    assert all(_checks(text) >= 25 for text in out.values())  # every format each variant has, and the rest
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the Arm cross-build is checked from x86-64 hosts")
@@ -56,4 +62,4 @@ def test_arm_variants_pass_the_selftest_under_qemu(tmp_path):
             f"scripts/setup does it as root)"
         )
     out = _selftest(tmp_path, ARM_CXX, ["neon_dotprod", "neon"], [QEMU, "-cpu", "max", "-L", ARM_ROOT])
-    assert all("25 passed, 0 failed" in text for text in out.values())
+    assert all(_checks(text) >= 25 for text in out.values())  # every format each variant has, and the rest

@@ -8,8 +8,9 @@ from src.models.tiny import tiny_model
 from src.quant import awq, qparams, scaling, smoothquant
 from src.quant.apply import quantize_model
 from src.quant.arch import awq_groups, decoder_linears
-from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, build, int4_tensors, int8_tensors
+from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, int4_tensors, int8_tensors
 from src.quant.pipeline import install, quantize
+from src.quant.schemes import build
 from tests.helpers import calib, quant_spec
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
@@ -297,7 +298,7 @@ def test_mixed_kernels_follow_the_spec():
     "override,expect",
     [
         ("precision.method=gptq", "precision.method='gptq' is not one of: none, smoothquant, awq, rtn"),
-        ("precision.group_size=100", "precision.group_size=100 is not one the int4 kernel runs"),
+        ("precision.group_size=100", "precision.group_size=100 is not one the grouped kernels run"),
         ("precision.scheme=w3a16", "precision.scheme='w3a16' is not one of"),
         ("precision.method=smoothquant", "precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w4a16"),
     ],

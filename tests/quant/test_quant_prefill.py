@@ -6,7 +6,8 @@ import json
 import torch
 
 from src.quant import prefill
-from src.quant.linear import build, install_prefill, int8_tensors
+from src.quant.linear import install_prefill, int8_tensors
+from src.quant.schemes import build
 
 
 def test_both_paths_give_the_exact_int8_product():

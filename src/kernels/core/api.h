@@ -14,7 +14,23 @@
 
 #include <stdint.h>
 
-#define QS_ABI 2
+#define QS_ABI 3
+
+// Every weight format the kernels know, in one list: its kind (the Stepper's, step.cpp), its name (the one
+// src.quant.schemes gives it) and its weight bits. A format's number is its place here; Python reads the list
+// through the binding (torch.ops.quantspec.formats), so the two never disagree. A new format goes at the end.
+#define QS_FORMATS(X)   \
+  X(FLOAT, "float", 0)  \
+  X(W8A8, "w8a8", 8)    \
+  X(W8A16, "w8a16", 8)  \
+  X(W4A16, "w4a16", 4)  \
+  X(W4A8, "w4a8", 4)
+
+#define QS_FORMAT_ENUM(kind, name, bits) QS_##kind,
+enum qs_format { QS_FORMATS(QS_FORMAT_ENUM) QS_FORMAT_COUNT };
+#undef QS_FORMAT_ENUM
+// The grouped tables' size: room for formats not yet written, so adding one changes no table's layout.
+#define QS_MAX_FORMATS 16
 
 extern "C" {
 
@@ -41,11 +57,6 @@ typedef struct qs_kernels {
                        float* group_sums);
   void (*gemv_w8a16)(const int16_t* xq, const float* x_scale, const int8_t* w, const float* w_scale, int64_t M,
                      int64_t K, int64_t N, int64_t n0, int64_t n1, float* y);
-  // int4 weights packed per 128 values into 64 bytes whose 16-bit lane i holds values i, i+32, i+64, i+96
-  // in its four nibbles; w = q * scale + offset per group of `group` (a multiple of 128) along K.
-  void (*gemv_w4a16)(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w,
-                     const float* scale, const float* offset, int64_t group, int64_t M, int64_t K, int64_t N,
-                     int64_t n0, int64_t n1, float* y);
   // w4a8: x rows quantized to int8 (as quantize_x8) in the order that meets the packed int4 bytes (common.h's
   // w4x_position, the same on every variant), with each group's sum of q as float [M, K / group]; then int32
   // dot products of the nibbles (0..15, unsigned) with them, each group's sum scaled as gemv_w4a16's.
@@ -58,10 +69,6 @@ typedef struct qs_kernels {
   // bf16, and x_scale; the GEMM's bf16 rows r0..r1 scaled back in place.
   void (*quantize_x8_bf16)(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, uint16_t* q, float* x_scale);
   void (*scale_rows_bf16)(uint16_t* y, int64_t N, const float* x_scale, int64_t r0, int64_t r1);
-  // Rows n0..n1 of the int4 weight as bf16 [N, K]: fp32 q * scale + offset (one fused multiply-add),
-  // rounded to nearest even.
-  void (*dequant_w4a16)(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K,
-                        int64_t n0, int64_t n1, uint16_t* out);
 
   // RMSNorm of rows r0..r1 (gemma: y = x r (1 + w); else y = w * round(x r)), r = 1 / sqrt(mean(x^2) + eps).
   void (*rms_norm_f32)(const float* x, const float* w, int64_t d, float eps, int gemma, int64_t r0, int64_t r1,
@@ -77,7 +84,29 @@ typedef struct qs_kernels {
   void (*attention_bf16)(const uint16_t* q, const uint16_t* k, const uint16_t* v, int64_t head_stride, int64_t H,
                          int64_t KVH, int64_t Q, int64_t L, int64_t D, float scale, int64_t i0, int64_t i1,
                          uint16_t* out);
+
+  // Grouped weight-only formats (w4a16, ...), by format number; null where a variant has no kernel of its
+  // own, filled at load with the reference variant's (binding.cpp), so a format can land with its reference
+  // kernel alone and gain SIMD variants later. x rows as quantize_x16 gives them, with group sums. A b-bit
+  // weight is packed per 128 values into 16 * b bytes, whose 16-bit lane i (of 8 * b) holds values
+  // i + 8 * b * u in its field u (b bits, from the lowest); w = q * scale + offset per group of `group` (a
+  // multiple of 128) along K.
+  void (*gemv_grouped[QS_MAX_FORMATS])(const int16_t* xq, const float* x_scale, const float* group_sums,
+                                       const uint8_t* w, const float* scale, const float* offset, int64_t group,
+                                       int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y);
+  // Rows n0..n1 of a grouped weight as bf16 [N, K]: fp32 q * scale + offset (one fused multiply-add), rounded
+  // to nearest even.
+  void (*dequant_grouped[QS_MAX_FORMATS])(const uint8_t* w, const float* scale, const float* offset, int64_t group,
+                                          int64_t K, int64_t n0, int64_t n1, uint16_t* out);
 } qs_kernels;
+
+// A format's weight bits (0: float), by number.
+static inline int qs_format_bits(int format) {
+#define QS_FORMAT_BITS(kind, name, bits) bits,
+  static const int bits[] = {QS_FORMATS(QS_FORMAT_BITS)};
+#undef QS_FORMAT_BITS
+  return format >= 0 && format < QS_FORMAT_COUNT ? bits[format] : -1;
+}
 
 // Each variant library exports this one symbol.
 __attribute__((visibility("default"))) const qs_kernels* qs_kernels_get(void);

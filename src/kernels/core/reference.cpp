@@ -50,24 +50,28 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
     }
 }
 
-// Value k of row n in the packed int4 layout (api.h).
-inline int nibble(const uint8_t* w, int64_t K, int64_t n, int64_t k) {
-  const int64_t block = k / 128, i = k % 32, u = (k % 128) / 32;
-  const uint8_t* lane = w + n * (K / 2) + block * 64 + 2 * i;
+// Value k of row n of a B-bit weight packed as api.h's gemv_grouped says.
+template <int B>
+inline int field(const uint8_t* w, int64_t K, int64_t n, int64_t k) {
+  constexpr int64_t lanes = 8 * B;
+  const int64_t block = k / 128, i = k % lanes, u = (k % 128) / lanes;
+  const uint8_t* lane = w + n * (K * B / 8) + block * 16 * B + 2 * i;
   const uint16_t bits = uint16_t(lane[0] | (lane[1] << 8));
-  return (bits >> (4 * u)) & 0xF;
+  return (bits >> (B * u)) & ((1 << B) - 1);
 }
+inline int nibble(const uint8_t* w, int64_t K, int64_t n, int64_t k) { return field<4>(w, K, n, k); }
 
-void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w,
-                const float* scale, const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0,
-                int64_t n1, float* y) {
+template <int B>
+void gemv_grouped(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w,
+                  const float* scale, const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0,
+                  int64_t n1, float* y) {
   const int64_t G = K / group;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = n0; n < n1; ++n) {
       double s = 0;   // sum over groups of scale * sum(q x) + offset * sum(x)
       for (int64_t g = 0; g < G; ++g) {
         int64_t d = 0;
-        for (int64_t k = g * group; k < (g + 1) * group; ++k) d += int64_t(nibble(w, K, n, k)) * xq[m * K + k];
+        for (int64_t k = g * group; k < (g + 1) * group; ++k) d += int64_t(field<B>(w, K, n, k)) * xq[m * K + k];
         s += double(scale[n * G + g]) * double(d) + double(offset[n * G + g]) * double(group_sums[m * G + g]);
       }
       y[m * N + n] = float(s * x_scale[m]);
@@ -94,14 +98,14 @@ void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, 
     }
 }
 
-void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
-                   int64_t n1, uint16_t* out) {
+template <int B>
+void dequant_grouped(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                     int64_t n1, uint16_t* out) {
   const int64_t G = K / group;
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t k = 0; k < K; ++k)
-      out[n * K + k] = f32_to_bf16(std::fma(float(nibble(w, K, n, k)), scale[n * G + k / group], offset[n * G + k / group]));
+      out[n * K + k] = f32_to_bf16(std::fma(float(field<B>(w, K, n, k)), scale[n * G + k / group], offset[n * G + k / group]));
 }
-
 
 template <typename T>
 void attention(const T* q, const T* k, const T* v, int64_t head_stride, int64_t H, int64_t KVH, int64_t Q, int64_t L,
@@ -128,9 +132,15 @@ void attention(const T* q, const T* k, const T* v, int64_t head_stride, int64_t 
   }
 }
 
-const qs_kernels table = {QS_ABI, "reference", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16,
-                          gemv_w8a16, gemv_w4a16, quantize_x8_w4, gemv_w4a8, quantize_x8_bf16, scale_rows_bf16, dequant_w4a16, rms_norm<float>, rms_norm<uint16_t>,
-                          attention<float>, attention<uint16_t>};
+// Every grouped format has its reference kernel here (the others' fallback: api.h).
+const qs_kernels table = [] {
+  qs_kernels t = {QS_ABI, "reference", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16, gemv_w8a16,
+                  quantize_x8_w4, gemv_w4a8, quantize_x8_bf16, scale_rows_bf16, rms_norm<float>, rms_norm<uint16_t>,
+                  attention<float>, attention<uint16_t>};
+  t.gemv_grouped[QS_W4A16] = gemv_grouped<4>;
+  t.dequant_grouped[QS_W4A16] = dequant_grouped<4>;
+  return t;
+}();
 
 }  // namespace
 

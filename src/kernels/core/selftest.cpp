@@ -58,7 +58,7 @@ struct Inputs {
   std::vector<uint16_t> xb, wb;
   std::vector<int8_t> w8;
   std::vector<int32_t> wsum;
-  std::vector<uint8_t> w4;
+  std::vector<uint8_t> w4;  // N * K bytes: enough for any grouped format's packed weight (at most 8 bits)
   Inputs() {
     Rng r;
     for (int64_t i = 0; i < M * K; ++i) x.push_back(r.normal() * std::pow(10.f, float(i % K) / K * 2 - 1));
@@ -71,10 +71,19 @@ struct Inputs {
       wsum.push_back(s);
       ws.push_back(0.01f + (r.next() % 1000) * 1e-5f);
     }
-    for (int64_t i = 0; i < N * K / 2; ++i) w4.push_back(uint8_t(r.next()));
+    for (int64_t i = 0; i < N * K; ++i) w4.push_back(uint8_t(r.next()));
     for (int64_t i = 0; i < N * K / G; ++i) { scale.push_back(0.02f + (r.next() % 100) * 1e-4f); offset.push_back(-8 * scale.back() + r.normal() * 1e-3f); }
   }
 };
+
+// A grouped format's number by its name (api.h's QS_FORMATS), or -1.
+int grouped_format(const std::string& kind) {
+  int f = 0;
+#define QS_FORMAT_FIND(k, name, bits) if (kind == name) return f; ++f;
+  QS_FORMATS(QS_FORMAT_FIND)
+#undef QS_FORMAT_FIND
+  return -1;
+}
 
 // y [m, N] from one variant for the first m rows of x.
 std::vector<float> gemv(const qs_kernels* t, const Inputs& in, const std::string& kind, int64_t m, int64_t row0 = 0) {
@@ -88,12 +97,13 @@ std::vector<float> gemv(const qs_kernels* t, const Inputs& in, const std::string
     t->quantize_x8(x, m, K, q.data(), xs.data());
     t->gemv_w8a8(q.data(), xs.data(), in.w8.data(), in.ws.data(), in.wsum.data(), m, K, N, 0, N, y.data());
   }
-  if (kind == "w8a16" || kind == "w4a16") {
+  const int f = kind == "w4a8" ? -1 : grouped_format(kind);
+  const bool grouped = f > QS_W8A16;
+  if (kind == "w8a16" || grouped) {
     std::vector<int16_t> q(m * K);
     std::vector<float> xs(m), sums(m * K / G);
-    const bool w4 = kind == "w4a16";
-    t->quantize_x16(x, m, K, w4 ? G : 0, q.data(), xs.data(), w4 ? sums.data() : nullptr);
-    if (w4) t->gemv_w4a16(q.data(), xs.data(), sums.data(), in.w4.data(), in.scale.data(), in.offset.data(), G, m, K, N, 0, N, y.data());
+    t->quantize_x16(x, m, K, grouped ? G : 0, q.data(), xs.data(), grouped ? sums.data() : nullptr);
+    if (grouped) t->gemv_grouped[f](q.data(), xs.data(), sums.data(), in.w4.data(), in.scale.data(), in.offset.data(), G, m, K, N, 0, N, y.data());
     else t->gemv_w8a16(q.data(), xs.data(), in.w8.data(), in.ws.data(), m, K, N, 0, N, y.data());
   }
   if (kind == "w4a8") {
@@ -126,9 +136,13 @@ int main(int argc, char** argv) {
   if (!v || !ref) return 2;
   printf("variant %s against %s\n", v->name, ref->name);
   const Inputs in;
-  const char* kinds[] = {"f32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8"};
-  for (const char* kind : kinds) {
-    const std::string k = kind;
+  // every grouped format the variant has a kernel of its own for (the others run the reference's: api.h)
+  std::vector<std::string> kinds = {"f32", "bf16", "w8a8", "w8a16", "w4a8"};
+  int f = 0;
+#define QS_FORMAT_GROUPED(k, name, bits) if (v->gemv_grouped[f]) kinds.push_back(name); ++f;
+  QS_FORMATS(QS_FORMAT_GROUPED)
+#undef QS_FORMAT_GROUPED
+  for (const std::string& k : kinds) {
     const std::vector<float> all = gemv(v, in, k, M), expect = gemv(ref, in, k, M);
     const double err = rel_err(all, expect);
     check(k == "w8a8" ? err == 0 : err < 1e-6, k + " against the reference", err);
@@ -148,10 +162,13 @@ int main(int argc, char** argv) {
     ref->scale_rows_bf16(yr.data(), N, sr.data(), 0, M);
     check(qv == qr && sv == sr && yv == yr, "w4a8's prefill quantizer and rescale, bit for bit");
   }
-  std::vector<uint16_t> dv(N * K), dr(N * K);
-  v->dequant_w4a16(in.w4.data(), in.scale.data(), in.offset.data(), G, K, 0, N, dv.data());
-  ref->dequant_w4a16(in.w4.data(), in.scale.data(), in.offset.data(), G, K, 0, N, dr.data());
-  check(dv == dr, "int4 unpacked to bf16, bit for bit");
+  for (int g = 0; g < QS_FORMAT_COUNT; ++g) {
+    if (!v->dequant_grouped[g]) continue;
+    std::vector<uint16_t> dv(N * K), dr(N * K);
+    v->dequant_grouped[g](in.w4.data(), in.scale.data(), in.offset.data(), G, K, 0, N, dv.data());
+    ref->dequant_grouped[g](in.w4.data(), in.scale.data(), in.offset.data(), G, K, 0, N, dr.data());
+    check(dv == dr, std::to_string(qs_format_bits(g)) + "-bit weights unpacked to bf16, bit for bit");
+  }
   for (int gemma = 0; gemma < 2; ++gemma) {
     std::vector<float> yv(4 * 640), yr(4 * 640);
     v->rms_norm_f32(in.x.data(), in.wf.data(), 640, 1e-6f, gemma, 0, 4, yv.data());

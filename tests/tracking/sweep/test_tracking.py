@@ -85,7 +85,7 @@ def test_a_job_that_reads_the_dataset_records_it():
 
 
 def test_skipped_pair_is_recorded_with_its_reason(store):
-    assert job(store, ["hardware=phx", "hardware.precisions=[fp32]", "precision=bf16"]) == "skipped"
+    assert job(store, ["hardware=phx", "hardware.dtypes=[float32]", "precision=bf16"]) == "skipped"
     _, (run,) = runs(store)
     assert run.info.status == "KILLED"
     assert run.data.tags["outcome"] == "skipped"
@@ -128,7 +128,7 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
             *TINY,
             "hardware=phx,stx",
             "precision=fp32,bf16",
-            "hardware.precisions=[fp32]",
+            "hardware.dtypes=[float32]",
             f"tracking.uri={store}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ]

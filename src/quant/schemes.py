@@ -1,0 +1,100 @@
+"""The weight formats a precision's linears run (precision.scheme, head_scheme), one entry each, registered
+once: its weight and activation bits, whether it quantizes in groups, how its portable tensors are made
+(what the cache stores) and which runtime module runs them, off quantspec's kernels and on them. Everything
+else asks here: the methods' validation, the quantizer, the runtime modules' build, the C++ step (through
+each module's step_call), the hardware profiles (they list schemes), the docs.
+
+Adding a format (docs/how-to/add-precision.md walks through w2a16): an entry here; for quantspec's kernels,
+its name and bits in core/api.h's QS_FORMATS and a reference kernel in core/reference.cpp (every other
+variant falls back to it until it has its own); a precision in conf/precision/ that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from src.quant import linear
+
+GROUPS = (32, 64, 128, 256)  # group sizes a grouped scheme takes (ATen's int4 kernel's; quantspec's: 128, 256)
+INT8_LINEAR = "w8a16"  # what int8_linears run under a grouped scheme
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str  # weights x activations, as precision.scheme names it
+    bits: int  # weight bits
+    act_bits: int  # 16: weight-only (activations stay 16-bit); 8: activations rounded per token at run time
+    aten: type[linear.QuantLinear]  # its module off quantspec's kernels (ATen's, or torch operators)
+    gemv: type[linear.QuantLinear]  # its module on quantspec's kernels (a few rows; prefill as that module says)
+
+    @property
+    def grouped(self) -> bool:
+        """Scales per group of input features (precision.group_size applies), not per output channel."""
+        return self.bits < 8
+
+    def tensors(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, group: int | None, clip: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The portable tensors (safetensors in the cache) of one float linear in this format."""
+        if self.grouped:
+            return linear.grouped_tensors(weight, bias, group, self.bits, clip)
+        return linear.int8_tensors(weight, bias)
+
+
+SCHEMES: dict[str, Scheme] = {}
+
+
+def register(scheme: Scheme) -> Scheme:
+    if scheme.name in SCHEMES:
+        raise ValueError(f"scheme {scheme.name!r} is registered twice")
+    SCHEMES[scheme.name] = scheme
+    return scheme
+
+
+register(Scheme("w8a8", 8, 8, linear.W8A8Linear, linear.W8A8Gemv))
+register(Scheme("w8a16", 8, 16, linear.W8A16Linear, linear.W8A16Gemv))
+register(Scheme("w4a16", 4, 16, linear.W4A16Linear, linear.W4A16Gemv))
+register(Scheme("w4a8", 4, 8, linear.W4A8Linear, linear.W4A8Gemv))
+
+
+def names() -> tuple[str, ...]:
+    return tuple(SCHEMES)
+
+
+def grouped() -> tuple[str, ...]:
+    return tuple(name for name, s in SCHEMES.items() if s.grouped)
+
+
+def get(name: str) -> Scheme:
+    if name not in SCHEMES:
+        raise ValueError(f"unknown scheme {name!r}; known: {', '.join(SCHEMES)}")
+    return SCHEMES[name]
+
+
+def build(
+    name: str,
+    t: dict[str, torch.Tensor],
+    group: int | None,
+    dtype: torch.dtype,
+    gemv: bool = False,
+    device: str = "cpu",
+) -> nn.Module:
+    """The runtime module for these portable tensors: on ATen's kernels, or (gemv, where its K fits the
+    kernel's step) with quantspec's for a few rows; off the CPU, on ATen's kernels for `device`, its layouts
+    made there."""
+    scheme = get(name)
+    if device != "cpu":  # quantspec's kernels are CPU kernels
+        t, gemv = {key: v.to(device) for key, v in t.items()}, False
+    k = t["w_q"].shape[1] if "w_q" in t else t[f"q{scheme.bits}"].shape[1] * 8 // scheme.bits
+    step = scheme.gemv.K_STEP
+    fits = k % step == 0 and (not scheme.grouped or group % step == 0)
+    cls = scheme.gemv if gemv and fits else scheme.aten
+    return cls.from_tensors(t, group, dtype)
+
+
+def fusable_rows() -> dict[type, tuple[str, ...]]:
+    """Each scheme's gemv module -> the tensors that stack along output channels (src.engine.fused)."""
+    return {s.gemv: s.gemv.ROWS for s in SCHEMES.values() if s.gemv.ROWS}
