@@ -291,6 +291,13 @@ class W4A16Gemv(GroupedGemv):
     BITS = 4
 
 
+class W2A16Gemv(GroupedGemv):
+    """2-bit weights in groups (four a byte, a quarter of int8's bytes), 16-bit activations."""
+
+    FORMAT = UNPACK = "w2a16"
+    BITS = 2
+
+
 class W4A8Gemv(GroupedGemv):
     """w4a8 on quantspec's kernels: w4a16's weights, activations quantized per token to int8 at the input. For
     a few rows the kernel takes the nibbles against the int8 x (VPDPBUSD on x86: half w4a16's instructions per
@@ -382,3 +389,9 @@ def install_prefill(model: nn.Module, path: str) -> int:
     for module in linears:
         module.prefill = path
     return len(linears)
+
+
+class W2A16Linear(GroupedLinear):
+    """w2a16 off quantspec's kernels: ATen has no 2-bit kernel."""
+
+    BITS = 2

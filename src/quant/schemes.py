@@ -58,6 +58,7 @@ register(Scheme("w8a8", 8, 8, linear.W8A8Linear, linear.W8A8Gemv))
 register(Scheme("w8a16", 8, 16, linear.W8A16Linear, linear.W8A16Gemv))
 register(Scheme("w4a16", 4, 16, linear.W4A16Linear, linear.W4A16Gemv))
 register(Scheme("w4a8", 4, 8, linear.W4A8Linear, linear.W4A8Gemv))
+register(Scheme("w2a16", 2, 16, linear.W2A16Linear, linear.W2A16Gemv))
 
 
 def names() -> tuple[str, ...]:

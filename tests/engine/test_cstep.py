@@ -28,6 +28,7 @@ QUANT = {
         quant_spec("rtn", "w4a8", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",)),
         torch.bfloat16,
     ),
+    "w2a16": (quant_spec("rtn", "w2a16", group_size=128, head_scheme="w8a16"), torch.bfloat16),
 }
 PRECISIONS = ["fp32", "bf16", *QUANT]
 FAMILIES = ["gemma3", "llama", "qwen2"]

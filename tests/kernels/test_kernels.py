@@ -112,6 +112,20 @@ def test_gemv_grouped_matches_dequantized_reference(scheme, m, n, k, group):
         assert torch.equal(alone[0], y[i])
 
 
+def test_a_format_a_variant_has_no_kernel_for_runs_the_reference_variants():
+    # core/avx2.cpp has no 2-bit unpacking of its own: the binding filled it from the reference variant at load
+    # (without the fallback the call is refused in one line, as for a format no variant has)
+    torch.manual_seed(0)
+    q, scale, zero = qparams.int_groups(torch.randn(8, 256), 128, 2)
+    offset = (zero - 2 * scale).contiguous()
+    args = (pack_lanes(q, 2), scale.contiguous(), offset, 128, format_number("w2a16"))
+    here = torch.ops.quantspec.dequant_grouped(*args)
+    use_variant("reference")
+    assert torch.equal(here, torch.ops.quantspec.dequant_grouped(*args))
+    with pytest.raises(RuntimeError, match="format 99 has no grouped kernel"):
+        torch.ops.quantspec.dequant_grouped(*args[:4], 99)
+
+
 @pytest.mark.parametrize("m,n,k,group", [(*s, 128) for s in SHAPES if s[2] % 128 == 0] + [(3, 20, 512, 256)])
 def test_gemv_w4a8_is_exact_integer_sums_of_int8_activations_and_the_nibbles(m, n, k, group):
     # The reference rounds x per token to int8 as the kernel does (qparams.int8_per_token), then sums in float64:

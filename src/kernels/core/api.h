@@ -24,7 +24,8 @@
   X(W8A8, "w8a8", 8)    \
   X(W8A16, "w8a16", 8)  \
   X(W4A16, "w4a16", 4)  \
-  X(W4A8, "w4a8", 4)
+  X(W4A8, "w4a8", 4)    \
+  X(W2A16, "w2a16", 2)
 
 #define QS_FORMAT_ENUM(kind, name, bits) QS_##kind,
 enum qs_format { QS_FORMATS(QS_FORMAT_ENUM) QS_FORMAT_COUNT };

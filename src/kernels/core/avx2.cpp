@@ -243,6 +243,27 @@ struct W4A16 : Int16X {
   }
 };
 
+// w2a16 (api.h's grouped layout at 2 bits): per 32 bytes (128 values), 16-bit lane i holds values i + 16u in
+// its field u, so step u (a shift by 2u and a mask) covers values 16u..16u+15, as x is laid out: one load per
+// 128 weights, then W4A16's VPMADDWD and per-group fold.
+struct W2A16 : Int16X {
+  using State = float; static constexpr int kSub = 8;
+  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
+  int64_t span() const { return group; }
+  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
+  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 4) + k / 4; }
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k)));
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi16(3));
+  }
+  static __m256 fold(__m256 sum, Acc a, const State& s) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(s), sum);
+  }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
+  }
+};
+
 // w4a8 (x from quantize_x8_w4, common.h): per 64 bytes, half h's low nibbles meet x bytes 32h..32h+31 of the
 // block and its high nibbles x bytes 64 + 32h..: step s = 2 * (high) + h covers x bytes 32s..32s+31. The nibbles
 // are the unsigned operand: VPDPBUSD where VNNI is, else VPMADDUBSW (|a pair| <= 2 * 15 * 127, never saturating)
@@ -361,6 +382,11 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
+}
+
+void gemv_w2a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W2A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
 void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
@@ -496,6 +522,7 @@ const qs_kernels table = [] {
                   attention<float>, attention<uint16_t>};
   t.gemv_grouped[QS_W4A16] = gemv_w4a16;
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
+  t.gemv_grouped[QS_W2A16] = gemv_w2a16;  // its prefill's unpacking: the reference's
   return t;
 }();
 

@@ -139,6 +139,8 @@ const qs_kernels table = [] {
                   attention<float>, attention<uint16_t>};
   t.gemv_grouped[QS_W4A16] = gemv_grouped<4>;
   t.dequant_grouped[QS_W4A16] = dequant_grouped<4>;
+  t.gemv_grouped[QS_W2A16] = gemv_grouped<2>;
+  t.dequant_grouped[QS_W2A16] = dequant_grouped<2>;
   return t;
 }();
 

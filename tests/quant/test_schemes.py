@@ -1,0 +1,62 @@
+"""The scheme registry (src/quant/schemes.py): every registered weight format, with no list of them here, is
+quantized, packed and run off quantspec's kernels against its fake-quant reference; a new format is tested by
+being registered. (Its kernels: tests/kernels/test_kernels.py; the C++ step: tests/engine/test_cstep.py.)"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from src.models.tiny import tiny_model
+from src.quant import qparams, schemes
+from src.quant.pipeline import install, quantize
+from tests.helpers import calib, quant_spec
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_portable_packing_round_trips_at_every_width(bits):
+    q = torch.randint(0, 1 << bits, (5, 256), dtype=torch.uint8)
+    packed = qparams.pack_bits(q, bits)
+    assert packed.shape == (5, 256 * bits // 8) and torch.equal(qparams.unpack_bits(packed, bits), q)
+
+
+@pytest.mark.parametrize("name", schemes.names())
+def test_each_scheme_off_quantspecs_kernels_computes_its_fake_quant_reference(name):
+    scheme = schemes.get(name)
+    torch.manual_seed(3)
+    w, b, x = torch.randn(40, 256), torch.randn(40), torch.randn(3, 256)
+    module = schemes.build(name, scheme.tensors(w, b, 128), 128, torch.bfloat16)
+    assert isinstance(module, scheme.aten)
+    if scheme.grouped:
+        q, scale, zero = qparams.int_groups(w, 128, scheme.bits)
+        ref_w = qparams.groups_dequant(q, scale, zero, 128, scheme.bits)
+    else:
+        ref_w = qparams.fake_int8_weight(w)
+    ref_x = qparams.fake_int8_act(x.bfloat16().float()) if scheme.act_bits == 8 else x.bfloat16().float()
+    ref = F.linear(ref_x, ref_w, b)
+    out = module(x.bfloat16()).float()
+    # bf16 weights, scales or outputs round on the way; the reference rounds only the input
+    assert (out - ref).abs().max() / ref.abs().max() < 3e-2
+
+
+def test_a_grouped_scheme_names_its_bits_and_the_validation_says_them():
+    from src.common.schema import ConfigError
+
+    assert {"w4a16", "w4a8", "w2a16"} <= set(schemes.grouped()) and "w8a8" not in schemes.grouped()
+    with pytest.raises(ConfigError, match=r"^precision.scheme=w2a16 is a 2-bit scheme, which quantizes in groups"):
+        quant_spec("rtn", "w2a16", group_size=None).validate()
+    with pytest.raises(
+        ConfigError, match="precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w2a16"
+    ):
+        quant_spec("smoothquant", "w2a16", group_size=128, alpha=0.5).validate()
+
+
+def test_awq_at_two_bits_quantizes_a_tiny_model_that_then_generates():
+    model, tok = tiny_model("llama")
+    spec = quant_spec("awq", "w2a16", group_size=128, awq_grid=4, awq_search_tokens=128, head_scheme="w8a16")
+    weights = quantize(model, "llama", spec, calib(tok))
+    assert {s for n, s in weights.schemes.items() if n != "lm_head"} == {"w2a16"}
+    assert weights.layers["model.layers.0.mlp.up_proj"]["q2"].dtype == torch.uint8  # four weights a byte
+    model = install(model.to(torch.bfloat16), weights, torch.bfloat16)
+    ids = tok("def add(a, b):", return_tensors="pt").input_ids
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 4
