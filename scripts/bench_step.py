@@ -13,7 +13,7 @@ split, from torch.profiler's self time of every operator in a profiled run of th
 - head: the output projection over the whole vocabulary, timed alone on the step's last hidden state;
 - attention and KV cache: the attention kernel and the cache's update;
 - norms, rotary, activations: every other operator (elementwise maths, copies, the embedding);
-- sampling: the greedy choice over the step's logits as the engines make it (src.engine.common.choose), alone
+- sampling: the greedy choice over the step's logits as the engines make it (src.engine.generation.choose), alone
   (0 where the C++ step takes the argmax itself: its time is then inside the step's);
 - framework: what is left of the profiled run's wall time, spent between operators (Python, the dispatcher).
 
@@ -45,7 +45,7 @@ from src.common.metrics import markdown_table
 from src.common.say import say
 from src.common.settings import Setting
 from src.engine import roofline
-from src.engine.common import Sampling, choose
+from src.engine.generation import Sampling, choose
 from src.engine.native import Decoder
 from src.tasks.benchmark import cut_prompts
 

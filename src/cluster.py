@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from src import run
 from src.assembly.config import ConfigError, hardware_config
-from src.assembly.sweep import sweep_of
+from src.assembly.sweep_settings import sweep_of
 from src.common.say import say
 from src.run import sweep_info
 from src.tracking.store.experiment import Store, probe
@@ -83,7 +83,7 @@ def offered() -> dict[str, str]:
 
 
 def _settings(config: DictConfig):
-    """The sweep's settings, as src.assembly.sweep converts them (a wrong one ends the sweep in one line)."""
+    """The sweep's settings, as src.assembly.sweep_settings converts them (a wrong one ends the sweep in one line)."""
     try:
         return sweep_of(config)
     except ConfigError as err:

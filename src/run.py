@@ -14,7 +14,7 @@ job finished or was skipped, 1 when one failed or was killed, 2 for a command li
 
 Hydra's config is converted here and only here: a job's, once at its start, into typed dataclasses
 (src.assembly.config.JobConfig; the job itself, src.assembly.job, sees nothing else), and the sweep's
-own settings (store, experiment, resume, report, rounds) by `src.assembly.sweep.sweep_of`, for the sweeper
+own settings (store, experiment, resume, report, rounds) by `src.assembly.sweep_settings.sweep_of`, for the sweeper
 (src.tracking.sweep.rounds), the Ray launcher (src/cluster.py) and the sweep callback below.
 """
 
@@ -39,14 +39,14 @@ from transformers.utils import logging as hf_logging
 
 from src.assembly import ownmodel
 from src.assembly.overrides import CONF_DIR, composition_problem, unparsable
-from src.assembly.sweep import sweep_of, unset_line
+from src.assembly.sweep_settings import sweep_of, unset_line
 from src.common import envvars, signals
 from src.common.locks import hold
 from src.common.progress import watched
 from src.common.say import say
 from src.common.schema import ConfigError
 from src.common.signals import Stopped
-from src.tracking.readback import report
+from src.tracking.readback import reporting as report
 from src.tracking.store.locks import replay_lock
 from src.tracking.store.names import SWEEP_ID, SweepInfo, bound_http_retries, quiet_store_logs
 from src.tracking.sweep import record

@@ -74,11 +74,11 @@ def _command(name: str):
     import importlib
 
     if name == "src.report":
-        from src.tracking.readback.report.settings import command
+        from src.tracking.readback.reporting.settings import command
 
         return command(importlib.import_module(name).__doc__ or "")
     if name == "src.regress":
-        from src.tracking.readback.regress import COMMAND
+        from src.tracking.readback.regression import COMMAND
 
         return COMMAND
     if name == "src.sync":

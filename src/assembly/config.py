@@ -402,7 +402,7 @@ def job_config_from_dict(raw: Mapping[str, Any]) -> JobConfig:
 @dataclass(frozen=True)
 class SweepSettings:
     """What a sweep's sweeper, launchers and callbacks read of the composed config (each job reads its own
-    JobConfig): converted once from Hydra's config by src.assembly.sweep.sweep_of."""
+    JobConfig): converted once from Hydra's config by src.assembly.sweep_settings.sweep_of."""
 
     sweep_dir: Path
     experiment: str

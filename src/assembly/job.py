@@ -27,6 +27,7 @@ from src.assembly.hardware import Placement
 from src.common import environment
 from src.data.corpus import Corpus, TextInput, file_prompts_input
 from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes, static
+from src.engine.generation import Engine
 from src.engine.runtimes.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
@@ -39,7 +40,7 @@ from src.quality.scoring import torch_scorer
 from src.quant import prefill
 from src.quant.apply import prepare
 from src.quant.linear import install_prefill, w8a8_linears
-from src.tasks.common import BANDWIDTH, TaskInputs, TaskResult
+from src.tasks.timed import BANDWIDTH, TaskInputs, TaskResult
 
 log = logging.getLogger("quantspec")
 
@@ -79,16 +80,17 @@ class Job:
     loaded: LoadedModel
     model: nn.Module
     corpus: Corpus
-    engine: Callable
-    baseline: Callable | None  # with a draft: the same engine without it, timed beside it
+    engine: Engine
+    baseline: Engine | None  # with a draft: the same engine without it, timed beside it
     quant_metrics: dict[str, float]
     recorder: Recorder
     on_row: Callable = lambda row, total: None  # each measured row, as it comes (src.tracking.sweep.record logs it)
+    scorer: Callable | None = None  # another runtime's window_score where it has one (else torch's forward scores)
 
     def inputs(self) -> TaskInputs:
         cfg = self.cfg
         # another runtime scores with its own logits, in its own process; torch's model otherwise
-        score = getattr(self.engine, "window_score", None) or torch_scorer(self.model)
+        score = self.scorer or torch_scorer(self.model)
         return TaskInputs(
             self.model,
             self.loaded.tokenizer,
@@ -140,7 +142,7 @@ class Job:
             result.summary.update(roofline.memory_figures(self.model, result.rows))
         if result.rows and self.roofline_applies():
             # each example against the bandwidth probed beside it; a task that times outside
-            # src.tasks.common.measure (no probes) is set against one probe taken now
+            # src.tasks.timed.measure (no probes) is set against one probe taken now
             bandwidths = result.series.get(BANDWIDTH) or [self.probe()] * len(result.rows)
             result.series["decode_efficiency"], extra = roofline.efficiency(self.model, result.rows, bandwidths)
             result.summary.update(extra)
@@ -174,10 +176,11 @@ class Job:
             )
 
     def roofline_applies(self) -> bool:
-        """A timed task on torch's weights, on the CPU or a CUDA device: its steps are set against the
-        memory-bandwidth roofline of the memory they read (another runtime holds weights of its own, whose
-        bytes per step are not the torch model's)."""
-        return runtimes.runtime(self.cfg.engine) is None and self.placement.device in ("cpu", "cuda")
+        """A task that times decode steps (its class's ROOFLINE) on torch's weights, on the CPU or a CUDA device:
+        its steps are set against the memory-bandwidth roofline of the memory they read (another runtime holds
+        weights of its own, whose bytes per step are not the torch model's)."""
+        on_torch = runtimes.runtime(self.cfg.engine) is None and self.placement.device in ("cpu", "cuda")
+        return self.cfg.task.ROOFLINE and on_torch
 
     @functools.cached_property
     def probe(self) -> roofline.Probe:
@@ -230,8 +233,8 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     if other is not None:  # another runtime: it quantizes and runs its own export of the weights, in a process
         # of its own, so that its crash fails this job and the sweep goes on
         make = other.build(cfg, loaded, placement, corpus, recorder)
-        engine = Isolated(make, getattr(other, "TITLE", cfg.engine.name), getattr(other, "crash_hint", lambda: ""))
-        return Job(cfg, placement, env, loaded, loaded.model, corpus, engine, None, {}, recorder)
+        engine = Isolated(make, other.TITLE, other.crash_hint)
+        return Job(cfg, placement, env, loaded, loaded.model, corpus, engine, None, {}, recorder, scorer=engine.scorer)
     gemv = _kernels(cfg, placement, recorder)  # chosen once: quantized modules are built for it
     model, quant_metrics = _prepare_precision(
         cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv, placement.device

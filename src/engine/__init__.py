@@ -11,8 +11,8 @@ import importlib
 from functools import partial
 
 from src.engine import native, speculative
-from src.engine.common import Generation, Sampling
 from src.engine.config import ENGINES, STEP_PATHS
+from src.engine.generation import Engine, Generation, Request, Sampling
 
 # Each of quantspec's own engines' generate, by its kind: the engine's config class (src.engine.config.ENGINES)
 # names its module.
@@ -20,7 +20,7 @@ GENERATE = {kind: importlib.import_module(ENGINES[kind].MODULE).generate for kin
 
 
 def engine_for(kind: str, step_path: str = "transformers", drafter=None, compile: bool = False, **draft):
-    """The engine function a task calls: (model, ids, max_new_tokens, exact, sampling, pad) -> Generation.
+    """The engine a task calls (src.engine.generation.Engine): (model, Request) -> Generation.
     native steps through the C++ step, the lean layer loop or the static step when asked (engine.step_path;
     `compile`: engine.compile, the static step's); with a drafter it decodes speculatively (`draft`: k,
     schedule, k_max)."""
@@ -32,4 +32,4 @@ def engine_for(kind: str, step_path: str = "transformers", drafter=None, compile
     return partial(native.generate, path=path, compile=compile) if path != "transformers" else GENERATE[kind]
 
 
-__all__ = ["ENGINES", "GENERATE", "STEP_PATHS", "Generation", "Sampling", "engine_for"]
+__all__ = ["ENGINES", "GENERATE", "STEP_PATHS", "Engine", "Generation", "Request", "Sampling", "engine_for"]

@@ -87,16 +87,20 @@ class NativeEngine(EngineConfig):
 @runtime_checkable
 class Runtime(Protocol):
     """What another runtime's module defines (src/engine/runtimes/__init__.py says what each does): a module
-    passes when it has these three, as functions."""
+    passes when it has these, the functions as functions and TITLE as a string."""
+
+    TITLE: str  # the runtime's name in a failure line
 
     def unsupported(self, cfg) -> str | None: ...
+
+    def crash_hint(self) -> str: ...  # what to do about a crash of its native code on this host, or ""
 
     def runtime_name(self, cfg, device: str) -> str: ...
 
     def build(self, cfg, loaded, placement, corpus, recorder): ...
 
 
-NAMES = ("unsupported", "runtime_name", "build")  # Runtime's members, as a module defines them
+NAMES = ("unsupported", "runtime_name", "build", "crash_hint")  # Runtime's functions, as a module defines them
 
 
 def check_module(name: str) -> None:
@@ -118,6 +122,7 @@ def check_module(name: str) -> None:
             f"engine.module={name} {what}; fix the module or name another, such as src.engine.runtimes.ort_genai"
         ) from None
     lacking = [n for n in NAMES if not callable(getattr(module, n, None))]
+    lacking += [] if isinstance(getattr(module, "TITLE", None), str) else ["TITLE (a string)"]
     if lacking:
         raise ConfigError(
             f"engine.module={name} is no runtime: it lacks {', '.join(lacking)} "

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from src.engine.common import Generation, Sampling
+from src.engine.generation import Generation, Request
 
 
 class _StepClock(StoppingCriteria):
@@ -27,17 +27,9 @@ class _StepClock(StoppingCriteria):
 
 
 @torch.inference_mode()
-def generate(
-    model,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    exact: bool,
-    sampling: Sampling,
-    pad_token_id: int | None,
-    stop: Callable[[list[int]], bool] | None = None,
-) -> Generation:
-    """One prompt (batch of 1). `exact` forbids stopping at end-of-sequence, so benchmark runs compare;
-    `stop`, given the new tokens so far, ends the generation when true."""
+def generate(model, request: Request) -> Generation:
+    """One prompt through transformers' generate (the Request says what each field asks)."""
+    input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
     input_ids = input_ids.to(model.device)
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sampling.do_sample, pad_token_id=pad_token_id)
     if sampling.do_sample:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
 
 import torch
 
 from src.engine import cstep, fastpath, static
-from src.engine.common import Generation, Sampling, choose, eos_ban, eos_ids
+from src.engine.generation import Generation, Request, choose, eos_ban, eos_ids
 from src.engine.kvcache import growing_cache
 from src.kernels import MAX_ROWS
 
@@ -125,22 +124,12 @@ def executed_path(model, path: str) -> str:
 
 
 @torch.inference_mode()
-def generate(
-    model,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    exact: bool,
-    sampling: Sampling,
-    pad_token_id: int | None,
-    path: str = "transformers",
-    stop: Callable[[list[int]], bool] | None = None,
-    compile: bool = False,
-) -> Generation:
-    """One prompt (batch of 1). `exact` keeps end-of-sequence from being chosen, as min_new_tokens does;
-    `path` is engine.step_path (see Decoder; static: src.engine.static's loop, `compile` its engine.compile);
-    `stop`, given the new tokens so far, ends the generation when true (a task's stop sequences)."""
+def generate(model, request: Request, path: str = "transformers", compile: bool = False) -> Generation:
+    """One prompt on quantspec's loop. `path` is engine.step_path (see Decoder; static: src.engine.static's loop,
+    `compile` its engine.compile)."""
     if executed_path(model, path) == "static":
-        return static.generate(model, input_ids, max_new_tokens, exact, sampling, pad_token_id, stop, compile)
+        return static.generate(model, request, compile=compile)
+    input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
     eos, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
 

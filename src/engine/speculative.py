@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from src.engine.common import Generation, Sampling, eos_ban, eos_ids, probabilities
+from src.engine.generation import Generation, Request, eos_ban, eos_ids, probabilities
 from src.engine.native import decoder
 
 # A draft proposal: (tokens, the draft's distribution for each or None when it is a point mass)
@@ -185,22 +185,18 @@ def _cut(new: list[int], tokens: list[int], eos, stop) -> list[int]:
 @torch.inference_mode()
 def generate(
     model,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    exact: bool,
-    sampling: Sampling,
-    pad_token_id: int | None,
+    request: Request,
     *,
     drafter,
     k: int,
     schedule: str = "constant",
     k_max: int = 8,
     path: str = "transformers",
-    stop: Callable[[list[int]], bool] | None = None,
     compile: bool = False,
 ) -> Generation:
     """One prompt with a drafter; the same call shape as the other engines. Greedy output equals the
     target's greedy output; sampled output follows the target's distribution. Stats in `.spec`."""
+    input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
     eos, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None
 

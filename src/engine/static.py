@@ -30,8 +30,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from src.engine import fastpath
-from src.engine.common import Generation, Sampling, eos_ids, probabilities
 from src.engine.fused import Projection
+from src.engine.generation import Generation, Request, Sampling, eos_ids, probabilities
 
 ROUND = 64  # cache positions are allocated in blocks of this many (a graph per k, not per length)
 
@@ -487,21 +487,12 @@ class Clock:
 
 
 @torch.inference_mode()
-def generate(
-    model,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    exact: bool,
-    sampling: Sampling,
-    pad_token_id: int | None,
-    stop: Callable[[list[int]], bool] | None = None,
-    compile: bool = False,
-    backend: str | None = None,
-) -> Generation:
+def generate(model, request: Request, compile: bool = False, backend: str | None = None) -> Generation:
     """native.generate's loop on the static step: each token chosen on the device (argmax, or a seeded draw) and
     fed back there. The host reads a token only where the loop must look at it (an end-of-sequence that may end
     it, a stop check): otherwise the steps are queued without a wait and all tokens read at the end. Times by
     Clock."""
+    input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
     decoder = Decoder(model, reserve=max_new_tokens, compile=compile, backend=backend)
     device, eos = decoder.step_fn.device, eos_ids(model)
     if exact and eos:

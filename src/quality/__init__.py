@@ -9,5 +9,5 @@
 - front: the speed–quality Pareto front;
 - harness: quantspec's model as lm-evaluation-harness's LM.
 
-Nothing here knows of MLflow or Hydra; src/tasks/ runs it in jobs, src/tracking/readback/quality.py reads it back.
+Nothing here knows of MLflow or Hydra; src/tasks/ runs it in jobs, src/tracking/readback/speed_quality.py reads it back.
 """

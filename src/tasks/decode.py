@@ -10,7 +10,7 @@ import torch
 from src.data import prompts as prompt_file
 from src.data.corpus import prompts, prompts_input
 from src.quality import divergence
-from src.tasks.common import Example, TaskInputs, TaskResult, limit, measure, result
+from src.tasks.timed import Example, TaskInputs, TaskResult, limit, measure, result
 
 
 def diverging(inputs: TaskInputs, examples: list[Example], new_tokens: int) -> tuple[dict, dict, dict]:

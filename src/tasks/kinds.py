@@ -35,6 +35,7 @@ class TaskConfig:
     KIND: ClassVar[str]
     MODULE: ClassVar[str]  # its implementation: a module with run(inputs) -> TaskResult
     DECODES: ClassVar[bool] = False  # a draft changes what it measures
+    ROOFLINE: ClassVar[bool] = False  # its timed decode steps are set against the memory-bandwidth roofline
     READS_DATASET: ClassVar[bool] = False  # reads the dataset group's text (a calibrating precision may too)
     READS_PROMPTS: ClassVar[bool] = False  # reads a prompts dataset (dataset=jsonl) in place of its own prompts
     name: str  # the choice's name (conf/task/<name>.yaml): benchmark and benchmark_long share a kind
@@ -114,6 +115,7 @@ class Generating(TaskConfig):
     """A task that times generation through the engine (prefill, per-token, seed columns)."""
 
     DECODES: ClassVar[bool] = True
+    ROOFLINE: ClassVar[bool] = True
     max_new_tokens: int = 60  # new tokens per example (a general model)
     code_max_new_tokens: int = 60  # new tokens for a code model (model.code)
     exact_new_tokens: bool = True  # generate exactly that many (past EOS), so runs compare

@@ -10,8 +10,9 @@ import logging
 import math
 
 from src.engine import Sampling
+from src.engine.generation import Request
 from src.quality import harness
-from src.tasks.common import TaskInputs, TaskResult
+from src.tasks.timed import TaskInputs, TaskResult
 
 log = logging.getLogger("quantspec")
 PER_ITEM = ("acc", "acc_norm", "exact_match")  # per-item outcomes kept for McNemar
@@ -58,7 +59,7 @@ def run(inputs: TaskInputs) -> TaskResult:
     pad = inputs.tokenizer.pad_token_id
 
     def generate(ids, n, stop):  # greedy, through the job's engine (its kernels, its runtime)
-        return inputs.generate(inputs.model, ids, n, False, Sampling(), pad, stop=stop).new_token_ids
+        return inputs.generate(inputs.model, Request(ids, n, False, Sampling(), pad, stop=stop)).new_token_ids
 
     lm = harness.make_lm(inputs.score, inputs.tokenizer, inputs.max_context, generate, task.max_new_tokens)
     # the local tasks name their data files relative to their YAML

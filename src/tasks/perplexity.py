@@ -11,7 +11,7 @@ import torch
 from src.common.metrics import csv_text
 from src.data.corpus import bos_prefix
 from src.quality import divergence, stats
-from src.tasks.common import TaskInputs, TaskResult
+from src.tasks.timed import TaskInputs, TaskResult
 
 
 def windows(tokenizer, corpus: str, window: int, count: int) -> tuple[list[torch.Tensor], list[str]]:

@@ -5,7 +5,7 @@ Its metrics (quantize_s, quantized_weights_mb) are logged by the step itself, as
 
 from __future__ import annotations
 
-from src.tasks.common import TaskInputs, TaskResult
+from src.tasks.timed import TaskInputs, TaskResult
 
 
 def run(inputs: TaskInputs) -> TaskResult:

@@ -170,7 +170,7 @@ def test_a_report_stays_in_its_folder_whatever_the_parent_is_named(tmp_path):
     store = f"sqlite:///{tmp_path / 'm.db'}"
     out = run_cli(["-m", *QUICK, f"tracking.uri={store}", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert out.returncode == 0, out.stderr[-2000:]
-    from src.tracking.readback import report
+    from src.tracking.readback import reporting as report
     from src.tracking.readback.sweeps import sweep_jobs
 
     parent_id, _ = sweep_jobs(store)

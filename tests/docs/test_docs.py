@@ -13,7 +13,7 @@ from scripts import check_docs, headline
 from src.assembly.config import ConfigError, job_config_from_dict
 from src.assembly.overrides import composition_problem, unparsable
 from src.common import doccommands
-from src.tracking.readback import report
+from src.tracking.readback import reporting as report
 from tests.helpers import compose_job
 
 # What a reader fills in, and the value the check fills in for it: a command with one is checked with that value.
@@ -122,7 +122,7 @@ def test_the_readmes_links_reach_files_in_the_repository():
 
 @pytest.mark.parametrize("where, args", list(_documented("src.regress")))
 def test_every_documented_regress_command_has_real_settings(where, args):
-    from src.tracking.readback import regress
+    from src.tracking.readback import regression as regress
 
     regress.settings([a for a in args if a not in ("--help", "-h")])  # SettingError for one it lacks
 
@@ -209,7 +209,7 @@ def _hook(name: str):
 
 
 def test_the_command_reference_gives_every_setting_grouped_by_purpose():
-    from src.tracking.readback.regress import COMMAND
+    from src.tracking.readback.regression import COMMAND
 
     cliref = _hook("cliref")
     page = "\n".join(cliref._section("src.regress", ""))

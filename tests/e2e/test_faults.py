@@ -389,7 +389,11 @@ def test_kernel_builds_damaged_killed_and_raced_all_end_in_a_working_library(tmp
         errs += err
     # the variant's record, found by whichever racer took its lock first and rebuilt it once
     assert errs.count("does not match its recorded sha256") == 1 and f"{variant.name} does not" in errs, errs
-    assert list(where.glob("*/qs_*.so")) == [variant] and "not built here" not in errs
+    # the best variant, never a lesser, and the reference variant its missing kernels come from (core/api.h)
+    assert {p.name for p in where.glob("*/qs_*.so")} == {
+        variant.name,
+        "qs_reference.so",
+    } and "not built here" not in errs
     for library in (binding, variant):
         assert json.loads((library.parent / "library.json").read_text())["sha256"] == sha256_file(library)
 

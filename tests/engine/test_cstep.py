@@ -8,6 +8,7 @@ import torch
 
 from src import kernels
 from src.engine import GENERATE, Sampling, cstep, engine_for, speculative
+from src.engine.generation import Request
 from src.engine.native import Decoder
 from src.engine.subset_head import cut_head, frequent_tokens
 from src.kernels import modules, variants
@@ -124,8 +125,8 @@ def test_the_cpp_step_keeps_greedy_output_past_the_sliding_window_and_after_a_lo
     model, tok = model_at("gemma3", precision)
     for prompt in ("y" * 12, "x" * 40):
         ids = tok(prompt, return_tensors="pt").input_ids
-        ref = GENERATE["hf"](model, ids, 40, True, Sampling(), tok.pad_token_id)
-        own = engine_for("native", "quantspec")(model, ids, 40, True, Sampling(), tok.pad_token_id)
+        ref = GENERATE["hf"](model, Request(ids, 40, True, Sampling(), tok.pad_token_id))
+        own = engine_for("native", "quantspec")(model, Request(ids, 40, True, Sampling(), tok.pad_token_id))
         assert own.new_token_ids == ref.new_token_ids
 
 
@@ -143,10 +144,10 @@ def test_a_draft_and_its_target_on_the_cpp_step_decode_the_targets_greedy_output
     draft, _ = model_at("llama", "w4a16")
     assert cstep.for_model(target) is not None and cstep.for_model(draft) is not None
     ids = tok("def add(a, b):\n    return a + b\n\ndef add(a, b):", return_tensors="pt").input_ids
-    plain = GENERATE["native"](target, ids, 30, True, Sampling(), tok.pad_token_id, "quantspec")
+    plain = GENERATE["native"](target, Request(ids, 30, True, Sampling(), tok.pad_token_id), path="quantspec")
     drafter = speculative.ModelDrafter(draft, path="quantspec")
     assisted = speculative.generate(
-        target, ids, 30, True, Sampling(), tok.pad_token_id, drafter=drafter, k=4, path="quantspec"
+        target, Request(ids, 30, True, Sampling(), tok.pad_token_id), drafter=drafter, k=4, path="quantspec"
     )
     assert assisted.new_token_ids == plain.new_token_ids
     assert assisted.spec.proposed > 0 and 0 < assisted.spec.accepted <= assisted.spec.proposed
@@ -154,7 +155,7 @@ def test_a_draft_and_its_target_on_the_cpp_step_decode_the_targets_greedy_output
     # head in Python (draft=self_w8a8_vocab4k had failed on it)
     cut_head(draft, frequent_tokens(tok, "def add(a, b):\n    return a + b\n" * 8, 12))
     cut = speculative.generate(
-        target, ids, 30, True, Sampling(), tok.pad_token_id, drafter=drafter, k=4, path="quantspec"
+        target, Request(ids, 30, True, Sampling(), tok.pad_token_id), drafter=drafter, k=4, path="quantspec"
     )
     assert cut.new_token_ids == plain.new_token_ids and cstep.for_model(draft)._fused_head() is False
 

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from src.assembly.config import ConfigError, job_config_from_dict
 from src.assembly.overrides import composition_problem
 from src.engine import GENERATE, Sampling, engine_for
+from src.engine.generation import Request
 from src.engine.leviathan import alpha_from_accepted, expected_speedup, tokens_per_step
 from src.engine.speculative import ModelDrafter, PromptLookup, Schedule, accept_or_resample, generate
 from src.models import load as models
@@ -40,16 +41,12 @@ def drafters(arch):
 def test_greedy_output_is_the_targets(arch, exact):
     model, tok = tiny_model(arch)
     ids = tok("def add(a, b):\n    return a + b\n\ndef add(a, b):", return_tensors="pt").input_ids
-    ref = GENERATE["native"](model, ids, 20, exact, Sampling(), tok.pad_token_id).new_token_ids
+    ref = GENERATE["native"](model, Request(ids, 20, exact, Sampling(), tok.pad_token_id)).new_token_ids
     for name, drafter in drafters(arch).items():
         for k, schedule in ((1, "constant"), (4, "constant"), (2, "heuristic")):
             gen = generate(
                 model,
-                ids,
-                20,
-                exact,
-                Sampling(),
-                tok.pad_token_id,
+                Request(ids, 20, exact, Sampling(), tok.pad_token_id),
                 drafter=drafter,
                 k=k,
                 schedule=schedule,
@@ -67,8 +64,8 @@ def test_the_engine_function_has_the_plain_engines_call_shape():
     model, tok = tiny_model("llama")
     ids = tok("abcabcabc", return_tensors="pt").input_ids
     spec = engine_for("native", "transformers", PromptLookup(), k=3)
-    gen = spec(model, ids, 12, True, Sampling(), tok.pad_token_id)
-    assert gen.new_token_ids == GENERATE["native"](model, ids, 12, True, Sampling(), None).new_token_ids
+    gen = spec(model, Request(ids, 12, True, Sampling(), tok.pad_token_id))
+    assert gen.new_token_ids == GENERATE["native"](model, Request(ids, 12, True, Sampling(), None)).new_token_ids
     assert gen.spec.proposed > 0
     with pytest.raises(ValueError, match="native"):
         engine_for("hf", "transformers", PromptLookup(), k=3)
@@ -155,14 +152,10 @@ def test_speculative_sampling_on_a_tiny_model_matches_plain_sampling():
     proposed = 0
     for seed in range(n):
         sampling = Sampling(do_sample=True, temperature=1.5, seed=seed)
-        plain[GENERATE["native"](model, ids, 5, True, sampling, None).new_token_ids[1]] += 1
+        plain[GENERATE["native"](model, Request(ids, 5, True, sampling, None)).new_token_ids[1]] += 1
         gen = generate(
             model,
-            ids,
-            5,
-            True,
-            Sampling(do_sample=True, temperature=1.5, seed=10_000 + seed),
-            None,
+            Request(ids, 5, True, Sampling(do_sample=True, temperature=1.5, seed=10_000 + seed), None),
             drafter=drafter,
             k=3,
         )
@@ -301,8 +294,8 @@ def test_a_cut_down_draft_head_keeps_greedy_output_and_proposes_only_kept_tokens
     outside = torch.ones_like(logits, dtype=torch.bool)
     outside[ids] = False
     assert torch.isinf(logits[outside]).all() and torch.isfinite(logits[ids]).all()
-    ref = GENERATE["native"](model, prompt, 16, True, Sampling(), None).new_token_ids
-    gen = generate(model, prompt, 16, True, Sampling(), None, drafter=ModelDrafter(draft), k=3)
+    ref = GENERATE["native"](model, Request(prompt, 16, True, Sampling(), None)).new_token_ids
+    gen = generate(model, Request(prompt, 16, True, Sampling(), None), drafter=ModelDrafter(draft), k=3)
     assert gen.new_token_ids == ref
     # the draft's head took in the prompt's tokens for that generation
     head = draft.get_output_embeddings()

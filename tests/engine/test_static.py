@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 from torch._dynamo.utils import counters
 
 from src.engine import GENERATE, Sampling, engine_for, native, static
+from src.engine.generation import Request
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.models.tiny import tiny_model
 from src.tracking.sweep.record import run_job
@@ -24,8 +25,8 @@ def test_greedy_tokens_are_the_native_decoders(arch):
     # gemma3's sliding window is 32: the long prompt's steps see only the window in its sliding layer
     for prompt, exact in (("def add(a, b):", True), ("x" * 40, False)):
         ids = tok(prompt, return_tensors="pt").input_ids
-        ref = GENERATE["native"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
-        own = engine_for("native", "static")(model, ids, 24, exact, Sampling(), tok.pad_token_id)
+        ref = GENERATE["native"](model, Request(ids, 24, exact, Sampling(), tok.pad_token_id))
+        own = engine_for("native", "static")(model, Request(ids, 24, exact, Sampling(), tok.pad_token_id))
         assert own.new_token_ids == ref.new_token_ids
         assert len(own.token_times) == own.new_tokens and own.token_times == sorted(own.token_times)
 
@@ -33,8 +34,8 @@ def test_greedy_tokens_are_the_native_decoders(arch):
 def test_a_stop_check_reads_each_token_and_ends_where_it_says():
     model, tok = tiny_model("llama")
     ids = tok("def add(a, b):", return_tensors="pt").input_ids
-    ref = GENERATE["native"](model, ids, 20, True, Sampling(), tok.pad_token_id).new_token_ids
-    out = static.generate(model, ids, 20, True, Sampling(), tok.pad_token_id, stop=lambda new: ref[4] in new)
+    ref = GENERATE["native"](model, Request(ids, 20, True, Sampling(), tok.pad_token_id)).new_token_ids
+    out = static.generate(model, Request(ids, 20, True, Sampling(), tok.pad_token_id, stop=lambda new: ref[4] in new))
     assert out.new_token_ids == ref[: ref.index(ref[4]) + 1] and len(out.token_times) == out.new_tokens
 
 
@@ -42,10 +43,10 @@ def test_a_stop_check_reads_each_token_and_ends_where_it_says():
 def test_drafts_verified_and_rolled_back_by_position_keep_the_targets_tokens(arch):
     model, tok = tiny_model(arch)
     ids = tok("def add(a, b): return add(a, b) + add(a, b)", return_tensors="pt").input_ids
-    ref = GENERATE["native"](model, ids, 40, True, Sampling(), tok.pad_token_id)
+    ref = GENERATE["native"](model, Request(ids, 40, True, Sampling(), tok.pad_token_id))
     other = ModelDrafter(tiny_model(arch, seed=1)[0], path="static")  # another model over its own static cache
     for drafter in (PromptLookup(), other, Wrong()):
-        own = engine_for("native", "static", drafter, k=4)(model, ids, 40, True, Sampling(), tok.pad_token_id)
+        own = engine_for("native", "static", drafter, k=4)(model, Request(ids, 40, True, Sampling(), tok.pad_token_id))
         assert own.new_token_ids == ref.new_token_ids
     assert own.spec.proposed > own.spec.accepted + 20  # Wrong's: rejected and rolled back at nearly every step
 
@@ -85,19 +86,21 @@ def test_the_cache_grows_past_its_first_size_and_keeps_the_sequence():
             tokens.append(int(logits.index_fill(0, torch.tensor([eos]), float("-inf")).argmax()))  # as exact bans it
             logits = decoder.step(tokens[-1])
     assert first == static.ROUND and decoder.cache.capacity > first
-    ref = GENERATE["native"](model, ids, len(tokens), True, Sampling(), tok.pad_token_id).new_token_ids
+    ref = GENERATE["native"](model, Request(ids, len(tokens), True, Sampling(), tok.pad_token_id)).new_token_ids
     assert tokens == ref
 
 
 def test_compiled_fullgraph_runs_twenty_positions_without_recompiling():
     model, tok = tiny_model("llama")
     ids = tok("def add(a, b): return a", return_tensors="pt").input_ids  # longer than Runner.MAX_CAPTURED: eager
-    ref = GENERATE["native"](model, ids, 21, True, Sampling(), tok.pad_token_id)
+    ref = GENERATE["native"](model, Request(ids, 21, True, Sampling(), tok.pad_token_id))
     torch._dynamo.reset()
     counters.clear()
     try:
         with torch._dynamo.config.patch(error_on_recompile=True):
-            out = static.generate(model, ids, 21, True, Sampling(), tok.pad_token_id, compile=True, backend="aot_eager")
+            out = static.generate(
+                model, Request(ids, 21, True, Sampling(), tok.pad_token_id), compile=True, backend="aot_eager"
+            )
         graphs = counters["stats"]["unique_graphs"]
     finally:
         torch._dynamo.reset()
@@ -109,8 +112,11 @@ def test_sampling_draws_on_the_device_seeded():
     model, tok = tiny_model("qwen2")
     ids = tok("x", return_tensors="pt").input_ids
     s = Sampling(do_sample=True, temperature=1.5, top_p=0.9, seed=7)
-    runs = [engine_for("native", "static")(model, ids, 12, True, s, tok.pad_token_id).new_token_ids for _ in range(2)]
-    other = engine_for("native", "static")(model, ids, 12, True, Sampling(True, 1.5, 0.9, 8), tok.pad_token_id)
+    runs = [
+        engine_for("native", "static")(model, Request(ids, 12, True, s, tok.pad_token_id)).new_token_ids
+        for _ in range(2)
+    ]
+    other = engine_for("native", "static")(model, Request(ids, 12, True, Sampling(True, 1.5, 0.9, 8), tok.pad_token_id))
     assert runs[0] == runs[1] and other.new_token_ids != runs[0]
 
 

@@ -13,6 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from src import kernels
 from src.engine import GENERATE, Sampling
+from src.engine.generation import Request
 from src.engine.native import Decoder
 from src.kernels import format_number, modules, variants
 from src.models.tiny import tiny_model
@@ -288,7 +289,7 @@ def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
 def test_installed_kernels_keep_greedy_output_and_tie_the_head(arch):
     model, tok = tiny_model(arch)
     ids = tok("def add(a, b):", return_tensors="pt").input_ids
-    before = GENERATE["hf"](model, ids, 16, True, Sampling(), tok.pad_token_id)
+    before = GENERATE["hf"](model, Request(ids, 16, True, Sampling(), tok.pad_token_id))
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     counts = modules.install(model)
     assert counts["gemv_float32"] == linears  # every projection and the head
@@ -296,8 +297,8 @@ def test_installed_kernels_keep_greedy_output_and_tie_the_head(arch):
         assert counts["fused_rms_norm"] > 0
     if model.config.tie_word_embeddings:
         assert model.lm_head.weight is model.get_input_embeddings().weight
-    native = GENERATE["native"](model, ids, 16, True, Sampling(), tok.pad_token_id)
-    hf = GENERATE["hf"](model, ids, 16, True, Sampling(), tok.pad_token_id)
+    native = GENERATE["native"](model, Request(ids, 16, True, Sampling(), tok.pad_token_id))
+    hf = GENERATE["hf"](model, Request(ids, 16, True, Sampling(), tok.pad_token_id))
     assert native.new_token_ids == hf.new_token_ids == before.new_token_ids
 
 

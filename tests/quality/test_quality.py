@@ -188,7 +188,7 @@ def test_the_lm_eval_wrapper_generates_through_the_engine_and_cuts_at_until():
 def test_paired_comparisons_pair_only_the_same_tokens():
     # two perplexity jobs over other windows (another dataset, another window size) can hold as many tokens:
     # the reference's own NLL token by token tells the same tokens apart from merely as many
-    from src.tracking.readback.quality import _same_tokens
+    from src.tracking.readback.speed_quality import _same_tokens
 
     a = {"kl": [0.1, 0.2], "reference_nll": [1.0, 2.0]}
     assert _same_tokens(a, {"kl": [0.3, 0.1], "reference_nll": [1.0, 2.0]})

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tracking.readback import report
+from src.tracking.readback import reporting as report
 from src.tracking.view import ui
 from tests.helpers import fresh_cache, run_cli, uncatalogued
 
@@ -173,7 +173,7 @@ def test_report_quality_settings_are_checked():
 
 
 def test_report_settings_refuse_what_is_not_a_number_or_a_flag_in_process():
-    from src.tracking.readback import report
+    from src.tracking.readback import reporting as report
 
     for arg, said in (
         ("quality.min_ratio=abc", "quality.min_ratio=abc must be a number"),  # was a ValueError

@@ -13,6 +13,11 @@ from src.engine.runtimes.isolated import Maker
 TITLE = "crashing runtime"
 
 
+def crash_hint() -> str:
+    """Nothing known to do about a crash of its native code on a particular host."""
+    return ""
+
+
 def unsupported(cfg) -> str | None:
     return None
 
@@ -41,7 +46,8 @@ class Crashing:
         if at == "load":
             die(how)
 
-    def __call__(self, model, input_ids, max_new_tokens, exact, sampling, pad_token_id, stop=None):
+    def __call__(self, model, request):
+        input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
         die(self.how)
 
 
@@ -52,7 +58,8 @@ class Echo:
         if fail:
             raise ValueError("no model here")
 
-    def __call__(self, model, input_ids, max_new_tokens, exact, sampling, pad_token_id, stop=None):
+    def __call__(self, model, request):
+        input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
         return input_ids, max_new_tokens
 
     def window_score(self, ids, indices=None):
@@ -62,7 +69,8 @@ class Echo:
 class Counting:
     """An engine whose new tokens are 0, 1, 2, ...: it asks the call's stop rule after each, as engines do."""
 
-    def __call__(self, model, input_ids, max_new_tokens, exact, sampling, pad_token_id, stop=None):
+    def __call__(self, model, request):
+        input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
         new: list[int] = []
         while len(new) < max_new_tokens and not (new and stop is not None and stop(new)):
             new.append(len(new))
@@ -72,7 +80,8 @@ class Counting:
 class Sleeping:
     """An engine that never answers and uses no CPU meanwhile, as a deadlocked runtime does."""
 
-    def __call__(self, model, input_ids, max_new_tokens, exact, sampling, pad_token_id, stop=None):
+    def __call__(self, model, request):
+        input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
         import time
 
         time.sleep(600)

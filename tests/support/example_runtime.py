@@ -10,9 +10,16 @@ from pathlib import Path
 
 import torch
 
-from src.engine.common import Generation, Sampling
+from src.engine.generation import Generation, Request
 from src.engine.runtimes.exports import cached
 from src.engine.runtimes.isolated import Maker
+
+TITLE = "example runtime"  # its name in a failure line
+
+
+def crash_hint() -> str:
+    """Nothing known to do about a crash of its native code on a particular host."""
+    return ""
 
 
 def unsupported(cfg) -> str | None:
@@ -55,16 +62,8 @@ class NoCache:
         return score_logits(logits, ids, indices)
 
     @torch.inference_mode()
-    def __call__(
-        self,
-        model,
-        input_ids,
-        max_new_tokens: int,
-        exact: bool,
-        sampling: Sampling,
-        pad_token_id: int | None,
-        stop=None,
-    ) -> Generation:
+    def __call__(self, model, request: Request) -> Generation:
+        input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
         ids, new, times = input_ids, [], []
         start = time.perf_counter()
         while len(new) < max_new_tokens:

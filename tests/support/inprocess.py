@@ -41,9 +41,9 @@ def _entry(module: str):
 
         return lambda argv: run.cli()
     if module == "src.report":
-        from src.tracking.readback.report.cli import main
+        from src.tracking.readback.reporting.cli import main
     elif module == "src.regress":
-        from src.tracking.readback.regress.cli import main
+        from src.tracking.readback.regression.cli import main
     elif module == "src.sync":
         from src.tracking.store.sync import main
     else:

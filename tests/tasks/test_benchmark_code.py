@@ -216,8 +216,8 @@ def test_random_weights_and_greedy_samples_are_refused(store):
 def test_samples_are_drawn_apart_and_scored_as_pass_at_k():
     from src.engine import GENERATE, Sampling
     from src.models.tiny import TINY_CONTEXT, tiny_model
-    from src.tasks.common import TaskInputs
     from src.tasks.kinds import BenchmarkCode
+    from src.tasks.timed import TaskInputs
 
     model, tok = tiny_model("llama")
     task = BenchmarkCode(

@@ -6,12 +6,12 @@ import torch
 from src.data.config import DatasetConfig
 from src.data.corpus import SEED_PROMPTS, code_prompts, load_text
 from src.engine import GENERATE, Sampling, engine_for, fastpath
-from src.engine.common import probabilities
+from src.engine.generation import Request, probabilities
 from src.engine.native import Decoder
 from src.models.tiny import TINY_CONTEXT, tiny_model
 from src.tasks.benchmark import cut_prompts
-from src.tasks.common import TaskInputs
 from src.tasks.kinds import TASKS
+from src.tasks.timed import TaskInputs
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
 generate = GENERATE["hf"]
@@ -26,7 +26,7 @@ def llama():
 def test_greedy_matches_plain_generate_and_times_every_token(arch):
     model, tok = tiny_model(arch)
     ids = tok("def add(a, b):", return_tensors="pt").input_ids
-    gen = generate(model, ids, 12, exact=True, sampling=Sampling(), pad_token_id=tok.pad_token_id)
+    gen = generate(model, Request(ids, 12, exact=True, sampling=Sampling(), pad_token_id=tok.pad_token_id))
     plain = model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
@@ -51,8 +51,8 @@ def test_sampling_is_seeded(llama):
     model, tok = llama
     ids = tok("x", return_tensors="pt").input_ids
     s = Sampling(do_sample=True, temperature=1.5, top_p=0.9, seed=7)
-    first = generate(model, ids, 10, True, s, tok.pad_token_id).new_token_ids
-    assert first == generate(model, ids, 10, True, s, tok.pad_token_id).new_token_ids
+    first = generate(model, Request(ids, 10, True, s, tok.pad_token_id)).new_token_ids
+    assert first == generate(model, Request(ids, 10, True, s, tok.pad_token_id)).new_token_ids
 
 
 def task(kind="benchmark", **kw):
@@ -134,8 +134,8 @@ def test_native_engine_matches_generate_token_for_token(arch, exact, path):
     # gemma3's sliding window is 32: the short prompt starts on the lean step path and leaves it
     for prompt in ("def add(a, b):", "x" * 40):
         ids = tok(prompt, return_tensors="pt").input_ids
-        ref = GENERATE["hf"](model, ids, 24, exact, Sampling(), tok.pad_token_id)
-        own = engine_for("native", path)(model, ids, 24, exact, Sampling(), tok.pad_token_id)
+        ref = GENERATE["hf"](model, Request(ids, 24, exact, Sampling(), tok.pad_token_id))
+        own = engine_for("native", path)(model, Request(ids, 24, exact, Sampling(), tok.pad_token_id))
         assert own.new_token_ids == ref.new_token_ids
         assert len(own.token_times) == own.new_tokens and own.token_times == sorted(own.token_times)
 
@@ -147,9 +147,9 @@ def test_native_engine_stops_at_end_of_sequence_unless_exact(llama):
     with torch.no_grad():
         model.lm_head.weight[tok.eos_token_id] += 5.0
     try:
-        free = GENERATE["native"](model, ids, 20, False, Sampling(), tok.pad_token_id)
-        forced = GENERATE["native"](model, ids, 20, True, Sampling(), tok.pad_token_id)
-        ref = GENERATE["hf"](model, ids, 20, False, Sampling(), tok.pad_token_id)
+        free = GENERATE["native"](model, Request(ids, 20, False, Sampling(), tok.pad_token_id))
+        forced = GENERATE["native"](model, Request(ids, 20, True, Sampling(), tok.pad_token_id))
+        ref = GENERATE["hf"](model, Request(ids, 20, False, Sampling(), tok.pad_token_id))
     finally:
         with torch.no_grad():
             model.lm_head.weight[tok.eos_token_id] -= 5.0
@@ -183,8 +183,8 @@ def test_native_sampling_is_seeded_and_top_p_filters():
     model, tok = tiny_model("llama")
     ids = tok("x", return_tensors="pt").input_ids
     s = Sampling(do_sample=True, temperature=1.5, top_p=0.9, seed=7)
-    a = GENERATE["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
-    assert a == GENERATE["native"](model, ids, 10, True, s, tok.pad_token_id).new_token_ids
+    a = GENERATE["native"](model, Request(ids, 10, True, s, tok.pad_token_id)).new_token_ids
+    assert a == GENERATE["native"](model, Request(ids, 10, True, s, tok.pad_token_id)).new_token_ids
 
 
 def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_families(monkeypatch):
@@ -197,7 +197,7 @@ def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_famil
         lambda self, ids, *rest: calls.append(ids.shape[1]) or original(self, ids, *rest),
     )
     ids = tok("y" * 12, return_tensors="pt").input_ids  # 13 tokens with BOS; the window is 32
-    engine_for("native", "quantspec")(model, ids, 24, True, Sampling(), tok.pad_token_id)
+    engine_for("native", "quantspec")(model, Request(ids, 24, True, Sampling(), tok.pad_token_id))
     assert calls and sum(calls) == model.config.sliding_window  # then transformers' forward took over
     # the seeds' families have lean loops too, with no window to leave (their equality with generate
     # is test_native_engine_matches_generate_token_for_token's)

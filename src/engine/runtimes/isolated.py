@@ -34,6 +34,7 @@ from multiprocessing.connection import Connection
 
 from src.common import liveness
 from src.common.environment import PROJECT_ROOT
+from src.engine.generation import Request, ScoringEngine
 from src.engine.runtimes import wire
 
 ROOT = PROJECT_ROOT
@@ -97,15 +98,16 @@ class Isolated:
         self._send = Connection(parent_writes, readable=False)
         self._recv = Connection(parent_reads, writable=False)
         self.close = weakref.finalize(self, _end, self._proc, self._send, self._recv)  # once: by hand or when collected
-        has_window_score = self._ask("its load", "make", make.target, make.args, make.kwargs)
-        if not has_window_score:
-            self.window_score = None  # quality tasks then score with torch's forward (src.quality.scoring)
+        scores = self._ask("its load", "make", make.target, make.args, make.kwargs)
+        # the child's engine's window_score where it has one (a ScoringEngine); None: quality tasks score with
+        # torch's forward (src.quality.scoring)
+        self.scorer: Callable | None = self.window_score if scores else None
 
-    def __call__(self, model, input_ids, max_new_tokens: int, exact: bool, sampling, pad_token_id, stop=None):
+    def __call__(self, model, request: Request):
         self.calls += 1
         when = "its first decode" if self.calls == 1 else f"decode {self.calls}"
-        args = (input_ids, max_new_tokens, exact, sampling, pad_token_id, stop is not None)
-        return self._ask(when, "call", *args, stop=stop)
+        *fields, stop = request  # the stop rule stays here: the child asks it (a function does not cross)
+        return self._ask(when, "call", *fields, stop is not None, stop=stop)
 
     def window_score(self, ids, indices=None):
         return self._ask("a scored window", "window_score", ids, indices)
@@ -212,11 +214,11 @@ def serve(recv: Connection, send: Connection) -> None:
         try:
             if op == "make":
                 engine = Maker(args[0], *args[1], **args[2])()
-                value = callable(getattr(engine, "window_score", None))
+                value = isinstance(engine, ScoringEngine)
             elif op == "call":
                 *call, has_stop = args
                 told.clear()
-                value = engine(None, *call, stop=stop if has_stop else None)
+                value = engine(None, Request(*call, stop=stop if has_stop else None))
             else:
                 value = engine.window_score(*args)
             answer = ("ok", value)

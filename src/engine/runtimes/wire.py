@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from src.engine.common import Generation
 from src.engine.config import Sampling
+from src.engine.generation import Generation
 from src.quality.scoring import WindowScore
 
 TYPES = {cls.__name__: cls for cls in (Generation, Sampling, WindowScore)}

@@ -207,21 +207,30 @@ inline __m128 int4_finish(__m128 sums, const float* offset, const float* x_group
   return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale));
 }
 
-// Per 64 bytes (128 values): half h (32 bytes) holds lanes 16h..16h+15, whose nibble u are values
-// 32u + 16h + 0..15: step s = 2u + h covers values 16s..16s+15, as x is laid out.
-struct W4A16 : Int16X {
+// What every grouped weight-only format of B bits shares (api.h's layout): int16 x, 128 values a load group, each
+// group's integer sums folded into fp32 by its scale, the offsets met by x's group sums at the end.
+template <int B>
+struct Grouped : Int16X {
   using State = float; static constexpr int kSub = 8;
   const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
   int64_t span() const { return group; }
-  static constexpr int order(int i) { return 2 * (i & 3) + (i >> 2); }   // half 0's steps, then half 1's
   State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
-  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
+  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K * B / 8) + k * B / 8; }
+  static __m256 fold(__m256 sum, Acc a, const State& s) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(s), sum);
+  }
+  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
+    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
+  }
+};
+
+// Per 64 bytes (128 values): half h (32 bytes) holds lanes 16h..16h+15, whose nibble u are values
+// 32u + 16h + 0..15: step s = 2u + h covers values 16s..16s+15, as x is laid out.
+struct W4A16 : Grouped<4> {
+  static constexpr int order(int i) { return 2 * (i & 3) + (i >> 2); }   // half 0's steps, then half 1's
   V wv(const State&, int64_t n, int64_t k, int s) const {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k) + 32 * (s & 1)));
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (s >> 1))), _mm256_set1_epi16(0xF));
-  }
-  static __m256 fold(__m256 sum, Acc a, const State& s) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(s), sum);
   }
   // Group g (of 128) of 4 rows from w, one row of x, for one_row_groups (blocking.h): block's steps in its
   // order (half 0's four, then half 1's), each half of the 4 rows loaded once (fewer loads than block<1, 4>).
@@ -238,29 +247,15 @@ struct W4A16 : Int16X {
       }
     }
   }
-  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
-    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
-  }
 };
 
 // w2a16 (api.h's grouped layout at 2 bits): per 32 bytes (128 values), 16-bit lane i holds values i + 16u in
 // its field u, so step u (a shift by 2u and a mask) covers values 16u..16u+15, as x is laid out: one load per
 // 128 weights, then W4A16's VPMADDWD and per-group fold.
-struct W2A16 : Int16X {
-  using State = float; static constexpr int kSub = 8;
-  const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
-  int64_t span() const { return group; }
-  State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
-  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 4) + k / 4; }
+struct W2A16 : Grouped<2> {
   V wv(const State&, int64_t n, int64_t k, int s) const {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k)));
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi16(3));
-  }
-  static __m256 fold(__m256 sum, Acc a, const State& s) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(s), sum);
-  }
-  __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
-    return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
   }
 };
 
@@ -381,12 +376,12 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
+  gemv(W4A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
 }
 
 void gemv_w2a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W2A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
+  gemv(W2A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
 }
 
 void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,

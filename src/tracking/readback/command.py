@@ -1,11 +1,14 @@
 """What each read-back command (python -m src.report, python -m src.regress) does before its work: --help,
-its settings and the environment checked, and its store found, each failure one line and exit 2."""
+its settings and the environment checked, its store found and its `out` folder writable, each failure one line
+and exit 2."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from src.common import envvars
+from src.common.environment import PROJECT_ROOT
+from src.common.paths import unwritable
 from src.common.say import say
 from src.common.settings import SettingError
 from src.tracking.store.experiment import store_problem
@@ -24,7 +27,9 @@ def start(argv: list[str], usage: Callable[[], str], settings: Callable[[list[st
         say(str(err), err=True)
         return 2
     uri = cfg["tracking_uri"] or default_uri()
-    if (line := store_problem(uri)) is not None:
-        say(line, err=True)
-        return 2
+    # the out folder said before the store is read: a traceback at the end had lost the work
+    for line in (store_problem(uri), unwritable(PROJECT_ROOT / cfg["out"], f"out={cfg['out']}")):
+        if line is not None:
+            say(line, err=True)
+            return 2
     return cfg, uri

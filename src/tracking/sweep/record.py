@@ -173,7 +173,7 @@ def run_job(
         return "finished"
     job = JobRun(store, _journal(output_dir, job_key, registry, uri), uri, cfg.experiment)
     ledger.job = job
-    # what can change a figure on the same code, for comparing sweeps (src.tracking.readback.regress); not part
+    # what can change a figure on the same code, for comparing sweeps (src.tracking.readback.regression); not part
     # of the job's identity (resume compares the config above)
     host = {f"host.{k}": v for k, v in host_state().items()}
     tags = {**{g: choices.get(g, "?") for g in AXES}, **(node or LOCAL), ROUND: str(raw.get(ROUND, 1))}
@@ -374,7 +374,7 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
     # The table first: whatever happens to the store below, the user has seen the measurements.
     table = seed_table(result.rows) if result.rows else summary_table({**job.quant_metrics, **result.summary})
     print(f"\n{name} (executed on {job.placement.executed_on})\n{table}\n", flush=True)
-    # the rows not logged yet (tasks that measure outside src.tasks.common.measure), each example's derived
+    # the rows not logged yet (tasks that measure outside src.tasks.timed.measure), each example's derived
     # figures and the summary: measured by now, so one record, one store call
     points = [(k, v, row.example) for row in result.rows if row.example not in logged for k, v in row.metrics().items()]
     for metric, values in result.series.items():  # per example, unless the task named its own prefix

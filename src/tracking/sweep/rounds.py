@@ -14,7 +14,7 @@ a whole round, up to `busy_reruns` more rounds, and so is a one-round sweep's on
 baseline was timed while a neighbour ran reads as a gain of the job's (a busy fp32 baseline made bf16 look
 2.91x where its quiet twin gave 1.74x), so by default it is measured again, at the cost of the busy round's
 time, rather than only marked. The report leaves out every ratio taken while either of its jobs was busy
-where a quiet round remains, and marks the rest BUSY (src.tracking.readback.compare, src.tracking.readback.report).
+where a quiet round remains, and marks the rest BUSY (src.tracking.readback.compare, src.tracking.readback.reporting).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hydra.types import HydraContext
 from omegaconf import OmegaConf
 
 from src.assembly.config import ConfigError
-from src.assembly.sweep import sweep_of
+from src.assembly.sweep_settings import sweep_of
 from src.common.say import say
 from src.tracking.store.names import ROUND
 from src.tracking.sweep import record

@@ -36,7 +36,7 @@ from pathlib import Path
 from hydra.core.override_parser.types import IntervalSweep, Override
 
 from src.assembly.config import ConfigError
-from src.assembly.sweep import sweep_of
+from src.assembly.sweep_settings import sweep_of
 from src.common.metrics import markdown_table
 from src.common.say import say
 from src.tracking.store.names import CONFIG_KEY, ROUND, config_key, key_of

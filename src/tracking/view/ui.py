@@ -172,7 +172,7 @@ def _charts(runs: list, busy: list[str]) -> list[dict]:
         for metric, kind in CHARTS
         if any(metric in r.data.metrics for r in runs)
     ]
-    if any(FRONT[1] in r.data.metrics for r in runs):  # the speed–quality front (src.tracking.readback.quality)
+    if any(FRONT[1] in r.data.metrics for r in runs):  # the speed–quality front (src.tracking.readback.speed_quality)
         charts.append(
             _chart(
                 "quantspec-front",

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from src.engine.generation import Request
 from src.engine.runtimes.exports import cached, cached_export
 from src.models.tiny import tiny_model
 from tests.helpers import ROOT, cli_env
@@ -48,14 +49,16 @@ def test_a_runtimes_process_answers_as_the_engine_and_says_its_errors_in_one_lin
 
     engine = Isolated(Maker("tests.support.crashing_runtime:Echo"), "echo")
     try:
-        assert engine(None, [[1, 2]], 3, False, None, None) == ([[1, 2]], 3) and engine.window_score([5]) == 5.0
+        assert (
+            engine(None, Request([[1, 2]], 3, False, None, None)) == ([[1, 2]], 3) and engine.window_score([5]) == 5.0
+        )
     finally:
         engine.close()
     with pytest.raises(RuntimeError, match=r"^refusing failed on its load: ValueError: no model here\n") as err:
         Isolated(Maker("tests.support.crashing_runtime:Echo", fail=True), "refusing")
     assert "in the runtime's process" in "".join(err.value.__notes__)
     plain = Isolated(Maker("builtins:dict"), "plain")
-    assert plain.window_score is None  # quality tasks fall back to torch's forward
+    assert plain.scorer is None and engine.scorer is not None  # quality tasks fall back to torch's forward
     plain.close()
 
 
@@ -68,7 +71,7 @@ def test_what_crosses_to_a_runtimes_process_is_json_and_tensor_bytes_never_pickl
 
     import torch
 
-    from src.engine.common import Generation, Sampling
+    from src.engine.generation import Generation, Sampling
     from src.engine.runtimes import wire
     from src.engine.runtimes.isolated import Maker
     from src.quality.scoring import WindowScore
@@ -114,12 +117,12 @@ def test_a_runtimes_process_stopped_or_wedged_fails_its_call_in_one_line_within_
     os.kill(engine._proc.pid, signal.SIGSTOP)
     began = time.monotonic()
     with pytest.raises(RuntimeCrash, match=r"^echo's process was stopped \(SIGSTOP, or a debugger\) for over 5 s on "):
-        engine(None, [[1, 2]], 3, False, None, None)
+        engine(None, Request([[1, 2]], 3, False, None, None))
     assert time.monotonic() - began < liveness.STOPPED_S + 10 and engine._proc.poll() is not None
     monkeypatch.setattr(liveness, "IDLE_S", 2.0)
     engine = Isolated(Maker("tests.support.crashing_runtime:Sleeping"), "sleeper")
     with pytest.raises(RuntimeCrash, match=r"^sleeper's process used no CPU for 2 s \(wedged\) on its first decode"):
-        engine(None, [[1, 2]], 3, False, None, None)
+        engine(None, Request([[1, 2]], 3, False, None, None))
     assert engine._proc.poll() is not None
 
 
@@ -136,11 +139,11 @@ def test_a_calls_stop_rule_stays_in_the_job_and_is_asked_after_each_token():
         return len(new) == 3
 
     try:
-        assert engine(None, [[1]], 10, False, None, None, stop=stop) == [0, 1, 2]
+        assert engine(None, Request([[1]], 10, False, None, None, stop=stop)) == [0, 1, 2]
         assert asked == [[0], [0, 1], [0, 1, 2]]
-        assert engine(None, [[1]], 5, False, None, None) == [0, 1, 2, 3, 4]  # no rule: none asked
+        assert engine(None, Request([[1]], 5, False, None, None)) == [0, 1, 2, 3, 4]  # no rule: none asked
         with pytest.raises(KeyError, match="broken rule"):
-            engine(None, [[1]], 10, False, None, None, stop=lambda new: {}["broken rule"])
+            engine(None, Request([[1]], 10, False, None, None, stop=lambda new: {}["broken rule"]))
         assert engine._proc.wait(timeout=10) == 0
     finally:
         engine.close()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.engine.common import Sampling, eos_ids
+from src.engine.generation import Request, Sampling, eos_ids
 from src.engine.runtimes import llamacpp
 from tests.helpers import run_cli
 
@@ -60,7 +60,7 @@ def test_the_export_decodes_greedily_with_a_time_per_token(tmp_path):
     path = llamacpp.export(gguf_path(cfg, cache)[0], loaded.source_key, "fp32", tmp_path)
     engine = llamacpp.LlamaCpp(path, tuple(eos_ids(loaded.model)), threads=2)
     ids = loaded.tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
-    gen = engine(None, ids, 8, True, Sampling(), None)
+    gen = engine(None, Request(ids, 8, True, Sampling(), None))
     with torch.no_grad():
         ref = loaded.model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert gen.new_token_ids == ref[0, ids.shape[1] :].tolist()  # the same weights, the same greedy tokens

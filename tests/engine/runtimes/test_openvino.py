@@ -5,7 +5,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.engine.common import Sampling
+from src.engine.generation import Request, Sampling
 from src.engine.runtimes import openvino as ov
 from src.models.tiny import tiny_model
 from src.quality.scoring import torch_scorer
@@ -31,7 +31,7 @@ def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(fp3
     assert want["precision"] == "fp32"
     engine = ov.OpenVINO(folder, (tok.eos_token_id,), f32=True)
     ids = tok("hello world", return_tensors="pt").input_ids
-    gen = engine(None, ids, 12, True, Sampling(), tok.pad_token_id)
+    gen = engine(None, Request(ids, 12, True, Sampling(), tok.pad_token_id))
     with torch.no_grad():
         ref = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
     assert gen.new_token_ids == ref[0, ids.shape[1] :].tolist()  # the same weights, the same greedy tokens

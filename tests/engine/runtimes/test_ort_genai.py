@@ -7,7 +7,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from src.engine.common import Sampling
+from src.engine.generation import Request, Sampling
 from src.engine.runtimes import ort_genai
 from src.models.tiny import tiny_model
 from tests.helpers import fp32_export, fresh_cache, perplexity_by_engine, run_cli
@@ -32,7 +32,7 @@ def test_the_export_greedy_decodes_as_torch_does_and_is_cached(fp32_sweep):
     assert manifest["files"]["model.onnx"]["bytes"] == (folder / "model.onnx").stat().st_size
     engine = ort_genai.OrtGenAI(folder, "cpu")
     ids = tok("hello world", return_tensors="pt").input_ids
-    gen = engine(None, ids, 12, True, Sampling(), tok.pad_token_id)
+    gen = engine(None, Request(ids, 12, True, Sampling(), tok.pad_token_id))
     with torch.no_grad():
         ref = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
     assert gen.new_token_ids == ref[0, ids.shape[1] :].tolist()  # the same weights, the same greedy tokens

@@ -60,7 +60,7 @@ def test_a_runtime_module_that_is_not_one_is_one_line(tmp_path):
         out.stderr.strip()
         .splitlines()[-1]
         .startswith(
-            "quantspec: engine.module=src.assembly.config is no runtime: it lacks unsupported, runtime_name, build"
+            "quantspec: engine.module=src.assembly.config is no runtime: it lacks unsupported, runtime_name, build, crash_hint, TITLE (a string)"
         )
     )
 

@@ -1,4 +1,4 @@
-"""A sweep against a baseline sweep (src.tracking.readback.regress): two real sweeps of the tiny Llama, the second timed
+"""A sweep against a baseline sweep (src.tracking.readback.regression): two real sweeps of the tiny Llama, the second timed
 beside two processes burning both cores, matched job by job: slower at the stated confidence, a CI gate
 (fail_on) that fails on it, new and removed jobs listed, and what differs between the hosts said."""
 
@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from src.quality.stats import median_ratio_ci
-from src.tracking.readback import regress
+from src.tracking.readback import regression as regress
 from src.tracking.readback.sweeps import JobRecord
 from tests.helpers import fresh_cache, run_cli, spinning_neighbours
 

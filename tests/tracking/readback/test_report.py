@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 from mlflow.tracking import MlflowClient
 
-from src.tracking.readback import report
-from src.tracking.readback.report import plots
+from src.tracking.readback import reporting as report
+from src.tracking.readback.reporting import plots
 from src.tracking.readback.sweeps import sweep_jobs
 from tests.helpers import doc_schema, free_port, fresh_cache, job_record, mlflow_server, run_cli, spinning_neighbours
 

@@ -9,7 +9,7 @@ Face converter, which its Python package does not ship, and quantspec's int8/int
 twin (Q8_0 and Q4_K scale blocks of 32 or 256 values their own way, and llama.cpp quantizes activations
 itself): those jobs are skips with their reasons.
 
-Decoding is quantspec's token loop (src.engine.common.token_loop) over llama.cpp's context: the prompt in
+Decoding is quantspec's token loop (src.engine.generation.token_loop) over llama.cpp's context: the prompt in
 one eval, then one token per eval, each token timestamped when it exists; perplexity scores a window
 from llama.cpp's logits for every position.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from src.engine.common import Generation, Sampling, eos_ids, token_loop
+from src.engine.generation import Generation, Request, eos_ids, token_loop
 from src.engine.runtimes.exports import cached, exported
 from src.engine.runtimes.isolated import Maker
 from src.kernels.variants import cpu_features
@@ -31,6 +31,9 @@ from src.models.load import gguf_path
 from src.quality.scoring import score_logits
 
 log = logging.getLogger("quantspec")
+
+# What the package exports: the Runtime's members (src.engine.config.Runtime) and what tests and scripts use.
+__all__ = ["FTYPES", "TITLE", "LlamaCpp", "available", "build", "crash_hint", "export", "runtime_name", "unsupported"]
 
 TITLE = "llama.cpp"
 FTYPES = {"fp32": 0, "bf16": 32}  # llama.h's LLAMA_FTYPE_ALL_F32 and LLAMA_FTYPE_MOSTLY_BF16
@@ -159,16 +162,8 @@ class LlamaCpp:
         row = llama_cpp.llama_get_logits_ith(self._decoder.ctx, -1)
         return np.ctypeslib.as_array(row, shape=(self._decoder.n_vocab(),)).copy()
 
-    def __call__(
-        self,
-        model,
-        input_ids,
-        max_new_tokens: int,
-        exact: bool,
-        sampling: Sampling,
-        pad_token_id: int | None,
-        stop=None,
-    ) -> Generation:
+    def __call__(self, model, request: Request) -> Generation:
+        input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
         if self._decoder is None:
             self._decoder = self._open(self.context, False)
         self._decoder.reset()

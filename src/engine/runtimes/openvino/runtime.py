@@ -29,13 +29,32 @@ import numpy as np
 import torch
 
 from src.common.environment import PROJECT_ROOT
-from src.engine.common import Generation, Sampling, eos_ids, token_loop
+from src.engine.generation import Generation, Request, eos_ids, token_loop
 from src.engine.runtimes.exports import cached_export, exported
 from src.engine.runtimes.isolated import Maker
 from src.quality.scoring import score_logits
 
 log = logging.getLogger("quantspec")
+# What the package exports: the Runtime's members (src.engine.config.Runtime) and what tests and scripts use.
+__all__ = [
+    "PRECISIONS",
+    "TITLE",
+    "OpenVINO",
+    "available",
+    "build",
+    "crash_hint",
+    "export",
+    "runtime_name",
+    "unsupported",
+]
+
 TITLE = "OpenVINO"
+
+
+def crash_hint() -> str:
+    """Nothing known to do about a crash of its native code on a particular host."""
+    return ""
+
 
 PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4_awq", "w8a8": "int8_sq"}
 CALIBRATED = ("int4_awq", "int8_sq")  # the NNCF methods that read calibration texts
@@ -191,16 +210,8 @@ class OpenVINO:
         self.request.reset_state()
         return score_logits(torch.from_numpy(self._infer(ids.tolist(), 0).astype(np.float32)), ids, indices)
 
-    def __call__(
-        self,
-        model,
-        input_ids,
-        max_new_tokens: int,
-        exact: bool,
-        sampling: Sampling,
-        pad_token_id: int | None,
-        stop=None,
-    ) -> Generation:
+    def __call__(self, model, request: Request) -> Generation:
+        input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
         self.request.reset_state()
         held = [0]  # positions the request's state holds
 

@@ -23,13 +23,32 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from src.engine.common import Generation, Sampling
+from src.engine.generation import Generation, Request
 from src.engine.runtimes.exports import cached_export, exported
 from src.engine.runtimes.isolated import Maker
 from src.quality.scoring import score_logits
 
 log = logging.getLogger("quantspec")
+# What the package exports: the Runtime's members (src.engine.config.Runtime) and what tests and scripts use.
+__all__ = [
+    "PRECISIONS",
+    "TITLE",
+    "OrtGenAI",
+    "available",
+    "build",
+    "crash_hint",
+    "export",
+    "runtime_name",
+    "unsupported",
+]
+
 TITLE = "ONNX Runtime GenAI"
+
+
+def crash_hint() -> str:
+    """Nothing known to do about a crash of its native code on a particular host."""
+    return ""
+
 
 # quantspec's precision -> the builder's. Weight-only int8/int4 are what the builder offers on the CPU
 # provider; bf16 runs only on CUDA there, and it quantizes no activations (w8a8).
@@ -163,16 +182,8 @@ class OrtGenAI:
         logits = torch.from_numpy(np.asarray(generator.get_output("logits"), dtype=np.float32)[0])
         return score_logits(logits, ids, indices)
 
-    def __call__(
-        self,
-        model,
-        input_ids,
-        max_new_tokens: int,
-        exact: bool,
-        sampling: Sampling,
-        pad_token_id: int | None,
-        stop=None,
-    ) -> Generation:
+    def __call__(self, model, request: Request) -> Generation:
+        input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
         import onnxruntime_genai as og  # optional: the ort extra
 
         ids = input_ids[0].tolist()

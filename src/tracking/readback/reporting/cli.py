@@ -1,6 +1,6 @@
 """Compare a sweep: the seed table of each job, a summary, speedups over a baseline, plots, and where the
 sweep measured quality, the quality table, the speed–quality front and paired comparisons
-(src.tracking.readback.quality).
+(src.tracking.readback.speed_quality).
 
     python -m src.report                          # the latest sweep in the default store
     python -m src.report sweep=/abs/multirun/... baseline.precision=bf16 tracking_uri=http://127.0.0.1:5000
@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 
 from src.common.environment import PROJECT_ROOT
-from src.common.paths import unwritable
 from src.common.say import say
 from src.tracking.readback.command import start
-from src.tracking.readback.report.markdown import build
-from src.tracking.readback.report.publish import publish, ui_line
-from src.tracking.readback.report.settings import command, settings
+from src.tracking.readback.reporting.markdown import build
+from src.tracking.readback.reporting.publish import publish, ui_line
+from src.tracking.readback.reporting.settings import command, settings
 
 
 def usage() -> str:
@@ -51,10 +50,6 @@ def main(argv: list[str]) -> int:
     if isinstance(started, int):
         return started
     cfg, uri = started
-    problem = unwritable(PROJECT_ROOT / cfg["out"], f"out={cfg['out']}")
-    if problem:  # said before the store is read: a traceback at the end had lost the work
-        say(problem, err=True)
-        return 2
     try:
         sweep = str(Path(cfg["sweep"]).resolve()) if cfg["sweep"] else None  # sweeps are keyed by absolute directory
         report = (publish if cfg["attach"] else build)(

@@ -9,8 +9,8 @@ import math
 from src.common.mdtext import md_text
 from src.common.metrics import markdown_table
 from src.tracking.readback.compare import JobRounds, Speedup, Spread, condition
-from src.tracking.readback.quality import fields
-from src.tracking.readback.report.rows import SUMMARY, _marked, _sig3, fallback, kernels_of
+from src.tracking.readback.reporting.rows import SUMMARY, _marked, _sig3, fallback, kernels_of
+from src.tracking.readback.speed_quality import fields
 
 
 def _drop_empty(rows: list[list], headers: list[str], fixed: int = 4) -> tuple[list[list], list[str]]:

@@ -9,13 +9,13 @@ from mlflow.tracking import MlflowClient
 from src.common.mdtext import md_code, md_text
 from src.common.metrics import csv_text, markdown_table, seed_table
 from src.common.paths import child
-from src.tracking.readback import quality as q
+from src.tracking.readback import speed_quality as q
 from src.tracking.readback.compare import job_rounds, speedups
-from src.tracking.readback.report import jsondoc
-from src.tracking.readback.report.plots import _plots, _save
-from src.tracking.readback.report.rows import Report, draft_quality_lines, fallback_lines, job_rows
-from src.tracking.readback.report.settings import DEFAULT_BASELINE, DEFAULT_QUALITY
-from src.tracking.readback.report.tables import rounds_lines, speedup_table, summary_rows
+from src.tracking.readback.reporting import jsondoc
+from src.tracking.readback.reporting.plots import _plots, _save
+from src.tracking.readback.reporting.rows import Report, draft_quality_lines, fallback_lines, job_rows
+from src.tracking.readback.reporting.settings import DEFAULT_BASELINE, DEFAULT_QUALITY
+from src.tracking.readback.reporting.tables import rounds_lines, speedup_table, summary_rows
 from src.tracking.readback.sweeps import sweep_jobs
 from src.tracking.store.names import (
     SWEEP_KEY,

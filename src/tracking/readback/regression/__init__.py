@@ -2,8 +2,8 @@
 the command (cli: python -m src.regress)."""
 
 from src.common.settings import SettingError
-from src.tracking.readback.regress.cli import COMMAND, main, settings, usage
-from src.tracking.readback.regress.judge import (
+from src.tracking.readback.regression.cli import COMMAND, main, settings, usage
+from src.tracking.readback.regression.judge import (
     GATES,
     Comparison,
     JobRuns,
@@ -14,7 +14,7 @@ from src.tracking.readback.regress.judge import (
     load,
     verdict,
 )
-from src.tracking.readback.regress.page import markdown, plot, write
+from src.tracking.readback.regression.page import markdown, plot, write
 
 __all__ = [
     "COMMAND",

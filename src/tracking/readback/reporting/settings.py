@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from src.common.axes import AXES
 from src.common.settings import Command, Setting, SettingError
-from src.tracking.readback import quality as q
+from src.tracking.readback import speed_quality as q
 
 READ, COMPARE, WRITE = "which sweep", "what each job is compared with", "what it writes"
 SETTINGS = [

@@ -28,12 +28,11 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from src.common.environment import PROJECT_ROOT
-from src.common.paths import unwritable
 from src.common.say import say
 from src.common.settings import Command, Setting, SettingError
 from src.tracking.readback.command import start
-from src.tracking.readback.regress.judge import GATES, compare, load
-from src.tracking.readback.regress.page import markdown, write
+from src.tracking.readback.regression.judge import GATES, compare, load
+from src.tracking.readback.regression.page import markdown, write
 
 # tolerance: a ratio is slower (faster) only where its whole interval lies above 1 + tolerance (below
 # 1 - tolerance); anything else is no change. The intervals hold the
@@ -115,10 +114,6 @@ def main(argv: list[str]) -> int:
     if isinstance(started, int):
         return started
     cfg, uri = started
-    problem = unwritable(PROJECT_ROOT / cfg["out"], f"out={cfg['out']}")
-    if problem:  # said before the store is read: a traceback at the end had lost the work
-        say(problem, err=True)
-        return 2
     client = MlflowClient(uri)
     try:
         base = load(client, cfg["experiment"], cfg["baseline"])

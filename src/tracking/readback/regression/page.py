@@ -9,7 +9,7 @@ from pathlib import Path
 
 from src.common.mdtext import md_text
 from src.common.metrics import markdown_table
-from src.tracking.readback.regress.judge import Comparison
+from src.tracking.readback.regression.judge import Comparison
 from src.tracking.store.names import key_of
 
 

@@ -16,6 +16,7 @@ from src.common.metrics import Row, summarize, timing_row
 from src.common.progress import progress
 from src.common.sysmetrics import OthersCpu
 from src.engine import Sampling
+from src.engine.generation import Request
 from src.tasks import drafting
 from src.tasks.kinds import TaskConfig
 
@@ -109,7 +110,7 @@ def measure(inputs: TaskInputs, examples: list[Example], exact: bool) -> Measure
     for _ in range(inputs.task.warmup):
         first = examples[0]
         for engine in engines:
-            engine(inputs.model, first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad)
+            engine(inputs.model, Request(first.prompt_ids, min(first.max_new_tokens, 8), exact, inputs.sampling, pad))
     out = Measured([], [])
     drafted = _Drafted()
     others = OthersCpu()  # what other processes took while we timed: a busy host is flagged, not hidden
@@ -157,7 +158,9 @@ def _timed(inputs: TaskInputs, engines: list, ex: Example, exact: bool, pad) -> 
     deadline = time.perf_counter() + inputs.task.min_time_s
     while len(runs[0]) < inputs.task.repeats or time.perf_counter() < deadline:
         for i, engine in enumerate(engines):
-            runs[i].append(engine(inputs.model, ex.prompt_ids, ex.max_new_tokens, exact, sampling, pad, stop=ex.stop))
+            runs[i].append(
+                engine(inputs.model, Request(ex.prompt_ids, ex.max_new_tokens, exact, sampling, pad, stop=ex.stop))
+            )
     return runs
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from src.tracking.readback.compare import JobRounds, Speedup, condition, ratio
-from src.tracking.readback.report.markdown import build
-from src.tracking.readback.report.rows import Report, _sig3, fallback
-from src.tracking.readback.report.tables import busy_figure, describe
+from src.tracking.readback.reporting.markdown import build
+from src.tracking.readback.reporting.rows import Report, _sig3, fallback
+from src.tracking.readback.reporting.tables import busy_figure, describe
 from src.tracking.store.names import (
     SWEEP_KEY,
 )
@@ -127,7 +127,7 @@ def _publish_job(
     # 1: the headline figure stands on busy timings only (the job's or its baseline's): a column that sorts
     # before the figures in the view (MLflow orders metric columns by name)
     _set_metric(client, run.run_id, "busy", float(busy_figure(config, gain)), held.get("busy"))
-    if flag:  # its configuration fell below quality.min_ratio of its reference (src.tracking.readback.quality)
+    if flag:  # its configuration fell below quality.min_ratio of its reference (src.tracking.readback.speed_quality)
         _set_metric(client, run.run_id, "quality_below", 1.0, held.get("quality_below"))
     if point is not None and not math.isnan(point.speed.median):
         # the front's point on the run of its quality job, so the view's scatter draws it (src.tracking.view.ui)

@@ -11,10 +11,10 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from src.common.metrics import Row
-from src.tracking.readback import quality as q
+from src.tracking.readback import speed_quality as q
 from src.tracking.readback.compare import Speedup
-from src.tracking.readback.report.rows import _marked
-from src.tracking.readback.report.tables import busy_figure, marker
+from src.tracking.readback.reporting.rows import _marked
+from src.tracking.readback.reporting.tables import busy_figure, marker
 from src.tracking.readback.sweeps import JobRecord
 from src.tracking.store.names import (
     CONFIG_KEY,
@@ -103,7 +103,7 @@ def _plots(
     base_text: str = "the baseline",
     flags: dict[str, str] | None = None,
 ) -> dict[str, Path]:
-    """flags: config key -> its quality flag (src.tracking.readback.quality.flags), said on its bars too."""
+    """flags: config key -> its quality flag (src.tracking.readback.speed_quality.flags), said on its bars too."""
     flags = flags or {}
     flagged = {
         j.name: flags[j.tags.get(CONFIG_KEY, j.run_id)] for j in jobs if j.tags.get(CONFIG_KEY, j.run_id) in flags

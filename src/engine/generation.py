@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -25,6 +25,34 @@ class Generation:
     @property
     def new_tokens(self) -> int:
         return len(self.new_token_ids)
+
+
+class Request(NamedTuple):
+    """One prompt's generation, as a task asks it of any engine (batch of 1). A tuple, so an engine unpacks it in
+    one line."""
+
+    input_ids: torch.Tensor  # [1, prompt tokens]
+    max_new_tokens: int
+    exact: bool  # no end-of-sequence before max_new_tokens (as min_new_tokens does), so benchmark runs compare
+    sampling: Sampling
+    pad_token_id: int | None
+    stop: Callable[[list[int]], bool] | None = None  # given the new tokens so far, ends the generation when true
+
+
+class Engine(Protocol):
+    """What a task calls: quantspec's engines (src.engine.engine_for) and another runtime's (src.engine.runtimes,
+    run in a process of its own by isolated.Isolated). `model` is the job's torch model; another runtime holds its
+    own and is given None."""
+
+    def __call__(self, model, request: Request) -> Generation: ...
+
+
+@runtime_checkable
+class ScoringEngine(Engine, Protocol):
+    """An engine that gives logits for every position of a window (another runtime's, where it can): quality tasks
+    score with them (src.quality.scoring) instead of torch's forward."""
+
+    def window_score(self, ids, indices=None): ...
 
 
 def eos_ids(model) -> set[int]:

@@ -46,7 +46,7 @@ class Report:
     overview: str = ""  # the summary and speedup tables (the parent run's description)
     view_url: str = ""  # where the MLflow UI shows the sweep's jobs side by side (publish)
     flags: dict[str, str] = field(default_factory=dict)  # config key -> below quality.min_ratio, said
-    points: list = field(default_factory=list)  # the speed–quality points (src.tracking.readback.quality)
+    points: list = field(default_factory=list)  # the speed–quality points (src.tracking.readback.speed_quality)
 
 
 def job_rows(client: MlflowClient, job: JobRecord) -> list[Row]:

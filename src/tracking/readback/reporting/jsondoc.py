@@ -14,7 +14,7 @@ import json
 from src.common.axes import AXES
 from src.common.jsonable import jsonable
 from src.tracking.readback.compare import Spread
-from src.tracking.readback.report.rows import Report, kernels_of
+from src.tracking.readback.reporting.rows import Report, kernels_of
 
 FORMAT = "quantspec.sweep/1"
 
