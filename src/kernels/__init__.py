@@ -14,7 +14,6 @@ so. Forcing a variant this CPU cannot run raises IsaUnavailable, one line.
 from src.kernels.loader import (
     BINDING,
     MAX_ROWS,
-    RECORD,
     IsaUnavailable,
     binding_folder,
     candidates,
@@ -30,7 +29,6 @@ from src.kernels.loader import (
 __all__ = [
     "BINDING",
     "MAX_ROWS",
-    "RECORD",
     "IsaUnavailable",
     "binding_folder",
     "candidates",

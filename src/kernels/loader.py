@@ -1,22 +1,22 @@
 """Building, checking and loading quantspec's kernel libraries (the package's docstring says what they are): each
-variant and the binding built once per machine and torch version, its bytes checked against the record made when
-it was built, the best variant this CPU runs chosen, or why none could be."""
+variant and the binding built once per machine and torch version into the one verified cache (src.common.cache: a
+build under a lock, in a scratch folder renamed into place, every file's sha256 checked before each load, since a
+truncated or damaged .so can crash the process inside dlopen), the best variant this CPU runs chosen, or why none
+could be."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
-from src.common.locks import atomic_write_text, file_lock, read_record, sha256_file
+from src.common.cache import FORMAT as CACHE_FORMAT
+from src.common.cache import build_cached
 from src.kernels import variants
 
 log = logging.getLogger(__name__)
 BINDING = "quantspec_kernels"
-RECORD = "library.json"  # a built library's sha256, checked before every load
 HERE = Path(__file__).parent
 # Up to this many rows (a step, a verification of up to 15 drafts) these kernels run; above it (a
 # prefill) ATen's blocked GEMMs win, as these re-read W per few rows. It must cover every verification:
@@ -119,42 +119,43 @@ def variant_folder(variant: variants.Variant, directory: Path, cxx: str) -> Path
         *(p.read_bytes() for p in variants.sources(variant)),
         " ".join(variants.build_flags(variant)).encode(),
         cxx.encode(),
+        f"cache {CACHE_FORMAT}".encode(),  # a folder of another cache format is not this one's to judge
     )
     return Path(directory) / f"{variant.name}-{key}"
+
+
+def _want(library: str) -> dict:
+    """What a kernel library's cache is built for (its folder's name keys the sources, flags and compiler)."""
+    import torch  # after the ISA environment a script sets (see _key)
+
+    return {"kernels": library, "torch": torch.__version__}
 
 
 def _load_binding(directory: Path) -> str | None:
     """The torch binding (no ISA code): built with torch's extension builder. None, or why it failed."""
     if variants.compiler() is None:
         return "no C++ compiler (install g++ or set CXX)"
-    build = binding_folder(directory)
-    try:
-        if _recorded(build / f"{BINDING}.so", warn=False):  # built and whole: loaded without a lock (a read-only cache)
-            import torch  # after the ISA environment a script sets (see _key)
+    import torch  # after the ISA environment a script sets (see _key)
 
-            torch.ops.load_library(str(build / f"{BINDING}.so"))
-            return None
-        with file_lock(build.with_name(f".{build.name}.lock"), "the quantspec kernels"):
-            _build_and_load(build)
+    folder, built_here = binding_folder(directory), []
+
+    def build(out: Path) -> None:
+        _build_binding(out)
+        built_here.append(True)
+
+    try:
+        build_cached(folder, build, _want(BINDING), "kernel library")
+        if not built_here:  # torch's builder loads what it builds; a cached one is loaded here
+            torch.ops.load_library(str(folder / f"{BINDING}.so"))
     except Exception as err:  # no compiler or no ninja: a slower run, not a failed one
         last = str(err).strip().splitlines()
         return f"could not build src/kernels ({last[-1] if last else type(err).__name__})"
     return None
 
 
-def _build_and_load(build: Path) -> None:
-    """Load the binding only if its bytes are those recorded when it was built: a truncated or damaged
-    .so can crash the process inside dlopen, before any Python error could say why. Anything else is
-    wiped and built again (the caller holds the build lock)."""
-    import torch  # after the ISA environment a script sets (see _key)
-
-    library = build / f"{BINDING}.so"
-    if _recorded(library):
-        torch.ops.load_library(str(library))
-        return
-    # Also clears torch's own build baton ("lock"), which a build killed midway leaves behind forever.
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir(parents=True)
+def _build_binding(out: Path) -> None:
+    """Build the binding into `out` with torch's extension builder (which also loads it into this process), and
+    keep only the library: the objects and ninja files are the builder's, not the cache's."""
     from torch.utils import cpp_extension  # after the ISA environment a script sets (see _key)
 
     # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every call runs on one thread.
@@ -165,49 +166,26 @@ def _build_and_load(build: Path) -> None:
         sources=[str(HERE / "binding.cpp"), str(HERE / "step.cpp")],
         extra_cflags=["-O2", "-fopenmp", "-ffp-contract=off"],
         extra_ldflags=["-fopenmp"],
-        build_directory=str(build),
+        build_directory=str(out),
         is_python_module=False,
         verbose=bool(os.environ.get("QUANTSPEC_VERBOSE_BUILD")),
     )
-    _record(library)
-
-
-def _recorded(library: Path, warn: bool = True) -> bool:
-    record = library.with_name(RECORD)
-    if not (library.is_file() and record.is_file()):
-        return False
-    recorded = (read_record(record) or {}).get("sha256")
-    if recorded != sha256_file(library):
-        if warn:  # said once, by the check under the build lock
-            log.warning("kernel library %s does not match its recorded sha256; rebuilding it", library)
-        return False
-    return True
-
-
-def _record(library: Path) -> None:
-    import torch  # after the ISA environment a script sets (see _key)
-
-    atomic_write_text(
-        library.with_name(RECORD), json.dumps({"sha256": sha256_file(library), "torch": torch.__version__})
-    )
+    for path in out.iterdir():
+        if path.name != f"{BINDING}.so":
+            path.unlink() if path.is_file() else None
 
 
 def built_variant(variant: variants.Variant, directory: Path) -> Path:
-    """The variant's library, compiled once (a few seconds) into its own folder, checked like the binding."""
+    """The variant's library, compiled once (a few seconds) into its own folder of the verified cache."""
     cxx = variants.compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler")
-    build = variant_folder(variant, directory, cxx)
-    library = build / f"qs_{variant.name}.so"
-    if _recorded(library, warn=False):  # built and whole: used without a lock (a read-only cache)
-        return library
-    with file_lock(build.with_name(f".{build.name}.lock"), f"the {variant.name} kernels"):
-        if not _recorded(library):
-            shutil.rmtree(build, ignore_errors=True)
-            build.mkdir(parents=True)
-            variants.compile_variant(variant, library, cxx)
-            _record(library)
-    return library
+    folder = variant_folder(variant, directory, cxx)
+    library = f"qs_{variant.name}.so"
+    build_cached(
+        folder, lambda out: variants.compile_variant(variant, out / library, cxx), _want(library), "kernel library"
+    )
+    return folder / library
 
 
 def format_number(name: str) -> int:

@@ -337,13 +337,13 @@ LOAD = (
 
 
 def test_kernel_builds_damaged_killed_and_raced_all_end_in_a_working_library(tmp_path):
-    """A built cache is damaged (the binding truncated, as by a full disk or a killed copy; the variant's record
-    JSON that is no record): the next load says so and starts again, and is killed while compiling, leaving
-    torch's baton ("lock") behind; two loads then race: one builds, the other waits, both load, and the variant
-    is the same one, never a lesser. (The other damages, a truncated variant and a binding record that is no
-    record, go through the same check: tests/kernels/test_records.py.)"""
+    """A built cache is damaged (the binding truncated, as by a full disk or a killed copy; the variant's manifest
+    JSON that is no manifest): the next load says so and starts again, and is killed while compiling, leaving its
+    scratch folder (torch's baton, "lock", inside) behind; two loads then race: one builds, clearing the killed
+    build's folder, the other waits, both load, and the variant is the same one, never a lesser. (The other damages
+    go through the same check: tests/kernels/test_records.py, tests/common/test_cache.py.)"""
     from src import kernels
-    from src.common.locks import sha256_file
+    from src.common.cache import MANIFEST, damage
     from src.kernels import variants
 
     # the session's build (made here if no test has made it yet), copied: only the damaged one is rebuilt
@@ -356,9 +356,10 @@ def test_kernel_builds_damaged_killed_and_raced_all_end_in_a_working_library(tmp
         shutil.copytree(folder, where / folder.name, ignore=shutil.ignore_patterns(".*.lock"))
     (binding,) = where.glob("binding-*/quantspec_kernels.so")
     (variant,) = where.glob(f"*/qs_{best.name}.so")
+    wants = {library: json.loads((library.parent / MANIFEST).read_text())["want"] for library in (binding, variant)}
     with binding.open("r+b") as f:
         f.truncate(binding.stat().st_size // 2)
-    (variant.parent / "library.json").write_text("null")
+    (variant.parent / MANIFEST).write_text("null")
 
     def load():
         return subprocess.Popen(
@@ -372,30 +373,31 @@ def test_kernel_builds_damaged_killed_and_raced_all_end_in_a_working_library(tmp
         )
 
     first = load()
-    deadline = time.time() + 60  # killed while compiling: torch's baton ("lock") is left behind
-    while not list(where.glob("binding-*/lock")):
+    deadline = time.time() + 60  # killed while compiling: its scratch folder, torch's baton inside, is left behind
+    while not list(where.glob(".binding-*.tmp/model/lock")):
         assert time.time() < deadline and first.poll() is None, "the build never started"
         time.sleep(0.1)
     time.sleep(1)
     kill_session(first.pid)  # the load and the compilers it started (left running, they slow the racers)
     _, err = first.communicate()
-    assert err.count("does not match its recorded sha256") == 1 and "quantspec_kernels.so" in err, err
-    assert list(where.glob("binding-*/lock"))
+    assert err.count("is rebuilt") == 1 and "quantspec_kernels.so has" in err, err
+    assert list(where.glob(".binding-*.tmp"))
     racing = [load(), load()]
     errs = ""
     for proc in racing:
         out, err = proc.communicate(timeout=600)
         assert out.strip() == "LOADED", err[-2000:]
         errs += err
-    # the variant's record, found by whichever racer took its lock first and rebuilt it once
-    assert errs.count("does not match its recorded sha256") == 1 and f"{variant.name} does not" in errs, errs
+    # the variant's manifest, found by whichever racer took its lock first and rebuilt once
+    assert errs.count(f"{variant.parent.name} is rebuilt: its manifest records no files") == 1, errs
     # the best variant, never a lesser, and the reference variant its missing kernels come from (core/api.h)
     assert {p.name for p in where.glob("*/qs_*.so")} == {
         variant.name,
         "qs_reference.so",
     } and "not built here" not in errs
+    assert not list(where.glob(".*.tmp"))  # the killed build's folder cleared by the next build
     for library in (binding, variant):
-        assert json.loads((library.parent / "library.json").read_text())["sha256"] == sha256_file(library)
+        assert damage(library.parent, wants[library]) is None
 
 
 # --- a full disk -----------------------------------------------------------------------------------
