@@ -101,6 +101,7 @@ class Runtime(Protocol):
 
 
 NAMES = ("unsupported", "runtime_name", "build", "crash_hint")  # Runtime's functions, as a module defines them
+RUNTIME_NAMES = ("TITLE", *NAMES)  # every member of a Runtime (a runtime's package exports these)
 
 
 def check_module(name: str) -> None:

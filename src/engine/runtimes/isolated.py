@@ -75,6 +75,11 @@ class Maker:
         return getattr(importlib.import_module(self.module), self.name)(*self.args, **self.kwargs)
 
 
+def no_crash_hint() -> str:
+    """A runtime's crash_hint where nothing is known to do about a crash on a particular host."""
+    return ""
+
+
 class Isolated:
     """The engine `make()` builds, run in a child process; called as every engine is."""
 

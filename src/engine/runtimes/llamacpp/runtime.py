@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from src.engine.config import RUNTIME_NAMES
 from src.engine.generation import Generation, Request, eos_ids, token_loop
 from src.engine.runtimes.exports import cached, exported
 from src.engine.runtimes.isolated import Maker
@@ -33,7 +34,7 @@ from src.quality.scoring import score_logits
 log = logging.getLogger("quantspec")
 
 # What the package exports: the Runtime's members (src.engine.config.Runtime) and what tests and scripts use.
-__all__ = ["FTYPES", "TITLE", "LlamaCpp", "available", "build", "crash_hint", "export", "runtime_name", "unsupported"]
+__all__ = [*RUNTIME_NAMES, "FTYPES", "LlamaCpp", "available", "export"]
 
 TITLE = "llama.cpp"
 FTYPES = {"fp32": 0, "bf16": 32}  # llama.h's LLAMA_FTYPE_ALL_F32 and LLAMA_FTYPE_MOSTLY_BF16

@@ -29,31 +29,18 @@ import numpy as np
 import torch
 
 from src.common.environment import PROJECT_ROOT
+from src.engine.config import RUNTIME_NAMES
 from src.engine.generation import Generation, Request, eos_ids, token_loop
 from src.engine.runtimes.exports import cached_export, exported
-from src.engine.runtimes.isolated import Maker
+from src.engine.runtimes.isolated import Maker, no_crash_hint
 from src.quality.scoring import score_logits
 
 log = logging.getLogger("quantspec")
-# What the package exports: the Runtime's members (src.engine.config.Runtime) and what tests and scripts use.
-__all__ = [
-    "PRECISIONS",
-    "TITLE",
-    "OpenVINO",
-    "available",
-    "build",
-    "crash_hint",
-    "export",
-    "runtime_name",
-    "unsupported",
-]
+# the package's names: the Runtime's members (src.engine.config.Runtime), and what tests and scripts use
+__all__ = [*RUNTIME_NAMES, "PRECISIONS", "OpenVINO", "available", "export"]
 
 TITLE = "OpenVINO"
-
-
-def crash_hint() -> str:
-    """Nothing known to do about a crash of its native code on a particular host."""
-    return ""
+crash_hint = no_crash_hint  # nothing known to do about a crash of its native code on a particular host
 
 
 PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4_awq", "w8a8": "int8_sq"}

@@ -23,31 +23,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from src.engine.config import RUNTIME_NAMES
 from src.engine.generation import Generation, Request
 from src.engine.runtimes.exports import cached_export, exported
-from src.engine.runtimes.isolated import Maker
+from src.engine.runtimes.isolated import Maker, no_crash_hint
 from src.quality.scoring import score_logits
 
 log = logging.getLogger("quantspec")
-# What the package exports: the Runtime's members (src.engine.config.Runtime) and what tests and scripts use.
-__all__ = [
-    "PRECISIONS",
-    "TITLE",
-    "OrtGenAI",
-    "available",
-    "build",
-    "crash_hint",
-    "export",
-    "runtime_name",
-    "unsupported",
-]
+# the package's names: the Runtime's members (src.engine.config.Runtime), and what tests and scripts use
+__all__ = [*RUNTIME_NAMES, "PRECISIONS", "OrtGenAI", "available", "export"]
 
 TITLE = "ONNX Runtime GenAI"
-
-
-def crash_hint() -> str:
-    """Nothing known to do about a crash of its native code on a particular host."""
-    return ""
+crash_hint = no_crash_hint  # nothing known to do about a crash of its native code on a particular host
 
 
 # quantspec's precision -> the builder's. Weight-only int8/int4 are what the builder offers on the CPU
