@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from src.assembly.overrides import CONF_DIR
 from src.common.schema import ConfigError
 from src.models import hub
-from src.models.config import AUTO, OTHER
+from src.models.config import AUTO, OTHER, source_problem
 
 # the entries of conf/model/ that name a model of the user's own: a job's `model` tag is then the model's name
 OWN_ENTRIES = ("hub", "gguf")
@@ -48,15 +48,13 @@ def _model(section: Mapping[str, Any]) -> dict:
     section = dict(section)
     if section.get("arch") != AUTO:
         return section
+    folder, model_id = section.get("local_path"), section.get("id")
+    if (line := source_problem(section.get("source"), section.get("gguf"), model_id, folder)) is not None:
+        raise ConfigError(line)
     try:
         if section.get("source") == "gguf_file":
-            if not section.get("gguf"):
-                raise ConfigError("model=gguf needs model.gguf=/path/to/model.gguf")
             arch, model_type = hub.gguf_architecture(section["gguf"])
         else:
-            folder, model_id = section.get("local_path"), section.get("id")
-            if not (folder or model_id):
-                raise ConfigError("model=hub needs model.id=org/name (a hub id) or model.local_path=/path/to/folder")
             config = hub.folder_config(folder) if folder else hub.hub_config(model_id)
             model_type = config.get("model_type")
             arch = hub.family(model_type, f"model.local_path={folder}" if folder else f"model.id={model_id}")

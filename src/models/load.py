@@ -8,7 +8,6 @@ built in-process.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from src.common.cache import build_cached
 from src.common.locks import sha256_file
 from src.common.paths import child
+from src.models import hub
 from src.models.config import ModelConfig
 from src.models.random_weights import SEED, NoShape, random_model
 from src.models.tiny import tiny_model
@@ -131,24 +131,11 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     where = cfg.local_path or cfg.id
     if cfg.local_path and not Path(cfg.local_path).expanduser().is_dir():
         raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} is not a directory")
-    if cfg.local_path and not (Path(cfg.local_path).expanduser() / "config.json").is_file():
-        raise ModelUnavailable(
-            f"model {cfg.name}: model.local_path={cfg.local_path} has no config.json; it must "
-            f"be a Hugging Face model directory (config.json, weights, tokenizer files)"
-        )
     if cfg.local_path:
-        try:
-            config = json.loads((Path(cfg.local_path).expanduser() / "config.json").read_text())
-        except (ValueError, OSError) as err:
-            raise ModelUnavailable(
-                f"model {cfg.name}: {cfg.local_path}/config.json cannot be read as JSON "
-                f"({str(err).splitlines()[0][:120]}); restore it from the model's source"
-            ) from None
-        if not isinstance(config, dict):
-            raise ModelUnavailable(
-                f"model {cfg.name}: {cfg.local_path}/config.json holds {type(config).__name__}, not a model's "
-                f"config (a JSON object); restore it from the model's source"
-            )
+        try:  # the folder's config.json as src.assembly.ownmodel reads it, with the same words
+            config = hub.folder_config(cfg.local_path)
+        except hub.NotAModel as err:
+            raise ModelUnavailable(f"model {cfg.name}: {err}; restore it from the model's source") from None
         bad = _bad_size(config)
         if bad:
             raise ModelUnavailable(
