@@ -40,6 +40,7 @@ from src.quality.scoring import torch_scorer
 from src.quant import prefill
 from src.quant.apply import prepare
 from src.quant.linear import install_prefill, w8a8_linears
+from src.tasks.kinds import Referenced
 from src.tasks.timed import BANDWIDTH, TaskInputs, TaskResult
 
 log = logging.getLogger("quantspec")
@@ -86,6 +87,7 @@ class Job:
     recorder: Recorder
     on_row: Callable = lambda row, total: None  # each measured row, as it comes (src.tracking.sweep.record logs it)
     scorer: Callable | None = None  # another runtime's window_score where it has one (else torch's forward scores)
+    close: Callable[[], object] = lambda: None  # ends another runtime's process (quantspec's engines hold none)
 
     def inputs(self) -> TaskInputs:
         cfg = self.cfg
@@ -115,7 +117,7 @@ class Job:
         """What the task measures the model against: the same weights in task.reference's float precision
         (none where the task has no reference, it is off, or the weights are random: a random model's
         departure from itself says nothing of a method's quality)."""
-        precision = getattr(self.cfg.task, "reference", "none")
+        precision = self.cfg.task.reference if isinstance(self.cfg.task, Referenced) else "none"
         if precision == "none" or self.cfg.model.weights == "random":
             return None
         if precision == "auto":  # a 7B model's fp32 copy (28 GB) would not fit beside the job's own
@@ -131,7 +133,7 @@ class Job:
         try:
             result = self.cfg.task.run(self.inputs())
         finally:  # another runtime's process ends with its task
-            getattr(self.engine, "close", lambda: None)()
+            self.close()
         if gpu:
             result.summary["device_peak_gb"] = torch.cuda.max_memory_allocated() / memory.GB
         for text, contexts in self.corpus.used():
@@ -234,7 +236,20 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
         # of its own, so that its crash fails this job and the sweep goes on
         make = other.build(cfg, loaded, placement, corpus, recorder)
         engine = Isolated(make, other.TITLE, other.crash_hint)
-        return Job(cfg, placement, env, loaded, loaded.model, corpus, engine, None, {}, recorder, scorer=engine.scorer)
+        return Job(
+            cfg,
+            placement,
+            env,
+            loaded,
+            loaded.model,
+            corpus,
+            engine,
+            None,
+            {},
+            recorder,
+            scorer=engine.scorer,
+            close=engine.close,
+        )
     gemv = _kernels(cfg, placement, recorder)  # chosen once: quantized modules are built for it
     model, quant_metrics = _prepare_precision(
         cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv, placement.device
