@@ -6,6 +6,7 @@ could be."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -171,8 +172,8 @@ def _build_binding(out: Path) -> None:
         verbose=bool(os.environ.get("QUANTSPEC_VERBOSE_BUILD")),
     )
     for path in out.iterdir():
-        if path.name != f"{BINDING}.so":
-            path.unlink() if path.is_file() else None
+        if path.name != f"{BINDING}.so" and path.is_file():
+            path.unlink()
 
 
 def built_variant(variant: variants.Variant, directory: Path) -> Path:
@@ -188,12 +189,18 @@ def built_variant(variant: variants.Variant, directory: Path) -> Path:
     return folder / library
 
 
+@functools.cache
+def _formats() -> tuple[str, ...]:
+    """core/api.h's QS_FORMATS as the loaded binding lists them (fixed once it is loaded: asked once)."""
+    import torch  # after the ISA environment a script sets (see _key)
+
+    return tuple(torch.ops.quantspec.formats())
+
+
 def format_number(name: str) -> int:
     """A weight format's number in the kernels' list (core/api.h's QS_FORMATS, read through the binding, so
     Python and C++ never disagree): what the grouped ops and the C++ step take. ValueError if it has none."""
-    import torch  # after the ISA environment a script sets (see _key)
-
-    names = list(torch.ops.quantspec.formats())
+    names = _formats()
     if name not in names:
         raise ValueError(f"weight format {name!r} has no kernels in core/api.h (they have: {', '.join(names)})")
     return names.index(name)

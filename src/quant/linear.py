@@ -324,18 +324,17 @@ class GroupedLinear(QuantLinear):
 
     BITS: int
     BLOCK_ROWS = 4096
+    STEP_BUFFERS = ("q", "scale", "zero")
 
     def __init__(
         self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
     ):
-        values = qparams.unpack_bits(q, self.BITS)
-        super().__init__(values.shape[1], values.shape[0], None if bias is None else bias.to(torch.bfloat16))
+        # its shape from the packed bytes: the weight is unpacked a block at a time in forward, never here
+        super().__init__(q.shape[1] * 8 // self.BITS, q.shape[0], None if bias is None else bias.to(torch.bfloat16))
         self.group = group
         self.register_buffer("q", q.contiguous(), persistent=False)  # packed: BITS / 8 bytes a weight
         self.register_buffer("scale", scale.float().contiguous(), persistent=False)
         self.register_buffer("zero", zero.float().contiguous(), persistent=False)
-
-    STEP_BUFFERS = ("q", "scale", "zero")
 
     @classmethod
     def from_tensors(cls, t, group, dtype):
@@ -351,6 +350,12 @@ class GroupedLinear(QuantLinear):
             w = qparams.groups_dequant(values, self.scale[n0:n1], self.zero[n0:n1], self.group, self.BITS)
             torch.mm(x2, w.to(x2.dtype).t(), out=y[:, n0:n1])
         return self._finish(y, x, lead)
+
+
+class W2A16Linear(GroupedLinear):
+    """w2a16 off quantspec's kernels: ATen has no 2-bit kernel."""
+
+    BITS = 2
 
 
 # --- portable tensors: what the quantizer produces and the cache stores ----------------------------
@@ -389,9 +394,3 @@ def install_prefill(model: nn.Module, path: str) -> int:
     for module in linears:
         module.prefill = path
     return len(linears)
-
-
-class W2A16Linear(GroupedLinear):
-    """w2a16 off quantspec's kernels: ATen has no 2-bit kernel."""
-
-    BITS = 2

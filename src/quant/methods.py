@@ -53,11 +53,14 @@ class QuantSpec:
         check_choice("precision.scheme", self.scheme, schemes.names())
         if self.head_scheme is not None:
             check_choice("precision.head_scheme", self.head_scheme, schemes.names())
-        asked = [f"precision.{k}={v}" for k, v in (("scheme", self.scheme), ("head_scheme", self.head_scheme))]
-        asked = [a for a, v in zip(asked, (self.scheme, self.head_scheme)) if v in schemes.grouped()]
-        if asked and self.group_size is None:  # the precision chose no groups: blame what asked for them
+        # the fields that ask for a grouped scheme, the layers' first: the one to blame where groups are missing
+        asked = [
+            (k, v) for k, v in (("scheme", self.scheme), ("head_scheme", self.head_scheme)) if v in schemes.grouped()
+        ]
+        if asked and self.group_size is None:
+            key, name = asked[0]
             raise ConfigError(
-                f"{asked[0]} is a {schemes.get(asked[0].split('=')[1]).bits}-bit scheme, which quantizes in groups, "
+                f"precision.{key}={name} is a {schemes.get(name).bits}-bit scheme, which quantizes in groups, "
                 f"and this precision sets none; add precision.group_size= one of: {', '.join(map(str, schemes.GROUPS))}"
             )
         if asked and self.group_size not in schemes.GROUPS:
