@@ -12,7 +12,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/gelu.h>
-#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/silu.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -337,12 +336,21 @@ struct StepCache : torch::CustomClassHolder {
 // at a barrier.
 struct Private {
   at::Tensor h, x, act_out;  // activations' type: the residual stream [n, hidden], a kernel's input
+  at::Tensor kept;           // the rows returned, gathered [rows, hidden]
   at::Tensor xin;            // a kernel's input in its own type, where that differs from the activations'
   at::Tensor xf;             // float32 copy for the quantizers
   at::Tensor xq, xs, sums;   // quantized rows, their scales, grouped formats' group sums
   void* xin_p;               // their addresses (Call's why)
   float *xf_p, *xs_p, *sums_p;
   uint8_t* xq_p;
+};
+
+// One sequence's share of a call: its cache, and its rows (first .. first + rows) among the call's, at
+// positions past .. past + rows. A single sequence's call has one; a batched call (batch_*) one per sequence,
+// each row computed exactly as it would be alone (the kernels' rows are independent, attention is per row).
+struct Seq {
+  StepCache* cache;
+  int64_t first, rows, past;
 };
 
 struct Stepper : torch::CustomClassHolder {
@@ -358,6 +366,7 @@ struct Stepper : torch::CustomClassHolder {
   std::vector<Call> head;  // the output projection, where it runs here (set_head)
   int64_t max_k = 0, max_n = 0;  // the widest kernel input; the widest layer projection (not the head)
   std::vector<char> banned_mask;  // a greedy step's banned ids, by id (all 0 outside a call)
+  std::vector<char> no_ban;       // all 0: the mask of a batched greedy row that bans nothing
   Threads threads;                 // how many threads each call runs on
   std::vector<double> waits;       // seconds each thread of the last call waited at barriers
   double last_waiting = 0;         // their sum over threads x the call's wall time
@@ -471,13 +480,13 @@ struct Stepper : torch::CustomClassHolder {
   // ids [k], the new tokens -> the final norm of the last `keep` rows [keep, hidden]; the k positions
   // join the cache.
   at::Tensor forward(at::Tensor ids, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
-    return enter(ids, *cache, keep, HIDDEN, at::Tensor());
+    return one(ids, *cache, keep, HIDDEN, at::Tensor());
   }
 
   // The head's logits for the last `keep` rows [keep, vocabulary] (set_head first).
   at::Tensor logits(at::Tensor ids, const c10::intrusive_ptr<StepCache>& cache, int64_t keep) {
     TORCH_CHECK(!head.empty(), "quantspec Stepper: no head set");
-    return enter(ids, *cache, keep, LOGITS, at::Tensor());
+    return one(ids, *cache, keep, LOGITS, at::Tensor());
   }
 
   // The last row's greedy token: the first index of the largest logit (torch.argmax's choice, a NaN
@@ -486,32 +495,93 @@ struct Stepper : torch::CustomClassHolder {
   int64_t greedy(at::Tensor ids, const c10::intrusive_ptr<StepCache>& cache, at::Tensor banned) {
     TORCH_CHECK(!head.empty(), "quantspec Stepper: no head set");
     TORCH_CHECK(banned.scalar_type() == at::kLong && banned.dim() == 1, "quantspec Stepper: banned ids int64 [b]");
-    return enter(ids, *cache, 1, GREEDY, banned.contiguous()).item<int64_t>();
+    return one(ids, *cache, 1, GREEDY, banned.contiguous()).item<int64_t>();
+  }
+
+  // Several sequences at once (continuous batching, src.engine.batching): ids [n] holds each sequence's new
+  // tokens in turn, counts[s] of them for caches[s] (a decode step's one, or a chunk of a prompt); one call
+  // through each projection for all n rows, attention per row over its own sequence's cache. What comes back
+  // is for the last row of each sequence s with emit[s] (a prompt's chunk before its last emits nothing):
+  // batch_hidden its final norm [e, hidden], batch_logits its logits [e, vocabulary], batch_greedy its greedy
+  // token [e] (`banned` ids left out of the sequences with ban[s]). Each row's values are those of the same
+  // sequence run alone, bit for bit (tests/engine/test_batching.py).
+  at::Tensor batch_hidden(at::Tensor ids, std::vector<c10::intrusive_ptr<StepCache>> caches, std::vector<int64_t> counts,
+                          std::vector<int64_t> emit) {
+    return many(ids, caches, counts, emit, {}, HIDDEN, at::Tensor());
+  }
+  at::Tensor batch_logits(at::Tensor ids, std::vector<c10::intrusive_ptr<StepCache>> caches, std::vector<int64_t> counts,
+                          std::vector<int64_t> emit) {
+    TORCH_CHECK(!head.empty(), "quantspec Stepper: no head set");
+    return many(ids, caches, counts, emit, {}, LOGITS, at::Tensor());
+  }
+  at::Tensor batch_greedy(at::Tensor ids, std::vector<c10::intrusive_ptr<StepCache>> caches, std::vector<int64_t> counts,
+                          std::vector<int64_t> emit, at::Tensor banned, std::vector<int64_t> ban) {
+    TORCH_CHECK(!head.empty(), "quantspec Stepper: no head set");
+    TORCH_CHECK(banned.scalar_type() == at::kLong && banned.dim() == 1, "quantspec Stepper: banned ids int64 [b]");
+    return many(ids, caches, counts, emit, ban, GREEDY, banned.contiguous());
   }
 
  private:
-  at::Tensor enter(const at::Tensor& ids, StepCache& cache, int64_t keep, Mode mode, const at::Tensor& banned) {
-    RECORD_FUNCTION("quantspec::step", std::vector<c10::IValue>());  // its self time: the glue and the waits
+  // One sequence's call: its last `keep` rows returned (a greedy call's last row).
+  at::Tensor one(const at::Tensor& ids, StepCache& cache, int64_t keep, Mode mode, const at::Tensor& banned) {
     TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && keep >= 1 && keep <= ids.size(0),
                 "quantspec Stepper: ids int64 [k], 1 <= keep <= k");
+    const int64_t n = ids.size(0), rows = mode == GREEDY ? 1 : keep;
+    std::vector<int64_t> kept;
+    for (int64_t i = n - rows; i < n; ++i) kept.push_back(i);
+    return enter(ids, {Seq{&cache, 0, n, cache.length}}, kept, {1}, mode, banned);
+  }
+
+  at::Tensor many(const at::Tensor& ids, const std::vector<c10::intrusive_ptr<StepCache>>& caches,
+                  const std::vector<int64_t>& counts, const std::vector<int64_t>& emit, const std::vector<int64_t>& ban,
+                  Mode mode, const at::Tensor& banned) {
+    const size_t S = caches.size();
+    TORCH_CHECK(S >= 1 && counts.size() == S && emit.size() == S && (mode != GREEDY || ban.size() == S),
+                "quantspec Stepper: one count and one emit flag (and for greedy, one ban flag) per sequence");
+    TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "quantspec Stepper: ids int64 [n]");
+    std::vector<Seq> seqs;
+    std::vector<int64_t> kept;
+    std::vector<char> bans;
+    int64_t first = 0;
+    for (size_t s = 0; s < S; ++s) {
+      TORCH_CHECK(counts[s] >= 1, "quantspec Stepper: a sequence without new tokens");
+      for (size_t r = 0; r < s; ++r)
+        TORCH_CHECK(caches[r].get() != caches[s].get(), "quantspec Stepper: one sequence twice in a batch");
+      seqs.push_back(Seq{caches[s].get(), first, counts[s], caches[s]->length});
+      first += counts[s];
+      if (emit[s]) {
+        kept.push_back(first - 1);
+        bans.push_back(mode == GREEDY && ban[s] ? 1 : 0);
+      }
+    }
+    TORCH_CHECK(first == ids.size(0), "quantspec Stepper: counts add up to ", first, ", not the ", ids.size(0), " ids");
+    TORCH_CHECK(!kept.empty(), "quantspec Stepper: a batch that emits nothing");
+    return enter(ids, seqs, kept, bans, mode, banned);
+  }
+
+  at::Tensor enter(const at::Tensor& ids, const std::vector<Seq>& seqs, const std::vector<int64_t>& kept,
+                   const std::vector<char>& bans, Mode mode, const at::Tensor& banned) {
+    RECORD_FUNCTION("quantspec::step", std::vector<c10::IValue>());  // its self time: the glue and the waits
     TORCH_CHECK(!layers.empty() && final_norm.defined() && embedding.defined(), "quantspec Stepper: not set up");
-    const int64_t past = cache.length, n = ids.size(0), vocab = embedding.size(0);
-    for (const at::Tensor& table : cos)
-      TORCH_CHECK(table.size(0) >= past + n && table.scalar_type() == embedding.scalar_type(),
-                  "quantspec Stepper: rotary table shorter than ", past + n, " or of another type");
+    const int64_t n = ids.size(0), vocab = embedding.size(0);
+    TORCH_CHECK(embedding.scalar_type() == at::kFloat || embedding.scalar_type() == at::kBFloat16,
+                "quantspec Stepper: float32 or bfloat16 activations");
+    for (const Seq& s : seqs)
+      for (const at::Tensor& table : cos)
+        TORCH_CHECK(table.size(0) >= s.past + s.rows && table.scalar_type() == embedding.scalar_type(),
+                    "quantspec Stepper: rotary table shorter than ", s.past + s.rows, " or of another type");
     const at::Tensor tokens = ids.contiguous();
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = tokens.data_ptr<int64_t>()[i];
       TORCH_CHECK(t >= 0 && t < vocab, "quantspec Stepper: token ", t, " outside the vocabulary of ", vocab);
     }
-    cache.reserve(layers.size(), kv_heads, dim, embedding.scalar_type(), past + n);
-    TORCH_CHECK(embedding.scalar_type() == at::kFloat || embedding.scalar_type() == at::kBFloat16,
-                "quantspec Stepper: float32 or bfloat16 activations");
+    for (const Seq& s : seqs) s.cache->reserve(layers.size(), kv_heads, dim, embedding.scalar_type(), s.past + s.rows);
     const int64_t kind = 2 * n + (mode != HIDDEN);  // calls alike in cost share their thread counts' times
     const int nt = threads.choose(kind, std::max(1, at::get_num_threads()));
     const auto start = std::chrono::steady_clock::now();
-    at::Tensor out = embedding.scalar_type() == at::kBFloat16 ? run<BF>(embed<BF>(tokens), cache, keep, mode, banned, nt)
-                                                               : run<float>(embed<float>(tokens), cache, keep, mode, banned, nt);
+    at::Tensor out = embedding.scalar_type() == at::kBFloat16
+                         ? run<BF>(embed<BF>(tokens), seqs, kept, bans, mode, banned, nt)
+                         : run<float>(embed<float>(tokens), seqs, kept, bans, mode, banned, nt);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double waited = 0;
     for (double w : waits) waited += w;
@@ -589,8 +659,8 @@ struct Stepper : torch::CustomClassHolder {
 
   // This thread's share of a projection: x [n, K] (activations' type, this thread's own copy) through each
   // call's kernel over the chunks of columns this thread takes (`tickets`: the call's, one per thread; moved
-  // past them), finished into out [n, width] (shared), or with `pick` (the head of a greedy step, one row)
-  // each finished value seen by it instead of stored.
+  // past them), finished into out [n, width] (shared), or with `pick` (the head of a greedy step: one Pick
+  // per row) each finished value seen by its row's Pick instead of stored.
   template <typename T>
   void project(const std::vector<Call>& calls, int64_t width, const T* x, int64_t n, Private& p, float* y, T* out,
                int tid, int nt, Ticket*& tickets, Pick* pick = nullptr) const {
@@ -666,8 +736,8 @@ struct Stepper : torch::CustomClassHolder {
             if (pick != nullptr) {
               bool nan;
               const float largest = largest_of(ym + a, b - a, &nan);
-              if (pick->may_take(to_f(T(largest)), nan))
-                for (int64_t j = a; j < b; ++j) pick->see(c.offset + j, to_f(T(ym[j])));
+              if (pick[m].may_take(to_f(T(largest)), nan))
+                for (int64_t j = a; j < b; ++j) pick[m].see(c.offset + j, to_f(T(ym[j])));
             } else {
               T* om = out + m * width + c.offset;
               if constexpr (std::is_same_v<T, BF>)
@@ -687,7 +757,7 @@ struct Stepper : torch::CustomClassHolder {
             return T(v);
           };
           if (pick != nullptr) {
-            for (int64_t j = a; j < b; ++j) pick->see(c.offset + j, to_f(finished(j)));
+            for (int64_t j = a; j < b; ++j) pick[m].see(c.offset + j, to_f(finished(j)));
             continue;
           }
           T* om = out + m * width + c.offset;
@@ -741,10 +811,17 @@ struct Stepper : torch::CustomClassHolder {
   }
 
   template <typename T>
-  at::Tensor run(const at::Tensor& input, StepCache& cache, int64_t keep, Mode mode, const at::Tensor& banned,
-                 int want) {
+  at::Tensor run(const at::Tensor& input, const std::vector<Seq>& seqs, const std::vector<int64_t>& kept,
+                 const std::vector<char>& bans, Mode mode, const at::Tensor& banned, int want) {
     const at::ScalarType act_type = input.scalar_type();
-    const int64_t n = input.size(0), hidden = input.size(1), past = cache.length, cap = cache.capacity();
+    const int64_t n = input.size(0), hidden = input.size(1), rows = static_cast<int64_t>(kept.size());
+    // each row's sequence and position
+    std::vector<int64_t> seq_of(n), pos_of(n);
+    for (size_t s = 0; s < seqs.size(); ++s)
+      for (int64_t r = 0; r < seqs[s].rows; ++r) {
+        seq_of[seqs[s].first + r] = static_cast<int64_t>(s);
+        pos_of[seqs[s].first + r] = seqs[s].past + r;
+      }
     const int64_t qw = heads * dim, kw = kv_heads * dim;
     const auto opt = input.options();
     const auto fopt = opt.dtype(at::kFloat);
@@ -761,6 +838,7 @@ struct Stepper : torch::CustomClassHolder {
     for (Private& p : priv) {
       p.h = input.clone();
       p.x = at::empty({n, max_k}, opt);
+      p.kept = at::empty({rows, hidden}, opt);
       p.xin = at::empty({n, max_k}, opt.dtype(act_type == at::kFloat ? at::kBFloat16 : at::kFloat));
       p.xf = at::empty({n, max_k}, fopt);
       p.xq = at::empty({n, max_k * x8}, opt.dtype(at::kByte));
@@ -775,12 +853,12 @@ struct Stepper : torch::CustomClassHolder {
     const float scale = float(scaling);
     T *pa = proj_a.data_ptr<T>(), *pb = proj_b.data_ptr<T>(), *qp = q.data_ptr<T>(), *ap = attn.data_ptr<T>();
     float* yp = y.data_ptr<float>();
-    const int64_t vocab = head.empty() ? 0 : head[0].N, rows = mode == GREEDY ? 1 : keep;
+    const int64_t vocab = head.empty() ? 0 : head[0].N;
     // a greedy step's logits are never stored (Pick)
-    at::Tensor out = mode == HIDDEN ? at::empty({keep, hidden}, opt) : at::empty({rows, mode == GREEDY ? 0 : vocab}, opt);
+    at::Tensor out = mode == HIDDEN ? at::empty({rows, hidden}, opt) : at::empty({rows, mode == GREEDY ? 0 : vocab}, opt);
     T* outp = out.data_ptr<T>();
-    std::vector<float> best(want, -std::numeric_limits<float>::infinity());
-    std::vector<int64_t> best_at(want, -1);
+    std::vector<float> best(want * rows, -std::numeric_limits<float>::infinity());  // [thread, row]
+    std::vector<int64_t> best_at(want * rows, -1);
     size_t sites = head.size();  // the kernel calls of a step, each with a Ticket per thread (project())
     for (const Layer& L : layers)
       for (const auto& slot : L.calls) sites += slot.size();
@@ -792,7 +870,7 @@ struct Stepper : torch::CustomClassHolder {
       for (int64_t i = 0; ban != nullptr && i < banned.numel(); ++i)
         if (ban[i] >= 0 && ban[i] < vocab) banned_mask[ban[i]] = on;
     };
-    if (mode == GREEDY) banned_mask.resize(vocab, 0);
+    if (mode == GREEDY) banned_mask.resize(vocab, 0), no_ban.resize(vocab, 0);
     mark(1);
     struct Unmark {
       decltype(mark)& f;
@@ -810,6 +888,8 @@ struct Stepper : torch::CustomClassHolder {
       T* h = me.h.data_ptr<T>();
       T* x = me.x.data_ptr<T>();
       std::vector<T> row(dim);  // rotate()'s scratch
+      std::vector<T*> kcs(seqs.size()), vcs(seqs.size());
+      std::vector<int64_t> caps(seqs.size());
       const bool silu = act == "silu";
       int64_t act_width = -1;  // the width the activation's views below were made for
       at::Tensor gate, up;     // views of the gate/up projection's shared output
@@ -824,37 +904,41 @@ struct Stepper : torch::CustomClassHolder {
         const Layer& L = layers[l];
         // q, k, v
         norm_rows<T>(h, L.norm_p[ATTN_IN], hidden, n, x);
-        fetch_cache_rows<T>(cache, l, past, L.window);
+        for (const Seq& s : seqs) fetch_cache_rows<T>(*s.cache, l, s.past, L.window);
         projected(L, QKV, x, pa);
         // q/k norms, rotary positions and the cache's new rows: each thread readies the query heads it
         // attends (no other thread reads them), the first thread the keys, the last the values; attention
         {
           RECORD_FUNCTION("quantspec::decode_attention", std::vector<c10::IValue>());
-          at::Tensor& K = cache.keys[l];
-          at::Tensor& V = cache.values[l];
-          T* kc = K.data_ptr<T>();
-          T* vc = V.data_ptr<T>();
+          // each sequence's cache of this layer: its keys, values and capacity (positions per KV head)
+          for (size_t s = 0; s < seqs.size(); ++s) {
+            kcs[s] = seqs[s].cache->keys[l].template data_ptr<T>();
+            vcs[s] = seqs[s].cache->values[l].template data_ptr<T>();
+            caps[s] = seqs[s].cache->capacity();
+          }
           const int64_t w = L.width[QKV], items = n * heads, i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
           for (int64_t item = i0; item < i1; ++item) {
             const int64_t i = item / heads, hd = item % heads;
             T* qh = qp + i * qw + hd * dim;
             std::copy(pa + i * w + hd * dim, pa + i * w + (hd + 1) * dim, qh);
             if (L.norm_p[Q_NORM]) norm_rows<T>(qh, L.norm_p[Q_NORM], dim, 1, qh);
-            rotate<T>(qh, past + i, cos_p[L.rope], sin_p[L.rope], row.data());
+            rotate<T>(qh, pos_of[i], cos_p[L.rope], sin_p[L.rope], row.data());
           }
           if (tid == 0)
             for (int64_t i = 0; i < n; ++i)
               for (int64_t g = 0; g < kv_heads; ++g) {
-                T* kh = kc + (g * cap + past + i) * dim;
+                const int64_t s = seq_of[i];
+                T* kh = kcs[s] + (g * caps[s] + pos_of[i]) * dim;
                 std::copy(pa + i * w + qw + g * dim, pa + i * w + qw + (g + 1) * dim, kh);
                 if (L.norm_p[K_NORM]) norm_rows<T>(kh, L.norm_p[K_NORM], dim, 1, kh);
-                rotate<T>(kh, past + i, cos_p[L.rope], sin_p[L.rope], row.data());
+                rotate<T>(kh, pos_of[i], cos_p[L.rope], sin_p[L.rope], row.data());
               }
           if (tid == nt - 1)
             for (int64_t i = 0; i < n; ++i)
               for (int64_t g = 0; g < kv_heads; ++g) {
+                const int64_t s = seq_of[i];
                 const T* v = pa + i * w + qw + kw + g * dim;
-                std::copy(v, v + dim, vc + (g * cap + past + i) * dim);
+                std::copy(v, v + dim, vcs[s] + (g * caps[s] + pos_of[i]) * dim);
               }
           bar.wait(waited);
           // attention: each (query, head) alone, query i at position past + i seeing its window's keys
@@ -862,8 +946,9 @@ struct Stepper : torch::CustomClassHolder {
             const int64_t items = n * heads, i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
             for (int64_t item = i0; item < i1;) {
               const int64_t i = item / heads, h0 = item % heads, h1 = std::min(heads, h0 + (i1 - item));
-              const int64_t pos = past + i, start = L.window ? std::max<int64_t>(0, pos - L.window + 1) : 0;
-              const int64_t len = pos - start + 1;
+              const int64_t pos = pos_of[i], start = L.window ? std::max<int64_t>(0, pos - L.window + 1) : 0;
+              const int64_t len = pos - start + 1, s = seq_of[i], cap = caps[s];
+              const T *kc = kcs[s], *vc = vcs[s];
               if constexpr (std::is_same_v<T, float>)
                 k().attention_f32(qp + i * qw, kc + start * dim, vc + start * dim, cap * dim, heads, kv_heads, 1, len,
                                   dim, scale, h0, h1, ap + i * qw);
@@ -901,30 +986,39 @@ struct Stepper : torch::CustomClassHolder {
         projected(L, DOWN, me.act_out.data_ptr<T>(), pb);
         add_residual<T>(h, pb, L.norm_p[MLP_OUT], hidden, n, x);
       }
-      // the final norm of the rows kept; then the head, split by columns like any projection
-      const T* last = h + (n - rows) * hidden;
+      // the final norm of the rows kept (gathered: a batch's are one per sequence); then the head, split by
+      // columns like any projection
+      T* last = me.kept.data_ptr<T>();
+      for (int64_t r = 0; r < rows; ++r) std::copy(h + kept[r] * hidden, h + (kept[r] + 1) * hidden, last + r * hidden);
       if (mode == HIDDEN) {
-        if (tid == 0) norm_rows<T>(h + (n - keep) * hidden, final_norm.data_ptr(), hidden, keep, outp);
+        if (tid == 0) norm_rows<T>(last, final_norm.data_ptr(), hidden, rows, outp);
       } else {
         norm_rows<T>(last, final_norm.data_ptr(), hidden, rows, x);
         RECORD_FUNCTION(NAMES[head[0].kind].c_str(), std::vector<c10::IValue>());
-        if (mode == GREEDY) {  // this thread's columns, seen as they are computed
-          Pick pick{banned_mask.data()};
-          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next, &pick);
-          best[tid] = pick.top;
-          best_at[tid] = pick.where;
+        if (mode == GREEDY) {  // this thread's columns, seen as they are computed, by each row's Pick
+          std::vector<Pick> picks;
+          for (int64_t r = 0; r < rows; ++r) picks.push_back(Pick{bans[r] ? banned_mask.data() : no_ban.data()});
+          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next, picks.data());
+          for (int64_t r = 0; r < rows; ++r) {
+            best[tid * rows + r] = picks[r].top;
+            best_at[tid * rows + r] = picks[r].where;
+          }
         } else {
           project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next);
         }
       }
     }
-    cache.length = past + n;
+    for (const Seq& s : seqs) s.cache->length = s.past + s.rows;
     if (mode != GREEDY) return out;
-    // the threads' choices, seen in their columns' order by the same rule as each thread's own
-    Pick all{banned_mask.data()};
-    for (int t = 0; t < want; ++t)
-      if (best_at[t] >= 0) all.see(best_at[t], best[t]);
-    return at::scalar_tensor(all.where, at::kLong);
+    // each row's threads' choices, seen in their columns' order by the same rule as each thread's own
+    at::Tensor chosen = at::empty({rows}, at::kLong);
+    for (int64_t r = 0; r < rows; ++r) {
+      Pick all{bans[r] ? banned_mask.data() : no_ban.data()};
+      for (int t = 0; t < want; ++t)
+        if (best_at[t * rows + r] >= 0) all.see(best_at[t * rows + r], best[t * rows + r]);
+      chosen.data_ptr<int64_t>()[r] = all.where;
+    }
+    return chosen;
   }
 };
 
@@ -955,5 +1049,8 @@ TORCH_LIBRARY_FRAGMENT(quantspec, m) {
       .def("adapt_threads", &Stepper::adapt_threads)
       .def("thread_counts", &Stepper::thread_counts)
       .def("waiting_share", &Stepper::waiting_share)
-      .def("forward", &Stepper::forward);
+      .def("forward", &Stepper::forward)
+      .def("batch_hidden", &Stepper::batch_hidden)
+      .def("batch_logits", &Stepper::batch_logits)
+      .def("batch_greedy", &Stepper::batch_greedy);
 }

@@ -1,0 +1,136 @@
+"""Continuous batching (src.engine.batching, step.cpp's batch_*): sequences of different lengths arriving at
+different steps, decoded together with their prompts fed in chunks, each get the greedy tokens they get
+decoded alone, on every precision, family and kernel variant this host runs."""
+
+import pytest
+import torch
+
+from src import kernels
+from src.engine import Sampling, batching, cstep, native
+from src.engine.generation import Request
+from src.kernels import variants
+from src.models.tiny import tiny_model
+from tests.engine.tiny import PRECISIONS, model_at
+from tests.helpers import KERNELS as CACHE
+from tests.helpers import use_variant as use
+
+PROMPTS = [[2, 17, 33], [2, 90, 91, 92, 93, 94, 95], list(range(2, 14)), list(range(40, 56)), list(range(60, 100))]
+NEW = [9, 5, 12, 7, 6]
+
+
+@pytest.fixture(autouse=True, params=[v.name for v in variants.for_arch()])
+def isa(request):
+    return use(request.param)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def best_variant_after():
+    yield
+    kernels.load(CACHE)
+
+
+def alone(model, prompt: list[int], new: int) -> list[int]:
+    """The prompt's greedy tokens decoded by itself: engine=native's loop on the C++ step (a prompt over 16
+    tokens, which native.generate prefills through transformers' forward, through the C++ step in pieces)."""
+    if len(prompt) <= native.Decoder.MAX_FAST:
+        request = Request(torch.tensor([prompt]), new, False, Sampling(), 0, None)
+        return native.generate(model, request, path="quantspec").new_token_ids
+    compiled, eos = cstep.for_model(model), batching.eos_ids(model)
+    kv = compiled.new_cache()
+    with torch.inference_mode():
+        tokens = [int(compiled(torch.tensor([prompt]), kv, 1)[-1].float().argmax())]
+        while len(tokens) < new and tokens[-1] not in eos:
+            tokens.append(compiled.greedy(torch.tensor([[tokens[-1]]]), kv, torch.tensor([], dtype=torch.long)))
+    return tokens
+
+
+def together(model, max_sequences=3, max_batch_tokens=8, sampling=None) -> tuple[list[list[int]], list[str]]:
+    """PROMPTS through one Scheduler: two at first, two more after three steps, the longest after five; fewer
+    slots than sequences, so some wait, and prompts fed in chunks beside other sequences' decode rows."""
+    out = [[] for _ in PROMPTS]
+    reasons = [None] * len(PROMPTS)
+
+    def emitter(i):
+        def emit(token, done):
+            if token is not None:
+                out[i].append(token)
+            reasons[i] = done
+
+        return emit
+
+    scheduler = batching.Scheduler(batching.BatchStep(model), max_sequences, max_batch_tokens)
+    seqs = [
+        batching.Sequence(p, n, emitter(i), sampling=sampling or Sampling())
+        for i, (p, n) in enumerate(zip(PROMPTS, NEW))
+    ]
+    arrivals = {0: seqs[:2], 3: seqs[2:4], 5: seqs[4:]}
+    for step in range(200):
+        for seq in arrivals.get(step, []):
+            scheduler.add(seq)
+        if scheduler.step() == 0 and step > 5:
+            break
+    assert scheduler.idle
+    return out, reasons
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("arch", ["gemma3", "llama", "qwen2"])
+def test_each_sequence_batched_gets_the_tokens_it_gets_alone(arch, precision):
+    model, _ = model_at(arch, precision)
+    batched, reasons = together(model)
+    for prompt, new, got, reason in zip(PROMPTS, NEW, batched, reasons, strict=True):
+        expected = alone(model, prompt, new)
+        assert got == expected, f"prompt of {len(prompt)} tokens"
+        assert reason == ("stop" if got[-1] in batching.eos_ids(model) else "length")
+
+
+def test_a_step_holds_every_decoding_sequence_and_prompt_chunks_up_to_its_budget():
+    model, _ = model_at("llama", "fp32")
+    scheduler = batching.Scheduler(batching.BatchStep(model), max_sequences=2, max_batch_tokens=5)
+    seqs = [batching.Sequence(list(range(2, 2 + n)), 4, lambda t, d: None) for n in (3, 9, 2)]
+    for seq in seqs:
+        scheduler.add(seq)
+    plan = scheduler.plan()
+    # two slots: the third waits; the first prompt whole, the second's first two tokens (5 rows in all)
+    assert [(len(tokens), emits) for _, tokens, emits in plan] == [(3, True), (2, False)]
+    assert list(scheduler.waiting) == [seqs[2]]
+    scheduler.step()
+    plan = scheduler.plan()
+    assert [(seq is seqs[0], len(tokens)) for seq, tokens, _ in plan] == [(True, 1), (False, 4)]
+
+
+def test_a_cancelled_sequence_leaves_and_frees_its_place():
+    model, _ = model_at("gemma3", "fp32")
+    scheduler = batching.Scheduler(batching.BatchStep(model), max_sequences=1)
+    got = []
+    first = batching.Sequence([2, 5, 6], 50, lambda t, d: got.append(("first", t, d)))
+    second = batching.Sequence([2, 7], 2, lambda t, d: got.append(("second", t, d)))
+    scheduler.add(first)
+    scheduler.add(second)
+    scheduler.step()
+    first.cancelled = True
+    while not scheduler.idle:
+        scheduler.step()
+    assert [who for who, _, _ in got] == ["first", "second", "second"]
+    assert got[-1][2] == "length" and first.cache is None
+
+
+def test_sampled_and_greedy_sequences_share_a_step_and_ignore_eos_runs_to_length():
+    model, _ = model_at("gemma3", "bf16")
+    sampled, _ = together(model, sampling=Sampling(do_sample=True, temperature=0.8, seed=3))
+    again, _ = together(model, sampling=Sampling(do_sample=True, temperature=0.8, seed=3))
+    assert sampled == again  # each sequence's own seeded generator: the same draws in any company
+    eos = sorted(batching.eos_ids(model))[0]
+    scheduler = batching.Scheduler(batching.BatchStep(model))
+    got = []
+    seq = batching.Sequence([2, eos], 6, lambda t, d: got.append(d), ignore_eos=True)
+    scheduler.add(seq)
+    while not scheduler.idle:
+        scheduler.step()
+    assert len(seq.tokens) == 6 and eos not in seq.tokens and got[-1] == "length"
+
+
+def test_a_model_without_the_cpp_step_is_refused_in_one_line():
+    plain, _ = tiny_model("opt")
+    with pytest.raises(batching.Unbatchable, match="engine=native"):
+        batching.BatchStep(plain)

@@ -1,0 +1,34 @@
+"""Tiny models at every precision on quantspec's kernels, for the engine's tests (the C++ step, batching)."""
+
+import torch
+
+from src.kernels import modules
+from src.models.tiny import tiny_model
+from src.quant.pipeline import install, quantize
+from tests.helpers import calib, quant_spec
+
+QUANT = {
+    "w8a8": (quant_spec("smoothquant", "w8a8", alpha=0.5), torch.float32),
+    "w8a16": (quant_spec("smoothquant", "w8a16", alpha=0.5), torch.bfloat16),
+    "w4a16": (
+        quant_spec("rtn", "w4a16", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",)),
+        torch.bfloat16,
+    ),
+    "w4a8": (
+        quant_spec("rtn", "w4a8", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",)),
+        torch.bfloat16,
+    ),
+    "w2a16": (quant_spec("rtn", "w2a16", group_size=128, head_scheme="w8a16"), torch.bfloat16),
+}
+PRECISIONS = ["fp32", "bf16", *QUANT]
+
+
+def model_at(arch: str, precision: str):
+    model, tok = tiny_model(arch)
+    if precision in QUANT:
+        spec, dtype = QUANT[precision]
+        install(model.to(dtype), quantize(model, arch, spec, calib(tok)), dtype, gemv=True)
+    else:
+        model = model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
+    modules.install(model)
+    return model, tok
