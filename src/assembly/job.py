@@ -33,7 +33,7 @@ from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
 from src.kernels import amx, modules
 from src.models.config import ARCHS, OTHER
-from src.models.load import LoadedModel, load_model, tokenizer_mismatch
+from src.models.load import LoadedModel, gguf_path, load_model, tokenizer_mismatch
 from src.models.random_weights import parameter_count
 from src.quality.reference import Reference
 from src.quality.scoring import torch_scorer
@@ -111,6 +111,8 @@ class Job:
             # decode, dataset=jsonl: the user's prompts in place of the task's own
             prompts=cfg.dataset.prompts if cfg.task.READS_PROMPTS and cfg.dataset.holds_prompts else None,
             prompts_input=lambda texts: file_prompts_input(cfg.dataset, texts),
+            cache_dir=cfg.cache_dir,
+            gguf=lambda: gguf_path(cfg.model, cfg.cache_dir)[0],
         )
 
     def reference(self) -> Reference | None:

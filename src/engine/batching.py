@@ -89,6 +89,9 @@ class BatchStep:
         emit = [int(e) for _, _, e in rows]
         compiled._tables(max(seq.cache.size() + len(tokens) for seq, tokens, _ in rows))
         emitting = [seq for seq, _, e in rows if e]
+        if not emitting:  # prompt chunks only: the layers, no head
+            compiled.stepper.batch_hidden(ids, caches, counts, emit)
+            return []
         sampled = any(seq.sampling.do_sample for seq in emitting)
         if compiled._fused_head() and not sampled:  # the argmax taken where the head's columns are computed
             ban = [int(seq.ignore_eos) for seq, _, _ in rows]

@@ -503,7 +503,7 @@ struct Stepper : torch::CustomClassHolder {
   // through each projection for all n rows, attention per row over its own sequence's cache. What comes back
   // is for the last row of each sequence s with emit[s] (a prompt's chunk before its last emits nothing):
   // batch_hidden its final norm [e, hidden], batch_logits its logits [e, vocabulary], batch_greedy its greedy
-  // token [e] (`banned` ids left out of the sequences with ban[s]). Each row's values are those of the same
+  // token [e] (`banned` ids left out of the sequences with ban[s]); e may be 0 (prompt chunks only). Each row's values are those of the same
   // sequence run alone, bit for bit (tests/engine/test_batching.py).
   at::Tensor batch_hidden(at::Tensor ids, std::vector<c10::intrusive_ptr<StepCache>> caches, std::vector<int64_t> counts,
                           std::vector<int64_t> emit) {
@@ -555,7 +555,6 @@ struct Stepper : torch::CustomClassHolder {
       }
     }
     TORCH_CHECK(first == ids.size(0), "quantspec Stepper: counts add up to ", first, ", not the ", ids.size(0), " ids");
-    TORCH_CHECK(!kept.empty(), "quantspec Stepper: a batch that emits nothing");
     return enter(ids, seqs, kept, bans, mode, banned);
   }
 
@@ -566,6 +565,7 @@ struct Stepper : torch::CustomClassHolder {
     const int64_t n = ids.size(0), vocab = embedding.size(0);
     TORCH_CHECK(embedding.scalar_type() == at::kFloat || embedding.scalar_type() == at::kBFloat16,
                 "quantspec Stepper: float32 or bfloat16 activations");
+    TORCH_CHECK(!cos.empty(), "quantspec Stepper: no rotary tables set");
     for (const Seq& s : seqs)
       for (const at::Tensor& table : cos)
         TORCH_CHECK(table.size(0) >= s.past + s.rows && table.scalar_type() == embedding.scalar_type(),
@@ -990,7 +990,9 @@ struct Stepper : torch::CustomClassHolder {
       // columns like any projection
       T* last = me.kept.data_ptr<T>();
       for (int64_t r = 0; r < rows; ++r) std::copy(h + kept[r] * hidden, h + (kept[r] + 1) * hidden, last + r * hidden);
-      if (mode == HIDDEN) {
+      if (rows == 0) {
+        // a batch of prompt chunks that emits nothing: no norm, no head
+      } else if (mode == HIDDEN) {
         if (tid == 0) norm_rows<T>(last, final_norm.data_ptr(), hidden, rows, outp);
       } else {
         norm_rows<T>(last, final_norm.data_ptr(), hidden, rows, x);

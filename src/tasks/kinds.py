@@ -348,3 +348,65 @@ class Quantize(TaskConfig):
     def check_job(self, job) -> None:
         if not job.precision.quantized:
             raise ConfigError(f"task=quantize needs a quantized precision, not precision={job.precision.name}")
+
+
+SERVERS = ("quantspec", "llama-server")  # task.server: what answers the load (src.tasks.serve)
+
+
+@TASKS.register
+@dataclass(frozen=True, kw_only=True)
+class Serve(TaskConfig):
+    """Many requests at once: an OpenAI-compatible server (quantspec's, continuous batching on its kernels, or
+    llama.cpp's llama-server on the model's GGUF) driven by a load generator (aiperf) at `concurrency` requests
+    in flight, or at `request_rate` a second: throughput, TTFT, TPOT, ITL and end-to-end latency (src.tasks.serve).
+    `python -m src.serve` runs the same server on its own, at `host`:`port`."""
+
+    KIND: ClassVar[str] = "serve"
+    MODULE: ClassVar[str] = "src.tasks.serve"
+    server: str = "quantspec"
+    concurrency: int = 1  # requests kept in flight (closed loop); with request_rate, the most in flight
+    request_rate: float | None = None  # requests a second (Poisson arrivals); null: as fast as concurrency allows
+    requests: int = 32  # requests timed at this level
+    warmup_requests: int = 2  # sent first, not timed
+    prompt_tokens: int = 128  # each request's prompt (aiperf's synthetic text, this many tokens)
+    output_tokens: int = 64  # each request's new tokens (end of sequence ignored, as load generators ask)
+    max_sequences: int = 16  # sequences decoding at once (the batched step's rows)
+    max_batch_tokens: int = 32  # rows a step holds: decode rows, then prompt chunks
+    max_waiting: int = 64  # requests queued beyond those; more are answered 503
+    host: str = "127.0.0.1"  # python -m src.serve: where it listens (a job's server takes a free loopback port)
+    port: int = 8000
+
+    def validate(self) -> None:
+        check_choice("task.server", self.server, SERVERS)
+        check_range("task.concurrency", self.concurrency, 1, 1024)
+        check_range("task.max_sequences", self.max_sequences, 1, 16)
+        for name in ("requests", "prompt_tokens", "output_tokens", "max_batch_tokens", "max_waiting"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"task.{name}={getattr(self, name)} must be at least 1")
+        if self.warmup_requests < 0:
+            raise ConfigError(f"task.warmup_requests={self.warmup_requests} must be 0 or more")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ConfigError(f"task.request_rate={self.request_rate} must be above 0 (or null: closed loop)")
+        check_range("task.port", self.port, 0, 65535)
+
+    def check_job(self, job) -> None:
+        if self.server == "quantspec" and job.engine.kind != "native":
+            raise ConfigError(
+                f"task=serve batches on quantspec's C++ step (engine=native), not engine={job.engine.name}; "
+                "for llama.cpp's server use task.server=llama-server"
+            )
+        if job.draft.active:
+            raise ConfigError("task=serve batches without a draft: use draft=none")
+
+    def tags(self) -> dict[str, str]:
+        return {"server": self.server}
+
+    def preflight(self, job, loaded) -> None:
+        if self.prompt_tokens + self.output_tokens > loaded.max_context:
+            raise ConfigError(
+                f"task.prompt_tokens={self.prompt_tokens} + task.output_tokens={self.output_tokens} exceed "
+                f"{job.model.name}'s context of {loaded.max_context} tokens"
+            )
+
+    def kv_tokens(self, code_model: bool) -> int:
+        return self.max_sequences * (self.prompt_tokens + self.output_tokens)

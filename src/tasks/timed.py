@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -56,6 +57,8 @@ class TaskInputs:
     bandwidth: Callable[[], float] | None = None
     prompts: list | None = None  # dataset=jsonl: the user's prompts (src.data.prompts.Prompt) in place of the seeds'
     prompts_input: Callable | None = None  # texts -> the TextInput that records them (dataset=jsonl)
+    cache_dir: Path | None = None  # the cache (task=serve's load generator and llama-server live there)
+    gguf: Callable[[], Path] | None = None  # the model's GGUF file (task.server=llama-server serves it)
 
 
 @dataclass

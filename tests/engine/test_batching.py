@@ -99,6 +99,16 @@ def test_a_step_holds_every_decoding_sequence_and_prompt_chunks_up_to_its_budget
     assert [(seq is seqs[0], len(tokens)) for seq, tokens, _ in plan] == [(True, 1), (False, 4)]
 
 
+def test_a_prompt_longer_than_a_steps_budget_alone_is_fed_over_steps_that_emit_nothing():
+    model, _ = model_at("gemma3", "w4a16")
+    prompt, got = PROMPTS[-1], []
+    scheduler = batching.Scheduler(batching.BatchStep(model), max_batch_tokens=8)
+    scheduler.add(batching.Sequence(prompt, 6, lambda t, d: got.append(t)))
+    while not scheduler.idle:
+        scheduler.step()
+    assert scheduler.steps == len(prompt) // 8 + 5 and got == alone(model, prompt, 6)
+
+
 def test_a_cancelled_sequence_leaves_and_frees_its_place():
     model, _ = model_at("gemma3", "fp32")
     scheduler = batching.Scheduler(batching.BatchStep(model), max_sequences=1)

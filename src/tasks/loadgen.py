@@ -1,0 +1,108 @@
+"""The load generator task=serve drives a server with: NVIDIA's aiperf (PyPI `aiperf`), in a venv of its own under
+the cache (its ~100 dependencies pinned apart from quantspec's; built once, about a minute, from PyPI), or the
+one QUANTSPEC_AIPERF names.
+
+Why aiperf: it measures what the issue's readers ask for in one run (TTFT, time per output token, each gap
+between streamed chunks, end-to-end latency, output tokens a second, at p50/p90/p99) at a fixed concurrency or
+a request rate, with synthetic prompts of a set token length cut from a tokenizer folder (offline), and writes
+them to one JSON file. guidellm wants a processor from the hub for synthetic data, inference-perf a Kubernetes-
+style config; vLLM's `bench serve` would bring vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from src.common.locks import file_lock
+
+AIPERF = "aiperf==0.13.0"
+
+
+class LoadGenError(RuntimeError):
+    """The load generator could not be set up or ended without results (the message is one line)."""
+
+
+def aiperf(cache_dir: Path) -> Path:
+    """aiperf's executable: QUANTSPEC_AIPERF, or the cache's venv (built now if missing)."""
+    named = os.environ.get("QUANTSPEC_AIPERF")
+    if named:
+        if not Path(named).is_file():
+            raise LoadGenError(f"QUANTSPEC_AIPERF={named} is not a file; name aiperf's executable or unset it")
+        return Path(named)
+    venv = cache_dir / "tools" / AIPERF.replace("==", "-")
+    exe, done = venv / "bin" / "aiperf", venv / "quantspec-installed"
+    with file_lock(cache_dir / "locks" / "aiperf-venv.lock", "aiperf's venv"):
+        if not done.is_file():  # never finished (or never started): made afresh where it will stay
+            shutil.rmtree(venv, ignore_errors=True)
+            _make_venv(venv)
+            done.write_text(AIPERF + "\n")
+    return exe
+
+
+def _make_venv(venv: Path) -> None:
+    # a venv names its interpreter by its own path, so it is built where it stays; the marker, written last,
+    # says it is whole
+    steps = [[sys.executable, "-m", "venv", str(venv)], [str(venv / "bin" / "pip"), "install", "-q", AIPERF]]
+    for step in steps:
+        run = subprocess.run(step, capture_output=True, text=True)
+        if run.returncode != 0:
+            tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise LoadGenError(f"could not install {AIPERF} into {venv} ({tail[0]}); pip needs PyPI once")
+
+
+def command(exe: Path, url: str, task, tokenizer: Path, out: Path, model: str) -> list[str]:
+    """aiperf's command line for one level of task=serve."""
+    cmd = [
+        str(exe), "profile", "--model", model, "--url", url, "--endpoint-type", "completions", "--streaming",
+        "--concurrency", str(task.concurrency),
+        "--request-count", str(task.requests), "--warmup-request-count", str(task.warmup_requests),
+        "--synthetic-input-tokens-mean", str(task.prompt_tokens), "--synthetic-input-tokens-stddev", "0",
+        "--output-tokens-mean", str(task.output_tokens), "--output-tokens-stddev", "0",
+        "--extra-inputs", "ignore_eos:true", "--tokenizer", str(tokenizer),
+        "--output-artifact-dir", str(out), "--random-seed", "1", "--no-auto-plot", "--ui-type", "none",
+    ]  # fmt: skip
+    if task.request_rate is not None:
+        cmd += ["--request-rate", str(task.request_rate)]
+    return cmd
+
+
+# aiperf's metric -> (quantspec's metric stem, what it is)
+METRICS = {
+    "output_token_throughput": "output_tokens_per_s",
+    "request_throughput": "requests_per_s",
+    "time_to_first_token": "ttft_ms",
+    "inter_token_latency": "tpot_ms",  # aiperf's per request: (end - first token) / (tokens - 1)
+    "inter_chunk_latency": "itl_ms",  # each gap between streamed chunks
+    "request_latency": "e2e_ms",
+}
+PERCENTILES = ("p50", "p90", "p99")
+
+
+def results(out: Path) -> dict[str, float]:
+    """The serve_* metrics of aiperf's JSON export in `out`."""
+    path = out / "profile_export_aiperf.json"
+    if not path.is_file():
+        raise LoadGenError(f"aiperf wrote no results ({path.name} missing); its log: {out / 'logs' / 'aiperf.log'}")
+    data = json.loads(path.read_text())
+    got: dict[str, float] = {}
+    for theirs, ours in METRICS.items():
+        entry = data.get(theirs)
+        if not isinstance(entry, dict):
+            continue
+        if ours.endswith("_per_s"):
+            got[f"serve_{ours}"] = float(entry["avg"])
+        else:
+            for p in PERCENTILES:
+                if entry.get(p) is not None:
+                    got[f"serve_{ours}_{p}"] = float(entry[p])
+    for theirs, ours in (("completed_request_count", "serve_requests"), ("request_error_rate", "serve_error_pct")):
+        if isinstance(data.get(theirs), dict):
+            got[ours] = float(data[theirs]["avg"])
+    errors = data.get("error_summary") or []
+    got["serve_errors"] = float(sum(int(e.get("count", 0)) for e in errors if isinstance(e, dict)))
+    return got

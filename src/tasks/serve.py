@@ -1,0 +1,151 @@
+"""task=serve: a server answers a load generator at one load level (task.concurrency, or task.request_rate), and
+the job logs what the generator measured: output tokens and requests a second, TTFT, time per output token
+(TPOT), the gaps between streamed tokens (ITL) and end-to-end latency at p50/p90/p99 (serve_* metrics).
+
+task.server=quantspec: src.serving's server on this job's model, in this process, on a free loopback port
+(continuous batching on the C++ step). task.server=llama-server: llama.cpp's own server (`llama-server
+--parallel <concurrency>`) on the model's GGUF as shipped, a process of its own that ends with the task; its
+executable is QUANTSPEC_LLAMA_SERVER or the one scripts/build_llama_server puts in the cache.
+
+The load generator is aiperf (src.tasks.loadgen): synthetic prompts of task.prompt_tokens, task.output_tokens
+new tokens each (end of sequence ignored), task.requests timed after task.warmup_requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from src.serving import http
+from src.tasks import loadgen
+from src.tasks.timed import TaskInputs, TaskResult
+
+log = logging.getLogger(__name__)
+
+SERVER_START_S = 120.0  # llama-server's model load and warm-up before /health answers
+LLAMA_SERVER = "llama-server"
+
+
+def run(inputs: TaskInputs) -> TaskResult:
+    task = inputs.task
+    exe = loadgen.aiperf(inputs.cache_dir)  # before the server: a missing load generator says so first
+    with tempfile.TemporaryDirectory(prefix="quantspec-serve-") as work:
+        work = Path(work)
+        tokenizer = work / "tokenizer"
+        inputs.tokenizer.save_pretrained(tokenizer)  # aiperf cuts its prompts to length with it, offline
+        with _server(inputs) as url:
+            log.info("serve: %s at concurrency %d on %s", task.server, task.concurrency, url)
+            out = work / "aiperf"
+            cmd = loadgen.command(exe, url, task, tokenizer, out, "quantspec")
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()][-1:] or ["?"]
+                raise loadgen.LoadGenError(f"aiperf exited {done.returncode}: {tail[0].strip()[:300]}")
+            summary = loadgen.results(out)
+            report = (out / "profile_export_aiperf.json").read_text()
+    summary["serve_concurrency"] = float(task.concurrency)
+    notes = []
+    if summary.get("serve_errors"):
+        notes.append(f"{summary['serve_errors']:.0f} of the load generator's requests failed")
+    return TaskResult([], summary, artifacts={"aiperf.json": report}, notes=notes)
+
+
+@contextlib.contextmanager
+def _server(inputs: TaskInputs):
+    if inputs.task.server == "quantspec":
+        with _quantspec(inputs) as url:
+            yield url
+    else:
+        with _llama_server(inputs) as url:
+            yield url
+
+
+@contextlib.contextmanager
+def _quantspec(inputs: TaskInputs):
+    t = inputs.task
+    settings = http.Settings(t.max_sequences, t.max_batch_tokens, t.max_waiting)
+    app = http.App(inputs.model, inputs.tokenizer, "quantspec", inputs.max_context, settings)
+    server = http.start(app, "127.0.0.1", 0)
+    try:
+        yield server.url()
+    finally:
+        server.close()
+
+
+def llama_server_path(cache_dir: Path) -> Path:
+    """llama.cpp's server executable: QUANTSPEC_LLAMA_SERVER, or the cache's (scripts/build_llama_server)."""
+    named = os.environ.get("QUANTSPEC_LLAMA_SERVER")
+    path = Path(named) if named else cache_dir / "tools" / "llama.cpp" / "bin" / LLAMA_SERVER
+    if not path.is_file():
+        raise loadgen.LoadGenError(
+            f"no llama-server at {path}: run `bash scripts/build_llama_server` (a few minutes) or set "
+            "QUANTSPEC_LLAMA_SERVER to one"
+        )
+    return path
+
+
+@contextlib.contextmanager
+def _llama_server(inputs: TaskInputs):
+    t = inputs.task
+    exe, gguf = llama_server_path(inputs.cache_dir), inputs.gguf()
+    port = _free_port()
+    per_slot = t.prompt_tokens + t.output_tokens + 16
+    cmd = [
+        str(exe), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "--parallel", str(t.concurrency), "--ctx-size", str(per_slot * t.concurrency),
+        "--threads", str(torch.get_num_threads()), "--no-webui",
+    ]  # fmt: skip
+    log_file = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/health", proc, log_file.name)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _end(proc)
+        log_file.close()
+        os.unlink(log_file.name)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log_path: str) -> None:
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            last = [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()][-1:]
+            raise loadgen.LoadGenError(f"llama-server exited {proc.returncode} at start: {(last or ['?'])[0][:300]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise loadgen.LoadGenError(f"llama-server did not answer {url} within {SERVER_START_S:.0f} s")
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL if it is still there after 10 s."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
