@@ -27,6 +27,9 @@ from src.serving import http
 
 
 def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        return 0
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     args = argv if any(a.startswith("task=") for a in argv) else ["task=serve", *argv]
     try:

@@ -14,8 +14,8 @@ from pathlib import Path
 from src.common.settings import show
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ("src.run", "src.report", "src.regress", "src.sync")
-SHELL = ("scripts/setup", "scripts/tracking-server")
+MODULES = ("src.run", "src.serve", "src.report", "src.regress", "src.sync")
+SHELL = ("scripts/setup", "scripts/tracking-server", "scripts/build_llama_server")
 
 
 def _help(module: str) -> str:
@@ -66,6 +66,7 @@ EXAMPLES = {
     "src.report": "[1. A first sweep](../getting-started.md#read-the-report), "
     "[2. Precisions in rounds](../walk/2-rounds.md), [3. Quality beside speed](../walk/3-quality.md)",
     "src.regress": "[5. Compare with a baseline sweep](../walk/5-regress.md)",
+    "src.serve": "[8. Serving many requests](../walk/8-serving.md)",
 }
 
 

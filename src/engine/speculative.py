@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from src.engine.generation import Generation, Request, eos_ban, eos_ids, probabilities
+from src.engine.generation import Generation, Request, draw, eos_ban, eos_ids, probabilities
 from src.engine.native import decoder
 
 # A draft proposal: (tokens, the draft's distribution for each or None when it is a point mass)
@@ -161,8 +161,8 @@ def accept_or_resample(
             residual = (residual - q[i]).clamp_(min=0.0)
         if float(residual.sum()) <= 0:  # only when p == q up to rounding: any draw from p is right
             residual = p[i]
-        return i, int(torch.multinomial(residual, 1, generator=generator))
-    return len(draft), int(torch.multinomial(p[len(draft)], 1, generator=generator))
+        return i, draw(residual, generator)
+    return len(draft), draw(p[len(draft)], generator)
 
 
 def accept_greedy(logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
@@ -205,7 +205,7 @@ def generate(
         if not sampling.do_sample:
             return int(ban(logits).float().argmax()), None
         q = probabilities(ban(logits), sampling)
-        return int(torch.multinomial(q, 1, generator=generator)), q
+        return draw(q, generator), q
 
     def first(logits: torch.Tensor) -> int:
         return sample(logits)[0]

@@ -315,6 +315,11 @@ inline void put(float* y, __m128 v, int lanes) {
 
 }  // namespace
 
+// Many rows of x through a tile of unpacked weights (blocking.h's tiled): AVX2's 16 registers hold 2 rows a pass.
+// Not in the VNNI builds, whose fused dot products leave less to save, and which no host here can test.
+#if !QS_VNNI
+#define QS_TILED 1
+#endif
 #include "blocking.h"
 
 namespace {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 // Which cache the weights' prefetches fill: 3 (prefetcht0, L1) unless the build says otherwise
 // (src/kernels/variants.py: prefetch_flags, L2 on Intel CPUs; QUANTSPEC_PREFETCH forces one): a core whose
@@ -174,11 +175,66 @@ void one_row_groups(const F& f, int64_t N, int64_t n0, int64_t n1, float* y) {
   for (; n < n1; ++n) block<1, 1>(f, 0, n, y, N);
 }
 
+// Many rows of x (a batch of sequences, a prompt's chunk) against a format that unpacks its weights (kSub steps
+// per load) and folds its integer sums once per span: passes<kMaxM> would unpack every weight again for each
+// kMaxM rows of x (AVX2: each pair). Here each block of kRows weight rows is unpacked once per span into a tile
+// (in L1), which every row of x then streams over. Each (row of x, weight row) gets block's sums bit for bit:
+// the same vectors meet the same x in each lane, its integer sums (exact in any order) fold at the same span ends.
+// Where a variant defines QS_TILED (AVX2, whose 16 registers hold only 2 rows of x a pass).
+constexpr int kTileMinM = 4;  // below this, passes' 2 rows a pass cost less than writing the tile
+
+template <typename F>
+void tiled(const F& f, int64_t M, int64_t n0, int64_t n1, float* y, int64_t N) {
+  constexpr int U = F::kSub, R = kRows;
+  const int64_t span = f.span(), per_load = int64_t(F::kStep) * U;
+  thread_local std::vector<typename F::V> tile;  // [R][loads of a span][U]
+  thread_local std::vector<typename F::Sum> sums;  // [M][R]
+  tile.resize(R * ((span + per_load - 1) / per_load) * U);
+  sums.resize(M * R);
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    for (int64_t i = 0; i < M * R; ++i) sums[i] = F::sum_zero();
+    for (int64_t k0 = 0; k0 < f.K; k0 += span) {
+      const int64_t k1 = std::min(k0 + span, f.K), loads = (k1 - k0) / per_load;
+      typename F::State state[R];
+      for (int r = 0; r < R; ++r) state[r] = f.begin(n + r, k0);
+      for (int r = 0; r < R; ++r) {
+        typename F::V* t = tile.data() + r * loads * U;
+        for (int64_t l = 0; l < loads; ++l) {
+          // the next block's row, at the same place: read once, from memory, as the step's stream is
+          __builtin_prefetch(f.at(n + R + r, k0 + l * per_load), 0, QS_PREFETCH_LOCALITY);
+          for (int u = 0; u < U; ++u) t[l * U + u] = weights(f, state[r], n + r, k0 + l * per_load, u);
+        }
+      }
+      const typename F::V* tp = tile.data();
+      for (int64_t m = 0; m < M; ++m) {
+        typename F::Acc acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = F::zero();
+        for (int64_t l = 0; l < loads; ++l)
+#pragma GCC unroll 8
+          for (int u = 0; u < U; ++u) {
+            const typename F::V xv = f.xv(int(m), k0 + l * per_load + u * F::kStep);
+            for (int r = 0; r < R; ++r) acc[r] = F::madd(acc[r], tp[(r * loads + l) * U + u], xv);
+          }
+        for (int r = 0; r < R; ++r) sums[m * R + r] = F::fold(sums[m * R + r], acc[r], state[r]);
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) put(y + m * N + n, f.finish(sum4(&sums[m * R]), n, int(m), R), R);
+  }
+  for (; n < n1; ++n)  // N's last rows, one at a time, as pass() takes them
+    for (int64_t m = 0; m < M; ++m) block<1, 1>(f, int(m), n, y, N);
+}
+
 template <typename F>
 void gemv(const F& f, int64_t M, int64_t N, int64_t n0, int64_t n1, float* y) {
   if constexpr (GroupDot<F>::value) {
     if (M == 1 && f.group == 128 && f.K / 2 <= kShortRow) return one_row_groups(f, N, n0, n1, y);  // a decode step
   }
+#if defined(QS_TILED)
+  if constexpr (Folds<F>::value && F::kSub > 1) {
+    if (M >= kTileMinM) return tiled(f, M, n0, n1, y, N);
+  }
+#endif
   for (int m0 = 0; m0 < M; m0 += kMaxM) passes<kMaxM>(f, M, m0, n0, n1, y, N);
 }
 

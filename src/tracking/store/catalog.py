@@ -138,6 +138,7 @@ CATALOG: list[Name] = [
         ("on_search_front", "hydra/sweeper=search: true where its trial is on the search's front"),
         ("reference_cache", "built or cached: the reference's run"),
         ("sandbox", "benchmark_code: bwrap or rlimit"),
+        ("server", "serve: what answered the load: quantspec or llama-server"),
         (
             "energy",
             "timed tasks: where energy_j came from (RAPL; on an NVIDIA GPU also NVML), or why the host gives none "
@@ -291,6 +292,20 @@ CATALOG: list[Name] = [
     ),
     *_n(
         "metric",
+        "task=serve (aiperf's figures at the job's load level)",
+        ("serve_output_tokens_per_s", "output tokens a second over the timed requests"),
+        ("serve_requests_per_s", "requests finished a second"),
+        ("serve_ttft_ms_<p>", "time to the first token, ms: p50, p90, p99"),
+        ("serve_tpot_ms_<p>", "time per output token after the first, per request, ms: p50, p90, p99"),
+        ("serve_itl_ms_<p>", "each gap between streamed tokens, ms: p50, p90, p99"),
+        ("serve_e2e_ms_<p>", "a request's end-to-end latency, ms: p50, p90, p99"),
+        ("serve_requests", "requests timed"),
+        ("serve_errors", "requests that failed"),
+        ("serve_error_pct", "their share, %"),
+        ("serve_concurrency", "requests kept in flight (task.concurrency)"),
+    ),
+    *_n(
+        "metric",
         "task=benchmark_code",
         ("pass_at_1", "HumanEval pass@1"),
         ("pass_at_<k>", "pass@k where sampled"),
@@ -368,6 +383,7 @@ CATALOG: list[Name] = [
         ("lm_eval_samples.jsonl", "lm_eval: each item's outcome"),
         ("lm_eval_results.json", "lm_eval: its results"),
         ("completions.jsonl", "benchmark_code: each completion, its result and timing"),
+        ("aiperf.json", "serve: the load generator's own export (every metric it measured)"),
     ),
     *_n(
         "artifact",

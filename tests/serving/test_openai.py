@@ -1,0 +1,89 @@
+"""The API's requests read and answered (src.serving.openai, src.serving.text): each refusal one line that says
+what to send instead; streamed text cut at stop strings and at whole characters."""
+
+import json
+
+import pytest
+
+from src.models.tiny import tiny_model
+from src.serving import openai
+from src.serving.text import Detokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_model("gemma3")[1]
+
+
+def read(tok, body, chat=False, context=64):
+    return openai.read(json.dumps(body).encode() if not isinstance(body, bytes) else body, chat, tok, context)
+
+
+def test_a_completion_reads_its_prompt_length_and_sampling(tok):
+    c = read(tok, {"prompt": "hello", "max_tokens": 5, "temperature": 0, "stream": True})
+    assert c.prompt_ids == list(tok("hello").input_ids) and c.max_tokens == 5 and c.stream
+    assert not c.sampling.do_sample
+    c = read(tok, {"prompt": [2, 3, 4], "temperature": 0.7, "top_p": 0.9, "seed": 5, "ignore_eos": True})
+    assert c.prompt_ids == [2, 3, 4] and c.max_tokens == openai.DEFAULT_MAX_TOKENS and c.ignore_eos
+    assert c.sampling.do_sample and c.sampling.temperature == 0.7 and c.sampling.seed == 5
+    chat = read(tok, {"messages": [{"role": "user", "content": "hi"}]}, chat=True)
+    assert chat.chat and chat.prompt_ids and chat.max_tokens == 64 - len(chat.prompt_ids)
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "JSON object"),
+        ({"prompt": ""}, "empty"),
+        ({"prompt": 5}, "prompt must be"),
+        ({"prompt": [2, 99999]}, "outside the vocabulary"),
+        ({"prompt": "hi", "max_tokens": 0}, "positive integer"),
+        ({"prompt": "hi", "max_tokens": 100}, "exceed the model's context of 64"),
+        ({"prompt": [2] * 70}, "exceed the model's context of 64"),
+        ({"prompt": "hi", "n": 2}, "one choice"),
+        ({"prompt": "hi", "temperature": "hot"}, "must be a number"),
+        ({"prompt": "hi", "stop": 3}, "stop must be"),
+        ({"prompt": "hi", "logprobs": 2}, "not supported"),
+    ],
+)
+def test_a_request_that_cannot_be_served_is_refused_in_one_line(tok, body, words):
+    with pytest.raises(openai.BadRequest, match=words) as err:
+        read(tok, body)
+    assert "\n" not in str(err.value) and err.value.status == 400
+
+
+def test_chat_messages_must_be_role_and_content(tok):
+    with pytest.raises(openai.BadRequest, match=r"messages\[1\]"):
+        read(tok, {"messages": [{"role": "user", "content": "a"}, {"content": 3}]}, chat=True)
+
+
+def test_streamed_text_stops_before_a_stop_string_and_holds_back_its_start(tok):
+    ids = list(tok("abc STOP def", add_special_tokens=False).input_ids)
+    text = Detokenizer(tok, ["STOP"])
+    pieces = []
+    for t in ids:
+        pieces.append(text.add(t))
+        if text.stopped:
+            break
+    assert "".join(pieces) == "abc " and text.stopped
+    plain = Detokenizer(tok, [])
+    assert "".join(plain.add(t) for t in ids) + plain.add(None) == "abc STOP def"
+
+
+def test_answers_have_openais_shapes(tok):
+    c = read(tok, {"prompt": "hi"})
+    whole = openai.whole(c, "m", "text", "length", 3)
+    assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "text"
+    assert whole["usage"] == {
+        "prompt_tokens": len(c.prompt_ids),
+        "completion_tokens": 3,
+        "total_tokens": len(c.prompt_ids) + 3,
+    }
+    chat = read(tok, {"messages": [{"role": "user", "content": "hi"}]}, chat=True)
+    first = openai.chunk(chat, "m", "a", None, first=True)
+    assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"] == {
+        "role": "assistant",
+        "content": "a",
+    }
+    assert openai.error("x", 503)["error"]["type"] == "server_error"
