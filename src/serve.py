@@ -20,6 +20,8 @@ import threading
 
 from src.assembly.composed import job_config
 from src.assembly.job import build
+from src.common import envvars
+from src.common.envvars import EnvError
 from src.common.say import say
 from src.common.schema import ConfigError
 from src.engine.batching import Unbatchable
@@ -33,6 +35,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     args = argv if any(a.startswith("task=") for a in argv) else ["task=serve", *argv]
     try:
+        envvars.check()
         cfg = job_config(args)
         if cfg.task.kind != "serve":
             raise ConfigError(f"python -m src.serve serves task=serve's settings, not task={cfg.task.name}")
@@ -44,7 +47,7 @@ def main(argv: list[str]) -> int:
         settings = http.Settings(t.max_sequences, t.max_batch_tokens, t.max_waiting)
         app = http.App(job.model, job.loaded.tokenizer, cfg.model.name, job.loaded.max_context, settings)
         server = http.start(app, t.host, t.port)
-    except (ConfigError, Unbatchable, OSError) as e:
+    except (ConfigError, EnvError, Unbatchable, OSError) as e:
         say(f"cannot serve: {e}", err=True)
         return 2
     stop = threading.Event()

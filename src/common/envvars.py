@@ -5,6 +5,9 @@ naming the variable and what it takes, said when a command starts (check()) and 
   directory).
 - QUANTSPEC_HEARTBEAT_S: how often a job tells its store it lives (seconds, 1 to 3600; unset: 30).
 - QUANTSPEC_PREFETCH: l1 or l2, the cache level the kernels prefetch weights into (unset: chosen by the CPU).
+- QUANTSPEC_AIPERF, QUANTSPEC_LLAMA_SERVER: task=serve's load generator and llama.cpp's server, executables of
+  one's own (unset: aiperf in a venv under the cache, built on first use; llama-server where
+  scripts/build_llama_server puts it).
 """
 
 from __future__ import annotations
@@ -58,8 +61,24 @@ def prefetch() -> str | None:
     return raw.lower()
 
 
+EXECUTABLES = ("QUANTSPEC_AIPERF", "QUANTSPEC_LLAMA_SERVER")
+
+
+def executable(name: str) -> Path | None:
+    """The file an executable's variable names, or None where it is unset (or empty)."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    path = Path(raw).expanduser()
+    if not path.is_file():
+        raise EnvError(f"{name}={raw!r} is not a file; name the executable, or unset it")
+    return path
+
+
 def check() -> None:
     """Every variable above, at a command's start: EnvError for the first that is not one of its values."""
     cache()
     heartbeat_s()
     prefetch()
+    for name in EXECUTABLES:
+        executable(name)

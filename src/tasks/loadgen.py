@@ -12,12 +12,12 @@ style config; vLLM's `bench serve` would bring vLLM.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from src.common import envvars
 from src.common.locks import file_lock
 
 AIPERF = "aiperf==0.13.0"
@@ -30,11 +30,9 @@ class LoadGenError(RuntimeError):
 
 def aiperf(cache_dir: Path) -> Path:
     """aiperf's executable: QUANTSPEC_AIPERF, or the cache's venv (built now if missing)."""
-    named = os.environ.get("QUANTSPEC_AIPERF")
-    if named:
-        if not Path(named).is_file():
-            raise LoadGenError(f"QUANTSPEC_AIPERF={named} is not a file; name aiperf's executable or unset it")
-        return Path(named)
+    named = envvars.executable("QUANTSPEC_AIPERF")
+    if named is not None:
+        return named
     venv = cache_dir / "tools" / AIPERF.replace("==", "-")
     exe, done = venv / "bin" / "aiperf", venv / "quantspec-installed"
     with file_lock(cache_dir / "locks" / "aiperf-venv.lock", "aiperf's venv"):
@@ -66,6 +64,9 @@ def command(exe: Path, url: str, task, tokenizer: Path, out: Path, model: str) -
         "--output-tokens-mean", str(task.output_tokens), "--output-tokens-stddev", "0",
         "--extra-inputs", "ignore_eos:true", "--tokenizer", str(tokenizer),
         "--output-artifact-dir", str(out), "--random-seed", "1", "--no-auto-plot", "--ui-type", "none",
+        # a new connection a request: a pooled one the server has closed while idle (llama-server does) failed
+        # the next request sent on it ("server disconnected", 1-3 requests in 24)
+        "--connection-reuse-strategy", "never",
     ]  # fmt: skip
     # A closed loop is paced at CLOSED_LOOP_RATE a second, capped at the concurrency: aiperf's concurrency mode alone
     # polls for a free slot without sleeping (measured: 66-90% of a core, on a 2-core host a third of the server's)

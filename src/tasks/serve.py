@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from src.common import envvars
 from src.serving import http
 from src.tasks import loadgen
 from src.tasks.timed import TaskInputs, TaskResult
@@ -84,8 +85,7 @@ def _quantspec(inputs: TaskInputs):
 
 def llama_server_path(cache_dir: Path) -> Path:
     """llama.cpp's server executable: QUANTSPEC_LLAMA_SERVER, or the cache's (scripts/build_llama_server)."""
-    named = os.environ.get("QUANTSPEC_LLAMA_SERVER")
-    path = Path(named) if named else cache_dir / "tools" / "llama.cpp" / "bin" / LLAMA_SERVER
+    path = envvars.executable("QUANTSPEC_LLAMA_SERVER") or cache_dir / "tools" / "llama.cpp" / "bin" / LLAMA_SERVER
     if not path.is_file():
         raise loadgen.LoadGenError(
             f"no llama-server at {path}: run `bash scripts/build_llama_server` (a few minutes) or set "

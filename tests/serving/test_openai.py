@@ -35,7 +35,7 @@ def test_a_completion_reads_its_prompt_length_and_sampling(tok):
     [
         (b"{not json", "not JSON"),
         (b"[1, 2]", "JSON object"),
-        ({"prompt": ""}, "empty"),
+        ({"prompt": []}, "empty"),
         ({"prompt": 5}, "prompt must be"),
         ({"prompt": [2, 99999]}, "outside the vocabulary"),
         ({"prompt": "hi", "max_tokens": 0}, "positive integer"),

@@ -3,10 +3,10 @@ longer than the context, a client that leaves mid-stream, 100 requests at once o
 answered (an error in one line where it cannot be served), no other request is lost, and SIGTERM ends the
 process cleanly."""
 
-import http.client
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -85,13 +85,17 @@ def test_a_malformed_body_and_an_overlong_prompt_are_refused_and_the_server_goes
 def test_a_client_that_leaves_mid_stream_frees_its_place(server):
     _, url = server
     host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    body = json.dumps({"prompt": "once upon a time", "max_tokens": 200, "stream": True, "ignore_eos": True})
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    assert response.status == 200 and response.readline().startswith(b"data: ")
-    conn.sock.close()  # gone, mid-stream
-    conn.close()
+    body = json.dumps({"prompt": "once upon a time", "max_tokens": 200, "stream": True, "ignore_eos": True}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(head.encode() + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        got = b""
+        while b"data: " not in got:  # the first token streamed
+            chunk = sock.recv(4096)
+            assert chunk, "the server closed the stream before its first token"
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200")
+    # gone, mid-stream
     assert idle(url), "the abandoned sequence kept decoding"
     status, _ = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
     assert status == 200

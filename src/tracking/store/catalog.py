@@ -388,7 +388,7 @@ CATALOG: list[Name] = [
     *_n(
         "artifact",
         "a sweep's parent",
-        ("report/<file>", "the report: report.md, report.json, summary.csv, plots, front.png, front.csv"),
+        ("report/<file>", "the report: report.md, report.json, summary.csv, plots, front.png, front.csv, serving.png"),
     ),
 ]
 

@@ -9,6 +9,7 @@ from mlflow.tracking import MlflowClient
 from src.common.mdtext import md_code, md_text
 from src.common.metrics import csv_text, markdown_table, seed_table
 from src.common.paths import child
+from src.tracking.readback import serving
 from src.tracking.readback import speed_quality as q
 from src.tracking.readback.compare import job_rounds, speedups
 from src.tracking.readback.reporting import jsondoc
@@ -73,6 +74,15 @@ def build(
         (speedup_table(gains, flags) if gains else "(no job has its baseline in this sweep)") + "\n",
     ]
     parts += _quality_parts(client, groups, ratios, quality, reference, (metric, points), out, files)
+    served = serving.levels(groups)
+    if served:
+        parts += [
+            "## Serving: throughput against latency (each load level, the median over its rounds)\n",
+            serving.table(served) + "\n",
+        ]
+        drawn = serving.plot(served, out / "serving.png", _save)
+        if drawn is not None:
+            files[drawn.name] = drawn
     drafted = draft_quality_lines(jobs)
     if drafted:
         parts += ["## pass@1 with and without the draft\n", "\n".join(drafted) + "\n"]
