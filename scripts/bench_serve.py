@@ -1,0 +1,121 @@
+"""Benchmark serving under load: quantspec's server and llama.cpp's llama-server, the same load generator, in turns.
+
+    .venv/bin/python -m scripts.bench_serve                                # w4a16, concurrency 1 and 8, 2 rounds
+    .venv/bin/python -m scripts.bench_serve levels=1,2,4,8 rounds=3 doc=true
+
+One sweep of task=serve over servers × concurrency levels in interleaved rounds (src.run's rounds=): each level
+drives its server with aiperf (the job's task.prompt_tokens and task.output_tokens). The table gives each level's
+output tokens a second (the median over its rounds), its ratio to the same server at the lowest level, quantspec's
+ratio to llama-server at the same level, and the latency beside it (TTFT p99, TPOT p50). llama-server needs
+`bash scripts/build_llama_server` first (or QUANTSPEC_LLAMA_SERVER); servers=quantspec measures ours alone.
+doc=true appends the table to docs/benchmarks/serving.md.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+
+from scripts import bench
+from src.common.metrics import markdown_table
+from src.common.settings import Setting
+from src.tracking.readback.compare import quiet
+
+COMMAND = bench.command(
+    "bench_serve",
+    __doc__,
+    [
+        Setting("precision", "w4a16", "quantspec's precision (llama-server serves the model's own GGUF)"),
+        Setting("servers", ("quantspec", "llama-server"), "the servers swept (task.server)"),
+        Setting("levels", (1, 8), "the concurrency levels (task.concurrency)", kind=int),
+        Setting("rounds", 2, "interleaved rounds (src.run's rounds=)"),
+    ],
+)
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = bench.parse(COMMAND, argv)
+    levels = bench.whole_numbers("levels", args.levels)
+    sweep = bench.run_sweep(
+        "serve",
+        [
+            "task=serve",
+            f"precision={args.precision}",
+            f"task.server={','.join(args.servers)}",
+            f"task.concurrency={','.join(map(str, levels))}",
+            f"rounds={args.rounds}",
+            *overrides,
+        ],
+    )
+    if sweep is None:
+        return 2
+    figures = by_server_level(sweep)
+    low = min(levels)
+
+    def get(server, level, metric):
+        return figures.get((server, level), {}).get(metric, math.nan)
+
+    rows = []
+    for level in levels:
+        for server in args.servers:
+            tps = get(server, level, "serve_output_tokens_per_s")
+            row = [server, level, _f(tps), _f(tps / get(server, low, "serve_output_tokens_per_s"), 2)]
+            if "llama-server" in args.servers and server == "quantspec":
+                row.append(_f(tps / get("llama-server", level, "serve_output_tokens_per_s"), 2))
+            else:
+                row.append("")
+            row += [
+                _f(get(server, level, "serve_ttft_ms_p99")),
+                _f(get(server, level, "serve_tpot_ms_p50")),
+                _f(get(server, level, "serve_errors"), 0),
+            ]
+            rows.append(row)
+    head = [
+        "server",
+        "concurrency",
+        "output tok/s",
+        f"/ its c={low}",
+        "/ llama-server",
+        "TTFT p99 (ms)",
+        "TPOT p50 (ms)",
+        "errors",
+    ]
+    table = markdown_table(head, rows)
+    bench.publish(
+        args.doc,
+        "serving",
+        "Serving under load: output tokens a second against concurrency, quantspec against llama-server",
+        table,
+        f"`{sweep.command}`: aiperf (closed loop at each concurrency, synthetic prompts) against each server in "
+        "turns; quantspec at its precision with continuous batching on its kernels, llama-server "
+        "(`--parallel <concurrency>`) on the model's own GGUF; each figure the median over its rounds.",
+        sweep.dir.name,
+        rounds=sweep.rounds,
+        load=sweep.load,
+    )
+    return sweep.returncode
+
+
+def by_server_level(sweep: bench.Sweep) -> dict[tuple[str, int], dict[str, float]]:
+    """{(server, concurrency): {metric: the median over its quiet rounds}} (every round where all were busy)."""
+    runs: dict[tuple[str, int], list] = {}
+    for job in sweep.finished:
+        level = int(float(job.params.get("task.concurrency", "0")))
+        runs.setdefault((job.tags.get("server", "?"), level), []).append(job)
+    out = {}
+    for key, jobs in runs.items():
+        used = quiet(jobs)
+        names = {name for j in used for name in j.metrics}
+        out[key] = {n: statistics.median(j.metrics[n] for j in used if n in j.metrics) for n in names}
+    return out
+
+
+def _f(value: float, digits: int = 3) -> str:
+    if math.isnan(value):
+        return "–"
+    return f"{value:.{digits}f}" if digits != 3 else f"{value:.3g}"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
