@@ -28,7 +28,7 @@ COMMAND = bench.command(
     [
         Setting("precision", "w4a16", "quantspec's precision (llama-server serves the model's own GGUF)"),
         Setting("servers", ("quantspec", "llama-server"), "the servers swept (task.server)"),
-        Setting("levels", (1, 8), "the concurrency levels (task.concurrency)", kind=int),
+        Setting("levels", ("1", "8"), "the concurrency levels (task.concurrency)"),
         Setting("rounds", 2, "interleaved rounds (src.run's rounds=)"),
     ],
 )
