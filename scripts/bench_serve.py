@@ -114,7 +114,9 @@ def by_server_level(sweep: bench.Sweep) -> dict[tuple[str, int], dict[str, float
 def _f(value: float, digits: int = 3) -> str:
     if math.isnan(value):
         return "–"
-    return f"{value:.{digits}f}" if digits != 3 else f"{value:.3g}"
+    if digits != 3:
+        return f"{value:.{digits}f}"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"  # 2340, not 2.34e+03
 
 
 if __name__ == "__main__":
