@@ -187,7 +187,8 @@ class Handler(BaseHTTPRequestHandler):
     def _fail(self, status: int, message: str) -> None:
         if status != 404:
             self.server.app.count(False)
-        log.info("HTTP %d: %s", status, message)
+        # a path that is not the API (a load generator's probe of /metrics) is the caller's business
+        log.log(logging.DEBUG if status == 404 else logging.INFO, "HTTP %d: %s", status, message)
         self._json(status, openai.error(message, status))
 
     def _drain(self) -> None:
