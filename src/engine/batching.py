@@ -144,12 +144,13 @@ class Scheduler:
                 seq.cache = self.batch_step.new_cache()
                 self.running.append(seq)
         rows = [(seq, [seq.next_input()], True) for seq in self.running if not seq.prefilling]
-        budget = self.max_batch_tokens - len(rows)
+        budget, fed = self.max_batch_tokens - len(rows), False
         for seq in self.running:
             if not seq.prefilling:
                 continue
-            if budget <= 0 and len(rows) > 0:
+            if budget <= 0 and fed:  # the oldest prompt advances by at least a row, whatever the decode rows take
                 break
+            fed = True
             chunk = seq.prompt[seq.fed : seq.fed + max(1, budget)]
             rows.append((seq, chunk, seq.fed + len(chunk) == len(seq.prompt)))
             budget -= len(chunk)

@@ -110,6 +110,16 @@ def test_a_prompt_longer_than_a_steps_budget_alone_is_fed_over_steps_that_emit_n
     assert scheduler.steps == len(prompt) // 8 + 5 and got == alone(model, prompt, 6)
 
 
+def test_the_oldest_prompt_advances_even_when_decode_rows_fill_the_budget():
+    model, _ = model_at("llama", "fp32")
+    scheduler = batching.Scheduler(batching.BatchStep(model), max_sequences=3, max_batch_tokens=2)
+    for n in (1, 1, 5):
+        scheduler.add(batching.Sequence(list(range(2, 2 + n)), 9, lambda t, d: None))
+    scheduler.step()  # the two one-token prompts: 2 rows, the budget
+    plan = scheduler.plan()  # two decode rows fill it; the third prompt still gets a row
+    assert [len(tokens) for _, tokens, _ in plan] == [1, 1, 1]
+
+
 def test_a_cancelled_sequence_leaves_and_frees_its_place():
     model, _ = model_at("gemma3", "fp32")
     scheduler = batching.Scheduler(batching.BatchStep(model), max_sequences=1)

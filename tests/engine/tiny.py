@@ -2,10 +2,11 @@
 
 import torch
 
+from src import kernels
 from src.kernels import modules
 from src.models.tiny import tiny_model
 from src.quant.pipeline import install, quantize
-from tests.helpers import calib, quant_spec
+from tests.helpers import KERNELS, calib, quant_spec
 
 QUANT = {
     "w8a8": (quant_spec("smoothquant", "w8a8", alpha=0.5), torch.float32),
@@ -24,6 +25,10 @@ PRECISIONS = ["fp32", "bf16", *QUANT]
 
 
 def model_at(arch: str, precision: str):
+    """A tiny `arch` model at `precision` on quantspec's kernels: the variant loaded (a test's isa fixture's), else
+    the best this CPU runs."""
+    if not kernels.loaded():
+        kernels.load(KERNELS)
     model, tok = tiny_model(arch)
     if precision in QUANT:
         spec, dtype = QUANT[precision]
