@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -89,9 +90,13 @@ class Sweep:
     def by(self, *groups: str) -> dict[tuple, dict[str, float]]:
         """Each configuration's figures (keyed by its choices of `groups`): each metric the median over the
         configuration's quiet rounds, over all of them where every round was busy."""
+        return self.by_key(lambda job: tuple(job.choice(g) for g in groups))
+
+    def by_key(self, key: Callable[[JobRecord], tuple]) -> dict[tuple, dict[str, float]]:
+        """by(), each configuration keyed by `key(job)` (a param, a tag that is no axis)."""
         runs: dict[tuple, list[JobRecord]] = {}
         for job in self.finished:
-            runs.setdefault(tuple(job.choice(g) for g in groups), []).append(job)
+            runs.setdefault(key(job), []).append(job)
         out = {}
         for key, jobs in runs.items():
             used = quiet(jobs)

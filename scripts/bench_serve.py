@@ -14,13 +14,11 @@ doc=true appends the table to docs/benchmarks/serving.md.
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 
 from scripts import bench
 from src.common.metrics import markdown_table
 from src.common.settings import Setting
-from src.tracking.readback.compare import quiet
 
 COMMAND = bench.command(
     "bench_serve",
@@ -99,16 +97,7 @@ def main(argv: list[str]) -> int:
 
 def by_server_level(sweep: bench.Sweep) -> dict[tuple[str, int], dict[str, float]]:
     """{(server, concurrency): {metric: the median over its quiet rounds}} (every round where all were busy)."""
-    runs: dict[tuple[str, int], list] = {}
-    for job in sweep.finished:
-        level = int(float(job.params.get("task.concurrency", "0")))
-        runs.setdefault((job.tags.get("server", "?"), level), []).append(job)
-    out = {}
-    for key, jobs in runs.items():
-        used = quiet(jobs)
-        names = {name for j in used for name in j.metrics}
-        out[key] = {n: statistics.median(j.metrics[n] for j in used if n in j.metrics) for n in names}
-    return out
+    return sweep.by_key(lambda job: (job.tags.get("server", "?"), int(float(job.params.get("task.concurrency", "0")))))
 
 
 def _f(value: float, digits: int = 3) -> str:

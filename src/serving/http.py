@@ -88,10 +88,7 @@ class Handler(BaseHTTPRequestHandler):
         if path not in ("/v1/completions", "/v1/chat/completions"):
             self._drain()
             return self._fail(404, f"no such path {self.path}; POST to /v1/completions or /v1/chat/completions")
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
+        length = self._length()
         if length < 0 or length > MAX_BODY:
             self.close_connection = True
             return self._fail(413, f"the body must have a Content-Length of at most {MAX_BODY} bytes")
@@ -191,11 +188,15 @@ class Handler(BaseHTTPRequestHandler):
         log.log(logging.DEBUG if status == 404 else logging.INFO, "HTTP %d: %s", status, message)
         self._json(status, openai.error(message, status))
 
-    def _drain(self) -> None:
+    def _length(self) -> int:
+        """The body's Content-Length (0 where none is sent; -1 where it is no number)."""
         try:
-            length = int(self.headers.get("Content-Length") or 0)
+            return int(self.headers.get("Content-Length") or 0)
         except ValueError:
-            length = 0
+            return -1
+
+    def _drain(self) -> None:
+        length = self._length()
         if 0 < length <= MAX_BODY:
             self.rfile.read(length)
 
