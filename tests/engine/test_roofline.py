@@ -23,9 +23,12 @@ def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():
 
 
 def test_a_quantized_module_counts_the_layout_its_step_reads_once():
+    from src import kernels
     from src.quant.linear import int4_tensors
     from src.quant.schemes import build
+    from tests.helpers import KERNELS as CACHE
 
+    assert kernels.load(CACHE), kernels.reason()  # the gemv module's layout comes from the kernels' formats
     n, k = 64, 256
     tensors = int4_tensors(torch.randn(n, k), None, 128)
     groups = n * k // 128
@@ -94,7 +97,12 @@ def test_the_probe_reads_with_quantspecs_kernel_beside_torchs_sum_and_takes_the_
     probe = roofline.Probe(1, mb=64, repeats=2)
     rates = probe.rates()
     assert set(rates) == {"torch.sum", "quantspec gemv"} and all(0.1 < r < 10_000 for r in rates.values())
-    assert probe() >= min(rates.values())  # the faster reader, probed anew
+    # the call takes the faster reader of its own pass; two passes' times are not compared (a loaded host
+    # moves either by more than the gap between readers: CI once read 16.0 GB/s after 16.3)
+    seen: list[dict[str, float]] = []
+    measure = probe.rates
+    probe.rates = lambda: seen.append(measure()) or seen[-1]
+    assert probe() == max(seen[-1].values()) and len(seen) == 1
 
 
 def test_the_probe_reads_what_the_step_reads_up_to_its_ceiling():
