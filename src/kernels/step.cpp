@@ -665,6 +665,10 @@ struct Stepper : torch::CustomClassHolder {
   void project(const std::vector<Call>& calls, int64_t width, const T* x, int64_t n, Private& p, float* y, T* out,
                int tid, int nt, Ticket*& tickets, Pick* pick = nullptr) const {
     const qs_kernels& kern = k();
+    // What p's quantized x holds (calls after the first reuse it: q, k and v, or gate and up, meet the same x):
+    // the quantizer (0 none, 8 w8a8's, 4 w4a8's, 16 the int16 one), x's type, and the group its sums are for.
+    int held_quantizer = 0, held_bf16 = -1;
+    int64_t held_group = -1;
     for (const Call& c : calls) {
       const int64_t K = c.K, N = c.N, blocks = (N + 3) / 4;
       const bool bf16_in = c.in == at::kBFloat16;
@@ -682,7 +686,13 @@ struct Stepper : torch::CustomClassHolder {
         }
       }
       const float* xs = p.xs_p;
-      if (c.kind != FLOAT) {
+      const int quantizer = c.kind == FLOAT ? 0 : c.kind == W8A8 ? 8 : c.kind == W4A8 ? 4 : 16;
+      const int64_t group = c.grouped || c.kind == W4A8 ? c.group : 0;
+      // the int16 quantizer's values do not depend on the group: only its sums do (w8a16 reads none)
+      const bool held = quantizer != 0 && quantizer == held_quantizer && int(bf16_in) == held_bf16 &&
+                        (group == held_group || (quantizer == 16 && group == 0));
+      if (quantizer != 0 && !held) {
+        held_quantizer = quantizer, held_bf16 = int(bf16_in), held_group = group;
         float* xf = p.xf_p;
         if (bf16_in)
           for (int64_t i = 0; i < n * K; ++i) xf[i] = qs::bf16_to_f32(static_cast<const uint16_t*>(xin)[i]);

@@ -319,7 +319,9 @@ void gemv_bf16(const uint16_t* x, const uint16_t* w, int64_t M, int64_t K, int64
 // A row's quantization scale: max|x| (at least `floor`) over the integer range `qmax`. K: a multiple of 16.
 inline float simd_row_scale(const float* row, int64_t K, float qmax, float floor) {
   __m512 amax = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+  // VMAXPS returns its second operand where a lane is NaN: the running max, so a NaN is skipped as std::fmax
+  // skips it in common.h's row_scale
+  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(row + k)), amax);
   return std::max(_mm512_reduce_max_ps(amax), floor) / qmax;
 }
 

@@ -153,6 +153,23 @@ int main(int argc, char** argv) {
     }
     check(alone, k + ": each of 16 rows equals that row alone");
   }
+  {  // the int16 quantizer (w8a16 and the grouped formats' x), bit for bit, on rows that test its edges: a NaN
+     // (skipped by max|x|), an infinity, all zeros, values below the floor's scale; with group sums and without
+    for (int64_t k : {K, int64_t(640), int64_t(96)}) {  // the step's K: a multiple of 32 (w8a16), of 128 (grouped)
+      const int64_t rows = 6, group = k % G == 0 ? G : 0;
+      std::vector<float> x(in.x.begin(), in.x.begin() + rows * k);
+      x[1 * k + 5] = x[1 * k + k - 1] = NAN;  // the last: where a NaN-propagating max would keep it
+      x[2 * k + 3] = INFINITY;
+      for (int64_t i = 0; i < k; ++i) x[3 * k + i] = 0.f;
+      for (int64_t i = 0; i < k; ++i) x[4 * k + i] *= 1e-33f;
+      std::vector<int16_t> qv(rows * k), qr(rows * k);
+      std::vector<float> sv(rows), sr(rows), gv(rows * k / G + 1), gr(rows * k / G + 1);
+      v->quantize_x16(x.data(), rows, k, group, qv.data(), sv.data(), group ? gv.data() : nullptr);
+      ref->quantize_x16(x.data(), rows, k, group, qr.data(), sr.data(), group ? gr.data() : nullptr);
+      bool same = qv == qr && gv == gr && std::memcmp(sv.data(), sr.data(), rows * sizeof(float)) == 0;
+      check(same, "int16 quantizer, K=" + std::to_string(k) + (group ? ", group sums" : "") + ", bit for bit");
+    }
+  }
   {  // w4a8's prefill quantizer and rescale, bit for bit
     std::vector<uint16_t> qv(M * K), qr(M * K), yv(in.xb.begin(), in.xb.begin() + M * N), yr = yv;
     std::vector<float> sv(M), sr(M);
