@@ -16,6 +16,11 @@ import textwrap
 from dataclasses import dataclass, field
 
 
+# Spellings a command once took, each to the shared name it takes now (one name per option across the commands:
+# src.run's, which Hydra's config fixes): the old one is refused with the new in its line, not taken silently.
+RENAMED = {"tracking_uri": "tracking.uri"}
+
+
 class SettingError(ValueError):
     """A command line that is not one; the message is the one line the user sees."""
 
@@ -54,6 +59,8 @@ class Command:
             key, eq, text = arg.partition("=")
             name, _, part = key.partition(".")
             setting = (self._by_name.get(key) or self._by_name.get(name)) if eq else None
+            if setting is None and eq and key in RENAMED:
+                raise SettingError(f"{key}= is now {RENAMED[key]}= (as python -m src.run spells it); {self._known()}")
             if setting is None:
                 if not arg.startswith("-") and (self.takes == "overrides" or (self.takes == "paths" and not eq)):
                     rest.append(arg)

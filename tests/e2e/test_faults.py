@@ -283,13 +283,13 @@ def test_a_lost_tracking_server_loses_nothing_and_sync_replays_exactly_once(tmp_
         assert "1 journal(s) replayed" in synced.stdout and "are not closed yet" in synced.stdout
         assert by_role(uri)[0][0].info.status == "RUNNING"
         synced = run_cli(
-            [str(tmp_path / "lost"), f"tracking_uri={uri}"], module="src.sync", env=env
+            [str(tmp_path / "lost"), f"tracking.uri={uri}"], module="src.sync", env=env
         )  # as the line says
         assert synced.returncode == 0, synced.stderr[-2000:]
         assert "already in the store" in synced.stdout and "closed with 1 finished" in synced.stdout
         torn.unlink()
         again = run_cli(
-            [str(tmp_path / "offline"), str(tmp_path / "lost"), f"tracking_uri={uri}"], module="src.sync", env=env
+            [str(tmp_path / "offline"), str(tmp_path / "lost"), f"tracking.uri={uri}"], module="src.sync", env=env
         )
         assert again.stdout.count("already in the store") == 2
         (parent,), jobs = by_role(uri)
@@ -498,7 +498,7 @@ def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp
         synced = run_cli([], module="src.sync", env=env)
         assert synced.returncode == 0 and "1 journal(s) replayed" in synced.stdout, synced.stdout + synced.stderr
         assert _metric_counts(uri) == [("finished", 2)]
-        again = run_cli([str(tmp_path / "job"), f"tracking_uri={uri}"], module="src.sync", env=env)
+        again = run_cli([str(tmp_path / "job"), f"tracking.uri={uri}"], module="src.sync", env=env)
         assert again.returncode == 0 and "already in the store" in again.stdout
         assert _metric_counts(uri) == [("finished", 2)]
         nothing = run_cli([], module="src.sync", env=env)  # nothing pending: exit 0
@@ -540,7 +540,7 @@ def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
     assert _metric_counts(uri) == [("finished", 2)] * 3, synced.stdout
     (parent,), _ = by_role(uri)
     assert parent.data.tags["jobs_finished"] == "3"
-    again = run_cli([str(sweep), f"tracking_uri={uri}"], module="src.sync", env=env)
+    again = run_cli([str(sweep), f"tracking.uri={uri}"], module="src.sync", env=env)
     assert again.returncode == 0 and again.stdout.count("already in the store") == 3
     assert _metric_counts(uri) == [("finished", 2)] * 3
 
@@ -622,7 +622,7 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
     err = (tmp_path / "run.err").read_text()
     assert "Traceback" not in err and "journaled in" in err, err[-3000:]
     db.unlink()
-    synced = run_cli([str(sweep), f"tracking_uri={uri}"], module="src.sync", env=env)
+    synced = run_cli([str(sweep), f"tracking.uri={uri}"], module="src.sync", env=env)
     assert synced.returncode == 0, synced.stdout + synced.stderr
     assert _metric_counts(uri) == [("finished", 2), ("finished", 2)]
 
@@ -647,7 +647,7 @@ def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
         lost = run_cli([], module="src.sync", env=env)
         assert lost.returncode == 1 and "is listed as pending but is gone" in lost.stderr
         assert "python -m src.sync <its new folder>" in lost.stderr
-        found = run_cli([str(tmp_path / "moved"), f"tracking_uri={uri}"], module="src.sync", env=env)
+        found = run_cli([str(tmp_path / "moved"), f"tracking.uri={uri}"], module="src.sync", env=env)
         assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout
         assert _metric_counts(uri) == [("finished", 2)]
         assert run_cli([], module="src.sync", env=env).returncode == 0  # nothing listed any more
@@ -671,7 +671,7 @@ def test_two_syncs_at_once_rebuild_one_sweep_under_one_parent(tmp_path, env):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     (tmp_path / "m.db").unlink()  # the store lost: both syncs find every job missing and send it whole
-    syncs = [start([str(sweep), f"tracking_uri={uri}"], tmp_path, name=f"sync{i}", module="src.sync") for i in range(2)]
+    syncs = [start([str(sweep), f"tracking.uri={uri}"], tmp_path, name=f"sync{i}", module="src.sync") for i in range(2)]
     assert [p.wait(timeout=300) for p in syncs] == [0, 0], [(tmp_path / f"sync{i}.err").read_text() for i in range(2)]
     parents, jobs = by_role(uri)
     assert len(parents) == 1 and len(jobs) == 3, (len(parents), len(jobs))
@@ -696,8 +696,8 @@ def test_sync_writes_only_to_a_store_the_user_chose_not_to_any_a_journal_names(t
     out = run_cli([str(tmp_path / "folder")], module="src.sync", env=env)
     assert out.returncode == 1 and not (tmp_path / "elsewhere").exists(), out.stdout + out.stderr
     (line,) = said(out.stderr)
-    assert f"written for the store '{uri}'" in line and "tracking_uri=<that store>" in line
-    out = run_cli([str(tmp_path / "folder"), f"tracking_uri={uri}"], module="src.sync", env=env)
+    assert f"written for the store '{uri}'" in line and "tracking.uri=<that store>" in line
+    out = run_cli([str(tmp_path / "folder"), f"tracking.uri={uri}"], module="src.sync", env=env)
     assert out.returncode == 0 and "record(s) replayed into" in out.stdout, out.stdout + out.stderr
     assert [r.info.run_name for r in runs(uri)] == ["planted"]
 
@@ -719,7 +719,7 @@ def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_
     try:
         for port in (free_port(), silent.getsockname()[1]):
             began = time.time()
-            out = run_cli([*args, f"tracking_uri=http://127.0.0.1:{port}"], module=module)
+            out = run_cli([*args, f"tracking.uri=http://127.0.0.1:{port}"], module=module)
             assert out.returncode == 2 and time.time() - began < 30, (port, time.time() - began)
             assert said(out.stderr) == [out.stderr.strip()] and "does not answer" in out.stderr, out.stderr[-2000:]
     finally:
@@ -748,7 +748,7 @@ def test_a_pending_journal_entry_that_does_not_read_is_named_and_its_journal_sti
         lines = said(plain.stderr)
         assert plain.returncode == 1 and len(lines) == 1 and entry.name in lines[0] and "does not read" in lines[0]
         assert "Traceback" not in plain.stderr
-        found = run_cli([str(tmp_path / "job"), f"tracking_uri={uri}"], module="src.sync", env=env)
+        found = run_cli([str(tmp_path / "job"), f"tracking.uri={uri}"], module="src.sync", env=env)
         assert found.returncode == 0 and "1 journal(s) replayed" in found.stdout, found.stderr[-2000:]
         assert _metric_counts(uri) == [("finished", 2)]
     finally:

@@ -26,7 +26,7 @@ def start(argv: list[str], usage: Callable[[], str], settings: Callable[[list[st
     except (SettingError, envvars.EnvError) as err:
         say(str(err), err=True)
         return 2
-    uri = cfg["tracking_uri"] or default_uri()
+    uri = cfg["tracking.uri"] or default_uri()
     # the out folder said before the store is read: a traceback at the end had lost the work
     for line in (store_problem(uri), unwritable(PROJECT_ROOT / cfg["out"], f"out={cfg['out']}")):
         if line is not None:

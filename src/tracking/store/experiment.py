@@ -290,7 +290,7 @@ def store_problem(uri: str) -> str | None:
             return f"no tracking store at {uri}; run a sweep first (python -m src.run -m ...)"
         with path.open("rb") as f:
             if f.read(16) != b"SQLite format 3\x00":
-                return f"{path} is not a SQLite database, so not a tracking store; point tracking_uri= at one"
+                return f"{path} is not a SQLite database, so not a tracking store; point tracking.uri= at one"
         try:  # MLflow checks the schema on open: one behind its own is refused with what to run
             MlflowClient(uri).search_experiments(max_results=1)
         except Exception as err:  # noqa: BLE001 - MLflow's, SQLAlchemy's, SQLite's: one line each
@@ -299,5 +299,5 @@ def store_problem(uri: str) -> str | None:
     try:
         probe(uri)
     except StoreUnreachable as err:
-        return f"{str(err).split(';')[0]}; start it, or point tracking_uri= at another store"
+        return f"{str(err).split(';')[0]}; start it, or point tracking.uri= at another store"
     return None

@@ -215,7 +215,7 @@ def with_sweeps(entries: list[tuple[Path, Path]]) -> tuple[list[tuple[Path | Non
         if not Path(sweep_id).is_dir():
             lines.append(
                 f"sweep {sweep_id}: its directory is gone, so its jobs' journals that are not listed are not "
-                f"checked; if it moved, python -m src.sync <its new folder> tracking_uri=<its store> checks them all"
+                f"checked; if it moved, python -m src.sync <its new folder> tracking.uri=<its store> checks them all"
             )
             continue
         for sibling in sorted(Path(sweep_id).rglob(FILE)):
@@ -246,7 +246,7 @@ def unreadable(registry: Path) -> list[tuple[Path, str]]:
 def unreadable_line(pointer: Path, why: str) -> str:
     return (
         f"the pending-journal entry {pointer} {why}: the journal it named is not replayed from the list; "
-        f"run python -m src.sync <that sweep's directory> tracking_uri=<its store> (it finds the journals there), "
+        f"run python -m src.sync <that sweep's directory> tracking.uri=<its store> (it finds the journals there), "
         f"then delete "
         f"{pointer.name}"
     )
@@ -267,5 +267,5 @@ def missing_line(path: Path) -> str:
     """What to say of a listed journal that is not where its job wrote it."""
     return (
         f"journal {path} is listed as pending but is gone (its directory moved or was deleted); "
-        f"if it moved, python -m src.sync <its new folder> tracking_uri=<its store> replays it"
+        f"if it moved, python -m src.sync <its new folder> tracking.uri=<its store> replays it"
     )

@@ -52,7 +52,7 @@ def first_line(err: BaseException) -> str:
 
 
 def default_uri() -> str:
-    """The store where tracking.uri (or tracking_uri=) names none: MLflow's MLFLOW_TRACKING_URI where set, as
+    """The store where tracking.uri names none: MLflow's MLFLOW_TRACKING_URI where set, as
     every MLflow tool reads it, else the project's SQLite file."""
     return os.environ.get("MLFLOW_TRACKING_URI", "").strip() or f"sqlite:///{PROJECT_ROOT / 'mlflow.db'}"
 

@@ -80,7 +80,7 @@ def sync(store, registry: Path) -> list[str]:
         except Exception as err:  # noqa: BLE001 - one journal's trouble must not stop this job
             lines.append(
                 f"journal {path} not replayed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
-                f"python -m src.sync {path.parent} tracking_uri={store.uri} retries it"
+                f"python -m src.sync {path.parent} tracking.uri={store.uri} retries it"
             )
             continue
         if sent:

@@ -1,4 +1,4 @@
-"""Replay journaled results into their tracking stores: python -m src.sync [journal or folder ...] [tracking_uri=<uri>]
+"""Replay journaled results into their tracking stores: python -m src.sync [journal or folder ...] [tracking.uri=<uri>]
 
 A job whose tracking store failed (or was unreachable, with tracking.unreachable=journal) kept every
 record in its journal (src.tracking.store.journal). With no arguments this replays the journals listed as pending
@@ -9,7 +9,7 @@ a store that lost a job's run (deleted, or a server on a fresh backend) gets the
 against the same store does the same by itself.
 
 A journal names the store it was written for; sync replays it there only where that store is one the user
-chose: named with `tracking_uri=<uri>` (repeatable), the default store, or one a pending entry of this user's own
+chose: named with `tracking.uri=<uri>` (repeatable), the default store, or one a pending entry of this user's own
 jobs names (in their cache). Any other is refused in one line: a file in a folder can name any store, and so can
 a Hydra config planted beside it, so neither vouches for one.
 
@@ -65,7 +65,7 @@ def _trusted(uri: str, named: set[str], listed: set[str]) -> str | None:
 COMMAND = Command(
     "python -m src.sync",
     __doc__,
-    [Setting("tracking_uri", (), "a store journals may be replayed into (given again for more)", list)],
+    [Setting("tracking.uri", (), "a store journals may be replayed into (given again for more)", list)],
     takes="paths",
 )
 
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     except (envvars.EnvError, SettingError) as err:
         say(str(err), err=True)
         return 2
-    named = set(cfg["tracking_uri"])
+    named = set(cfg["tracking.uri"])
     run = _Sync(named, journal.listed_uris(_registry()))
     bound_http_retries()
     quiet_store_logs()
@@ -121,7 +121,7 @@ class _Sync:
             say(
                 f"{path}: written for the store {start['uri']!r}, which is neither named here, the "
                 f"default store, nor one this user's jobs listed; not replayed (python -m "
-                f"src.sync {path.parent} tracking_uri=<that store> replays it there)",
+                f"src.sync {path.parent} tracking.uri=<that store> replays it there)",
                 err=True,
             )
             return "failed"
@@ -149,7 +149,7 @@ class _Sync:
             return ""
         say(
             f"{path}: not replayed ({first_line(err)}); fix the store and run python -m src.sync {path.parent} "
-            f"tracking_uri={uri} again",
+            f"tracking.uri={uri} again",
             err=True,
         )
         self.behind.add(uri)
@@ -162,7 +162,7 @@ class _Sync:
                 say(
                     f"runs left running in {store.uri} are not closed yet: a journal was not replayed "
                     f"(said above), and its jobs may belong to them; python -m src.sync <its sweep's directory> "
-                    f"tracking_uri={store.uri} "
+                    f"tracking.uri={store.uri} "
                     f"replays it and closes them"
                 )
                 continue

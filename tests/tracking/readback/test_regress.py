@@ -63,7 +63,7 @@ def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
 @pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside two burners
 def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     store, tmp = sweeps
-    args = [f"baseline={tmp / 'base'}", f"sweep={tmp / 'new'}", f"tracking_uri={store}", f"out={tmp / 'reports'}"]
+    args = [f"baseline={tmp / 'base'}", f"sweep={tmp / 'new'}", f"tracking.uri={store}", f"out={tmp / 'reports'}"]
     out = run_cli(args, module="src.regress")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "slower" in out.stdout and "## Removed jobs" in out.stdout and "## New jobs" in out.stdout
@@ -84,7 +84,7 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
         [
             f"baseline={tmp / 'new'}",
             f"sweep={tmp / 'base'}",
-            f"tracking_uri={store}",
+            f"tracking.uri={store}",
             f"out={tmp / 'reports'}",
             "fail_on=0.1",
             "unjudged=pass",
@@ -104,8 +104,8 @@ def test_bad_settings_and_unknown_sweeps_are_one_line(sweeps, tmp_path):
         ([f"baseline={tmp / 'base'}", "fail_on=nan"], "fail_on=nan must be a finite number"),  # a gate switched off
         ([f"baseline={tmp / 'base'}", "confidence=inf"], "confidence=inf must be a finite number"),
         ([f"baseline={tmp / 'base'}", "unjudged=maybe"], "unjudged=maybe must be fail or pass"),
-        ([f"baseline={tmp_path / 'nope'}", f"tracking_uri={store}"], "no sweep"),
-        ([f"baseline={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking_uri={store}"], "the same sweep"),
+        ([f"baseline={tmp_path / 'nope'}", f"tracking.uri={store}"], "no sweep"),
+        ([f"baseline={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking.uri={store}"], "the same sweep"),
     ):
         out = run_cli(args, module="src.regress")
         assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, (

@@ -32,7 +32,7 @@ def sweep(tmp_path_factory):
 def test_an_output_folder_that_cannot_be_written_is_one_line_before_the_store_is_read(sweep, module, args):
     """out=/proc/x had ended both commands in a FileNotFoundError traceback, exit 1 (regress's "slower")."""
     store, _ = sweep
-    out = run_cli([*args, f"tracking_uri={store}", "out=/proc/x"], module=module)
+    out = run_cli([*args, f"tracking.uri={store}", "out=/proc/x"], module=module)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip() == "quantspec: out=/proc/x cannot be written (No such file or directory: /proc/x); " + (
         "name a folder you can write"
@@ -42,7 +42,7 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_before_the_store_is
 def test_a_baseline_no_job_has_is_refused_in_one_line(sweep, tmp_path):
     """baseline.precision=zzz had written a report saying "(no job has its baseline in this sweep)", exit 0."""
     store, _ = sweep
-    out = run_cli([f"tracking_uri={store}", "baseline.precision=zzz", f"out={tmp_path}"], module="src.report")
+    out = run_cli([f"tracking.uri={store}", "baseline.precision=zzz", f"out={tmp_path}"], module="src.report")
     assert out.returncode == 2 and not list(tmp_path.iterdir()), out.stderr[-2000:]
     assert out.stderr.strip() == (
         "quantspec: baseline.precision=zzz is no job's precision in this sweep (its jobs': bf16, fp32, w8a8); "
@@ -52,7 +52,7 @@ def test_a_baseline_no_job_has_is_refused_in_one_line(sweep, tmp_path):
 
 def test_the_report_as_json_is_the_documented_document_and_stdout_holds_only_it(sweep, tmp_path):
     store, _ = sweep
-    out = run_cli([f"tracking_uri={store}", "format=json", f"out={tmp_path}", "attach=false"], module="src.report")
+    out = run_cli([f"tracking.uri={store}", "format=json", f"out={tmp_path}", "attach=false"], module="src.report")
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))  # strict: no NaN
     jsonschema.validate(doc, doc_schema("sweep"))  # docs/reference/report-json.md's
@@ -121,7 +121,7 @@ def test_speedups_are_the_hand_computed_ratios(sweep):
 
 def test_report_writes_plots_and_attaches_them_to_the_parent(sweep):
     store, tmp = sweep
-    assert report.main([f"tracking_uri={store}", f"out={tmp / 'out'}"]) == 0
+    assert report.main([f"tracking.uri={store}", f"out={tmp / 'out'}"]) == 0
     written = {p.name for p in (tmp / "out").rglob("*") if p.is_file()}
     assert {
         "report.md",
@@ -158,7 +158,7 @@ def test_a_job_whose_kernels_fell_back_is_said_marked_and_kept_out_of_the_headli
 
 
 def test_report_of_an_empty_store_is_one_line(tmp_path, capsys):
-    assert report.main([f"tracking_uri=sqlite:///{tmp_path / 'none.db'}", "attach=false"]) == 2
+    assert report.main([f"tracking.uri=sqlite:///{tmp_path / 'none.db'}", "attach=false"]) == 2
     assert not (tmp_path / "none.db").exists()  # nothing created by looking
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("quantspec:")]
     assert len(lines) == 1 and "run a sweep first" in lines[0]
@@ -223,7 +223,7 @@ def test_a_rerun_of_the_report_adds_no_metric_points(sweep):
 
 def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path):
     store = tmp_path / "absent.db"
-    helped = run_cli(["--help", f"tracking_uri=sqlite:///{store}"], module="src.report")
+    helped = run_cli(["--help", f"tracking.uri=sqlite:///{store}"], module="src.report")
     assert (
         helped.returncode == 0
         and "python -m src.report" in helped.stdout
@@ -235,7 +235,7 @@ def test_report_help_touches_nothing_and_a_misspelt_setting_is_one_line(tmp_path
         ("baseline.precison=bf16", "baseline.precison is not a setting; baseline.<model|hardware|precision"),
         ("sweep", "'sweep' is not a setting of python -m src.report"),
     ):
-        out = run_cli([arg, f"tracking_uri=sqlite:///{store}"], module="src.report")
+        out = run_cli([arg, f"tracking.uri=sqlite:///{store}"], module="src.report")
         lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]
         assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
         assert "Traceback" not in out.stderr and not store.exists()
@@ -269,7 +269,7 @@ def test_a_decode_sweep_gets_its_plots_and_no_empty_columns_and_a_hostile_cpu_na
     page = render(rep.files["report.md"].read_text())
     assert_inert(page)
     assert "Evil | CPU <img src=x onerror=alert(1)> [l](javascript:alert(2)) ` edoc" in html.unescape(page)
-    published = run_cli([f"tracking_uri={store}", f"out={tmp_path / 'published'}"], module="src.report")
+    published = run_cli([f"tracking.uri={store}", f"out={tmp_path / 'published'}"], module="src.report")
     assert published.returncode == 0, published.stderr[-2000:]  # the descriptions written on the runs
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("quantspec").experiment_id])

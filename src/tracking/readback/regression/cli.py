@@ -50,7 +50,7 @@ COMMAND = Command(
         ),
         Setting("sweep", None, "the new sweep, named the same ways (null: the latest sweep)", purpose="which sweeps"),
         Setting(
-            "tracking_uri",
+            "tracking.uri",
             None,
             "the store both sweeps are in (null: MLFLOW_TRACKING_URI, else the project's mlflow.db)",
             purpose="which sweeps",

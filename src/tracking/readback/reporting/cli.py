@@ -3,7 +3,7 @@ sweep measured quality, the quality table, the speed–quality front and paired 
 (src.tracking.readback.speed_quality).
 
     python -m src.report                          # the latest sweep in the default store
-    python -m src.report sweep=/abs/multirun/... baseline.precision=bf16 tracking_uri=http://127.0.0.1:5000
+    python -m src.report sweep=/abs/multirun/... baseline.precision=bf16 tracking.uri=http://127.0.0.1:5000
     python -m src.report quality.metric=accuracy quality.min_ratio=0.98
     python -m src.report format=json              # the same as one JSON document (docs: reference/report-json.md)
     python -m src.report --help                   # this, and the settings; touches nothing

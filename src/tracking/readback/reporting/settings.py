@@ -11,7 +11,7 @@ READ, COMPARE, WRITE = "which sweep", "what each job is compared with", "what it
 SETTINGS = [
     Setting("sweep", None, "a sweep directory (its id); null: the latest sweep", purpose=READ),
     Setting(
-        "tracking_uri",
+        "tracking.uri",
         None,
         "the store (null: MLFLOW_TRACKING_URI, else sqlite:///<project>/mlflow.db)",
         purpose=READ,
