@@ -15,7 +15,6 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 
-
 # Spellings a command once took, each to the shared name it takes now (one name per option across the commands:
 # src.run's, which Hydra's config fixes): the old one is refused with the new in its line, not taken silently.
 RENAMED = {"tracking_uri": "tracking.uri"}
