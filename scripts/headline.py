@@ -9,6 +9,7 @@ drawn from. tests/docs/test_docs.py fails when either is not the latest entry's.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -46,11 +47,38 @@ def table(item: benchpage.Entry) -> list[str]:
     return [line for line in item.body.splitlines() if line.startswith("|")]
 
 
+def significant(cell: str, digits: int = 3) -> str:
+    """A number's cell at `digits` significant figures (9.69921 -> 9.70, 0.442587 -> 0.443, 21.9148 -> 21.9); a
+    whole number or any other text as it is. The entries keep every digit measured; a reader needs three."""
+    text = cell.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(value) or value == 0 or re.fullmatch(r"-?\d+", text):
+        return text
+    value = float(f"{value:.{digits}g}")  # rounded first: 9.99562 is 10.0, not 10.00
+    return f"{value:.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
+
+
+def shown(item: benchpage.Entry) -> list[str]:
+    """The entry's table, its numbers at three significant figures."""
+    head, rule, *body = table(item)
+    return [
+        head,
+        rule,
+        *("| " + " | ".join(significant(c) for c in line.strip("|").split("|")) + " |" for line in body),
+    ]
+
+
 def block(item: benchpage.Entry) -> str:
     rounds = f"{item.rounds} rounds in turns" if item.rounds else "one run"
     lines = [
         START,
-        *table(item),
+        *shown(item),
+        "",
+        "Lower ms/token is faster; `/ llama.cpp` under 1 is faster than llama.cpp. Decode efficiency is the share "
+        "of the host's measured memory bandwidth a step's weight reads use (1 is the roofline).",
         "",
         f"{md_text(item.title)}: {md_text(item.date)}, {md_text(benchpage.host_name(item))}, {rounds}, commit "
         f"`{item.commit}`; ten seed prompts, 30 greedy tokens, whole jobs in turns with llama.cpp on the model's own "

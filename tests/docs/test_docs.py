@@ -188,6 +188,11 @@ def test_a_runnable_block_runs_in_a_scratch_checkout_with_a_store_of_its_own(tmp
     assert "No such file" in lines[2]  # the project's own store is not linked in
 
 
+def test_the_headline_shows_three_significant_figures_and_leaves_other_cells_as_they_are():
+    cells = ["9.69921", "0.442587", "21.9148", "9.99562", "1", "-", "llama.cpp 0.3.36"]
+    assert [headline.significant(c) for c in cells] == ["9.70", "0.443", "21.9", "10.0", "1", "-", "llama.cpp 0.3.36"]
+
+
 def test_the_readmes_headline_is_the_benchmark_pages_latest_entry():
     """The README's table and picture are made from the page (python -m scripts.headline), so they cannot
     disagree with it: a newer entry on the page fails this until they are made again."""
