@@ -1,6 +1,6 @@
 """Benchmark every precision on one model in one sweep; print speed and quality as ratios to fp32.
 
-    .venv/bin/python -m scripts.bench_quant                      # gemma3-270m, all six precisions
+    .venv/bin/python -m scripts.bench_quant                      # gemma3-270m, every precision in conf/precision/
     .venv/bin/python -m scripts.bench_quant model=tiny-llama     # any extra Hydra overrides
     .venv/bin/python -m scripts.bench_quant doc=true             # also on the docs' benchmark page
 
@@ -11,14 +11,32 @@ ratio is measured side by side on one machine. Figures are read back from the ML
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 from scripts import bench
+from src.common.environment import PROJECT_ROOT
 from src.common.metrics import markdown_table
 from src.common.settings import Setting
 from src.tracking.readback.compare import ratio
 
-PRECISIONS = ("fp32", "bf16", "w8a8", "w8a16", "w4a16", "rtn")
+
+def _every_precision() -> tuple[str, ...]:
+    """Every precision conf/precision/ holds: the floats first (fp32, the baseline, then bf16), then the schemes
+    from the most bits to the fewest (weights, then activations), then the rest by name."""
+    names = [p.stem for p in (PROJECT_ROOT / "conf" / "precision").glob("*.yaml") if not p.stem.startswith("_")]
+
+    def order(name: str) -> tuple:
+        found = re.fullmatch(r"w(\d+)a(\d+)", name)
+        floats = {"fp32": 0, "bf16": 1}
+        if name in floats:
+            return (0, floats[name], 0, name)
+        return (1, -int(found[1]), -int(found[2]), name) if found else (2, 0, 0, name)
+
+    return tuple(sorted(names, key=order))
+
+
+PRECISIONS = _every_precision()
 COMMAND = bench.command(
     "bench_quant", __doc__, [Setting("precisions", PRECISIONS, "the precisions swept (fp32 is the baseline)")]
 )
