@@ -66,6 +66,11 @@ inline float hsum(__m256 a) {
   const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
+inline float hmax(__m256 a) {  // the largest of 8 lanes, by MAXPS (callers that skip NaN keep it out of a)
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
 inline __m128 sum1(__m256 a) { return _mm_set_ss(hsum(a)); }
 inline __m128i sum1(__m256i a) {
   const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
@@ -357,10 +362,7 @@ void quantize_x16_simd(const float* x, int64_t M, int64_t K, int64_t group, int1
     __m256 amax = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) amax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(row + k), magnitude), amax);
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    float largest = _mm_cvtss_f32(h);
+    float largest = hmax(amax);
     for (; k < K; ++k) largest = std::fmax(largest, std::fabs(row[k]));
     const float scale = std::fmax(largest, kX16Floor) / 32767.f, inv = 1.f / scale;
     x_scale[m] = scale;
@@ -380,19 +382,13 @@ void quantize_x16_simd(const float* x, int64_t M, int64_t K, int64_t group, int1
       if (group > 0) {
         gsum = _mm256_add_epi32(gsum, _mm256_add_epi32(a, b));
         if ((k + 16) % group == 0) {
-          __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(gsum), _mm256_extracti128_si256(gsum, 1));
-          s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-          s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-          group_sums[m * (K / group) + k / group] = float(_mm_cvtsi128_si32(s4));
+          group_sums[m * (K / group) + k / group] = float(_mm_cvtsi128_si32(sum1(gsum)));
           gsum = _mm256_setzero_si256();
         }
       }
     }
-    if (group > 0 && k < K) {  // a group running on past the vectors: its sum so far, then the scalar tail's
-      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(gsum), _mm256_extracti128_si256(gsum, 1));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-      tail_sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
-    }
+    // a group running on past the vectors: its sum so far, then the scalar tail's
+    if (group > 0 && k < K) tail_sum = _mm_cvtsi128_si32(sum1(gsum));
     for (; k < K; ++k) {  // K not a multiple of 16: the scalar rounding
       const int32_t v = quant16(row[k], inv);
       out[k] = int16_t(v);
@@ -414,10 +410,7 @@ void quantize_x8_bf16_simd(const uint16_t* x, int64_t K, int64_t r0, int64_t r1,
     const uint16_t* row = x + m * K;
     __m256 amax = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, widen_bf16(row + k)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float scale = std::max(_mm_cvtss_f32(h), kX8Floor) / 127.f;
+    const float scale = std::max(hmax(amax), kX8Floor) / 127.f;
     x_scale[m] = scale;
     const __m256 s = _mm256_set1_ps(scale);
     for (int64_t k = 0; k < K; k += 8) {
