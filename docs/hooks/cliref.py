@@ -65,7 +65,7 @@ EXAMPLES = {
     "src.run": "[1. A first sweep](../getting-started.md) and every step of the walk",
     "src.report": "[1. A first sweep](../getting-started.md#read-the-report), "
     "[2. Precisions in rounds](../walk/2-rounds.md), [3. Quality beside speed](../walk/3-quality.md)",
-    "src.regress": "[5. Compare with a baseline sweep](../walk/5-regress.md)",
+    "src.regress": "[5. Compare with an older sweep](../walk/5-regress.md)",
     "src.serve": "[8. Serving many requests](../walk/8-serving.md)",
 }
 

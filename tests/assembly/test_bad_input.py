@@ -331,7 +331,7 @@ def test_the_commands_that_read_a_store_say_a_store_they_cannot_read_in_one_line
     garbage.write_bytes(b"not a database " * 100)
     for module, args, store, words in (
         ("src.report", [], behind, "Detected out-of-date database schema"),
-        ("src.regress", ["baseline=x"], garbage, "is not a SQLite database"),
+        ("src.regress", ["against=x"], garbage, "is not a SQLite database"),
     ):
         out = run_cli([*args, f"tracking.uri=sqlite:///{store}"], module=module)
         assert out.returncode == 2 and words in one_line(out.stderr), out.stderr[-2000:]

@@ -45,7 +45,8 @@ def test_every_command_spells_its_settings_as_src_run_does():
     assert "tracking.uri" in run_names and {"tracking", "task", "model"} <= groups
     for where, command in commands.items():
         for setting in command.settings:
-            assert setting.name not in RENAMED, f"{where} still takes {setting.name}= (now {RENAMED[setting.name]}=)"
+            renamed = {**RENAMED, **command.renamed}
+            assert setting.name not in renamed, f"{where} still takes {setting.name}= (now {renamed[setting.name][0]}=)"
             group = setting.name.partition(".")[0]
             if "." in setting.name and group in groups:  # under one of src.run's groups: as src.run spells it
                 assert setting.name in run_names, f"{where}'s {setting.name}= is not src.run's"
@@ -60,3 +61,19 @@ def test_an_old_spelling_is_refused_in_one_line_naming_the_new(where):
         command.parse(["tracking_uri=sqlite:///x.db"])
     values, _ = command.parse(["tracking.uri=sqlite:///x.db"])
     assert values["tracking.uri"] in ("sqlite:///x.db", ("sqlite:///x.db",))
+
+
+def test_baseline_means_one_thing_the_job_a_speedup_is_over():
+    """report's baseline.<axis>= names the job each speedup is over; regress's old sweep is against=, and its old
+    spelling baseline= is refused naming both."""
+    commands = _commands()
+    takes = {where: s for where, c in commands.items() for s in c.settings if s.name == "baseline"}
+    assert "src.report" in takes and "src.regress" not in takes
+    for where, setting in takes.items():
+        assert isinstance(setting.default, dict), f"{where}'s baseline= is not a choice per axis"
+    regress = commands["src.regress"]
+    with pytest.raises(
+        SettingError, match=r"^baseline= is now against= \(the old sweep; baseline\.<axis>= is src\.report"
+    ):
+        regress.parse(["baseline=multirun/a"])
+    assert regress.parse(["against=multirun/a"])[0]["against"] == "multirun/a"

@@ -709,7 +709,7 @@ def test_sync_of_a_folder_that_is_not_there_is_one_line(tmp_path, env):
     assert "a-mistyped-sweep-dir: no such journal or folder; name a sweep's directory" in out.stderr
 
 
-@pytest.mark.parametrize("module, args", [("src.report", []), ("src.regress", ["baseline=x"])])
+@pytest.mark.parametrize("module, args", [("src.report", []), ("src.regress", ["against=x"])])
 def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_within_seconds(module, args):
     import socket
 

@@ -1,4 +1,4 @@
-"""A sweep against a baseline sweep (src.tracking.readback.regression): two real sweeps of the tiny Llama, the second timed
+"""A sweep against an older one (src.tracking.readback.regression): two real sweeps of the tiny Llama, the second timed
 beside two processes burning both cores, matched job by job: slower at the stated confidence, a CI gate
 (fail_on) that fails on it, new and removed jobs listed, and what differs between the hosts said."""
 
@@ -63,7 +63,7 @@ def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
 @pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside two burners
 def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     store, tmp = sweeps
-    args = [f"baseline={tmp / 'base'}", f"sweep={tmp / 'new'}", f"tracking.uri={store}", f"out={tmp / 'reports'}"]
+    args = [f"against={tmp / 'base'}", f"sweep={tmp / 'new'}", f"tracking.uri={store}", f"out={tmp / 'reports'}"]
     out = run_cli(args, module="src.regress")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "slower" in out.stdout and "## Removed jobs" in out.stdout and "## New jobs" in out.stdout
@@ -72,7 +72,7 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     # the gate at what the burners guarantee (slower with confidence: the interval's low end above 1, as the
     # test above checks); how much slower moves with the host's own load, so a 10% gate here failed once
     out = run_cli([*args, "fail_on=0"], module="src.regress")
-    assert out.returncode == 1 and "slower than the baseline by more than 0%" in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 1 and "slower than the old sweep by more than 0%" in out.stderr, out.stderr[-2000:]
     # not 1000% slower, but bf16 is missing from the new sweep: the gate could not judge it, and fails closed
     out = run_cli([*args, "fail_on=10"], module="src.regress")
     assert out.returncode == 3 and "could not judge 1 thing(s)" in out.stderr, out.stderr[-2000:]
@@ -82,7 +82,7 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     # the other way round, the quiet sweep is faster: nothing to fail on
     out = run_cli(
         [
-            f"baseline={tmp / 'new'}",
+            f"against={tmp / 'new'}",
             f"sweep={tmp / 'base'}",
             f"tracking.uri={store}",
             f"out={tmp / 'reports'}",
@@ -99,13 +99,13 @@ def test_bad_settings_and_unknown_sweeps_are_one_line(sweeps, tmp_path):
     store, tmp = sweeps
     for args, said in (
         (["baselin=x"], "is not a setting"),
-        ([], "baseline=<sweep directory"),
-        ([f"baseline={tmp / 'base'}", "fail_on=-1"], "must be 0 or more"),
-        ([f"baseline={tmp / 'base'}", "fail_on=nan"], "fail_on=nan must be a finite number"),  # a gate switched off
-        ([f"baseline={tmp / 'base'}", "confidence=inf"], "confidence=inf must be a finite number"),
-        ([f"baseline={tmp / 'base'}", "unjudged=maybe"], "unjudged=maybe must be fail or pass"),
-        ([f"baseline={tmp_path / 'nope'}", f"tracking.uri={store}"], "no sweep"),
-        ([f"baseline={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking.uri={store}"], "the same sweep"),
+        ([], "against=<sweep directory"),
+        ([f"against={tmp / 'base'}", "fail_on=-1"], "must be 0 or more"),
+        ([f"against={tmp / 'base'}", "fail_on=nan"], "fail_on=nan must be a finite number"),  # a gate switched off
+        ([f"against={tmp / 'base'}", "confidence=inf"], "confidence=inf must be a finite number"),
+        ([f"against={tmp / 'base'}", "unjudged=maybe"], "unjudged=maybe must be fail or pass"),
+        ([f"against={tmp_path / 'nope'}", f"tracking.uri={store}"], "no sweep"),
+        ([f"against={tmp / 'base'}", f"sweep={tmp / 'base'}", f"tracking.uri={store}"], "the same sweep"),
     ):
         out = run_cli(args, module="src.regress")
         assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, (

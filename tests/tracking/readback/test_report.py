@@ -28,7 +28,7 @@ def sweep(tmp_path_factory):
     return store, tmp
 
 
-@pytest.mark.parametrize("module, args", [("src.report", []), ("src.regress", ["baseline=x"])])
+@pytest.mark.parametrize("module, args", [("src.report", []), ("src.regress", ["against=x"])])
 def test_an_output_folder_that_cannot_be_written_is_one_line_before_the_store_is_read(sweep, module, args):
     """out=/proc/x had ended both commands in a FileNotFoundError traceback, exit 1 (regress's "slower")."""
     store, _ = sweep

@@ -68,7 +68,7 @@ def test_two_jobs_that_differ_in_a_field_have_two_names_everywhere(tmp_path):
     # regress: the same two jobs in a second sweep, each judged under its own name
     _sweep(tmp_path, store, "b")
     judged = run_cli(
-        [f"baseline={tmp_path / 'a'}", f"sweep={tmp_path / 'b'}", f"tracking.uri={store}"], module="src.regress"
+        [f"against={tmp_path / 'a'}", f"sweep={tmp_path / 'b'}", f"tracking.uri={store}"], module="src.regress"
     )
     assert judged.returncode == 0, judged.stderr[-2000:]
     assert all(n in judged.stdout for n in names), judged.stdout[-3000:]

@@ -195,7 +195,7 @@ def test_sweep_survives_a_failing_job_and_exits_nonzero(store, tmp_path):
         ["attach=false", f"out={tmp_path / 'reports'}"], module="src.report", env={"MLFLOW_TRACKING_URI": store}
     )
     assert reported.returncode == 0 and parent.info.run_name in reported.stdout, reported.stderr[-2000:]
-    judged = run_cli([f"baseline={tmp_path / 'sweep'}"], module="src.regress", env={"MLFLOW_TRACKING_URI": store})
+    judged = run_cli([f"against={tmp_path / 'sweep'}"], module="src.regress", env={"MLFLOW_TRACKING_URI": store})
     assert judged.returncode == 2 and "are the same sweep" in judged.stderr, judged.stderr[-2000:]  # found both
 
 

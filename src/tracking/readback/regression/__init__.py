@@ -1,4 +1,4 @@
-"""A sweep against a baseline sweep: jobs matched and judged (judge), the comparison written out (page), and
+"""A sweep against an older one: jobs matched and judged (judge), the comparison written out (page), and
 the command (cli: python -m src.regress)."""
 
 from src.common.settings import SettingError

@@ -1,13 +1,13 @@
-"""Compare a sweep with a baseline sweep: is this commit, library or machine slower than before?
+"""Compare a sweep with an older one: is this commit, library or machine slower than before?
 
-    python -m src.regress baseline=<sweep dir or id, or its parent run id>          # against the latest sweep
-    python -m src.regress baseline=multirun/2026-11-20/10-00-00-1 sweep=multirun/2026-11-25/... fail_on=0.05
+    python -m src.regress against=<sweep dir or id, or its parent run id>           # the latest sweep against it
+    python -m src.regress against=multirun/2026-11-20/10-00-00-1 sweep=multirun/2026-11-25/... fail_on=0.05
 
 Jobs are matched by their composed config, without what names the sweep (its directory, rounds, store, cache):
 the same model, hardware, precision, draft, task, engine, dataset and sampling with the same fields. For each
 matched job: the ratio of time/token (and prefill, and the quality figure where both have one), new over
-baseline, with its interval from the per-round figures (or, with one round on a side, the per-example ones):
-paired by example where both sweeps ran the same examples (each example's new / baseline, each side the median
+old, with its interval from the per-round figures (or, with one round on a side, the per-example ones):
+paired by example where both sweeps ran the same examples (each example's new / old, each side the median
 of its rounds), else the ratio of the rounds' medians; the median ratio with a bootstrap interval at `confidence`. The verdict is `slower` where the whole interval is
 above 1 + `tolerance` (0.03), `faster` where it is below 1 - `tolerance`, `no change` otherwise: the interval holds
 the examples' and rounds' spread, not what moves a whole sweep minutes later. New, removed and failed jobs are listed, and what
@@ -43,9 +43,9 @@ COMMAND = Command(
     __doc__,
     [
         Setting(
-            "baseline",
+            "against",
             None,
-            "the sweep to compare against: its directory, its id or its parent run's id (required)",
+            "the old sweep, to compare against: its directory, its id or its parent run's id (required)",
             purpose="which sweeps",
         ),
         Setting("sweep", None, "the new sweep, named the same ways (null: the latest sweep)", purpose="which sweeps"),
@@ -86,6 +86,7 @@ COMMAND = Command(
         ),
         Setting("out", "reports", "the folder the regress-<key>/ files are written under", purpose="what it writes"),
     ],
+    renamed={"baseline": ("against", "the old sweep; baseline.<axis>= is src.report's job each speedup is over")},
 )
 
 
@@ -96,9 +97,9 @@ def usage() -> str:
 def settings(argv: list[str]) -> dict:
     """The command line's settings, checked; SettingError (one line) for one that is not one."""
     cfg, _ = COMMAND.parse(argv)
-    if not cfg["baseline"]:
+    if not cfg["against"]:
         raise SettingError(
-            "baseline=<sweep directory, sweep id or parent run id> is needed: the sweep to compare against"
+            "against=<sweep directory, sweep id or parent run id> is needed: the old sweep to compare against"
         )
     if not 0.5 <= cfg["confidence"] < 1:
         raise SettingError(f"confidence={cfg['confidence']} must be in [0.5, 1)")
@@ -116,13 +117,13 @@ def main(argv: list[str]) -> int:
     cfg, uri = started
     client = MlflowClient(uri)
     try:
-        base = load(client, cfg["experiment"], cfg["baseline"])
+        base = load(client, cfg["experiment"], cfg["against"])
         new = load(client, cfg["experiment"], cfg["sweep"])
     except LookupError as err:
         say(str(err), err=True)
         return 2
     if base.parent_id == new.parent_id:
-        say(f"baseline and sweep are the same sweep ({base.sweep_id}); name another with sweep=...", err=True)
+        say(f"against and sweep are the same sweep ({base.sweep_id}); name another with sweep=...", err=True)
         return 2
     c = compare(client, base, new, cfg["confidence"], cfg["tolerance"], GATES[cfg["metric"]])
     folder = write(c, PROJECT_ROOT / cfg["out"])
@@ -132,7 +133,7 @@ def main(argv: list[str]) -> int:
         slow = c.slower_than(cfg["fail_on"])
         if slow:
             say(
-                f"{len(slow)} job(s) slower than the baseline by more than {cfg['fail_on']:.0%}"
+                f"{len(slow)} job(s) slower than the old sweep by more than {cfg['fail_on']:.0%}"
                 + (f" in {c.gate}" if c.gate != "time/token" else "")
                 + f" at {c.confidence:.0%} confidence: {', '.join(r.name for r in slow)}",
                 err=True,

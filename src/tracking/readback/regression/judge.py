@@ -1,4 +1,4 @@
-"""Two sweeps' jobs matched by their composed config and judged: each figure's ratio, new over baseline, with
+"""Two sweeps' jobs matched by their composed config and judged: each figure's ratio, new over old, with
 its interval, and a verdict (slower, faster, no change); new, removed and unjudged jobs; the hosts' differences.
 """
 
@@ -149,8 +149,8 @@ PAIRED_MIN = 3  # examples in both sweeps for the paired ratio; fewer: the round
 
 
 def ratio_of(client: MlflowClient, old: JobRuns, new: JobRuns, summary: str, series: str | None, confidence: float):
-    """(baseline, new, ratio, low, high, over): paired by example where both sweeps ran the same three or more
-    examples (each example's new / baseline, each side the median of its rounds: the prompts' own spread
+    """(old, new, ratio, low, high, over): paired by example where both sweeps ran the same three or more
+    examples (each example's new / old, each side the median of its rounds: the prompts' own spread
     cancels), else the ratio of the rounds' medians with each side resampled; None where a side has nothing."""
     a, b = per_example(client, old, series), per_example(client, new, series)
     common = sorted(set(a) & set(b))
@@ -179,7 +179,7 @@ def ratio_of(client: MlflowClient, old: JobRuns, new: JobRuns, summary: str, ser
 class Row:
     name: str
     figure: str
-    baseline: float
+    old: float
     new: float
     ratio: float
     low: float
@@ -197,7 +197,7 @@ def verdict(low: float, high: float, tolerance: float = 0.0) -> str:
 
 @dataclass
 class Comparison:
-    baseline: Sweep
+    old: Sweep
     new: Sweep
     rows: list[Row]
     added: list[str]
@@ -216,7 +216,7 @@ class Comparison:
 def compare(
     client: MlflowClient, base: Sweep, new: Sweep, confidence: float, tolerance: float = 0.03, gate: str = "time/token"
 ) -> Comparison:
-    """Every matched job's figures and quality, new against baseline; what the gate (its figure, `gate`) could not
+    """Every matched job's figures and quality, new against old; what the gate (its figure, `gate`) could not
     judge, listed."""
     rows, unjudged = [], []
     for key in sorted(set(base.jobs) & set(new.jobs), key=lambda k: new.jobs[k].name):
@@ -225,7 +225,7 @@ def compare(
             unjudged.append(f"{new_job.name}: {new_job.outcome} in the new sweep")
             continue
         if not old_job.finished:
-            continue  # the baseline's failure is listed below; nothing to hold the new job to
+            continue  # the old sweep's failure is listed below; nothing to hold the new job to
         for figure, summary, series in FIGURES:
             found = ratio_of(client, old_job, new_job, summary, series, confidence)
             if found is not None:
@@ -259,7 +259,7 @@ def compare(
     removed = sorted(base.jobs[k].name for k in set(base.jobs) - set(new.jobs))
     failed = sorted(
         f"{j.name} ({side}: {j.outcome})"
-        for side, sweep in (("baseline", base), ("new", new))
+        for side, sweep in (("old", base), ("new", new))
         for j in sweep.jobs.values()
         if j.outcome in ("failed", "killed")
     )
