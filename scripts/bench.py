@@ -4,6 +4,7 @@ from its store, and where its table goes (reports/ and, with doc=true, the docs'
 
 from __future__ import annotations
 
+import re
 import statistics
 import subprocess
 import sys
@@ -130,6 +131,21 @@ def publish(doc: bool, page: str, title: str, text: str, about: str, name: str, 
     print("\n" + text)
     benchpage.save_markdown(name, f"{about}\n\n{text}\n")
     benchpage.record(doc, page, title, f"{about}\n\n{text}", **entry)
+
+
+def every_precision() -> tuple[str, ...]:
+    """Every precision conf/precision/ holds: the floats first (fp32, the reference, then bf16), then the schemes
+    from the most bits to the fewest (weights, then activations), then the rest by name."""
+    names = [p.stem for p in (PROJECT_ROOT / "conf" / "precision").glob("*.yaml") if not p.stem.startswith("_")]
+
+    def order(name: str) -> tuple:
+        found = re.fullmatch(r"w(\d+)a(\d+)", name)
+        floats = {"fp32": 0, "bf16": 1}
+        if name in floats:
+            return (0, floats[name], 0, name)
+        return (1, -int(found[1]), -int(found[2]), name) if found else (2, 0, 0, name)
+
+    return tuple(sorted(names, key=order))
 
 
 def whole_numbers(setting: str, values) -> list[int]:

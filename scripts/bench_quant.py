@@ -11,32 +11,14 @@ ratio is measured side by side on one machine. Figures are read back from the ML
 from __future__ import annotations
 
 import math
-import re
 import sys
 
 from scripts import bench
-from src.common.environment import PROJECT_ROOT
 from src.common.metrics import markdown_table
 from src.common.settings import Setting
 from src.tracking.readback.compare import ratio
 
-
-def _every_precision() -> tuple[str, ...]:
-    """Every precision conf/precision/ holds: the floats first (fp32, the baseline, then bf16), then the schemes
-    from the most bits to the fewest (weights, then activations), then the rest by name."""
-    names = [p.stem for p in (PROJECT_ROOT / "conf" / "precision").glob("*.yaml") if not p.stem.startswith("_")]
-
-    def order(name: str) -> tuple:
-        found = re.fullmatch(r"w(\d+)a(\d+)", name)
-        floats = {"fp32": 0, "bf16": 1}
-        if name in floats:
-            return (0, floats[name], 0, name)
-        return (1, -int(found[1]), -int(found[2]), name) if found else (2, 0, 0, name)
-
-    return tuple(sorted(names, key=order))
-
-
-PRECISIONS = _every_precision()
+PRECISIONS = bench.every_precision()
 COMMAND = bench.command(
     "bench_quant", __doc__, [Setting("precisions", PRECISIONS, "the precisions swept (fp32 is the baseline)")]
 )

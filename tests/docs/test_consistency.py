@@ -3,6 +3,7 @@ precisions there are (conf/precision/), the kernel variants and the int8 GEMM pa
 
 import re
 
+from scripts.bench import every_precision
 from src.common import doccommands
 from src.kernels import variants
 from src.quant import prefill
@@ -18,7 +19,7 @@ def _pages() -> dict[str, str]:
 
 
 def test_a_page_that_counts_every_precision_counts_conf_precisions():
-    count = len([p for p in (ROOT / "conf" / "precision").glob("*.yaml") if not p.stem.startswith("_")])
+    count = len(every_precision())
     wrong = []
     for page, text in _pages().items():
         for m in re.finditer(r"\b(?:[Aa]ll|[Ee]very) (\w+) precisions\b|\b(\w+) precisions side by side", text):

@@ -183,3 +183,29 @@ def test_report_settings_refuse_what_is_not_a_number_or_a_flag_in_process():
     ):
         with pytest.raises(report.SettingError, match=said):
             report.settings([arg])
+
+
+def test_a_benchmark_tests_only_the_pairs_it_asks_for_each_in_its_order(sweep):
+    """scripts/bench_quality's question: its rows join each precision's perplexity and decode jobs, and `pairs`
+    keeps the asked pairs with A as asked (w4a16 first, though fp32 ran first)."""
+    from scripts import bench_quality
+    from src.tracking.readback import speed_quality as q
+    from src.tracking.readback.compare import job_rounds
+    from src.tracking.readback.sweeps import sweep_jobs
+
+    store, tmp, client, runs = sweep
+    _, jobs = sweep_jobs(store)
+    groups = job_rounds([j for j in jobs if j.tags.get("outcome") == "finished"])
+    asked = {("w4a16", "fp32")}
+    table = q.paired_table(client, groups, keep=lambda a, b: (a.choice("precision"), b.choice("precision")) in asked)
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines()[2:]]
+    assert sorted(r[2] for r in rows) == ["per-item accuracy", "per-token KL"]  # the perplexity and lm_eval jobs
+    assert all(r[0].split("·")[2] == "w4a16" and r[1].split("·")[2] == "fp32" for r in rows)
+    kl = next(r for r in rows if r[2] == "per-token KL")
+    assert float(kl[5].split(" ")[0]) > 0  # A − B: w4a16 departs more than fp32
+    table_rows = bench_quality._rows(groups, ("fp32", "w4a16", "w8a8"), 0.99)  # w8a8 not swept: no row
+    assert [r[0].split(" ")[0] for r in table_rows] == ["fp32", "w4a16"]
+    fp32, w4 = table_rows
+    decode = runs["w4a16", "decode"].data.metrics["time_per_token_ms_median"]
+    assert w4[1] == f"{decode:.3g}" and float(w4[2].split(" ")[0]) > float(fp32[2].split(" ")[0])
+    assert w4[7] != "–" and w4[8] != "–"  # the decode job's divergence from fp32's outputs

@@ -295,10 +295,10 @@ def _same_tokens(x: dict, y: dict) -> bool:
     return len(a) == len(b) and all(math.isclose(u, v, rel_tol=1e-5, abs_tol=1e-6) for u, v in zip(a, b))
 
 
-def paired_table(client, groups: list[JobRounds], limit: int = 28) -> str:
+def paired_table(client, groups: list[JobRounds], limit: int = 28, keep=None) -> str:
     """Every two quality jobs of the same model and task, on the same tokens or items, compared paired:
     per-token KL (a paired permutation test and a bootstrap interval; A − B < 0: A departs less from the reference) and per-item accuracy
-    (exact McNemar)."""
+    (exact McNemar). keep(a, b): only the pairs it accepts (a benchmark's chosen questions), each in its order."""
     rows = []
     quality = [
         c for c in groups if not math.isnan(c.spread("kl_mean").median) or not math.isnan(c.spread("accuracy").median)
@@ -312,6 +312,10 @@ def paired_table(client, groups: list[JobRounds], limit: int = 28) -> str:
         return read[run_id]
 
     for a, b in combinations(quality, 2):
+        if keep is not None and not keep(a, b):
+            if not keep(b, a):
+                continue
+            a, b = b, a
         if (a.choice("model"), a.choice("task")) != (b.choice("model"), b.choice("task")) or len(rows) >= limit:
             continue
         x, y = records(a), records(b)

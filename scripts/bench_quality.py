@@ -1,0 +1,144 @@
+"""Quality beside speed for every precision in one sweep: how far each departs from the fp32 reference (KL, top-1,
+Δ perplexity, how soon its greedy decode leaves fp32's), its decode time, the speed–quality front, and paired
+comparisons that say whether a difference in KL is more than the tokens' own spread.
+
+    .venv/bin/python -m scripts.bench_quality                          # gemma3-270m, every precision, 2 rounds
+    .venv/bin/python -m scripts.bench_quality precisions=fp32,w8a16,w4a16 rounds=3 doc=true
+
+One sweep, `task=perplexity,decode` over the precisions: perplexity scores the dataset's windows (8 of 512
+HumanEval tokens on the default model) against the fp32 reference pass; decode times the seed prompts in
+interleaved rounds and records where each output first differs from fp32's. A pair `A:B` in `pairs` is tested on
+the same tokens (per-token KL, A − B: below 0, A departs less). Figures are read back from the MLflow store; the
+report the sweep writes (reports/) holds every pair and the front's plot.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from mlflow.tracking import MlflowClient
+
+from scripts import bench
+from src.common.metrics import markdown_table
+from src.common.settings import Setting
+from src.tracking.readback import speed_quality as q
+from src.tracking.readback.compare import JobRounds, job_rounds
+from src.tracking.readback.reporting.settings import DEFAULT_QUALITY
+from src.tracking.store.names import default_uri
+
+COMMAND = bench.command(
+    "bench_quality",
+    __doc__,
+    [
+        Setting("precisions", bench.every_precision(), "the precisions swept (fp32 is the reference)"),
+        Setting("rounds", 2, "interleaved rounds of the decode's timing (quality agrees between rounds)"),
+        Setting(
+            "pairs",
+            ("w4a16:rtn", "w4a8:w4a16", "w8a8:w8a16", "bf16:w8a16"),
+            "precision pairs A:B tested paired on the same tokens (AWQ against round-to-nearest, int8 "
+            "activations against 16-bit at 4 and 8 bits, bf16 against int8 weights)",
+        ),
+    ],
+)
+
+
+def _pm(value: float, se: float, digits: int = 3) -> str:
+    if math.isnan(value):
+        return "–"
+    return f"{value:.{digits}g} ± {se:.2g}" if not math.isnan(se) else f"{value:.{digits}g}"
+
+
+def _rows(groups: list[JobRounds], precisions: tuple[str, ...], min_ratio: float) -> list[list[str]]:
+    """One row per precision: its decode time (median and range over rounds), then its perplexity job's departure
+    from the reference and its decode job's."""
+    by = {(c.choice("precision"), c.choice("task")): c for c in groups}
+    rows = []
+    for p in precisions:
+        ppl, dec = by.get((p, "perplexity")), by.get((p, "decode"))
+        if ppl is None and dec is None:
+            continue
+        fig = lambda c, m: c.spread(m).median if c else math.nan  # noqa: E731 (a reader's shorthand)
+        ratio = fig(ppl, "quality_ratio")
+        time = dec.spread("time_per_token_ms_median") if dec else None
+        p99 = (fig(ppl, "kl_p99"), fig(ppl, "kl_p99_low"), fig(ppl, "kl_p99_high"))
+        rows.append(
+            [
+                p + (" ⚠" if ratio < min_ratio else ""),
+                "–" if time is None else time.text(digits=3),
+                _pm(fig(ppl, "kl_mean"), fig(ppl, "kl_mean_se")),
+                "–" if math.isnan(p99[0]) else f"{p99[0]:.3g} ({p99[1]:.3g}–{p99[2]:.3g})",
+                "–" if math.isnan(fig(ppl, "top1_agreement")) else f"{fig(ppl, 'top1_agreement'):.3f}",
+                _pm(fig(ppl, "delta_perplexity"), fig(ppl, "delta_perplexity_se")),
+                "–" if math.isnan(ratio) else f"{ratio:.4g}",
+                _pm(fig(dec, "first_divergent_token"), fig(dec, "first_divergent_token_se")),
+                _pm(fig(dec, "divergent_share"), fig(dec, "divergent_share_se")),
+            ]
+        )
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    args, overrides = bench.parse(COMMAND, argv)
+    pairs = set()
+    for pair in args.pairs:
+        a, sep, b = pair.partition(":")
+        if not sep or not a or not b:
+            print(f"pairs={pair} is not A:B (two precisions, as w4a16:rtn)", file=sys.stderr)
+            return 2
+        pairs.add((a, b))
+    sweep = bench.run_sweep(
+        "quality",
+        [f"precision={','.join(args.precisions)}", "task=perplexity,decode", f"rounds={args.rounds}", *overrides],
+    )
+    if sweep is None:
+        return 2
+    uri = next((a.split("=", 1)[1] for a in overrides if a.startswith("tracking.uri=")), default_uri())
+    groups = job_rounds(sweep.finished)
+    min_ratio = DEFAULT_QUALITY["min_ratio"]
+    ratios = q.quality_ratios(groups, "fp32")
+    flags = q.flags(groups, ratios, min_ratio)
+    head = [
+        "precision",
+        "decode ms/token",
+        "KL mean ± se",
+        "KL p99 (95% CI)",
+        "top-1",
+        "Δ perplexity ± se",
+        "quality ratio",
+        "first divergent token ± se",
+        "divergent share ± se",
+    ]
+    reference = next((c.shown.tags.get("reference", "") for c in groups if c.choice("task") == "perplexity"), "")
+    ref_ppl = next((c.spread("reference_perplexity").median for c in groups if c.choice("precision") == "fp32"), None)
+    metric, points = q.front_of(groups, "kl_mean", flags)
+    paired = q.paired_table(
+        MlflowClient(uri), groups, keep=lambda a, b: (a.choice("precision"), b.choice("precision")) in pairs
+    )
+    text = "\n\n".join(
+        [
+            markdown_table(head, _rows(groups, args.precisions, min_ratio)),
+            f"(⚠: below {min_ratio} of the reference's quality, {reference or 'fp32'}"
+            + (f", perplexity {ref_ppl:.4g}" if ref_ppl and not math.isnan(ref_ppl) else "")
+            + ".) The speed–quality front on KL (★: no other precision is both at least as fast and as close):",
+            q.front_table(points, metric),
+            "Paired on the same tokens (A − B per-token KL: below 0, A departs less from the reference):",
+            paired or "(no pair of the sweep's precisions was asked for)",
+        ]
+    )
+    bench.publish(
+        args.doc,
+        "quality",
+        f"Quality beside speed: {len(args.precisions)} precisions against fp32",
+        text,
+        f"`{sweep.command}`: decode on the seed prompts in {args.rounds} interleaved rounds; perplexity's "
+        f"windows against the fp32 reference pass.",
+        sweep.dir.name,
+        rounds=sweep.rounds,
+        load=sweep.load,
+    )
+    return sweep.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
