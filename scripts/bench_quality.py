@@ -36,8 +36,9 @@ COMMAND = bench.command(
         Setting(
             "pairs",
             ("w4a16:rtn", "w4a8:w4a16", "w8a8:w8a16", "bf16:w8a16"),
-            "precision pairs A:B tested paired on the same tokens (AWQ against round-to-nearest, int8 "
-            "activations against 16-bit at 4 and 8 bits, bf16 against int8 weights)",
+            "configuration pairs A:B tested paired on the same tokens, each a precision and any field the sweep "
+            "varies ('w4a16 head_scheme=w6a16'); by default AWQ against round-to-nearest, int8 activations "
+            "against 16-bit at 4 and 8 bits, bf16 against int8 weights",
         ),
     ],
 )
@@ -49,16 +50,26 @@ def _pm(value: float, se: float, digits: int = 3) -> str:
     return f"{value:.{digits}g} ± {se:.2g}" if not math.isnan(se) else f"{value:.{digits}g}"
 
 
+def name(c: JobRounds) -> str:
+    """A configuration as a row and a pair name it: its precision and any field its sweep varied
+    (`w4a16 head_scheme=w6a16`)."""
+    return " ".join([c.choice("precision"), *q.fields(c)])
+
+
 def _rows(groups: list[JobRounds], precisions: tuple[str, ...], min_ratio: float) -> list[list[str]]:
-    """One row per precision: its decode time (median and range over rounds), then its perplexity job's departure
-    from the reference and its decode job's."""
-    by = {(c.choice("precision"), c.choice("task")): c for c in groups}
+    """One row per configuration, in the order of `precisions`: its decode time (median and range over rounds),
+    then its perplexity job's departure from the reference and its decode job's."""
+    by = {(name(c), c.choice("task")): c for c in groups}
+    configs = sorted(
+        {n for n, _ in by if n.split(" ")[0] in precisions}, key=lambda n: (precisions.index(n.split(" ")[0]), n)
+    )
     rows = []
-    for p in precisions:
+
+    def fig(c: JobRounds | None, metric: str) -> float:
+        return c.spread(metric).median if c else math.nan
+
+    for p in configs:
         ppl, dec = by.get((p, "perplexity")), by.get((p, "decode"))
-        if ppl is None and dec is None:
-            continue
-        fig = lambda c, m: c.spread(m).median if c else math.nan  # noqa: E731 (a reader's shorthand)
         ratio = fig(ppl, "quality_ratio")
         time = dec.spread("time_per_token_ms_median") if dec else None
         p99 = (fig(ppl, "kl_p99"), fig(ppl, "kl_p99_low"), fig(ppl, "kl_p99_high"))
@@ -84,7 +95,7 @@ def main(argv: list[str]) -> int:
     for pair in args.pairs:
         a, sep, b = pair.partition(":")
         if not sep or not a or not b:
-            print(f"pairs={pair} is not A:B (two precisions, as w4a16:rtn)", file=sys.stderr)
+            print(f"pairs={pair} is not A:B (two configurations, as w4a16:rtn)", file=sys.stderr)
             return 2
         pairs.add((a, b))
     sweep = bench.run_sweep(
@@ -112,9 +123,7 @@ def main(argv: list[str]) -> int:
     reference = next((c.shown.tags.get("reference", "") for c in groups if c.choice("task") == "perplexity"), "")
     ref_ppl = next((c.spread("reference_perplexity").median for c in groups if c.choice("precision") == "fp32"), None)
     metric, points = q.front_of(groups, "kl_mean", flags)
-    paired = q.paired_table(
-        MlflowClient(uri), groups, keep=lambda a, b: (a.choice("precision"), b.choice("precision")) in pairs
-    )
+    paired = q.paired_table(MlflowClient(uri), groups, keep=lambda a, b: (name(a), name(b)) in pairs)
     text = "\n\n".join(
         [
             markdown_table(head, _rows(groups, args.precisions, min_ratio)),

@@ -73,10 +73,20 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return torch._convert_weight_to_int4pack(qparams.pack_nibbles(q), inner_k_tiles(q.shape[1]))
 
 
+# A width that does not divide 16, as the two planes that do (core/api.h): the low bits' first.
+SPLIT = {6: (4, 2)}
+
+
 def pack_lanes(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """[N, K] values below 2^bits (bits dividing 16) -> quantspec's gemv layout (core/api.h): per 128 values,
-    16 * bits bytes whose 16-bit lane i (of 8 * bits) holds values i + 8 * bits * u in its field u, from the
-    lowest (the kernel shifts a lane to pick one). At 4 bits: lane i holds values i, i+32, i+64, i+96."""
+    """[N, K] values below 2^bits -> quantspec's gemv layout (core/api.h): per 128 values, 16 * bits bytes whose
+    16-bit lane i (of 8 * bits) holds values i + 8 * bits * u in its field u, from the lowest (the kernel shifts a
+    lane to pick one). At 4 bits: lane i holds values i, i+32, i+64, i+96. A width in SPLIT is its planes, each
+    in that layout, block by block: at 6 bits, 64 bytes of the low 4 bits, then 32 of the high 2."""
+    if bits in SPLIT:
+        low, high = SPLIT[bits]
+        n, k = q.shape
+        planes = [pack_lanes(q & ((1 << low) - 1), low), pack_lanes(q >> low, high)]
+        return torch.cat([p.reshape(n, k // 128, -1) for p in planes], dim=2).reshape(n, k * bits // 8)
     n, k = q.shape
     lanes, fields = 8 * bits, 16 // bits
     out = torch.empty(n, k * bits // 8, dtype=torch.uint8, device=q.device)

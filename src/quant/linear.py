@@ -298,6 +298,14 @@ class W2A16Gemv(GroupedGemv):
     BITS = 2
 
 
+class W6A16Gemv(GroupedGemv):
+    """6-bit weights in groups (three quarters of int8's bytes), 16-bit activations: for the head and the linears
+    a 4-bit precision keeps wider, where int8 spends more bytes than their quality needs."""
+
+    FORMAT = UNPACK = "w6a16"
+    BITS = 6
+
+
 class W4A8Gemv(GroupedGemv):
     """w4a8 on quantspec's kernels: w4a16's weights, activations quantized per token to int8 at the input. For
     a few rows the kernel takes the nibbles against the int8 x (VPDPBUSD on x86: half w4a16's instructions per
@@ -356,6 +364,12 @@ class W2A16Linear(GroupedLinear):
     """w2a16 off quantspec's kernels: ATen has no 2-bit kernel."""
 
     BITS = 2
+
+
+class W6A16Linear(GroupedLinear):
+    """w6a16 off quantspec's kernels: ATen has no 6-bit kernel."""
+
+    BITS = 6
 
 
 # --- portable tensors: what the quantizer produces and the cache stores ----------------------------

@@ -35,13 +35,14 @@ class QuantSpec:
     group_size: int | None  # a grouped scheme's groups along the input features
     quantize_head: bool  # False keeps the output head in float
     head_scheme: str | None  # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
-    int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept at int8 (w8a16) under a grouped scheme
+    int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept wider under a grouped scheme...
+    int8_linears_scheme: str  # ...in this scheme: w8a16 (int8), or w6a16 (three quarters of int8's bytes)
 
     def scheme_for(self, name: str) -> str:
         if name == HEAD:
             return self.head_scheme or self.scheme
         if schemes.get(self.scheme).grouped and name.endswith(self.int8_linears):
-            return schemes.INT8_LINEAR
+            return self.int8_linears_scheme
         return self.scheme
 
     @property
@@ -53,10 +54,11 @@ class QuantSpec:
         check_choice("precision.scheme", self.scheme, schemes.names())
         if self.head_scheme is not None:
             check_choice("precision.head_scheme", self.head_scheme, schemes.names())
+        check_choice("precision.int8_linears_scheme", self.int8_linears_scheme, schemes.names())
         # the fields that ask for a grouped scheme, the layers' first: the one to blame where groups are missing
-        asked = [
-            (k, v) for k, v in (("scheme", self.scheme), ("head_scheme", self.head_scheme)) if v in schemes.grouped()
-        ]
+        wider = self.int8_linears_scheme if self.grouped and self.int8_linears else None
+        fields = (("scheme", self.scheme), ("head_scheme", self.head_scheme), ("int8_linears_scheme", wider))
+        asked = [(k, v) for k, v in fields if v in schemes.grouped()]
         if asked and self.group_size is None:
             key, name = asked[0]
             raise ConfigError(
@@ -140,7 +142,8 @@ class Awq(QuantSpec):
         check_range("precision.awq_grid", self.awq_grid, 1, 1000)
 
     def scale(self, model, arch, calibration):
-        low = {n for n in decoder_linears(model, arch) if self.scheme_for(n) in schemes.grouped()}
+        # the clipping search is at the layers' bits: the linears kept wider (int8_linears) are not clipped
+        low = {n for n in decoder_linears(model, arch) if self.scheme_for(n) == self.scheme}
         scheme = schemes.get(self.scheme)
         return awq.awq(
             model,

@@ -10,6 +10,8 @@ Conventions (those of the kernels that consume them):
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 INT8_MAX = 127
@@ -74,24 +76,45 @@ def int4_dequant(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group
 
 
 def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """[N, K] values below 2^bits (bits dividing 8) -> [N, K * bits / 8] uint8, the first value of each byte in
-    its highest bits: the portable on-disk form (kernel layouts are not)."""
-    per = 8 // bits
+    """[N, K] values below 2^bits (1 to 8 bits; K a multiple of 8) -> [N, K * bits / 8] uint8: a bit stream, each
+    value's bits from its highest, so at 4 or 2 bits the first value of each byte sits in its highest bits (at 6, four
+    values fill three bytes). The portable on-disk form; kernel layouts are not."""
     n, k = q.shape
-    v = q.to(torch.uint8).reshape(n, k // per, per)
-    out = torch.zeros(n, k // per, dtype=torch.uint8, device=q.device)
-    for i in range(per):
-        out |= v[..., i] << (bits * (per - 1 - i))
-    return out
+    if 8 % bits == 0:  # whole values a byte: in uint8, no wider copy (a 7B model's head is 131M values)
+        per = 8 // bits
+        v = q.to(torch.uint8).reshape(n, k // per, per)
+        out = torch.zeros(n, k // per, dtype=torch.uint8, device=q.device)
+        for i in range(per):
+            out |= v[..., i] << (bits * (per - 1 - i))
+        return out
+    per = 8 // math.gcd(bits, 8)  # values a whole number of bytes holds: 4 at 6 bits
+    v = q.to(torch.int64).reshape(n, k // per, per)
+    word = torch.zeros(n, k // per, dtype=torch.int64, device=q.device)
+    for i in range(per):  # at most 56 bits (7-bit values): exact in int64
+        word |= v[..., i] << (bits * (per - 1 - i))
+    nbytes = per * bits // 8
+    out = torch.stack([(word >> (8 * (nbytes - 1 - j))) & 0xFF for j in range(nbytes)], dim=-1)
+    return out.reshape(n, k * bits // 8).to(torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    per, mask = 8 // bits, (1 << bits) - 1
+    """pack_bits undone: [N, K * bits / 8] uint8 -> [N, K] uint8."""
     n, m = packed.shape
-    out = torch.empty(n, m, per, dtype=torch.uint8, device=packed.device)
-    for i in range(per):
-        out[..., i] = (packed >> (bits * (per - 1 - i))) & mask
-    return out.reshape(n, m * per)
+    if 8 % bits == 0:
+        per, mask = 8 // bits, (1 << bits) - 1
+        out = torch.empty(n, m, per, dtype=torch.uint8, device=packed.device)
+        for i in range(per):
+            out[..., i] = (packed >> (bits * (per - 1 - i))) & mask
+        return out.reshape(n, m * per)
+    per = 8 // math.gcd(bits, 8)
+    nbytes = per * bits // 8
+    b = packed.to(torch.int64).reshape(n, m // nbytes, nbytes)
+    word = torch.zeros(n, m // nbytes, dtype=torch.int64, device=packed.device)
+    for j in range(nbytes):
+        word |= b[..., j] << (8 * (nbytes - 1 - j))
+    mask = (1 << bits) - 1
+    out = torch.stack([(word >> (bits * (per - 1 - i))) & mask for i in range(per)], dim=-1)
+    return out.reshape(n, m // nbytes * per).to(torch.uint8)
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,6 @@ from torch import nn
 from src.quant import linear
 
 GROUPS = (32, 64, 128, 256)  # group sizes a grouped scheme takes (ATen's int4 kernel's; quantspec's: 128, 256)
-INT8_LINEAR = "w8a16"  # what int8_linears run under a grouped scheme
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,7 @@ register(Scheme("w8a16", 8, 16, linear.W8A16Linear, linear.W8A16Gemv))
 register(Scheme("w4a16", 4, 16, linear.W4A16Linear, linear.W4A16Gemv))
 register(Scheme("w4a8", 4, 8, linear.W4A8Linear, linear.W4A8Gemv))
 register(Scheme("w2a16", 2, 16, linear.W2A16Linear, linear.W2A16Gemv))
+register(Scheme("w6a16", 6, 16, linear.W6A16Linear, linear.W6A16Gemv))
 
 
 def names() -> tuple[str, ...]:

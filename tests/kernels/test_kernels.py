@@ -113,6 +113,15 @@ def test_gemv_grouped_matches_dequantized_reference(scheme, m, n, k, group):
         assert torch.equal(alone[0], y[i])
 
 
+def test_a_split_width_packs_its_low_bits_then_its_high_bits_each_in_the_lane_layout():
+    # w6a16's 96 bytes per 128 values: the low 4 bits as w4a16's 64 bytes, then the high 2 as w2a16's 32
+    torch.manual_seed(1)
+    q = torch.randint(0, 64, (3, 256), dtype=torch.uint8)
+    packed = pack_lanes(q, 6).reshape(3, 2, 96)
+    assert torch.equal(packed[..., :64].reshape(3, 128), pack_lanes(q & 15, 4))
+    assert torch.equal(packed[..., 64:].reshape(3, 64), pack_lanes(q >> 4, 2))
+
+
 def test_a_format_a_variant_has_no_kernel_for_runs_the_reference_variants():
     # core/avx2.cpp has no 2-bit unpacking of its own: the binding filled it from the reference variant at load
     # (without the fallback the call is refused in one line, as for a format no variant has)

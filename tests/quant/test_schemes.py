@@ -12,11 +12,18 @@ from src.quant.pipeline import install, quantize
 from tests.helpers import calib, quant_spec
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bits", range(1, 9))
 def test_portable_packing_round_trips_at_every_width(bits):
     q = torch.randint(0, 1 << bits, (5, 256), dtype=torch.uint8)
     packed = qparams.pack_bits(q, bits)
     assert packed.shape == (5, 256 * bits // 8) and torch.equal(qparams.unpack_bits(packed, bits), q)
+
+
+def test_portable_packing_is_a_bit_stream_from_each_values_highest_bit():
+    # at 6 bits four values fill three bytes: 0b101010, 0b000001, 0b111111, 0b010000
+    q = torch.tensor([[0b101010, 0b000001, 0b111111, 0b010000, 0, 0, 0, 0]], dtype=torch.uint8)
+    assert qparams.pack_bits(q, 6)[0, :3].tolist() == [0b10101000, 0b00011111, 0b11010000]
+    assert qparams.pack_bits(q[:, :2] & 15, 4)[0, 0].item() == 0b10100001  # the first value in the high nibble
 
 
 @pytest.mark.parametrize("name", schemes.names())
@@ -60,3 +67,29 @@ def test_awq_at_two_bits_quantizes_a_tiny_model_that_then_generates():
     ids = tok("def add(a, b):", return_tensors="pt").input_ids
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4, do_sample=False)
     assert out.shape[1] == ids.shape[1] + 4
+
+
+def test_the_head_and_the_linears_kept_wider_take_the_six_bit_scheme_and_awq_clips_only_the_four_bit_ones():
+    from src.common.schema import ConfigError
+
+    model, tok = tiny_model("llama")
+    spec = quant_spec(
+        "awq",
+        "w4a16",
+        group_size=128,
+        awq_grid=4,
+        awq_search_tokens=128,
+        head_scheme="w6a16",
+        int8_linears=("mlp.down_proj", "self_attn.v_proj"),
+        int8_linears_scheme="w6a16",
+    )
+    spec.validate()
+    changed, clips = spec.scale(tiny_model("llama")[0], "llama", calib(tok))
+    assert clips and not any(n.endswith(("down_proj", "v_proj")) for n in clips)  # clipped at 4 bits: not theirs
+    weights = quantize(model, "llama", spec, calib(tok))
+    wide = {n: s for n, s in weights.schemes.items() if n == "lm_head" or n.endswith(("down_proj", "v_proj"))}
+    assert set(wide.values()) == {"w6a16"} and len(wide) == 1 + 2 * 2  # the head, two layers' two linears
+    assert weights.layers["model.layers.0.mlp.down_proj"]["q6"].shape[1] == 256 * 6 // 8  # four weights in 3 bytes
+    assert weights.schemes["model.layers.0.mlp.up_proj"] == "w4a16"
+    with pytest.raises(ConfigError, match=r"^precision.int8_linears_scheme='w5a16' is not one of"):
+        quant_spec("rtn", "w4a16", group_size=128, int8_linears_scheme="w5a16").validate()

@@ -264,6 +264,22 @@ struct W2A16 : Grouped<2> {
   }
 };
 
+// w6a16 (api.h's split layout): per 96 bytes (128 values), the low 4 bits as W4A16's 64 bytes and the high 2 as
+// W2A16's 32: step s = 2u + h (values 16s..16s+15, as x is laid out) takes nibble u of half h and field s of the
+// high plane, moved up by 4: a value below 64, so VPMADDWD's pairs (|q x| <= 63 * 32767 each) never overflow.
+struct W6A16 : Grouped<6> {
+  static constexpr int order(int i) { return W4A16::order(i); }   // each loaded half's steps together
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const uint8_t* b = at(n, k);
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * (s & 1)));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64));
+    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(lo, _mm_cvtsi32_si128(4 * (s >> 1))), _mm256_set1_epi16(0xF));
+    const __m256i high = _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * s)), 4),
+                                          _mm256_set1_epi16(0x30));
+    return _mm256_or_si256(low, high);
+  }
+};
+
 // w4a8 (x from quantize_x8_w4, common.h): per 64 bytes, half h's low nibbles meet x bytes 32h..32h+31 of the
 // block and its high nibbles x bytes 64 + 32h..: step s = 2 * (high) + h covers x bytes 32s..32s+31. The nibbles
 // are the unsigned operand: VPDPBUSD where VNNI is, else VPMADDUBSW (|a pair| <= 2 * 15 * 127, never saturating)
@@ -447,6 +463,11 @@ void gemv_w2a16(const int16_t* xq, const float* x_scale, const float* group_sums
   gemv(W2A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
 }
 
+void gemv_w6a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W6A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
+}
+
 void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   gemv(W4A8{xq, K, x_scale, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
@@ -581,6 +602,7 @@ const qs_kernels table = [] {
   t.gemv_grouped[QS_W4A16] = gemv_w4a16;
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
   t.gemv_grouped[QS_W2A16] = gemv_w2a16;  // its prefill's unpacking: the reference's
+  t.gemv_grouped[QS_W6A16] = gemv_w6a16;  // its prefill's unpacking: the reference's
   return t;
 }();
 

@@ -50,14 +50,25 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
     }
 }
 
+// Value j (of 128) of a block of B-bit values packed as api.h's gemv_grouped says (B dividing 16).
+template <int B>
+inline int in_block(const uint8_t* block, int64_t j) {
+  constexpr int64_t lanes = 8 * B;
+  const uint8_t* lane = block + 2 * (j % lanes);
+  const uint16_t bits = uint16_t(lane[0] | (lane[1] << 8));
+  return (bits >> (B * (j / lanes))) & ((1 << B) - 1);
+}
+
 // Value k of row n of a B-bit weight packed as api.h's gemv_grouped says.
 template <int B>
 inline int field(const uint8_t* w, int64_t K, int64_t n, int64_t k) {
-  constexpr int64_t lanes = 8 * B;
-  const int64_t block = k / 128, i = k % lanes, u = (k % 128) / lanes;
-  const uint8_t* lane = w + n * (K * B / 8) + block * 16 * B + 2 * i;
-  const uint16_t bits = uint16_t(lane[0] | (lane[1] << 8));
-  return (bits >> (B * u)) & ((1 << B) - 1);
+  return in_block<B>(w + n * (K * B / 8) + (k / 128) * 16 * B, k % 128);
+}
+// 6 bits: the low 4 in a 4-bit block's layout (64 bytes), then the high 2 in a 2-bit block's (32 bytes).
+template <>
+inline int field<6>(const uint8_t* w, int64_t K, int64_t n, int64_t k) {
+  const uint8_t* block = w + n * (K * 6 / 8) + (k / 128) * 96;
+  return in_block<4>(block, k % 128) | (in_block<2>(block + 64, k % 128) << 4);
 }
 inline int nibble(const uint8_t* w, int64_t K, int64_t n, int64_t k) { return field<4>(w, K, n, k); }
 
@@ -141,6 +152,8 @@ const qs_kernels table = [] {
   t.dequant_grouped[QS_W4A16] = dequant_grouped<4>;
   t.gemv_grouped[QS_W2A16] = gemv_grouped<2>;
   t.dequant_grouped[QS_W2A16] = dequant_grouped<2>;
+  t.gemv_grouped[QS_W6A16] = gemv_grouped<6>;
+  t.dequant_grouped[QS_W6A16] = dequant_grouped<6>;
   return t;
 }();
 
