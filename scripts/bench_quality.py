@@ -57,8 +57,9 @@ def name(c: JobRounds) -> str:
 
 
 def _rows(groups: list[JobRounds], precisions: tuple[str, ...], min_ratio: float) -> list[list[str]]:
-    """One row per configuration, in the order of `precisions`: its decode time (median and range over rounds),
-    then its perplexity job's departure from the reference and its decode job's."""
+    """One row per configuration, in the order of `precisions`: its decode time (median and range over rounds)
+    and the weight bytes a step reads, then its perplexity job's departure from the reference and its decode
+    job's."""
     by = {(name(c), c.choice("task")): c for c in groups}
     configs = sorted(
         {n for n, _ in by if n.split(" ")[0] in precisions}, key=lambda n: (precisions.index(n.split(" ")[0]), n)
@@ -77,6 +78,7 @@ def _rows(groups: list[JobRounds], precisions: tuple[str, ...], min_ratio: float
             [
                 p + (" ⚠" if ratio < min_ratio else ""),
                 "–" if time is None else time.text(digits=3),
+                "–" if math.isnan(fig(dec, "step_weight_mb")) else f"{fig(dec, 'step_weight_mb'):.3g}",
                 _pm(fig(ppl, "kl_mean"), fig(ppl, "kl_mean_se")),
                 "–" if math.isnan(p99[0]) else f"{p99[0]:.3g} ({p99[1]:.3g}–{p99[2]:.3g})",
                 "–" if math.isnan(fig(ppl, "top1_agreement")) else f"{fig(ppl, 'top1_agreement'):.3f}",
@@ -112,6 +114,7 @@ def main(argv: list[str]) -> int:
     head = [
         "precision",
         "decode ms/token",
+        "weights read a token (MB)",
         "KL mean ± se",
         "KL p99 (95% CI)",
         "top-1",

@@ -1,6 +1,6 @@
 """Benchmark the runtimes on the same model in one sweep: time/token, prefill and perplexity per engine.
 
-    .venv/bin/python -m scripts.bench_runtimes                   # native, openvino, ort_genai at fp32, w8a16, w4a16
+    .venv/bin/python -m scripts.bench_runtimes                   # every runtime at fp32, bf16, w8a16, w4a16
     .venv/bin/python -m scripts.bench_runtimes engines=native,ort_genai precisions=fp32,w4a16 doc=true
 
 One sweep (task=benchmark for time/token and prefill, task=perplexity for quality) over engines × precisions,
@@ -23,8 +23,12 @@ COMMAND = bench.command(
     "bench_runtimes",
     __doc__,
     [
-        Setting("engines", ("native", "openvino", "ort_genai"), "the runtimes swept"),
-        Setting("precisions", ("fp32", "w8a16", "w4a16"), "the precisions swept"),
+        Setting(
+            "engines",
+            ("native", "openvino", "ort_genai", "llamacpp"),
+            "the runtimes swept (one not installed is a skip with its reason)",
+        ),
+        Setting("precisions", ("fp32", "bf16", "w8a16", "w4a16"), "the precisions swept (llama.cpp: fp32, bf16)"),
     ],
 )
 
