@@ -91,6 +91,16 @@ def _rows(groups: list[JobRounds], precisions: tuple[str, ...], min_ratio: float
     return rows
 
 
+def _title(precisions: tuple[str, ...], overrides: list[str]) -> str:
+    """The entry's question: every precision, or the precisions and the precision fields the sweep varies."""
+    varied = [
+        o.split("=", 1)[0].removeprefix("precision.") for o in overrides if "," in o and o.startswith("precision.")
+    ]
+    if not varied:
+        return f"Quality beside speed: {len(precisions)} precisions against fp32"
+    return f"Quality beside speed: {', '.join(precisions)} by {' and '.join(varied)}"
+
+
 def main(argv: list[str]) -> int:
     args, overrides = bench.parse(COMMAND, argv)
     pairs = set()
@@ -141,7 +151,7 @@ def main(argv: list[str]) -> int:
     bench.publish(
         args.doc,
         "quality",
-        f"Quality beside speed: {len(args.precisions)} precisions against fp32",
+        _title(args.precisions, overrides),
         text,
         f"`{sweep.command}`: decode on the seed prompts in {args.rounds} interleaved rounds; perplexity's "
         f"windows against the fp32 reference pass.",
