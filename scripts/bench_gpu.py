@@ -103,7 +103,15 @@ def make_models(args, device: str) -> dict[str, torch.nn.Module]:
         if name in FLOAT:
             models[name] = model.to(FLOAT[name]).eval()
         elif name in QUANTIZED:
-            spec = Rtn(method="rtn", scheme=name, group_size=128, quantize_head=True, head_scheme=None, int8_linears=())
+            spec = Rtn(
+                method="rtn",
+                scheme=name,
+                group_size=128,
+                quantize_head=True,
+                head_scheme=None,
+                int8_linears=(),
+                int8_linears_scheme="w8a16",
+            )
             weights = quantize(model, model.config.model_type, spec, None)
             models[name] = install(model.to(QUANTIZED[name]), weights, QUANTIZED[name], device=device).eval()
         else:
