@@ -61,6 +61,7 @@ class Sweep:
     args: list[str]  # src.run's arguments, as run
     returncode: int
     jobs: list[JobRecord] = field(default_factory=list)
+    uri: str = ""  # the store its jobs were read back from
 
     @property
     def finished(self) -> list[JobRecord]:
@@ -110,6 +111,10 @@ class Sweep:
         """How a user reruns it (the sweep directory left out)."""
         return "python -m src.run " + " ".join(a for a in self.args if not a.startswith("hydra.sweep.dir="))
 
+    def publish(self, doc: bool, page: str, title: str, text: str, about: str) -> None:
+        """publish() of this sweep's result: kept under reports/ by the sweep's name, its rounds and load on the page."""
+        publish(doc, page, title, text, about, self.dir.name, rounds=self.rounds, load=self.load)
+
 
 def run_sweep(name: str, args: list[str], **run) -> Sweep | None:
     """`python -m src.run -m <args>` into multirun/bench-<name>-<time>/, its jobs read back from the store the
@@ -122,7 +127,7 @@ def run_sweep(name: str, args: list[str], **run) -> Sweep | None:
     if done.returncode == 2:  # the command line refused, in one line: no sweep to read back
         return None
     _, jobs = sweep_jobs(uri, sweep_id=str(sweep_dir.resolve()))
-    return Sweep(sweep_dir, argv, done.returncode, jobs)
+    return Sweep(sweep_dir, argv, done.returncode, jobs, uri)
 
 
 def publish(doc: bool, page: str, title: str, text: str, about: str, name: str, **entry) -> None:

@@ -76,15 +76,12 @@ def main(argv: list[str]) -> int:
             continue
         rows.append([*key, "finished"] + [figures[key].get(k, math.nan) for k, _ in COLUMNS])
     table = markdown_table(["target", "task", "draft", "outcome"] + [title for _, title in COLUMNS], rows)
-    bench.publish(
+    sweep.publish(
         args.doc,
         "drafts",
         "Every draft kind against no draft",
         table,
         f"`{sweep.command}`: each speedup against the same job's examples timed without the draft, in turns.",
-        sweep.dir.name,
-        rounds=sweep.rounds,
-        load=sweep.load,
     )
     return sweep.returncode
 

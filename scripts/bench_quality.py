@@ -21,11 +21,11 @@ from mlflow.tracking import MlflowClient
 
 from scripts import bench
 from src.common.metrics import markdown_table
+from src.common.say import say
 from src.common.settings import Setting
 from src.tracking.readback import speed_quality as q
 from src.tracking.readback.compare import JobRounds, job_rounds
 from src.tracking.readback.reporting.settings import DEFAULT_QUALITY
-from src.tracking.store.names import default_uri
 
 COMMAND = bench.command(
     "bench_quality",
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     for pair in args.pairs:
         a, sep, b = pair.partition(":")
         if not sep or not a or not b:
-            print(f"pairs={pair} is not A:B (two configurations, as w4a16:rtn)", file=sys.stderr)
+            say(f"pairs={pair} is not A:B (two configurations, as w4a16:rtn)", err=True)
             return 2
         pairs.add((a, b))
     sweep = bench.run_sweep(
@@ -116,7 +116,6 @@ def main(argv: list[str]) -> int:
     )
     if sweep is None:
         return 2
-    uri = next((a.split("=", 1)[1] for a in overrides if a.startswith("tracking.uri=")), default_uri())
     groups = job_rounds(sweep.finished)
     min_ratio = DEFAULT_QUALITY["min_ratio"]
     ratios = q.quality_ratios(groups, "fp32")
@@ -136,7 +135,7 @@ def main(argv: list[str]) -> int:
     reference = next((c.shown.tags.get("reference", "") for c in groups if c.choice("task") == "perplexity"), "")
     ref_ppl = next((c.spread("reference_perplexity").median for c in groups if c.choice("precision") == "fp32"), None)
     metric, points = q.front_of(groups, "kl_mean", flags)
-    paired = q.paired_table(MlflowClient(uri), groups, keep=lambda a, b: (name(a), name(b)) in pairs)
+    paired = q.paired_table(MlflowClient(sweep.uri), groups, keep=lambda a, b: (name(a), name(b)) in pairs)
     text = "\n\n".join(
         [
             markdown_table(head, _rows(groups, args.precisions, min_ratio)),
@@ -148,16 +147,13 @@ def main(argv: list[str]) -> int:
             paired or "(no pair of the sweep's precisions was asked for)",
         ]
     )
-    bench.publish(
+    sweep.publish(
         args.doc,
         "quality",
         _title(args.precisions, overrides),
         text,
         f"`{sweep.command}`: decode on the seed prompts in {args.rounds} interleaved rounds; perplexity's "
         f"windows against the fp32 reference pass.",
-        sweep.dir.name,
-        rounds=sweep.rounds,
-        load=sweep.load,
     )
     return sweep.returncode
 

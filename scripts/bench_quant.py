@@ -73,16 +73,13 @@ def main(argv: list[str]) -> int:
         ],
         rows,
     )
-    bench.publish(
+    sweep.publish(
         args.doc,
         "precisions",
         "Every precision in one sweep",
         table,
         f"`{sweep.command}`, three timed runs per prompt, the median kept (and over a job's quiet rounds where a "
         "busy round was measured again); ratios to fp32 within the sweep.",
-        sweep.dir.name,
-        rounds=sweep.rounds,
-        load=sweep.load,
     )
     return sweep.returncode
 

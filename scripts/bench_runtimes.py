@@ -82,16 +82,13 @@ def main(argv: list[str]) -> int:
         }
     )
     text = table + ("\n\nSkipped:\n\n" + "\n".join(f"- {s}" for s in skips) if skips else "")
-    bench.publish(
+    sweep.publish(
         args.doc,
         "runtimes",
         f"Runtimes side by side: {', '.join(args.engines)}",
         text,
         f"`{sweep.command}`: one sweep, the benchmark task's prompts (medians over them) and 8 perplexity "
         f"windows; each runtime quantizes by its own method.",
-        sweep.dir.name,
-        rounds=sweep.rounds,
-        load=sweep.load,
     )
     return sweep.returncode
 

@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
         "errors",
     ]
     table = markdown_table(head, rows)
-    bench.publish(
+    sweep.publish(
         args.doc,
         "serving",
         "Serving under load: output tokens a second against concurrency, quantspec against llama-server",
@@ -88,9 +88,6 @@ def main(argv: list[str]) -> int:
         f"`{sweep.command}`: aiperf (closed loop at each concurrency, synthetic prompts) against each server in "
         "turns; quantspec at its precision with continuous batching on its kernels, llama-server "
         "(`--parallel <concurrency>`) on the model's own GGUF; each figure the median over its rounds.",
-        sweep.dir.name,
-        rounds=sweep.rounds,
-        load=sweep.load,
     )
     return sweep.returncode
 

@@ -57,11 +57,11 @@ class Command:
         """(each setting's value, the other arguments in order). SettingError for a bad one."""
         values = {s.name: dict(s.default) if isinstance(s.default, dict) else s.default for s in self.settings}
         rest = []
+        renamed = {**RENAMED, **self.renamed}
         for arg in argv:
             key, eq, text = arg.partition("=")
             name, _, part = key.partition(".")
             setting = (self._by_name.get(key) or self._by_name.get(name)) if eq else None
-            renamed = {**RENAMED, **self.renamed}
             if setting is None and eq and key in renamed:
                 now, why = renamed[key]
                 raise SettingError(f"{key}= is now {now}= ({why}); {self._known()}")
