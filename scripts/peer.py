@@ -4,6 +4,7 @@ dependency) timed alike on the same GGUF and prompts."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
@@ -64,6 +65,23 @@ def llama_cpp_ms(llm, limit: int | None = None) -> float:
         times = [time.perf_counter() for _ in llm(prompt, max_tokens=TOKENS, temperature=0.0, stream=True)]
         per_prompt.append((times[-1] - times[0]) / max(len(times) - 1, 1) * 1000)
     return statistics.median(per_prompt)
+
+
+def llama_bench(cache: Path) -> Path | None:
+    """llama.cpp's llama-bench where scripts/build_llama_server puts it, or None after saying how to build it."""
+    path = cache / "tools" / "llama.cpp" / "bin" / "llama-bench"
+    if not path.is_file():
+        say(f"no llama-bench at {path}: `bash scripts/build_llama_server` builds it (a few minutes)", err=True)
+        return None
+    return path
+
+
+def llama_bench_ms(exe: Path, gguf: Path, threads: int) -> float:
+    """llama-bench's tg figure as ms a token: TOKENS new tokens after an empty prompt, one repetition, timed by
+    llama-bench itself (the C++ tool, without the Python binding's per-token calls)."""
+    cmd = [str(exe), "-m", str(gguf), "-p", "0", "-n", str(TOKENS), "-r", "1", "-t", str(threads), "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return 1e3 / json.loads(done.stdout)[0]["avg_ts"]
 
 
 def import_llama_cpp():

@@ -149,6 +149,7 @@ def quant_spec(method: str, scheme: str, **fields):
     values = {k: v for k, v in defaults.items() if k in names}
     values.update(method=method, scheme=scheme, **fields)
     values["int8_linears"] = tuple(values["int8_linears"])
+    values["gptq"] = tuple(values["gptq"])
     return cls(**values)
 
 

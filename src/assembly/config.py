@@ -338,7 +338,7 @@ def reads_dataset(raw: Mapping[str, Any]) -> bool:
     draft = raw.get("draft") or {}
     for precision in (raw.get("precision"), draft.get("precision") if draft.get("kind") == "model" else None):
         method = METHODS.get((precision or {}).get("method"))
-        if method is not None and method.CALIBRATES:
+        if method is not None and (method.CALIBRATES or (precision or {}).get("gptq")):
             return True
     return (raw.get("engine") or {}).get("module") is not None and (raw.get("precision") or {}).get("method") != "none"
 

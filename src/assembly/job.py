@@ -33,7 +33,7 @@ from src.engine.speculative import ModelDrafter, PromptLookup
 from src.engine.subset_head import cut_head, frequent_tokens
 from src.kernels import amx, modules
 from src.models.config import ARCHS, OTHER
-from src.models.load import LoadedModel, gguf_path, load_model, tokenizer_mismatch
+from src.models.load import LoadedModel, checkpoint, gguf_path, load_model, tokenizer_mismatch
 from src.models.random_weights import parameter_count
 from src.quality.reference import Reference
 from src.quality.scoring import torch_scorer
@@ -113,6 +113,7 @@ class Job:
             prompts_input=lambda texts: file_prompts_input(cfg.dataset, texts),
             cache_dir=cfg.cache_dir,
             gguf=lambda: gguf_path(cfg.model, cfg.cache_dir)[0],
+            checkpoint=lambda: checkpoint(cfg.model, cfg.cache_dir),
         )
 
     def reference(self) -> Reference | None:

@@ -71,7 +71,7 @@ def _calibration_bytes(cfg: JobConfig, shape) -> int:
     specs = [
         (p, p.quant)
         for p in (cfg.precision, cfg.draft_precision)
-        if p is not None and p.quantized and p.quant.CALIBRATES
+        if p is not None and p.quantized and p.quant.calibrates
     ]
     if not specs:
         return 0

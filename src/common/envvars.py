@@ -5,9 +5,9 @@ naming the variable and what it takes, said when a command starts (check()) and 
   directory).
 - QUANTSPEC_HEARTBEAT_S: how often a job tells its store it lives (seconds, 1 to 3600; unset: 30).
 - QUANTSPEC_PREFETCH: l1 or l2, the cache level the kernels prefetch weights into (unset: chosen by the CPU).
-- QUANTSPEC_AIPERF, QUANTSPEC_LLAMA_SERVER: task=serve's load generator and llama.cpp's server, executables of
-  one's own (unset: aiperf in a venv under the cache, built on first use; llama-server where
-  scripts/build_llama_server puts it).
+- QUANTSPEC_AIPERF, QUANTSPEC_LLAMA_SERVER, QUANTSPEC_VLLM: task=serve's load generator, llama.cpp's server and
+  a Python that imports vLLM, executables of one's own (unset: aiperf in a venv under the cache, built on first
+  use; llama-server where scripts/build_llama_server puts it; vLLM's venv where scripts/install_vllm puts it).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def prefetch() -> str | None:
     return raw.lower()
 
 
-EXECUTABLES = ("QUANTSPEC_AIPERF", "QUANTSPEC_LLAMA_SERVER")
+EXECUTABLES = ("QUANTSPEC_AIPERF", "QUANTSPEC_LLAMA_SERVER", "QUANTSPEC_VLLM")
 
 
 def executable(name: str) -> Path | None:

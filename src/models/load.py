@@ -66,6 +66,11 @@ def gguf_path(cfg: ModelConfig, cache_dir: Path) -> tuple[Path, str]:
     return path, package.EXPECTED_SHA256
 
 
+def _converted(cfg: ModelConfig, cache_dir: Path, sha: str) -> Path:
+    """The cache's directory of a GGUF's weights converted to safetensors, by the GGUF's sha256."""
+    return child(cache_dir / "models", f"{cfg.name}-{sha[:16]}")
+
+
 def _convert_gguf(gguf: Path, out: Path) -> None:
     log.info("converting %s to safetensors (once; about a minute)", gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -85,7 +90,7 @@ def _load_dir(directory: Path | str) -> tuple[PreTrainedModel, PreTrainedTokeniz
 
 def _load_gguf(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     gguf, sha = gguf_path(cfg, cache_dir)
-    directory = child(cache_dir / "models", f"{cfg.name}-{sha[:16]}")
+    directory = _converted(cfg, cache_dir, sha)
     try:
         build_cached(
             directory, lambda out: _convert_gguf(gguf, out), {"gguf_sha256": sha, "model": cfg.name}, "converted model"
@@ -155,6 +160,17 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
             f"where the hub is reachable and run with model.local_path=/path/to/{cfg.name}"
         ) from err
     return model, tokenizer, f"{cfg.source}:{where}"
+
+
+def checkpoint(cfg: ModelConfig, cache_dir: Path) -> str:
+    """Where another program reads the model's float weights as a transformers checkpoint: a GGUF's converted
+    directory in the cache (written when the model was first loaded), model.local_path, or the hub id (read
+    from the hub's local cache). Random and tiny weights have none."""
+    if cfg.weights == "random" or cfg.source == "tiny":
+        raise ModelUnavailable(f"model {cfg.name} has no checkpoint of its own ({cfg.source}, {cfg.weights} weights)")
+    if cfg.source in ("gguf_package", "gguf_file"):
+        return str(_converted(cfg, cache_dir, gguf_path(cfg, cache_dir)[1]))
+    return str(Path(cfg.local_path).expanduser()) if cfg.local_path else cfg.id
 
 
 def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu") -> LoadedModel:

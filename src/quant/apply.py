@@ -54,7 +54,7 @@ def quantize_model(
 ) -> tuple[nn.Module, QuantReport]:
     start = time.perf_counter()
     # A method that reads no data (RTN) hashes none: its key stays independent of the dataset.
-    calib = None if not spec.CALIBRATES else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
+    calib = None if not spec.calibrates else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
     key = cache.cache_key(source_key, spec, "none" if calib is None else ids_hash(calib))
     directory = child(cache_root / "quantized", f"{label}-{spec.scheme}-{spec.method}-{key[:16]}")
     weights, built = cache.load_or_build(

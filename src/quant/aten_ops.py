@@ -74,14 +74,15 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 
 
 # A width that does not divide 16, as the two planes that do (core/api.h): the low bits' first.
-SPLIT = {6: (4, 2)}
+SPLIT = {6: (4, 2), 5: (4, 1)}
 
 
 def pack_lanes(q: torch.Tensor, bits: int) -> torch.Tensor:
     """[N, K] values below 2^bits -> quantspec's gemv layout (core/api.h): per 128 values, 16 * bits bytes whose
     16-bit lane i (of 8 * bits) holds values i + 8 * bits * u in its field u, from the lowest (the kernel shifts a
     lane to pick one). At 4 bits: lane i holds values i, i+32, i+64, i+96. A width in SPLIT is its planes, each
-    in that layout, block by block: at 6 bits, 64 bytes of the low 4 bits, then 32 of the high 2."""
+    in that layout, block by block: at 6 bits, 64 bytes of the low 4 bits, then 32 of the high 2; at 5, the 64
+    bytes of the low 4, then 16 of the high 1."""
     if bits in SPLIT:
         low, high = SPLIT[bits]
         n, k = q.shape

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from src.common.progress import progress
+from src.quant import gptq
 
 
 def calibration_ids(tokenizer, corpus: str, samples: int, seq_len: int) -> torch.Tensor:
@@ -32,9 +33,12 @@ def ids_hash(ids: torch.Tensor) -> str:
 
 
 @torch.inference_mode()
-def _observe_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, observe) -> None:
+def _observe_inputs(
+    model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, observe, output=None
+) -> None:
     """Run the decoder stack over the batches, calling observe(name, x) with each named linear's input
-    as rows [tokens, features]. The output head (a third of Gemma 3's weights) is not needed."""
+    as rows [tokens, features], and output(x) with the stack's output (the head's input) where given. The
+    head itself (a third of Gemma 3's weights) is not run."""
 
     def hook(name):
         return lambda _module, args: observe(name, args[0].detach().reshape(-1, args[0].shape[-1]))
@@ -42,7 +46,9 @@ def _observe_inputs(model: nn.Module, linears: dict[str, nn.Module], batches: to
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
     try:
         for row in progress(batches, "calibration"):
-            model.model(input_ids=row[None])
+            hidden = model.model(input_ids=row[None]).last_hidden_state
+            if output is not None:
+                output(hidden.reshape(-1, hidden.shape[-1]))
     finally:
         for h in handles:
             h.remove()
@@ -77,3 +83,18 @@ def capture_inputs(
 
     _observe_inputs(model, linears, batches, observe)
     return {n: torch.cat(xs) for n, xs in seen.items()}
+
+
+def input_grams(
+    model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, head: bool = False
+) -> dict[str, torch.Tensor]:
+    """X^T X (float64) over every calibration token at each named linear's input, and where `head`, at the
+    output head's under the name "head" (GPTQ's H, src.quant.gptq)."""
+    grams: dict[str, torch.Tensor] = {}
+
+    def observe(name, x):
+        g = gptq.gram(x)
+        grams[name] = grams[name] + g if name in grams else g
+
+    _observe_inputs(model, linears, batches, observe, (lambda x: observe("head", x)) if head else None)
+    return grams

@@ -306,6 +306,13 @@ class W6A16Gemv(GroupedGemv):
     BITS = 6
 
 
+class W5A16Gemv(GroupedGemv):
+    """5-bit weights in groups (five eighths of int8's bytes), 16-bit activations: as w6a16, one bit fewer."""
+
+    FORMAT = UNPACK = "w5a16"
+    BITS = 5
+
+
 class W4A8Gemv(GroupedGemv):
     """w4a8 on quantspec's kernels: w4a16's weights, activations quantized per token to int8 at the input. For
     a few rows the kernel takes the nibbles against the int8 x (VPDPBUSD on x86: half w4a16's instructions per
@@ -372,24 +379,36 @@ class W6A16Linear(GroupedLinear):
     BITS = 6
 
 
+class W5A16Linear(GroupedLinear):
+    """w5a16 off quantspec's kernels: ATen has no 5-bit kernel."""
+
+    BITS = 5
+
+
 # --- portable tensors: what the quantizer produces and the cache stores ----------------------------
 
 
 def int8_tensors(weight: torch.Tensor, bias: torch.Tensor | None) -> dict[str, torch.Tensor]:
     w_q, w_scale = qparams.int8_per_channel(weight)
-    return {"w_q": w_q, "w_scale": w_scale, **({"bias": bias.detach().float()} if bias is not None else {})}
+    return packed_tensors(w_q, w_scale, None, bias, 8)
 
 
 def grouped_tensors(
     weight: torch.Tensor, bias: torch.Tensor | None, group: int, bits: int, clip: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
     q, scale, zero = qparams.int_groups(weight, group, bits, clip)
-    return {
-        f"q{bits}": qparams.pack_bits(q, bits),
-        "scale": scale,
-        "zero": zero,
-        **({"bias": bias.detach().float()} if bias is not None else {}),
-    }
+    return packed_tensors(q, scale, zero, bias, bits)
+
+
+def packed_tensors(
+    q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bias: torch.Tensor | None, bits: int
+) -> dict[str, torch.Tensor]:
+    """The portable tensors of rounded weights: int8 q [N, K] with a scale per row (zero None), or b-bit q in
+    groups with scale and zero per group, its values packed into a bit stream."""
+    extra = {"bias": bias.detach().float()} if bias is not None else {}
+    if zero is None:
+        return {"w_q": q, "w_scale": scale, **extra}
+    return {f"q{bits}": qparams.pack_bits(q, bits), "scale": scale, "zero": zero, **extra}
 
 
 def int4_tensors(

@@ -29,7 +29,7 @@ class QuantSpec:
     conf/precision/_fields.yaml, nowhere else."""
 
     KIND: ClassVar[str]
-    CALIBRATES: ClassVar[bool] = True  # reads calibration windows (their hash is part of the cache key)
+    CALIBRATES: ClassVar[bool] = True  # its pass reads calibration windows (their hash is part of the cache key)
     method: str
     scheme: str  # the decoder linears' scheme (one of src.quant.schemes)
     group_size: int | None  # a grouped scheme's groups along the input features
@@ -37,6 +37,12 @@ class QuantSpec:
     head_scheme: str | None  # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
     int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept wider under a grouped scheme...
     int8_linears_scheme: str  # ...in this scheme: w8a16 (int8), or w6a16 (three quarters of int8's bytes)
+    gptq: tuple[str, ...]  # linears (name suffixes; lm_head: the output head) rounded by GPTQ, not to nearest
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether quantizing reads calibration windows: the method's own pass, or GPTQ's inputs."""
+        return self.CALIBRATES or bool(self.gptq)
 
     def scheme_for(self, name: str) -> str:
         if name == HEAD:

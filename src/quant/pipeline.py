@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from src.common.schema import ConfigError
 from src.quant import schemes as formats
 from src.quant.arch import decoder_linears
+from src.quant.calibrate import input_grams
 from src.quant.methods import HEAD, QuantSpec
 
 
@@ -34,10 +36,11 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     changed, clips = spec.scale(model, arch, calibration)  # the method's own pass (src.quant.methods)
     linears = quantized_linears(model, arch, spec)
     schemes = {name: spec.scheme_for(name) for name in linears}
+    grams = gptq_grams(model, linears, spec, calibration)  # after the scaling: the inputs the weights will meet
     layers = {}
     for name, lin in linears.items():
         layers[name] = formats.get(schemes[name]).tensors(
-            lin.weight.detach(), lin.bias, spec.group_size, clips.get(name)
+            lin.weight.detach(), lin.bias, spec.group_size, clips.get(name), grams.pop(name, None)
         )
         release(lin)  # its low-bit copy exists: freeing the float one keeps the peak at the float model's size
     quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
@@ -45,6 +48,27 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     return QuantizedWeights(
         schemes, spec.group_size, layers, floats, {"quantize_s": time.perf_counter() - start, "layers": len(layers)}
     )
+
+
+def gptq_grams(
+    model: nn.Module, linears: dict[str, nn.Module], spec: QuantSpec, calibration: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Each linear that spec.gptq names -> its calibration inputs' X^T X (the head's: the decoder stack's
+    output). A name that matches no linear the precision quantizes is refused."""
+    chosen = {name for name in linears if name.endswith(spec.gptq)} if spec.gptq else set()
+    unmatched = [s for s in spec.gptq if not any(name.endswith(s) for name in linears)]
+    if unmatched:
+        raise ConfigError(
+            f"precision.gptq={list(spec.gptq)}: {', '.join(unmatched)} names no linear this precision quantizes; "
+            f"use name suffixes such as {HEAD} (the output head), self_attn.v_proj, mlp.down_proj"
+        )
+    if not chosen:
+        return {}
+    decoder = {name: linears[name] for name in chosen if name != HEAD}
+    grams = input_grams(model, decoder, calibration, head=HEAD in chosen)
+    if HEAD in chosen:
+        grams[HEAD] = grams.pop("head")
+    return grams
 
 
 def release(linear: nn.Module) -> None:

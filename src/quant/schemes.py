@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from src.quant import linear
+from src.quant import gptq, linear
 
 GROUPS = (32, 64, 128, 256)  # group sizes a grouped scheme takes (ATen's int4 kernel's; quantspec's: 128, 256)
 
@@ -35,9 +35,18 @@ class Scheme:
         return self.bits < 8
 
     def tensors(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, group: int | None, clip: torch.Tensor | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        group: int | None,
+        clip: torch.Tensor | None = None,
+        gram: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The portable tensors (safetensors in the cache) of one float linear in this format."""
+        """The portable tensors (safetensors in the cache) of one float linear in this format: rounded to
+        nearest, or where `gram` (its calibration inputs' X^T X) is given, by GPTQ's error feedback."""
+        if gram is not None:
+            q, scale, zero = gptq.round_weights(weight, gram, self.bits, group if self.grouped else None, clip)
+            return linear.packed_tensors(q, scale, zero, bias, self.bits)
         if self.grouped:
             return linear.grouped_tensors(weight, bias, group, self.bits, clip)
         return linear.int8_tensors(weight, bias)
@@ -59,6 +68,7 @@ register(Scheme("w4a16", 4, 16, linear.W4A16Linear, linear.W4A16Gemv))
 register(Scheme("w4a8", 4, 8, linear.W4A8Linear, linear.W4A8Gemv))
 register(Scheme("w2a16", 2, 16, linear.W2A16Linear, linear.W2A16Gemv))
 register(Scheme("w6a16", 6, 16, linear.W6A16Linear, linear.W6A16Gemv))
+register(Scheme("w5a16", 5, 16, linear.W5A16Linear, linear.W5A16Gemv))
 
 
 def names() -> tuple[str, ...]:

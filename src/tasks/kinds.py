@@ -350,14 +350,14 @@ class Quantize(TaskConfig):
             raise ConfigError(f"task=quantize needs a quantized precision, not precision={job.precision.name}")
 
 
-SERVERS = ("quantspec", "llama-server")  # task.server: what answers the load (src.tasks.serve)
+SERVERS = ("quantspec", "llama-server", "vllm")  # task.server: what answers the load (src.tasks.serve)
 
 
 @TASKS.register
 @dataclass(frozen=True, kw_only=True)
 class Serve(TaskConfig):
-    """Many requests at once: an OpenAI-compatible server (quantspec's, continuous batching on its kernels, or
-    llama.cpp's llama-server on the model's GGUF) driven by a load generator (aiperf) at `concurrency` requests
+    """Many requests at once: an OpenAI-compatible server (quantspec's, continuous batching on its kernels;
+    llama.cpp's llama-server on the model's GGUF; or vLLM's CPU build on its float checkpoint) driven by a load generator (aiperf) at `concurrency` requests
     in flight, or at `request_rate` a second: throughput, TTFT, TPOT, ITL and end-to-end latency (src.tasks.serve).
     `python -m src.serve` runs the same server on its own, at `host`:`port`."""
 
@@ -397,6 +397,8 @@ class Serve(TaskConfig):
             )
         if job.draft.active:
             raise ConfigError("task=serve batches without a draft: use draft=none")
+        if self.server == "vllm" and (job.model.weights == "random" or job.model.source == "tiny"):
+            raise ConfigError(f"task.server=vllm reads a checkpoint's files; model={job.model.name} has none")
 
     def tags(self) -> dict[str, str]:
         return {"server": self.server}

@@ -3,9 +3,12 @@ the job logs what the generator measured: output tokens and requests a second, T
 (TPOT), the gaps between streamed tokens (ITL) and end-to-end latency at p50/p90/p99 (serve_* metrics).
 
 task.server=quantspec: src.serving's server on this job's model, in this process, on a free loopback port
-(continuous batching on the C++ step). task.server=llama-server: llama.cpp's own server (`llama-server
---parallel <concurrency>`) on the model's GGUF as shipped, a process of its own that ends with the task; its
-executable is QUANTSPEC_LLAMA_SERVER or the one scripts/build_llama_server puts in the cache.
+(continuous batching on the C++ step). The peers are processes of their own that end with the task:
+- task.server=llama-server: llama.cpp's own server (`llama-server --parallel <concurrency>`) on the model's GGUF
+  as shipped; its executable is QUANTSPEC_LLAMA_SERVER or the one scripts/build_llama_server puts in the cache;
+- task.server=vllm: vLLM's CPU build (`--max-num-seqs <concurrency>`) on the model's float checkpoint at the
+  precision's float dtype (bf16 for the quantized ones: vLLM's CPU build runs no quantspec format); its Python
+  is QUANTSPEC_VLLM or the venv scripts/install_vllm puts in the cache.
 
 The load generator is aiperf (src.tasks.loadgen): synthetic prompts of task.prompt_tokens, task.output_tokens
 new tokens each (end of sequence ignored), task.requests timed after task.warmup_requests.
@@ -34,7 +37,9 @@ from src.tasks.timed import TaskInputs, TaskResult
 log = logging.getLogger(__name__)
 
 SERVER_START_S = 120.0  # llama-server's model load and warm-up before /health answers
+VLLM_START_S = 900.0  # vLLM compiles its graphs (torch.compile) at start: measured 5-10 minutes on 2 cores
 LLAMA_SERVER = "llama-server"
+MODEL = "quantspec"  # the model name requests carry (the load generator's --model; vLLM's served name)
 
 
 def run(inputs: TaskInputs) -> TaskResult:
@@ -47,7 +52,7 @@ def run(inputs: TaskInputs) -> TaskResult:
         with _server(inputs) as url:
             log.info("serve: %s at concurrency %d on %s", task.server, task.concurrency, url)
             out = work / "aiperf"
-            cmd = loadgen.command(exe, url, task, tokenizer, out, "quantspec")
+            cmd = loadgen.command(exe, url, task, tokenizer, out, MODEL)
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()][-1:] or ["?"]
@@ -56,6 +61,8 @@ def run(inputs: TaskInputs) -> TaskResult:
             report = (out / "profile_export_aiperf.json").read_text()
     summary["serve_concurrency"] = float(task.concurrency)
     notes = []
+    if task.server == "vllm":
+        notes.append(f"vLLM served the float checkpoint at {_dtype(inputs)}, whatever the precision's own weights")
     if summary.get("serve_errors"):
         notes.append(f"{summary['serve_errors']:.0f} of the load generator's requests failed")
     return TaskResult([], summary, artifacts={"aiperf.json": report}, notes=notes)
@@ -63,12 +70,9 @@ def run(inputs: TaskInputs) -> TaskResult:
 
 @contextlib.contextmanager
 def _server(inputs: TaskInputs):
-    if inputs.task.server == "quantspec":
-        with _quantspec(inputs) as url:
-            yield url
-    else:
-        with _llama_server(inputs) as url:
-            yield url
+    server = {"quantspec": _quantspec, "llama-server": _llama_server, "vllm": _vllm}[inputs.task.server]
+    with server(inputs) as url:
+        yield url
 
 
 @contextlib.contextmanager
@@ -99,16 +103,62 @@ def _llama_server(inputs: TaskInputs):
     t = inputs.task
     exe, gguf = llama_server_path(inputs.cache_dir), inputs.gguf()
     port = _free_port()
-    per_slot = t.prompt_tokens + t.output_tokens + 16
     cmd = [
         str(exe), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-        "--parallel", str(t.concurrency), "--ctx-size", str(per_slot * t.concurrency),
+        "--parallel", str(t.concurrency), "--ctx-size", str(_per_slot(t) * t.concurrency),
         "--threads", str(torch.get_num_threads()), "--no-webui",
     ]  # fmt: skip
-    log_file = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    with _process("llama-server", cmd, port, SERVER_START_S) as url:
+        yield url
+
+
+def vllm_python(cache_dir: Path) -> Path:
+    """A Python that imports vLLM: QUANTSPEC_VLLM, or the cache's venv (scripts/install_vllm)."""
+    path = envvars.executable("QUANTSPEC_VLLM") or cache_dir / "tools" / "vllm" / "bin" / "python"
+    if not path.is_file():
+        raise loadgen.LoadGenError(
+            f"no vLLM at {path}: run `bash scripts/install_vllm` (its CPU build in a venv of its own, a few "
+            "minutes) or set QUANTSPEC_VLLM to a Python that imports vllm"
+        )
+    return path
+
+
+@contextlib.contextmanager
+def _vllm(inputs: TaskInputs):
+    t = inputs.task
+    python, port = vllm_python(inputs.cache_dir), _free_port()
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", inputs.checkpoint(),
+        "--served-model-name", MODEL, "--dtype", _dtype(inputs),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--max-num-seqs", str(t.concurrency), "--max-model-len", str(_per_slot(t)),
+    ]  # fmt: skip
+    threads = str(torch.get_num_threads())
+    # vLLM's CPU build takes its threads from OMP_NUM_THREADS (else it drops to one), its KV cache from
+    # VLLM_CPU_KVCACHE_SPACE (GB; its default, 4, is more than a 270M model needs); the checkpoint is local
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    with _process("vLLM", cmd, port, VLLM_START_S, env) as url:
+        yield url
+
+
+def _dtype(inputs: TaskInputs) -> str:
+    """The precision's float dtype (its float parts' under a quantized precision), as vLLM's --dtype names it."""
+    return str(inputs.model.dtype).removeprefix("torch.")
+
+
+def _per_slot(t) -> int:
+    """The context one request holds: its prompt and new tokens, with room for the template's few."""
+    return t.prompt_tokens + t.output_tokens + 16
+
+
+@contextlib.contextmanager
+def _process(name: str, cmd: list[str], port: int, start_s: float, env: dict | None = None):
+    """A server process of its own (its own session: it and its children end together), its output in a
+    temporary log that its one-line failure is read from; yields its URL once /health answers."""
+    log_file = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
-        _wait_ready(f"http://127.0.0.1:{port}/health", proc, log_file.name)
+        _wait_ready(name, f"http://127.0.0.1:{port}/health", proc, log_file.name, start_s)
         yield f"http://127.0.0.1:{port}"
     finally:
         _end(proc)
@@ -116,12 +166,12 @@ def _llama_server(inputs: TaskInputs):
         os.unlink(log_file.name)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log_path: str) -> None:
-    deadline = time.monotonic() + SERVER_START_S
+def _wait_ready(name: str, url: str, proc: subprocess.Popen, log_path: str, start_s: float) -> None:
+    deadline = time.monotonic() + start_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             last = [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()][-1:]
-            raise loadgen.LoadGenError(f"llama-server exited {proc.returncode} at start: {(last or ['?'])[0][:300]}")
+            raise loadgen.LoadGenError(f"{name} exited {proc.returncode} at start: {(last or ['?'])[0][:300]}")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -129,7 +179,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, log_path: str) -> None:
         except OSError:
             pass
         time.sleep(0.5)
-    raise loadgen.LoadGenError(f"llama-server did not answer {url} within {SERVER_START_S:.0f} s")
+    raise loadgen.LoadGenError(f"{name} did not answer {url} within {start_s:.0f} s")
 
 
 def _end(proc: subprocess.Popen) -> None:

@@ -59,6 +59,7 @@ class TaskInputs:
     prompts_input: Callable | None = None  # texts -> the TextInput that records them (dataset=jsonl)
     cache_dir: Path | None = None  # the cache (task=serve's load generator and llama-server live there)
     gguf: Callable[[], Path] | None = None  # the model's GGUF file (task.server=llama-server serves it)
+    checkpoint: Callable[[], str] | None = None  # its float weights as a transformers checkpoint (task.server=vllm)
 
 
 @dataclass

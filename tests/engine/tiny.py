@@ -20,15 +20,16 @@ QUANT = {
         torch.bfloat16,
     ),
     "w2a16": (quant_spec("rtn", "w2a16", group_size=128, head_scheme="w8a16"), torch.bfloat16),
-    # a 4-bit precision whose head and int8 linears run the 6-bit format instead
-    "w4a16-w6": (
+    # a 4-bit precision whose head runs the 5-bit format (rounded by GPTQ) and its int8 linears the 6-bit one
+    "w4a16-w5w6": (
         quant_spec(
             "rtn",
             "w4a16",
             group_size=128,
-            head_scheme="w6a16",
+            head_scheme="w5a16",
             int8_linears=("self_attn.v_proj",),
             int8_linears_scheme="w6a16",
+            gptq=("lm_head",),
         ),
         torch.bfloat16,
     ),

@@ -18,7 +18,7 @@ from src.engine.native import Decoder
 from src.kernels import format_number, modules, variants
 from src.models.tiny import tiny_model
 from src.quant import qparams, schemes
-from src.quant.aten_ops import pack_lanes, pack_w4
+from src.quant.aten_ops import SPLIT, pack_lanes, pack_w4
 from src.quant.linear import int4_tensors, int8_tensors
 from src.quant.schemes import build
 from tests.helpers import use_variant
@@ -113,13 +113,16 @@ def test_gemv_grouped_matches_dequantized_reference(scheme, m, n, k, group):
         assert torch.equal(alone[0], y[i])
 
 
-def test_a_split_width_packs_its_low_bits_then_its_high_bits_each_in_the_lane_layout():
-    # w6a16's 96 bytes per 128 values: the low 4 bits as w4a16's 64 bytes, then the high 2 as w2a16's 32
+@pytest.mark.parametrize("bits", sorted(SPLIT))
+def test_a_split_width_packs_its_low_bits_then_its_high_bits_each_in_the_lane_layout(bits):
+    # w6a16's 96 bytes per 128 values: the low 4 bits as w4a16's 64 bytes, then the high 2 as w2a16's 32;
+    # w5a16's 80: the same 64, then the high bit's 16
+    low, high = SPLIT[bits]
     torch.manual_seed(1)
-    q = torch.randint(0, 64, (3, 256), dtype=torch.uint8)
-    packed = pack_lanes(q, 6).reshape(3, 2, 96)
-    assert torch.equal(packed[..., :64].reshape(3, 128), pack_lanes(q & 15, 4))
-    assert torch.equal(packed[..., 64:].reshape(3, 64), pack_lanes(q >> 4, 2))
+    q = torch.randint(0, 1 << bits, (3, 256), dtype=torch.uint8)
+    packed = pack_lanes(q, bits).reshape(3, 2, 16 * bits)
+    assert torch.equal(packed[..., : 16 * low].reshape(3, 32 * low), pack_lanes(q & ((1 << low) - 1), low))
+    assert torch.equal(packed[..., 16 * low :].reshape(3, 32 * high), pack_lanes(q >> low, high))
 
 
 def test_a_format_a_variant_has_no_kernel_for_runs_the_reference_variants():

@@ -91,5 +91,5 @@ def test_the_head_and_the_linears_kept_wider_take_the_six_bit_scheme_and_awq_cli
     assert set(wide.values()) == {"w6a16"} and len(wide) == 1 + 2 * 2  # the head, two layers' two linears
     assert weights.layers["model.layers.0.mlp.down_proj"]["q6"].shape[1] == 256 * 6 // 8  # four weights in 3 bytes
     assert weights.schemes["model.layers.0.mlp.up_proj"] == "w4a16"
-    with pytest.raises(ConfigError, match=r"^precision.int8_linears_scheme='w5a16' is not one of"):
-        quant_spec("rtn", "w4a16", group_size=128, int8_linears_scheme="w5a16").validate()
+    with pytest.raises(ConfigError, match=r"^precision.int8_linears_scheme='w3a16' is not one of"):
+        quant_spec("rtn", "w4a16", group_size=128, int8_linears_scheme="w3a16").validate()

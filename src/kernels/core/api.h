@@ -26,7 +26,8 @@
   X(W4A16, "w4a16", 4)  \
   X(W4A8, "w4a8", 4)    \
   X(W2A16, "w2a16", 2)   \
-  X(W6A16, "w6a16", 6)
+  X(W6A16, "w6a16", 6)  \
+  X(W5A16, "w5a16", 5)
 
 #define QS_FORMAT_ENUM(kind, name, bits) QS_##kind,
 enum qs_format { QS_FORMATS(QS_FORMAT_ENUM) QS_FORMAT_COUNT };
@@ -93,7 +94,8 @@ typedef struct qs_kernels {
   // weight is packed per 128 values into 16 * b bytes, whose 16-bit lane i (of 8 * b) holds values
   // i + 8 * b * u in its field u (b bits, from the lowest); w = q * scale + offset per group of `group` (a
   // multiple of 128) along K. A width that does not divide 16 is split into two that do, each in that layout,
-  // the low bits' plane first: 6 bits are 64 bytes of the low 4 bits, then 32 bytes of the high 2.
+  // the low bits' plane first: 6 bits are 64 bytes of the low 4 bits, then 32 bytes of the high 2; 5 bits are
+  // the 64 bytes of the low 4, then 16 of the high 1 (lane i of 8 holds values i + 8u in its bit u).
   void (*gemv_grouped[QS_MAX_FORMATS])(const int16_t* xq, const float* x_scale, const float* group_sums,
                                        const uint8_t* w, const float* scale, const float* offset, int64_t group,
                                        int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y);

@@ -280,6 +280,24 @@ struct W6A16 : Grouped<6> {
   }
 };
 
+// w5a16 (api.h's split layout): per 80 bytes (128 values), the low 4 bits as W4A16's 64 bytes, then 16 bytes of
+// the high bit, whose 16-bit lane i (of 8) holds values i + 8u in bit u. Values 16s..16s+7 are bit 2s of the 8
+// lanes and 16s+8..16s+15 bit 2s + 1: the plane goes to both halves of a register, the upper one shifted down
+// by 1, so step s takes bit 2s of every lane, moved to bit 4 by one shift (either way) and a mask.
+struct W5A16 : Grouped<5> {
+  static constexpr int order(int i) { return W4A16::order(i); }   // each loaded half's steps together
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const uint8_t* b = at(n, k);
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * (s & 1)));
+    const __m128i plane = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 64));
+    const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(plane), _mm_srli_epi16(plane, 1), 1);
+    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(lo, _mm_cvtsi32_si128(4 * (s >> 1))), _mm256_set1_epi16(0xF));
+    const int up = 4 - 2 * s;   // bit 2s to bit 4
+    const __m256i moved = up >= 0 ? _mm256_sll_epi16(hi, _mm_cvtsi32_si128(up)) : _mm256_srl_epi16(hi, _mm_cvtsi32_si128(-up));
+    return _mm256_or_si256(low, _mm256_and_si256(moved, _mm256_set1_epi16(0x10)));
+  }
+};
+
 // w4a8 (x from quantize_x8_w4, common.h): per 64 bytes, half h's low nibbles meet x bytes 32h..32h+31 of the
 // block and its high nibbles x bytes 64 + 32h..: step s = 2 * (high) + h covers x bytes 32s..32s+31. The nibbles
 // are the unsigned operand: VPDPBUSD where VNNI is, else VPMADDUBSW (|a pair| <= 2 * 15 * 127, never saturating)
@@ -468,6 +486,11 @@ void gemv_w6a16(const int16_t* xq, const float* x_scale, const float* group_sums
   gemv(W6A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
 }
 
+void gemv_w5a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W5A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
+}
+
 void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
   gemv(W4A8{xq, K, x_scale, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
@@ -603,6 +626,7 @@ const qs_kernels table = [] {
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
   t.gemv_grouped[QS_W2A16] = gemv_w2a16;  // its prefill's unpacking: the reference's
   t.gemv_grouped[QS_W6A16] = gemv_w6a16;  // its prefill's unpacking: the reference's
+  t.gemv_grouped[QS_W5A16] = gemv_w5a16;  // its prefill's unpacking: the reference's
   return t;
 }();
 

@@ -70,6 +70,12 @@ inline int field<6>(const uint8_t* w, int64_t K, int64_t n, int64_t k) {
   const uint8_t* block = w + n * (K * 6 / 8) + (k / 128) * 96;
   return in_block<4>(block, k % 128) | (in_block<2>(block + 64, k % 128) << 4);
 }
+// 5 bits: the low 4 in a 4-bit block's layout (64 bytes), then the high 1 in a 1-bit block's (16 bytes).
+template <>
+inline int field<5>(const uint8_t* w, int64_t K, int64_t n, int64_t k) {
+  const uint8_t* block = w + n * (K * 5 / 8) + (k / 128) * 80;
+  return in_block<4>(block, k % 128) | (in_block<1>(block + 64, k % 128) << 4);
+}
 inline int nibble(const uint8_t* w, int64_t K, int64_t n, int64_t k) { return field<4>(w, K, n, k); }
 
 template <int B>
@@ -154,6 +160,8 @@ const qs_kernels table = [] {
   t.dequant_grouped[QS_W2A16] = dequant_grouped<2>;
   t.gemv_grouped[QS_W6A16] = gemv_grouped<6>;
   t.dequant_grouped[QS_W6A16] = dequant_grouped<6>;
+  t.gemv_grouped[QS_W5A16] = gemv_grouped<5>;
+  t.dequant_grouped[QS_W5A16] = dequant_grouped<5>;
   return t;
 }();
 

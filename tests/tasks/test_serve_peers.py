@@ -1,0 +1,59 @@
+"""task=serve's peer servers (src.tasks.serve): each a process of its own, waited for until it answers /health,
+ended with its children when the task ends; one that dies at start or is missing is said in one line."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from src.tasks import loadgen, serve
+
+# a server that answers /health after a moment and starts a child of its own (as vLLM's engine core is)
+SERVER = """
+import http.server, os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+open(sys.argv[2], "w").write(f"{os.getpid()} {child.pid}")
+time.sleep(0.5)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_peer_is_waited_for_and_ends_with_its_children(tmp_path):
+    port, pids = serve._free_port(), tmp_path / "pids"
+    with serve._process("peer", [sys.executable, "-c", SERVER, str(port), str(pids)], port, 30) as url:
+        assert url == f"http://127.0.0.1:{port}"
+        server, child = map(int, pids.read_text().split())
+        assert not _gone(server) and not _gone(child)
+    deadline = time.monotonic() + 10
+    while not (_gone(server) and _gone(child)) and time.monotonic() < deadline:  # the child is reaped by init
+        time.sleep(0.1)
+    assert _gone(server) and _gone(child)
+
+
+def test_a_peer_that_dies_at_start_is_its_last_line():
+    port = serve._free_port()
+    cmd = [sys.executable, "-c", "import sys; print('loading'); sys.exit('no such model: /nowhere')"]
+    start = time.monotonic()
+    with pytest.raises(loadgen.LoadGenError, match=r"^vLLM exited 1 at start: no such model: /nowhere$"):
+        with serve._process("vLLM", cmd, port, 30):
+            pass
+    assert time.monotonic() - start < 10
+
+
+def test_a_missing_vllm_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("QUANTSPEC_VLLM", raising=False)
+    with pytest.raises(loadgen.LoadGenError, match=r"^no vLLM at .*: run `bash scripts/install_vllm`"):
+        serve.vllm_python(tmp_path)
