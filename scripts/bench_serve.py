@@ -7,7 +7,9 @@ One sweep of task=serve over servers × concurrency levels in interleaved rounds
 drives its server with aiperf (the job's task.prompt_tokens and task.output_tokens). The table gives each level's
 output tokens a second (the median over its rounds), its ratio to the same server at the lowest level, quantspec's
 ratio to llama-server at the same level, and the latency beside it (TTFT p99, TPOT p50). llama-server needs
-`bash scripts/build_llama_server` first (or QUANTSPEC_LLAMA_SERVER); servers=quantspec measures ours alone.
+`bash scripts/build_llama_server` first (or QUANTSPEC_LLAMA_SERVER); servers=quantspec measures ours alone;
+servers=quantspec,llama-server,vllm adds vLLM's CPU build on the float checkpoint at bf16 (`bash
+scripts/install_vllm` first, or QUANTSPEC_VLLM).
 doc=true appends the table to docs/benchmarks/serving.md.
 """
 
@@ -25,7 +27,7 @@ COMMAND = bench.command(
     __doc__,
     [
         Setting("precision", "w4a16", "quantspec's precision (llama-server serves the model's own GGUF)"),
-        Setting("servers", ("quantspec", "llama-server"), "the servers swept (task.server)"),
+        Setting("servers", ("quantspec", "llama-server"), "the servers swept (task.server: quantspec, llama-server, vllm)"),
         Setting("levels", ("1", "8"), "the concurrency levels (task.concurrency)"),
         Setting("rounds", 2, "interleaved rounds (src.run's rounds=)"),
     ],
