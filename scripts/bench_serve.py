@@ -27,7 +27,9 @@ COMMAND = bench.command(
     __doc__,
     [
         Setting("precision", "w4a16", "quantspec's precision (llama-server serves the model's own GGUF)"),
-        Setting("servers", ("quantspec", "llama-server"), "the servers swept (task.server: quantspec, llama-server, vllm)"),
+        Setting(
+            "servers", ("quantspec", "llama-server"), "the servers swept (task.server: quantspec, llama-server, vllm)"
+        ),
         Setting("levels", ("1", "8"), "the concurrency levels (task.concurrency)"),
         Setting("rounds", 2, "interleaved rounds (src.run's rounds=)"),
     ],

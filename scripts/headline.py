@@ -77,7 +77,8 @@ def block(item: benchpage.Entry) -> str:
         START,
         *shown(item),
         "",
-        "Lower ms/token is faster; `/ llama.cpp` under 1 is faster than llama.cpp. Decode efficiency is the share "
+        "Lower ms/token is faster; a ratio under 1 is faster than llama.cpp, through its Python binding (`/ llama.cpp`) "
+        "or its own C++ llama-bench (`/ llama-bench tg`) where the entry has it. Decode efficiency is the share "
         "of the host's measured memory bandwidth a step's weight reads use (1 is the roofline).",
         "",
         f"{md_text(item.title)}: {md_text(item.date)}, {md_text(benchpage.host_name(item))}, {rounds}, commit "
@@ -116,7 +117,7 @@ def draw(item: benchpage.Entry, path: Path = PICTURE) -> Path:
     ]
     medians = [m for _, m, _, _ in data]
     spans = [[m - low for _, m, low, _ in data], [high - m for _, m, _, high in data]]
-    colors = ["#9e9e9e" if name.startswith("llama.cpp") else "#1f77b4" for name in labels]
+    colors = ["#9e9e9e" if name.startswith(("llama.cpp", "llama-bench")) else "#1f77b4" for name in labels]
     ax.barh(labels, medians, xerr=spans, color=colors, capsize=3)
     for y, m in enumerate(medians):
         ax.text(m, y, f"  {m:.2f}", va="center")

@@ -39,7 +39,7 @@ def round_weights(
     n, k = weight.shape
     if group is not None:
         qparams.check_group(k, group)
-    w = weight.float()
+    w = weight.detach().float().clone()  # updated in place: never the model's own tensor
     if clip is not None:
         c = clip.repeat_interleave(group, dim=1)
         w = torch.max(torch.min(w, c), -c)

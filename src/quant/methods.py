@@ -86,8 +86,9 @@ class QuantSpec:
         return set(), {}
 
     def calibration_bytes(self, shape) -> int:
-        """Memory the scaling pass holds beyond calibration's logits (bytes), for a model of `shape`."""
-        return 0
+        """Memory the scaling pass holds beyond calibration's logits (bytes), for a model of `shape`: here GPTQ's
+        float32 working copy of the head where it rounds it (the decoder's linears are far smaller)."""
+        return shape.vocab_size * shape.hidden_size * 4 if HEAD in self.gptq else 0
 
 
 @METHODS.register
@@ -175,7 +176,7 @@ class Awq(QuantSpec):
         tokens = self.awq_search_tokens
         captured = tokens * shape.num_hidden_layers * (3 * hidden + inner) * 2
         rows = min(self.awq_search_rows or 2 * inner, 2 * inner)
-        return captured + 6 * rows * inner * 4 + 3 * tokens * 2 * inner * 4
+        return captured + 6 * rows * inner * 4 + 3 * tokens * 2 * inner * 4 + super().calibration_bytes(shape)
 
 
 @METHODS.register
