@@ -111,6 +111,7 @@ def make_models(args, device: str) -> dict[str, torch.nn.Module]:
                 head_scheme=None,
                 int8_linears=(),
                 int8_linears_scheme="w8a16",
+                gptq=(),
             )
             weights = quantize(model, model.config.model_type, spec, None)
             models[name] = install(model.to(QUANTIZED[name]), weights, QUANTIZED[name], device=device).eval()
