@@ -231,12 +231,15 @@ struct Grouped : Int16X {
 
 // Per 64 bytes (128 values): half h (32 bytes) holds lanes 16h..16h+15, whose nibble u are values
 // 32u + 16h + 0..15: step s = 2u + h covers values 16s..16s+15, as x is laid out.
+// Step s of a 64-byte plane in W4A16's layout (below): nibble s >> 1 of half s & 1, as 16-bit values.
+inline __m256i nibble_step(const uint8_t* plane, int s) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane + 32 * (s & 1)));
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (s >> 1))), _mm256_set1_epi16(0xF));
+}
+
 struct W4A16 : Grouped<4> {
   static constexpr int order(int i) { return 2 * (i & 3) + (i >> 2); }   // half 0's steps, then half 1's
-  V wv(const State&, int64_t n, int64_t k, int s) const {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(n, k) + 32 * (s & 1)));
-    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (s >> 1))), _mm256_set1_epi16(0xF));
-  }
+  V wv(const State&, int64_t n, int64_t k, int s) const { return nibble_step(at(n, k), s); }
   // Group g (of 128) of 4 rows from w, one row of x, for one_row_groups (blocking.h): block's steps in its
   // order (half 0's four, then half 1's), each half of the 4 rows loaded once (fewer loads than block<1, 4>).
   void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
@@ -271,12 +274,10 @@ struct W6A16 : Grouped<6> {
   static constexpr int order(int i) { return W4A16::order(i); }   // each loaded half's steps together
   V wv(const State&, int64_t n, int64_t k, int s) const {
     const uint8_t* b = at(n, k);
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * (s & 1)));
     const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64));
-    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(lo, _mm_cvtsi32_si128(4 * (s >> 1))), _mm256_set1_epi16(0xF));
     const __m256i high = _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * s)), 4),
                                           _mm256_set1_epi16(0x30));
-    return _mm256_or_si256(low, high);
+    return _mm256_or_si256(nibble_step(b, s), high);
   }
 };
 
@@ -288,13 +289,11 @@ struct W5A16 : Grouped<5> {
   static constexpr int order(int i) { return W4A16::order(i); }   // each loaded half's steps together
   V wv(const State&, int64_t n, int64_t k, int s) const {
     const uint8_t* b = at(n, k);
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32 * (s & 1)));
     const __m128i plane = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 64));
     const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(plane), _mm_srli_epi16(plane, 1), 1);
-    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(lo, _mm_cvtsi32_si128(4 * (s >> 1))), _mm256_set1_epi16(0xF));
     const int up = 4 - 2 * s;   // bit 2s to bit 4
     const __m256i moved = up >= 0 ? _mm256_sll_epi16(hi, _mm_cvtsi32_si128(up)) : _mm256_srl_epi16(hi, _mm_cvtsi32_si128(-up));
-    return _mm256_or_si256(low, _mm256_and_si256(moved, _mm256_set1_epi16(0x10)));
+    return _mm256_or_si256(nibble_step(b, s), _mm256_and_si256(moved, _mm256_set1_epi16(0x10)));
   }
 };
 
