@@ -100,7 +100,7 @@ class Command:
         lines = []
         for arg, meaning in shown:
             lead = f"    {arg.ljust(width)}"
-            if len(lead) > 4 + width:  # a long one: its meaning on the next line
+            if len(arg) + 2 > width:  # a long one (no two spaces left before its meaning): the meaning on the next line
                 lines.append(lead.rstrip())
                 lead = " " * (4 + width)
             wrapped = textwrap.wrap(meaning, 110 - len(lead)) or [""]

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from src.assembly.overrides import CONF_DIR
-from src.common.settings import RENAMED, Command, SettingError
+from src.common.settings import RENAMED, Command, Setting, SettingError
 from src.tracking.readback.regression import cli as regress_cli
 from src.tracking.store import sync
 
@@ -77,3 +77,15 @@ def test_baseline_means_one_thing_the_job_a_speedup_is_over():
     ):
         regress.parse(["baseline=multirun/a"])
     assert regress.parse(["against=multirun/a"])[0]["against"] == "multirun/a"
+
+
+@pytest.mark.parametrize("length", [38, 40, 41, 42, 50])
+def test_help_keeps_every_default_apart_from_its_meaning(length):
+    """A default as long as the column (a list of models) was printed run into its meaning: `...opt-6.7bthe`."""
+    default = "x" * (length - len("name="))
+    command = Command("demo", "Demo.", [Setting("name", default, "the meaning"), Setting("k", 1, "short")])
+    lines = command.usage().splitlines()
+    at = next(i for i, line in enumerate(lines) if f"name={default}" in line)
+    same_line = lines[at].split(f"name={default}", 1)[1]
+    assert same_line == "" or same_line.startswith("  "), lines[at]
+    assert any("the meaning" in line for line in lines[at : at + 2])
