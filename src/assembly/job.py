@@ -258,6 +258,7 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
         cfg.model, cfg.precision, cfg, loaded, corpus, recorder, gemv, placement.device
     )
     model = _place(cfg, model, placement, gemv, recorder)
+    _float_gemm(cfg, model, placement.device, recorder)
     if placement.device == "cpu":  # before anything is timed: the weights' pages as a step streams them
         recorder.log_params({"executed.huge_pages": hugepages.back_with_huge_pages(model)})
     plain = engine_for(cfg.engine.kind, cfg.engine.step_path, compile=cfg.engine.compile)
@@ -369,6 +370,7 @@ def _draft_model(cfg, loaded, corpus, placement, gemv: bool, recorder) -> ModelD
         )
         recorder.log_metrics({"draft_vocab": kept})
     model = _place(cfg, model, placement, gemv)
+    _float_gemm(cfg, model, placement.device, recorder, "draft_")
     if placement.device == "cpu":
         recorder.log_params({"executed.draft_huge_pages": hugepages.back_with_huge_pages(model)})
     return ModelDrafter(model, path=cfg.engine.step_path, compile=cfg.engine.compile)
@@ -433,6 +435,17 @@ def _place(cfg, model, placement, gemv: bool, recorder=None):
         if recorder is not None:
             recorder.log_params({f"kernels.{kind}": count for kind, count in sorted(counts.items())})
     return model
+
+
+def _float_gemm(cfg, model, device: str, recorder, prefix: str = "") -> None:
+    """The bf16 GEMMs of many rows (a prefill), in bf16 or made fp32: whichever this host runs faster
+    (src.quant.prefill), recorded as param executed.float_gemm with the probe's times."""
+    if device != "cpu" or not prefill.bf16_gemm_linears(model):
+        return
+    path, seconds = prefill.choose_float(cfg.cache_dir, environment.cpu_model(), torch.get_num_threads())
+    prefill.install_float_gemm(model, path)
+    recorder.log_params({f"executed.{prefix}float_gemm": path})
+    recorder.log_metrics({f"{prefix}float_gemm_probe_ms_{p}": s * 1e3 for p, s in seconds.items()})
 
 
 def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv: bool, device: str, prefix: str = ""):

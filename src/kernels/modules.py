@@ -2,7 +2,8 @@
 
 `install(model)` swaps each float nn.Linear for a GemvLinear sharing its parameters (a tied head stays
 tied) and fuses the RMSNorms; quantized linears were built with their gemv path (src.quant.linear). Calls with more rows than
-src.kernels.MAX_ROWS (prefill) keep ATen's kernels.
+src.kernels.MAX_ROWS (prefill) keep ATen's GEMMs: for bf16, one bf16 GEMM, or the same values made fp32 and one
+fp32 GEMM where this host runs that faster (`many_rows_mm`; src.quant.prefill measures which and sets it).
 """
 
 from __future__ import annotations
@@ -16,20 +17,54 @@ from torch.nn import functional as F
 from src.kernels import MAX_ROWS
 
 GEMV_DTYPES = (torch.float32, torch.bfloat16)
+FLOAT_GEMMS = ("bf16", "fp32")  # how a bf16 GEMM of many rows runs (src.quant.prefill chooses per host)
+# fp32's copy of a bf16 weight is made a block of output rows at a time, ~8 MB: a 262144-row head made fp32
+# whole would be 670 MB for one call.
+FP32_BLOCK_BYTES = 8 << 20
+
+
+def many_rows_mm(x: torch.Tensor, w: torch.Tensor, path: str) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T. For bf16 x and w under "fp32": both made fp32 (exactly: every bf16 is an fp32)
+    and multiplied by fp32 GEMMs, the result fp32. A CPU without bf16 dot products (AVX2, AVX-512 without
+    BF16) runs ATen's bf16 GEMM far below its fp32 one; both sum the same products in fp32, so they differ only
+    in the order of the sums. Otherwise one GEMM in x's dtype."""
+    if path != "fp32" or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
+        return torch.mm(x, w.t())
+    xf, w = x.detach().float(), w.detach()  # inference only: mm's out= takes no tensor that requires grad
+    y = xf.new_empty(x.shape[0], w.shape[0])
+    block = max(64, FP32_BLOCK_BYTES // (4 * w.shape[1]) // 64 * 64)
+    for n0 in range(0, w.shape[0], block):
+        n1 = min(n0 + block, w.shape[0])
+        torch.mm(xf, w[n0:n1].float().t(), out=y[:, n0:n1])
+    return y
 
 
 class GemvLinear(nn.Module):
-    """nn.Linear's parameters, forward through gemv_float for a few rows and F.linear otherwise."""
+    """nn.Linear's parameters, forward through gemv_float for a few rows and a GEMM otherwise."""
+
+    float_gemm = "bf16"  # a bf16 weight's GEMM of many rows (FLOAT_GEMMS; the job sets the host's choice)
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
 
+    @property
+    def bf16_gemm(self) -> bool:
+        """Whether its many-row calls are a bf16 GEMM (what `float_gemm` decides)."""
+        return self.weight.dtype == torch.bfloat16
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        if x2.shape[0] > MAX_ROWS or x.dtype != self.weight.dtype:
+        if x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
+        if x2.shape[0] > MAX_ROWS:
+            if self.float_gemm == "bf16" or x.dtype != torch.bfloat16:
+                return F.linear(x, self.weight, self.bias)
+            y = many_rows_mm(x2, self.weight, self.float_gemm)
+            if self.bias is not None:
+                y = y + self.bias
+            return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         y = torch.ops.quantspec.gemv_float(x2, self.weight)
         if self.bias is not None:
             y = y + self.bias
@@ -42,7 +77,9 @@ class GemvLinear(nn.Module):
             cut.weight.copy_(self.weight[ids])
             if self.bias is not None:
                 cut.bias.copy_(self.bias[ids])
-        return GemvLinear(cut)
+        out = GemvLinear(cut)
+        out.float_gemm = self.float_gemm
+        return out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from src.kernels import MAX_ROWS, format_number
+from src.kernels.modules import many_rows_mm
 from src.quant import aten_ops, qparams
 from src.quant.prefill import gemm as w8a8_gemm
 
@@ -130,12 +131,20 @@ class W8A16Linear(QuantLinear):
     # From this many rows (a prefill) the weight made bf16 (exact: |q| <= 127) and one bf16 GEMM beat
     # ATen's int8 kernel, which scales with the rows: 4x at 512 rows of a 7B MLP linear here.
     GEMM_ROWS = 128
+    float_gemm = "bf16"  # that GEMM in bf16, or made fp32 (src.kernels.modules.many_rows_mm; the host's choice)
+
+    @property
+    def bf16_gemm(self) -> bool:
+        return self.w_scale.dtype == torch.bfloat16
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
         x2 = x2.to(self.w_scale.dtype)
         if x2.shape[0] >= self.GEMM_ROWS:
-            y = torch.mm(x2, self.w_q.to(x2.dtype).t()) * self.w_scale
+            if self.float_gemm == "fp32" and self.bf16_gemm:  # int8 weights are exact in fp32 as in bf16
+                y = many_rows_mm(x2, self.w_q.to(x2.dtype), "fp32") * self.w_scale32
+            else:
+                y = torch.mm(x2, self.w_q.to(x2.dtype).t()) * self.w_scale
         else:
             y = aten_ops.int8_weight_matmul(x2, self.w_q, self.w_scale)
         return self._finish(y, x, lead)
@@ -238,6 +247,8 @@ class GroupedGemv(QuantLinear):
     K_STEP = 128  # 128 values per 16 * BITS bytes; groups must be whole multiples of it
     STEP_BUFFERS = ("wg", "wg_scale", "wg_offset")
     ROWS = STEP_BUFFERS
+    float_gemm = "bf16"  # its prefill's GEMM in bf16, or the unpacked weight made fp32 (the host's choice)
+    bf16_gemm = True
 
     def __init__(
         self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
@@ -275,14 +286,18 @@ class GroupedGemv(QuantLinear):
     PREFILL_BYTES = 8 << 20
 
     def _prefill(self, x2: torch.Tensor) -> torch.Tensor:
-        y = x2.new_empty(x2.shape[0], self.out_features)
+        """x2 (bf16) times the weight, a block of output channels at a time: bf16, or fp32 where `float_gemm`
+        says (then the result is fp32)."""
+        fp32 = self.float_gemm == "fp32"
+        xg = x2.float() if fp32 else x2
+        y = xg.new_empty(x2.shape[0], self.out_features)
         block = max(64, self.PREFILL_BYTES // (2 * self.in_features) // 64 * 64)
         for n0 in range(0, self.out_features, block):
             n1 = min(n0 + block, self.out_features)
             w = torch.ops.quantspec.dequant_grouped(
                 self.wg[n0:n1], self.wg_scale[n0:n1], self.wg_offset[n0:n1], self.group, self.unpack
             )
-            torch.mm(x2, w.t(), out=y[:, n0:n1])
+            torch.mm(xg, (w.float() if fp32 else w).t(), out=y[:, n0:n1])
         return y
 
 
@@ -327,7 +342,8 @@ class W4A8Gemv(GroupedGemv):
         x2 = x2.to(torch.bfloat16).contiguous()
         if x2.shape[0] > MAX_ROWS:
             x_q, x_scale = torch.ops.quantspec.quantize_x8_bf16(x2)
-            return self._finish(torch.ops.quantspec.scale_rows_bf16(self._prefill(x_q), x_scale), x, lead)
+            y = self._prefill(x_q).to(torch.bfloat16)  # rounded as the bf16 GEMM rounds, then scaled alike
+            return self._finish(torch.ops.quantspec.scale_rows_bf16(y, x_scale), x, lead)
         y = torch.ops.quantspec.gemv_w4a8(x2, self.wg, self.wg_scale, self.wg_offset, self.group)
         return self._finish(y, x, lead)
 

@@ -1,4 +1,5 @@
-"""How a w8a8 linear multiplies many rows (a prefill, a perplexity window), chosen per host by measuring.
+"""How linears multiply many rows (a prefill, a perplexity window), chosen per host by measuring: w8a8's int8
+GEMM, and the GEMM of every 16-bit float linear (bf16 weights, and the weight-only formats' unpacked weights).
 
 Every path quantizes x per token to the same int8 values, multiplies them by the int8 weight and applies the
 same two scales in the same order:
@@ -11,6 +12,12 @@ same two scales in the same order:
           them): x quantized in the same pass, exact int32 sums, the result bit for bit int_mm's.
 So no path is right everywhere: each host times both once on a probe shape, in turns, and the faster is
 used and recorded (param executed.int8_gemm); the result is cached as JSON beside the roofline's probe.
+
+A bf16 GEMM of many rows (bf16 weights, w8a16's and the grouped formats' unpacked weights) has two paths too
+(src.kernels.modules.many_rows_mm): bf16, or both operands made fp32 (exactly) and one fp32 GEMM. A CPU with
+bf16 dot products (AVX512_BF16, AMX) runs the first faster; one without them (AVX2) ran ATen's bf16 GEMM at a
+fraction of its fp32 one. Both sum the same products in fp32. Measured and cached alike (param
+executed.float_gemm).
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ import torch
 
 from src.common.locks import atomic_write_text, read_record
 from src.kernels import amx
+from src.kernels.modules import FLOAT_GEMMS, many_rows_mm
 from src.quant import qparams
 
 PATHS = ("int_mm", "float")  # on every host; "amx" too where src.kernels.amx is enabled
 PROBE = (128, 1024, 2048)  # rows, K, N: a short prefill through a small model's linear
 CACHE = "int8_gemm.json"
+FLOAT_CACHE = "float_gemm.json"
 
 
 def paths() -> tuple[str, ...]:
@@ -72,27 +81,71 @@ def measure(repeats: int = 5) -> dict[str, float]:
     return {p: statistics.median(t) for p, t in times.items()}
 
 
-def _whole(entry) -> bool:
-    """A cached measurement as measure() writes it: a positive, finite time for every path this process runs."""
+def measure_float(repeats: int = 5) -> dict[str, float]:
+    """Seconds per call of each bf16 GEMM path on the probe (making the weight fp32 included), the median of
+    `repeats` rounds taken in turns."""
+    m, k, n = PROBE
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    times: dict[str, list[float]] = {p: [] for p in FLOAT_GEMMS}
+    for path in times:
+        many_rows_mm(x, w, path)
+    for _ in range(repeats):
+        for path in times:
+            start = time.perf_counter()
+            many_rows_mm(x, w, path)
+            times[path].append(time.perf_counter() - start)
+    return {p: statistics.median(t) for p, t in times.items()}
+
+
+def _whole(entry, candidates: tuple[str, ...]) -> bool:
+    """A cached measurement as a measure function writes it: a positive, finite time for every candidate."""
     return (
         isinstance(entry, dict)
-        and set(entry) == set(paths())
+        and set(entry) == set(candidates)
         and all(isinstance(v, (int, float)) and 0 < v < float("inf") for v in entry.values())
     )
 
 
-def choose(cache_dir: Path, cpu_model: str, threads: int) -> tuple[str, dict[str, float]]:
-    """The faster path on this host (measured once per CPU, thread count, torch and ATen ISA; cached)."""
-    path = Path(cache_dir) / CACHE
-    key = (
+def _host_key(cpu_model: str, threads: int, candidates: tuple[str, ...]) -> str:
+    return (
         f"{cpu_model}|{platform.node()}|threads={threads}|torch={torch.__version__}|"
         f"aten={torch.backends.cpu.get_cpu_capability()}|onednn={torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled}"
-        f"|paths={','.join(paths())}"
+        f"|paths={','.join(candidates)}"
     )
+
+
+def _cached_choice(path: Path, key: str, candidates: tuple[str, ...], measure_fn) -> tuple[str, dict[str, float]]:
     known = read_record(path) or {}  # a damaged cache is measured again, not trusted
-    if not _whole(known.get(key)):
-        known[key] = measure()
+    if not _whole(known.get(key), candidates):
+        known[key] = measure_fn()
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(known, indent=2))
     seconds = known[key]
     return min(seconds, key=seconds.get), seconds
+
+
+def choose(cache_dir: Path, cpu_model: str, threads: int) -> tuple[str, dict[str, float]]:
+    """w8a8's faster path on this host (measured once per CPU, thread count, torch and ATen ISA; cached)."""
+    key = _host_key(cpu_model, threads, paths())
+    return _cached_choice(Path(cache_dir) / CACHE, key, paths(), measure)
+
+
+def choose_float(cache_dir: Path, cpu_model: str, threads: int) -> tuple[str, dict[str, float]]:
+    """The faster bf16 GEMM path on this host (FLOAT_GEMMS), measured and cached as `choose`'s."""
+    key = _host_key(cpu_model, threads, FLOAT_GEMMS)
+    return _cached_choice(Path(cache_dir) / FLOAT_CACHE, key, FLOAT_GEMMS, measure_float)
+
+
+def bf16_gemm_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose many-row calls are a bf16 GEMM (their `float_gemm` says which path runs it)."""
+    return [m for m in model.modules() if hasattr(m, "float_gemm") and m.bf16_gemm]
+
+
+def install_float_gemm(model: torch.nn.Module, path: str) -> int:
+    """Set every bf16 GEMM's path; returns how many."""
+    linears = bf16_gemm_linears(model)
+    for module in linears:
+        module.float_gemm = path
+    return len(linears)

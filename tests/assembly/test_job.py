@@ -4,7 +4,9 @@ import pytest
 
 from src.assembly.config import job_config_from_dict
 from src.assembly.job import build
-from tests.helpers import compose_job
+from src.kernels.modules import FLOAT_GEMMS
+from src.quant import prefill
+from tests.helpers import compose_job, fresh_cache
 
 
 class Kept:
@@ -102,3 +104,30 @@ def test_every_draft_kind_has_its_drafter_and_its_builder():
     from src.engine.speculative import DRAFTERS
 
     assert set(DRAFT_BUILDS) == set(DRAFTERS) == set(DRAFT_KINDS) - {"none"}
+
+
+def test_a_bf16_job_records_how_its_many_row_gemms_run_and_an_fp32_one_has_none(tmp_path):
+    """executed.float_gemm: the host's probe chose bf16 or fp32 for its bf16 linears' prefill; fp32's GEMMs are
+    fp32 already, and a job on ATen's kernels has none of quantspec's modules to set."""
+    cache = fresh_cache(tmp_path / "cache")
+    for precision, kernels_, recorded in (
+        ("bf16", "quantspec", True),
+        ("fp32", "quantspec", False),
+        ("bf16", "aten", False),
+    ):
+        raw, _ = compose_job(
+            [
+                "model=tiny-llama",
+                f"precision={precision}",
+                f"engine.kernels={kernels_}",
+                "task.limit=1",
+                f"cache_dir={cache}",
+            ]
+        )
+        kept = Kept()
+        job = build(job_config_from_dict(raw), kept)
+        assert ("executed.float_gemm" in kept.params) is recorded, (precision, kernels_)
+        if recorded:
+            path = kept.params["executed.float_gemm"]
+            assert path in FLOAT_GEMMS and {f"float_gemm_probe_ms_{p}" for p in FLOAT_GEMMS} <= set(kept.metrics)
+            assert {m.float_gemm for m in prefill.bf16_gemm_linears(job.model)} == {path}

@@ -1,11 +1,12 @@
 """What the docs enumerate, read against the code that holds it, so that a page cannot fall behind: how many
-precisions there are (conf/precision/), the kernel variants and the int8 GEMM paths tracking.md lists."""
+precisions there are (conf/precision/), the kernel variants and the many-row GEMM paths tracking.md lists."""
 
 import re
 
 from scripts.bench import every_precision
 from src.common import doccommands
 from src.kernels import variants
+from src.kernels.modules import FLOAT_GEMMS
 from src.quant import prefill
 
 ROOT = doccommands.PROJECT_ROOT
@@ -30,9 +31,11 @@ def test_a_page_that_counts_every_precision_counts_conf_precisions():
     assert wrong == []
 
 
-def test_tracking_md_lists_every_kernel_variant_and_int8_gemm_path():
+def test_tracking_md_lists_every_kernel_variant_and_many_row_gemm_path():
     text = (ROOT / "docs" / "reference" / "tracking.md").read_text()
     isa = text[text.index("`kernels_isa`") :].split(")")[0]
     assert [name for name in variants.NAMES if f"`{name}`" not in isa] == []
     gemm = text[text.index("`executed.int8_gemm`") :].split(")")[0]
     assert [path for path in (*prefill.PATHS, "amx") if f"`{path}`" not in gemm] == []
+    floats = text[text.index("`executed.float_gemm`") :].split(";")[0]
+    assert [path for path in FLOAT_GEMMS if f"`{path}`" not in floats] == []

@@ -297,6 +297,51 @@ def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
     )  # groups of 64 split the int4 kernel's 128-value loads: ATen's
 
 
+def test_a_prefills_bf16_gemm_made_fp32_multiplies_the_same_values():
+    """float_gemm="fp32" (src.quant.prefill's choice where ATen's bf16 GEMM is slow): the same bf16 operands,
+    made fp32 exactly, summed in fp32, the result rounded once to bf16, as the bf16 GEMM's is."""
+    torch.manual_seed(6)
+    w = torch.randn(200, 256)
+    many = torch.randn(2, 65, 256).bfloat16()  # 130 rows: past w8a16's GEMM_ROWS too
+    flat = many.reshape(-1, 256).double()
+    float_linear = modules.GemvLinear(torch.nn.Linear(256, 200, bias=False).bfloat16())
+    grouped = build("w4a16", int4_tensors(w, None, 128), 128, torch.bfloat16, True)
+    w8a16 = build("w8a16", int8_tensors(w, None), None, torch.bfloat16, True)
+    dense = torch.ops.quantspec.dequant_grouped(  # the weight as the prefill multiplies it
+        grouped.wg, grouped.wg_scale, grouped.wg_offset, 128, format_number("w4a16")
+    )
+    for module, weight in (
+        (float_linear, float_linear.weight.double()),
+        (grouped, dense.double()),
+        (w8a16, w8a16.w_q.double() * w8a16.w_scale32.double()[:, None]),
+    ):
+        assert module.bf16_gemm and module.float_gemm == "bf16"
+        ref = flat @ weight.t()
+        in_bf16 = module(many)
+        module.float_gemm = "fp32"
+        in_fp32 = module(many)
+        assert in_fp32.dtype == torch.bfloat16 and in_fp32.shape == (2, 65, 200)
+        assert _rel_err(in_bf16.reshape(-1, 200), ref) < 1e-2, type(module).__name__
+        assert _rel_err(in_fp32.reshape(-1, 200), ref) < 1e-2, type(module).__name__
+        # summed in fp32 and rounded once to bf16: the float64 product's own rounding, but where fp32's sums
+        # land a hair across a bf16 rounding boundary
+        rounded = ref.float().bfloat16()
+        assert (in_fp32.reshape(-1, 200) == rounded).double().mean() > 0.99, type(module).__name__
+    w4a8 = build("w4a8", int4_tensors(w, None, 128), 128, torch.bfloat16, True)
+    in_bf16 = w4a8(many)
+    w4a8.float_gemm = "fp32"
+    assert _rel_err(w4a8(many).reshape(-1, 200), in_bf16.reshape(-1, 200).double()) < 1e-2
+
+
+def test_the_fp32_gemm_of_a_bf16_weight_goes_a_block_of_rows_at_a_time(monkeypatch):
+    torch.manual_seed(7)
+    x, w = torch.randn(20, 64).bfloat16(), torch.randn(200, 64).bfloat16()
+    whole = torch.mm(x.float(), w.float().t())
+    monkeypatch.setattr(modules, "FP32_BLOCK_BYTES", 1)  # blocks of 64 rows: 64, 64, 64, 8
+    torch.testing.assert_close(modules.many_rows_mm(x, w, "fp32"), whole, rtol=1e-6, atol=1e-6)
+    assert modules.many_rows_mm(x, w, "bf16").dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_installed_kernels_keep_greedy_output_and_tie_the_head(arch):
     model, tok = tiny_model(arch)

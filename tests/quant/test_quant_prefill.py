@@ -5,6 +5,7 @@ import json
 
 import torch
 
+from src.kernels.modules import FLOAT_GEMMS
 from src.quant import prefill
 from src.quant.linear import install_prefill, int8_tensors
 from src.quant.schemes import build
@@ -42,3 +43,18 @@ def test_the_choice_is_measured_once_per_host_and_installed(tmp_path):
     ref = model(x)
     model[0].prefill = "float"
     torch.testing.assert_close(model(x), ref, rtol=0, atol=0)
+
+
+def test_the_bf16_gemms_path_is_measured_once_per_host_and_installed(tmp_path):
+    path, seconds = prefill.choose_float(tmp_path, "cpu", 2)
+    assert path in FLOAT_GEMMS and set(seconds) == set(FLOAT_GEMMS) and path == min(seconds, key=seconds.get)
+    cached = json.loads((tmp_path / prefill.FLOAT_CACHE).read_text())
+    (tmp_path / prefill.FLOAT_CACHE).write_text(json.dumps({k: {"bf16": 2.0, "fp32": 1.0} for k in cached}))
+    assert prefill.choose_float(tmp_path, "cpu", 2)[0] == "fp32"  # the cached measurement, not a new one
+    assert not (tmp_path / prefill.CACHE).exists()  # w8a8's choice is a record of its own
+    w = torch.randn(16, 64)
+    bf16 = build("w8a16", int8_tensors(w, None), None, torch.bfloat16)
+    fp32 = build("w8a16", int8_tensors(w, None), None, torch.float32)  # its GEMM is fp32 already: not a bf16 one
+    model = torch.nn.Sequential(bf16, fp32, build("w8a8", int8_tensors(w, None), None, torch.float32))
+    assert prefill.bf16_gemm_linears(model) == [bf16]
+    assert prefill.install_float_gemm(model, "fp32") == 1 and bf16.float_gemm == "fp32" and fp32.float_gemm == "bf16"

@@ -71,6 +71,12 @@ CATALOG: list[Name] = [
         ("executed.int8_gemm", "w8a8's many-row path on this host: int_mm, float or amx (the probe's choice)"),
         ("executed.amx", "quantspec's AMX int8 GEMM: in use, or why not (no AMX on this CPU, Linux refused it)"),
         ("executed.draft_int8_gemm", "the same for a w8a8 draft"),
+        (
+            "executed.float_gemm",
+            "CPU jobs with bf16 GEMMs of many rows (bf16, w8a16 and the 4-bit formats' prefill): bf16, or fp32 "
+            "(the operands made fp32), whichever the host's probe found faster",
+        ),
+        ("executed.draft_float_gemm", "the same for a draft model"),
         ("kernels.<kind>", "how many modules of each kind run on quantspec's kernels"),
         (
             "host.<key>",
@@ -188,6 +194,8 @@ CATALOG: list[Name] = [
         ("memory_estimate_gb", "its estimate before loading"),
         ("others_cpu_cores", "CPU other processes used while the job was timed"),
         ("export_s", "another runtime: building its export (or reading it from the cache)"),
+        ("float_gemm_probe_ms_<path>", "the probe that chose the bf16 GEMMs' path: bf16 and fp32"),
+        ("draft_float_gemm_probe_ms_<path>", "a draft model's"),
         # per example (step = the example's number), each named: a new series fails the suite until listed here
         ("by_example/prompt_tokens", "per example: its prompt's tokens"),
         ("by_example/new_tokens", "per example: the tokens it generated"),
