@@ -24,12 +24,13 @@ FP32_BLOCK_BYTES = 8 << 20
 
 
 def many_rows_mm(x: torch.Tensor, w: torch.Tensor, path: str) -> torch.Tensor:
-    """x [M, K] @ w [N, K].T. For bf16 x and w under "fp32": both made fp32 (exactly: every bf16 is an fp32)
-    and multiplied by fp32 GEMMs, the result fp32. A CPU without bf16 dot products (AVX2, AVX-512 without
-    BF16) runs ATen's bf16 GEMM far below its fp32 one; both sum the same products in fp32, so they differ only
-    in the order of the sums. Otherwise one GEMM in x's dtype."""
-    if path != "fp32" or x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16:
-        return torch.mm(x, w.t())
+    """x [M, K] @ w [N, K].T. For bf16 x and a bf16 (or int8) w under "fp32": both made fp32 (exactly: every
+    bf16 and int8 is an fp32), a block of w's rows at a time, and multiplied by fp32 GEMMs, the result fp32. A
+    CPU without bf16 dot products (AVX2, AVX-512 without BF16) runs ATen's bf16 GEMM far below its fp32 one;
+    both sum the same products in fp32, so they differ only in the order of the sums. Otherwise one GEMM in x's
+    dtype (an int8 w made x's dtype first)."""
+    if path != "fp32" or x.dtype != torch.bfloat16 or w.dtype not in (torch.bfloat16, torch.int8):
+        return torch.mm(x, w.to(x.dtype).t())
     xf, w = x.detach().float(), w.detach()  # inference only: mm's out= takes no tensor that requires grad
     y = xf.new_empty(x.shape[0], w.shape[0])
     block = max(64, FP32_BLOCK_BYTES // (4 * w.shape[1]) // 64 * 64)

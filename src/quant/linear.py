@@ -142,7 +142,7 @@ class W8A16Linear(QuantLinear):
         x2 = x2.to(self.w_scale.dtype)
         if x2.shape[0] >= self.GEMM_ROWS:
             if self.float_gemm == "fp32" and self.bf16_gemm:  # int8 weights are exact in fp32 as in bf16
-                y = many_rows_mm(x2, self.w_q.to(x2.dtype), "fp32") * self.w_scale32
+                y = many_rows_mm(x2, self.w_q, "fp32").mul_(self.w_scale32)  # no bf16 copy of the weight
             else:
                 y = torch.mm(x2, self.w_q.to(x2.dtype).t()) * self.w_scale
         else:

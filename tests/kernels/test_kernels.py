@@ -340,6 +340,8 @@ def test_the_fp32_gemm_of_a_bf16_weight_goes_a_block_of_rows_at_a_time(monkeypat
     monkeypatch.setattr(modules, "FP32_BLOCK_BYTES", 1)  # blocks of 64 rows: 64, 64, 64, 8
     torch.testing.assert_close(modules.many_rows_mm(x, w, "fp32"), whole, rtol=1e-6, atol=1e-6)
     assert modules.many_rows_mm(x, w, "bf16").dtype == torch.bfloat16
+    q = torch.randint(-127, 128, (200, 64), dtype=torch.int8)  # w8a16's weight, made fp32 block by block
+    torch.testing.assert_close(modules.many_rows_mm(x, q, "fp32"), x.float() @ q.float().t(), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
