@@ -14,10 +14,10 @@ So no path is right everywhere: each host times both once on a probe shape, in t
 used and recorded (param executed.int8_gemm); the result is cached as JSON beside the roofline's probe.
 
 A bf16 GEMM of many rows (bf16 weights, w8a16's and the grouped formats' unpacked weights) has two paths too
-(src.kernels.modules.many_rows_mm): bf16, or both operands made fp32 (exactly) and one fp32 GEMM. A CPU with
-bf16 dot products (AVX512_BF16, AMX) runs the first faster; one without them (AVX2) ran ATen's bf16 GEMM at a
-fraction of its fp32 one. Both sum the same products in fp32. Measured and cached alike (param
-executed.float_gemm).
+(src.kernels.modules.many_rows_mm): bf16, or both operands made fp32 (exactly) and one fp32 GEMM. A CPU without
+bf16 dot products (AVX2) ran ATen's bf16 GEMM at a quarter to a sixth of its fp32 one's speed; one with them
+(AVX512_BF16, AMX) has bf16 kernels of its own to win with. Both sum the same products in fp32. Measured and
+cached alike (param executed.float_gemm), never assumed from the CPU's flags.
 """
 
 from __future__ import annotations
