@@ -194,8 +194,8 @@ CATALOG: list[Name] = [
         ("memory_estimate_gb", "its estimate before loading"),
         ("others_cpu_cores", "CPU other processes used while the job was timed"),
         ("export_s", "another runtime: building its export (or reading it from the cache)"),
-        ("float_gemm_probe_ms_<path>", "the probe that chose the bf16 GEMMs' path: bf16 and fp32"),
-        ("draft_float_gemm_probe_ms_<path>", "a draft model's"),
+        ("float_gemm_probe_ms_<float_path>", "the probe that chose the bf16 GEMMs' path: bf16 and fp32"),
+        ("draft_float_gemm_probe_ms_<float_path>", "a draft model's"),
         # per example (step = the example's number), each named: a new series fails the suite until listed here
         ("by_example/prompt_tokens", "per example: its prompt's tokens"),
         ("by_example/new_tokens", "per example: the tokens it generated"),
@@ -410,6 +410,7 @@ FIXED = {
     "<setting>": "(cache_dir|experiment|resume|report_at_end|rounds|busy_reruns|round)",
     "<stat>": "(median|p90|p99)",  # the KL quantiles with intervals (src.quality.divergence)
     "<path>": "(int_mm|float|amx)",  # w8a8's many-row paths (src.quant.prefill)
+    "<float_path>": "(bf16|fp32)",  # the bf16 GEMMs' many-row paths (src.kernels.modules.FLOAT_GEMMS)
     "<outcome>": "(finished|skipped|failed|killed|running)",
     "<k>": r"\d+",
     "<latency>": "(p50|p90|p99|mean|max)",  # every token's statistics (src.common.latency)

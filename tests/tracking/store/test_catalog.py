@@ -2,6 +2,8 @@
 that logs what timed jobs, rounds, drafts, w8a8's probe, perplexity against the reference and the report
 write, checked name by name. The quality and code tasks' own names are checked on their suites' stores."""
 
+from src.kernels.modules import FLOAT_GEMMS
+from src.quant import prefill
 from src.tracking.store import catalog
 from tests.helpers import fresh_cache, run_cli, uncatalogued
 
@@ -52,3 +54,7 @@ def test_the_catalog_check_catches_a_name_it_does_not_list():
     new = ["kl_p95_low", "int8_gemm_probe_ms_vnni", "window/new", "round/x", "by_example/new_series", "system/gpu_x"]
     assert sorted(catalog.unlisted("metric", new)) == sorted(new)
     assert catalog.unlisted("metric", ["kl_p90_high", "int8_gemm_probe_ms_amx", "window/kl_mean"]) == []
+    # each probe's paths as the code names them: a new path fails here until its pattern lists it
+    probes = [f"int8_gemm_probe_ms_{p}" for p in (*prefill.PATHS, "amx")]
+    probes += [f"{d}float_gemm_probe_ms_{p}" for p in FLOAT_GEMMS for d in ("", "draft_")]
+    assert catalog.unlisted("metric", probes) == []
