@@ -57,11 +57,10 @@ class GemvLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        if x.dtype != self.weight.dtype:
+        many = x2.shape[0] > MAX_ROWS
+        if x.dtype != self.weight.dtype or (many and self.float_gemm != "fp32"):
             return F.linear(x, self.weight, self.bias)
-        if x2.shape[0] > MAX_ROWS:
-            if self.float_gemm == "bf16" or x.dtype != torch.bfloat16:
-                return F.linear(x, self.weight, self.bias)
+        if many:  # made fp32 (many_rows_mm multiplies any other weight as it is)
             y = many_rows_mm(x2, self.weight, self.float_gemm)
             if self.bias is not None:
                 y = y + self.bias

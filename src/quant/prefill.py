@@ -22,10 +22,12 @@ cached alike (param executed.float_gemm), never assumed from the CPU's flags.
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -62,41 +64,37 @@ def gemm(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, path: str) -
     return int8_gemm(x_q, w_q, "int_mm" if path == "amx" else path).mul_(x_scale).mul_(w_scale)
 
 
+def _in_turns(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Seconds per call of each, the median of `repeats` rounds taken in turns, after one warm call each
+    (oneDNN builds its kernel on first use)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def measure(repeats: int = 5) -> dict[str, float]:
-    """Seconds per call of each path on the probe (quantizing x included), the median of `repeats` rounds
-    taken in turns."""
+    """Seconds per call of each int8 path on the probe (quantizing x included)."""
     m, k, n = PROBE
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m, k, generator=g)
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
     w_scale = torch.rand(n, generator=g) / 100
-    times: dict[str, list[float]] = {p: [] for p in paths()}
-    for path in times:
-        gemm(x, w, w_scale, path)  # warm: oneDNN builds its kernel on first use
-    for _ in range(repeats):
-        for path in times:
-            start = time.perf_counter()
-            gemm(x, w, w_scale, path)
-            times[path].append(time.perf_counter() - start)
-    return {p: statistics.median(t) for p, t in times.items()}
+    return _in_turns({p: functools.partial(gemm, x, w, w_scale, p) for p in paths()}, repeats)
 
 
 def measure_float(repeats: int = 5) -> dict[str, float]:
-    """Seconds per call of each bf16 GEMM path on the probe (making the weight fp32 included), the median of
-    `repeats` rounds taken in turns."""
+    """Seconds per call of each bf16 GEMM path on the probe (making the weight fp32 included)."""
     m, k, n = PROBE
     g = torch.Generator().manual_seed(0)
     x = torch.randn(m, k, generator=g).bfloat16()
     w = torch.randn(n, k, generator=g).bfloat16()
-    times: dict[str, list[float]] = {p: [] for p in FLOAT_GEMMS}
-    for path in times:
-        many_rows_mm(x, w, path)
-    for _ in range(repeats):
-        for path in times:
-            start = time.perf_counter()
-            many_rows_mm(x, w, path)
-            times[path].append(time.perf_counter() - start)
-    return {p: statistics.median(t) for p, t in times.items()}
+    return _in_turns({p: functools.partial(many_rows_mm, x, w, p) for p in FLOAT_GEMMS}, repeats)
 
 
 def _whole(entry, candidates: tuple[str, ...]) -> bool:
