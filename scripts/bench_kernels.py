@@ -4,6 +4,7 @@
     .venv/bin/python -m scripts.bench_kernels aten_isa=avx2         # ATen, oneDNN and MKL held to AVX2, as on
                                                                     # an AVX2-only host
     .venv/bin/python -m scripts.bench_kernels shapes=llama rows=1,4
+    .venv/bin/python -m scripts.bench_kernels formats=w8a16,w6a16,w5a16,w4a16 variants=avx2   # the head's widths
     .venv/bin/python -m scripts.bench_kernels variants=avx2,avx_vnni_evex   # AVX-VNNI's code, EVEX-encoded
     .venv/bin/python -m scripts.bench_kernels shapes=gemma formats=w8a8,bf16 rows=512 variants=avx512   # prefill
 
@@ -36,7 +37,9 @@ SHAPES = {  # (name, N, K): a decode step's weights
     ],
     "llama": [("llama-2-7b mlp up", 11008, 4096), ("llama-2-7b mlp down", 4096, 11008)],
 }
-FORMATS = ("fp32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8")
+FORMATS = ("fp32", "bf16", "w8a8", "w8a16", "w6a16", "w5a16", "w4a16", "w4a8", "w2a16")
+# by default those with an ATen kernel to time beside: ATen's side of the others unpacks in Python (~1 s a call)
+DEFAULT_FORMATS = ("fp32", "bf16", "w8a8", "w8a16", "w4a16", "w4a8")
 
 
 COMMAND = bench.command(
@@ -46,7 +49,7 @@ COMMAND = bench.command(
         Setting("rounds", 3, "rounds in turns"),
         Setting("repeats", 10, "calls per timing (the median is kept)"),
         Setting("shapes", tuple(SHAPES), "the weight shapes timed", choices=tuple(SHAPES)),
-        Setting("formats", FORMATS, "the weight formats timed", choices=FORMATS),
+        Setting("formats", DEFAULT_FORMATS, "the weight formats timed", choices=FORMATS),
         Setting("rows", ("1",), "activation rows per call (1: a decode step)"),
         Setting("variants", None, "the variants timed (null: every variant this CPU runs)", tuple),
         Setting("aten_isa", None, "hold ATen, oneDNN and MKL to this ISA", choices=tuple(sorted(ATEN_ISA))),
@@ -66,8 +69,8 @@ def main(argv: list[str]) -> int:
     from src import kernels
     from src.common.metrics import markdown_table
     from src.kernels import amx, variants
-    from src.quant.linear import int4_tensors, int8_tensors
-    from src.quant.schemes import build
+    from src.quant.linear import grouped_tensors, int8_tensors
+    from src.quant.schemes import build, get
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -107,7 +110,8 @@ def main(argv: list[str]) -> int:
                 else:
                     kind = fmt
                     dtype = torch.float32 if fmt == "w8a8" else torch.bfloat16
-                    t = int8_tensors(w, None) if fmt in ("w8a8", "w8a16") else int4_tensors(w, None, 128)
+                    bits = get(fmt).bits
+                    t = int8_tensors(w, None) if bits == 8 else grouped_tensors(w, None, 128, bits)
                     fast, slow = build(kind, t, 128, dtype, gemv=True), build(kind, t, 128, dtype, gemv=False)
                     if fmt == "w8a8" and no_amx is None:
                         fast.prefill = "amx"

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "api.h"
@@ -216,7 +217,7 @@ inline __m128 int4_finish(__m128 sums, const float* offset, const float* x_group
 // group's integer sums folded into fp32 by its scale, the offsets met by x's group sums at the end.
 template <int B>
 struct Grouped : Int16X {
-  using State = float; static constexpr int kSub = 8;
+  using State = float; static constexpr int kSub = 8, kBits = B;
   const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
   int64_t span() const { return group; }
   State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
@@ -267,6 +268,41 @@ struct W2A16 : Grouped<2> {
   }
 };
 
+// Calls fn(std::integral_constant<int, i>{}) for i = I...: an unrolled loop whose index is a constant in each
+// body, so its shifts take immediates and its first and last steps drop what they do not need.
+template <int... I, typename Fn>
+inline void unrolled(std::integer_sequence<int, I...>, Fn&& fn) {
+  (fn(std::integral_constant<int, I>{}), ...);
+}
+
+// Nibble u (0..3) of every 16-bit lane: the lowest needs no shift, the highest no mask.
+template <int u>
+inline __m256i nibble(__m256i v) {
+  if constexpr (u == 3) return _mm256_srli_epi16(v, 12);
+  else if constexpr (u == 0) return _mm256_and_si256(v, _mm256_set1_epi16(0xF));
+  else return _mm256_and_si256(_mm256_srli_epi16(v, 4 * u), _mm256_set1_epi16(0xF));
+}
+
+// w6a16's high plane at step s: field s (bits 2s, 2s + 1) of every lane moved to bits 4-5 by one shift.
+template <int s>
+inline __m256i high_field(__m256i hi) {
+  const __m256i moved = s < 2 ? _mm256_slli_epi16(hi, 4 - 2 * s) : s == 2 ? hi : _mm256_srli_epi16(hi, 2 * s - 4);
+  return _mm256_and_si256(moved, _mm256_set1_epi16(0x30));
+}
+
+// w5a16's high plane (16 bytes) in both halves of a register, at step s: bit 2s of the low half's lanes and
+// bit 2s + 1 of the high half's, moved to bit 4 by one 32-bit shift with a count per half (VPSLLVD/VPSRLVD).
+// A 32-bit shift carries bits across its two 16-bit lanes, but never into the bit kept: a right shift by c <=
+// 11 brings the low lane's bit 4 from its own bit 4 + c <= 15, a left shift by c <= 4 the high lane's from its
+// own bit 4 - c >= 0.
+template <int s>
+inline __m256i high_bit(__m256i plane) {
+  constexpr int lo = 4 - 2 * s, hi = 3 - 2 * s;  // how far up each half's bit moves
+  const __m256i moved = s < 2 ? _mm256_sllv_epi32(plane, _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi))
+                              : _mm256_srlv_epi32(plane, _mm256_setr_epi32(-lo, -lo, -lo, -lo, -hi, -hi, -hi, -hi));
+  return _mm256_and_si256(moved, _mm256_set1_epi16(0x10));
+}
+
 // w6a16 (api.h's split layout): per 96 bytes (128 values), the low 4 bits as W4A16's 64 bytes and the high 2 as
 // W2A16's 32: step s = 2u + h (values 16s..16s+15, as x is laid out) takes nibble u of half h and field s of the
 // high plane, moved up by 4: a value below 64, so VPMADDWD's pairs (|q x| <= 63 * 32767 each) never overflow.
@@ -278,6 +314,24 @@ struct W6A16 : Grouped<6> {
     const __m256i high = _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * s)), 4),
                                           _mm256_set1_epi16(0x30));
     return _mm256_or_si256(nibble_step(b, s), high);
+  }
+  // one_row_groups' group g of 4 rows (blocking.h), block's steps with constant shifts: each half of the low
+  // plane loaded once per row, the high plane per step (from L1).
+  void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
+    const int16_t* xg = x + 128 * g;
+    for (int r = 0; r < 4; ++r) acc[r] = zero();
+    unrolled(std::integer_sequence<int, 0, 1>{}, [&](auto h) {
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 96 * g + 32 * h));
+      unrolled(std::integer_sequence<int, 0, 1, 2, 3>{}, [&](auto u) {
+        constexpr int s = 2 * u + h;
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16 * s));
+        for (int r = 0; r < 4; ++r) {
+          const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 96 * g + 64));
+          acc[r] = madd(acc[r], _mm256_or_si256(nibble<u>(v[r]), high_field<s>(hi)), xv);
+        }
+      });
+    });
   }
 };
 
@@ -295,6 +349,25 @@ struct W5A16 : Grouped<5> {
     const __m256i moved = up >= 0 ? _mm256_sll_epi16(hi, _mm_cvtsi32_si128(up)) : _mm256_srl_epi16(hi, _mm_cvtsi32_si128(-up));
     return _mm256_or_si256(nibble_step(b, s), _mm256_and_si256(moved, _mm256_set1_epi16(0x10)));
   }
+  // one_row_groups' group g of 4 rows (blocking.h), as W6A16's: the high plane broadcast to both halves per
+  // step (a load), its bit moved by high_bit's one shift.
+  void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
+    const int16_t* xg = x + 128 * g;
+    for (int r = 0; r < 4; ++r) acc[r] = zero();
+    unrolled(std::integer_sequence<int, 0, 1>{}, [&](auto h) {
+      __m256i v[4];
+      for (int r = 0; r < 4; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 80 * g + 32 * h));
+      unrolled(std::integer_sequence<int, 0, 1, 2, 3>{}, [&](auto u) {
+        constexpr int s = 2 * u + h;
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16 * s));
+        for (int r = 0; r < 4; ++r) {
+          const __m256i plane = _mm256_broadcastsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * row_bytes + 80 * g + 64)));
+          acc[r] = madd(acc[r], _mm256_or_si256(nibble<u>(v[r]), high_bit<s>(plane)), xv);
+        }
+      });
+    });
+  }
 };
 
 // w4a8 (x from quantize_x8_w4, common.h): per 64 bytes, half h's low nibbles meet x bytes 32h..32h+31 of the
@@ -303,7 +376,7 @@ struct W5A16 : Grouped<5> {
 // and VPMADDWD by ones.
 struct W4A8 {
   using Acc = __m256i; using V = __m256i; using Sum = __m256; using State = float;
-  static constexpr int kStep = 32, kSub = 4; static constexpr bool kFolds = true;
+  static constexpr int kStep = 32, kSub = 4, kBits = 4; static constexpr bool kFolds = true;
   const int8_t* x; int64_t K; const float* x_scale;
   const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
   static constexpr int order(int i) { return 2 * (i & 1) + (i >> 1); }   // half 0's steps, then half 1's
@@ -525,6 +598,45 @@ void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, in
 }
 
 
+// fp32 to bf16 bits, 8 at a time, as common.h's f32_to_bf16: rounded to nearest even, a NaN as 0x7FC0.
+inline __m256i bf16_bits(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+  return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+}
+
+// The split formats' prefill unpacking (w6a16, w5a16): each step's 16 values as the decode step reads them
+// (F::wv), widened to fp32, q * scale + offset in one FMA (as the reference's std::fma), rounded to bf16.
+template <typename F>
+void dequant_steps(const F& f, int64_t n0, int64_t n1, uint16_t* o) {
+  const int64_t G = f.K / f.group;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t k = 0; k < f.K; k += 128) {
+      const __m256 scale = _mm256_set1_ps(f.scale[n * G + k / f.group]), offset = _mm256_set1_ps(f.offset[n * G + k / f.group]);
+      for (int s = 0; s < 8; ++s) {
+        const __m256i q = f.wv(0.f, n, k, s);
+        const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(q)));
+        const __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(q, 1)));
+        const __m256i a = bf16_bits(_mm256_fmadd_ps(lo, scale, offset)), b = bf16_bits(_mm256_fmadd_ps(hi, scale, offset));
+        // VPACKUSDW interleaves 128-bit lanes: [a0 b0 | a1 b1], put back in order by one qword permute
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + n * f.K + k + 16 * s),
+                            _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8));
+      }
+    }
+}
+
+void dequant_w6a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  dequant_steps(W6A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
+}
+
+void dequant_w5a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  dequant_steps(W5A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
+}
+
 // --- attention for a few queries: each query row on its own, in a fixed order ------------------------
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return widen_bf16(p); }
@@ -624,8 +736,10 @@ const qs_kernels table = [] {
   t.gemv_grouped[QS_W4A16] = gemv_w4a16;
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
   t.gemv_grouped[QS_W2A16] = gemv_w2a16;  // its prefill's unpacking: the reference's
-  t.gemv_grouped[QS_W6A16] = gemv_w6a16;  // its prefill's unpacking: the reference's
-  t.gemv_grouped[QS_W5A16] = gemv_w5a16;  // its prefill's unpacking: the reference's
+  t.gemv_grouped[QS_W6A16] = gemv_w6a16;
+  t.dequant_grouped[QS_W6A16] = dequant_w6a16;
+  t.gemv_grouped[QS_W5A16] = gemv_w5a16;
+  t.dequant_grouped[QS_W5A16] = dequant_w5a16;
   return t;
 }();
 

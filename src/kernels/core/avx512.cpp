@@ -221,7 +221,7 @@ inline __m128 int4_finish(__m128 sums, const float* offset, const float* x_group
 // as an int16. w = q * scale + offset per group: the int32 sum of q * x is scaled once per group, and
 // the offsets meet the group sums of x (x_group) in `finish`.
 struct W4A16 : Int16X {
-  using State = float; static constexpr int kSub = 4;  // 4 steps of 32 per 64-byte load
+  using State = float; static constexpr int kSub = 4, kBits = 4;  // 4 steps of 32 per 64-byte load
   const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
   int64_t span() const { return group; }
   State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
@@ -263,7 +263,7 @@ struct W4A16 : Int16X {
 // dot products and six. No offset to undo: the weights are the unsigned operand, x the signed one.
 struct W4A8 {
   using Acc = __m512i; using V = __m512i; using Sum = __m512; using State = float;
-  static constexpr int kStep = 64, kSub = 2; static constexpr bool kFolds = true;
+  static constexpr int kStep = 64, kSub = 2, kBits = 4; static constexpr bool kFolds = true;
   const int8_t* x; int64_t K; const float* x_scale;
   const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
   static Sum sum_zero() { return _mm512_setzero_ps(); }

@@ -140,21 +140,22 @@ void passes(const F& f, int64_t M, int m0, int64_t n0, int64_t n1, float* y, int
   pass<P>(f, m0, n0, n1, y, N);
 }
 
-// Whether a format gives group_dot (one_row_groups below): the x86 variants' 4-bit formats.
+// Whether a format gives group_dot (one_row_groups below): the x86 variants' 4-bit formats, AVX2's 5- and 6-bit.
 template <typename F, typename = void> struct GroupDot { static constexpr bool value = false; };
 template <typename F> struct GroupDot<F, std::void_t<decltype(&F::group_dot)>> { static constexpr bool value = true; };
 
-// One row of x (a decode step) against a grouped format whose group is one load per row (4-bit in groups of
-// 128: 64 bytes), rows of at most kShortRow bytes (gemv below takes it where these hold). block<1, kRows>
-// would run its span loop once per load, and that loop's bookkeeping (the group's scale found by a division,
-// the prefetch loop's bounds, moves between registers) cost about as many instructions as the group's dot
-// products; here each row's scales (f.scale, [N, K / group]) are walked by index and the block ahead's lines
-// are prefetched in straight-line code.
-// f.group_dot(w, row_bytes, g, acc) computes group g of kRows rows from w into acc, in block's order of steps,
-// and the prefetched lines are block's, so the sums are block's bit for bit.
+// One row of x (a decode step) against a grouped format whose group is one load per row (F::kBits bits in
+// groups of 128: 16 * kBits bytes), rows of at most kShortRow bytes (gemv below takes it where these hold).
+// block<1, kRows> would run its span loop once per load, and that loop's bookkeeping (the group's scale found by
+// a division, the prefetch loop's bounds, moves between registers) cost about as many instructions as the
+// group's dot products; here each row's scales (f.scale, [N, K / group]) are walked by index and the block
+// ahead's lines are prefetched in straight-line code.
+// f.group_dot(w, row_bytes, g, acc) computes group g of kRows rows from w into acc (integer sums: exact in any
+// order) and the prefetched lines are block's (those that start in the group's bytes of the block ahead), so
+// the sums are block's bit for bit.
 template <typename F>
 void one_row_groups(const F& f, int64_t N, int64_t n0, int64_t n1, float* y) {
-  const int64_t G = f.K / f.group, row_bytes = f.K / 2, line_steps = kRows * (f.group / 2) / 64;
+  const int64_t G = f.K / f.group, row_bytes = f.K * F::kBits / 8, group_bytes = kRows * f.group * F::kBits / 8;
   const int64_t ahead_rows = rows_ahead(kRows, row_bytes, true);
   int64_t n = n0;
   for (; n + kRows <= n1; n += kRows) {
@@ -164,8 +165,9 @@ void one_row_groups(const F& f, int64_t N, int64_t n0, int64_t n1, float* y) {
     typename F::Sum sum[kRows];
     for (int r = 0; r < kRows; ++r) sum[r] = F::sum_zero();
     for (int64_t g = 0; g < G; ++g) {
-      const char* p = reinterpret_cast<const char*>((ahead + 64 * line_steps * g + 63) & ~uintptr_t(63));
-      for (int64_t i = 0; i < line_steps; ++i) __builtin_prefetch(p + 64 * i, 0, QS_PREFETCH_LOCALITY);
+      const uintptr_t lo = ahead + group_bytes * g;
+      for (uintptr_t p = (lo + 63) & ~uintptr_t(63); p < lo + group_bytes; p += 64)
+        __builtin_prefetch(reinterpret_cast<const void*>(p), 0, QS_PREFETCH_LOCALITY);
       typename F::Acc acc[kRows];
       f.group_dot(w, row_bytes, g, acc);
       for (int r = 0; r < kRows; ++r) sum[r] = F::fold(sum[r], acc[r], s[r * G + g]);
@@ -228,7 +230,7 @@ void tiled(const F& f, int64_t M, int64_t n0, int64_t n1, float* y, int64_t N) {
 template <typename F>
 void gemv(const F& f, int64_t M, int64_t N, int64_t n0, int64_t n1, float* y) {
   if constexpr (GroupDot<F>::value) {
-    if (M == 1 && f.group == 128 && f.K / 2 <= kShortRow) return one_row_groups(f, N, n0, n1, y);  // a decode step
+    if (M == 1 && f.group == 128 && f.K * F::kBits / 8 <= kShortRow) return one_row_groups(f, N, n0, n1, y);  // a step
   }
 #if defined(QS_TILED)
   if constexpr (Folds<F>::value && F::kSub > 1) {
