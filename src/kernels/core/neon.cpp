@@ -5,6 +5,7 @@
 //           into int16 pairs (|products| <= 127 * 127) and SADALP into int32
 //   w8a16   int8 weights widened to int16, SMLAL into int32, folded into fp32 every 1024 values
 //   w4a16   the nibbles as int16 by a shift and a mask, SMLAL, each group's sum scaled in fp32
+//   w6a16, w5a16  w4a16's nibbles with the high plane's bits shifted and masked into bits 4-5 (or 4)
 // Its speed cannot be measured on this project's machines; its arithmetic is checked under qemu against
 // the reference variant (core/selftest.cpp, tests/kernels/test_kernels_selftest.py).
 #include <arm_neon.h>
@@ -132,21 +133,53 @@ inline float32x4_t int4_finish(float32x4_t sums, const float* offset, const floa
   return vmulq_n_f32(vaddq_f32(sums, vld1q_f32(off)), x_scale);
 }
 
-// Per 64 bytes (128 values): 16-byte quarter c holds lanes 8c..8c+7, whose nibble u are values
-// 32u + 8c + 0..7: step s = 4u + c covers values 8s..8s+7, as x is laid out.
-struct W4A16 : Int16X {
+// What every grouped weight-only format of B bits shares (api.h's layout): int16 x, 128 values a load group (16
+// steps of 8), each group's integer sums folded into fp32 by its scale, the offsets met by x's group sums at the end.
+template <int B>
+struct Grouped : Int16X {
   using State = float; static constexpr int kSub = 16;
   const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
   int64_t span() const { return group; }
   State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
-  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
-  V wv(const State&, int64_t n, int64_t k, int s) const {
-    const uint16x8_t v = vld1q_u16(reinterpret_cast<const uint16_t*>(at(n, k) + 16 * (s & 3)));
-    return vreinterpretq_s16_u16(vandq_u16(vshlq_u16(v, vdupq_n_s16(int16_t(-4 * (s >> 2)))), vdupq_n_u16(0xF)));
-  }
+  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K * B / 8) + k * B / 8; }
   static Sum fold(Sum sum, Acc a, const State& s) { return vfmaq_n_f32(sum, vcvtq_f32_s32(a), s); }
   float32x4_t finish(float32x4_t sums, int64_t n, int m, int lanes) const {
     return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
+  }
+};
+
+// Per 64 bytes (128 values): 16-byte quarter c holds lanes 8c..8c+7, whose nibble u are values
+// 32u + 8c + 0..7: step s = 4u + c covers values 8s..8s+7, as x is laid out.
+inline uint16x8_t nibble_step(const uint8_t* plane, int s) {
+  const uint16x8_t v = vld1q_u16(reinterpret_cast<const uint16_t*>(plane + 16 * (s & 3)));
+  return vandq_u16(vshlq_u16(v, vdupq_n_s16(int16_t(-4 * (s >> 2)))), vdupq_n_u16(0xF));
+}
+
+struct W4A16 : Grouped<4> {
+  V wv(const State&, int64_t n, int64_t k, int s) const { return vreinterpretq_s16_u16(nibble_step(at(n, k), s)); }
+};
+
+// w6a16 (api.h's split layout): per 96 bytes (128 values), the low 4 bits as W4A16's 64 bytes, then the high 2
+// in 32 bytes whose 16-bit lane i (of 16) holds values i + 16f in field f. Step s (values 8s..8s+7) takes lanes
+// 8 (s & 1).. of field s >> 1, moved to bits 4-5 by one shift (VSHL by a signed count: negative shifts right).
+struct W6A16 : Grouped<6> {
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const uint8_t* b = at(n, k);
+    const uint16x8_t hi = vld1q_u16(reinterpret_cast<const uint16_t*>(b + 64 + 16 * (s & 1)));
+    const uint16x8_t high = vandq_u16(vshlq_u16(hi, vdupq_n_s16(int16_t(4 - 2 * (s >> 1)))), vdupq_n_u16(0x30));
+    return vreinterpretq_s16_u16(vorrq_u16(nibble_step(b, s), high));
+  }
+};
+
+// w5a16 (api.h's split layout): per 80 bytes (128 values), the low 4 bits as W4A16's 64 bytes, then 16 bytes
+// whose 16-bit lane i (of 8) holds values i + 8u in bit u: step s (values 8s..8s+7) takes bit s of every lane,
+// moved to bit 4 by one shift.
+struct W5A16 : Grouped<5> {
+  V wv(const State&, int64_t n, int64_t k, int s) const {
+    const uint8_t* b = at(n, k);
+    const uint16x8_t hi = vld1q_u16(reinterpret_cast<const uint16_t*>(b + 64));
+    const uint16x8_t high = vandq_u16(vshlq_u16(hi, vdupq_n_s16(int16_t(4 - s))), vdupq_n_u16(0x10));
+    return vreinterpretq_s16_u16(vorrq_u16(nibble_step(b, s), high));
   }
 };
 
@@ -208,7 +241,17 @@ void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, 
 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
+  gemv(W4A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
+}
+
+void gemv_w6a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W6A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
+}
+
+void gemv_w5a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W5A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
 }
 
 // A group's 16 bf16 values as low- and high-byte tables, looked up with TBL by each lane's nibble.
@@ -237,6 +280,41 @@ void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, in
     }
 }
 
+
+// fp32 to bf16 bits, 4 at a time, as common.h's f32_to_bf16: rounded to nearest even, a NaN as 0x7FC0.
+inline uint16x4_t bf16_bits(float32x4_t v) {
+  const uint32x4_t u = vreinterpretq_u32_f32(v);
+  const uint32x4_t rounded = vshrq_n_u32(vaddq_u32(vaddq_u32(u, vdupq_n_u32(0x7FFF)), vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1))), 16);
+  const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7FFFFFFF)), vdupq_n_u32(0x7F800000));
+  return vmovn_u32(vbslq_u32(nan, vdupq_n_u32(0x7FC0), rounded));
+}
+
+// The split formats' prefill unpacking (w6a16, w5a16): each step's 8 values as the decode step reads them
+// (F::wv), widened to fp32, q * scale + offset in one FMA (as the reference's std::fma), rounded to bf16.
+template <typename F>
+void dequant_steps(const F& f, int64_t n0, int64_t n1, uint16_t* o) {
+  const int64_t G = f.K / f.group;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t k = 0; k < f.K; k += 128) {
+      const float32x4_t scale = vdupq_n_f32(f.scale[n * G + k / f.group]), offset = vdupq_n_f32(f.offset[n * G + k / f.group]);
+      for (int s = 0; s < 16; ++s) {
+        const uint16x8_t q = vreinterpretq_u16_s16(f.wv(0.f, n, k, s));
+        const float32x4_t lo = vcvtq_f32_u32(vmovl_u16(vget_low_u16(q))), hi = vcvtq_f32_u32(vmovl_high_u16(q));
+        vst1q_u16(o + n * f.K + k + 8 * s,
+                  vcombine_u16(bf16_bits(vfmaq_f32(offset, lo, scale)), bf16_bits(vfmaq_f32(offset, hi, scale))));
+      }
+    }
+}
+
+void dequant_w6a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  dequant_steps(W6A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
+}
+
+void dequant_w5a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  dequant_steps(W5A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
+}
 
 // --- attention for a few queries: each query row on its own, in a fixed order ------------------------
 inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
@@ -337,6 +415,10 @@ const qs_kernels table = [] {
                   attention<float>, attention<uint16_t>};
   t.gemv_grouped[QS_W4A16] = gemv_w4a16;
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
+  t.gemv_grouped[QS_W6A16] = gemv_w6a16;
+  t.dequant_grouped[QS_W6A16] = dequant_w6a16;
+  t.gemv_grouped[QS_W5A16] = gemv_w5a16;
+  t.dequant_grouped[QS_W5A16] = dequant_w5a16;
   return t;
 }();
 
