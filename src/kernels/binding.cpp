@@ -1,6 +1,6 @@
 // The torch side of quantspec's kernels: torch.ops.quantspec.* check their tensors, split the work across
 // ATen's threads, and call the kernel variant chosen for this CPU (core/api.h), loaded with dlopen by
-// use_variant(path, reference). The variants know nothing of torch; this file knows nothing of any ISA.
+// use_variant(path, fallbacks). The variants know nothing of torch; this file knows nothing of any ISA.
 // The ATen headers of what this file uses, not ATen/ATen.h (every operator): the binding builds in ~45 s of CPU,
 // not ~60 (measured side by side, x86-64, g++ 12), on a user's first run and in every rebuild.
 #include <ATen/core/Tensor.h>
@@ -39,17 +39,21 @@ const qs_kernels* open_table(const std::string& path) {
   return table;
 }
 
-// The variant at `path`, each grouped format it has no kernel for taken from the reference variant at
-// `reference` (ggml-cpu's arch-fallback, at load): a new format runs everywhere once its reference kernel exists.
-std::string use_variant(const std::string& path, const std::string& reference) {
+// The variant at `path`, each grouped format it has no kernel for taken from the first of `fallbacks` (the
+// variants below it that this CPU runs, best first, the reference variant last) that has one: ggml-cpu's
+// arch-fallback, at load. A new format runs everywhere once its reference kernel exists, and an AVX-512 host
+// runs AVX2's kernel for a format the AVX-512 variant has none of, not the reference's loops.
+std::string use_variant(const std::string& path, const std::vector<std::string>& fallbacks) {
   std::lock_guard<std::mutex> lock(g_mutex);
   auto found = g_loaded.find(path);
   if (found == g_loaded.end()) {
     qs_kernels table = *open_table(path);
-    const qs_kernels* ref = path == reference ? &table : open_table(reference);
-    for (int f = 0; f < QS_FORMAT_COUNT; ++f) {
-      if (!table.gemv_grouped[f]) table.gemv_grouped[f] = ref->gemv_grouped[f];
-      if (!table.dequant_grouped[f]) table.dequant_grouped[f] = ref->dequant_grouped[f];
+    for (const std::string& other : fallbacks) {
+      const qs_kernels* below = other == path ? &table : open_table(other);
+      for (int f = 0; f < QS_FORMAT_COUNT; ++f) {
+        if (!table.gemv_grouped[f]) table.gemv_grouped[f] = below->gemv_grouped[f];
+        if (!table.dequant_grouped[f]) table.dequant_grouped[f] = below->dequant_grouped[f];
+      }
     }
     found = g_loaded.emplace(path, table).first;
   }
@@ -352,7 +356,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& key, const at
 using namespace qs_ops;
 
 TORCH_LIBRARY(quantspec, m) {
-  m.def("use_variant(str path, str reference) -> str");
+  m.def("use_variant(str path, str[] fallbacks) -> str");
   m.def("formats() -> str[]");
   m.def("variant() -> str");
   m.def("use_amx(str path, int feature) -> str");

@@ -82,8 +82,8 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
             continue
         try:
             path = built_variant(variant, directory)
-            # the reference variant too: the kernels a variant has none of its own for are taken from it (core/api.h)
-            reference = built_variant(variants.by_name("reference"), directory)
+            # the variants below it too: the kernels it has none of its own for are taken from them (core/api.h)
+            below = [built_variant(v, directory) for v in variants.fallbacks(variant, features)]
         except Exception as err:  # an old compiler without these flags: the next variant down
             skipped.append(
                 f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
@@ -91,7 +91,7 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
             continue
         import torch  # after the ISA environment a script sets (see _key)
 
-        name = torch.ops.quantspec.use_variant(str(path), str(reference))
+        name = torch.ops.quantspec.use_variant(str(path), [str(p) for p in below])
         _state.update(ok=True, reason="; ".join(skipped) or None, variant=name)
         if skipped:
             log.warning("kernel variants not built here (%s); %s runs", "; ".join(skipped), name)

@@ -102,6 +102,22 @@ def for_arch(arch: str | None = None) -> list[Variant]:
     return [v for v in VARIANTS if v.arch in (arch, "")]
 
 
+def fallbacks(variant: Variant, features: set[str], arch: str | None = None) -> list[Variant]:
+    """Where `variant`'s missing kernels come from (core/api.h: a grouped format it has none of its own for), best
+    first: the variants below it for its architecture that this CPU runs, `reference` last. avx_vnni's EVEX twin
+    stands where avx_vnni does."""
+    ordered = for_arch(arch)
+    place = next(
+        (
+            i
+            for i, v in enumerate(ordered)
+            if v.name == variant.name or (variant is AVX_VNNI_TWIN and v.name == "avx_vnni")
+        ),
+        len(ordered) - 1,
+    )
+    return [v for v in ordered[place + 1 :] if not missing(v, features, arch)] or [by_name("reference")]
+
+
 def _cpuinfo() -> str:
     """/proc/cpuinfo's text, empty where there is none."""
     try:

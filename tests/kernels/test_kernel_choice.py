@@ -32,6 +32,23 @@ def test_forcing_a_variant_this_cpu_lacks_is_one_line():
         kernels.candidates("avx_vnni_evex", alder_lake | {"avx512_vnni", "avx512vl"}, "x86_64")
 
 
+def test_a_variants_missing_kernels_come_from_the_best_variant_below_it_that_the_cpu_runs():
+    # core/api.h: a grouped format a variant has no kernel of its own for is filled from these, in order
+    def below(name, features, arch="x86_64"):
+        variant = variants.AVX_VNNI_TWIN if name == "twin" else variants.by_name(name)
+        return [v.name for v in variants.fallbacks(variant, features, arch)]
+
+    avx2_only = {"avx2", "fma", "f16c"}
+    zen4 = avx2_only | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni"}
+    sapphire_rapids = zen4 | {"avx_vnni"}
+    assert below("avx512", zen4) == ["avx2", "reference"]
+    assert below("avx512", sapphire_rapids) == ["avx_vnni", "avx2", "reference"]
+    assert below("avx_vnni", sapphire_rapids) == ["avx2", "reference"]
+    assert below("twin", zen4) == ["avx2", "reference"]
+    assert below("avx2", avx2_only) == below("reference", avx2_only) == ["reference"]
+    assert below("neon_dotprod", {"asimd", "asimddp"}, "aarch64") == ["neon", "reference"]
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="an x86-64 variant")
 def test_avx_vnni_is_built_with_the_vex_dot_products(tmp_path):
     """avx_vnni must use AVX-VNNI's VEX instructions (a CPU with AVX-VNNI but no AVX-512 faults on the EVEX

@@ -89,8 +89,8 @@ typedef struct qs_kernels {
                          uint16_t* out);
 
   // Grouped weight-only formats (w4a16, ...), by format number; null where a variant has no kernel of its
-  // own, filled at load with the reference variant's (binding.cpp), so a format can land with its reference
-  // kernel alone and gain SIMD variants later. x rows as quantize_x16 gives them, with group sums. A b-bit
+  // own, filled at load from the variants below it that the CPU runs, the reference variant last (binding.cpp),
+  // so a format can land with its reference kernel alone and gain SIMD variants later. x rows as quantize_x16 gives them, with group sums. A b-bit
   // weight is packed per 128 values into 16 * b bytes, whose 16-bit lane i (of 8 * b) holds values
   // i + 8 * b * u in its field u (b bits, from the lowest); w = q * scale + offset per group of `group` (a
   // multiple of 128) along K. A width that does not divide 16 is split into two that do, each in that layout,
