@@ -23,7 +23,8 @@ from src.quant.pipeline import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3  # 3: "kernels" renamed "schemes" (a format-2 cache is rebuilt)
+# 4: GPTQ rounds the decoder's linears in layer order (3: "kernels" renamed "schemes"); an older cache is rebuilt
+FORMAT = 4
 WEIGHTS, META = "quantized.safetensors", "quantized.json"
 
 

@@ -37,7 +37,7 @@ class QuantSpec:
     head_scheme: str | None  # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
     int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept wider under a grouped scheme...
     int8_linears_scheme: str  # ...in this scheme: w8a16 (int8), or w6a16 (three quarters of int8's bytes)
-    gptq: tuple[str, ...]  # linears (name suffixes; lm_head: the output head) rounded by GPTQ, not to nearest
+    gptq: tuple[str, ...]  # linears (name suffixes; lm_head: the output head; *: all) rounded by GPTQ, not to nearest
 
     @property
     def calibrates(self) -> bool:
@@ -87,8 +87,15 @@ class QuantSpec:
 
     def calibration_bytes(self, shape) -> int:
         """Memory the scaling pass holds beyond calibration's logits (bytes), for a model of `shape`: here GPTQ's
-        float32 working copy of the head where it rounds it (the decoder's linears are far smaller)."""
-        return shape.vocab_size * shape.hidden_size * 4 if HEAD in self.gptq else 0
+        float32 working copy of the head where it rounds it, and where it rounds decoder linears (in layer order,
+        src.quant.sequential) one layer's X^T X and inverse factors in float64 (at most 6 of hidden x hidden and 2
+        of the MLP's width squared; the windows' hidden states beside them are a few tokens' worth)."""
+        head = shape.vocab_size * shape.hidden_size * 4 if HEAD in self.gptq or "*" in self.gptq else 0
+        if not any(name != HEAD for name in self.gptq):
+            return head
+        hidden = shape.hidden_size
+        inner = getattr(shape, "intermediate_size", None) or shape.ffn_dim
+        return head + (6 * hidden * hidden + 2 * inner * inner) * 8
 
 
 @METHODS.register

@@ -17,6 +17,7 @@ from src.quant import schemes as formats
 from src.quant.arch import decoder_linears
 from src.quant.calibrate import input_grams
 from src.quant.methods import HEAD, QuantSpec
+from src.quant.sequential import round_layers
 
 
 @dataclass
@@ -36,12 +37,29 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     changed, clips = spec.scale(model, arch, calibration)  # the method's own pass (src.quant.methods)
     linears = quantized_linears(model, arch, spec)
     schemes = {name: spec.scheme_for(name) for name in linears}
-    grams = gptq_grams(model, linears, spec, calibration)  # after the scaling: the inputs the weights will meet
+    chosen = gptq_linears(linears, spec)
+
+    def rounded(name: str, gram: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        lin = linears[name]
+        return formats.get(schemes[name]).tensors(lin.weight.detach(), lin.bias, spec.group_size, clips.get(name), gram)
+
     layers = {}
-    for name, lin in linears.items():
-        layers[name] = formats.get(schemes[name]).tensors(
-            lin.weight.detach(), lin.bias, spec.group_size, clips.get(name), grams.pop(name, None)
+    if chosen - {HEAD}:  # the decoder in layer order, each layer's GPTQ inputs through the layers rounded before it
+        decoder = {name: lin for name, lin in linears.items() if name != HEAD}
+        layers = round_layers(
+            model,
+            arch,
+            decoder,
+            chosen,
+            rounded,
+            lambda name, t: formats.get(schemes[name]).dequantized(t, spec.group_size),
+            calibration,
         )
+    # the head's: the decoder stack's output, through the rounded decoder where it was rounded in order
+    grams = input_grams(model, {}, calibration, head=True) if HEAD in chosen else {}
+    for name, lin in linears.items():
+        if name not in layers:
+            layers[name] = rounded(name, grams.pop("head", None) if name == HEAD else None)
         release(lin)  # its low-bit copy exists: freeing the float one keeps the peak at the float model's size
     quantized_params = {f"{name}.{p}" for name in layers for p in ("weight", "bias")}
     floats = {name: model.get_parameter(name).detach().clone() for name in sorted(changed - quantized_params)}
@@ -50,25 +68,18 @@ def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Te
     )
 
 
-def gptq_grams(
-    model: nn.Module, linears: dict[str, nn.Module], spec: QuantSpec, calibration: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """Each linear that spec.gptq names -> its calibration inputs' X^T X (the head's: the decoder stack's
-    output). A name that matches no linear the precision quantizes is refused."""
-    chosen = {name for name in linears if name.endswith(spec.gptq)} if spec.gptq else set()
+def gptq_linears(linears: dict[str, nn.Module], spec: QuantSpec) -> set[str]:
+    """The linears spec.gptq names (by name suffix; `*`: every one the precision quantizes). A name that matches
+    no linear the precision quantizes is refused."""
+    if "*" in spec.gptq:
+        return set(linears)
     unmatched = [s for s in spec.gptq if not any(name.endswith(s) for name in linears)]
     if unmatched:
         raise ConfigError(
             f"precision.gptq={list(spec.gptq)}: {', '.join(unmatched)} names no linear this precision quantizes; "
-            f"use name suffixes such as {HEAD} (the output head), self_attn.v_proj, mlp.down_proj"
+            f"use name suffixes such as {HEAD} (the output head), self_attn.v_proj, mlp.down_proj, or * for all"
         )
-    if not chosen:
-        return {}
-    decoder = {name: linears[name] for name in chosen if name != HEAD}
-    grams = input_grams(model, decoder, calibration, head=HEAD in chosen)
-    if HEAD in chosen:
-        grams[HEAD] = grams.pop("head")
-    return grams
+    return {name for name in linears if name.endswith(spec.gptq)} if spec.gptq else set()
 
 
 def release(linear: nn.Module) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from src.quant import gptq, linear
+from src.quant import gptq, linear, qparams
 
 GROUPS = (32, 64, 128, 256)  # group sizes a grouped scheme takes (ATen's int4 kernel's; quantspec's: 128, 256)
 
@@ -50,6 +50,13 @@ class Scheme:
         if self.grouped:
             return linear.grouped_tensors(weight, bias, group, self.bits, clip)
         return linear.int8_tensors(weight, bias)
+
+    def dequantized(self, t: dict[str, torch.Tensor], group: int | None) -> torch.Tensor:
+        """The float [N, K] weight these portable tensors hold (what the rounded linear computes with)."""
+        if self.grouped:
+            q = qparams.unpack_bits(t[f"q{self.bits}"], self.bits)
+            return qparams.groups_dequant(q, t["scale"], t["zero"], group, self.bits)
+        return t["w_q"].float() * t["w_scale"].float()[:, None]
 
 
 SCHEMES: dict[str, Scheme] = {}
