@@ -31,8 +31,9 @@ class QuantizedWeights:
 
 @torch.no_grad()
 def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Tensor) -> QuantizedWeights:
-    """Quantize a float model. Mutates its float weights (scaling) and frees each quantized linear's float
-    weight as it goes; `install` finishes the job."""
+    """Quantize a float model. Mutates its float weights (scaling; where GPTQ rounds decoder linears, each rounded
+    layer's weights become their rounded values for the layers after it) and frees each quantized linear's float
+    weight once its low-bit copy exists; `install` finishes the job."""
     start = time.perf_counter()
     changed, clips = spec.scale(model, arch, calibration)  # the method's own pass (src.quant.methods)
     linears = quantized_linears(model, arch, spec)
