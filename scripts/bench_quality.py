@@ -35,10 +35,10 @@ COMMAND = bench.command(
         Setting("rounds", 2, "interleaved rounds of the decode's timing (quality agrees between rounds)"),
         Setting(
             "pairs",
-            ("w4a16:rtn", "w4a8:w4a16", "w8a8:w8a16", "bf16:w8a16"),
+            ("w4a16_int8:rtn", "w4a8:w4a16_int8", "w8a8:w8a16", "bf16:w8a16"),
             "configuration pairs A:B tested paired on the same tokens, each a precision and any field the sweep "
-            "varies ('w4a16 head_scheme=w6a16'); by default AWQ against round-to-nearest, int8 activations "
-            "against 16-bit at 4 and 8 bits, bf16 against int8 weights",
+            "varies ('w4a16 head_scheme=w6a16'); by default AWQ against round-to-nearest and int8 activations "
+            "against 16-bit, each at the same weight bits (4 with the int8 mix, and 8), bf16 against int8 weights",
         ),
     ],
 )
