@@ -83,7 +83,7 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
         try:
             path = built_variant(variant, directory)
             # the variants below it too: the kernels it has none of its own for are taken from them (core/api.h)
-            below = [built_variant(v, directory) for v in variants.fallbacks(variant, features)]
+            below = _built_below(variant, features, directory)
         except Exception as err:  # an old compiler without these flags: the next variant down
             skipped.append(
                 f"{variant.name}: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
@@ -98,6 +98,20 @@ def load_variants(directory: Path, chosen: list[variants.Variant]) -> bool:
         return True
     _state.update(ok=False, reason="; ".join(skipped) or "no kernel variant for this CPU", variant=None)
     return False
+
+
+def _built_below(variant: variants.Variant, features: set[str], directory: Path) -> list[Path]:
+    """The libraries of the variants below `variant` that fill its missing kernels (variants.fallbacks), those this
+    compiler cannot build passed over (the reference variant, plain C++, always builds): an old compiler without
+    -mavxvnni must not cost an AVX-512 host its own variant."""
+    built = []
+    for below in variants.fallbacks(variant, features):
+        try:
+            built.append(built_variant(below, directory))
+        except Exception:
+            if below.name == "reference":
+                raise
+    return built
 
 
 def binding_folder(directory: Path) -> Path:

@@ -49,6 +49,22 @@ def test_a_variants_missing_kernels_come_from_the_best_variant_below_it_that_the
     assert below("neon_dotprod", {"asimd", "asimddp"}, "aarch64") == ["neon", "reference"]
 
 
+def test_a_variant_below_that_the_compiler_cannot_build_is_passed_over(monkeypatch, tmp_path):
+    # an old compiler without -mavxvnni must not cost an AVX-512 host its own variant: avx2 and the reference fill in
+    from src.kernels import loader
+
+    def built(variant, directory):
+        if variant.name == "avx_vnni":
+            raise RuntimeError("g++ could not compile the avx_vnni kernels: unrecognized option -mavxvnni")
+        return directory / variant.name
+
+    monkeypatch.setattr(loader, "built_variant", built)
+    monkeypatch.setattr(variants.platform, "machine", lambda: "x86_64")
+    sapphire_rapids = {"avx2", "fma", "f16c", "avx_vnni", *variants.by_name("avx512").features}
+    below = loader._built_below(variants.by_name("avx512"), sapphire_rapids, tmp_path)
+    assert below == [tmp_path / "avx2", tmp_path / "reference"]
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="an x86-64 variant")
 def test_avx_vnni_is_built_with_the_vex_dot_products(tmp_path):
     """avx_vnni must use AVX-VNNI's VEX instructions (a CPU with AVX-VNNI but no AVX-512 faults on the EVEX
