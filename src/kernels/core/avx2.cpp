@@ -303,6 +303,27 @@ inline __m256i high_bit(__m256i plane) {
   return _mm256_and_si256(moved, _mm256_set1_epi16(0x10));
 }
 
+// one_row_groups' group g of 4 rows (blocking.h) of a split format (w6a16, w5a16: api.h's layout), block's steps
+// with constant shifts: each half of a row's low plane loaded once, step s = 2u + h its nibble u OR-ed with
+// high(s, the row's high plane), the high bits already at bit 4 (from L1: the group's bytes were just read).
+template <int B, typename High>
+inline void split_group_dot(const Grouped<B>& f, const uint8_t* w, int64_t row_bytes, int64_t g, __m256i* acc,
+                            High high) {
+  const int16_t* xg = f.x + 128 * g;
+  const uint8_t* group = w + 16 * B * g;
+  for (int r = 0; r < 4; ++r) acc[r] = Grouped<B>::zero();
+  unrolled(std::integer_sequence<int, 0, 1>{}, [&](auto h) {
+    __m256i v[4];
+    for (int r = 0; r < 4; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + r * row_bytes + 32 * h));
+    unrolled(std::integer_sequence<int, 0, 1, 2, 3>{}, [&](auto u) {
+      constexpr int s = 2 * u + h;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16 * s));
+      for (int r = 0; r < 4; ++r)
+        acc[r] = Grouped<B>::madd(acc[r], _mm256_or_si256(nibble<u>(v[r]), high(std::integral_constant<int, s>{}, group + r * row_bytes + 64)), xv);
+    });
+  });
+}
+
 // w6a16 (api.h's split layout): per 96 bytes (128 values), the low 4 bits as W4A16's 64 bytes and the high 2 as
 // W2A16's 32: step s = 2u + h (values 16s..16s+15, as x is laid out) takes nibble u of half h and field s of the
 // high plane, moved up by 4: a value below 64, so VPMADDWD's pairs (|q x| <= 63 * 32767 each) never overflow.
@@ -315,22 +336,10 @@ struct W6A16 : Grouped<6> {
                                           _mm256_set1_epi16(0x30));
     return _mm256_or_si256(nibble_step(b, s), high);
   }
-  // one_row_groups' group g of 4 rows (blocking.h), block's steps with constant shifts: each half of the low
-  // plane loaded once per row, the high plane per step (from L1).
+  // one_row_groups' group g of 4 rows (blocking.h): its high plane's field s, as loaded, at step s.
   void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
-    const int16_t* xg = x + 128 * g;
-    for (int r = 0; r < 4; ++r) acc[r] = zero();
-    unrolled(std::integer_sequence<int, 0, 1>{}, [&](auto h) {
-      __m256i v[4];
-      for (int r = 0; r < 4; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 96 * g + 32 * h));
-      unrolled(std::integer_sequence<int, 0, 1, 2, 3>{}, [&](auto u) {
-        constexpr int s = 2 * u + h;
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16 * s));
-        for (int r = 0; r < 4; ++r) {
-          const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 96 * g + 64));
-          acc[r] = madd(acc[r], _mm256_or_si256(nibble<u>(v[r]), high_field<s>(hi)), xv);
-        }
-      });
+    split_group_dot(*this, w, row_bytes, g, acc, [](auto s, const uint8_t* plane) {
+      return high_field<s>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane)));
     });
   }
 };
@@ -349,23 +358,11 @@ struct W5A16 : Grouped<5> {
     const __m256i moved = up >= 0 ? _mm256_sll_epi16(hi, _mm_cvtsi32_si128(up)) : _mm256_srl_epi16(hi, _mm_cvtsi32_si128(-up));
     return _mm256_or_si256(nibble_step(b, s), _mm256_and_si256(moved, _mm256_set1_epi16(0x10)));
   }
-  // one_row_groups' group g of 4 rows (blocking.h), as W6A16's: the high plane broadcast to both halves per
-  // step (a load), its bit moved by high_bit's one shift.
+  // one_row_groups' group g of 4 rows (blocking.h): its 16-byte high plane broadcast to both halves (a load),
+  // its bit moved by high_bit's one shift.
   void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
-    const int16_t* xg = x + 128 * g;
-    for (int r = 0; r < 4; ++r) acc[r] = zero();
-    unrolled(std::integer_sequence<int, 0, 1>{}, [&](auto h) {
-      __m256i v[4];
-      for (int r = 0; r < 4; ++r) v[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + 80 * g + 32 * h));
-      unrolled(std::integer_sequence<int, 0, 1, 2, 3>{}, [&](auto u) {
-        constexpr int s = 2 * u + h;
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16 * s));
-        for (int r = 0; r < 4; ++r) {
-          const __m256i plane = _mm256_broadcastsi128_si256(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * row_bytes + 80 * g + 64)));
-          acc[r] = madd(acc[r], _mm256_or_si256(nibble<u>(v[r]), high_bit<s>(plane)), xv);
-        }
-      });
+    split_group_dot(*this, w, row_bytes, g, acc, [](auto s, const uint8_t* plane) {
+      return high_bit<s>(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(plane))));
     });
   }
 };
