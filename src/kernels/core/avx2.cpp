@@ -725,7 +725,7 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
   }
 }
 
-// Grouped formats without an entry here run the reference variant's kernel (api.h).
+// Grouped formats without an entry here run the best kernel of a variant below that the CPU runs (api.h).
 const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, QS_NAME, 1, gemv_f32, gemv_bf16, quantize_x8_variant, gemv_w8a8, quantize_x16_simd, gemv_w8a16,
                   quantize_x8_w4, gemv_w4a8, quantize_x8_bf16_simd, scale_rows_bf16, rms_norm<float>, rms_norm<uint16_t>,

@@ -5,7 +5,8 @@
 //   gemv_w8a8   W int8, x int8 as u8 + 128 (VPDPBUSD: 64 MACs/op)
 //   gemv_w8a16  W int8 split into int16 by shifts, x int16 paired to match (VPDPWSSD: 32 MACs/op)
 //   gemv_w4a16  W int4 in groups, x int16 (VPDPWSSD on the nibbles; each group's sum scaled in fp32)
-// dequant_w4a16 (int4 unpacked to bf16 for a prefill's GEMM) and attention for a few queries.
+//   gemv_w6a16, gemv_w5a16  W 6 or 5 bits in groups, as w4a16 with each step's high bits merged in (Split)
+// dequant_w4a16, _w6a16, _w5a16 (unpacked to bf16 for a prefill's GEMM) and attention for a few queries.
 // Every weight vector loaded is used for all M rows in registers, so verifying k tokens reads W once.
 //
 // Why our own: a decode step is memory bound, and a conversion per element (int8 -> fp32, bf16 -> fp32)
@@ -217,45 +218,128 @@ inline __m128 int4_finish(__m128 sums, const float* offset, const float* x_group
   return _mm_mul_ps(_mm_add_ps(sums, _mm_load_ps(off)), _mm_set1_ps(x_scale));
 }
 
-// int4 in pack_w4's layout (see W4Unpack above): nibble u of each 16-bit lane, masked, is the weight q (0..15)
-// as an int16. w = q * scale + offset per group: the int32 sum of q * x is scaled once per group, and
-// the offsets meet the group sums of x (x_group) in `finish`.
-struct W4A16 : Int16X {
-  using State = float; static constexpr int kSub = 4, kBits = 4;  // 4 steps of 32 per 64-byte load
+// What every grouped weight-only format of B bits shares (api.h's layout): int16 x, 128 values a group of
+// loads (4 steps of 32), each group's integer sums folded into fp32 by its scale, the offsets met by x's group sums
+// in `finish`.
+template <int B>
+struct Grouped : Int16X {
+  using State = float; static constexpr int kSub = 4, kBits = B;
   const uint8_t* w; const float* scale; const float* offset; const float* x_group; int64_t group;
   int64_t span() const { return group; }
   State begin(int64_t n, int64_t k) const { return scale[n * (K / group) + k / group]; }
-  const void* at(int64_t n, int64_t k) const { return w + n * (K / 2) + k / 2; }
-  V wv(const State&, int64_t n, int64_t k, int u) const {
-    const __m512i v = _mm512_loadu_si512(at(n, k)), low = _mm512_set1_epi16(0xF);
-    switch (u) {
-      case 1: return _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-      case 2: return _mm512_and_si512(_mm512_srli_epi16(v, 8), low);
-      case 3: return _mm512_srli_epi16(v, 12);
-      default: return _mm512_and_si512(v, low);
-    }
-  }
+  const uint8_t* at(int64_t n, int64_t k) const { return w + n * (K * B / 8) + k * B / 8; }
   static __m512 fold(__m512 sum, Acc a, const State& s) {
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(s), sum);
-  }
-  // Group g (of 128) of 4 rows from w, one row of x, for one_row_groups (blocking.h): each row's 64 bytes
-  // loaded once, its four nibbles in turn, as block's steps u = 0..3 (fewer loads than block<1, 4>).
-  void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
-    const int16_t* xg = x + 128 * g;
-    const __m512i low = _mm512_set1_epi16(0xF), x0 = _mm512_loadu_si512(xg), x1 = _mm512_loadu_si512(xg + 32),
-                  x2 = _mm512_loadu_si512(xg + 64), x3 = _mm512_loadu_si512(xg + 96);
-    for (int r = 0; r < 4; ++r) {
-      const __m512i v = _mm512_loadu_si512(w + r * row_bytes + 64 * g);
-      acc[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_and_si512(v, low), x0);
-      acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_and_si512(_mm512_srli_epi16(v, 4), low), x1);
-      acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_and_si512(_mm512_srli_epi16(v, 8), low), x2);
-      acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_srli_epi16(v, 12), x3);
-    }
   }
   __m128 finish(__m128 sums, int64_t n, int m, int lanes) const {
     return int4_finish(sums, offset, x_group, K / group, x_scale[m], n, m, lanes);
   }
 };
+
+// Nibble u (0..3) of every 16-bit lane as an int16: the lowest needs no shift, the highest no mask.
+template <int u>
+inline __m512i nibble(__m512i v) {
+  if constexpr (u == 3) return _mm512_srli_epi16(v, 12);
+  else if constexpr (u == 0) return _mm512_and_si512(v, _mm512_set1_epi16(0xF));
+  else return _mm512_and_si512(_mm512_srli_epi16(v, 4 * u), _mm512_set1_epi16(0xF));
+}
+
+// int4 in pack_w4's layout (see W4Unpack above): nibble u of each 16-bit lane, masked, is the weight q (0..15)
+// as an int16. w = q * scale + offset per group: the int32 sum of q * x is scaled once per group, and
+// the offsets meet the group sums of x (x_group) in `finish`.
+struct W4A16 : Grouped<4> {
+  V wv(const State&, int64_t n, int64_t k, int u) const {
+    const __m512i v = _mm512_loadu_si512(at(n, k));
+    switch (u) {
+      case 1: return nibble<1>(v);
+      case 2: return nibble<2>(v);
+      case 3: return nibble<3>(v);
+      default: return nibble<0>(v);
+    }
+  }
+  // Group g (of 128) of 4 rows from w, one row of x, for one_row_groups (blocking.h): each row's 64 bytes
+  // loaded once, its four nibbles in turn, as block's steps u = 0..3 (fewer loads than block<1, 4>).
+  void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, Acc* acc) const {
+    const int16_t* xg = x + 128 * g;
+    const __m512i x0 = _mm512_loadu_si512(xg), x1 = _mm512_loadu_si512(xg + 32), x2 = _mm512_loadu_si512(xg + 64),
+                  x3 = _mm512_loadu_si512(xg + 96);
+    for (int r = 0; r < 4; ++r) {
+      const __m512i v = _mm512_loadu_si512(w + r * row_bytes + 64 * g);
+      acc[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), nibble<0>(v), x0);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], nibble<1>(v), x1);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], nibble<2>(v), x2);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], nibble<3>(v), x3);
+    }
+  }
+};
+
+// The split formats (w6a16, w5a16; api.h's layout): W4A16's 64 bytes of low nibbles, then a plane of the high
+// bits. Step u (values 32u..32u+31, lane j value 32u + j) ORs the low nibble u with its high bits at bit 4.
+//
+// The high plane is read so that every step finds its bits in the same place of every lane, shifted once:
+//   w6a16: 32 bytes, lane i (of 16) holding values i + 16s in its field s (2 bits). Lane j of step u is value
+//     16(2u + h) + j % 16 (h = j / 16): field 2u + h. The plane goes to both 256-bit halves, the upper one
+//     shifted down by 2 (one VPSRLVW), so every lane's field for step u sits at bits 4u, 4u + 1.
+//   w5a16: 16 bytes, lane i (of 8) holding values i + 8t in its bit t. Lane j of step u is value 32u + j: bit
+//     4u + q (q = j / 8) of plane lane j % 8. The plane goes to all four 128-bit blocks, block q shifted down by
+//     q (one VPSRLVW), so every lane's bit for step u sits at bit 4u.
+// Step u then moves bit 4u to bit 4 by a constant shift, and one VPTERNLOGD takes the high bits under the mask
+// (0x30 or 0x10) and the nibble elsewhere: a value below 64, so VPDPWSSD's pairs (|q x| <= 63 * 32767) never
+// overflow.
+template <int B>
+inline __m512i high_plane(const uint8_t* p) {
+  if constexpr (B == 6) {
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_srlv_epi16(v, _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1));
+  } else {
+    static_assert(B == 5, "split formats: 5 or 6 bits");
+    const __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_srlv_epi16(v, _mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002,
+                                                 0x0002000200020002, 0x0001000100010001, 0x0001000100010001, 0, 0));
+  }
+}
+
+template <int B, int u>
+inline __m512i split_step(__m512i low, __m512i high) {
+  constexpr int mask = B == 6 ? 0x30 : 0x10;
+  __m512i moved = high;  // bit 4u to bit 4
+  if constexpr (u == 0) moved = _mm512_slli_epi16(high, 4);
+  else if constexpr (u > 1) moved = _mm512_srli_epi16(high, 4 * u - 4);
+  return _mm512_ternarylogic_epi32(_mm512_set1_epi16(mask), moved, nibble<u>(low), 0xCA);  // mask ? moved : nibble
+}
+
+template <int B>
+struct Split : Grouped<B> {
+  using V = __m512i; using State = float;
+  V wv(const State&, int64_t n, int64_t k, int u) const {
+    const uint8_t* b = this->at(n, k);
+    const __m512i low = _mm512_loadu_si512(b), high = high_plane<B>(b + 64);
+    switch (u) {
+      case 1: return split_step<B, 1>(low, high);
+      case 2: return split_step<B, 2>(low, high);
+      case 3: return split_step<B, 3>(low, high);
+      default: return split_step<B, 0>(low, high);
+    }
+  }
+  // one_row_groups' group g of 4 rows (blocking.h): each row's low plane and high plane loaded once, block's
+  // steps u = 0..3 in turn.
+  void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, __m512i* acc) const {
+    const int16_t* xg = this->x + 128 * g;
+    const uint8_t* group = w + 16 * B * g;
+    const __m512i x0 = _mm512_loadu_si512(xg), x1 = _mm512_loadu_si512(xg + 32), x2 = _mm512_loadu_si512(xg + 64),
+                  x3 = _mm512_loadu_si512(xg + 96);
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* row = group + r * row_bytes;
+      const __m512i low = _mm512_loadu_si512(row), high = high_plane<B>(row + 64);
+      acc[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), split_step<B, 0>(low, high), x0);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], split_step<B, 1>(low, high), x1);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], split_step<B, 2>(low, high), x2);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], split_step<B, 3>(low, high), x3);
+    }
+  }
+};
+using W6A16 = Split<6>;
+using W5A16 = Split<5>;
 
 // w4a8: the nibbles as unsigned bytes (0..15) against int8 x (VPDPBUSD, 64 MACs per instruction), x laid out by
 // quantize_x8_w4 (common.h) so that a 64-byte load's low nibbles meet x bytes 0..63 of the block and its high
@@ -401,7 +485,17 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
 
 void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                 const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W4A16{{xq, K, x_scale}, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
+  gemv(W4A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
+}
+
+void gemv_w6a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W6A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
+}
+
+void gemv_w5a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(W5A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
 }
 
 void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
@@ -420,6 +514,44 @@ void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, in
     }
 }
 
+// fp32 to bf16 bits, 16 at a time, as common.h's f32_to_bf16: rounded to nearest even, a NaN as 0x7FC0 (integer
+// arithmetic, not VCVTNEPS2BF16, which flushes a denormal to zero where the reference keeps it).
+inline __m512i bf16_bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
+}
+
+// The split formats' prefill unpacking: each step's 32 values as the decode step reads them (Split::wv), widened
+// to fp32, q * scale + offset in one FMA (as the reference's std::fma), rounded to bf16.
+template <int B>
+void dequant_split(const Split<B>& f, int64_t n0, int64_t n1, uint16_t* o) {
+  const int64_t G = f.K / f.group;
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t k = 0; k < f.K; k += 128) {
+      const __m512 scale = _mm512_set1_ps(f.scale[n * G + k / f.group]), offset = _mm512_set1_ps(f.offset[n * G + k / f.group]);
+      for (int u = 0; u < 4; ++u) {
+        const __m512i q = f.wv(0.f, n, k, u);
+        for (int h = 0; h < 2; ++h) {
+          const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, h)));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + n * f.K + k + 32 * u + 16 * h),
+                              _mm512_cvtepi32_epi16(bf16_bits(_mm512_fmadd_ps(v, scale, offset))));
+        }
+      }
+    }
+}
+
+void dequant_w6a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  dequant_split(W6A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
+}
+
+void dequant_w5a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  dequant_split(W5A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
+}
 
 // --- attention for a few queries: each query row on its own, in a fixed order ------------------------
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -514,13 +646,17 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
   }
 }
 
-// Grouped formats without an entry here run the reference variant's kernel (api.h).
+// Grouped formats without an entry here (w2a16) run the best kernel of a variant below that the CPU runs (api.h).
 const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, "avx512", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16, gemv_w8a16,
                   quantize_x8_w4, gemv_w4a8, quantize_x8_bf16_simd, scale_rows_bf16, rms_norm<float>, rms_norm<uint16_t>,
                   attention<float>, attention<uint16_t>};
   t.gemv_grouped[QS_W4A16] = gemv_w4a16;
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
+  t.gemv_grouped[QS_W6A16] = gemv_w6a16;
+  t.dequant_grouped[QS_W6A16] = dequant_w6a16;
+  t.gemv_grouped[QS_W5A16] = gemv_w5a16;
+  t.dequant_grouped[QS_W5A16] = dequant_w5a16;
   return t;
 }();
 

@@ -140,7 +140,7 @@ void passes(const F& f, int64_t M, int m0, int64_t n0, int64_t n1, float* y, int
   pass<P>(f, m0, n0, n1, y, N);
 }
 
-// Whether a format gives group_dot (one_row_groups below): the x86 variants' 4-bit formats, AVX2's 5- and 6-bit.
+// Whether a format gives group_dot (one_row_groups below): the x86 variants' 4-, 5- and 6-bit formats.
 template <typename F, typename = void> struct GroupDot { static constexpr bool value = false; };
 template <typename F> struct GroupDot<F, std::void_t<decltype(&F::group_dot)>> { static constexpr bool value = true; };
 

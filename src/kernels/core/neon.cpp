@@ -408,7 +408,7 @@ constexpr const char* kName = "neon_dotprod";
 constexpr const char* kName = "neon";
 #endif
 
-// Grouped formats without an entry here run the reference variant's kernel (api.h).
+// Grouped formats without an entry here run the best kernel of a variant below that the CPU runs (api.h).
 const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, kName, 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16, gemv_w8a16,
                   quantize_x8_w4, gemv_w4a8, quantize_x8_bf16, scale_rows_bf16, rms_norm<float>, rms_norm<uint16_t>,
