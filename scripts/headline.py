@@ -12,6 +12,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: the figure is written to a file, never shown
@@ -109,18 +110,19 @@ def rows(item: benchpage.Entry) -> list[tuple[str, float, float, float]]:
 
 def draw(item: benchpage.Entry, path: Path = PICTURE) -> Path:
     data = rows(item)[::-1]  # the first row on top
-    fig = Figure(figsize=(8, 0.45 * len(data) + 1.6))
-    ax = fig.add_subplot()
     # the table's names carry how each was run, said in the title instead
+    # and a precision's overrides, without their "precision." prefix, wrapped so a long one keeps the plot's width
     labels = [
-        re.sub(r" \(engine\.isa=[^)]*\)", "", name).replace("precision.head_scheme=", "head ") for name, *_ in data
+        textwrap.fill(re.sub(r" \(engine\.isa=[^)]*\)", "", name).replace("precision.", ""), 34) for name, *_ in data
     ]
+    fig = Figure(figsize=(8, 0.35 * sum(label.count("\n") + 1 for label in labels) + 0.15 * len(data) + 1.6))
+    ax = fig.add_subplot()
     medians = [m for _, m, _, _ in data]
     spans = [[m - low for _, m, low, _ in data], [high - m for _, m, _, high in data]]
     colors = ["#9e9e9e" if name.startswith(("llama.cpp", "llama-bench")) else "#1f77b4" for name in labels]
     ax.barh(labels, medians, xerr=spans, color=colors, capsize=3)
-    for y, m in enumerate(medians):
-        ax.text(m, y, f"  {m:.2f}", va="center")
+    for y, (_, m, _, high) in enumerate(data):  # beside the whisker, not across it
+        ax.text(high, y, f"  {m:.2f}", va="center")
     ax.set_xlabel("ms per token, median of rounds (whiskers: min–max); lower is better")
     ax.set_title(
         f"gemma3-270m decode on 2 threads, in turns with llama.cpp\n{benchpage.host_name(item)}\n"
