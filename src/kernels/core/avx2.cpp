@@ -540,25 +540,9 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
   gemv(W8A16Pairs{{paired.data(), K, x_scale}, w, w_scale}, M, N, n0, n1, y);
 }
 
-void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W4A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
-void gemv_w2a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W2A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
-void gemv_w6a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W6A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
-void gemv_w5a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W5A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
 void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
@@ -607,7 +591,9 @@ inline __m256i bf16_bits(__m256 v) {
 // The split formats' prefill unpacking (w6a16, w5a16): each step's 16 values as the decode step reads them
 // (F::wv), widened to fp32, q * scale + offset in one FMA (as the reference's std::fma), rounded to bf16.
 template <typename F>
-void dequant_steps(const F& f, int64_t n0, int64_t n1, uint16_t* o) {
+void dequant_steps(const uint8_t* w, const float* scale_, const float* offset_, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  const F f{{{nullptr, K, nullptr}, w, scale_, offset_, nullptr, group}};  // the weight alone: no x
   const int64_t G = f.K / f.group;
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t k = 0; k < f.K; k += 128) {
@@ -622,16 +608,6 @@ void dequant_steps(const F& f, int64_t n0, int64_t n1, uint16_t* o) {
                             _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8));
       }
     }
-}
-
-void dequant_w6a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
-                   int64_t n1, uint16_t* o) {
-  dequant_steps(W6A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
-}
-
-void dequant_w5a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
-                   int64_t n1, uint16_t* o) {
-  dequant_steps(W5A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
 }
 
 // --- attention for a few queries: each query row on its own, in a fixed order ------------------------
@@ -730,13 +706,13 @@ const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, QS_NAME, 1, gemv_f32, gemv_bf16, quantize_x8_variant, gemv_w8a8, quantize_x16_simd, gemv_w8a16,
                   quantize_x8_w4, gemv_w4a8, quantize_x8_bf16_simd, scale_rows_bf16, rms_norm<float>, rms_norm<uint16_t>,
                   attention<float>, attention<uint16_t>};
-  t.gemv_grouped[QS_W4A16] = gemv_w4a16;
+  t.gemv_grouped[QS_W4A16] = grouped_gemv<W4A16>;
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
-  t.gemv_grouped[QS_W2A16] = gemv_w2a16;  // its prefill's unpacking: the reference's
-  t.gemv_grouped[QS_W6A16] = gemv_w6a16;
-  t.dequant_grouped[QS_W6A16] = dequant_w6a16;
-  t.gemv_grouped[QS_W5A16] = gemv_w5a16;
-  t.dequant_grouped[QS_W5A16] = dequant_w5a16;
+  t.gemv_grouped[QS_W2A16] = grouped_gemv<W2A16>;  // its prefill's unpacking: the reference's
+  t.gemv_grouped[QS_W6A16] = grouped_gemv<W6A16>;
+  t.dequant_grouped[QS_W6A16] = dequant_steps<W6A16>;
+  t.gemv_grouped[QS_W5A16] = grouped_gemv<W5A16>;
+  t.dequant_grouped[QS_W5A16] = dequant_steps<W5A16>;
   return t;
 }();
 

@@ -4,9 +4,10 @@
 //   gemv_f32    W fp32, FMA                        gemv_bf16  W bf16, VDPBF16PS (32 MACs/op)
 //   gemv_w8a8   W int8, x int8 as u8 + 128 (VPDPBUSD: 64 MACs/op)
 //   gemv_w8a16  W int8 split into int16 by shifts, x int16 paired to match (VPDPWSSD: 32 MACs/op)
-//   gemv_w4a16  W int4 in groups, x int16 (VPDPWSSD on the nibbles; each group's sum scaled in fp32)
-//   gemv_w6a16, gemv_w5a16  W 6 or 5 bits in groups, as w4a16 with each step's high bits merged in (Split)
-// dequant_w4a16, _w6a16, _w5a16 (unpacked to bf16 for a prefill's GEMM) and attention for a few queries.
+//   w4a16       W int4 in groups, x int16 (VPDPWSSD on the nibbles; each group's sum scaled in fp32)
+//   w6a16, w5a16  W 6 or 5 bits in groups, as w4a16 with each step's high bits merged in (Split)
+// (the grouped formats through blocking.h's grouped_gemv), their unpacking to bf16 for a prefill's GEMM
+// (dequant_w4a16, dequant_split) and attention for a few queries.
 // Every weight vector loaded is used for all M rows in registers, so verifying k tokens reads W once.
 //
 // Why our own: a decode step is memory bound, and a conversion per element (int8 -> fp32, bf16 -> fp32)
@@ -311,6 +312,14 @@ inline __m512i split_step(__m512i low, __m512i high) {
 template <int B>
 struct Split : Grouped<B> {
   using V = __m512i; using State = float;
+  // All four steps of the 128 values at b (their planes read once): the decode step's group and the unpacking.
+  static void steps(const uint8_t* b, __m512i* q) {
+    const __m512i low = _mm512_loadu_si512(b), high = high_plane<B>(b + 64);
+    q[0] = split_step<B, 0>(low, high);
+    q[1] = split_step<B, 1>(low, high);
+    q[2] = split_step<B, 2>(low, high);
+    q[3] = split_step<B, 3>(low, high);
+  }
   V wv(const State&, int64_t n, int64_t k, int u) const {
     const uint8_t* b = this->at(n, k);
     const __m512i low = _mm512_loadu_si512(b), high = high_plane<B>(b + 64);
@@ -321,20 +330,19 @@ struct Split : Grouped<B> {
       default: return split_step<B, 0>(low, high);
     }
   }
-  // one_row_groups' group g of 4 rows (blocking.h): each row's low plane and high plane loaded once, block's
-  // steps u = 0..3 in turn.
+  // one_row_groups' group g of 4 rows (blocking.h): each row's planes loaded once, block's steps u = 0..3 in turn.
   void group_dot(const uint8_t* w, int64_t row_bytes, int64_t g, __m512i* acc) const {
     const int16_t* xg = this->x + 128 * g;
     const uint8_t* group = w + 16 * B * g;
     const __m512i x0 = _mm512_loadu_si512(xg), x1 = _mm512_loadu_si512(xg + 32), x2 = _mm512_loadu_si512(xg + 64),
                   x3 = _mm512_loadu_si512(xg + 96);
     for (int r = 0; r < 4; ++r) {
-      const uint8_t* row = group + r * row_bytes;
-      const __m512i low = _mm512_loadu_si512(row), high = high_plane<B>(row + 64);
-      acc[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), split_step<B, 0>(low, high), x0);
-      acc[r] = _mm512_dpwssd_epi32(acc[r], split_step<B, 1>(low, high), x1);
-      acc[r] = _mm512_dpwssd_epi32(acc[r], split_step<B, 2>(low, high), x2);
-      acc[r] = _mm512_dpwssd_epi32(acc[r], split_step<B, 3>(low, high), x3);
+      __m512i q[4];
+      steps(group + r * row_bytes, q);
+      acc[r] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q[0], x0);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], q[1], x1);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], q[2], x2);
+      acc[r] = _mm512_dpwssd_epi32(acc[r], q[3], x3);
     }
   }
 };
@@ -483,20 +491,8 @@ void gemv_w8a16(const int16_t* xq, const float* x_scale, const int8_t* w, const 
   gemv(W8A16Pairs{{paired.data(), K, x_scale}, w, w_scale}, M, N, n0, n1, y);
 }
 
-void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W4A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
-void gemv_w6a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W6A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
-void gemv_w5a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W5A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
 void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
@@ -524,33 +520,25 @@ inline __m512i bf16_bits(__m512 v) {
   return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
 }
 
-// The split formats' prefill unpacking: each step's 32 values as the decode step reads them (Split::wv), widened
-// to fp32, q * scale + offset in one FMA (as the reference's std::fma), rounded to bf16.
-template <int B>
-void dequant_split(const Split<B>& f, int64_t n0, int64_t n1, uint16_t* o) {
-  const int64_t G = f.K / f.group;
+// The split formats' prefill unpacking: the 32 values of each step as the decode step reads them (Split::steps, the
+// planes read once per 128), widened to fp32, q * scale + offset in one FMA (as the reference's std::fma), rounded
+// to bf16.
+template <typename F>
+void dequant_split(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  const int64_t G = K / group;
   for (int64_t n = n0; n < n1; ++n)
-    for (int64_t k = 0; k < f.K; k += 128) {
-      const __m512 scale = _mm512_set1_ps(f.scale[n * G + k / f.group]), offset = _mm512_set1_ps(f.offset[n * G + k / f.group]);
-      for (int u = 0; u < 4; ++u) {
-        const __m512i q = f.wv(0.f, n, k, u);
+    for (int64_t k = 0; k < K; k += 128) {
+      const __m512 s = _mm512_set1_ps(scale[n * G + k / group]), z = _mm512_set1_ps(offset[n * G + k / group]);
+      __m512i q[4];
+      F::steps(w + (n * K + k) * F::kBits / 8, q);
+      for (int u = 0; u < 4; ++u)
         for (int h = 0; h < 2; ++h) {
-          const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, h)));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + n * f.K + k + 32 * u + 16 * h),
-                              _mm512_cvtepi32_epi16(bf16_bits(_mm512_fmadd_ps(v, scale, offset))));
+          const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q[u], h)));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + n * K + k + 32 * u + 16 * h),
+                              _mm512_cvtepi32_epi16(bf16_bits(_mm512_fmadd_ps(v, s, z))));
         }
-      }
     }
-}
-
-void dequant_w6a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
-                   int64_t n1, uint16_t* o) {
-  dequant_split(W6A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
-}
-
-void dequant_w5a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
-                   int64_t n1, uint16_t* o) {
-  dequant_split(W5A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
 }
 
 // --- attention for a few queries: each query row on its own, in a fixed order ------------------------
@@ -651,12 +639,12 @@ const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, "avx512", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16, gemv_w8a16,
                   quantize_x8_w4, gemv_w4a8, quantize_x8_bf16_simd, scale_rows_bf16, rms_norm<float>, rms_norm<uint16_t>,
                   attention<float>, attention<uint16_t>};
-  t.gemv_grouped[QS_W4A16] = gemv_w4a16;
+  t.gemv_grouped[QS_W4A16] = grouped_gemv<W4A16>;
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
-  t.gemv_grouped[QS_W6A16] = gemv_w6a16;
-  t.dequant_grouped[QS_W6A16] = dequant_w6a16;
-  t.gemv_grouped[QS_W5A16] = gemv_w5a16;
-  t.dequant_grouped[QS_W5A16] = dequant_w5a16;
+  t.gemv_grouped[QS_W6A16] = grouped_gemv<W6A16>;
+  t.dequant_grouped[QS_W6A16] = dequant_split<W6A16>;
+  t.gemv_grouped[QS_W5A16] = grouped_gemv<W5A16>;
+  t.dequant_grouped[QS_W5A16] = dequant_split<W5A16>;
   return t;
 }();
 

@@ -240,4 +240,13 @@ void gemv(const F& f, int64_t M, int64_t N, int64_t n0, int64_t n1, float* y) {
   for (int m0 = 0; m0 < M; m0 += kMaxM) passes<kMaxM>(f, M, m0, n0, n1, y, N);
 }
 
+// A grouped weight-only format's gemv entry (api.h's gemv_grouped) for a variant whose grouped formats are built
+// alike, x's part then the weight's (Grouped<B> in avx2.cpp, avx512.cpp and neon.cpp): the call's arguments as F,
+// then gemv above.
+template <typename F>
+void grouped_gemv(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
+                  const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
+  gemv(F{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
+}
+
 }  // namespace qs

@@ -239,20 +239,8 @@ void gemv_w4a8(const int8_t* xq, const float* x_scale, const float* group_sums, 
   gemv(W4A8{xq, K, x_scale, w, scale, offset, group_sums, group}, M, N, n0, n1, y);
 }
 
-void gemv_w4a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W4A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
-void gemv_w6a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W6A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
-void gemv_w5a16(const int16_t* xq, const float* x_scale, const float* group_sums, const uint8_t* w, const float* scale,
-                const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y) {
-  gemv(W5A16{{{xq, K, x_scale}, w, scale, offset, group_sums, group}}, M, N, n0, n1, y);
-}
 
 // A group's 16 bf16 values as low- and high-byte tables, looked up with TBL by each lane's nibble.
 void dequant_w4a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
@@ -292,7 +280,9 @@ inline uint16x4_t bf16_bits(float32x4_t v) {
 // The split formats' prefill unpacking (w6a16, w5a16): each step's 8 values as the decode step reads them
 // (F::wv), widened to fp32, q * scale + offset in one FMA (as the reference's std::fma), rounded to bf16.
 template <typename F>
-void dequant_steps(const F& f, int64_t n0, int64_t n1, uint16_t* o) {
+void dequant_steps(const uint8_t* w, const float* scale_, const float* offset_, int64_t group, int64_t K, int64_t n0,
+                   int64_t n1, uint16_t* o) {
+  const F f{{{nullptr, K, nullptr}, w, scale_, offset_, nullptr, group}};  // the weight alone: no x
   const int64_t G = f.K / f.group;
   for (int64_t n = n0; n < n1; ++n)
     for (int64_t k = 0; k < f.K; k += 128) {
@@ -304,16 +294,6 @@ void dequant_steps(const F& f, int64_t n0, int64_t n1, uint16_t* o) {
                   vcombine_u16(bf16_bits(vfmaq_f32(offset, lo, scale)), bf16_bits(vfmaq_f32(offset, hi, scale))));
       }
     }
-}
-
-void dequant_w6a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
-                   int64_t n1, uint16_t* o) {
-  dequant_steps(W6A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
-}
-
-void dequant_w5a16(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t n0,
-                   int64_t n1, uint16_t* o) {
-  dequant_steps(W5A16{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}}, n0, n1, o);
 }
 
 // --- attention for a few queries: each query row on its own, in a fixed order ------------------------
@@ -413,12 +393,12 @@ const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, kName, 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16, gemv_w8a16,
                   quantize_x8_w4, gemv_w4a8, quantize_x8_bf16, scale_rows_bf16, rms_norm<float>, rms_norm<uint16_t>,
                   attention<float>, attention<uint16_t>};
-  t.gemv_grouped[QS_W4A16] = gemv_w4a16;
+  t.gemv_grouped[QS_W4A16] = grouped_gemv<W4A16>;
   t.dequant_grouped[QS_W4A16] = dequant_w4a16;
-  t.gemv_grouped[QS_W6A16] = gemv_w6a16;
-  t.dequant_grouped[QS_W6A16] = dequant_w6a16;
-  t.gemv_grouped[QS_W5A16] = gemv_w5a16;
-  t.dequant_grouped[QS_W5A16] = dequant_w5a16;
+  t.gemv_grouped[QS_W6A16] = grouped_gemv<W6A16>;
+  t.dequant_grouped[QS_W6A16] = dequant_steps<W6A16>;
+  t.gemv_grouped[QS_W5A16] = grouped_gemv<W5A16>;
+  t.dequant_grouped[QS_W5A16] = dequant_steps<W5A16>;
   return t;
 }();
 
