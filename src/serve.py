@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
             raise ConfigError(reason)
         job = build(cfg)
         t = cfg.task
-        settings = http.Settings(t.max_sequences, t.max_batch_tokens, t.max_waiting)
+        settings = http.Settings.of(t)
         app = http.App(job.model, job.loaded.tokenizer, cfg.model.name, job.loaded.max_context, settings)
         server = http.start(app, t.host, t.port)
     except (ConfigError, EnvError, Unbatchable, OSError) as e:

@@ -14,6 +14,7 @@ line that is not one of these is refused in one line naming its number.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,10 +100,51 @@ def templated(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def encode(tokenizer, prompt: Prompt) -> list[int]:
+TEMPLATE_S = 2.0  # seconds a chat template may take to render one conversation
+
+
+class TemplateTooCostly(ValueError):
+    """A chat template that ran past its time or size bound (a model folder's template with loops that grow)."""
+
+
+def render_chat(tokenizer, chat: list[dict], max_chars: int, within_s: float = TEMPLATE_S) -> list[int]:
+    """The conversation's token ids through the tokenizer's chat template (the generation prompt after it), as
+    transformers' apply_chat_template makes them, rendered piece by piece: past `max_chars` characters or
+    `within_s` seconds it stops with TemplateTooCostly (a template is a model folder's code, run in Jinja's
+    sandbox, which bounds what it may touch but not how long it runs). The deadline is checked at every piece of
+    output and every `range` the template calls, so a loop that writes nothing is bounded too where it counts
+    with `range`."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template  # noqa: PLC0415 - transformers' own
+
+    template = _compile_jinja_template(tokenizer.chat_template)
+    deadline = time.monotonic() + within_s
+    late = TemplateTooCostly(
+        f"the model's chat template ran past {within_s:.0f} s on this conversation; shorten it or fix the template"
+    )
+
+    def bounded_range(*args):
+        if time.monotonic() > deadline:
+            raise late
+        return template.environment.globals.get("range", range)(*args)
+
+    values = {**tokenizer.special_tokens_map, "range": bounded_range}
+    pieces, size = [], 0
+    for piece in template.generate(messages=chat, tools=None, documents=None, add_generation_prompt=True, **values):
+        size += len(piece)
+        if size > max_chars:
+            raise TemplateTooCostly(
+                f"the model's chat template made over {max_chars} characters of this conversation, more than the "
+                "context holds; shorten it"
+            )
+        if time.monotonic() > deadline:
+            raise late
+        pieces.append(piece)
+    return list(tokenizer("".join(pieces), add_special_tokens=False).input_ids)
+
+
+def encode(tokenizer, prompt: Prompt, max_chars: int = 1 << 30) -> list[int]:
     """The prompt's token ids: a chat through the chat template where there is one, else its text as a prompt."""
     if prompt.messages and templated(tokenizer):
         chat = [{"role": role, "content": content} for role, content in prompt.messages]
-        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return render_chat(tokenizer, chat, max_chars)
     return list(tokenizer(prompt.flat()).input_ids)

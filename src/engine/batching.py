@@ -128,6 +128,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.steps = 0
+        self.cancelled = 0  # sequences that left before their end (their client gone, or a stop string)
 
     @property
     def idle(self) -> bool:
@@ -140,7 +141,9 @@ class Scheduler:
         """This step's rows: each decoding sequence's last token, then prompt chunks, oldest first."""
         while self.waiting and len(self.running) < self.max_sequences:
             seq = self.waiting.popleft()
-            if not seq.cancelled:
+            if seq.cancelled:
+                self.cancelled += 1
+            else:
                 seq.cache = self.batch_step.new_cache()
                 self.running.append(seq)
         rows = [(seq, [seq.next_input()], True) for seq in self.running if not seq.prefilling]
@@ -157,20 +160,47 @@ class Scheduler:
         return rows
 
     def step(self) -> int:
-        """One batched call; the number of rows it ran (0: nothing to do)."""
+        """One batched call; the number of rows it ran (0: nothing to do).
+
+        A step that raises is undone (each cache cropped back to its length before it) and its sequences are
+        run again one at a time: the one whose own step raises ends with the error, the others go on with the
+        tokens they would have had. One request's bad input never fails another's."""
         self._drop_cancelled()
         rows = self.plan()
         if not rows:
             return 0
-        chosen = iter(self.batch_step(rows))
+        before = [seq.cache.size() for seq, _, _ in rows]
+        try:
+            chosen = self.batch_step(rows)
+        except Exception:  # noqa: BLE001 - whose fault it was is found by running each alone
+            for (seq, _, _), length in zip(rows, before, strict=True):
+                seq.cache.crop(seq.cache.size() - length)  # crop(n) drops the last n positions
+            self._alone(rows)
+        else:
+            self._take(rows, chosen)
+        self.running = [seq for seq in self.running if seq.cache is not None]
+        self.steps += 1
+        return sum(len(tokens) for _, tokens, _ in rows)
+
+    def _take(self, rows: list[tuple[Sequence, list[int], bool]], chosen: list[int]) -> None:
+        chosen = iter(chosen)
         for seq, tokens, emits in rows:
             if seq.prefilling:
                 seq.fed += len(tokens)
             if emits:
                 self._advance(seq, next(chosen))
-        self.running = [seq for seq in self.running if seq.cache is not None]
-        self.steps += 1
-        return sum(len(tokens) for _, tokens, _ in rows)
+
+    def _alone(self, rows: list[tuple[Sequence, list[int], bool]]) -> None:
+        """Each row's step by itself, after a batched step raised: a row that raises again ends its sequence."""
+        for row in rows:
+            seq = row[0]
+            try:
+                chosen = self.batch_step([row])
+            except Exception as e:  # noqa: BLE001 - this sequence's own input: it ends, with the reason
+                seq.cache = None
+                seq.emit(None, f"error: {type(e).__name__}: {_first_line(e)}")
+                continue
+            self._take([row], chosen)
 
     def _advance(self, seq: Sequence, token: int) -> None:
         seq.tokens.append(token)
@@ -187,8 +217,9 @@ class Scheduler:
 
     def _drop_cancelled(self) -> None:
         for seq in self.running:
-            if seq.cancelled:
+            if seq.cancelled and seq.cache is not None:
                 seq.cache = None
+                self.cancelled += 1
         self.running = [seq for seq in self.running if seq.cache is not None]
 
     def fail_all(self, reason: str) -> None:
@@ -204,13 +235,15 @@ class QueueFull(Exception):
 
 
 class Loop:
-    """The scheduler on a thread of its own: `submit` from any thread (QueueFull past `max_waiting`), steps
+    """The scheduler on a thread of its own: `reserve` a place from any thread (QueueFull past `max_waiting`,
+    counting requests still being read and tokenized), `submit` the sequence into it (or `release` it), steps
     run while anything is waiting or running, `close` ends it (what is still running ends "cancelled")."""
 
     def __init__(self, scheduler: Scheduler, max_waiting: int):
         self.scheduler, self.max_waiting = scheduler, max_waiting
         self.lock = threading.Condition()
         self.arrivals: deque[Sequence] = deque()
+        self.reserved = 0  # places held by requests not yet submitted (their prompts being tokenized)
         self.closing = False
         self.error: str | None = None
         self.thread = threading.Thread(target=self._run, name="quantspec-batching", daemon=True)
@@ -218,17 +251,31 @@ class Loop:
 
     def waiting(self) -> int:
         with self.lock:
-            return len(self.arrivals) + len(self.scheduler.waiting)
+            return len(self.arrivals) + len(self.scheduler.waiting) + self.reserved
 
     def running(self) -> int:
         return len(self.scheduler.running)
 
-    def submit(self, seq: Sequence) -> None:
+    def reserve(self) -> None:
+        """Hold a place in the queue for a request about to be tokenized (QueueFull where none is left)."""
         with self.lock:
             if self.closing:
                 raise QueueFull("the server is shutting down")
-            if len(self.arrivals) + len(self.scheduler.waiting) >= self.max_waiting:
+            if len(self.arrivals) + len(self.scheduler.waiting) + self.reserved >= self.max_waiting:
                 raise QueueFull(f"{self.max_waiting} requests are already waiting")
+            self.reserved += 1
+
+    def release(self) -> None:
+        """Give back a reserved place unused (the request was refused)."""
+        with self.lock:
+            self.reserved -= 1
+
+    def submit(self, seq: Sequence) -> None:
+        """The sequence takes its reserved place (QueueFull if the server is shutting down)."""
+        with self.lock:
+            self.reserved -= 1
+            if self.closing:
+                raise QueueFull("the server is shutting down")
             self.arrivals.append(seq)
             self.lock.notify()
 
@@ -258,6 +305,11 @@ class Loop:
         for seq in pending:
             scheduler.add(seq)
         scheduler.fail_all("cancelled")
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else "no message"
 
 
 def for_model(model) -> cstep.CompiledSteps:

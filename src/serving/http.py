@@ -2,10 +2,21 @@
 /v1/chat/completions (streamed as server-sent events with "stream": true), GET /v1/models and /health.
 
 Python's own ThreadingHTTPServer, a thread per connection: each request is read and tokenized on its thread,
-joins the batching loop's queue (at most `max_waiting` wait; past that it is answered 503 at once), and its
-tokens come back through a queue of its own. A request that cannot be served gets its HTTP status and one line
-(`{"error": {"message": ...}}`); a client that goes away mid-stream has its sequence cancelled at the next step;
-neither touches any other request. Loopback by default: nothing here authenticates a caller.
+joins the batching loop's queue (at most `max_waiting` wait, those being tokenized counted; past that it is
+answered 503 at once), and its tokens come back through a queue of its own. What one request brings cannot fail
+another: every field is checked before it joins, and a step that raises is run again row by row so that only
+the sequence whose input raised ends (src.engine.batching).
+
+What a client can hold is bounded: at most `max_connections` connections are open (past that, 503 and the
+connection closed); a request's headers and body must arrive within `read_timeout_s` (else 408 and closed, a
+request trickled a byte at a time included), and an idle keep-alive connection is closed after as long; a
+client that goes away, streamed or not, has its sequence cancelled at the next step. Every request gets a
+status line and one line of JSON (`{"error": {"message": ...}}`) when it cannot be served, logged at warning.
+
+Why threads and not an asyncio server: the work is the batching loop's, on its own thread; a handler only reads,
+tokenizes and waits on its queue, so a thread each costs little once their count and their reading time are
+bounded, and the stdlib server keeps the whole path readable here. Loopback by default: nothing here
+authenticates a caller.
 """
 
 from __future__ import annotations
@@ -13,7 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import select
+import socket
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -25,15 +39,32 @@ log = logging.getLogger("quantspec.serve")
 
 MAX_BODY = 4 << 20  # bytes: a request's JSON (a 128k-token prompt is ~1 MB of text)
 TOKEN_WAIT_S = 600.0  # a request waits this long for its next token before it gives up (a stuck step)
+POLL_S = 0.5  # while it waits, a request looks this often whether its client is still there
+TOKENIZING = 2  # requests tokenized at once (each may hold a prompt's worth of memory): the cores a host has
 
 
-@dataclass
+class ClientGone(Exception):
+    """The client closed its connection while its request was decoding."""
+
+
+@dataclass(frozen=True)
 class Settings:
-    """How the server batches and queues (task=serve's fields of the same names)."""
+    """How the server batches, queues and bounds its clients (task=serve's fields of the same names)."""
 
     max_sequences: int = batching.MAX_SEQUENCES
     max_batch_tokens: int = 32
     max_waiting: int = 64
+    default_max_tokens: int = 256
+    max_connections: int = 256
+    read_timeout_s: float = 30.0
+
+    @classmethod
+    def of(cls, task) -> Settings:
+        """The settings of a task=serve config (src.tasks.kinds.Serve)."""
+        return cls(
+            task.max_sequences, task.max_batch_tokens, task.max_waiting, task.default_max_tokens,
+            task.max_connections, task.read_timeout_s,
+        )  # fmt: skip
 
 
 class App:
@@ -44,6 +75,10 @@ class App:
         scheduler = batching.Scheduler(step, settings.max_sequences, settings.max_batch_tokens)
         self.loop = batching.Loop(scheduler, settings.max_waiting)
         self.tokenizer, self.name, self.max_context = tokenizer, name, max_context
+        self.settings = settings
+        self.limits = openai.Limits(max_context, settings.default_max_tokens)
+        self.tokenizing = threading.BoundedSemaphore(TOKENIZING)
+        openai.longest_token(tokenizer)  # once, before the first request waits on it
         self.served = self.refused = 0  # requests answered in full; refused with an error status
         self.counter = threading.Lock()
 
@@ -62,11 +97,56 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: Server
 
+    def setup(self):
+        self.timeout = self.server.app.settings.read_timeout_s  # each read and write on the socket
+        super().setup()
+
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         log.debug("%s - %s", self.address_string(), format % args)
 
+    def handle_one_request(self):
+        """One request, its reading bounded by read_timeout_s: the server's watch closes a connection whose
+        request has not fully arrived by then (408 where part of it came), however slowly its bytes trickle."""
+        watch = self.server.watch
+        watch(self.connection, partial=False)
+        try:
+            if not self.rfile.peek(1):  # the client closed its connection between requests
+                self.close_connection = True
+                return
+        except (TimeoutError, OSError):
+            self.close_connection = True
+            return
+        watch(self.connection, partial=True)
+        try:
+            super().handle_one_request()
+        except (TimeoutError, OSError):  # the watch cut it off, or the client reset it
+            self.close_connection = True
+        finally:
+            self.server.unwatch(self.connection)
+
+    def send_error(self, code, message=None, explain=None):
+        """The base class's errors (a malformed request line, a method that is not GET or POST, headers too
+        long) in the API's shape: the status and one line of JSON."""
+        text = message or self.responses.get(code, ("error",))[0]
+        log.warning("HTTP %d: %s", code, text)
+        self.close_connection = True
+        # an unreadable request line leaves the version at HTTP/0.9, whose replies have no status line: give one
+        self.request_version = "HTTP/1.1"
+        body = json.dumps(openai.error(f"{text}; send an HTTP/1.1 GET or POST as OpenAI's API takes", code)).encode()
+        try:
+            self.send_response(code, message)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except OSError:  # the client is gone already
+            pass
+
     def do_GET(self):
         app = self.server.app
+        self.server.unwatch(self.connection)
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             self._json(
                 200,
@@ -78,11 +158,29 @@ class Handler(BaseHTTPRequestHandler):
                 },
             )
         elif self.path.rstrip("/") in ("/health", ""):
-            self._json(200, {"status": "ok", "running": app.loop.running(), "waiting": app.loop.waiting()})
+            loop = app.loop
+            health = {"status": "ok", "running": loop.running(), "waiting": loop.waiting()}
+            self._json(200, {**health, "cancelled": loop.scheduler.cancelled, "connections": self.server.open})
         else:
             self._fail(404, f"no such path {self.path}; the API is at /v1/completions and /v1/chat/completions")
 
     def do_POST(self):
+        self.answered = False  # whether a status line has gone out (a stream's 200)
+        try:
+            self._post()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError, ClientGone):  # the client left
+            self.close_connection = True
+        except Exception as e:  # noqa: BLE001 - a fault of the server's own: this request's 500, never silence
+            line = (str(e).strip().splitlines() or ["no message"])[0]
+            log.warning("a request failed: %s: %s", type(e).__name__, line, exc_info=log.isEnabledFor(logging.DEBUG))
+            self.close_connection = True
+            if not self.answered:
+                try:
+                    self._fail(500, f"the server could not answer this request ({type(e).__name__}: {line})")
+                except OSError:
+                    pass
+
+    def _post(self):
         app = self.server.app
         path = self.path.split("?")[0].rstrip("/")
         if path not in ("/v1/completions", "/v1/chat/completions"):
@@ -93,10 +191,23 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._fail(413, f"the body must have a Content-Length of at most {MAX_BODY} bytes")
         body = self.rfile.read(length)
+        self.server.unwatch(self.connection)
+        if len(body) < length:  # cut off by the watch (it answered 408) or by the client
+            self.close_connection = True
+            return
         try:
-            request = openai.read(body, path.endswith("chat/completions"), app.tokenizer, app.max_context)
+            app.loop.reserve()
+        except batching.QueueFull as e:
+            return self._fail(503, f"the server is busy: {e}; retry later")
+        try:
+            with app.tokenizing:
+                request = openai.read(body, path.endswith("chat/completions"), app.tokenizer, app.limits)
         except openai.BadRequest as e:
+            app.loop.release()
             return self._fail(e.status, str(e))
+        except BaseException:
+            app.loop.release()
+            raise
         events: queue.Queue = queue.Queue()
         seq = batching.Sequence(
             request.prompt_ids,
@@ -111,20 +222,39 @@ class Handler(BaseHTTPRequestHandler):
             return self._fail(503, f"the server is busy: {e}; retry later")
         try:
             (self._stream if request.stream else self._whole)(request, seq, events)
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the client left: its sequence ends
-            seq.cancelled = True
-            self.close_connection = True
+        finally:
+            seq.cancelled = True  # whatever ended this request, its sequence leaves at the next step
+
+    def _gone(self) -> bool:
+        """Whether the client has closed its side (a read would return nothing), without reading its data."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def _tokens(self, request: openai.Completion, seq: batching.Sequence, events: queue.Queue):
         """(text piece, finish reason or None) as the tokens come; a stop string ends the sequence."""
         text = Detokenizer(self.server.app.tokenizer, request.stop)
+        waited = 0.0
         while True:
             try:
-                token, done = events.get(timeout=TOKEN_WAIT_S)
+                token, done = events.get(timeout=POLL_S)
             except queue.Empty:
-                seq.cancelled = True
-                yield text.add(None), f"error: no token came for {TOKEN_WAIT_S:.0f} s"
-                return
+                waited += POLL_S
+                if self._gone():
+                    raise ClientGone from None
+                if waited >= TOKEN_WAIT_S:
+                    yield text.add(None), f"error: no token came for {TOKEN_WAIT_S:.0f} s"
+                    return
+                continue
+            waited = 0.0
+            if self._gone():
+                raise ClientGone
             piece = text.add(token)
             if text.stopped:
                 seq.cancelled = True
@@ -149,6 +279,7 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, request, seq, events):
         app = self.server.app
         self.send_response(200)
+        self.answered = True
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")  # the stream's end is the connection's
@@ -184,8 +315,11 @@ class Handler(BaseHTTPRequestHandler):
     def _fail(self, status: int, message: str) -> None:
         if status != 404:
             self.server.app.count(False)
-        # a path that is not the API (a load generator's probe of /metrics) is the caller's business
-        log.log(logging.DEBUG if status == 404 else logging.INFO, "HTTP %d: %s", status, message)
+        # a path that is not the API (a load generator's probe of /metrics) is the caller's business, and a busy
+        # server's 503 is its load, not a fault
+        level = logging.DEBUG if status == 404 else logging.INFO if status == 503 else logging.WARNING
+        log.log(level, "HTTP %d: %s", status, message)
+        self.answered = True
         self._json(status, openai.error(message, status))
 
     def _length(self) -> int:
@@ -207,14 +341,78 @@ class Server(ThreadingHTTPServer):
     # the listen backlog: socketserver's 5 reset 9 of 100 clients connecting at once (the queue behind it answers
     # them 503 instead, in one line)
     request_queue_size = 1024
+    REAP_S = 0.25  # how often the watch looks for requests past their reading time
+
+    def __init__(self, app: App, host: str, port: int):
+        super().__init__((host, port), Handler)
+        self.app = app
+        self.open = 0  # connections being served, a thread each
+        self.guard = threading.Lock()
+        self.reading: dict[socket.socket, tuple[float, bool]] = {}  # connection: (deadline, part of it came)
+        self.stopped = threading.Event()
+        threading.Thread(target=self._reap, name="quantspec-http-watch", daemon=True).start()
 
     def handle_error(self, request, client_address):
         # a client that resets its connection between requests: one line at debug, not socketserver's traceback
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
-    def __init__(self, app: App, host: str, port: int):
-        super().__init__((host, port), Handler)
-        self.app = app
+    def process_request(self, request, client_address):
+        """A thread for the connection, or, with max_connections already open, 503 in one line and closed."""
+        with self.guard:
+            full = self.open >= self.app.settings.max_connections
+            if not full:
+                self.open += 1
+        if not full:
+            return super().process_request(request, client_address)
+        self.app.count(False)
+        log.info("HTTP 503: %d connections are open; refused %s", self.open, client_address[0])
+        message = f"the server is busy: it holds {self.app.settings.max_connections} connections already; retry later"
+        try:
+            request.settimeout(1.0)
+            request.sendall(_response(503, "Service Unavailable", openai.error(message, 503)))
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.guard:
+                self.open -= 1
+                self.reading.pop(request, None)
+
+    def watch(self, conn: socket.socket, partial: bool) -> None:
+        """The connection must bring its request within read_timeout_s (partial: some of it has come)."""
+        with self.guard:
+            self.reading[conn] = (time.monotonic() + self.app.settings.read_timeout_s, partial)
+
+    def unwatch(self, conn: socket.socket) -> None:
+        with self.guard:
+            self.reading.pop(conn, None)
+
+    def _reap(self) -> None:
+        """Close each connection past its reading time: 408 where part of a request came, silently where none."""
+        timeout = self.app.settings.read_timeout_s
+        while not self.stopped.wait(self.REAP_S):
+            now = time.monotonic()
+            with self.guard:
+                late = [(c, partial) for c, (deadline, partial) in self.reading.items() if deadline < now]
+                for conn, _ in late:
+                    del self.reading[conn]
+            for conn, partial in late:
+                if partial:
+                    log.warning("HTTP 408: a request did not arrive within %.0f s; closed", timeout)
+                    self.app.count(False)
+                    message = f"the request did not arrive within {timeout:.0f} s (task.read_timeout_s); send it whole"
+                    try:
+                        conn.sendall(_response(408, "Request Timeout", openai.error(message, 408)))
+                    except OSError:
+                        pass
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)  # the handler's read returns; its thread ends
+                except OSError:
+                    pass
 
     @property
     def port(self) -> int:
@@ -226,8 +424,19 @@ class Server(ThreadingHTTPServer):
     def close(self) -> None:
         """Stop listening, end what is in flight ("cancelled"), and release the port."""
         self.shutdown()
+        self.stopped.set()
         self.app.loop.close()
         self.server_close()
+
+
+def _response(status: int, reason: str, data: dict) -> bytes:
+    """A whole HTTP response that closes its connection (written where no handler runs)."""
+    body = json.dumps(data).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def start(app: App, host: str = "127.0.0.1", port: int = 0) -> Server:

@@ -11,10 +11,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from src.data.prompts import templated
+from src.data.prompts import TemplateTooCostly, render_chat, templated
 from src.engine.config import MIN_TEMPERATURE, Sampling
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (a chat's is the server's setting)
+MAX_STOPS = 4  # stop strings a request may send (OpenAI's limit)
+MAX_STOP_CHARS = 256  # characters in one stop string: each is matched against the text held back at every token
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
 
 
 class BadRequest(Exception):
@@ -41,54 +44,86 @@ class Completion:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def read(body: bytes, chat: bool, tokenizer, max_context: int) -> Completion:
-    """The request in `body` (JSON), or BadRequest."""
+@dataclass(frozen=True)
+class Limits:
+    """What a request may ask of the server: its context, and the new tokens of one that names none."""
+
+    max_context: int
+    default_max_tokens: int = 256
+
+
+def read(body: bytes, chat: bool, tokenizer, limits: Limits | int) -> Completion:
+    """The request in `body` (JSON), or BadRequest. Every field is checked before the request joins the batch,
+    so nothing it brings can fail a step that other requests share; anything unforeseen in reading it is a
+    BadRequest too, with its type and first line."""
+    limits = limits if isinstance(limits, Limits) else Limits(limits)
+    try:
+        return _read(body, chat, tokenizer, limits)
+    except BadRequest:
+        raise
+    except RecursionError:
+        raise BadRequest("the body nests too deeply to read; send a flat JSON object as OpenAI's API takes") from None
+    except Exception as e:  # noqa: BLE001 - a field's shape this reader did not foresee: still one line, 400
+        line = (str(e).strip().splitlines() or ["no message"])[0]
+        raise BadRequest(f"the request could not be read ({type(e).__name__}: {line}); check its fields") from None
+
+
+def _read(body: bytes, chat: bool, tokenizer, limits: Limits) -> Completion:
     try:
         req = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"the body is not JSON ({e}); send a JSON object as OpenAI's API takes") from None
     if not isinstance(req, dict):
         raise BadRequest("the body must be a JSON object with the request's fields")
-    ids = _chat_ids(req, tokenizer) if chat else _prompt_ids(req, tokenizer)
-    if not ids:
-        raise BadRequest("the prompt is empty: send at least one token of text")
     for name in ("n", "best_of"):
         if req.get(name) not in (None, 1):
             raise BadRequest(f"{name}={req[name]!r}: this server generates one choice a request; send {name}=1")
     for name in ("logprobs", "echo", "top_logprobs"):
         if req.get(name) not in (None, False, 0):
             raise BadRequest(f"{name} is not supported by this server; leave it out")
-    room = max_context - len(ids)
+    stop = _stop(req.get("stop"))
+    sampling = _sampling(req)
+    stream = req.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"stream={stream!r} must be true or false")
+    options = req.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest('stream_options must be an object, e.g. {"include_usage": true}')
+    ignore_eos = req.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest(f"ignore_eos={ignore_eos!r} must be true or false")
     asked = req.get("max_completion_tokens", req.get("max_tokens"))
-    if asked is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, room) if not chat else room
-    elif not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
+    if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
         raise BadRequest(f"max_tokens={asked!r} must be a positive integer")
+    # the costly part last, once every cheap field has passed
+    ids = _chat_ids(req, tokenizer, limits) if chat else _prompt_ids(req, tokenizer, limits)
+    if not ids:
+        raise BadRequest("the prompt is empty: send at least one token of text")
+    room = limits.max_context - len(ids)
+    if asked is None:
+        max_tokens = min(limits.default_max_tokens, max(room, 1))
+        if not chat:  # OpenAI's completions default, where the server's is larger
+            max_tokens = min(max_tokens, DEFAULT_MAX_TOKENS)
     else:
         max_tokens = asked
     if room < 1 or max_tokens > room:
         raise BadRequest(
             f"the prompt ({len(ids)} tokens) and max_tokens ({max_tokens}) exceed the model's context of "
-            f"{max_context} tokens; shorten the prompt or ask for at most {max(room, 0)} tokens"
+            f"{limits.max_context} tokens; shorten the prompt or ask for at most {max(room, 0)} tokens"
         )
-    stop = req.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
+    return Completion(chat, ids, max_tokens, sampling, stream, stop, ignore_eos, bool(options.get("include_usage")))
+
+
+def _stop(stop) -> list[str]:
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("stop must be a string or a list of non-empty strings")
-    options = req.get("stream_options") or {}
-    stream = req.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest(f"stream={stream!r} must be true or false")
-    return Completion(
-        chat,
-        ids,
-        max_tokens,
-        _sampling(req),
-        stream,
-        stop,
-        bool(req.get("ignore_eos", False)),
-        bool(isinstance(options, dict) and options.get("include_usage")),
-    )
+    if len(stop) > MAX_STOPS:
+        raise BadRequest(f"stop holds {len(stop)} strings; send at most {MAX_STOPS}")
+    long = [s for s in stop if len(s) > MAX_STOP_CHARS]
+    if long:
+        raise BadRequest(f"a stop string of {len(long[0])} characters; send each at most {MAX_STOP_CHARS}")
+    return stop
 
 
 def _number(req: dict, name: str, default: float) -> float:
@@ -105,6 +140,8 @@ def _sampling(req: dict) -> Sampling:
     seed = req.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequest(f"seed={seed!r} must be an integer")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise BadRequest(f"seed={seed} is out of range; send an integer from 0 to 2**64 - 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise BadRequest(f"temperature={temperature} must be >= 0 and top_p={top_p} in (0, 1]")
     if temperature < MIN_TEMPERATURE:  # 0: greedy, as OpenAI's API reads it
@@ -112,12 +149,36 @@ def _sampling(req: dict) -> Sampling:
     return Sampling(do_sample=True, temperature=temperature, top_p=top_p, seed=seed if seed is not None else 0)
 
 
-def _prompt_ids(req: dict, tokenizer) -> list[int]:
+def _fits(text: str, tokenizer, limits: Limits, what: str) -> str:
+    """`text`, where it can fit the context: a text longer than the context's tokens times the vocabulary's longest
+    token is refused before it is tokenized (tokenizing megabytes costs seconds and gigabytes)."""
+    most = limits.max_context * longest_token(tokenizer)
+    if len(text) > most:
+        raise BadRequest(
+            f"the {what} is {len(text)} characters, more than the model's context of {limits.max_context} tokens "
+            f"can hold (at most {most}); shorten it"
+        )
+    return text
+
+
+def longest_token(tokenizer) -> int:
+    """Characters in the vocabulary's longest token (at least 1), computed once per tokenizer."""
+    found = getattr(tokenizer, "_quantspec_longest", None)
+    if found is None:
+        found = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        try:
+            tokenizer._quantspec_longest = found
+        except AttributeError:  # a tokenizer that takes no attributes: computed again next time
+            pass
+    return max(1, found)
+
+
+def _prompt_ids(req: dict, tokenizer, limits: Limits) -> list[int]:
     prompt = req.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return list(tokenizer(prompt).input_ids)
+        return list(tokenizer(_fits(prompt, tokenizer, limits, "prompt")).input_ids)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         vocab = len(tokenizer)
         bad = [t for t in prompt if not 0 <= t < vocab]
@@ -127,26 +188,39 @@ def _prompt_ids(req: dict, tokenizer) -> list[int]:
     raise BadRequest("prompt must be a string or a list of token ids (one prompt a request)")
 
 
-def _chat_ids(req: dict, tokenizer) -> list[int]:
+def _content(i: int, m) -> str:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise BadRequest(f'messages[{i}] must be {{"role": a string, "content": a string}}')
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: the text ones, joined
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if not all(isinstance(t, str) for t in texts):
+            raise BadRequest(f'messages[{i}]: a text part must be {{"type": "text", "text": a string}}')
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise BadRequest(f'messages[{i}] must be {{"role": a string, "content": a string}}')
+    return content
+
+
+def _chat_ids(req: dict, tokenizer, limits: Limits) -> list[int]:
     messages = req.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest('messages must be a non-empty list of {"role": ..., "content": ...}')
     chat = []
     for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: the text ones, joined
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise BadRequest(f'messages[{i}] must be {{"role": a string, "content": a string}}')
+        content = _content(i, m)  # checks the message's shape first
         chat.append({"role": m["role"], "content": content})
+    _fits("".join(m["role"] + m["content"] for m in chat), tokenizer, limits, "conversation")
     if templated(tokenizer):
         try:
-            ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+            ids = render_chat(tokenizer, chat, limits.max_context * longest_token(tokenizer))
+        except TemplateTooCostly as e:
+            raise BadRequest(str(e)) from None
         except Exception as e:  # noqa: BLE001 - a template's own rules (roles that must alternate): its words
             raise BadRequest(f"the model's chat template refuses these messages: {e}") from None
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return list(ids)
     text = "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant:"
-    return list(tokenizer(text).input_ids)
+    return list(tokenizer(_fits(text, tokenizer, limits, "conversation")).input_ids)
 
 
 def _usage(done: Completion, tokens: int) -> dict:
@@ -195,9 +269,12 @@ def usage_chunk(c: Completion, model: str, tokens: int) -> dict:
 
 
 def error(message: str, status: int) -> dict:
-    kind = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
-        status, "server_error"
-    )
+    kind = {
+        400: "invalid_request_error",
+        404: "not_found_error",
+        408: "invalid_request_error",
+        413: "invalid_request_error",
+    }.get(status, "server_error")
     return {"error": {"message": message, "type": kind, "code": status}}
 
 

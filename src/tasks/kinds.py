@@ -373,6 +373,9 @@ class Serve(TaskConfig):
     max_sequences: int = 16  # sequences decoding at once (the batched step's rows)
     max_batch_tokens: int = 32  # rows a step holds: decode rows, then prompt chunks
     max_waiting: int = 64  # requests queued beyond those; more are answered 503
+    default_max_tokens: int = 256  # new tokens for a request that names no max_tokens (never the whole context)
+    max_connections: int = 256  # open connections (a thread each); more are answered 503 and closed
+    read_timeout_s: float = 30.0  # a request's headers and body arrive within this, or 408 and the connection closes
     host: str = "127.0.0.1"  # python -m src.serve: where it listens (a job's server takes a free loopback port)
     port: int = 8000
 
@@ -383,6 +386,9 @@ class Serve(TaskConfig):
         for name in ("requests", "prompt_tokens", "output_tokens", "max_batch_tokens", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"task.{name}={getattr(self, name)} must be at least 1")
+        check_range("task.default_max_tokens", self.default_max_tokens, 1, 1 << 20)
+        check_range("task.max_connections", self.max_connections, 1, 10_000, "a thread each")
+        check_range("task.read_timeout_s", self.read_timeout_s, 0.1, 3600)
         if self.warmup_requests < 0:
             raise ConfigError(f"task.warmup_requests={self.warmup_requests} must be 0 or more")
         if self.request_rate is not None and not self.request_rate > 0:

@@ -78,7 +78,7 @@ def _server(inputs: TaskInputs):
 @contextlib.contextmanager
 def _quantspec(inputs: TaskInputs):
     t = inputs.task
-    settings = http.Settings(t.max_sequences, t.max_batch_tokens, t.max_waiting)
+    settings = http.Settings.of(t)
     app = http.App(inputs.model, inputs.tokenizer, "quantspec", inputs.max_context, settings)
     server = http.start(app, "127.0.0.1", 0)
     try:

@@ -155,3 +155,36 @@ def test_a_model_without_the_cpp_step_is_refused_in_one_line():
     plain, _ = tiny_model("opt")
     with pytest.raises(batching.Unbatchable, match="engine=native"):
         batching.BatchStep(plain)
+
+
+@pytest.mark.parametrize("when", ["prefill", "decode"])
+def test_a_sequence_whose_step_raises_ends_alone_and_the_others_get_their_own_tokens(when):
+    """A seed torch cannot take (the server refuses it; here it reaches the step) raises in the batched step
+    that draws its first token: the step is undone and run again row by row, so only that sequence ends, with
+    the error, and every other gets the greedy tokens it gets decoded alone, on the step it shared and after."""
+    model, _ = model_at("gemma3", "w4a16")
+    out = {i: [] for i in range(3)}
+    ends = {}
+
+    def emitter(i):
+        def emit(token, done):
+            if token is not None:
+                out[i].append(token)
+            if done:
+                ends[i] = done
+
+        return emit
+
+    scheduler = batching.Scheduler(batching.BatchStep(model), max_sequences=4, max_batch_tokens=32)
+    victims = [batching.Sequence(PROMPTS[i], NEW[i], emitter(i)) for i in range(2)]
+    for seq in victims:
+        scheduler.add(seq)
+    if when == "decode":  # the victims are decoding when the bad one arrives
+        scheduler.step()
+    bad = batching.Sequence([2, 5, 7], 5, emitter(2), sampling=Sampling(do_sample=True, temperature=1.0, seed=1 << 64))
+    scheduler.add(bad)
+    while not scheduler.idle:
+        scheduler.step()
+    assert ends[2].startswith("error: ValueError: Overflow") and out[2] == [] and "\n" not in ends[2]
+    for i in range(2):
+        assert out[i] == alone(model, PROMPTS[i], NEW[i]) and not ends[i].startswith("error")

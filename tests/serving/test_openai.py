@@ -45,6 +45,14 @@ def test_a_completion_reads_its_prompt_length_and_sampling(tok):
         ({"prompt": "hi", "temperature": "hot"}, "must be a number"),
         ({"prompt": "hi", "stop": 3}, "stop must be"),
         ({"prompt": "hi", "logprobs": 2}, "not supported"),
+        ({"prompt": "hi", "temperature": 1, "seed": 1 << 64}, "seed=18446744073709551616 is out of range"),
+        ({"prompt": "hi", "seed": -(1 << 63) - 1}, "out of range"),
+        ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
+        ({"prompt": "hi", "stop": "x" * 257}, "each at most 256"),
+        ({"prompt": "hi", "ignore_eos": "yes"}, "ignore_eos='yes' must be true or false"),
+        ({"prompt": "hi", "stream_options": 3}, "stream_options must be an object"),
+        ({"prompt": "x" * 64 * 6}, "more than the model's context of 64 tokens can hold"),
+        (b"[" * 100_000, "nests too deeply"),
     ],
 )
 def test_a_request_that_cannot_be_served_is_refused_in_one_line(tok, body, words):
@@ -53,9 +61,40 @@ def test_a_request_that_cannot_be_served_is_refused_in_one_line(tok, body, words
     assert "\n" not in str(err.value) and err.value.status == 400
 
 
-def test_chat_messages_must_be_role_and_content(tok):
-    with pytest.raises(openai.BadRequest, match=r"messages\[1\]"):
-        read(tok, {"messages": [{"role": "user", "content": "a"}, {"content": 3}]}, chat=True)
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "a"}, {"content": 3}],
+        [{"role": "user", "content": "a"}, "hi"],
+        [{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": 5}]}],
+        [{"role": "user", "content": "a"}, {"role": 7, "content": "b"}],
+    ],
+)
+def test_chat_messages_must_be_role_and_content(tok, messages):
+    with pytest.raises(openai.BadRequest, match=r"messages\[1\]") as err:
+        read(tok, {"messages": messages}, chat=True)
+    assert err.value.status == 400
+
+
+def test_a_chat_that_names_no_max_tokens_gets_the_servers_default_not_the_context(tok):
+    limits = openai.Limits(max_context=64, default_max_tokens=5)
+    chat = read(tok, {"messages": [{"role": "user", "content": "hi"}]}, chat=True, context=limits)
+    assert chat.max_tokens == 5
+    plain = read(tok, {"prompt": "hi"}, context=limits)
+    assert plain.max_tokens == min(openai.DEFAULT_MAX_TOKENS, 5)
+
+
+def test_a_field_of_an_unforeseen_shape_is_a_400_with_its_line_not_a_dropped_connection(tok):
+    class Broken:  # a tokenizer that fails as no check foresaw: still a BadRequest, one line
+        def __call__(self, text):
+            raise RuntimeError("the tokenizer broke\nsecond line")
+
+        def get_vocab(self):
+            return {"a": 0}
+
+    with pytest.raises(openai.BadRequest, match=r"RuntimeError: the tokenizer broke\)") as err:
+        read(Broken(), {"prompt": "hi"})
+    assert "\n" not in str(err.value)
 
 
 def test_streamed_text_stops_before_a_stop_string_and_holds_back_its_start(tok):
@@ -69,6 +108,38 @@ def test_streamed_text_stops_before_a_stop_string_and_holds_back_its_start(tok):
     assert "".join(pieces) == "abc " and text.stopped
     plain = Detokenizer(tok, [])
     assert "".join(plain.add(t) for t in ids) + plain.add(None) == "abc STOP def"
+
+
+def test_streamed_text_equals_the_whole_decode_and_each_token_decodes_a_window_of_few_tokens(tok):
+    """Incremental detokenizing: the pieces join to what decoding the whole gives, stop strings cut where a whole
+    search would, and no decode call reads more than a few tokens however long the text (time per token does
+    not grow with the text)."""
+    import random
+
+    rng = random.Random(0)
+    widths = []
+
+    class Counting:
+        def decode(self, ids, skip_special_tokens=True):
+            widths.append(len(ids))
+            return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    for trial in range(60):
+        words = rng.choices(["def", " x", "=", " 1", "\n", " é", "日本", " 🙂", "STOP", " ."], k=rng.randrange(1, 200))
+        ids = list(tok("".join(words), add_special_tokens=False).input_ids)
+        whole = tok.decode(ids, skip_special_tokens=True)
+        k = rng.randrange(len(whole) - 3) if len(whole) > 10 else 0
+        stop = [whole[k : k + 3]] if trial % 2 and len(whole) > 10 and whole[k : k + 3].strip() else []
+        text = Detokenizer(Counting(), stop)
+        pieces = []
+        for t in ids:
+            pieces.append(text.add(t))
+            if text.stopped:
+                break
+        pieces.append(text.add(None))
+        expected = whole[: whole.find(stop[0])] if stop else whole
+        assert "".join(pieces) == expected
+    assert max(widths) <= 8  # a character is at most 4 tokens here (bytes), plus the window's before it
 
 
 def test_answers_have_openais_shapes(tok):
