@@ -180,6 +180,7 @@ class SweepCallback(Callback):
 
 def cli() -> None:
     signals.install()  # first: a stop while the command line is checked is one line too
+    startup.detach_stdin()  # no job, and nothing a job loads, reads a question's answer from it
     try:
         _cli()
     except (KeyboardInterrupt, Stopped) as err:

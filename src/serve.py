@@ -13,6 +13,9 @@ ends what is in flight and exits 0; a command line it cannot serve exits 2 with 
 
 from __future__ import annotations
 
+from src.common import startup  # first: the collector paused for the imports below
+
+# isort: split
 import logging
 import signal
 import sys
@@ -27,11 +30,14 @@ from src.common.schema import ConfigError
 from src.engine.batching import Unbatchable
 from src.serving import http
 
+startup.imported()
+
 
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(__doc__.strip())
         return 0
+    startup.detach_stdin()  # nothing the server loads reads a question's answer from it
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     args = argv if any(a.startswith("task=") for a in argv) else ["task=serve", *argv]
     try:

@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 
+from src.assembly import ownmodel
 from src.assembly.config import JobConfig, job_config_from_dict
 from src.assembly.overrides import CONF_DIR, composition_problem, unparsable
 from src.common.schema import ConfigError
@@ -25,6 +26,7 @@ def job_config(args: list[str]) -> JobConfig:
             problem = first + hint
     if problem is not None:
         raise ConfigError(problem)
-    return job_config_from_dict(
-        {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg}
-    )
+    raw = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in cfg}
+    # a model of one's own (model=hub, model=gguf): its family read from its own config, as src.run reads it
+    raw, _ = ownmodel.resolve(raw, {})
+    return job_config_from_dict(raw)

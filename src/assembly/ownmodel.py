@@ -56,6 +56,10 @@ def _model(section: Mapping[str, Any]) -> dict:
             arch, model_type = hub.gguf_architecture(section["gguf"])
         else:
             config = hub.folder_config(folder) if folder else hub.hub_config(model_id)
+            if folder:
+                hub.refuse_code(Path(folder).expanduser(), f"model.local_path={folder}")
+            else:
+                hub.refuse_hub_code(model_id)
             model_type = config.get("model_type")
             arch = hub.family(model_type, f"model.local_path={folder}" if folder else f"model.id={model_id}")
     except hub.NotAModel as err:

@@ -21,7 +21,7 @@ import sys
 from src.common import signals
 from src.common.say import say
 
-ENTRY = ("src.run", "src.sync", "src.report", "src.regress")
+ENTRY = ("src.run", "src.serve", "src.sync", "src.report", "src.regress")
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _was_enabled = gc.isenabled()
@@ -55,6 +55,19 @@ def imported() -> None:
         _early = False
         for sig, handler in _before.items():
             signal.signal(sig, handler)
+
+
+def detach_stdin() -> None:
+    """Point the process's standard input (fd 0, and so every child's) at /dev/null: a job reads nothing from it,
+    and a library that asks a question there (transformers' "run the custom code? [y/N]") gets end-of-file, not
+    an answer piped into a sweep or typed at a terminal. Only where a quantspec command is the process's main
+    module: a test runner calling the command in process keeps its own."""
+    if getattr(_main, "name", None) not in ENTRY:
+        return
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 lives as long as the process
 
 
 def run(main, argv: list[str]) -> int:

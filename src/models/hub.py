@@ -77,6 +77,44 @@ def folder_config(folder: str) -> dict:
     return _json(path, f"model.local_path={folder}")
 
 
+# the files of a model folder that can name Python of the folder's own for transformers to import and run
+CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
+def refuse_code(folder: Path, what: str) -> None:
+    """NotAModel (one line naming the file) where one of a model's files asks transformers to run the model's own
+    Python (an `auto_map`): quantspec runs no model's code. Every load also passes trust_remote_code=False, which
+    makes transformers refuse such a model outright instead of asking on stdin."""
+    for name in CODE_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        config = _json(path, what)
+        if config.get("auto_map") or config.get("trust_remote_code"):
+            raise NotAModel(
+                f"{what}: {path} asks to run the model's own code (auto_map), which quantspec never runs; use a "
+                f"model whose architecture transformers builds itself, or remove auto_map from {name}"
+            )
+
+
+def hub_file(model_id: str, name: str) -> Path | None:
+    """A file of hub model `model_id` in the Hugging Face cache (downloaded where the hub is reachable), or None
+    where the model has none."""
+    try:
+        return Path(hf_hub_download(model_id, name))
+    except (OSError, ValueError, HfHubHTTPError):
+        return None
+
+
+def refuse_hub_code(model_id: str) -> None:
+    """refuse_code for a hub id: its files as the Hugging Face cache holds them."""
+    for name in CODE_FILES:
+        path = hub_file(model_id, name)
+        if path is not None:
+            refuse_code(path.parent, f"model.id={model_id}")
+            return  # a snapshot folder holds them all
+
+
 def _json(path: Path, what: str) -> dict:
     try:
         config = json.loads(path.read_text())

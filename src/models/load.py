@@ -73,8 +73,10 @@ def _converted(cfg: ModelConfig, cache_dir: Path, sha: str) -> Path:
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
     log.info("converting %s to safetensors (once; about a minute)", gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
+    )
     # The weights are now plain float tensors; dropping the GGUF marker lets save_pretrained write them.
     del model.config.quantization_config
     model.hf_quantizer = None
@@ -83,8 +85,10 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def _load_dir(directory: Path | str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+    # trust_remote_code=False: a folder whose files name code of its own (auto_map) is refused, never asked about
+    # on stdin and never run (src.models.hub.refuse_code says so first, in one line)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, trust_remote_code=False)
     return model, tokenizer
 
 
@@ -141,6 +145,10 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
             config = hub.folder_config(cfg.local_path)
         except hub.NotAModel as err:
             raise ModelUnavailable(f"model {cfg.name}: {err}; restore it from the model's source") from None
+        try:
+            hub.refuse_code(Path(cfg.local_path).expanduser(), f"model.local_path={cfg.local_path}")
+        except hub.NotAModel as err:
+            raise ModelUnavailable(f"model {cfg.name}: {err}") from None
         bad = _bad_size(config)
         if bad:
             raise ModelUnavailable(

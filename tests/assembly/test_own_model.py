@@ -4,10 +4,13 @@ generate with its line. Each runs as a user runs it: `python -m src.run model=hu
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import fresh_cache, publish_to_hub_cache, run_cli, write_tiny_gguf
+from tests.helpers import ROOT, cli_env, fresh_cache, publish_to_hub_cache, run_cli, write_tiny_gguf
 
 QUICK = ["task=decode", "task.limit=1", "task.max_new_tokens=3", "task.warmup=0", "report_at_end=false"]
 
@@ -98,3 +101,50 @@ def test_a_local_gguf_file_runs(tmp_path):
     tags, params = run.data.tags, run.data.params
     assert tags["outcome"] == "finished" and tags["model"] == "My-Qwen" and tags["engine"] == "native"
     assert params["model.arch"] == "qwen2" and params["model.model_type"] == "qwen2"
+
+
+def _folder_asking_for_its_code(folder, marker):
+    """A tiny qwen2 folder whose tokenizer_config.json names a tokenizer class in the folder's own Python, which
+    writes `marker` when imported: what would show that quantspec ran the folder's code."""
+    import json
+
+    from src.models.tiny import tiny_model
+
+    model, tokenizer = tiny_model("qwen2")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    return folder
+
+
+def test_a_folder_that_asks_to_run_its_own_code_is_refused_in_one_line_and_its_code_never_runs(tmp_path):
+    """As a real process with `y` piped into its stdin: the job reads nothing there and runs nothing of the folder's;
+    src.run and src.serve both refuse it in one line naming the file and auto_map."""
+    marker = tmp_path / "ran"
+    folder = _folder_asking_for_its_code(tmp_path / "own", marker)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))}
+    args = ["model=hub", f"model.local_path={folder}", f"hydra.run.dir={tmp_path / 'out'}"]
+    for module, extra in (("src.run", [*QUICK, f"tracking.uri={store}"]), ("src.serve", ["task.port=0"])):
+        out = subprocess.run(
+            [sys.executable, "-m", module, *extra, *args], input="y\ny\n", capture_output=True, text=True,
+            timeout=300, env=cli_env(env), cwd=ROOT,
+        )  # fmt: skip
+        lines = _quantspec_lines(out.stderr)
+        assert out.returncode in (1, 2) and len(lines) == 1, (module, out.stderr[-2000:])
+        assert "tokenizer_config.json asks to run the model's own code (auto_map)" in lines[0], lines[0]
+        assert not marker.exists()
+
+
+def test_python_m_src_serve_reads_a_model_of_ones_own_as_src_run_does(tmp_path):
+    from src.assembly.composed import job_config
+    from src.models.tiny import tiny_model
+
+    model, tokenizer = tiny_model("qwen2")
+    model.save_pretrained(tmp_path / "own")
+    tokenizer.save_pretrained(tmp_path / "own")
+    cfg = job_config(["task=serve", "model=hub", f"model.local_path={tmp_path / 'own'}"])
+    assert cfg.model.arch == "qwen2" and cfg.unsupported_reason() is None

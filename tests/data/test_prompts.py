@@ -78,3 +78,45 @@ def test_a_chat_goes_through_the_chat_template_where_the_tokenizer_has_one():
     tok.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
     assert tok.decode(prompts.encode(tok, chat)).endswith("<user>Name a prime.<assistant>")
     assert prompts.encode(tok, prompts.Prompt(1, text="x")) == tok("x").input_ids  # a plain prompt stays plain
+
+
+GEMMA_LIKE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = m['role'] %}{% endif %}<start_of_turn>{{ role }}\n{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def test_a_chat_renders_as_transformers_renders_it():
+    tok = byte_tokenizer()
+    tok.chat_template = GEMMA_LIKE
+    chat = [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": " Name a prime. "},
+        {"role": "assistant", "content": "7"},
+        {"role": "user", "content": "é 日本"},
+    ]
+    theirs = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    theirs = list(theirs["input_ids"] if hasattr(theirs, "keys") else theirs)
+    assert prompts.render_chat(tok, chat, 10_000) == theirs
+
+
+@pytest.mark.parametrize(
+    ("template", "words"),
+    [
+        # loops that write: the output passes the size bound
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{{ messages[0].content }}{% endfor %}{% endfor %}",
+            "over 5000 characters",
+        ),
+        # loops that write nothing: the time bound, checked where the template counts
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "ran past 1 s"),
+    ],
+    ids=["writes", "silent"],
+)
+def test_a_template_that_grows_without_bound_is_stopped_in_one_line(template, words):
+    tok = byte_tokenizer()
+    tok.chat_template = template
+    with pytest.raises(prompts.TemplateTooCostly, match=words) as err:
+        prompts.render_chat(tok, [{"role": "user", "content": "hi"}], 5000, within_s=1.0)
+    assert "\n" not in str(err.value)

@@ -35,8 +35,9 @@ def main(hf_dir: str, out_dir: str, precision: str, calibration: str, alpha: str
     else:
         raise SystemExit(f"no export for {precision!r} (int8_sq needs calibration texts)")
     model = OVModelForCausalLM.from_pretrained(
-        hf_dir, export=True, compile=False, quantization_config=config, load_in_8bit=False, stateful=True
-    )
+        hf_dir, export=True, compile=False, quantization_config=config, load_in_8bit=False, stateful=True,
+        trust_remote_code=False,
+    )  # fmt: skip
     model.save_pretrained(out_dir)
 
 

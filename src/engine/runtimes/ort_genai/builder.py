@@ -1,7 +1,7 @@
 """ONNX Runtime GenAI's model builder, as `python -m onnxruntime_genai.models.builder` runs it, with one
 fix: under transformers 5 a Gemma 3 config holds its two rope settings per attention type
 (`rope_parameters = {full_attention: ..., sliding_attention: ...}`), where the builder reads one
-`rope_parameters` and `rope_local_base_freq`. Run in its own process by src.engine.runtimes.ort_genai.export
+`rope_parameters` and `rope_local_base_freq`. Its config is read with trust_remote_code=False, always. Run in its own process by src.engine.runtimes.ort_genai.export
 (the builder is loud and holds the whole model in memory while it writes)."""
 
 import sys
@@ -13,6 +13,7 @@ from transformers import AutoConfig
 class _FlatRope:
     @staticmethod
     def from_pretrained(*args, **kwargs):
+        kwargs["trust_remote_code"] = False  # quantspec runs no model's own code, whatever the options say
         config = AutoConfig.from_pretrained(*args, **kwargs)
         rope = getattr(config, "rope_parameters", None)
         if isinstance(rope, dict) and "full_attention" in rope:
