@@ -114,6 +114,7 @@ class Job:
             cache_dir=cfg.cache_dir,
             gguf=lambda: gguf_path(cfg.model, cfg.cache_dir)[0],
             checkpoint=lambda: checkpoint(cfg.model, cfg.cache_dir),
+            keep_text=self.recorder.log_text,
         )
 
     def reference(self) -> Reference | None:

@@ -11,20 +11,26 @@ style config; vLLM's `bench serve` would bring vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from src.common import envvars
+from src.common import envvars, liveness
 from src.common.locks import file_lock
 
 log = logging.getLogger("quantspec")
 
 AIPERF = "aiperf==0.13.0"
 CLOSED_LOOP_RATE = 100.0  # requests a second at most, where task.request_rate is null: a slot waits <= 10 ms
+WATCH_S = 0.5  # how often a run's load generator and server are looked at
 
 
 class LoadGenError(RuntimeError):
@@ -96,26 +102,73 @@ METRICS = {
 PERCENTILES = ("p50", "p90", "p99")
 
 
+def run(cmd: list[str], log_path: Path, alive) -> None:
+    """aiperf's run, watched as a runtime's process is (src.common.liveness): one stopped or wedged is ended, and
+    so is one whose server died (`alive()`: a line saying how, or None while it serves); LoadGenError (one line)
+    for each, and for a run that exits non-zero. Its output goes to `log_path`."""
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        watch = liveness.Watch(proc.pid)
+        try:
+            while proc.poll() is None:
+                problem = watch.problem()
+                if problem is not None:
+                    raise LoadGenError(f"aiperf {problem}; ended")
+                died = alive()
+                if died is not None:
+                    raise LoadGenError(f"the server {died} during the load; nothing it served is recorded")
+                time.sleep(WATCH_S)
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    if proc.returncode != 0:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+        raise LoadGenError(f"aiperf exited {proc.returncode}: {(lines[-1:] or ['?'])[0].strip()[:300]}")
+
+
 def results(out: Path) -> dict[str, float]:
-    """The serve_* metrics of aiperf's JSON export in `out`."""
+    """The serve_* metrics of aiperf's JSON export in `out`: each a finite, non-negative figure of requests that
+    completed, or LoadGenError (one line) saying which is not. A level where no request completed has no
+    latencies to give (aiperf then writes zeros): it fails, rather than record them as measured."""
     path = out / "profile_export_aiperf.json"
     if not path.is_file():
         raise LoadGenError(f"aiperf wrote no results ({path.name} missing); its log: {out / 'logs' / 'aiperf.log'}")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text(), parse_constant=float)  # NaN and Infinity as aiperf writes them
+    except ValueError as err:
+        raise LoadGenError(f"aiperf's {path.name} is not JSON ({err}); its run did not finish") from None
+    completed = data.get("completed_request_count")
+    if not isinstance(completed, dict) or not _figure(completed.get("avg")) or completed["avg"] < 1:
+        raise LoadGenError("no request completed at this level: there is nothing to record as measured")
     got: dict[str, float] = {}
     for theirs, ours in METRICS.items():
         entry = data.get(theirs)
         if not isinstance(entry, dict):
             continue
         if ours.endswith("_per_s"):
-            got[f"serve_{ours}"] = float(entry["avg"])
+            got[f"serve_{ours}"] = _checked(theirs, "avg", entry.get("avg"))
         else:
             for p in PERCENTILES:
                 if entry.get(p) is not None:
-                    got[f"serve_{ours}_{p}"] = float(entry[p])
+                    got[f"serve_{ours}_{p}"] = _checked(theirs, p, entry[p])
     for theirs, ours in (("completed_request_count", "serve_requests"), ("request_error_rate", "serve_error_pct")):
         if isinstance(data.get(theirs), dict):
-            got[ours] = float(data[theirs]["avg"])
+            got[ours] = _checked(theirs, "avg", data[theirs].get("avg"))
     errors = data.get("error_summary") or []
     got["serve_errors"] = float(sum(int(e.get("count", 0)) for e in errors if isinstance(e, dict)))
     return got
+
+
+def _figure(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _checked(metric: str, stat: str, value) -> float:
+    """A figure of aiperf's, or LoadGenError where it is none (NaN, infinite, negative, missing)."""
+    if not _figure(value):
+        raise LoadGenError(
+            f"aiperf's {metric} {stat} is {value!r}, not a measurement (finite, at least 0); the level is not recorded"
+        )
+    return float(value)

@@ -25,6 +25,8 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,16 +51,18 @@ def run(inputs: TaskInputs) -> TaskResult:
         work = Path(work)
         tokenizer = work / "tokenizer"
         inputs.tokenizer.save_pretrained(tokenizer)  # aiperf cuts its prompts to length with it, offline
-        with _server(inputs) as url:
-            log.info("serve: %s at concurrency %d on %s", task.server, task.concurrency, url)
-            out = work / "aiperf"
-            cmd = loadgen.command(exe, url, task, tokenizer, out, MODEL)
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                tail = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()][-1:] or ["?"]
-                raise loadgen.LoadGenError(f"aiperf exited {done.returncode}: {tail[0].strip()[:300]}")
-            summary = loadgen.results(out)
+        out, log_path = work / "aiperf", work / "aiperf.log"
+        try:
+            with _server(inputs) as server:
+                log.info("serve: %s at concurrency %d on %s", task.server, task.concurrency, server.url)
+                cmd = loadgen.command(exe, server.url, task, tokenizer, out, MODEL)
+                loadgen.run(cmd, log_path, server.problem)
+                summary = loadgen.results(out)
+                _served_what_it_counts(server, summary)
             report = (out / "profile_export_aiperf.json").read_text()
+        except loadgen.LoadGenError as err:  # the load generator's output outlives the folder: the job keeps it
+            kept = _keep(inputs, out, log_path)
+            raise loadgen.LoadGenError(f"{err} (kept: {kept})" if kept else str(err)) from None
     summary["serve_concurrency"] = float(task.concurrency)
     notes = []
     if task.server == "vllm":
@@ -68,11 +72,43 @@ def run(inputs: TaskInputs) -> TaskResult:
     return TaskResult([], summary, artifacts={"aiperf.json": report}, notes=notes)
 
 
+@dataclass
+class Served:
+    """A server under load: its address, `problem()` (how it died, or None while it serves) and, for quantspec's
+    own, `answered()`: the requests it has answered whole."""
+
+    url: str
+    problem: Callable[[], str | None] = lambda: None
+    answered: Callable[[], int] | None = None
+
+
+def _served_what_it_counts(server: Served, summary: dict) -> None:
+    """The load generator's completed requests, checked against what quantspec's server itself answered (its
+    warm-up requests included): a count it never served is no measurement."""
+    if server.answered is None:
+        return
+    claimed, answered = summary.get("serve_requests", 0.0), server.answered()
+    if claimed > answered:
+        raise loadgen.LoadGenError(
+            f"aiperf counts {claimed:.0f} completed requests, but the server answered {answered}: not recorded"
+        )
+
+
+def _keep(inputs: TaskInputs, out: Path, log_path: Path) -> str:
+    """The load generator's log and export kept as the job's artifacts; their names, or "" where none was made."""
+    kept = []
+    for path, name in ((log_path, "aiperf.log"), (out / "profile_export_aiperf.json", "aiperf.json")):
+        if path.is_file():
+            inputs.keep_text(path.read_text(errors="replace")[-(1 << 20) :], name)
+            kept.append(name)
+    return ", ".join(f"the job's artifact {name}" for name in kept)
+
+
 @contextlib.contextmanager
 def _server(inputs: TaskInputs):
     server = {"quantspec": _quantspec, "llama-server": _llama_server, "vllm": _vllm}[inputs.task.server]
-    with server(inputs) as url:
-        yield url
+    with server(inputs) as served:
+        yield served
 
 
 @contextlib.contextmanager
@@ -81,8 +117,12 @@ def _quantspec(inputs: TaskInputs):
     settings = http.Settings.of(t)
     app = http.App(inputs.model, inputs.tokenizer, "quantspec", inputs.max_context, settings)
     server = http.start(app, "127.0.0.1", 0)
+
+    def problem() -> str | None:
+        return None if app.loop.thread.is_alive() else "stopped batching (its loop's thread ended)"
+
     try:
-        yield server.url()
+        yield Served(server.url(), problem, lambda: app.served)
     finally:
         server.close()
 
@@ -108,8 +148,8 @@ def _llama_server(inputs: TaskInputs):
         "--parallel", str(t.concurrency), "--ctx-size", str(_per_slot(t) * t.concurrency),
         "--threads", str(torch.get_num_threads()), "--no-webui",
     ]  # fmt: skip
-    with _process("llama-server", cmd, port, SERVER_START_S) as url:
-        yield url
+    with _process("llama-server", cmd, port, SERVER_START_S) as served:
+        yield served
 
 
 def vllm_python(cache_dir: Path) -> Path:
@@ -137,8 +177,8 @@ def _vllm(inputs: TaskInputs):
     # vLLM's CPU build takes its threads from OMP_NUM_THREADS (else it drops to one), its KV cache from
     # VLLM_CPU_KVCACHE_SPACE (GB; its default, 4, is more than a 270M model needs); the checkpoint is local
     env = {**os.environ, "OMP_NUM_THREADS": threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    with _process("vLLM", cmd, port, VLLM_START_S, env) as url:
-        yield url
+    with _process("vLLM", cmd, port, VLLM_START_S, env) as served:
+        yield served
 
 
 def _dtype(inputs: TaskInputs) -> str:
@@ -154,12 +194,19 @@ def _per_slot(t) -> int:
 @contextlib.contextmanager
 def _process(name: str, cmd: list[str], port: int, start_s: float, env: dict | None = None):
     """A server process of its own (its own session: it and its children end together), its output in a
-    temporary log that its one-line failure is read from; yields its URL once /health answers."""
+    temporary log that its one-line failure is read from; yields it (Served) once /health answers, its problem()
+    saying how it ended where it dies under the load."""
     log_file = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+    def problem() -> str | None:
+        if proc.poll() is None:
+            return None
+        return f"({name}) exited {proc.returncode}: {_last_line(log_file.name)}"
+
     try:
         _wait_ready(name, f"http://127.0.0.1:{port}/health", proc, log_file.name, start_s)
-        yield f"http://127.0.0.1:{port}"
+        yield Served(f"http://127.0.0.1:{port}", problem)
     finally:
         _end(proc)
         log_file.close()
@@ -170,8 +217,7 @@ def _wait_ready(name: str, url: str, proc: subprocess.Popen, log_path: str, star
     deadline = time.monotonic() + start_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            last = [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()][-1:]
-            raise loadgen.LoadGenError(f"{name} exited {proc.returncode} at start: {(last or ['?'])[0][:300]}")
+            raise loadgen.LoadGenError(f"{name} exited {proc.returncode} at start: {_last_line(log_path)}")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -180,6 +226,11 @@ def _wait_ready(name: str, url: str, proc: subprocess.Popen, log_path: str, star
             pass
         time.sleep(0.5)
     raise loadgen.LoadGenError(f"{name} did not answer {url} within {start_s:.0f} s")
+
+
+def _last_line(log_path: str) -> str:
+    lines = [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()]
+    return (lines[-1:] or ["?"])[0][:300]
 
 
 def _end(proc: subprocess.Popen) -> None:

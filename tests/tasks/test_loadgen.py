@@ -54,3 +54,56 @@ def test_an_executable_named_by_the_environment_must_exist(tmp_path, monkeypatch
     (tmp_path / "aiperf").write_text("")
     monkeypatch.setenv("QUANTSPEC_AIPERF", str(tmp_path / "aiperf"))
     assert loadgen.aiperf(tmp_path) == tmp_path / "aiperf"
+
+
+def _export(tmp_path, **changes):
+    data = json.loads(EXPORT.read_text())
+    for key, value in changes.items():
+        metric, stat = key.split("__")
+        data[metric][stat] = value
+    text = json.dumps(data).replace('"__nan__"', "NaN").replace('"__inf__"', "Infinity")
+    (tmp_path / "profile_export_aiperf.json").write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"output_token_throughput__avg": "__nan__"}, "output_token_throughput avg is nan"),
+        ({"request_throughput__avg": "__inf__"}, "request_throughput avg is inf"),
+        ({"time_to_first_token__p99": -3.0}, "time_to_first_token p99 is -3.0"),
+        ({"completed_request_count__avg": 0}, "no request completed"),
+    ],
+    ids=["nan", "infinite", "negative", "none-completed"],
+)
+def test_a_figure_that_is_no_measurement_fails_the_level_in_one_line(tmp_path, changes, words):
+    with pytest.raises(loadgen.LoadGenError, match=words) as err:
+        loadgen.results(_export(tmp_path, **changes))
+    assert "\n" not in str(err.value)
+
+
+def test_a_load_generator_stopped_midway_is_ended_within_seconds_with_its_reason(tmp_path):
+    import sys
+    import time
+
+    stops_itself = [
+        sys.executable,
+        "-c",
+        "import os, signal, time; os.kill(os.getpid(), signal.SIGSTOP); time.sleep(60)",
+    ]
+    began = time.monotonic()
+    with pytest.raises(loadgen.LoadGenError, match=r"aiperf was stopped \(SIGSTOP"):
+        loadgen.run(stops_itself, tmp_path / "log", lambda: None)
+    assert time.monotonic() - began < 30
+
+
+def test_a_server_that_dies_under_the_load_fails_the_level_and_ends_the_generator(tmp_path):
+    import sys
+    import time
+
+    sleeper = [sys.executable, "-c", "import time; print('loading', flush=True); time.sleep(60)"]
+    deaths = iter([None, None, "(llama-server) exited -9: killed"])
+    began = time.monotonic()
+    with pytest.raises(loadgen.LoadGenError, match=r"the server \(llama-server\) exited -9: killed during the load"):
+        loadgen.run(sleeper, tmp_path / "log", lambda: next(deaths))
+    assert time.monotonic() - began < 20 and "loading" in (tmp_path / "log").read_text()

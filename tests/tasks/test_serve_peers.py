@@ -33,8 +33,8 @@ def _gone(pid: int) -> bool:
 
 def test_a_peer_is_waited_for_and_ends_with_its_children(tmp_path):
     port, pids = serve._free_port(), tmp_path / "pids"
-    with serve._process("peer", [sys.executable, "-c", SERVER, str(port), str(pids)], port, 30) as url:
-        assert url == f"http://127.0.0.1:{port}"
+    with serve._process("peer", [sys.executable, "-c", SERVER, str(port), str(pids)], port, 30) as served:
+        assert served.url == f"http://127.0.0.1:{port}"
         server, child = map(int, pids.read_text().split())
         assert not _gone(server) and not _gone(child)
     deadline = time.monotonic() + 10
@@ -57,3 +57,24 @@ def test_a_missing_vllm_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.delenv("QUANTSPEC_VLLM", raising=False)
     with pytest.raises(loadgen.LoadGenError, match=r"^no vLLM at .*: run `bash scripts/install_vllm`"):
         serve.vllm_python(tmp_path)
+
+
+def test_a_peer_that_dies_while_serving_says_how_it_ended():
+    port = serve._free_port()
+    dies = SERVER.replace(
+        "http.server.HTTPServer(",
+        "import threading; threading.Timer(1.0, lambda: os._exit(7)).start()\nhttp.server.HTTPServer(",
+    )
+    with serve._process("llama-server", [sys.executable, "-c", dies, str(port), os.devnull], port, 30) as served:
+        assert served.problem() is None
+        deadline = time.monotonic() + 20
+        while served.problem() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert served.problem().startswith("(llama-server) exited 7")
+
+
+def test_completed_requests_the_server_never_answered_are_not_recorded():
+    server = serve.Served("http://127.0.0.1:9", answered=lambda: 10)
+    serve._served_what_it_counts(server, {"serve_requests": 10.0})
+    with pytest.raises(loadgen.LoadGenError, match="aiperf counts 12 completed requests, but the server answered 10"):
+        serve._served_what_it_counts(server, {"serve_requests": 12.0})
