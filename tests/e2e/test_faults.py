@@ -950,3 +950,48 @@ cached_export(Path({str(out)!r}), {{}}, model, tok, lambda work: exporter, "test
         "test",
     )
     assert made == out and out.is_dir() and not scratch.exists()
+
+
+def test_a_sync_stopped_midway_through_a_resend_resumes_and_the_job_ends_as_it_ended(tmp_path, env):
+    """A finished job's journal, delivered once to a store whose file is then deleted (a fresh backend at the
+    same address). `python -m src.sync` re-sends it there and is stopped (SIGTERM) after a few records; the next
+    sync sends what the new run lacks, once, and the run ends FINISHED, never reaped as FAILED."""
+    from src.tracking.store import journal
+    from src.tracking.store.experiment import Store
+    from src.tracking.store.jobrun import JobRun
+
+    db = tmp_path / "m.db"
+    uri = f"sqlite:///{db}"
+    run = JobRun(
+        Store(uri, "quantspec"), journal.Journal(tmp_path / "job", tmp_path / "registry", uri), uri, "quantspec"
+    )
+    run.start("job", None, {"a": "1"}, {"outcome": "running"}, "key")
+    records = 400  # each its own store call: a re-send of seconds, long enough to stop midway
+    for step in range(1, records + 1):
+        run.log_metrics({"by_example/time_per_token_ms": float(step)}, step=step)
+    run.set_tags({"outcome": "finished"})
+    run.finish()
+    db.unlink()
+    path = tmp_path / "job" / "journal.jsonl"
+    acks_before = path.read_text().count('"ack"')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "src.sync", str(tmp_path / "job"), f"tracking.uri={uri}"],
+        cwd=ROOT, env=cli_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while path.read_text().count('"ack"') < acks_before + 5:  # the new run made, a few records in
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
+    assert journal.unsettled(path) > 0  # stopped before the end: still owed
+    resumed = run_cli([str(tmp_path / "job"), f"tracking.uri={uri}"], module="src.sync", env=env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "already in the store" not in resumed.stdout and "record(s) replayed" in resumed.stdout
+    (job,) = by_role(uri)[1]
+    assert job.info.status == "FINISHED" and job.data.tags["outcome"] == "finished"
+    history = MlflowClient(uri).get_metric_history(job.info.run_id, "by_example/time_per_token_ms")
+    assert sorted(m.step for m in history) == list(range(1, records + 1))  # each once
+    again = run_cli([str(tmp_path / "job"), f"tracking.uri={uri}"], module="src.sync", env=env)
+    assert again.returncode == 0 and "already in the store" in again.stdout

@@ -2,13 +2,15 @@
 file in its own output directory, then acknowledged once the store holds it.
 
     {"seq": 3, "op": "metrics", "time": ..., "metrics": [[name, value, ms, step], ...]}
-    {"ack": 3, "run_id": "..."}                      # the store answered that it holds record 3
+    {"ack": 3, "run_id": "..."}                      # the store answered that run ... holds record 3
     {"refused": 4, "run_id": "...", "reason": "..."}  # the store is up and said no to record 4
 
 An ack is written only after the store has taken the record; a refusal is kept as a refusal with its
 reason, never as delivered. Records with neither (the store went away, or was never reachable) are
 replayed later by `python -m src.sync` or by the next job against the same store: each exactly once,
-because a replay appends its own acks. A replay first asks the store whether it still holds the job's
+because a replay appends its own acks. An ack names the run it went to, and a record counts as delivered only to
+its job's latest run: a re-send into a store that lost the run (stopped midway) resumes where it stopped. A
+replay first asks the store whether it still holds the job's
 run: one that lost it (deleted, or a server restarted on a fresh backend) gets the whole job again, its
 run created anew with its original times. A pending journal is listed in `<cache>/journals/` until
 settled, so the next run finds it wherever the job's output directory was. While a job runs it holds an
@@ -102,9 +104,9 @@ def _end_torn_line(fd: int, path: Path) -> None:
                 os.write(fd, b"\n")
 
 
-def _read(path: Path) -> tuple[list[dict], dict[int, str | None], dict[int, str]]:
-    """(records, {acknowledged seq: run id}, {refused seq: reason}). A torn line (the writer was killed
-    mid-write) is skipped."""
+def _read(path: Path) -> tuple[list[dict], dict[int, list[str | None]], dict[int, dict[str | None, str]]]:
+    """(records, {seq: the run ids it was acknowledged for, in order}, {seq: {run id: the refusal's reason}}). A
+    torn line (the writer was killed mid-write) is skipped."""
     records, acks, refused = [], {}, {}
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
@@ -112,18 +114,40 @@ def _read(path: Path) -> tuple[list[dict], dict[int, str | None], dict[int, str]
         except json.JSONDecodeError:
             continue
         if "ack" in item:
-            acks[item["ack"]] = item.get("run_id")
+            acks.setdefault(item["ack"], []).append(item.get("run_id"))
         elif "refused" in item:
-            refused[item["refused"]] = item.get("reason", "")
+            refused.setdefault(item["refused"], {})[item.get("run_id")] = item.get("reason", "")
         elif "seq" in item:
             records.append(item)
     return records, acks, refused
 
 
+def _targets(records: list[dict], acks: dict[int, list[str | None]]) -> dict[int, str | None]:
+    """Each record's delivery target: the run its job's start was last acknowledged for (None: not yet created).
+
+    A record is delivered to that run, not to a store: an ack for the run a store since lost (a server on a
+    fresh backend) is no delivery to the run created anew, so a re-send stopped midway resumes where it
+    stopped, however its acks interleave with the old delivery's."""
+    target, out = None, {}
+    for record in records:
+        if record["op"] == "start":
+            target = (acks.get(record["seq"]) or [None])[-1]
+        out[record["seq"]] = target
+    return out
+
+
+def _settled(record: dict, target: str | None, acks: dict, refused: dict) -> bool:
+    seq = record["seq"]
+    if record["op"] == "start":
+        return target is not None
+    return target is not None and (target in acks.get(seq, ()) or target in refused.get(seq, {}))
+
+
 def unsettled(path: Path) -> int:
-    """How many of a journal's records the store has neither acknowledged nor refused."""
+    """How many of a journal's records its jobs' latest runs hold neither acknowledged nor refused."""
     records, acks, refused = _read(path)
-    return sum(1 for r in records if r["seq"] not in acks and r["seq"] not in refused)
+    targets = _targets(records, acks)
+    return sum(1 for r in records if not _settled(r, targets[r["seq"]], acks, refused))
 
 
 def replay(
@@ -132,11 +156,12 @@ def replay(
     holds: Callable[[str], bool] = lambda run_id: True,
     refusal: Callable[[Exception], str | None] = lambda err: None,
 ) -> tuple[int, int] | None:
-    """Send a journal's undelivered records through `apply(record, run_id) -> run_id`, acking each.
-    `holds(run_id)` says whether the store still has a job's run: where it does not, the job's records
-    are all sent again (its start creates the run anew). `refusal(err)` turns the store's refusal of one
-    record into its reason (the record is marked refused and the replay goes on), or None to raise.
-    Returns (sent, refused), or None when another process holds the journal (its job still runs)."""
+    """Send a journal's undelivered records through `apply(record, run_id) -> run_id`, acking each for the run it
+    went to. `holds(run_id)` says whether the store still has a job's latest run: where it does not, the job's
+    records are all sent again (its start creates the run anew, and its acks name the new run). `refusal(err)`
+    turns the store's refusal of one record into its reason (the record is marked refused and the replay goes
+    on), or None to raise. Returns (sent, refused), or None when another process holds the journal (its job
+    still runs)."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         try:
@@ -145,14 +170,15 @@ def replay(
             return None
         _end_torn_line(fd, path)
         records, acks, refused = _read(path)
-        run_id, lost, sent, said_no = None, False, 0, 0
+        targets = _targets(records, acks)
+        run_id, sent, said_no = None, 0, 0
         for record in records:  # a rerun into the same directory appends a second job: each start resets
             seq, start = record["seq"], record["op"] == "start"
             if start:
-                lost = seq in acks and acks[seq] is not None and not holds(acks[seq])
-            if seq in refused or (seq in acks and not lost):
-                if start:
-                    run_id = acks.get(seq)
+                run_id = targets[seq] if targets[seq] is not None and holds(targets[seq]) else None
+                if run_id is not None:
+                    continue
+            elif run_id in acks.get(seq, ()) or run_id in refused.get(seq, {}):
                 continue
             try:
                 run_id = apply(record, None if start else run_id)
@@ -260,7 +286,7 @@ def start_of(path: Path) -> dict:
 def run_ids(path: Path) -> list[str]:
     """The runs a journal's jobs have in the store, as its latest acks say."""
     records, acks, _ = _read(path)
-    return [acks[r["seq"]] for r in records if r.get("op") == "start" and acks.get(r["seq"])]
+    return [acks[r["seq"]][-1] for r in records if r.get("op") == "start" and (acks.get(r["seq"]) or [None])[-1]]
 
 
 def missing_line(path: Path) -> str:

@@ -264,3 +264,41 @@ def test_a_reaping_waits_for_a_replay_under_way_and_the_sweep_closes_with_every_
     (run,) = store.search("tags.`quantspec.role` = 'job'")
     assert run.data.tags[OUTCOME] == "finished" and run.info.status == "FINISHED"
     assert parent.info.status == "FINISHED" and parent.data.tags["jobs_finished"] == "1", reaped
+
+
+def test_a_resend_into_a_new_store_stopped_midway_resumes_where_it_stopped_and_ends_the_job(tmp_path):
+    """The store lost the run (a server on a fresh backend); the replay re-sending the job is stopped after two
+    records (SIGTERM's Stopped, raised between records). Its acks name the new run, so the next replay sends the
+    records that run lacks, its end included, each once: the old run's acks are no delivery to the new one."""
+    import pytest
+
+    from src.common.signals import Stopped
+
+    j = journal.Journal(tmp_path / "job", tmp_path / "registry", "sqlite:///x.db")
+    ops = ["start", "params", "metrics", "metrics", "text", "end"]
+    for op in ops:
+        j.ack(j.append({"op": op}), "old-run")
+    j.close()
+    applied = []
+
+    def stopped_after_two(record, run_id):
+        if len(applied) == 2:
+            raise Stopped(15)
+        applied.append((record["op"], run_id))
+        return run_id or "new-run"
+
+    holds = lambda run_id: run_id == "new-run"  # noqa: E731 - the fresh store holds only what the re-send made
+    with pytest.raises(Stopped):
+        journal.replay(j.path, stopped_after_two, holds)
+    assert applied == [("start", None), ("params", "new-run")]
+    assert journal.unsettled(j.path) == 4  # still owed: it stays listed, never "already in the store"
+    resumed = []
+
+    def apply(record, run_id):
+        resumed.append((record["op"], run_id))
+        return run_id or "another-run"
+
+    assert journal.replay(j.path, apply, holds) == (4, 0)
+    assert resumed == [(op, "new-run") for op in ops[2:]]  # the end among them: the job is closed as it ended
+    assert journal.replay(j.path, apply, holds) == (0, 0) and journal.unsettled(j.path) == 0
+    assert journal.run_ids(j.path) == ["new-run"]
