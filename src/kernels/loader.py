@@ -14,6 +14,7 @@ from pathlib import Path
 
 from src.common.cache import FORMAT as CACHE_FORMAT
 from src.common.cache import build_cached
+from src.common.descendants import ended_on_error
 from src.kernels import variants
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,14 @@ def _build_binding(out: Path) -> None:
     # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every call runs on one thread.
     # -ffp-contract=off: step.cpp rounds each product and sum as ATen does; a fused multiply-add (Arm's
     # baseline has one) would round once and the C++ step would drift from the Python one.
+    with ended_on_error():  # a stop mid-build ends ninja's compilers too, not only ninja
+        _torch_build(cpp_extension, out)
+    for path in out.iterdir():
+        if path.name != f"{BINDING}.so" and path.is_file():
+            path.unlink()
+
+
+def _torch_build(cpp_extension, out: Path) -> None:
     cpp_extension.load(
         name=BINDING,
         sources=[str(HERE / "binding.cpp"), str(HERE / "step.cpp")],
@@ -185,9 +194,6 @@ def _build_binding(out: Path) -> None:
         is_python_module=False,
         verbose=bool(os.environ.get("QUANTSPEC_VERBOSE_BUILD")),
     )
-    for path in out.iterdir():
-        if path.name != f"{BINDING}.so" and path.is_file():
-            path.unlink()
 
 
 def built_variant(variant: variants.Variant, directory: Path) -> Path:

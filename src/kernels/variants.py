@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from src.common import envvars
+from src.common.descendants import ended_on_error
 
 CORE = Path(__file__).with_name("core")
 # Every variant is compiled with these: -ffp-contract=off keeps the scalar parts (norms, the quantizers)
@@ -158,7 +159,8 @@ def sources(variant: Variant) -> list[Path]:
 
 def _compile(cmd: list[str], what: str) -> None:
     """Run a compile; raises with the compiler's first error line on failure."""
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    with ended_on_error():  # a stop mid-compile ends the compiler driver's children (cc1plus, as) too
+        done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines() or ["?"]
         raise RuntimeError(f"{cmd[0]} could not compile {what}: {lines[0].strip()}")

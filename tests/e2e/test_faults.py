@@ -5,6 +5,7 @@ damaged, a full disk. Each test checks what the store holds afterwards and that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -995,3 +996,45 @@ def test_a_sync_stopped_midway_through_a_resend_resumes_and_the_job_ends_as_it_e
     assert sorted(m.step for m in history) == list(range(1, records + 1))  # each once
     again = run_cli([str(tmp_path / "job"), f"tracking.uri={uri}"], module="src.sync", env=env)
     assert again.returncode == 0 and "already in the store" in again.stdout
+
+
+def test_a_sweep_stopped_while_its_kernels_compile_leaves_no_compiler_running(tmp_path):
+    """SIGTERM to the sweep alone (not its process group, as a scheduler's stop of the main process) while the
+    kernels compile: the job ends killed, and every compiler the build started ends with it, not seconds later."""
+    import psutil
+
+    cache = tmp_path / "cache"  # no kernels: the job builds them
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "src.run", *QUICK[:-1], f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+         f"hydra.run.dir={tmp_path / 'out'}", "report_at_end=false"],
+        cwd=ROOT, env=cli_env({"QUANTSPEC_CACHE": str(cache)}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    me, compilers = psutil.Process(proc.pid), {}
+    deadline = time.time() + 300
+    try:
+        while not compilers:  # a compiler proper (cc1plus), two levels below ninja or the driver
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            for p in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if p.name() in ("cc1plus", "cc1", "as"):
+                        compilers[p.pid] = p
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        ended = time.time()
+        assert proc.returncode == 143 and "stopped by SIGTERM" in err, err[-2000:]
+
+        def running():
+            alive = []
+            for p in compilers.values():
+                with contextlib.suppress(psutil.Error):
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(p.name())
+            return alive
+
+        while running() and time.time() - ended < 1.0:
+            time.sleep(0.05)
+        assert not running(), f"compilers still running after the sweep ended: {running()}"
+    finally:
+        kill_session(proc.pid)

