@@ -42,6 +42,7 @@ from src.assembly.overrides import CONF_DIR, composition_problem, unparsable
 from src.assembly.sweep_settings import sweep_of, unset_line
 from src.common import envvars, signals
 from src.common.locks import hold
+from src.common.paths import unwritable
 from src.common.progress import watched
 from src.common.say import say
 from src.common.schema import ConfigError
@@ -178,6 +179,19 @@ class SweepCallback(Callback):
         )
 
 
+def unwritable_output(argv: list[str]) -> str | None:
+    """Why the folder the command writes its jobs' files in cannot be written (it is made here, as Hydra would
+    make it, before any work: Hydra's own failure there is a traceback), or None. The part of a path before its
+    first interpolation (the default's ${now:...}) is what is checked."""
+    if {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i"} & set(argv):
+        return None  # prints, writes nothing
+    multirun = "-m" in argv or "--multirun" in argv
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = next((a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == key), None)
+    folder = Path((given or ("multirun" if multirun else "outputs")).split("${")[0] or ".").expanduser()
+    return unwritable(folder, f"{key}={given}" if given else f"{key} (its default under {folder})")
+
+
 def cli() -> None:
     signals.install()  # first: a stop while the command line is checked is one line too
     startup.detach_stdin()  # no job, and nothing a job loads, reads a question's answer from it
@@ -198,6 +212,7 @@ def _cli() -> None:
         envvars.check()  # before any job: a variable read mid-run (the heartbeat's) would fail it there
     except envvars.EnvError as err:
         problem = problem or str(err)
+    problem = problem or unwritable_output(sys.argv[1:])
     if problem:
         say(problem, err=True)
         sys.exit(2)

@@ -50,9 +50,17 @@ def unparsable(args: list[str]) -> str | None:
     """The first override Hydra's grammar cannot read, in one line (Hydra's own error is a multi-line
     report with a link, and a word without `=` a traceback), or None."""
     parser = OverridesParser.create()
+    given: dict[str, str] = {}  # each key's override as given: a key given twice is one line, not the last kept
     for i, arg in enumerate(args):
         if arg.startswith("-") or (i and args[i - 1] in VALUED_FLAGS):
             continue
+        key = arg.partition("=")[0].lstrip("+~")
+        if key in given:
+            return (
+                f"{key} is given twice ({given[key]} and {arg}); give it once (a sweep over both is "
+                f"{key}=a,b with -m)"
+            )
+        given[key] = arg
         if "=" not in arg and not arg.startswith("~"):  # ~key deletes: Hydra's grammar reads it
             shown = arg if len(arg) <= 60 else arg[:57] + "..."
             return f"{shown!r} is not an override: overrides are key=value (e.g. model=llama-160m, precision=w8a8)"

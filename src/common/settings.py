@@ -56,7 +56,7 @@ class Command:
     def parse(self, argv: list[str]) -> tuple[dict, list[str]]:
         """(each setting's value, the other arguments in order). SettingError for a bad one."""
         values = {s.name: dict(s.default) if isinstance(s.default, dict) else s.default for s in self.settings}
-        rest = []
+        rest, given = [], {}
         renamed = {**RENAMED, **self.renamed}
         for arg in argv:
             key, eq, text = arg.partition("=")
@@ -70,6 +70,9 @@ class Command:
                     rest.append(arg)
                     continue
                 raise SettingError(f"{arg!r} is not a setting of {self.name}; {self._known()}")
+            if key in given and setting.kind is not list:  # silently the last had been kept
+                raise SettingError(f"{key} is given twice ({given[key]} and {arg}); give it once")
+            given[key] = arg
             if isinstance(setting.default, dict):
                 allowed = setting.parts or tuple(setting.default)
                 if part not in allowed:

@@ -278,6 +278,20 @@ def unreadable_line(pointer: Path, why: str) -> str:
     )
 
 
+def is_journal(path: Path) -> bool:
+    """Whether `path` reads as a journal: a file whose first line is one of a journal's records (a journal begins
+    with its job's start)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            line = f.readline(1 << 20)
+        if not line.strip():  # a job killed before its first record: an empty journal, nothing to send
+            return path.name == FILE
+        first = json.loads(line)
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and isinstance(first.get("seq"), int) and isinstance(first.get("op"), str)
+
+
 def start_of(path: Path) -> dict:
     """A journal's first start record (which store and experiment it was written for), or {}."""
     return next((r for r in _read(path)[0] if r.get("op") == "start"), {})

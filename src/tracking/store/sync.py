@@ -46,6 +46,14 @@ def _journals(args: list[str]) -> list[tuple[Path | None, Path]]:
         if not arg.exists():  # a mistyped folder: not a journal "listed as pending but gone"
             raise SettingError(f"{arg}: no such journal or folder; name a sweep's directory or a {journal.FILE}")
         paths = sorted(arg.rglob(journal.FILE)) if arg.is_dir() else [arg]
+        if not paths:
+            raise SettingError(f"{arg} holds no {journal.FILE}; name a sweep's directory, a job's folder or a journal")
+        for path in paths:
+            if not journal.is_journal(path):
+                raise SettingError(
+                    f"{path} is not a journal (a job's {journal.FILE}: JSON lines of its records); name a sweep's "
+                    f"directory or a {journal.FILE}"
+                )
         found += [(None, p) for p in paths]
     return found
 

@@ -55,7 +55,9 @@ def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
     (row,) = [r for r in c.rows if r.figure == "time/token"]  # fp32: the one job both sweeps ran
     # one example: the rounds' figures, unpaired (a round timed busy is left out where a quiet one remains)
     assert row.name.startswith("tiny-llama·cpu·fp32") and " / " in row.basis and "rounds" in row.basis
-    assert row.ratio > 1.3 and row.low > 1 and row.verdict == "slower", row
+    # slower with confidence: how much slower moves with the host's own load (the base sweep, timed while other
+    # tests ran, was 1.15x faster in one loaded run, where a quiet host gives ~2x), so no size is asked of it
+    assert row.ratio > 1 and row.low > 1 and row.verdict == "slower", row
     assert [n.split("·")[2] for n in c.removed] == ["bf16"] and [n.split("·")[2] for n in c.added] == ["w8a8"]
     assert c.failed == [] and c.host_changes == []  # one host, one commit, minutes apart
 
