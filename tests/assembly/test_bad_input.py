@@ -363,3 +363,42 @@ def test_a_four_bit_head_on_a_precision_without_groups_blames_the_head():
     raw, _ = compose_job(["model=tiny-llama", "precision=w8a8", "precision.head_scheme=w4a8"])
     with pytest.raises(ConfigError, match=r"^precision.head_scheme=w4a8 is a 4-bit scheme, which quantizes in groups"):
         job_config_from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    ("module", "args", "words"),
+    [
+        (
+            "src.run",
+            ["precision=fp32", "precision=bf16"],
+            "precision is given twice (precision=fp32 and precision=bf16)",
+        ),
+        ("src.run", ["task.limit=1", "task.limit=2"], "task.limit is given twice"),
+        ("src.report", ["out=a", "out=b"], "out is given twice (out=a and out=b); give it once"),
+        ("src.sync", ["/etc/passwd"], "/etc/passwd is not a journal"),
+        (
+            "src.run",
+            ["hydra.run.dir=/proc/quantspec-nowhere"],
+            "hydra.run.dir=/proc/quantspec-nowhere cannot be written",
+        ),
+        ("src.run", ["-m", "hydra.sweep.dir=/proc/quantspec-nowhere/a"], "hydra.sweep.dir=/proc/quantspec-nowhere/a"),
+    ],
+    ids=["override-twice", "field-twice", "setting-twice", "not-a-journal", "run-dir", "sweep-dir"],
+)
+def test_a_command_line_that_says_a_thing_twice_or_names_what_it_cannot_read_or_write_is_one_line(
+    tmp_path, module, args, words
+):
+    out = run_cli([*QUICK, *args] if module == "src.run" else args, module=module)
+    assert out.returncode == 2 and words in one_line(out.stderr), out.stderr[-2000:]
+
+
+def test_sync_of_a_folder_without_journals_is_one_line(tmp_path):
+    out = run_cli([str(tmp_path)], module="src.sync")
+    assert out.returncode == 2 and f"{tmp_path} holds no journal.jsonl" in one_line(out.stderr)
+
+
+def test_python_m_src_serve_refuses_a_setting_given_twice(capsys):
+    from src import serve
+
+    assert serve.main(["model=tiny-gemma3", "task.port=0", "task.port=1"]) == 2
+    assert "task.port is given twice" in one_line(capsys.readouterr().err)
