@@ -4,8 +4,9 @@ OOM killer half an hour into a 7B build.
 The estimate follows how a job holds its weights: built in bf16 (random weights), cast for a float
 precision tensor by tensor, or quantized layer by layer, each float linear freed once its low-bit copy
 exists (src.quant.pipeline), so the float model is the peak; then a draft model, the KV cache of the
-longest example, calibration's logits, and the interpreter with torch and its libraries. Only random
-weights are estimated before loading (their shape ships with quantspec).
+longest example, calibration's logits, and the interpreter with torch and its libraries. Random weights are
+estimated from the shape quantspec ships; a model folder of one's own from its config.json's sizes (a folder
+asking for a million layers is refused here, not built until the OOM killer ends it).
 """
 
 from __future__ import annotations
@@ -47,7 +48,54 @@ def _kv_bytes(cfg: JobConfig, shape) -> int:
     return 2 * shape.num_hidden_layers * tokens * heads * head_dim * 2
 
 
+UNGATED = ("opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "phi")  # an MLP of two linears, not three
+
+
+def counted_parameters(config: dict) -> int:
+    """A model config.json's parameters, counted from its sizes without building anything (a meta-device model of
+    a million layers takes minutes and gigabytes to build): the embedding and head, and per layer attention
+    (q and o at full width, k and v at the key/value heads') and a gated MLP. Within a few percent of the exact
+    count for the families quantspec maps; an upper bound's order of magnitude for others."""
+    part = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+
+    def size(*keys, default=0) -> int:
+        for key in keys:
+            value = part.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return default
+
+    hidden = size("hidden_size", "d_model", "n_embd")
+    layers = size("num_hidden_layers", "n_layer", "num_layers")
+    heads = size("num_attention_heads", "n_head", default=1)
+    kv_heads = size("num_key_value_heads", default=heads)
+    head_dim = size("head_dim", default=max(1, hidden // heads))
+    inner = size("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden)
+    vocab = size("vocab_size")
+    tied = part.get("tie_word_embeddings", config.get("tie_word_embeddings", True)) is not False
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    mlp = (2 if part.get("model_type", config.get("model_type")) in UNGATED else 3) * hidden * inner
+    return vocab * hidden * (1 if tied else 2) + layers * (attention + mlp)
+
+
+def _own_model_bytes(cfg: JobConfig) -> int | None:
+    """What a model folder of the user's own holds once loaded (float32, as src.models.load builds it), counted
+    from its config.json before anything is built; None where there is no folder to read."""
+    if cfg.model.weights == "random" or not cfg.model.local_path:
+        return None
+    from src.models import hub  # noqa: PLC0415 - only for a folder of one's own
+
+    try:
+        config = hub.folder_config(cfg.model.local_path)
+    except hub.NotAModel:
+        return None  # the load says what is wrong with it, in its own line
+    return counted_parameters(config) * 4 + RUNTIME_BYTES
+
+
 def estimate_bytes(cfg: JobConfig) -> int | None:
+    own = _own_model_bytes(cfg)
+    if own is not None:
+        return own
     shape = _shape(cfg)
     if shape is None:
         return None

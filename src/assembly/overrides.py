@@ -57,8 +57,7 @@ def unparsable(args: list[str]) -> str | None:
         key = arg.partition("=")[0].lstrip("+~")
         if key in given:
             return (
-                f"{key} is given twice ({given[key]} and {arg}); give it once (a sweep over both is "
-                f"{key}=a,b with -m)"
+                f"{key} is given twice ({given[key]} and {arg}); give it once (a sweep over both is {key}=a,b with -m)"
             )
         given[key] = arg
         if "=" not in arg and not arg.startswith("~"):  # ~key deletes: Hydra's grammar reads it

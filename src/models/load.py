@@ -92,11 +92,46 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _load_dir(directory: Path | str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    # trust_remote_code=False: a folder whose files name code of its own (auto_map) is refused, never asked about
-    # on stdin and never run (src.models.hub.refuse_code says so first, in one line)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, trust_remote_code=False)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def _reason(err: BaseException) -> str:
+    """An error's whole message on one line (a validator's reason is on the lines after its first), at most 300
+    characters."""
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _load_dir(directory: Path | str, what: str = "the model") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The folder's tokenizer and model; ModelUnavailable naming the files and what to do where either does not
+    load. trust_remote_code=False: a folder whose files name code of its own (auto_map) is refused, never asked
+    about on stdin and never run (src.models.hub.refuse_code says so first, in one line)."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a damaged tokenizer file: its parser's words, and which files
+        folder = Path(str(directory)).expanduser()
+        files = [name for name in TOKENIZER_FILES if (folder / name).is_file()] or ["none of its tokenizer files"]
+        raise ModelUnavailable(
+            f"{what}: its tokenizer ({', '.join(files)} in {folder}) cannot be read ({type(err).__name__}: "
+            f"{_reason(err)}); restore those files from the model's source"
+        ) from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, trust_remote_code=False)
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a config its weights do not fit, or a validator's refusal
+        config = Path(str(directory)).expanduser() / "config.json"
+        if "mismatched_sizes" in str(err):
+            raise ModelUnavailable(
+                f"{what}: its weights do not have the shapes {config}'s sizes build (transformers' load report "
+                f"names them); restore config.json or the weights from the model's source"
+            ) from None
+        raise ModelUnavailable(
+            f"{what}: transformers cannot build it from {config} ({type(err).__name__}: {_reason(err)}); fix or "
+            f"restore config.json from the model's source"
+        ) from None
     return model, tokenizer
 
 
@@ -164,7 +199,10 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
                 f"integers; restore it from the model's source"
             )
     try:
-        model, tokenizer = _load_dir(Path(where).expanduser() if cfg.local_path else where)
+        model, tokenizer = _load_dir(
+            Path(where).expanduser() if cfg.local_path else where,
+            f"model {cfg.name}: model.local_path={cfg.local_path}" if cfg.local_path else f"model {cfg.name}",
+        )
     except OSError as err:
         if cfg.local_path:
             raise ModelUnavailable(

@@ -148,3 +148,53 @@ def test_python_m_src_serve_reads_a_model_of_ones_own_as_src_run_does(tmp_path):
     tokenizer.save_pretrained(tmp_path / "own")
     cfg = job_config(["task=serve", "model=hub", f"model.local_path={tmp_path / 'own'}"])
     assert cfg.model.arch == "qwen2" and cfg.unsupported_reason() is None
+
+
+def test_a_folder_whose_sizes_would_not_fit_is_refused_before_anything_is_built(tmp_path):
+    """num_hidden_layers: 1000000 with every other size tiny: counted from config.json (a meta model of it takes
+    minutes and gigabytes), refused in one line within seconds, with what it needs and what is free."""
+    import json
+    import time
+
+    from src.models.tiny import tiny_model
+
+    model, tokenizer = tiny_model("qwen2")
+    model.save_pretrained(tmp_path / "own")
+    tokenizer.save_pretrained(tmp_path / "own")
+    config = json.loads((tmp_path / "own" / "config.json").read_text())
+    config["num_hidden_layers"] = 1_000_000
+    config["intermediate_size"] = 4096
+    (tmp_path / "own" / "config.json").write_text(json.dumps(config))
+    began = time.monotonic()
+    out, runs = _run(tmp_path, "model=hub", f"model.local_path={tmp_path / 'own'}")
+    (line,) = _quantspec_lines(out.stderr)
+    assert out.returncode == 1 and "GB of memory and" in line and "is available" in line, out.stderr[-2000:]
+    assert time.monotonic() - began < 60
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        ("heads", "its weights do not have the shapes"),
+        ("tokenizer", "its tokenizer (tokenizer.json, tokenizer_config.json in"),
+    ],
+    ids=["config-weights-mismatch", "damaged-tokenizer"],
+)
+def test_a_folder_whose_files_do_not_load_is_one_line_naming_the_file_and_what_to_do(tmp_path, damage, words):
+    import json
+
+    from src.models.tiny import tiny_model
+
+    folder = tmp_path / "own"
+    model, tokenizer = tiny_model("qwen2")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if damage == "heads":  # sizes that build other shapes than the weights have
+        config = json.loads((folder / "config.json").read_text())
+        config["num_attention_heads"] = 3
+        (folder / "config.json").write_text(json.dumps(config))
+    else:
+        (folder / "tokenizer.json").write_text('{"trunc')
+    out, _ = _run(tmp_path, "model=hub", f"model.local_path={folder}")
+    (line,) = _quantspec_lines(out.stderr)
+    assert out.returncode == 1 and words in line and "restore" in line and "above report" not in line, line
