@@ -142,9 +142,32 @@ def render_chat(tokenizer, chat: list[dict], max_chars: int, within_s: float = T
     return list(tokenizer("".join(pieces), add_special_tokens=False).input_ids)
 
 
-def encode(tokenizer, prompt: Prompt, max_chars: int = 1 << 30) -> list[int]:
-    """The prompt's token ids: a chat through the chat template where there is one, else its text as a prompt."""
+def longest_token(tokenizer) -> int:
+    """Characters in the vocabulary's longest token (at least 1), computed once per tokenizer: a text of more
+    characters than a context's tokens times this cannot fit that context, which is known before tokenizing it."""
+    found = getattr(tokenizer, "_quantspec_longest", None)
+    if found is None:
+        found = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        try:
+            tokenizer._quantspec_longest = found
+        except AttributeError:  # a tokenizer that takes no attributes: computed again next time
+            pass
+    return max(1, found)
+
+
+def encode(tokenizer, prompt: Prompt, max_context: int | None = None) -> list[int]:
+    """The prompt's token ids: a chat through the chat template where there is one, else its text as a prompt.
+    With `max_context`, a prompt that cannot fit it (more characters than its tokens times the vocabulary's
+    longest token) is refused before it is tokenized (PromptsError naming its line): a 60 MB line had been
+    tokenized whole, past 12 GB, after the model loaded."""
+    most = (max_context or 1 << 30) * (longest_token(tokenizer) if max_context else 1)
+    text = prompt.flat()
+    if len(text) > most:
+        raise PromptsError(
+            f"the prompt on line {prompt.line} is {len(text)} characters, more than the model's context of "
+            f"{max_context} tokens can hold (at most {most}); shorten it"
+        )
     if prompt.messages and templated(tokenizer):
         chat = [{"role": role, "content": content} for role, content in prompt.messages]
-        return render_chat(tokenizer, chat, max_chars)
-    return list(tokenizer(prompt.flat()).input_ids)
+        return render_chat(tokenizer, chat, most)
+    return list(tokenizer(text).input_ids)

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from src.data.prompts import TemplateTooCostly, render_chat, templated
+from src.data.prompts import TemplateTooCostly, longest_token, render_chat, templated
 from src.engine.config import MIN_TEMPERATURE, Sampling
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (a chat's is the server's setting)
@@ -159,18 +159,6 @@ def _fits(text: str, tokenizer, limits: Limits, what: str) -> str:
             f"can hold (at most {most}); shorten it"
         )
     return text
-
-
-def longest_token(tokenizer) -> int:
-    """Characters in the vocabulary's longest token (at least 1), computed once per tokenizer."""
-    found = getattr(tokenizer, "_quantspec_longest", None)
-    if found is None:
-        found = max((len(t) for t in tokenizer.get_vocab()), default=1)
-        try:
-            tokenizer._quantspec_longest = found
-        except AttributeError:  # a tokenizer that takes no attributes: computed again next time
-            pass
-    return max(1, found)
 
 
 def _prompt_ids(req: dict, tokenizer, limits: Limits) -> list[int]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from src.data.corpus import bos_prefix
+from src.data.corpus import bos_prefix, leading_ids
 from src.tasks.timed import Example, TaskInputs, TaskResult, limit, measure, result
 
 
 def cut_prompts(tokenizer, corpus: str, lengths: list[int]) -> list[torch.Tensor]:
     """One prompt per length, counted like a tokenized prompt (with the BOS the tokenizer adds)."""
-    ids = tokenizer(corpus, add_special_tokens=False).input_ids
     prefix = bos_prefix(tokenizer)
+    ids = leading_ids(tokenizer, corpus, max(lengths, default=0) - len(prefix))  # only what the longest needs
     prompts = []
     for n in lengths:
         body = ids[: n - len(prefix)]

@@ -37,7 +37,7 @@ def _examples(inputs: TaskInputs, new_tokens: int) -> tuple[list[Example], list[
         inputs.record_input(prompts_input(inputs.code_model, texts))
         return [Example(tok(t, return_tensors="pt").input_ids, new_tokens, t) for t in texts], []
     chosen = limit(inputs.prompts, inputs.task.limit)
-    encoded = [prompt_file.encode(tok, p) for p in chosen]
+    encoded = [prompt_file.encode(tok, p, inputs.max_context) for p in chosen]
     inputs.record_input(inputs.prompts_input([tok.decode(ids) for ids in encoded]))
     examples = [Example(torch.tensor([ids]), new_tokens, p.label) for p, ids in zip(chosen, encoded)]
     chats = sum(1 for p in chosen if p.messages)

@@ -162,7 +162,13 @@ class Decode(Generating, Referenced):
 
     def preflight(self, job, loaded) -> None:
         if job.dataset.holds_prompts:  # the user's prompts, as the task will encode them
-            lengths = [len(prompt_file.encode(loaded.tokenizer, p)) for p in job.dataset.prompts[: self.limit]]
+            try:
+                lengths = [
+                    len(prompt_file.encode(loaded.tokenizer, p, loaded.max_context))
+                    for p in job.dataset.prompts[: self.limit]
+                ]
+            except prompt_file.PromptsError as err:
+                raise ConfigError(f"dataset.path={job.dataset.path}: {err}") from None
         else:
             lengths = _lengths(loaded, prompts(job.model.code)[: self.limit])
         _fits(job, loaded, lengths, self.new_tokens(job.model.code))

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from src.common.metrics import csv_text
-from src.data.corpus import bos_prefix
+from src.data.corpus import bos_prefix, leading_ids
 from src.quality import divergence, stats
 from src.tasks.timed import TaskInputs, TaskResult
 
@@ -17,9 +17,9 @@ from src.tasks.timed import TaskInputs, TaskResult
 def windows(tokenizer, corpus: str, window: int, count: int) -> tuple[list[torch.Tensor], list[str]]:
     """Up to `count` non-overlapping windows of `window` tokens, each starting with BOS where the model
     expects one (as a prompt would); and what the user must be told where the corpus had fewer."""
-    ids = tokenizer(corpus, add_special_tokens=False).input_ids
     prefix = bos_prefix(tokenizer)
     body = window - len(prefix)
+    ids = leading_ids(tokenizer, corpus, body * count)  # only the windows scored, not the whole corpus
     available = len(ids) // body
     if available < 1:
         raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one window of {window}")

@@ -120,3 +120,23 @@ def test_a_template_that_grows_without_bound_is_stopped_in_one_line(template, wo
     with pytest.raises(prompts.TemplateTooCostly, match=words) as err:
         prompts.render_chat(tok, [{"role": "user", "content": "hi"}], 5000, within_s=1.0)
     assert "\n" not in str(err.value)
+
+
+def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_it_is_tokenized():
+    tok = byte_tokenizer()
+    calls = []
+    original = type(tok).__call__
+
+    class Watching(type(tok)):
+        def __call__(self, *args, **kwargs):
+            calls.append(args)
+            return original(self, *args, **kwargs)
+
+    tok.__class__ = Watching
+    longest = prompts.longest_token(tok)
+    fits = prompts.Prompt(3, text="x" * 64 * longest)
+    assert len(prompts.encode(tok, fits, 64)) > 64  # it may still not fit: the context check says so after
+    calls.clear()
+    with pytest.raises(prompts.PromptsError, match=r"the prompt on line 7 is \d+ characters, more than") as err:
+        prompts.encode(tok, prompts.Prompt(7, text="x" * (64 * longest + 1)), 64)
+    assert calls == [] and "\n" not in str(err.value)
