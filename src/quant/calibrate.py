@@ -13,7 +13,6 @@ from torch import nn
 from src.common.progress import progress
 from src.quant import gptq
 
-
 CALIB_MAX_CHARS = 4 << 20  # characters of a corpus tokenized for calibration (a 63 MB one had been tokenized whole)
 
 
