@@ -115,9 +115,11 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             "prefill_ms",
             "tokens_per_s",
         ]
-        # the grid drawn: its columns and every job's row
+        # the grid drawn: every column read below and every job's row. The grid draws its columns a few at a
+        # time: waiting for one of them had read the others before the last was drawn (tokens_per_s missing, in a
+        # fresh-clone CI run beside another process)
         ready = " && ".join(
-            [f'{drawn}.includes("metrics.`decode_speedup`")']
+            [f'{drawn}.includes("metrics.`{c}`")' for c in wanted if c not in ("Run Name", "Description")]
             + [f"document.body.innerText.includes({j.info.run_name!r})" for j in jobs]
         )
 
