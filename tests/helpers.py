@@ -42,6 +42,13 @@ def compose_job(overrides: list[str]) -> tuple[dict, dict]:
     return raw, choices
 
 
+def overridden(base: list[str], *args: str) -> list[str]:
+    """`base`'s overrides with `args` after them, each key of `args` taken out of `base` first: a command line
+    gives a setting once (src.run refuses one given twice)."""
+    keys = {a.partition("=")[0] for a in args}
+    return [*(a for a in base if a.partition("=")[0] not in keys), *args]
+
+
 def run_cli(args: list[str], module: str = "src.run", env: dict | None = None, cwd: Path | None = None) -> Ran:
     """`python -m <module> *args` (src.run, src.report, src.regress or src.sync) run in this process, with `env`
     added to its environment: exit code, stdout and stderr as a child's would be. For a test of what a command

@@ -21,6 +21,7 @@ import torch
 from src.assembly.config import ConfigError, JobConfig
 from src.engine import kvcache
 from src.engine.roofline import PROBE_MB
+from src.models import hub
 from src.models.random_weights import NoShape, config_of, parameter_count
 
 GB = 2**30
@@ -83,8 +84,6 @@ def _own_model_bytes(cfg: JobConfig) -> int | None:
     from its config.json before anything is built; None where there is no folder to read."""
     if cfg.model.weights == "random" or not cfg.model.local_path:
         return None
-    from src.models import hub  # noqa: PLC0415 - only for a folder of one's own
-
     try:
         config = hub.folder_config(cfg.model.local_path)
     except hub.NotAModel:

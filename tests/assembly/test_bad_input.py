@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from src.assembly.config import ConfigError, job_config_from_dict
 from src.tracking.sweep.record import run_job
-from tests.helpers import compose_job, fresh_cache, run_cli
+from tests.helpers import compose_job, fresh_cache, overridden, run_cli
 
 QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]
 
@@ -81,9 +81,8 @@ def test_config_errors_are_one_line_and_record_no_run(tmp_path, override, words)
     out = run_cli(
         [
             "-m",
-            *quick,
+            *overridden(quick, *override.split()),
             "precision=fp32,bf16",
-            *override.split(),
             f"tracking.uri=sqlite:///{db}",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
@@ -266,8 +265,7 @@ def test_inputs_past_their_limits_are_said_in_one_line(tmp_path, store):
         (model / "config.json").write_text(text)
         out = run_cli(
             [
-                *QUICK,
-                "model=llama-2-7b",
+                *overridden(QUICK, "model=llama-2-7b"),
                 f"model.local_path={model}",
                 "model.weights=real",
                 f"tracking.uri={store}",
@@ -279,7 +277,12 @@ def test_inputs_past_their_limits_are_said_in_one_line(tmp_path, store):
         assert out.returncode == 1 and words in line and "hub" not in line, line
     # random weights are built by name: a local folder given beside them was never read, yet recorded
     out = run_cli(
-        [*QUICK, "model=llama-2-7b", "model.weights=random", f"model.local_path={model}", f"tracking.uri={store}"],
+        [
+            *overridden(QUICK, "model=llama-2-7b"),
+            "model.weights=random",
+            f"model.local_path={model}",
+            f"tracking.uri={store}",
+        ],
         env=env,
     )
     assert "model.weights=random builds llama-2-7b's published shape and never reads model.local_path" in one_line(

@@ -26,6 +26,7 @@ from tests.helpers import (
     fresh_cache,
     kill_session,
     mlflow_server,
+    overridden,
     run_cli,
     run_process,
 )
@@ -486,7 +487,12 @@ def test_a_server_restarted_on_a_fresh_backend_gets_the_job_from_its_journal(tmp
     server = mlflow_server(first, port)
     try:
         proc = start(
-            [*SLOW, "task.limit=2", "tracking=server", f"tracking.uri={uri}", f"hydra.run.dir={tmp_path / 'job'}"],
+            [
+                *overridden(SLOW, "task.limit=2"),
+                "tracking=server",
+                f"tracking.uri={uri}",
+                f"hydra.run.dir={tmp_path / 'job'}",
+            ],
             tmp_path,
             "job",
         )
@@ -517,8 +523,7 @@ def test_a_store_deleted_mid_sweep_is_rebuilt_from_the_journals(tmp_path, env):
     proc = start(
         [
             "-m",
-            *SLOW,
-            "task.limit=2",
+            *overridden(SLOW, "task.limit=2"),
             "precision=fp32,bf16,w8a8",
             f"tracking.uri={uri}",
             f"hydra.sweep.dir={sweep}",
@@ -608,8 +613,7 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
     proc = start(
         [
             "-m",
-            *SLOW,
-            "task.limit=2",
+            *overridden(SLOW, "task.limit=2"),
             "precision=fp32,bf16",
             f"tracking.uri={uri}",
             f"hydra.sweep.dir={sweep}",
