@@ -38,7 +38,7 @@ from src.models.random_weights import parameter_count
 from src.quality.reference import Reference
 from src.quality.scoring import torch_scorer
 from src.quant import prefill
-from src.quant.apply import prepare
+from src.quant.apply import hollow_if_cached, prepare
 from src.quant.linear import install_prefill, w8a8_linears
 from src.tasks.kinds import Referenced
 from src.tasks.timed import BANDWIDTH, TaskInputs, TaskResult
@@ -230,12 +230,20 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     recorder.set_tags({"weights": cfg.model.weights, **cfg.task.tags()})
     if need is not None:
         recorder.log_metrics({"memory_estimate_gb": need / memory.GB})
-    # random weights for a float precision are made where they run (quantizing reads them on the CPU)
-    loaded = load_model(cfg.model, cfg.cache_dir, placement.device if not cfg.precision.quantized else "cpu")
-    recorder.log_metrics({"model_load_s": loaded.load_s})
-    cfg.task.preflight(cfg, loaded)  # its context, before anything is quantized or timed
     corpus = Corpus(cfg.dataset)  # read only by the tasks and calibration that need it
     other = runtimes.runtime(cfg.engine)
+    # a quantized job of random weights whose quantized weights are cached makes none of the float ones they
+    # replace (a 7B's bf16 linears: 13 GB made, then dropped)
+    hollow = (
+        hollow_if_cached(cfg.model, cfg.precision, corpus.reader("calibration"), cfg.cache_dir)
+        if cfg.precision.quantized and cfg.model.weights == "random" and other is None
+        else None
+    )
+    # random weights for a float precision are made where they run (quantizing reads them on the CPU)
+    device = placement.device if not cfg.precision.quantized else "cpu"
+    loaded = load_model(cfg.model, cfg.cache_dir, device, hollow)
+    recorder.log_metrics({"model_load_s": loaded.load_s})
+    cfg.task.preflight(cfg, loaded)  # its context, before anything is quantized or timed
     if other is not None:  # another runtime: it quantizes and runs its own export of the weights, in a process
         # of its own, so that its crash fails this job and the sweep goes on
         make = other.build(cfg, loaded, placement, corpus, recorder)

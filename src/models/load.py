@@ -22,7 +22,7 @@ from src.common.paths import child
 from src.models import hub
 from src.models.config import ModelConfig
 from src.models.random_weights import SEED, NoShape, random_model
-from src.models.tiny import tiny_model
+from src.models.tiny import byte_tokenizer, tiny_model
 
 log = logging.getLogger(__name__)
 
@@ -227,16 +227,19 @@ def checkpoint(cfg: ModelConfig, cache_dir: Path) -> str:
     return str(Path(cfg.local_path).expanduser()) if cfg.local_path else cfg.id
 
 
-def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu") -> LoadedModel:
+def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=None) -> LoadedModel:
     """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy, made on `device`); the
-    job casts and moves it for its precision and hardware."""
+    job casts and moves it for its precision and hardware. `hollow(model, tokenizer, source_key)` names the random
+    weights never to make (src.quant.apply.hollow_if_cached: a cached quantized job's replaced linears), left on
+    the meta device."""
     start = time.perf_counter()
     if cfg.weights == "random":  # the published shape, in bf16, filled in seconds (src.models.random_weights)
+        key = f"random:{cfg.name}:{SEED}"
+        empty = (lambda model: hollow(model, byte_tokenizer(), key)) if hollow is not None else None
         try:
-            model, tokenizer = random_model(cfg.name, device=device)
+            model, tokenizer = random_model(cfg.name, device=device, hollow=empty)
         except NoShape as err:
             raise ModelUnavailable(str(err)) from None
-        key = f"random:{cfg.name}:{SEED}"
     elif cfg.source in ("gguf_package", "gguf_file"):
         model, tokenizer, key = _load_gguf(cfg, cache_dir)
     elif cfg.source in ("hub", "local"):

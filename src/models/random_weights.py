@@ -13,9 +13,11 @@ The tokenizer is the byte-level one of the tiny models: its 259 ids are valid in
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.initialization import no_init_weights
 
@@ -55,15 +57,22 @@ def parameter_count(config) -> int:
 def fill(model: torch.nn.Module, seed: int = SEED) -> None:
     """Norm scales 1, biases 0, every other weight N(0, STD): one random block copied with a different
     shift into each tensor, so no two layers are alike and nothing is drawn 7 billion times. The block is
-    drawn on the CPU (the same numbers on every device) and copied to the parameters' device once."""
+    drawn on the CPU (the same numbers on every device) and copied to the parameters' device once. A parameter
+    left on the meta device (never to be used: a cache holds what replaces it) is skipped, its shift counted, so
+    every other one gets the values it gets in a model filled whole."""
     generator = torch.Generator().manual_seed(seed)
-    device = next(model.parameters()).device
+    device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     block = (torch.randn(2 * BLOCK, generator=generator) * STD).to(device)
     shift = 0
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 1:
-                param.fill_(1.0 if "norm" in name and name.endswith("weight") else 0.0)
+                if param.device.type != "meta":
+                    param.fill_(1.0 if "norm" in name and name.endswith("weight") else 0.0)
+                continue
+            chunks = -(-param.numel() // BLOCK)
+            if param.device.type == "meta":
+                shift = (shift + 7919 * chunks) % BLOCK
                 continue
             source = block.to(param.dtype)
             flat = param.view(-1)
@@ -73,12 +82,31 @@ def fill(model: torch.nn.Module, seed: int = SEED) -> None:
                 shift = (shift + 7919) % BLOCK
 
 
-def random_model(name: str, dtype: torch.dtype = torch.bfloat16, seed: int = SEED, device: str = "cpu"):
+def random_model(
+    name: str,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = SEED,
+    device: str = "cpu",
+    hollow: Callable[[torch.nn.Module], set[str]] | None = None,
+):
     """(model, tokenizer) for a shipped shape: parameters allocated uninitialised on `device`, then filled (a
-    GPU job's 7B weights made there: no host copy to cast and move)."""
+    GPU job's 7B weights made there: no host copy to cast and move). `hollow(model)`, given the model with every
+    parameter on the meta device, names the parameters that stay there, never allocated nor filled (a quantized
+    cache replaces them: a cached 7B job holds its quantized weights, not 13 GB of bf16 it would drop)."""
     config = config_of(name)
-    with no_init_weights(), torch.device(device):
+    with no_init_weights(), init_empty_weights(include_buffers=False):  # buffers (rotary tables) are real
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    empty = hollow(model) if hollow is not None else set()
+    for full, param in list(model.named_parameters()):
+        if full not in empty:
+            owner, _, leaf = full.rpartition(".")
+            module = model.get_submodule(owner)
+            real = torch.empty(param.shape, dtype=param.dtype, device=device)
+            module._parameters[leaf] = torch.nn.Parameter(real, requires_grad=param.requires_grad)
+    for module in model.modules():  # the buffers were made on the CPU: where the model runs
+        for key, buffer in module._buffers.items():
+            if buffer is not None and buffer.device != torch.device(device):
+                module._buffers[key] = buffer.to(device)
     fill(model, seed)
     if model.config.tie_word_embeddings:
         model.tie_weights()

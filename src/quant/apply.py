@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from src.common.cache import damage
 from src.common.paths import child
 from src.models.config import ModelConfig
 from src.quant import cache
 from src.quant.calibrate import calibration_ids, ids_hash
 from src.quant.config import PrecisionConfig
 from src.quant.methods import QuantSpec
-from src.quant.pipeline import install, quantize, quantized_bytes, release_quantized
+from src.quant.pipeline import install, quantize, quantized_bytes, quantized_linears, release_quantized
 
 
 @dataclass
@@ -35,6 +36,38 @@ class QuantReport:
             ("quantize_s" if self.built else "quant_load_s"): self.seconds,
             "quantized_weights_mb": self.quantized_bytes / 2**20,
         }
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where a job's quantized weights are cached, what its manifest wants, and the calibration they come from."""
+
+    directory: Path
+    meta: dict
+    calib: torch.Tensor | None
+
+
+def entry(
+    tokenizer, spec: QuantSpec, source_key: str, corpus: Callable[[], str], calib_samples: int, calib_seq_len: int,
+    cache_root: Path, label: str,
+) -> Entry:  # fmt: skip
+    """The cache entry of these weights, quantized by `spec` from this calibration (a method that reads no data,
+    RTN, hashes none: its key stays independent of the dataset)."""
+    calib = None if not spec.calibrates else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
+    key = cache.cache_key(source_key, spec, "none" if calib is None else ids_hash(calib))
+    directory = child(cache_root / "quantized", f"{label}-{spec.scheme}-{spec.method}-{key[:16]}")
+    return Entry(directory, {"source": source_key, "key": key}, calib)
+
+
+def replaced(model: nn.Module, arch: str, spec: QuantSpec) -> set[str]:
+    """The float parameters a spec's quantized weights replace: each quantized linear's weight and bias (a head
+    tied to the embedding shares its parameter, which stays)."""
+    names = set()
+    for name, linear in quantized_linears(model, arch, spec).items():
+        names.add(f"{name}.weight")
+        if getattr(linear, "bias", None) is not None:
+            names.add(f"{name}.bias")
+    return names
 
 
 def quantize_model(
@@ -53,20 +86,38 @@ def quantize_model(
     device: str = "cpu",
 ) -> tuple[nn.Module, QuantReport]:
     start = time.perf_counter()
-    # A method that reads no data (RTN) hashes none: its key stays independent of the dataset.
-    calib = None if not spec.calibrates else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
-    key = cache.cache_key(source_key, spec, "none" if calib is None else ids_hash(calib))
-    directory = child(cache_root / "quantized", f"{label}-{spec.scheme}-{spec.method}-{key[:16]}")
+    where = entry(tokenizer, spec, source_key, corpus, calib_samples, calib_seq_len, cache_root, label)
+    directory = where.directory
     weights, built = cache.load_or_build(
         directory,
-        lambda: quantize(model, arch, spec, calib),
-        {"source": source_key, "key": key},
+        lambda: quantize(model, arch, spec, where.calib),
+        where.meta,
         before_load=lambda: release_quantized(model, arch, spec),
     )
     model = install(model.to(dtype), weights, dtype, gemv, device)
     return model, QuantReport(
         directory, built, time.perf_counter() - start, quantized_bytes(weights), getattr(spec, "alpha", None)
     )
+
+
+def hollow_if_cached(
+    model_cfg: ModelConfig, precision: PrecisionConfig, corpus: Callable[[], str], cache_root: Path
+) -> Callable[[nn.Module, object, str], set[str]]:
+    """For a model built with its parameters on the meta device (and its tokenizer and source key): the ones to
+    leave there, never made, because the cache holds this job's quantized weights whole (every float parameter
+    they replace); none where it does not (the float model is made whole, to quantize)."""
+
+    def hollow(model: nn.Module, tokenizer, source_key: str) -> set[str]:
+        spec = precision.spec(model_cfg)
+        where = entry(
+            tokenizer, spec, source_key, corpus, precision.calib_samples, precision.calib_seq_len,
+            cache_root, model_cfg.name,
+        )  # fmt: skip
+        if not where.directory.is_dir() or damage(where.directory, where.meta) is not None:
+            return set()
+        return replaced(model, model_cfg.arch, spec)
+
+    return hollow
 
 
 def prepare(

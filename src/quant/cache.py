@@ -11,11 +11,14 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from src.common.cache import build_cached
 from src.quant.methods import QuantSpec
@@ -48,22 +51,50 @@ def save(directory: Path, weights: QuantizedWeights) -> None:
     )
 
 
+class StoredLayers(Mapping):
+    """A cached model's quantized linears, each read from the safetensors file (memory-mapped) when it is asked
+    for and not kept here: installing a model holds its runtime modules and one linear's portable tensors at a
+    time, never the whole file's copy beside them (a 7B's 4 GB twice)."""
+
+    def __init__(self, path: Path, fields: dict[str, list[str]], sizes: dict[str, int]):
+        self.path, self.fields, self.sizes = path, fields, sizes
+
+    def __getitem__(self, name: str) -> dict[str, torch.Tensor]:
+        with safe_open(str(self.path), framework="pt") as f:
+            return {field: f.get_tensor(f"layer/{name}/{field}") for field in self.fields[name]}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+
 def load(directory: Path) -> QuantizedWeights:
     meta = json.loads((directory / META).read_text())
     if meta.get("format") != FORMAT:
         raise ValueError(f"quantized cache format {meta.get('format')} != {FORMAT}")
-    layers: dict[str, dict] = {}
+    fields: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
     floats = {}
-    for key, tensor in load_file(str(directory / WEIGHTS)).items():
-        kind, rest = key.split("/", 1)
-        if kind == "float":
-            floats[rest] = tensor
-        else:
+    with safe_open(str(directory / WEIGHTS), framework="pt") as f:
+        for key in f.keys():
+            kind, rest = key.split("/", 1)
+            if kind == "float":
+                floats[rest] = f.get_tensor(key)
+                continue
             name, field = rest.rsplit("/", 1)
-            layers.setdefault(name, {})[field] = tensor
-    if set(meta["schemes"]) != set(layers):
+            fields.setdefault(name, []).append(field)
+            part = f.get_slice(key)
+            sizes[name] = sizes.get(name, 0) + math.prod(part.get_shape()) * _BYTES[part.get_dtype()]
+    if set(meta["schemes"]) != set(fields):
         raise ValueError("quantized cache lists other layers than it holds")
+    layers = StoredLayers(directory / WEIGHTS, fields, sizes)
     return QuantizedWeights(meta["schemes"], meta["group_size"], layers, floats, meta.get("info", {}))
+
+
+# a safetensors dtype's bytes an element
+_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1, "U8": 1, "I16": 2, "I32": 4, "I64": 8, "F64": 8, "BOOL": 1}
 
 
 def load_or_build(

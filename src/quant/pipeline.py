@@ -7,6 +7,7 @@ what the cache stores); `install` swaps the runtime modules into a float model.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +25,7 @@ from src.quant.sequential import round_layers
 class QuantizedWeights:
     schemes: dict[str, str]  # linear name -> the scheme it runs (w8a8, ...)
     group_size: int | None
-    layers: dict[str, dict[str, torch.Tensor]]  # linear name -> portable tensors
+    layers: Mapping[str, dict[str, torch.Tensor]]  # linear name -> portable tensors (a cache's: read as asked)
     floats: dict[str, torch.Tensor]  # float parameters the scaling changed
     info: dict = field(default_factory=dict)
 
@@ -122,4 +123,7 @@ def install(
 
 
 def quantized_bytes(weights: QuantizedWeights) -> int:
+    sizes = getattr(weights.layers, "sizes", None)  # a cache's layers, read lazily, know their sizes unread
+    if sizes is not None:
+        return sum(sizes.values())
     return sum(t.numel() * t.element_size() for ts in weights.layers.values() for t in ts.values())

@@ -96,3 +96,37 @@ def test_freed_memory_is_returned_before_the_next_job_is_weighed():
     memory.release_freed()
     assert before - rss() > 300 * 2**20, (before, rss())
     assert len(kept) == 15_000
+
+
+def test_a_cached_quantized_job_of_random_weights_makes_none_of_the_float_linears_it_replaces(tmp_path, monkeypatch):
+    """The first job quantizes (every float weight made, as before); the second finds the quantized weights cached
+    and leaves the linears they replace on the meta device, never allocated: only the embedding and the norms
+    are made, with the values the whole model has; both jobs' models give the same logits."""
+    from src.assembly.composed import job_config
+    from src.assembly.job import build
+    from src.models import random_weights
+    from tests.helpers import fresh_cache
+
+    made = []
+    original = random_weights.fill
+
+    def watched(model, seed=random_weights.SEED):
+        made.append({n for n, p in model.named_parameters() if p.device.type != "meta"})
+        return original(model, seed)
+
+    monkeypatch.setattr(random_weights, "fill", watched)
+    monkeypatch.setenv("QUANTSPEC_CACHE", str(fresh_cache(tmp_path / "cache")))
+    args = ["model=llama-160m", "model.weights=random", "precision=w4a16", "precision.method=rtn",
+            "precision.gptq=[]", "task.limit=1", "task.max_new_tokens=2"]  # fmt: skip
+    ids = torch.tensor([[1, 5, 9, 77]])
+    logits = []
+    for _ in range(2):
+        job = build(job_config(args))
+        with torch.inference_mode():
+            logits.append(job.model(ids).logits.float())
+        assert not [n for n, p in job.model.named_parameters() if p.device.type == "meta"]
+    first, second = made
+    linears = {n for n in first if ".layers." in n and "proj" in n}
+    assert linears and not linears & second  # none of them made the second time
+    assert second == first - linears - {"lm_head.weight"} or second == first - linears
+    assert torch.equal(logits[0], logits[1])
