@@ -43,7 +43,7 @@ def round_weights(
     if clip is not None:
         c = clip.repeat_interleave(group, dim=1)
         w = torch.max(torch.min(w, c), -c)
-    inv = _inverse_factor(h.double().clone(), w)
+    inv = _factor(h, w)
     block = group or 128
     q = torch.empty(n, k, dtype=torch.int8 if group is None else torch.uint8)
     if group is None:
@@ -58,6 +58,28 @@ def round_weights(
             w[rows].clone(), inv, bits, group, block, q[rows], scale[rows], None if zero is None else zero[rows]
         )
     return q, scale, zero
+
+
+_last: list = []  # [h, its factor, its dead features]: the Gram linears reading one input share (q, k, v)
+
+
+def _factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """_inverse_factor of `h`, reused while the same Gram tensor comes again (the linears that read one input share
+    it: src.quant.sequential): the factor of an 11008-wide Gram takes seconds. `w`'s dead features are zeroed
+    each time, as _inverse_factor does."""
+    if _last and _last[0] is h:
+        inv, dead = _last[1], _last[2]
+        w[:, dead] = 0.0
+        return inv
+    dead = torch.diag(h) == 0
+    inv = _inverse_factor(h.double().clone(), w)
+    _last[:] = [h, inv, dead]
+    return inv
+
+
+def forget() -> None:
+    """Drop the factor kept for reuse (a layer's rounding is done)."""
+    _last.clear()
 
 
 def _inverse_factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

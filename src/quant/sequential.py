@@ -64,24 +64,35 @@ def _layer_calls(model: nn.Module, layers: list[nn.Module], batches: torch.Tenso
 
 
 def _grams(layer: nn.Module, linears: dict[str, nn.Module], hidden: list[torch.Tensor], args, kwargs):
-    """X^T X (float64) of each of `linears`' inputs over every window, the layer called on each."""
-    grams: dict[str, torch.Tensor] = {}
+    """X^T X (float64) of each of `linears`' inputs over every window, the layer called on each. Linears that read
+    one input (q, k and v the attention's; gate and up the MLP's) share one Gram, computed once and held once:
+    the same tensor, so GPTQ factors it once too (gptq.round_weights)."""
+    sums: dict[str, torch.Tensor] = {}  # the first linear of each shared input -> its Gram so far
+    leader: dict[str, str] = {}  # linear -> the first linear that read its input
+    # this window: an input tensor (by identity, held so that its id is not reused) -> the first linear that read it
+    seen: dict[int, tuple[torch.Tensor, str]] = {}
 
     def observe(name):
         def hook(_module, a):
-            g = gptq.gram(a[0].detach().reshape(-1, a[0].shape[-1]))
-            grams[name] = grams[name] + g if name in grams else g
+            first = seen.setdefault(id(a[0]), (a[0], name))[1]
+            x = a[0].detach()
+            leader.setdefault(name, first)
+            if leader[name] != name:  # the same input as an earlier linear's: its Gram is that one's
+                return
+            g = gptq.gram(x.reshape(-1, x.shape[-1]))
+            sums[name] = sums[name] + g if name in sums else g
 
         return hook
 
     handles = [m.register_forward_pre_hook(observe(name)) for name, m in linears.items()]
     try:
         for h in hidden:
+            seen.clear()
             layer(h, *args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
-    return grams
+    return {name: sums[first] for name, first in leader.items()}
 
 
 def _hidden(out) -> torch.Tensor:
@@ -114,5 +125,6 @@ def round_layers(
         for name, m in mine.items():
             out[name] = rounded(name, grams.pop(name, None))
             m.weight.data = dequantized(name, out[name]).to(m.weight.dtype)
+        gptq.forget()  # the layer's factors: the next layer's inputs are others
         hidden = [_hidden(layer(h, *args, **kwargs)) for h in hidden]
     return out
