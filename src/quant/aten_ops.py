@@ -90,13 +90,19 @@ def pack_lanes(q: torch.Tensor, bits: int) -> torch.Tensor:
         return torch.cat([p.reshape(n, k // 128, -1) for p in planes], dim=2).reshape(n, k * bits // 8)
     n, k = q.shape
     lanes, fields = 8 * bits, 16 // bits
-    out = torch.empty(n, k * bits // 8, dtype=torch.uint8, device=q.device)
-    shifts = (torch.arange(fields, dtype=torch.int32, device=q.device) * bits).view(1, 1, fields, 1)
-    for r0 in range(0, n, 4096):  # int32 words for a block of rows at a time, not the whole weight
-        b = q[r0 : r0 + 4096].to(torch.int32).reshape(-1, k // 128, fields, lanes)
-        words = (b << shifts).sum(dim=2)  # [rows, K/128, lanes], each below 2^16
-        out[r0 : r0 + 4096] = torch.stack([words & 0xFF, words >> 8], dim=-1).reshape(-1, k * bits // 8).to(torch.uint8)
-    return out
+    low = fields // 2  # the fields a lane's low byte holds
+    out = torch.empty(n, k // 128, lanes, 2, dtype=torch.uint8, device=q.device)
+    for r0 in range(0, n, ROWS_AT_ONCE):  # in uint8, a block of rows at a time: no wider copy of the weight
+        b = q[r0 : r0 + ROWS_AT_ONCE].to(torch.uint8).reshape(-1, k // 128, fields, lanes)
+        for byte, first in ((0, 0), (1, low)):  # a lane's 16 bits as its two bytes, little-endian
+            dest = out[r0 : r0 + ROWS_AT_ONCE, :, :, byte]
+            dest.copy_(b[:, :, first])
+            for u in range(1, low):
+                dest |= b[:, :, first + u] << (bits * u)
+    return out.reshape(n, k * bits // 8)
+
+
+ROWS_AT_ONCE = 1024  # rows repacked together: a 4096-wide block is 4 MB of uint8
 
 
 def pack_w4(q: torch.Tensor) -> torch.Tensor:

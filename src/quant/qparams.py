@@ -108,13 +108,18 @@ def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
         return out.reshape(n, m * per)
     per = 8 // math.gcd(bits, 8)
     nbytes = per * bits // 8
-    b = packed.to(torch.int64).reshape(n, m // nbytes, nbytes)
-    word = torch.zeros(n, m // nbytes, dtype=torch.int64, device=packed.device)
-    for j in range(nbytes):
-        word |= b[..., j] << (8 * (nbytes - 1 - j))
     mask = (1 << bits) - 1
-    out = torch.stack([(word >> (bits * (per - 1 - i))) & mask for i in range(per)], dim=-1)
-    return out.reshape(n, m // nbytes * per).to(torch.uint8)
+    # each value from the (at most two) bytes it spans, in 16-bit arithmetic: no int64 copy of the weight
+    b = packed.reshape(n, m // nbytes, nbytes)
+    out = torch.empty(n, m // nbytes, per, dtype=torch.uint8, device=packed.device)
+    for i in range(per):
+        first, last = (bits * i) // 8, (bits * i + bits - 1) // 8  # the bytes value i's bits lie in
+        end = 8 * (last + 1) - bits * (i + 1)  # bits after value i in its last byte
+        v = b[..., first].to(torch.int16)
+        if last != first:
+            v = (v << 8) | b[..., last].to(torch.int16)
+        out[..., i] = ((v >> end) & mask).to(torch.uint8)
+    return out.reshape(n, m // nbytes * per)
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
