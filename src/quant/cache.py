@@ -60,8 +60,10 @@ class StoredLayers(Mapping):
         self.path, self.fields, self.sizes = path, fields, sizes
 
     def __getitem__(self, name: str) -> dict[str, torch.Tensor]:
+        # copies, not views of the mapping: a module that kept one (a scale already float32) had kept the whole
+        # file mapped, every page read staying resident (a 7B's 4 GB beside its runtime modules)
         with safe_open(str(self.path), framework="pt") as f:
-            return {field: f.get_tensor(f"layer/{name}/{field}") for field in self.fields[name]}
+            return {field: f.get_tensor(f"layer/{name}/{field}").clone() for field in self.fields[name]}
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.fields)
@@ -81,7 +83,7 @@ def load(directory: Path) -> QuantizedWeights:
         for key in f.keys():
             kind, rest = key.split("/", 1)
             if kind == "float":
-                floats[rest] = f.get_tensor(key)
+                floats[rest] = f.get_tensor(key).clone()
                 continue
             name, field = rest.rsplit("/", 1)
             fields.setdefault(name, []).append(field)
