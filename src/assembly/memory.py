@@ -17,12 +17,18 @@ import gc
 
 import psutil
 import torch
+from accelerate import init_empty_weights
+from transformers import AutoModelForCausalLM
 
 from src.assembly.config import ConfigError, JobConfig
+from src.data.corpus import Corpus
 from src.engine import kvcache
 from src.engine.roofline import PROBE_MB
 from src.models import hub
-from src.models.random_weights import NoShape, config_of, parameter_count
+from src.models.random_weights import SEED, NoShape, config_of, parameter_count
+from src.models.tiny import byte_tokenizer
+from src.quant import cache as quant_cache
+from src.quant.apply import entry, replaced
 
 GB = 2**30
 # python, torch, transformers, Hydra, MLflow: ~1.1 GB resident measured here; plus the bandwidth probe's
@@ -91,6 +97,32 @@ def _own_model_bytes(cfg: JobConfig) -> int | None:
     return counted_parameters(config) * 4 + RUNTIME_BYTES
 
 
+CACHED_OVERHEAD = 1.3  # a cached job's peak over its cache file: repacking, the step's fused copies (7B: 7.04 GB
+# for a 3.95 GB file, with the embedding, the runtime and the KV cache)
+
+
+def _cached_bytes(cfg: JobConfig, shape) -> int | None:
+    """A quantized job of random weights whose cache holds its quantized weights: it makes none of the float
+    linears they replace (src.quant.apply.hollow_if_cached), so it holds the cache's tensors as repacked, the float
+    parameters they leave (the embedding, the norms), the KV cache and the runtime. None where the cache lacks
+    them (the float model is made, to quantize)."""
+    if not cfg.precision.quantized or cfg.model.weights != "random":
+        return None
+    spec = cfg.precision.spec(cfg.model)
+    where = entry(
+        byte_tokenizer(), spec, f"random:{cfg.model.name}:{SEED}", Corpus(cfg.dataset).reader("calibration"),
+        cfg.precision.calib_samples, cfg.precision.calib_seq_len, cfg.cache_dir, cfg.model.name,
+    )  # fmt: skip
+    file = where.directory / quant_cache.WEIGHTS
+    if not file.is_file():
+        return None
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(shape)
+    gone = replaced(model, cfg.model.arch, spec)
+    kept = sum(p.numel() for name, p in model.named_parameters() if name not in gone) * 2  # bf16
+    return int(file.stat().st_size * CACHED_OVERHEAD) + kept + _kv_bytes(cfg, shape) + RUNTIME_BYTES
+
+
 def estimate_bytes(cfg: JobConfig) -> int | None:
     own = _own_model_bytes(cfg)
     if own is not None:
@@ -98,6 +130,10 @@ def estimate_bytes(cfg: JobConfig) -> int | None:
     shape = _shape(cfg)
     if shape is None:
         return None
+    if cfg.draft_model is None:  # a draft's own estimate is the float path's below
+        cached = _cached_bytes(cfg, shape)
+        if cached is not None:
+            return cached
     params = parameter_count(shape)
     built = params * 2  # bf16, as random weights are built
     # Quantizing a linear makes a float32 copy of it: the largest, Qwen1.5-7B's 152k-row head, is 2.5 GB

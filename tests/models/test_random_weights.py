@@ -102,6 +102,7 @@ def test_a_cached_quantized_job_of_random_weights_makes_none_of_the_float_linear
     """The first job quantizes (every float weight made, as before); the second finds the quantized weights cached
     and leaves the linears they replace on the meta device, never allocated: only the embedding and the norms
     are made, with the values the whole model has; both jobs' models give the same logits."""
+    from src.assembly import memory
     from src.assembly.composed import job_config
     from src.assembly.job import build
     from src.models import random_weights
@@ -119,8 +120,9 @@ def test_a_cached_quantized_job_of_random_weights_makes_none_of_the_float_linear
     args = ["model=llama-160m", "model.weights=random", "precision=w4a16", "precision.method=rtn",
             "precision.gptq=[]", "task.limit=1", "task.max_new_tokens=2"]  # fmt: skip
     ids = torch.tensor([[1, 5, 9, 77]])
-    logits = []
+    logits, estimates = [], []
     for _ in range(2):
+        estimates.append(memory.estimate_bytes(job_config(args)))
         job = build(job_config(args))
         with torch.inference_mode():
             logits.append(job.model(ids).logits.float())
@@ -130,3 +132,5 @@ def test_a_cached_quantized_job_of_random_weights_makes_none_of_the_float_linear
     assert linears and not linears & second  # none of them made the second time
     assert second == first - linears - {"lm_head.weight"} or second == first - linears
     assert torch.equal(logits[0], logits[1])
+    # the memory check counts what a cached job holds: its cache, not the float model it no longer makes
+    assert estimates[1] < estimates[0]
