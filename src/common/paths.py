@@ -4,6 +4,7 @@ which stay inside their folders."""
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 from src.common import envvars
@@ -39,9 +40,10 @@ def unwritable(folder: Path, setting: str) -> str | None:
     made (with its parents) and probed now, before anything is read or computed."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".quantspec-write-probe"
-        probe.write_text("")
-        probe.unlink()
+        # a probe of this process's own: two commands probing one folder at once (two sweeps) must not remove
+        # each other's
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".quantspec-write-probe-"):
+            pass
     except OSError as err:
         return (
             f"{setting} cannot be written ({err.strerror or type(err).__name__}: {folder}); name a folder you can write"
