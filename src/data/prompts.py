@@ -155,12 +155,17 @@ def longest_token(tokenizer) -> int:
     return max(1, found)
 
 
+def max_chars(tokenizer, max_context: int) -> int:
+    """The most characters a text that fits `max_context` tokens can have: its tokens times the longest one's."""
+    return max_context * longest_token(tokenizer)
+
+
 def encode(tokenizer, prompt: Prompt, max_context: int | None = None) -> list[int]:
     """The prompt's token ids: a chat through the chat template where there is one, else its text as a prompt.
     With `max_context`, a prompt that cannot fit it (more characters than its tokens times the vocabulary's
     longest token) is refused before it is tokenized (PromptsError naming its line): a 60 MB line had been
     tokenized whole, past 12 GB, after the model loaded."""
-    most = (max_context or 1 << 30) * (longest_token(tokenizer) if max_context else 1)
+    most = max_chars(tokenizer, max_context) if max_context else 1 << 30
     text = prompt.flat()
     if len(text) > most:
         raise PromptsError(

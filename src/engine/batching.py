@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from src.common.say import message_line
 from src.engine import cstep
 from src.engine.config import Sampling
 from src.engine.generation import draw, eos_ids, probabilities
@@ -198,7 +199,7 @@ class Scheduler:
                 chosen = self.batch_step([row])
             except Exception as e:  # noqa: BLE001 - this sequence's own input: it ends, with the reason
                 seq.cache = None
-                seq.emit(None, f"error: {type(e).__name__}: {_first_line(e)}")
+                seq.emit(None, f"error: {type(e).__name__}: {message_line(e)}")
                 continue
             self._take([row], chosen)
 
@@ -305,11 +306,6 @@ class Loop:
         for seq in pending:
             scheduler.add(seq)
         scheduler.fail_all("cancelled")
-
-
-def _first_line(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else "no message"
 
 
 def for_model(model) -> cstep.CompiledSteps:

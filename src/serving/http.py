@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from src.common.say import message_line
+from src.data import prompts
 from src.engine import batching
 from src.serving import openai
 from src.serving.text import Detokenizer
@@ -78,7 +80,7 @@ class App:
         self.settings = settings
         self.limits = openai.Limits(max_context, settings.default_max_tokens)
         self.tokenizing = threading.BoundedSemaphore(TOKENIZING)
-        openai.longest_token(tokenizer)  # once, before the first request waits on it
+        prompts.longest_token(tokenizer)  # once, before the first request waits on it
         self.served = self.refused = 0  # requests answered in full; refused with an error status
         self.counter = threading.Lock()
 
@@ -171,7 +173,7 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, TimeoutError, ClientGone):  # the client left
             self.close_connection = True
         except Exception as e:  # noqa: BLE001 - a fault of the server's own: this request's 500, never silence
-            line = (str(e).strip().splitlines() or ["no message"])[0]
+            line = message_line(e)
             log.warning("a request failed: %s: %s", type(e).__name__, line, exc_info=log.isEnabledFor(logging.DEBUG))
             self.close_connection = True
             if not self.answered:

@@ -11,7 +11,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from src.data.prompts import TemplateTooCostly, longest_token, render_chat, templated
+from src.common.say import message_line
+from src.data.prompts import TemplateTooCostly, max_chars, render_chat, templated
 from src.engine.config import MIN_TEMPERATURE, Sampling
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (a chat's is the server's setting)
@@ -64,8 +65,9 @@ def read(body: bytes, chat: bool, tokenizer, limits: Limits | int) -> Completion
     except RecursionError:
         raise BadRequest("the body nests too deeply to read; send a flat JSON object as OpenAI's API takes") from None
     except Exception as e:  # noqa: BLE001 - a field's shape this reader did not foresee: still one line, 400
-        line = (str(e).strip().splitlines() or ["no message"])[0]
-        raise BadRequest(f"the request could not be read ({type(e).__name__}: {line}); check its fields") from None
+        raise BadRequest(
+            f"the request could not be read ({type(e).__name__}: {message_line(e)}); check its fields"
+        ) from None
 
 
 def _read(body: bytes, chat: bool, tokenizer, limits: Limits) -> Completion:
@@ -141,7 +143,7 @@ def _sampling(req: dict) -> Sampling:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequest(f"seed={seed!r} must be an integer")
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise BadRequest(f"seed={seed} is out of range; send an integer from 0 to 2**64 - 1")
+        raise BadRequest(f"seed={seed} is out of range; send an integer from -2**63 to 2**64 - 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise BadRequest(f"temperature={temperature} must be >= 0 and top_p={top_p} in (0, 1]")
     if temperature < MIN_TEMPERATURE:  # 0: greedy, as OpenAI's API reads it
@@ -152,7 +154,7 @@ def _sampling(req: dict) -> Sampling:
 def _fits(text: str, tokenizer, limits: Limits, what: str) -> str:
     """`text`, where it can fit the context: a text longer than the context's tokens times the vocabulary's longest
     token is refused before it is tokenized (tokenizing megabytes costs seconds and gigabytes)."""
-    most = limits.max_context * longest_token(tokenizer)
+    most = max_chars(tokenizer, limits.max_context)
     if len(text) > most:
         raise BadRequest(
             f"the {what} is {len(text)} characters, more than the model's context of {limits.max_context} tokens "
@@ -201,7 +203,7 @@ def _chat_ids(req: dict, tokenizer, limits: Limits) -> list[int]:
     _fits("".join(m["role"] + m["content"] for m in chat), tokenizer, limits, "conversation")
     if templated(tokenizer):
         try:
-            ids = render_chat(tokenizer, chat, limits.max_context * longest_token(tokenizer))
+            ids = render_chat(tokenizer, chat, max_chars(tokenizer, limits.max_context))
         except TemplateTooCostly as e:
             raise BadRequest(str(e)) from None
         except Exception as e:  # noqa: BLE001 - a template's own rules (roles that must alternate): its words
