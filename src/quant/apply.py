@@ -5,6 +5,7 @@ Takes a float32 model and returns it quantized for its precision, with a report 
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ def quantize_model(
     directory = where.directory
     weights, built = cache.load_or_build(
         directory,
-        lambda: quantize(model, arch, spec, where.calib),
+        lambda: quantize(_whole(model, directory), arch, spec, where.calib),
         where.meta,
         before_load=lambda: release_quantized(model, arch, spec),
     )
@@ -98,6 +99,18 @@ def quantize_model(
     return model, QuantReport(
         directory, built, time.perf_counter() - start, quantized_bytes(weights), getattr(spec, "alpha", None)
     )
+
+
+def _whole(model: nn.Module, directory: Path) -> nn.Module:
+    """The model, to quantize: refused in one line where it was built hollow (its cache looked whole to
+    hollow_if_cached, and its files' bytes then did not verify)."""
+    if any(p.device.type == "meta" for p in model.parameters()):
+        shutil.rmtree(directory, ignore_errors=True)  # so that the next job makes its float weights and rebuilds it
+        raise RuntimeError(
+            f"the quantized cache {directory} did not verify as this job read it (removed), and this job made no "
+            "float weights to rebuild it from; rerun the job to rebuild it"
+        )
+    return model
 
 
 def hollow_if_cached(
@@ -113,7 +126,8 @@ def hollow_if_cached(
             tokenizer, spec, source_key, corpus, precision.calib_samples, precision.calib_seq_len,
             cache_root, model_cfg.name,
         )  # fmt: skip
-        if not where.directory.is_dir() or damage(where.directory, where.meta) is not None:
+        # its manifest, sizes and settings: the load (build_cached) hashes the files, once
+        if not where.directory.is_dir() or damage(where.directory, where.meta, hashed=False) is not None:
             return set()
         return replaced(model, model_cfg.arch, spec)
 

@@ -134,3 +134,32 @@ def test_a_cached_quantized_job_of_random_weights_makes_none_of_the_float_linear
     assert torch.equal(logits[0], logits[1])
     # the memory check counts what a cached job holds: its cache, not the float model it no longer makes
     assert estimates[1] < estimates[0]
+
+
+def test_a_cache_damaged_in_place_is_found_by_the_load_and_rebuilt_by_the_next_job(tmp_path, monkeypatch):
+    """A byte of the quantized weights changed, the size kept: the hollow build's quick look passes it, the load's
+    sha256 does not; the job fails in one line (it made no float weights to rebuild from) and removes the cache,
+    so the next job makes the float model and rebuilds it, with the same logits as before."""
+    import pytest
+
+    from src.assembly.composed import job_config
+    from src.assembly.job import build
+    from src.quant import cache as quant_cache
+    from tests.helpers import fresh_cache
+
+    monkeypatch.setenv("QUANTSPEC_CACHE", str(fresh_cache(tmp_path / "cache")))
+    args = ["model=llama-160m", "model.weights=random", "precision=w4a16", "precision.method=rtn",
+            "precision.gptq=[]", "task.limit=1", "task.max_new_tokens=2"]  # fmt: skip
+    ids = torch.tensor([[1, 5, 9, 77]])
+    with torch.inference_mode():
+        before = build(job_config(args)).model(ids).logits.float()
+    (weights,) = (tmp_path / "cache" / "quantized").glob(f"*/{quant_cache.WEIGHTS}")
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match=r"did not verify as this job read it \(removed\)") as err:
+        build(job_config(args))
+    assert "\n" not in str(err.value) and not weights.parent.exists()
+    with torch.inference_mode():
+        again = build(job_config(args)).model(ids).logits.float()
+    assert torch.equal(before, again)
