@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+HEAD = "lm_head"  # the output head's module name in every supported architecture
+
 
 @dataclass
 class ScaleGroup:
@@ -80,29 +82,30 @@ def _group(layer: nn.Module, prefix: str, prev: str, names: list[str], block: st
     )
 
 
-def smooth_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
-    """Norm -> linears groups: SmoothQuant's (activation outliers sit in the normalized inputs)."""
+def layer_smooth_groups(model: nn.Module, arch: str, i: int) -> list[ScaleGroup]:
+    """Layer i's norm -> linears groups: SmoothQuant's (activation outliers sit in the normalized inputs)."""
     attn_norm, mlp_norm, qkv, _, _, mlp_in, _, _ = _LAYOUT[arch]
-    groups = []
-    for i, layer in enumerate(decoder_layers(model, arch)):
-        p = layer_prefix(arch, i)
-        # OPT's MLP is not a module of its own (fc1 -> act -> fc2 sit in the layer): no block there.
-        mlp = "mlp" if arch != "opt" else None
-        groups += [_group(layer, p, attn_norm, qkv), _group(layer, p, mlp_norm, mlp_in, mlp)]
+    layer, p = decoder_layers(model, arch)[i], layer_prefix(arch, i)
+    # OPT's MLP is not a module of its own (fc1 -> act -> fc2 sit in the layer): no block there.
+    mlp = "mlp" if arch != "opt" else None
+    return [_group(layer, p, attn_norm, qkv), _group(layer, p, mlp_norm, mlp_in, mlp)]
+
+
+def layer_awq_groups(model: nn.Module, arch: str, i: int) -> list[ScaleGroup]:
+    """Layer i's SmoothQuant groups plus its linear -> linear ones (v -> o, up -> down), as AWQ scales them."""
+    _, _, _, v, o, _, up, down = _LAYOUT[arch]
+    layer, p = decoder_layers(model, arch)[i], layer_prefix(arch, i)
+    groups = layer_smooth_groups(model, arch, i)
+    # v -> o only when v's outputs are o's inputs one to one (not under grouped-query attention).
+    if layer.get_submodule(v).out_features == layer.get_submodule(o).in_features:
+        groups.append(_group(layer, p, v, [o]))
+    groups.append(_group(layer, p, up, [down]))
     return groups
 
 
 def awq_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
-    """SmoothQuant's groups plus linear -> linear ones (v -> o, up -> down), as AWQ scales them."""
-    _, _, _, v, o, _, up, down = _LAYOUT[arch]
-    groups = smooth_groups(model, arch)
-    for i, layer in enumerate(decoder_layers(model, arch)):
-        p = layer_prefix(arch, i)
-        # v -> o only when v's outputs are o's inputs one to one (not under grouped-query attention).
-        if layer.get_submodule(v).out_features == layer.get_submodule(o).in_features:
-            groups.append(_group(layer, p, v, [o]))
-        groups.append(_group(layer, p, up, [down]))
-    return groups
+    """Every layer's AWQ groups, in layer order."""
+    return [g for i in range(len(decoder_layers(model, arch))) for g in layer_awq_groups(model, arch, i)]
 
 
 def decoder_linears(model: nn.Module, arch: str) -> dict[str, nn.Linear]:

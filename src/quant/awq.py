@@ -13,9 +13,9 @@ import logging
 import torch
 from torch import nn
 
-from src.common.progress import progress
-from src.quant import calibrate, scaling
-from src.quant.arch import awq_groups, decoder_linears
+from src.quant import scaling
+from src.quant.arch import ScaleGroup
+from src.quant.stream import Scaled, Seen
 from src.quant.qparams import fake_groups_weight, fake_int8_act
 
 log = logging.getLogger(__name__)
@@ -115,48 +115,43 @@ def search_clip(
 
 
 @torch.no_grad()
-def awq(
-    model: nn.Module,
-    arch: str,
-    batches: torch.Tensor,
+def awq_layer(
+    groups: list[ScaleGroup],
+    linears: dict[str, nn.Module],
+    seen: Seen,
+    index: int,
     group: int,
     grid: int,
     clip: bool,
-    search_tokens: int,
     block_loss: bool = False,
     clip_only: set[str] | None = None,
     search_rows: int | None = None,
     act_int8: bool = False,
     bits: int = 4,
-) -> tuple[set[str], dict[str, torch.Tensor]]:
-    """Scale the float model in place. Returns the float parameters changed and per-linear clips. `act_int8`:
-    the scale search scores int8 activations too (search_scale; not with block_loss); `bits`: the weights'."""
-    groups = awq_groups(model, arch)
-    linears = decoder_linears(model, arch)
-    # One capture per distinct input: a group's linears share theirs; any other linear (o_proj under
-    # grouped-query attention) gets its own, for the clipping search.
-    key_of = {name: g.names[0] for g in groups for name in g.names}
-    key_of.update({name: name for name in linears if name not in key_of})
-    inputs = calibrate.capture_inputs(model, {k: linears[k] for k in set(key_of.values())}, batches, search_tokens)
-
-    changed: set[str] = set()
-    for i, g in enumerate(progress(groups, "awq scales")):
-        kept = inputs.pop(g.names[0])
+) -> Scaled:
+    """Scale one layer in place (its `groups`, by the sampled input rows its forward met: src.quant.stream), then
+    search the clip ranges of its `linears`. `act_int8`: the scale search scores int8 activations too (search_scale;
+    not with block_loss); `bits`: the weights'. `index` (the layer's) seeds each group's sample of output rows."""
+    scaled = Scaled()
+    inputs: dict[str, torch.Tensor] = {}  # by leader: what the linears reading it meet once scaled
+    for j, g in enumerate(groups):
+        kept = seen.of(seen.rows, g.names[0])
         x = kept.float()
         block = g.block if block_loss else None
+        seed = index * len(groups) + j
         s, r = search_scale(
-            x, g.linears, group, grid, block, search_rows, seed=i, act_int8=act_int8 and block is None, bits=bits
+            x, g.linears, group, grid, block, search_rows, seed=seed, act_int8=act_int8 and block is None, bits=bits
         )
-        changed.update(scaling.apply(g, s))
-        if clip:  # what the scaled linears now see, for their clipping search; else freed as we go
-            inputs[g.names[0]] = (x / s).to(kept.dtype)
+        scaled.changed.update(scaling.apply(g, s))
+        scaled.divided.update({name: s for name in g.names})
+        if clip:  # what the scaled linears now see, for their clipping search
+            inputs[seen.leader[g.names[0]]] = (x / s).to(kept.dtype)
         log.debug("awq %s: r=%.2f", g.prev_name, r)
-
-    clips: dict[str, torch.Tensor] = {}
     if clip:
-        for name, lin in progress(linears.items(), "awq clipping"):
+        for name, lin in linears.items():
             # AWQ leaves q and k unclipped: attention scores are too sensitive to their range.
             if name.endswith(("q_proj", "k_proj")) or (clip_only is not None and name not in clip_only):
                 continue
-            clips[name] = search_clip(inputs[key_of[name]][:512].float(), lin.weight, group, bits=bits)
-    return changed, clips
+            x = inputs.get(seen.leader[name], seen.of(seen.rows, name))  # unscaled where no group scales it
+            scaled.clips[name] = search_clip(x[:512].float(), lin.weight, group, bits=bits)
+    return scaled

@@ -1,17 +1,10 @@
-"""Calibration: token windows cut from the corpus, and what hooks see at the linears' inputs.
-
-Kept apart from the runtime modules: this runs once per cache key, in float32, on the float model.
-"""
+"""Calibration: token windows cut from the corpus (what the layers' forwards meet them with: src.quant.stream)."""
 
 from __future__ import annotations
 
 import hashlib
 
 import torch
-from torch import nn
-
-from src.common.progress import progress
-from src.quant import gptq
 
 CALIB_MAX_CHARS = 4 << 20  # characters of a corpus tokenized for calibration (a 63 MB one had been tokenized whole)
 
@@ -38,71 +31,3 @@ def calibration_ids(tokenizer, corpus: str, samples: int, seq_len: int) -> torch
 
 def ids_hash(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.numpy().tobytes()).hexdigest()
-
-
-@torch.inference_mode()
-def _observe_inputs(
-    model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, observe, output=None
-) -> None:
-    """Run the decoder stack over the batches, calling observe(name, x) with each named linear's input
-    as rows [tokens, features], and output(x) with the stack's output (the head's input) where given. The
-    head itself (a third of Gemma 3's weights) is not run."""
-
-    def hook(name):
-        return lambda _module, args: observe(name, args[0].detach().reshape(-1, args[0].shape[-1]))
-
-    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
-    try:
-        for row in progress(batches, "calibration"):
-            hidden = model.model(input_ids=row[None]).last_hidden_state
-            if output is not None:
-                output(hidden.reshape(-1, hidden.shape[-1]))
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def input_absmax(model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-input-channel max |x| over every calibration token, at each named linear's input."""
-    stats: dict[str, torch.Tensor] = {}
-
-    def observe(name, x):
-        x = x.abs().amax(dim=0).float()
-        stats[name] = torch.maximum(stats[name], x) if name in stats else x
-
-    _observe_inputs(model, linears, batches, observe)
-    return stats
-
-
-def capture_inputs(
-    model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, max_tokens: int, seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """A fixed random subset of `max_tokens` input rows at each named linear (AWQ's search data), in the
-    model's dtype."""
-    keep = torch.randperm(batches.numel(), generator=torch.Generator().manual_seed(seed))[:max_tokens].sort().values
-    seen: dict[str, list[torch.Tensor]] = {n: [] for n in linears}
-    offsets = {n: 0 for n in linears}
-
-    def observe(name, x):
-        lo = offsets[name]
-        offsets[name] += x.shape[0]
-        # kept in the model's dtype (a bf16 7B's inputs at 2048 tokens are 3 GB, not 6); callers upcast
-        seen[name].append(x[keep[(keep >= lo) & (keep < lo + x.shape[0])] - lo].clone())
-
-    _observe_inputs(model, linears, batches, observe)
-    return {n: torch.cat(xs) for n, xs in seen.items()}
-
-
-def input_grams(
-    model: nn.Module, linears: dict[str, nn.Module], batches: torch.Tensor, head: bool = False
-) -> dict[str, torch.Tensor]:
-    """X^T X (float64) over every calibration token at each named linear's input, and where `head`, at the
-    output head's under the name "head" (GPTQ's H, src.quant.gptq)."""
-    grams: dict[str, torch.Tensor] = {}
-
-    def observe(name, x):
-        g = gptq.gram(x)
-        grams[name] = grams[name] + g if name in grams else g
-
-    _observe_inputs(model, linears, batches, observe, (lambda x: observe("head", x)) if head else None)
-    return grams

@@ -5,8 +5,9 @@ A method's spec is what changes its quantized weights, so it is the cache key (s
 of AWQ's does not re-key a SmoothQuant cache. What every method shares is the mix of low-bit schemes
 (`QuantSpec`). Light: the passes import torch only when they run.
 
-Adding a method: a subclass of QuantSpec with KIND, registered in METHODS, whose `scale` rewrites the
-float model before rounding (src.quant.pipeline calls it), and its fields in conf/precision/_fields.yaml.
+Adding a method: a subclass of QuantSpec with KIND, registered in METHODS, whose `scale_layer` rewrites one float
+layer before it is rounded, from what that layer's forward met (src.quant.stream calls it, layer by layer), and its
+fields in conf/precision/_fields.yaml.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from typing import Any, ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
 from src.quant import awq, schemes, smoothquant
-from src.quant.arch import decoder_linears
-
-HEAD = "lm_head"  # the output head's module name in every supported architecture
+from src.quant.arch import HEAD, layer_awq_groups, layer_smooth_groups
 
 METHODS = Kinds("precision", "method")
 
@@ -30,6 +29,7 @@ class QuantSpec:
 
     KIND: ClassVar[str]
     CALIBRATES: ClassVar[bool] = True  # its pass reads calibration windows (their hash is part of the cache key)
+    OBSERVES_ABSMAX: ClassVar[bool] = False  # its pass reads each input channel's max |x| (SmoothQuant's)
     method: str
     scheme: str  # the decoder linears' scheme (one of src.quant.schemes)
     group_size: int | None  # a grouped scheme's groups along the input features
@@ -81,21 +81,32 @@ class QuantSpec:
         """The spec with what it takes from the model (a ModelConfig) filled in: SmoothQuant's alpha."""
         return self
 
-    def scale(self, model, arch: str, calibration) -> tuple[set[str], dict[str, Any]]:
-        """Rewrite the float model before rounding: the parameters changed, and per-linear clip ranges."""
-        return set(), {}
+    def search_tokens(self) -> int | None:
+        """Calibration tokens whose inputs its pass reads row by row (AWQ's sample), or None."""
+        return None
+
+    def scale_layer(self, model, arch: str, index: int, linears: dict, seen):
+        """Rewrite decoder layer `index` (its quantized `linears` by name) before it is rounded, from what its
+        forward met (src.quant.stream.Seen): a src.quant.stream.Scaled."""
+        from src.quant.stream import Scaled
+
+        return Scaled()
 
     def calibration_bytes(self, shape) -> int:
-        """Memory the scaling pass holds beyond calibration's logits (bytes), for a model of `shape`: here GPTQ's
-        float32 working copy of the head where it rounds it, and where it rounds decoder linears (in layer order,
-        src.quant.sequential) one layer's X^T X and inverse factors in float64 (at most 6 of hidden x hidden and 2
-        of the MLP's width squared; the windows' hidden states beside them are a few tokens' worth)."""
-        head = shape.vocab_size * shape.hidden_size * 4 if HEAD in self.gptq or "*" in self.gptq else 0
-        if not any(name != HEAD for name in self.gptq):
-            return head
+        """Memory the layer-by-layer pass holds beyond the model's float parts outside its layers, for a model of
+        `shape`: one layer in float (bf16), the windows' hidden states, and where GPTQ rounds, one layer's Grams in
+        float32 (three of hidden x hidden and one of the MLP's width squared; its factor and working copy beside
+        the largest) and a float32 working copy of the head where GPTQ rounds it."""
         hidden = shape.hidden_size
         inner = getattr(shape, "intermediate_size", None) or shape.ffn_dim
-        return head + (6 * hidden * hidden + 2 * inner * inner) * 8
+        layer = (4 * hidden * hidden + 3 * hidden * inner) * 2
+        states = 16 * 256 * (2 * hidden + 2 * inner) * 4  # the windows' states, a layer's activations over them
+        total = layer + states
+        if self.gptq:
+            total += (3 * hidden * hidden + 3 * inner * inner + inner * hidden) * 4
+        if HEAD in self.gptq or "*" in self.gptq:
+            total += shape.vocab_size * hidden * 4
+        return total
 
 
 @METHODS.register
@@ -104,6 +115,7 @@ class SmoothQuant(QuantSpec):
     """Activation outliers moved into the weights by per-channel scales, for 8-bit schemes."""
 
     KIND: ClassVar[str] = "smoothquant"
+    OBSERVES_ABSMAX: ClassVar[bool] = True
     alpha: float | None  # migration strength; null: the model's smoothquant_alpha
 
     def validate(self) -> None:
@@ -124,8 +136,8 @@ class SmoothQuant(QuantSpec):
             )
         return replace(self, alpha=model.smoothquant_alpha)
 
-    def scale(self, model, arch, calibration):
-        return smoothquant.smooth(model, arch, calibration, self.alpha), {}
+    def scale_layer(self, model, arch, index, linears, seen):
+        return smoothquant.smooth_layer(layer_smooth_groups(model, arch, index), seen, self.alpha)
 
 
 @METHODS.register
@@ -155,18 +167,21 @@ class Awq(QuantSpec):
         # the grid is the scale search's trials per layer (each a forward): past this the search never ends
         check_range("precision.awq_grid", self.awq_grid, 1, 1000)
 
-    def scale(self, model, arch, calibration):
+    def search_tokens(self):
+        return self.awq_search_tokens
+
+    def scale_layer(self, model, arch, index, linears, seen):
         # the clipping search is at the layers' bits: the linears kept wider (int8_linears) are not clipped
-        low = {n for n in decoder_linears(model, arch) if self.scheme_for(n) == self.scheme}
+        low = {n for n in linears if self.scheme_for(n) == self.scheme}
         scheme = schemes.get(self.scheme)
-        return awq.awq(
-            model,
-            arch,
-            calibration,
+        return awq.awq_layer(
+            layer_awq_groups(model, arch, index),
+            linears,
+            seen,
+            index,
             self.group_size,
             self.awq_grid,
             self.awq_clip,
-            self.awq_search_tokens,
             self.awq_block_loss,
             clip_only=low,
             search_rows=self.awq_search_rows,
@@ -175,15 +190,15 @@ class Awq(QuantSpec):
         )
 
     def calibration_bytes(self, shape):
-        """Every linear's sampled inputs (bf16, as the model) and, while a group's scales are searched, a few
-        float32 copies of its (sampled) rows and outputs (measured at 7B: 17.5 GB peak against 13.5 GB of
-        bf16 weights)."""
+        """One layer's sampled inputs (bf16, as the model) and, while a group's scales are searched, a few float32
+        copies of its (sampled) rows and outputs; and the clipping search's float32 copies of one linear."""
         hidden = shape.hidden_size
         inner = getattr(shape, "intermediate_size", None) or shape.ffn_dim
         tokens = self.awq_search_tokens
-        captured = tokens * shape.num_hidden_layers * (3 * hidden + inner) * 2
+        captured = tokens * (3 * hidden + inner) * 2
         rows = min(self.awq_search_rows or 2 * inner, 2 * inner)
-        return captured + 6 * rows * inner * 4 + 3 * tokens * 2 * inner * 4 + super().calibration_bytes(shape)
+        clip = 4 * inner * hidden * 4
+        return captured + 6 * rows * inner * 4 + 3 * tokens * 2 * inner * 4 + clip + super().calibration_bytes(shape)
 
 
 @METHODS.register

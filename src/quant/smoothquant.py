@@ -7,10 +7,10 @@ the following linears. alpha is per model (0.5 for OPT and 0.85 for Llama-2, as 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from src.quant import calibrate, scaling
-from src.quant.arch import smooth_groups
+from src.quant import scaling
+from src.quant.arch import ScaleGroup
+from src.quant.stream import Scaled, Seen
 
 
 def smoothing_scales(act_absmax: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
@@ -20,12 +20,11 @@ def smoothing_scales(act_absmax: torch.Tensor, weights: list[torch.Tensor], alph
 
 
 @torch.no_grad()
-def smooth(model: nn.Module, arch: str, batches: torch.Tensor, alpha: float) -> set[str]:
-    """Smooth every norm -> linears group in place. Returns the float parameters it changed."""
-    groups = smooth_groups(model, arch)
-    stats = calibrate.input_absmax(model, {g.names[0]: g.linears[0] for g in groups}, batches)
-    changed: set[str] = set()
+def smooth_layer(groups: list[ScaleGroup], seen: Seen, alpha: float) -> Scaled:
+    """Smooth one layer's norm -> linears groups in place, by the max |x| its forward met (src.quant.stream)."""
+    scaled = Scaled()
     for g in groups:
-        s = smoothing_scales(stats[g.names[0]], [lin.weight for lin in g.linears], alpha)
-        changed.update(scaling.apply(g, s))
-    return changed
+        s = smoothing_scales(seen.of(seen.absmax, g.names[0]), [lin.weight for lin in g.linears], alpha)
+        scaled.changed.update(scaling.apply(g, s))
+        scaled.divided.update({name: s for name in g.names})
+    return scaled

@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from src.models.tiny import tiny_model
-from src.quant import awq, qparams, scaling, smoothquant
+from src.quant import awq, qparams, scaling, smoothquant, stream
 from src.quant.apply import quantize_model
-from src.quant.arch import awq_groups, decoder_linears
+from src.quant.arch import awq_groups, decoder_layers, decoder_linears, layer_prefix, layer_smooth_groups
 from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, int4_tensors, int8_tensors
 from src.quant.pipeline import install, quantize
 from src.quant.schemes import build
@@ -40,7 +40,15 @@ def test_smoothing_alone_leaves_fp32_logits_unchanged(arch):
     model, tok = tiny_model(arch)
     ids = calib(tok, 1)[0:1]
     before = logits(model, ids)
-    changed = smoothquant.smooth(model, arch, calib(tok), alpha=0.85)
+    layers = decoder_layers(model, arch)
+    hidden, calls = stream.entry(model, layers, calib(tok))
+    changed = set()
+    with torch.no_grad():
+        for i, layer in enumerate(layers):  # each layer smoothed by what its forward met, then run on
+            mine = {n: m for n, m in decoder_linears(model, arch).items() if n.startswith(layer_prefix(arch, i))}
+            seen = stream.observe(layer, mine, hidden, *calls[i], stream.Wants(absmax=True))
+            changed |= smoothquant.smooth_layer(layer_smooth_groups(model, arch, i), seen, alpha=0.85).changed
+            hidden = [stream.layer_hidden(layer(h, *calls[i][0], **calls[i][1])) for h in hidden]
     assert changed  # it did move something
     torch.testing.assert_close(logits(model, ids), before, rtol=1e-4, atol=1e-4)
 

@@ -84,9 +84,9 @@ def test_the_head_and_the_linears_kept_wider_take_the_six_bit_scheme_and_awq_cli
         int8_linears_scheme="w6a16",
     )
     spec.validate()
-    changed, clips = spec.scale(tiny_model("llama")[0], "llama", calib(tok))
-    assert clips and not any(n.endswith(("down_proj", "v_proj")) for n in clips)  # clipped at 4 bits: not theirs
     weights = quantize(model, "llama", spec, calib(tok))
+    clips = weights.info["clipped"]
+    assert clips and not any(n.endswith(("down_proj", "v_proj")) for n in clips)  # clipped at 4 bits: not theirs
     wide = {n: s for n, s in weights.schemes.items() if n == "lm_head" or n.endswith(("down_proj", "v_proj"))}
     assert set(wide.values()) == {"w6a16"} and len(wide) == 1 + 2 * 2  # the head, two layers' two linears
     assert weights.layers["model.layers.0.mlp.down_proj"]["q6"].shape[1] == 256 * 6 // 8  # four weights in 3 bytes

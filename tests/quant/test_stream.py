@@ -1,7 +1,8 @@
-"""The decoder rounded layer by layer (src/quant/sequential.py): each layer called on its own with the arguments the
+"""The decoder quantized layer by layer (src/quant/stream.py): each layer called on its own with the arguments the
 model's forward gave it reproduces that forward on every architecture (Gemma 3's sliding and global layers take
-different masks), the first layer's GPTQ inputs are the float model's and a later layer's are those the rounded
-layers before it pass on, and `precision.gptq=[*]` rounds every linear by GPTQ."""
+different masks), the head's inputs are the decoder stack's output, the first layer's GPTQ inputs are the float
+model's and a later layer's are those the rounded layers before it pass on, and `precision.gptq=[*]` rounds every
+linear by GPTQ."""
 
 import pytest
 import torch
@@ -9,9 +10,10 @@ import torch
 from src.models.tiny import tiny_model
 from src.quant import schemes
 from src.quant.arch import decoder_layers
-from src.quant.calibrate import input_grams
+from src.quant.gptq import gram
 from src.quant.pipeline import install, quantize, quantized_linears
-from src.quant.sequential import _hidden, _layer_calls
+from src.quant.stream import entry, head_inputs
+from src.quant.stream import layer_hidden as _hidden
 from tests.helpers import calib, quant_spec
 
 ARCHS = ["llama", "opt", "qwen2", "gemma3"]
@@ -28,12 +30,36 @@ def test_each_layer_called_alone_gives_what_the_models_forward_gives_it(arch):
         for row in batches:
             model.model(input_ids=row[None], use_cache=False)
     handle.remove()
-    hidden, calls = _layer_calls(model, layers, batches)
+    hidden, calls = entry(model, layers, batches)
     with torch.inference_mode():
         for layer, (args, kwargs) in zip(layers, calls, strict=True):
             hidden = [_hidden(layer(h, *args, **kwargs)) for h in hidden]
-    for alone, forward in zip(hidden, seen, strict=True):
-        assert torch.equal(alone, forward)
+        for alone, forward in zip(hidden, seen, strict=True):
+            assert torch.equal(alone, forward)
+        # and what the head reads: the stack's output through its final norm
+        for row, alone in zip(batches, hidden, strict=True):
+            stack = model.model(input_ids=row[None], use_cache=False).last_hidden_state
+            assert torch.equal(head_inputs(model, arch, alone), stack)
+
+
+def float_grams(model, names, batches):
+    """X^T X of the named linears' inputs over the windows, as the float model meets them."""
+    grams = {}
+
+    def observe(name):
+        def hook(_module, args):
+            x = args[0].reshape(-1, args[0].shape[-1])
+            grams[name] = grams[name] + gram(x) if name in grams else gram(x)
+
+        return hook
+
+    handles = [model.get_submodule(n).register_forward_pre_hook(observe(n)) for n in names]
+    with torch.inference_mode():
+        for row in batches:
+            model.model(input_ids=row[None], use_cache=False)
+    for h in handles:
+        h.remove()
+    return grams
 
 
 def test_layer_zeros_gptq_inputs_are_the_float_models_and_later_layers_meet_the_rounded_ones():
@@ -43,11 +69,11 @@ def test_layer_zeros_gptq_inputs_are_the_float_models_and_later_layers_meet_the_
     float_model = tiny_model("llama")[0]
     linears = quantized_linears(float_model, "llama", spec)
     names = [f"model.layers.{i}.self_attn.v_proj" for i in (0, 1)]
-    float_grams = input_grams(float_model, {n: linears[n] for n in names}, batches)
+    grams = float_grams(float_model, names, batches)
     weights = quantize(model, "llama", spec, batches)
     scheme = schemes.get("w4a16")
     for name, same in zip(names, (True, False), strict=True):
-        on_float = scheme.tensors(linears[name].weight, None, 128, None, float_grams[name])
+        on_float = scheme.tensors(linears[name].weight, None, 128, None, grams[name])
         assert all(torch.equal(weights.layers[name][k], v) for k, v in on_float.items()) == same, name
     # the rounded model runs
     model = install(model.to(torch.bfloat16), weights, torch.bfloat16)

@@ -1,0 +1,335 @@
+"""Quantization in layer order, one decoder layer at a time: the one pass every method runs.
+
+For each layer: its float weights are made (a model built hollow: read from a checkpoint, or filled at random) or
+already there; one forward of the float layer over the calibration windows records what its linears' inputs hold
+(SmoothQuant's max |x|, AWQ's sampled rows, GPTQ's X^T X); the method scales the layer (src.quant.methods); its
+linears are rounded (by GPTQ where precision.gptq names them, against the Gram of their scaled inputs); the rounded
+weights go in place of the float ones and the windows go on through the rounded layer to the next; the layer's
+portable tensors are handed to a sink (memory, or a cache entry on disk written layer by layer: src.quant.shards)
+and its float linears are dropped. So each layer's statistics are those the rounded layers before it pass on, as
+the quantized model will meet them, and the memory held is the float model's parts outside the layers (embedding,
+final norm, head), one layer in float, the calibration windows' hidden states (16 x 256 tokens of a 7B: 32 MB in
+bf16) and one layer's Grams (a 7B's: three of 4096^2 and one of 11008^2 in float32, 0.7 GB).
+
+A method that reads no data (RTN, no GPTQ) runs no forward at all: each layer is rounded from its weights alone.
+
+Each layer is called on its own with the arguments the model's forward gives it (its attention mask and rotary
+tables: Gemma 3 gives its sliding and global layers different ones), recorded by a forward of the model whose
+layers pass their input on (`entry`): no layer's weights are needed for that, so a hollow model runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from src.common.progress import progress
+from src.common.schema import ConfigError
+from src.quant import gptq
+from src.quant import schemes as formats
+from src.quant.arch import HEAD, decoder_layers, decoder_linears, layer_prefix
+
+log = logging.getLogger(__name__)
+
+# Fills the named parameters, left on the meta device by a hollow build, with their float values.
+Maker = Callable[[list[str]], None]
+
+
+@dataclass
+class Seen:
+    """What one forward of a float layer met at its linears' inputs, per distinct input: `leader` maps each linear to
+    the first linear that read its input (q, k and v read one; gate and up one), the other fields are by leader."""
+
+    leader: dict[str, str] = field(default_factory=dict)
+    absmax: dict[str, torch.Tensor] = field(default_factory=dict)  # per input channel, float32
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)  # sampled input rows (AWQ's), the model's dtype
+    grams: dict[str, torch.Tensor] = field(default_factory=dict)  # X^T X, float32
+
+    def of(self, kind: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        return kind[self.leader[name]]
+
+
+@dataclass
+class Scaled:
+    """A method's scaling of one layer: the float parameters it changed, clip ranges per linear, and the scale each
+    linear's input was divided by (its Gram is rescaled by it: src.quant.stream._scaled_gram)."""
+
+    changed: set[str] = field(default_factory=set)
+    clips: dict[str, torch.Tensor] = field(default_factory=dict)
+    divided: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Wants:
+    """What a layer's forward must record for the method and GPTQ."""
+
+    absmax: bool = False
+    rows: torch.Tensor | None = None  # flat token positions of the windows to keep (AWQ's sample)
+    grams: frozenset[str] = frozenset()  # linears rounded by GPTQ
+
+
+class Sink(Protocol):
+    """Where a quantization's layers go as they are rounded: `start` layers are there already (a resumed build),
+    with `hidden`, the windows' states after them."""
+
+    start: int
+    hidden: list[torch.Tensor] | None
+
+    def layer(self, index: int, tensors: dict, floats: dict, hidden: list[torch.Tensor] | None) -> None: ...
+
+    def head(self, tensors: dict) -> None: ...
+
+    def weights(self, schemes: dict[str, str], group_size: int | None, info: dict): ...
+
+
+class Held:
+    """A sink in memory (a quantization that no cache keeps: tests, the GPU benchmark)."""
+
+    start = 0
+    hidden = None
+
+    def __init__(self):
+        self.layers: dict[str, dict[str, torch.Tensor]] = {}
+        self.floats: dict[str, torch.Tensor] = {}
+
+    def layer(self, index, tensors, floats, hidden):
+        self.layers.update(tensors)
+        self.floats.update(floats)
+
+    def head(self, tensors):
+        self.layers.update(tensors)
+
+    def weights(self, schemes, group_size, info):
+        from src.quant.pipeline import QuantizedWeights
+
+        return QuantizedWeights(schemes, group_size, self.layers, self.floats, info)
+
+
+def quantized_linears(model: nn.Module, arch: str, spec) -> dict[str, nn.Module]:
+    """The linears a spec replaces: the decoder's, and the output head unless it stays float."""
+    linears = decoder_linears(model, arch)
+    if spec.quantize_head:
+        linears[HEAD] = model.get_submodule(HEAD)
+    return linears
+
+
+def gptq_linears(linears: dict[str, nn.Module], spec) -> set[str]:
+    """The linears spec.gptq names (by name suffix; `*`: every one the precision quantizes). A name that matches
+    no linear the precision quantizes is refused."""
+    if "*" in spec.gptq:
+        return set(linears)
+    unmatched = [s for s in spec.gptq if not any(name.endswith(s) for name in linears)]
+    if unmatched:
+        raise ConfigError(
+            f"precision.gptq={list(spec.gptq)}: {', '.join(unmatched)} names no linear this precision quantizes; "
+            f"use name suffixes such as {HEAD} (the output head), self_attn.v_proj, mlp.down_proj, or * for all"
+        )
+    return {name for name in linears if name.endswith(spec.gptq)} if spec.gptq else set()
+
+
+def release(linear: nn.Module) -> None:
+    """Drop a float linear's weight (a tied head's stays with its embedding); `install` replaces the module."""
+    linear.weight = nn.Parameter(torch.empty(0, dtype=linear.weight.dtype), requires_grad=False)
+
+
+def _materialize(model: nn.Module, names: list[str], make: Maker | None) -> None:
+    missing = [n for n in names if model.get_parameter(n).device.type == "meta"]
+    if not missing:
+        return
+    if make is None:
+        raise RuntimeError(f"{missing[0]} was never made (a hollow model) and nothing can make it")
+    make(missing)
+
+
+def layer_hidden(out) -> torch.Tensor:
+    """A decoder layer's output hidden states (some architectures return them in a tuple)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def entry(model: nn.Module, layers: list[nn.Module], batches: torch.Tensor):
+    """(layer 0's input for every window, each layer's other arguments): the model's forward run over the windows
+    with every layer replaced by one that records what it is given and passes its input on."""
+    calls: list[tuple[tuple, dict] | None] = [None] * len(layers)
+    inputs: list[torch.Tensor] = []
+
+    def passing(i):
+        def forward(*args, **kwargs):
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            if i == 0:
+                inputs.append(hidden.detach().clone())
+            if calls[i] is None:
+                calls[i] = (args[1:], dict(kwargs))
+            return hidden
+
+        return forward
+
+    for i, layer in enumerate(layers):
+        layer.forward = passing(i)  # an instance attribute: nn.Module.__call__ calls it
+    try:
+        for row in batches:
+            model.model(input_ids=row[None], use_cache=False)
+    finally:
+        for layer in layers:
+            del layer.forward
+    return inputs, calls
+
+
+@torch.no_grad()
+def observe(layer: nn.Module, linears: dict[str, nn.Module], hidden, args, kwargs, wants: Wants) -> Seen:
+    """One forward of the (float) layer over every window, recording at its linears' inputs what `wants` asks.
+    Linears that read one input share one record (computed once, held once: GPTQ factors a shared Gram once)."""
+    seen = Seen()
+    by_id: dict[int, tuple[torch.Tensor, str]] = {}  # this window's inputs (held, so ids are not reused) -> leader
+    offset = [0]  # the window's first flat token position
+    gram_leaders: set[str] = set()
+
+    def hook(name):
+        def record(_module, a):
+            x = a[0]
+            first = by_id.setdefault(id(x), (x, name))[1]
+            seen.leader.setdefault(name, first)
+            if name in wants.grams:
+                gram_leaders.add(first)
+            if first != name:
+                return
+            rows = x.detach().reshape(-1, x.shape[-1])
+            if wants.absmax:
+                top = rows.abs().amax(dim=0).float()
+                seen.absmax[name] = torch.maximum(seen.absmax[name], top) if name in seen.absmax else top
+            if wants.rows is not None:
+                lo = offset[0]
+                keep = wants.rows[(wants.rows >= lo) & (wants.rows < lo + rows.shape[0])] - lo
+                part = rows[keep].clone()
+                seen.rows[name] = torch.cat([seen.rows[name], part]) if name in seen.rows else part
+            # the first window computes every input's Gram (which linears share one is known after it); later
+            # windows only those a GPTQ-rounded linear reads
+            if wants.grams and (offset[0] == 0 or name in gram_leaders):
+                g = gptq.gram(rows)
+                seen.grams[name] = seen.grams[name] + g if name in seen.grams else g
+
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in linears.items()]
+    try:
+        for h in hidden:
+            by_id.clear()
+            layer(h, *args, **kwargs)
+            offset[0] += h.shape[0] * h.shape[1]
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name in [n for n in seen.grams if n not in gram_leaders]:
+        del seen.grams[name]
+    return seen
+
+
+def _scaled_gram(seen: Seen, name: str, divided: dict[str, torch.Tensor], done: dict) -> torch.Tensor:
+    """The Gram of `name`'s input after the scaling divided it by s: G / (s s^T), once per shared input (the same
+    tensor for the linears that read it, so GPTQ factors it once)."""
+    leader = seen.leader[name]
+    if leader not in done:
+        g, s = seen.grams[leader], divided.get(name)
+        done[leader] = g if s is None else g / (s[:, None] * s[None, :]).float()
+    return done[leader]
+
+
+def head_inputs(model: nn.Module, arch: str, hidden: torch.Tensor) -> torch.Tensor:
+    """What the decoder stack hands the head: the last layer's states through the final norm (and OPT's
+    projection out, where it has one)."""
+    if arch == "opt":
+        decoder = model.model.decoder
+        if decoder.final_layer_norm is not None:
+            hidden = decoder.final_layer_norm(hidden)
+        return decoder.project_out(hidden) if decoder.project_out is not None else hidden
+    return model.model.norm(hidden)
+
+
+def _sample(batches: torch.Tensor, tokens: int | None) -> torch.Tensor | None:
+    """A fixed random subset of `tokens` flat positions of the windows (AWQ's search data)."""
+    if tokens is None:
+        return None
+    order = torch.randperm(batches.numel(), generator=torch.Generator().manual_seed(0))
+    return order[:tokens].sort().values
+
+
+@torch.no_grad()
+def quantize(
+    model: nn.Module,
+    arch: str,
+    spec,
+    calibration: torch.Tensor | None,
+    make: Maker | None = None,
+    sink: Sink | None = None,
+):
+    """Quantize the model layer by layer into `sink` (memory where None) and return what the sink holds
+    (QuantizedWeights). `make` makes the float weights a hollow model lacks, a layer at a time; each layer's
+    quantized linears are dropped once rounded, the rest of it (its norms, scaled) kept for `install`."""
+    start_s = time.perf_counter()
+    sink = sink if sink is not None else Held()
+    linears = quantized_linears(model, arch, spec)
+    schemes = {name: spec.scheme_for(name) for name in linears}
+    chosen = gptq_linears(linears, spec)
+    calibrating = calibration is not None and spec.calibrates
+    layers = decoder_layers(model, arch)
+    hidden, calls = entry(model, layers, calibration) if calibrating else (None, None)
+    if sink.start:
+        hidden = sink.hidden
+        log.info("quantization resumed at layer %d of %d", sink.start, len(layers))
+    wants = Wants(absmax=spec.OBSERVES_ABSMAX, rows=_sample(calibration, spec.search_tokens()) if calibrating else None)
+    clipped: list[str] = []
+
+    def rounded(name: str, gram: torch.Tensor | None, clip: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        lin = linears[name]
+        return formats.get(schemes[name]).tensors(lin.weight.detach(), lin.bias, spec.group_size, clip, gram)
+
+    bar = progress(range(sink.start, len(layers)), "quantizing layers", total=len(layers) - sink.start)
+    for i in bar:
+        layer, prefix = layers[i], layer_prefix(arch, i)
+        _materialize(model, [prefix + n for n, _ in layer.named_parameters()], make)
+        mine = {name: m for name, m in linears.items() if name.startswith(prefix)}
+        seen = Seen()
+        if calibrating:
+            want = Wants(wants.absmax, wants.rows, frozenset(n for n in mine if n in chosen))
+            seen = observe(layer, mine, hidden, *calls[i], want)
+        scaled = spec.scale_layer(model, arch, i, mine, seen) if calibrating else Scaled()
+        clipped += sorted(scaled.clips)
+        grams: dict[str, torch.Tensor] = {}
+        tensors = {}
+        for name, m in mine.items():
+            gram = _scaled_gram(seen, name, scaled.divided, grams) if name in chosen else None
+            tensors[name] = rounded(name, gram, scaled.clips.get(name))
+            if calibrating:  # the layers after it meet its rounded weights
+                back = formats.get(schemes[name]).dequantized(tensors[name], spec.group_size)
+                m.weight.data = back.to(m.weight.dtype)
+        gptq.forget()  # the layer's factors: the next layer's inputs are others
+        del seen, grams
+        if calibrating:
+            hidden = [layer_hidden(layer(h, *calls[i][0], **calls[i][1])) for h in hidden]
+        quantized_params = {f"{name}.{p}" for name in mine for p in ("weight", "bias")}
+        floats = {p: model.get_parameter(p).detach().clone() for p in sorted(scaled.changed - quantized_params)}
+        sink.layer(i, tensors, floats, hidden)
+        for m in mine.values():
+            release(m)
+        done = i + 1 - sink.start
+        left = (time.perf_counter() - start_s) / done * (len(layers) - i - 1)
+        log.info("quantized layer %d of %d (about %.0f s left)", i + 1, len(layers), left)
+    if HEAD in linears:
+        _materialize(model, [f"{HEAD}.weight"], make)
+        gram = None
+        if HEAD in chosen:
+            for h in hidden:
+                x = head_inputs(model, arch, h)
+                g = gptq.gram(x.reshape(-1, x.shape[-1]))
+                gram = g if gram is None else gram + g
+        sink.head({HEAD: rounded(HEAD, gram, None)})
+        gptq.forget()
+        release(linears[HEAD])
+    info = {"quantize_s": time.perf_counter() - start_s, "layers": len(linears), "clipped": clipped}
+    return sink.weights(schemes, spec.group_size, info)
