@@ -38,7 +38,7 @@ from src.models.random_weights import parameter_count
 from src.quality.reference import Reference
 from src.quality.scoring import torch_scorer
 from src.quant import prefill
-from src.quant.apply import hollow_if_cached, prepare
+from src.quant.apply import prepare, unmade
 from src.quant.linear import install_prefill, w8a8_linears
 from src.tasks.kinds import Referenced
 from src.tasks.timed import BANDWIDTH, TaskInputs, TaskResult
@@ -232,10 +232,10 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
         recorder.log_metrics({"memory_estimate_gb": need / memory.GB})
     corpus = Corpus(cfg.dataset)  # read only by the tasks and calibration that need it
     other = runtimes.runtime(cfg.engine)
-    # a quantized job of random weights whose quantized weights are cached makes none of the float ones they
-    # replace (a 7B's bf16 linears: 13 GB made, then dropped)
+    # a quantized job of random weights makes none of the float weights its cached quantized ones replace (a 7B's
+    # bf16 linears: 13 GB made, then dropped), and where they are not cached yet, makes them a layer at a time
     hollow = (
-        hollow_if_cached(cfg.model, cfg.precision, corpus.reader("calibration"), cfg.cache_dir)
+        unmade(cfg.model, cfg.precision, corpus.reader("calibration"), cfg.cache_dir)
         if cfg.precision.quantized and cfg.model.weights == "random" and other is None
         else None
     )

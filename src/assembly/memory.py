@@ -103,7 +103,7 @@ CACHED_OVERHEAD = 1.3  # a cached job's peak over its cache file: repacking, the
 
 def _cached_bytes(cfg: JobConfig, shape) -> int | None:
     """A quantized job of random weights whose cache holds its quantized weights: it makes none of the float
-    linears they replace (src.quant.apply.hollow_if_cached), so it holds the cache's tensors as repacked, the float
+    linears they replace (src.quant.apply.unmade), so it holds the cache's tensors as repacked, the float
     parameters they leave (the embedding, the norms), the KV cache and the runtime. None where the cache lacks
     them (the float model is made, to quantize)."""
     if not cfg.precision.quantized or cfg.model.weights != "random":
@@ -113,14 +113,14 @@ def _cached_bytes(cfg: JobConfig, shape) -> int | None:
         byte_tokenizer(), spec, f"random:{cfg.model.name}:{SEED}", Corpus(cfg.dataset).reader("calibration"),
         cfg.precision.calib_samples, cfg.precision.calib_seq_len, cfg.cache_dir, cfg.model.name,
     )  # fmt: skip
-    file = where.directory / quant_cache.WEIGHTS
-    if not file.is_file():
+    stored = quant_cache.stored_bytes(where.directory)
+    if stored is None:
         return None
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(shape)
     gone = replaced(model, cfg.model.arch, spec)
     kept = sum(p.numel() for name, p in model.named_parameters() if name not in gone) * 2  # bf16
-    return int(file.stat().st_size * CACHED_OVERHEAD) + kept + _kv_bytes(cfg, shape) + RUNTIME_BYTES
+    return int(stored * CACHED_OVERHEAD) + kept + _kv_bytes(cfg, shape) + RUNTIME_BYTES
 
 
 def estimate_bytes(cfg: JobConfig) -> int | None:

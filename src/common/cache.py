@@ -6,7 +6,8 @@ precision) and every file's size and sha256 as built. It is trusted only while t
 and every file is there with those bytes, and no file is there that the manifest does not vouch for; otherwise it
 is rebuilt, with one line saying why. A build runs under a lock (a second process wanting the same cache waits and
 uses it), in a scratch folder beside the cache that replaces it only once whole, so no reader ever sees half a
-cache and a killed build leaves only a scratch folder, cleared by the next build. A whole cache is used without the
+cache and a killed build leaves only a scratch folder, cleared by the next build (or, for a build that can resume,
+given to it). A whole cache is used without the
 lock, so a read-only one (a shared cache) serves as it is.
 """
 
@@ -73,10 +74,15 @@ def damage(directory: Path, want: dict, hashed: bool = True) -> str | None:
     return None
 
 
-def build_cached(directory: Path, build: Callable[[Path], None], want: dict, what: str = "cache") -> Path:
+def build_cached(
+    directory: Path, build: Callable[[Path], None], want: dict, what: str = "cache", resumable: bool = False
+) -> Path:
     """The cache in `directory`, built by `build(out)` where it is missing or damaged: `build` writes the cache's
-    files into the empty folder `out` (and may use `out.parent`, a scratch folder of its own, removed after). A
-    failed build (its exception passes through) leaves no cache."""
+    files into the folder `out` (and may use `out.parent`, a scratch folder of its own, removed after). A failed
+    build (its exception passes through) leaves no cache. `resumable`: `out` is one stable folder beside the cache,
+    which a failed or killed build leaves as it was, so the next build of this cache is given it again to resume
+    from (its builder checks what it holds: src.quant.shards); else `out` starts empty and a failed build's is
+    removed."""
     if directory.is_dir() and damage(directory, want) is None:
         return directory
     with file_lock(directory.with_name(f".{directory.name}.lock"), f"the {what} {directory.name}"):
@@ -88,13 +94,16 @@ def build_cached(directory: Path, build: Callable[[Path], None], want: dict, wha
         # builders hold the lock while they build: any other scratch folder is a killed builder's
         for stale in directory.parent.glob(f".{directory.name}.*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
-        work = directory.with_name(f".{directory.name}.{os.getpid()}.tmp")
-        (work / "model").mkdir(parents=True)
+        work = directory.with_name(f".{directory.name}.partial" if resumable else f".{directory.name}.{os.getpid()}.tmp")
+        (work / "model").mkdir(parents=True, exist_ok=resumable)
+        done = False
         try:
             build(work / "model")
             write_manifest(work / "model", want)
             shutil.rmtree(directory, ignore_errors=True)
             os.replace(work / "model", directory)
+            done = True
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            if done or not resumable:
+                shutil.rmtree(work, ignore_errors=True)
     return directory

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from src.common.locks import sha256_file
 from src.common.paths import child
 from src.models import hub
 from src.models.config import ModelConfig
-from src.models.random_weights import SEED, NoShape, random_model
+from src.models.random_weights import SEED, NoShape, maker, random_model
 from src.models.tiny import byte_tokenizer, tiny_model
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class LoadedModel:
     # Identifies the exact weights, so later caches (quantized models) can key on it.
     source_key: str
     load_s: float
+    # makes the float parameters a hollow build left on the meta device (src.quant.stream.Maker), or None
+    make: Callable[[list[str]], None] | None = None
 
     @property
     def max_context(self) -> int:
@@ -230,9 +233,10 @@ def checkpoint(cfg: ModelConfig, cache_dir: Path) -> str:
 def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=None) -> LoadedModel:
     """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy, made on `device`); the
     job casts and moves it for its precision and hardware. `hollow(model, tokenizer, source_key)` names the random
-    weights never to make (src.quant.apply.hollow_if_cached: a cached quantized job's replaced linears), left on
-    the meta device."""
+    weights not to make now (src.quant.apply.unmade), left on the meta device; the loaded model's `make` makes
+    them when asked."""
     start = time.perf_counter()
+    make = None
     if cfg.weights == "random":  # the published shape, in bf16, filled in seconds (src.models.random_weights)
         key = f"random:{cfg.name}:{SEED}"
         empty = (lambda model: hollow(model, byte_tokenizer(), key)) if hollow is not None else None
@@ -240,6 +244,7 @@ def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=No
             model, tokenizer = random_model(cfg.name, device=device, hollow=empty)
         except NoShape as err:
             raise ModelUnavailable(str(err)) from None
+        make = maker(model, SEED, device)
     elif cfg.source in ("gguf_package", "gguf_file"):
         model, tokenizer, key = _load_gguf(cfg, cache_dir)
     elif cfg.source in ("hub", "local"):
@@ -251,7 +256,7 @@ def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=No
         raise ValueError(f"unknown model source {cfg.source!r}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return LoadedModel(model.eval(), tokenizer, key, time.perf_counter() - start)
+    return LoadedModel(model.eval(), tokenizer, key, time.perf_counter() - start, make)
 
 
 def tokenizer_mismatch(target, draft) -> str | None:

@@ -54,24 +54,26 @@ def parameter_count(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def fill(model: torch.nn.Module, seed: int = SEED) -> None:
+def fill(model: torch.nn.Module, seed: int = SEED, only: set[str] | None = None) -> None:
     """Norm scales 1, biases 0, every other weight N(0, STD): one random block copied with a different
     shift into each tensor, so no two layers are alike and nothing is drawn 7 billion times. The block is
     drawn on the CPU (the same numbers on every device) and copied to the parameters' device once. A parameter
     left on the meta device (never to be used: a cache holds what replaces it) is skipped, its shift counted, so
-    every other one gets the values it gets in a model filled whole."""
+    every other one gets the values it gets in a model filled whole; so is one not in `only`, where given (filled
+    before: a layer made later, src.quant.stream, leaves the others as they are)."""
     generator = torch.Generator().manual_seed(seed)
     device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     block = (torch.randn(2 * BLOCK, generator=generator) * STD).to(device)
     shift = 0
     with torch.no_grad():
         for name, param in model.named_parameters():
+            skip = param.device.type == "meta" or (only is not None and name not in only)
             if param.dim() == 1:
-                if param.device.type != "meta":
+                if not skip:
                     param.fill_(1.0 if "norm" in name and name.endswith("weight") else 0.0)
                 continue
             chunks = -(-param.numel() // BLOCK)
-            if param.device.type == "meta":
+            if skip:
                 shift = (shift + 7919 * chunks) % BLOCK
                 continue
             source = block.to(param.dtype)
@@ -80,6 +82,26 @@ def fill(model: torch.nn.Module, seed: int = SEED) -> None:
                 n = min(BLOCK, flat.numel() - start)
                 flat[start : start + n].copy_(source[shift : shift + n])
                 shift = (shift + 7919) % BLOCK
+
+
+def _allocate(model: torch.nn.Module, names, device) -> None:
+    """Real, uninitialised storage on `device` for the named parameters (on the meta device until now)."""
+    for full in names:
+        owner, _, leaf = full.rpartition(".")
+        module = model.get_submodule(owner)
+        param = module._parameters[leaf]
+        real = torch.empty(param.shape, dtype=param.dtype, device=device)
+        module._parameters[leaf] = torch.nn.Parameter(real, requires_grad=param.requires_grad)
+
+
+def maker(model: torch.nn.Module, seed: int = SEED, device: str = "cpu"):
+    """Makes parameters a hollow build left unmade, by name, with the values a whole build gives them."""
+
+    def make(names: list[str]) -> None:
+        _allocate(model, names, device)
+        fill(model, seed, only=set(names))
+
+    return make
 
 
 def random_model(
@@ -97,12 +119,7 @@ def random_model(
     with no_init_weights(), init_empty_weights(include_buffers=False):  # buffers (rotary tables) are real
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     empty = hollow(model) if hollow is not None else set()
-    for full, param in list(model.named_parameters()):
-        if full not in empty:
-            owner, _, leaf = full.rpartition(".")
-            module = model.get_submodule(owner)
-            real = torch.empty(param.shape, dtype=param.dtype, device=device)
-            module._parameters[leaf] = torch.nn.Parameter(real, requires_grad=param.requires_grad)
+    _allocate(model, [full for full, _ in model.named_parameters() if full not in empty], device)
     for module in model.modules():  # the buffers were made on the CPU: where the model runs
         for key, buffer in module._buffers.items():
             if buffer is not None and buffer.device != torch.device(device):

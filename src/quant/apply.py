@@ -5,7 +5,6 @@ Takes a float32 model and returns it quantized for its precision, with a report 
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +16,14 @@ from torch import nn
 from src.common.cache import damage
 from src.common.paths import child
 from src.models.config import ModelConfig
-from src.quant import cache
+from src.quant import cache, stream
+from src.quant.arch import HEAD, decoder_layers, layer_prefix
 from src.quant.calibrate import calibration_ids, ids_hash
 from src.quant.config import PrecisionConfig
 from src.quant.methods import QuantSpec
-from src.quant.pipeline import install, quantize, quantized_bytes, quantized_linears, release_quantized
+from src.quant.pipeline import install, quantized_bytes, quantized_linears, release_quantized
+from src.quant.shards import Partial
+from src.quant.stream import Maker
 
 
 @dataclass
@@ -85,15 +87,19 @@ def quantize_model(
     dtype: torch.dtype,
     gemv: bool = False,
     device: str = "cpu",
+    make: Maker | None = None,
 ) -> tuple[nn.Module, QuantReport]:
+    """The model quantized for `spec`, from its cache entry, built layer by layer where it is missing (a killed
+    build resumed: src.quant.shards). `make` makes the float weights a hollow model was built without."""
     start = time.perf_counter()
     where = entry(tokenizer, spec, source_key, corpus, calib_samples, calib_seq_len, cache_root, label)
     directory = where.directory
+
+    def build(out: Path) -> None:
+        stream.quantize(model, arch, spec, where.calib, make, Partial(out, where.meta))
+
     weights, built = cache.load_or_build(
-        directory,
-        lambda: quantize(_whole(model, directory), arch, spec, where.calib),
-        where.meta,
-        before_load=lambda: release_quantized(model, arch, spec),
+        directory, build, where.meta, before_load=lambda: release_quantized(model, arch, spec)
     )
     model = install(model.to(dtype), weights, dtype, gemv, device)
     return model, QuantReport(
@@ -101,24 +107,14 @@ def quantize_model(
     )
 
 
-def _whole(model: nn.Module, directory: Path) -> nn.Module:
-    """The model, to quantize: refused in one line where it was built hollow (its cache looked whole to
-    hollow_if_cached, and its files' bytes then did not verify)."""
-    if any(p.device.type == "meta" for p in model.parameters()):
-        shutil.rmtree(directory, ignore_errors=True)  # so that the next job makes its float weights and rebuilds it
-        raise RuntimeError(
-            f"the quantized cache {directory} did not verify as this job read it (removed), and this job made no "
-            "float weights to rebuild it from; rerun the job to rebuild it"
-        )
-    return model
-
-
-def hollow_if_cached(
+def unmade(
     model_cfg: ModelConfig, precision: PrecisionConfig, corpus: Callable[[], str], cache_root: Path
 ) -> Callable[[nn.Module, object, str], set[str]]:
     """For a model built with its parameters on the meta device (and its tokenizer and source key): the ones to
-    leave there, never made, because the cache holds this job's quantized weights whole (every float parameter
-    they replace); none where it does not (the float model is made whole, to quantize)."""
+    leave there. Where the cache holds this job's quantized weights whole: every float parameter they replace, never
+    made. Where it does not: every decoder layer's, and the head's where it is quantized and its own (not the
+    embedding's), made a layer at a time as the quantization reaches them (src.quant.stream), so the float model
+    is never held whole."""
 
     def hollow(model: nn.Module, tokenizer, source_key: str) -> set[str]:
         spec = precision.spec(model_cfg)
@@ -127,9 +123,17 @@ def hollow_if_cached(
             cache_root, model_cfg.name,
         )  # fmt: skip
         # its manifest, sizes and settings: the load (build_cached) hashes the files, once
-        if not where.directory.is_dir() or damage(where.directory, where.meta, hashed=False) is not None:
-            return set()
-        return replaced(model, model_cfg.arch, spec)
+        if where.directory.is_dir() and damage(where.directory, where.meta, hashed=False) is None:
+            return replaced(model, model_cfg.arch, spec)
+        arch = model_cfg.arch
+        names = {
+            layer_prefix(arch, i) + n
+            for i, layer in enumerate(decoder_layers(model, arch))
+            for n, _ in layer.named_parameters()
+        }
+        if spec.quantize_head and not model.config.tie_word_embeddings:
+            names |= {f"{HEAD}.{n}" for n, _ in model.get_submodule(HEAD).named_parameters()}
+        return names
 
     return hollow
 
@@ -162,4 +166,5 @@ def prepare(
         dtype,
         gemv,
         device,
+        loaded.make,
     )

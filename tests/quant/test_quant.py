@@ -259,7 +259,7 @@ def test_cache_is_reused_and_a_corrupt_file_rebuilt(tmp_path):
     second_model, second = run()
     assert first.built and not second.built and first.cache_dir == second.cache_dir
     torch.testing.assert_close(logits(second_model, ids), logits(first_model, ids))
-    weights_file = first.cache_dir / "quantized.safetensors"
+    weights_file = first.cache_dir / "layer-00000.safetensors"
     data = bytearray(weights_file.read_bytes())
     data[-10] ^= 0xFF
     weights_file.write_bytes(bytes(data))
