@@ -94,7 +94,9 @@ def build_cached(
         # builders hold the lock while they build: any other scratch folder is a killed builder's
         for stale in directory.parent.glob(f".{directory.name}.*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
-        work = directory.with_name(f".{directory.name}.partial" if resumable else f".{directory.name}.{os.getpid()}.tmp")
+        work = directory.with_name(
+            f".{directory.name}.partial" if resumable else f".{directory.name}.{os.getpid()}.tmp"
+        )
         (work / "model").mkdir(parents=True, exist_ok=resumable)
         done = False
         try:

@@ -15,8 +15,8 @@ from torch import nn
 
 from src.quant import scaling
 from src.quant.arch import ScaleGroup
-from src.quant.stream import Scaled, Seen
 from src.quant.qparams import fake_groups_weight, fake_int8_act
+from src.quant.stream import Scaled, Seen
 
 log = logging.getLogger(__name__)
 

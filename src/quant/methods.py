@@ -13,7 +13,7 @@ fields in conf/precision/_fields.yaml.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
 from src.quant import awq, schemes, smoothquant

@@ -17,7 +17,15 @@ from src.quant import stream
 from src.quant.methods import HEAD, QuantSpec
 from src.quant.stream import gptq_linears, quantized_linears, release
 
-__all__ = ["QuantizedWeights", "gptq_linears", "install", "quantize", "quantized_linears", "release", "release_quantized"]
+__all__ = [
+    "QuantizedWeights",
+    "gptq_linears",
+    "install",
+    "quantize",
+    "quantized_linears",
+    "release",
+    "release_quantized",
+]
 
 
 @dataclass
