@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from src.common.cache import build_cached
 from src.common.locks import sha256_file
 from src.common.paths import child
+from src.models import checkpoint as folder_weights
 from src.models import hub
 from src.models.config import ModelConfig
 from src.models.random_weights import SEED, NoShape, maker, random_model
@@ -105,8 +106,10 @@ def _reason(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _load_dir(directory: Path | str, what: str = "the model") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The folder's tokenizer and model; ModelUnavailable naming the files and what to do where either does not
+def _load_dir(
+    directory: Path | str, what: str = "the model", weights: bool = True
+) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase]:
+    """The folder's model (None where not `weights`) and tokenizer; ModelUnavailable naming the files and what to do where either does not
     load. trust_remote_code=False: a folder whose files name code of its own (auto_map) is refused, never asked
     about on stdin and never run (src.models.hub.refuse_code says so first, in one line)."""
     try:
@@ -120,6 +123,8 @@ def _load_dir(directory: Path | str, what: str = "the model") -> tuple[PreTraine
             f"{what}: its tokenizer ({', '.join(files)} in {folder}) cannot be read ({type(err).__name__}: "
             f"{_reason(err)}); restore those files from the model's source"
         ) from None
+    if not weights:
+        return None, tokenizer
     try:
         model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, trust_remote_code=False)
     except OSError:
@@ -182,7 +187,9 @@ def _bad_size(config: dict) -> str | None:
     return None
 
 
-def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def _load_hub(cfg: ModelConfig, hollow=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str, object]:
+    """(model, tokenizer, source key, make): a folder of safetensors weights given `hollow` is read as the job needs
+    it (src.models.checkpoint; `make` reads the rest), any other loaded whole (`make` None)."""
     where = cfg.local_path or cfg.id
     if cfg.local_path and not Path(cfg.local_path).expanduser().is_dir():
         raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path} is not a directory")
@@ -201,6 +208,16 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
                 f"model {cfg.name}: {cfg.local_path}/config.json has {bad}, but a model's sizes are positive "
                 f"integers; restore it from the model's source"
             )
+    key = f"{cfg.source}:{where}"
+    if cfg.local_path and hollow is not None:
+        folder = Path(cfg.local_path).expanduser()
+        tokenizer = _load_dir(folder, f"model {cfg.name}: model.local_path={cfg.local_path}", weights=False)[1]
+        try:
+            built = folder_weights.hollow_model(folder, lambda model: hollow(model, tokenizer, key))
+        except folder_weights.MissingTensor as err:
+            raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path}: {err}") from None
+        if built is not None:
+            return built[0], tokenizer, key, built[1]
     try:
         model, tokenizer = _load_dir(
             Path(where).expanduser() if cfg.local_path else where,
@@ -216,7 +233,7 @@ def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
             f"model {cfg.name}: cannot load {where!r} (no local copy and the hub is unreachable); download it "
             f"where the hub is reachable and run with model.local_path=/path/to/{cfg.name}"
         ) from err
-    return model, tokenizer, f"{cfg.source}:{where}"
+    return model, tokenizer, key, None
 
 
 def checkpoint(cfg: ModelConfig, cache_dir: Path) -> str:
@@ -233,8 +250,8 @@ def checkpoint(cfg: ModelConfig, cache_dir: Path) -> str:
 def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=None) -> LoadedModel:
     """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy, made on `device`); the
     job casts and moves it for its precision and hardware. `hollow(model, tokenizer, source_key)` names the random
-    weights not to make now (src.quant.apply.unmade), left on the meta device; the loaded model's `make` makes
-    them when asked."""
+    weights, or a local folder's safetensors weights, not to make now (src.quant.apply.unmade), left on the meta
+    device; the loaded model's `make` makes them when asked."""
     start = time.perf_counter()
     make = None
     if cfg.weights == "random":  # the published shape, in bf16, filled in seconds (src.models.random_weights)
@@ -248,7 +265,7 @@ def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=No
     elif cfg.source in ("gguf_package", "gguf_file"):
         model, tokenizer, key = _load_gguf(cfg, cache_dir)
     elif cfg.source in ("hub", "local"):
-        model, tokenizer, key = _load_hub(cfg)
+        model, tokenizer, key, make = _load_hub(cfg, hollow)
     elif cfg.source == "tiny":
         model, tokenizer = tiny_model(cfg.arch)
         key = f"tiny:{cfg.arch}"

@@ -27,9 +27,9 @@ from src.quant.pipeline import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
-# 5: written layer by layer, a file each (src.quant.shards); 4: GPTQ rounds the decoder's linears in layer order;
-# an older cache is rebuilt
-FORMAT = 5
+# 6: random weights made a layer at a time take the values a whole build gives them; 5: written layer by layer, a
+# file each (src.quant.shards); 4: GPTQ rounds the decoder's linears in layer order; an older cache is rebuilt
+FORMAT = 6
 META = "quantized.json"
 
 

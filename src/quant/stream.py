@@ -134,8 +134,12 @@ def gptq_linears(linears: dict[str, nn.Module], spec) -> set[str]:
 
 
 def release(linear: nn.Module) -> None:
-    """Drop a float linear's weight (a tied head's stays with its embedding); `install` replaces the module."""
-    linear.weight = nn.Parameter(torch.empty(0, dtype=linear.weight.dtype), requires_grad=False)
+    """Drop a float linear's weight (a tied head's stays with its embedding); `install` replaces the module. It
+    goes to the meta device with its shape, as a hollow build leaves it: what a model holds is never read from
+    what was dropped (random weights count every parameter's shape to give each its values: an empty one had
+    shifted every layer made after it)."""
+    weight = linear.weight
+    linear.weight = nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False)
 
 
 def _materialize(model: nn.Module, names: list[str], make: Maker | None) -> None:
@@ -189,6 +193,7 @@ def observe(layer: nn.Module, linears: dict[str, nn.Module], hidden, args, kwarg
     by_id: dict[int, tuple[torch.Tensor, str]] = {}  # this window's inputs (held, so ids are not reused) -> leader
     offset = [0]  # the window's first flat token position
     gram_leaders: set[str] = set()
+    inputs: dict[str, list[torch.Tensor]] = {}  # by leader: the rows its Gram is formed from
 
     def hook(name):
         def record(_module, a):
@@ -208,11 +213,11 @@ def observe(layer: nn.Module, linears: dict[str, nn.Module], hidden, args, kwarg
                 keep = wants.rows[(wants.rows >= lo) & (wants.rows < lo + rows.shape[0])] - lo
                 part = rows[keep].clone()
                 seen.rows[name] = torch.cat([seen.rows[name], part]) if name in seen.rows else part
-            # the first window computes every input's Gram (which linears share one is known after it); later
-            # windows only those a GPTQ-rounded linear reads
+            # every window's rows of an input a GPTQ-rounded linear reads (which linears share one is known after
+            # the first window), for one Gram over all of them: one GEMM writes it once, where a Gram a window had
+            # written an 11008-wide matrix sixteen times
             if wants.grams and (offset[0] == 0 or name in gram_leaders):
-                g = gptq.gram(rows)
-                seen.grams[name] = seen.grams[name] + g if name in seen.grams else g
+                inputs.setdefault(name, []).append(rows.clone())
 
         return record
 
@@ -225,8 +230,8 @@ def observe(layer: nn.Module, linears: dict[str, nn.Module], hidden, args, kwarg
     finally:
         for handle in handles:
             handle.remove()
-    for name in [n for n in seen.grams if n not in gram_leaders]:
-        del seen.grams[name]
+    for name in gram_leaders:
+        seen.grams[name] = gptq.gram(torch.cat(inputs.pop(name)))
     return seen
 
 
@@ -281,7 +286,11 @@ def quantize(
     hidden, calls = entry(model, layers, calibration) if calibrating else (None, None)
     if sink.start:
         hidden = sink.hidden
-        log.info("quantization resumed at layer %d of %d", sink.start, len(layers))
+        log.info("quantization resumed at layer %d of %d", sink.start + 1, len(layers))
+    for i in range(sink.start):  # layers a killed build wrote: only what their quantized linears leave (the norms)
+        prefix = layer_prefix(arch, i)
+        replaced = {f"{name}.{p}" for name in linears if name.startswith(prefix) for p in ("weight", "bias")}
+        _materialize(model, [prefix + n for n, _ in layers[i].named_parameters() if prefix + n not in replaced], make)
     wants = Wants(absmax=spec.OBSERVES_ABSMAX, rows=_sample(calibration, spec.search_tokens()) if calibrating else None)
     clipped: list[str] = []
 

@@ -1042,3 +1042,44 @@ def test_a_sweep_stopped_while_its_kernels_compile_leaves_no_compiler_running(tm
         assert not running(), f"compilers still running after the sweep ended: {running()}"
     finally:
         kill_session(proc.pid)
+
+
+# --- quantization ----------------------------------------------------------------------------------
+
+
+def test_a_quantization_killed_midway_resumes_at_its_next_layer_and_ends_as_an_uninterrupted_one(tmp_path):
+    """SIGTERM while a 12-layer model is quantized (AWQ, then GPTQ on every linear): the job ends as killed in one
+    line, its finished layers kept beside the cache; the same command then resumes at the first layer it had not
+    written and the entry it makes is, file for file, the one an uninterrupted run makes."""
+    args = ["model=llama-160m", "model.weights=random", "precision=w4a16", "precision.awq_grid=4",
+            "precision.calib_samples=4", "precision.calib_seq_len=64", "task=quantize", "engine.kernels=aten"]  # fmt: skip
+    runs_dir = tmp_path / "runs"
+    proc = start([*args, f"hydra.run.dir={runs_dir / 'cut'}"], tmp_path, "cut")
+    wait_for(tmp_path / "cut.out", "quantized layer 3 of 12", proc, timeout=300)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    err = (tmp_path / "cut.err").read_text()
+    assert len(said(err)) == 1 and "stopped by SIGTERM" in said(err)[0] and "Traceback" not in err
+    quantized = tmp_path / "cache" / "quantized"
+    (partial,) = quantized.glob(".*.partial")
+    assert not [p for p in quantized.iterdir() if not p.name.startswith(".")], "no entry from a partial"
+    again = start([*args, f"hydra.run.dir={runs_dir / 'again'}"], tmp_path, "again")
+    assert again.wait(timeout=600) == 0, (tmp_path / "again.err").read_text()[-2000:]
+    log = (tmp_path / "again.out").read_text()
+    assert "resuming the quantization" in log and "quantized layer 1 of 12 " not in log
+    (entry,) = [p for p in quantized.iterdir() if not p.name.startswith(".")]
+    whole_cache = tmp_path / "whole"
+    whole = subprocess.run(
+        [sys.executable, "-m", "src.run", *args, f"hydra.run.dir={runs_dir / 'whole'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=cli_env({"QUANTSPEC_CACHE": str(fresh_cache(whole_cache))}),
+        timeout=600,
+    )
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    (reference,) = [p for p in (whole_cache / "quantized").iterdir() if not p.name.startswith(".")]
+    names = sorted(p.name for p in reference.glob("*.safetensors"))
+    assert names == sorted(p.name for p in entry.glob("*.safetensors")) and len(names) == 13
+    for name in names:
+        assert (entry / name).read_bytes() == (reference / name).read_bytes(), name

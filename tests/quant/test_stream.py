@@ -43,15 +43,11 @@ def test_each_layer_called_alone_gives_what_the_models_forward_gives_it(arch):
 
 
 def float_grams(model, names, batches):
-    """X^T X of the named linears' inputs over the windows, as the float model meets them."""
-    grams = {}
+    """X^T X of the named linears' inputs over all the windows' rows at once, as the float model meets them."""
+    rows = {name: [] for name in names}
 
     def observe(name):
-        def hook(_module, args):
-            x = args[0].reshape(-1, args[0].shape[-1])
-            grams[name] = grams[name] + gram(x) if name in grams else gram(x)
-
-        return hook
+        return lambda _module, args: rows[name].append(args[0].reshape(-1, args[0].shape[-1]).clone())
 
     handles = [model.get_submodule(n).register_forward_pre_hook(observe(n)) for n in names]
     with torch.inference_mode():
@@ -59,7 +55,7 @@ def float_grams(model, names, batches):
             model.model(input_ids=row[None], use_cache=False)
     for h in handles:
         h.remove()
-    return grams
+    return {name: gram(torch.cat(xs)) for name, xs in rows.items()}
 
 
 def test_layer_zeros_gptq_inputs_are_the_float_models_and_later_layers_meet_the_rounded_ones():
