@@ -62,7 +62,7 @@ _last: list = []  # [h, its factor, its dead features]: the Gram linears reading
 
 def _factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """_inverse_factor of `h`, reused while the same Gram tensor comes again (the linears that read one input share
-    it: src.quant.sequential): the factor of an 11008-wide Gram takes seconds. `w`'s dead features are zeroed
+    it: src.quant.stream): the factor of an 11008-wide Gram takes seconds. `w`'s dead features are zeroed
     each time, as _inverse_factor does."""
     if _last and _last[0] is h:
         inv, dead = _last[1], _last[2]
