@@ -23,7 +23,7 @@ from safetensors import safe_open
 
 from src.common.cache import build_cached
 from src.quant.methods import QuantSpec
-from src.quant.pipeline import QuantizedWeights
+from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,6 @@ what the cache stores); `install` swaps the runtime modules into a float model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
@@ -16,6 +13,7 @@ from src.quant import schemes as formats
 from src.quant import stream
 from src.quant.methods import HEAD, QuantSpec
 from src.quant.stream import gptq_linears, quantized_linears, release
+from src.quant.weights import QuantizedWeights
 
 __all__ = [
     "QuantizedWeights",
@@ -26,15 +24,6 @@ __all__ = [
     "release",
     "release_quantized",
 ]
-
-
-@dataclass
-class QuantizedWeights:
-    schemes: dict[str, str]  # linear name -> the scheme it runs (w8a8, ...)
-    group_size: int | None
-    layers: Mapping[str, dict[str, torch.Tensor]]  # linear name -> portable tensors (a cache's: read as asked)
-    floats: dict[str, torch.Tensor]  # float parameters the scaling changed
-    info: dict = field(default_factory=dict)
 
 
 def quantize(model: nn.Module, arch: str, spec: QuantSpec, calibration: torch.Tensor | None) -> QuantizedWeights:

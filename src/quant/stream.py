@@ -34,6 +34,7 @@ from src.common.schema import ConfigError
 from src.quant import gptq
 from src.quant import schemes as formats
 from src.quant.arch import HEAD, decoder_layers, decoder_linears, layer_prefix
+from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,6 @@ class Held:
         self.layers.update(tensors)
 
     def weights(self, schemes, group_size, info):
-        from src.quant.pipeline import QuantizedWeights
-
         return QuantizedWeights(schemes, group_size, self.layers, self.floats, info)
 
 
