@@ -56,6 +56,11 @@ def decode_job(store: str, sweep_dir: Path, overrides: list[str], env: dict | No
     return _sweep(store, sweep_dir, ["task=decode", *overrides], env)
 
 
+def quantize_job(store: str, sweep_dir: Path, overrides: list[str], env: dict | None = None) -> list:
+    """The runs of one `python -m src.run -m task=quantize <overrides>` sweep, read back from its store."""
+    return _sweep(store, sweep_dir, ["task=quantize", *overrides], env)
+
+
 def llama_cpp_ms(llm, limit: int | None = None) -> float:
     """The median over the seed prompts (the first `limit` of them) of the time per token after the first,
     greedy."""

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -351,6 +352,52 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& key, const at
   return out;
 }
 
+// GPTQ's rounding of one run of features [c0, c1) of transposed float32 weights wt [K, n] (one feature's n
+// weights contiguous), in place (src/quant/gptq.py's _round_rows says the algorithm, and runs these same float
+// operations in torch where this binding is not loaded: the file builds with -ffp-contract=off, so each product
+// and sum is rounded as torch rounds it, and the two give the same bits). Grouped: q = round((x - lo) / s) in
+// 0..top, back = q * s + lo; else int8: q = round(x / s) in -top..top, back = q * s. Each feature's error, divided
+// by inv[f, f], goes to the run's later features (weighted by inv[f, j]) and to err [c1 - b0 rows, n] at f - b0.
+// Rows (output channels) are independent: split across ATen's threads, each run of rows in cache.
+void gptq_features(at::Tensor& wt, const at::Tensor& inv, at::Tensor& qt, at::Tensor& err, const at::Tensor& lo,
+                   const at::Tensor& scale, int64_t c0, int64_t c1, int64_t b0, int64_t top, bool grouped) {
+  TORCH_CHECK(wt.dim() == 2 && wt.scalar_type() == at::kFloat && wt.is_contiguous() && inv.scalar_type() == at::kFloat &&
+              inv.is_contiguous() && err.scalar_type() == at::kFloat && err.is_contiguous() && qt.is_contiguous() &&
+              scale.scalar_type() == at::kFloat && scale.is_contiguous() && lo.scalar_type() == at::kFloat &&
+              lo.is_contiguous(), "quantspec gptq_features: contiguous float32 tensors");
+  const int64_t n = wt.size(1), K = inv.size(0);
+  TORCH_CHECK(0 <= b0 && b0 <= c0 && c0 < c1 && c1 <= wt.size(0) && scale.numel() == n && lo.numel() == n &&
+              qt.size(1) == n && err.size(1) == n, "quantspec gptq_features: shapes");
+  const bool unsigned_q = qt.scalar_type() == at::kByte;
+  TORCH_CHECK(unsigned_q || qt.scalar_type() == at::kChar, "quantspec gptq_features: uint8 or int8 q");
+  float* w = wt.data_ptr<float>();
+  const float *h = inv.data_ptr<float>(), *s = scale.data_ptr<float>(), *l = lo.data_ptr<float>();
+  float* e_out = err.data_ptr<float>();
+  void* q = qt.data_ptr();
+  const float lowest = grouped ? 0.0f : -float(top), highest = float(top);
+  at::parallel_for(0, n, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t f = c0; f < c1; ++f) {
+      float* x = w + f * n;
+      float* e = e_out + (f - b0) * n;
+      const float d = h[f * K + f];
+      for (int64_t r = r0; r < r1; ++r) {
+        float v = grouped ? (x[r] - l[r]) / s[r] : x[r] / s[r];
+        v = std::min(std::max(std::nearbyint(v), lowest), highest);
+        float back = v * s[r];
+        if (grouped) back = back + l[r];
+        if (unsigned_q) static_cast<uint8_t*>(q)[f * n + r] = static_cast<uint8_t>(v);
+        else static_cast<int8_t*>(q)[f * n + r] = static_cast<int8_t>(v);
+        e[r] = (x[r] - back) / d;
+      }
+      for (int64_t j = f + 1; j < c1; ++j) {
+        const float hj = h[f * K + j];
+        float* y = w + j * n;
+        for (int64_t r = r0; r < r1; ++r) y[r] = y[r] - hj * e[r];
+      }
+    }
+  });
+}
+
 }  // namespace qs_ops
 
 using namespace qs_ops;
@@ -372,6 +419,8 @@ TORCH_LIBRARY(quantspec, m) {
   m.def("gemv_w4a8(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, bool gemma) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
+  m.def("gptq_features(Tensor(a!) wt, Tensor inv, Tensor(b!) qt, Tensor(c!) err, Tensor lo, Tensor scale, int c0, "
+        "int c1, int b0, int top, bool grouped) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
@@ -383,6 +432,7 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("dequant_grouped", dequant_grouped);
   m.impl("rms_norm", rms_norm);
   m.impl("decode_attention", decode_attention);
+  m.impl("gptq_features", gptq_features);
   m.impl("int8_gemm_amx", int8_gemm_amx);
   m.impl("quantize_x8_bf16", quantize_x8_bf16);
   m.impl("scale_rows_bf16", scale_rows_bf16);

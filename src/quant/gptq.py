@@ -118,42 +118,67 @@ def _round_rows(w, inv, bits, group, block, q_out, scale, zero) -> None:
     run's errors to the rest of its block, then a block's to every feature after it (one GEMM each), which is GPTQ's
     lazy batching, with each update's footprint small enough to stay in cache."""
     n, k = w.shape
-    top = (1 << bits) - 1
+    top = qparams.INT8_MAX if group is None else (1 << bits) - 1
     wt = w.T.contiguous()
     qt = torch.empty(k, n, dtype=q_out.dtype)
     if group is None:
         step = scale  # per row, from the weights before any update
     else:
         scale_t, zero_t = torch.empty(k // group, n), torch.empty(k // group, n)
+        assert block == group, "a group is ranged at its block's start"
+    native = _native()
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
         err = torch.empty(b1 - b0, n)
+        if group is not None:  # the group (a block: group == block) ranged by its weights as updated so far
+            g = b0 // group
+            span = wt[b0 : b0 + group]
+            lo, hi = span.amin(dim=0), span.amax(dim=0)
+            scale_t[g] = ((hi - lo) / top).clamp(min=1e-6)
+            zero_t[g] = lo + (1 << (bits - 1)) * scale_t[g]
+            step, low = scale_t[g], zero_t[g] - (1 << (bits - 1)) * scale_t[g]
         for c0 in range(b0, b1, INNER):
             c1 = min(c0 + INNER, b1)
-            for col in range(c0, c1):
-                x = wt[col]
-                if group is None:
-                    qi = torch.round(x / step).clamp_(-qparams.INT8_MAX, qparams.INT8_MAX)
-                    back = qi * step
-                else:
-                    g = col // group
-                    if col % group == 0:  # the group's range from its weights as updated so far
-                        span = wt[col : col + group]
-                        lo, hi = span.amin(dim=0), span.amax(dim=0)
-                        scale_t[g] = ((hi - lo) / top).clamp(min=1e-6)
-                        zero_t[g] = lo + (1 << (bits - 1)) * scale_t[g]
-                    lo = zero_t[g] - (1 << (bits - 1)) * scale_t[g]
-                    qi = torch.round((x - lo) / scale_t[g]).clamp_(0, top)
-                    back = qi * scale_t[g] + lo
-                qt[col] = qi.to(qt.dtype)
-                e = (x - back) / inv[col, col]
-                wt[col:c1] -= inv[col, col:c1, None] * e[None, :]
-                err[col - b0] = e
-            if c1 < b1:
-                wt[c1:b1] -= inv[c0:c1, c1:b1].T @ err[c0 - b0 : c1 - b0]
+            if native is not None:
+                native(wt, inv, qt, err, step if group is None else low, step, c0, c1, b0, top, group is not None)
+            else:
+                _features(wt, inv, qt, err, low if group is not None else None, step, c0, c1, b0, top)
+            if c1 < b1:  # in place: the GEMM subtracts as it sums (beta 1, alpha -1), no product held apart
+                wt[c1:b1].addmm_(inv[c0:c1, c1:b1].T, err[c0 - b0 : c1 - b0], alpha=-1)
         if b1 < k:
-            wt[b1:] -= inv[b0:b1, b1:].T @ err
+            wt[b1:].addmm_(inv[b0:b1, b1:].T, err, alpha=-1)
     q_out.copy_(qt.T)
     if group is not None:
         scale.copy_(scale_t.T)
         zero.copy_(zero_t.T)
+
+
+def _native():
+    """quantspec's kernel binding's run of features, where the binding is loaded in this process (a job that runs
+    quantspec's kernels loads it before it quantizes), else None: the same arithmetic in torch (_features)."""
+    try:
+        return torch.ops.quantspec.gptq_features
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _features(wt, inv, qt, err, low, step, c0, c1, b0, top) -> None:
+    """Features [c0, c1) of wt [K, n] rounded one at a time (grouped where `low`, each row's grid low + q * step),
+    each one's error sent to the rest of the run and kept in err: the binding's gptq_features, in torch."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a feature's few-thousand-wide ops: waiting on a second thread costs more
+    try:
+        for col in range(c0, c1):
+            x = wt[col]
+            if low is None:
+                qi = torch.round(x / step).clamp_(-top, top)
+                back = qi * step
+            else:
+                qi = torch.round((x - low) / step).clamp_(0, top)
+                back = qi * step + low
+            qt[col] = qi.to(qt.dtype)
+            e = (x - back) / inv[col, col]
+            wt[col + 1 : c1] -= inv[col, col + 1 : c1, None] * e[None, :]
+            err[col - b0] = e
+    finally:
+        torch.set_num_threads(threads)

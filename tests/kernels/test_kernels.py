@@ -536,3 +536,25 @@ def test_projections_of_mixed_kinds_fuse_the_runs_that_share_one():
     x = torch.randn(1, 256).to(torch.bfloat16)
     refs = [q(x), k(x), v(x)]
     assert all(torch.equal(a, b) for a, b in zip(projection(x), refs))
+
+
+@pytest.mark.parametrize("bits, group", [(8, None), (4, 128), (5, 128), (2, 128)])
+def test_gptqs_run_of_features_in_the_binding_is_torchs_bit_for_bit(monkeypatch, bits, group):
+    """A job that loads quantspec's kernels rounds GPTQ's features in the binding (gptq_features); any other in
+    torch (src/quant/gptq.py's _features): the two give the same quantized weights, scales and zeros, so a cached
+    entry does not depend on which made it."""
+    from src.quant import gptq
+
+    torch.manual_seed(0)
+    w = torch.randn(300, 512) * 0.02  # 300 rows: runs of rows split unevenly across threads
+    x = torch.randn(1024, 512)
+    x[:, 7] = 0.0  # a feature never seen: zeroed, on both paths
+    h = x.T @ x
+    assert gptq._native() is not None  # the binding is loaded (the fixture's variant)
+    native = gptq.round_weights(w, h, bits, group)
+    gptq.forget()
+    monkeypatch.setattr(gptq, "_native", lambda: None)
+    torch_path = gptq.round_weights(w, h, bits, group)
+    gptq.forget()
+    for a, b in zip(native, torch_path, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
