@@ -235,11 +235,8 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     # a quantized job of random weights or of a local checkpoint makes none of the float weights its cached
     # quantized ones replace (a 7B's linears: 13 GB made or read, then dropped), and where they are not cached
     # yet, makes them a layer at a time
-    streams = cfg.model.weights == "random" or (cfg.model.source in ("hub", "local") and cfg.model.local_path)
     hollow = (
-        unmade(cfg.model, cfg.precision, corpus.reader("calibration"), cfg.cache_dir)
-        if cfg.precision.quantized and streams and other is None
-        else None
+        unmade(cfg.model, cfg.precision, corpus.reader("calibration"), cfg.cache_dir) if memory.streams(cfg) else None
     )
     # random weights for a float precision are made where they run (quantizing reads them on the CPU)
     device = placement.device if not cfg.precision.quantized else "cpu"

@@ -1,10 +1,13 @@
 """Will the job fit in memory? Said before anything is loaded, in one line, rather than by the kernel's
 OOM killer half an hour into a 7B build.
 
-The estimate follows how a job holds its weights: built in bf16 (random weights), cast for a float
-precision tensor by tensor, or quantized layer by layer, each float linear freed once its low-bit copy
-exists (src.quant.pipeline), so the float model is the peak; then a draft model, the KV cache of the
-longest example, calibration's logits, and the interpreter with torch and its libraries. Random weights are
+The estimate follows how a job holds its weights. A quantized job of random weights or of a local checkpoint
+(`streams`) makes its float layers one at a time as they are quantized and drops each once rounded
+(src.quant.stream): its peak is the larger of quantizing (the float parts outside the layers, one layer, the
+method's working set) and running (the quantized weights as repacked, the KV cache). Any other is built whole
+(bf16 random weights, a float32 folder) and cast or quantized in place, so the float model is the peak; then a
+draft model, the KV cache of the longest example, calibration's logits, and the interpreter with torch and its
+libraries. Random weights are
 estimated from the shape quantspec ships; a model folder of one's own from its config.json's sizes (a folder
 asking for a million layers is refused here, not built until the OOM killer ends it).
 """
@@ -14,11 +17,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+from types import SimpleNamespace
 
 import psutil
 import torch
-from accelerate import init_empty_weights
-from transformers import AutoModelForCausalLM
 
 from src.assembly.config import ConfigError, JobConfig
 from src.data.corpus import Corpus
@@ -28,7 +30,8 @@ from src.models import hub
 from src.models.random_weights import SEED, NoShape, config_of, parameter_count
 from src.models.tiny import byte_tokenizer
 from src.quant import cache as quant_cache
-from src.quant.apply import entry, replaced
+from src.quant import schemes
+from src.quant.apply import entry
 
 GB = 2**30
 # python, torch, transformers, Hydra, MLflow: ~1.1 GB resident measured here; plus the bandwidth probe's
@@ -58,11 +61,9 @@ def _kv_bytes(cfg: JobConfig, shape) -> int:
 UNGATED = ("opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "phi")  # an MLP of two linears, not three
 
 
-def counted_parameters(config: dict) -> int:
-    """A model config.json's parameters, counted from its sizes without building anything (a meta-device model of
-    a million layers takes minutes and gigabytes to build): the embedding and head, and per layer attention
-    (q and o at full width, k and v at the key/value heads') and a gated MLP. Within a few percent of the exact
-    count for the families quantspec maps; an upper bound's order of magnitude for others."""
+def _sizes(config: dict) -> tuple[dict, int, int, int, int, bool]:
+    """(the text part of a config.json, hidden size, layers, parameters a layer, vocabulary, tied head), counted from
+    its sizes as counted_parameters does."""
     part = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
 
     def size(*keys, default=0) -> int:
@@ -82,18 +83,70 @@ def counted_parameters(config: dict) -> int:
     tied = part.get("tie_word_embeddings", config.get("tie_word_embeddings", True)) is not False
     attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     mlp = (2 if part.get("model_type", config.get("model_type")) in UNGATED else 3) * hidden * inner
-    return vocab * hidden * (1 if tied else 2) + layers * (attention + mlp)
+    return part, hidden, layers, attention + mlp, vocab, tied
+
+
+def counted_parameters(config: dict) -> int:
+    """A model config.json's parameters, counted from its sizes without building anything (a meta-device model of
+    a million layers takes minutes and gigabytes to build): the embedding and head, and per layer attention
+    (q and o at full width, k and v at the key/value heads') and a gated MLP. Within a few percent of the exact
+    count for the families quantspec maps; an upper bound's order of magnitude for others."""
+    _, hidden, layers, per_layer, vocab, tied = _sizes(config)
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer
+
+
+def streams(cfg: JobConfig) -> bool:
+    """Whether the job's model is built hollow and made a layer at a time as it is quantized (src.quant.apply.unmade):
+    a quantized precision on quantspec's engines, of random weights or a local checkpoint."""
+    own_engine = not cfg.engine.module
+    source = cfg.model.weights == "random" or (cfg.model.source in ("hub", "local") and bool(cfg.model.local_path))
+    return cfg.precision.quantized and own_engine and source
+
+
+def _weight_bytes(scheme_name: str, group: int | None) -> float:
+    """Bytes a weight of `scheme_name` takes stored: its bits, and a float32 scale and offset per group (or a scale
+    per row, counted as nothing)."""
+    scheme = schemes.get(scheme_name)
+    return scheme.bits / 8 + (8 / group if scheme.grouped and group else 0)
+
+
+def _streamed_bytes(cfg: JobConfig, config: dict, float_bytes: int, stored: int | None) -> int:
+    """A streamed job's peak (`streams`): quantizing, its float parts outside the layers, one layer in float and the
+    method's working set; then running, the quantized weights as repacked (`stored`, the cache's bytes where it
+    holds them; else counted from the schemes' bits), the float parameters they leave, the KV cache. The runtime
+    beside either."""
+    part, hidden, layers, per_layer, vocab, tied = _sizes(config)
+    shape = SimpleNamespace(**part)
+    spec = cfg.precision.spec(cfg.model)
+    run_bytes = DTYPE_BYTES[cfg.precision.dtype]
+    widest = max((spec.scheme, spec.int8_linears_scheme), key=lambda n: schemes.get(n).bits)
+    missing = stored is None
+    if missing:
+        stored = int(layers * per_layer * _weight_bytes(widest, spec.group_size))
+        if spec.quantize_head:
+            stored += int(vocab * hidden * _weight_bytes(spec.head_scheme or spec.scheme, spec.group_size))
+        stored = int(stored * CACHED_OVERHEAD)
+    outside = vocab * hidden * (1 if tied or spec.quantize_head else 2)
+    running = stored + outside * run_bytes + _kv_bytes(cfg, shape)
+    quantizing = 0
+    if missing:
+        heads = vocab * hidden * (1 if tied else 2)
+        quantizing = (heads + per_layer) * float_bytes + spec.calibration_bytes(shape)
+    return max(running, quantizing) + RUNTIME_BYTES
 
 
 def _own_model_bytes(cfg: JobConfig) -> int | None:
     """What a model folder of the user's own holds once loaded (float32, as src.models.load builds it), counted
-    from its config.json before anything is built; None where there is no folder to read."""
+    from its config.json before anything is built (streamed where `streams`: never whole); None where there is no
+    folder to read."""
     if cfg.model.weights == "random" or not cfg.model.local_path:
         return None
     try:
         config = hub.folder_config(cfg.model.local_path)
     except hub.NotAModel:
         return None  # the load says what is wrong with it, in its own line
+    if streams(cfg) and cfg.draft_model is None:
+        return _streamed_bytes(cfg, config, 4, None)
     return counted_parameters(config) * 4 + RUNTIME_BYTES
 
 
@@ -101,26 +154,15 @@ CACHED_OVERHEAD = 1.3  # a cached job's peak over its cache file: repacking, the
 # for a 3.95 GB file, with the embedding, the runtime and the KV cache)
 
 
-def _cached_bytes(cfg: JobConfig, shape) -> int | None:
-    """A quantized job of random weights whose cache holds its quantized weights: it makes none of the float
-    linears they replace (src.quant.apply.unmade), so it holds the cache's tensors as repacked, the float
-    parameters they leave (the embedding, the norms), the KV cache and the runtime. None where the cache lacks
-    them (the float model is made, to quantize)."""
-    if not cfg.precision.quantized or cfg.model.weights != "random":
-        return None
+def _stored(cfg: JobConfig) -> int | None:
+    """The bytes of a random-weights job's quantized cache entry, where the cache holds it."""
     spec = cfg.precision.spec(cfg.model)
     where = entry(
         byte_tokenizer(), spec, f"random:{cfg.model.name}:{SEED}", Corpus(cfg.dataset).reader("calibration"),
         cfg.precision.calib_samples, cfg.precision.calib_seq_len, cfg.cache_dir, cfg.model.name,
     )  # fmt: skip
     stored = quant_cache.stored_bytes(where.directory)
-    if stored is None:
-        return None
-    with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(shape)
-    gone = replaced(model, cfg.model.arch, spec)
-    kept = sum(p.numel() for name, p in model.named_parameters() if name not in gone) * 2  # bf16
-    return int(stored * CACHED_OVERHEAD) + kept + _kv_bytes(cfg, shape) + RUNTIME_BYTES
+    return None if stored is None else int(stored * CACHED_OVERHEAD)
 
 
 def estimate_bytes(cfg: JobConfig) -> int | None:
@@ -130,10 +172,8 @@ def estimate_bytes(cfg: JobConfig) -> int | None:
     shape = _shape(cfg)
     if shape is None:
         return None
-    if cfg.draft_model is None:  # a draft's own estimate is the float path's below
-        cached = _cached_bytes(cfg, shape)
-        if cached is not None:
-            return cached
+    if cfg.draft_model is None and streams(cfg):  # a draft's own estimate is the float path's below
+        return _streamed_bytes(cfg, shape.to_dict(), 2, _stored(cfg))
     params = parameter_count(shape)
     built = params * 2  # bf16, as random weights are built
     # Quantizing a linear makes a float32 copy of it: the largest, Qwen1.5-7B's 152k-row head, is 2.5 GB

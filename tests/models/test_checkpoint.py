@@ -85,3 +85,23 @@ def test_a_checkpoint_that_lacks_a_tensor_is_one_line_naming_it(tmp_path):
     )
     with pytest.raises(checkpoint.MissingTensor, match="model.layers.1.mlp.up_proj.weight is in none of its"):
         prepare(loaded, cfg.model, cfg.precision, corpus, tmp_path / "cache")
+
+
+def test_a_quantized_job_of_a_7b_checkpoint_is_estimated_as_it_streams_and_a_float_one_whole(tmp_path):
+    """The memory check before anything is read: quantized, a local checkpoint is made a layer at a time, so its
+    estimate is its quantized weights' and one float layer's, not the float32 model's 27 GB; at fp32 it is whole."""
+    import json
+
+    from src.assembly import memory
+    from src.assembly.composed import job_config
+    from src.models.random_weights import SHAPES
+
+    folder = tmp_path / "seven"
+    folder.mkdir()
+    shape = {k: v for k, v in json.loads((SHAPES / "llama-2-7b.json").read_text()).items() if not k.startswith("_")}
+    (folder / "config.json").write_text(json.dumps(shape))
+    quantized = job_config(["model=hub", f"model.local_path={folder}", "precision=w4a16"])
+    whole = job_config(["model=hub", f"model.local_path={folder}", "precision=fp32"])
+    assert memory.streams(quantized) and not memory.streams(whole)
+    assert 4 * memory.GB < memory.estimate_bytes(quantized) < 10 * memory.GB
+    assert memory.estimate_bytes(whole) > 25 * memory.GB
