@@ -18,6 +18,7 @@ from typing import ClassVar
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
 from src.quant import awq, schemes, smoothquant
 from src.quant.arch import HEAD, layer_awq_groups, layer_smooth_groups
+from src.quant.stream import Scaled
 
 METHODS = Kinds("precision", "method")
 
@@ -88,8 +89,6 @@ class QuantSpec:
     def scale_layer(self, model, arch: str, index: int, linears: dict, seen):
         """Rewrite decoder layer `index` (its quantized `linears` by name) before it is rounded, from what its
         forward met (src.quant.stream.Seen): a src.quant.stream.Scaled."""
-        from src.quant.stream import Scaled
-
         return Scaled()
 
     def calibration_bytes(self, shape) -> int:
