@@ -14,8 +14,6 @@ asking for a million layers is refused here, not built until the OOM killer ends
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 from types import SimpleNamespace
 
@@ -23,6 +21,7 @@ import psutil
 import torch
 
 from src.assembly.config import ConfigError, JobConfig
+from src.common import heap
 from src.data.corpus import Corpus
 from src.engine import kvcache
 from src.engine.roofline import PROBE_MB
@@ -150,8 +149,8 @@ def _own_model_bytes(cfg: JobConfig) -> int | None:
     return counted_parameters(config) * 4 + RUNTIME_BYTES
 
 
-CACHED_OVERHEAD = 1.3  # a cached job's peak over its cache file: repacking, the step's fused copies (7B: 7.04 GB
-# for a 3.95 GB file, with the embedding, the runtime and the KV cache)
+CACHED_OVERHEAD = 1.3  # a cached job's peak over its cache entry, with the embedding, the runtime and the KV cache
+# beside (7B: 5.07 GB for a 3.95 GB entry, the heap trimmed as install and the step's fusion free their copies)
 
 
 def _stored(cfg: JobConfig) -> int | None:
@@ -208,12 +207,7 @@ def release_freed() -> None:
     2.1 GB still resident after gc.collect(), returned by malloc_trim; across a sweep's jobs 7 GB were
     kept and the fourth job was refused with 15.3 GB "available"."""
     gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc:
-        try:
-            ctypes.CDLL(libc).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc: nothing to trim this way
-            pass
+    heap.trim()
 
 
 def device_free(device: str) -> int | None:

@@ -17,6 +17,7 @@ import copy
 import torch
 from torch import nn
 
+from src.common import heap
 from src.kernels.modules import GemvLinear
 from src.quant import schemes
 from src.quant.linear import GroupedGemv
@@ -68,6 +69,7 @@ def fuse(parts: list[nn.Module], rows: dict = ROWS) -> nn.Module | None:
                 p, name, nn.Parameter(view, requires_grad=False) if isinstance(getattr(p, name), nn.Parameter) else view
             )
             start += p.out_features
+    heap.trim()  # the parts' own tensors, freed: handed back now, or every layer's would be held twice at the peak
     return fused
 
 

@@ -254,12 +254,12 @@ class GroupedGemv(QuantLinear):
         self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
     ):
         """q: the portable packed bytes (qparams.pack_bits at BITS)."""
-        values = qparams.unpack_bits(q, self.BITS)
-        super().__init__(values.shape[1], values.shape[0], None if bias is None else bias.to(torch.bfloat16))
+        super().__init__(q.shape[1] * 8 // self.BITS, q.shape[0], None if bias is None else bias.to(torch.bfloat16))
         self.group = group
         self.format, self.unpack = format_number(self.FORMAT), format_number(self.UNPACK)
         # The kernels' own layout: w = q * scale + offset, offset = zero - 2^(bits-1) * scale.
-        self.register_buffer("wg", aten_ops.pack_lanes(values, self.BITS), persistent=False)
+        # one pass in the binding (these modules run its kernels: it is loaded)
+        self.register_buffer("wg", torch.ops.quantspec.repack_lanes(q.contiguous(), self.BITS), persistent=False)
         self.register_buffer("wg_scale", scale.float().contiguous(), persistent=False)
         offset = zero - (1 << (self.BITS - 1)) * scale
         self.register_buffer("wg_offset", offset.float().contiguous(), persistent=False)

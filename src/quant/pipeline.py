@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from src.common import heap
 from src.quant import schemes as formats
 from src.quant import stream
 from src.quant.methods import HEAD, QuantSpec
@@ -48,10 +49,14 @@ def install(
     Cast first."""
     for name, value in weights.floats.items():
         model.get_parameter(name).copy_(value)
-    for name, tensors in weights.layers.items():
+    for i, (name, tensors) in enumerate(weights.layers.items()):
         model.set_submodule(
             name, formats.build(weights.schemes[name], tensors, weights.group_size, dtype, gemv, device)
         )
+        del tensors
+        if i % 8 == 7:  # each linear's portable copy, freed once repacked: handed back as it goes (its peak)
+            heap.trim()
+    heap.trim()
     if HEAD in weights.layers:
         # The head had shared the embedding's weight (Gemma ties them); it now has its own, quantized.
         model.config.tie_word_embeddings = False

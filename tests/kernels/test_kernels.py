@@ -558,3 +558,16 @@ def test_gptqs_run_of_features_in_the_binding_is_torchs_bit_for_bit(monkeypatch,
     gptq.forget()
     for a, b in zip(native, torch_path, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 5, 6])
+def test_the_bindings_repack_of_portable_bytes_is_pack_lanes_of_their_values_bit_for_bit(bits):
+    """A grouped gemv module's lane layout, made from the cache's portable bytes in one pass in the binding
+    (repack_lanes), is what the reference in torch operators makes (aten_ops.pack_lanes of qparams.unpack_bits)."""
+    from src.quant import aten_ops, qparams
+
+    gen = torch.Generator().manual_seed(bits)
+    values = torch.randint(0, 1 << bits, (37, 384), generator=gen, dtype=torch.uint8)  # odd rows, three blocks
+    portable = qparams.pack_bits(values, bits)
+    assert torch.equal(qparams.unpack_bits(portable, bits), values)
+    assert torch.equal(torch.ops.quantspec.repack_lanes(portable, bits), aten_ops.pack_lanes(values, bits))
