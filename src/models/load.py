@@ -107,7 +107,7 @@ def _reason(err: BaseException) -> str:
 
 
 def _load_dir(
-    directory: Path | str, what: str = "the model", weights: bool = True
+    directory: Path | str, what: str = "the model", weights: bool = True, dtype: torch.dtype = torch.float32
 ) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase]:
     """The folder's model (None where not `weights`) and tokenizer; ModelUnavailable naming the files and what to do where either does not
     load. trust_remote_code=False: a folder whose files name code of its own (auto_map) is refused, never asked
@@ -126,7 +126,7 @@ def _load_dir(
     if not weights:
         return None, tokenizer
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, trust_remote_code=False)
     except OSError:
         raise
     except Exception as err:  # noqa: BLE001 - a config its weights do not fit, or a validator's refusal
@@ -143,7 +143,9 @@ def _load_dir(
     return model, tokenizer
 
 
-def _load_gguf(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+def _load_gguf(
+    cfg: ModelConfig, cache_dir: Path, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     gguf, sha = gguf_path(cfg, cache_dir)
     directory = _converted(cfg, cache_dir, sha)
     try:
@@ -157,7 +159,7 @@ def _load_gguf(cfg: ModelConfig, cache_dir: Path) -> tuple[PreTrainedModel, PreT
             f"model {cfg.name}: transformers could not read model.gguf={cfg.gguf} "
             f"({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else '-'})"
         ) from err
-    model, tokenizer = _load_dir(directory)
+    model, tokenizer = _load_dir(directory, dtype=dtype)
     return model, tokenizer, f"gguf:{sha}"
 
 
@@ -187,7 +189,9 @@ def _bad_size(config: dict) -> str | None:
     return None
 
 
-def _load_hub(cfg: ModelConfig, hollow=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str, object]:
+def _load_hub(
+    cfg: ModelConfig, hollow=None, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str, object]:
     """(model, tokenizer, source key, make): a folder of safetensors weights given `hollow` is read as the job needs
     it (src.models.checkpoint; `make` reads the rest), any other loaded whole (`make` None)."""
     where = cfg.local_path or cfg.id
@@ -222,6 +226,7 @@ def _load_hub(cfg: ModelConfig, hollow=None) -> tuple[PreTrainedModel, PreTraine
         model, tokenizer = _load_dir(
             Path(where).expanduser() if cfg.local_path else where,
             f"model {cfg.name}: model.local_path={cfg.local_path}" if cfg.local_path else f"model {cfg.name}",
+            dtype=dtype,
         )
     except OSError as err:
         if cfg.local_path:
@@ -247,9 +252,12 @@ def checkpoint(cfg: ModelConfig, cache_dir: Path) -> str:
     return str(Path(cfg.local_path).expanduser()) if cfg.local_path else cfg.id
 
 
-def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=None) -> LoadedModel:
+def load_model(
+    cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=None, dtype: torch.dtype = torch.float32
+) -> LoadedModel:
     """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy, made on `device`); the
-    job casts and moves it for its precision and hardware. `hollow(model, tokenizer, source_key)` names the random
+    job casts and moves it for its precision and hardware. `dtype`: a checkpoint or GGUF loaded whole in another
+    (a bf16 reference of a 7B is 13 GB where its float32 load, cast after, had needed 27). `hollow(model, tokenizer, source_key)` names the random
     weights, or a local folder's safetensors weights, not to make now (src.quant.apply.unmade), left on the meta
     device; the loaded model's `make` makes them when asked."""
     start = time.perf_counter()
@@ -263,9 +271,9 @@ def load_model(cfg: ModelConfig, cache_dir: Path, device: str = "cpu", hollow=No
             raise ModelUnavailable(str(err)) from None
         make = maker(model, SEED, device)
     elif cfg.source in ("gguf_package", "gguf_file"):
-        model, tokenizer, key = _load_gguf(cfg, cache_dir)
+        model, tokenizer, key = _load_gguf(cfg, cache_dir, dtype)
     elif cfg.source in ("hub", "local"):
-        model, tokenizer, key, make = _load_hub(cfg, hollow)
+        model, tokenizer, key, make = _load_hub(cfg, hollow, dtype)
     elif cfg.source == "tiny":
         model, tokenizer = tiny_model(cfg.arch)
         key = f"tiny:{cfg.arch}"

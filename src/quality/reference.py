@@ -62,7 +62,7 @@ class Reference:
         return child(self.cache_dir / "reference", f"{self.model.name}-{self.precision}-{kind}-{key[:16]}")
 
     def _model(self):
-        loaded = load_model(self.model, self.cache_dir)
+        loaded = load_model(self.model, self.cache_dir, dtype=REFERENCES[self.precision])  # never a wider copy
         if loaded.source_key != self.source_key:  # the cache's key would lie about what was scored
             raise RuntimeError(f"the reference loaded {loaded.source_key}, not the job's {self.source_key}")
         return loaded.model.to(REFERENCES[self.precision]).eval()

@@ -105,3 +105,14 @@ def test_a_quantized_job_of_a_7b_checkpoint_is_estimated_as_it_streams_and_a_flo
     assert memory.streams(quantized) and not memory.streams(whole)
     assert 4 * memory.GB < memory.estimate_bytes(quantized) < 10 * memory.GB
     assert memory.estimate_bytes(whole) > 25 * memory.GB
+
+
+def test_a_folder_loaded_whole_in_bf16_is_its_float32_load_cast(tmp_path):
+    """A bf16 reference reads the checkpoint in bf16 (a 7B's 13 GB, not a 27 GB float32 load cast after): the same
+    values as the float32 load cast."""
+    cfg = job(folder_of(tmp_path), tmp_path / "cache")
+    wide = load_model(cfg.model, tmp_path / "cache").model
+    narrow = load_model(cfg.model, tmp_path / "cache", dtype=torch.bfloat16).model
+    assert {p.dtype for p in narrow.parameters()} == {torch.bfloat16}
+    for (name, a), (_, b) in zip(wide.named_parameters(), narrow.named_parameters(), strict=True):
+        assert torch.equal(a.to(torch.bfloat16), b), name
