@@ -95,7 +95,8 @@ class QuantSpec:
         """Memory the layer-by-layer pass holds beyond the model's float parts outside its layers, for a model of
         `shape`: one layer in float (bf16), the windows' hidden states, and where GPTQ rounds, one layer's Grams in
         float32 (three of hidden x hidden and one of the MLP's width squared; its factor and working copy beside
-        the largest) and a float32 working copy of the head where GPTQ rounds it."""
+        the largest) and, where GPTQ rounds the head, its float32 working copy and their transpose, and its
+        rounded values as they are packed."""
         hidden = shape.hidden_size
         inner = getattr(shape, "intermediate_size", None) or shape.ffn_dim
         layer = (4 * hidden * hidden + 3 * hidden * inner) * 2
@@ -103,8 +104,8 @@ class QuantSpec:
         total = layer + states
         if self.gptq:
             total += (3 * hidden * hidden + 3 * inner * inner + inner * hidden) * 4
-        if HEAD in self.gptq or "*" in self.gptq:
-            total += shape.vocab_size * hidden * 4
+        if HEAD in self.gptq or "*" in self.gptq:  # GPTQ's float32 copy and its transpose, q twice, the packing
+            total += shape.vocab_size * hidden * (2 * 4 + 3)
         return total
 
 

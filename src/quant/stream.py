@@ -29,6 +29,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from src.common import heap
 from src.common.progress import progress
 from src.common.schema import ConfigError
 from src.quant import gptq
@@ -325,6 +326,8 @@ def quantize(
         sink.layer(i, tensors, floats, hidden)
         for m in mine.values():
             release(m)
+        del tensors, floats
+        heap.trim()  # the layer's float weights, statistics and copies, freed: handed back before the next is made
         done = i + 1 - sink.start
         left = (time.perf_counter() - start_s) / done * (len(layers) - i - 1)
         log.info("quantized layer %d of %d (about %.0f s left)", i + 1, len(layers), left)
@@ -339,5 +342,6 @@ def quantize(
         sink.head({HEAD: rounded(HEAD, gram, None)})
         gptq.forget()
         release(linears[HEAD])
+        heap.trim()
     info = {"quantize_s": time.perf_counter() - start_s, "layers": len(linears), "clipped": clipped}
     return sink.weights(schemes, spec.group_size, info)
