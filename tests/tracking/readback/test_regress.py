@@ -1,5 +1,5 @@
 """A sweep against an older one (src.tracking.readback.regression): two real sweeps of the tiny Llama, the second timed
-beside two processes burning both cores, matched job by job: slower at the stated confidence, a CI gate
+beside three processes burning its cores, matched job by job: slower at the stated confidence, a CI gate
 (fail_on) that fails on it, new and removed jobs listed, and what differs between the hosts said."""
 
 import pytest
@@ -10,7 +10,7 @@ from src.tracking.readback import regression as regress
 from src.tracking.readback.sweeps import JobRecord
 from tests.helpers import fresh_cache, run_cli, spinning_neighbours
 
-# Long enough to time that two burners slow it systematically: with the C++ step the tiny Llama's token takes
+# Long enough to time that burners slow it systematically: with the C++ step the tiny Llama's token takes
 # ~0.05 ms, and 3 repeats of 48 tokens (7 ms a round) were timed faster or slower by chance.
 SWEEP = [
     "-m",
@@ -21,7 +21,9 @@ SWEEP = [
     "task.limit=1",
     "task.repeats=10",
     "task.warmup=1",
-    "rounds=3",
+    # 5 rounds a side: with 3, a base round timed slow by the CI host's own noise was the median of 26% of the
+    # bootstrap's resamples and pulled the interval's low end to 1.004 (under the 1.03 tolerance) at a 2.5x ratio
+    "rounds=5",
     "report_at_end=false",
     # every round counts: a round the burners (or CI's own load) get tagged busy would be left out, and with
     # one round left there is no interval to judge by; busy rounds have tests of their own (test_report)
@@ -36,8 +38,9 @@ def sweeps(tmp_path_factory):
     env = {"QUANTSPEC_CACHE": str(fresh_cache(tmp / "cache"))}
     out = run_cli([*SWEEP, "precision=fp32,bf16", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'base'}"], env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    # the new sweep shares the host with two processes that burn both cores while it runs
-    with spinning_neighbours(2):
+    # the new sweep shares the host with three processes that burn its cores while it runs (~1/4 of a core's
+    # time each where two burners left ~1/2: a margin over the noise of a loaded CI host)
+    with spinning_neighbours(3):
         out = run_cli(
             [*SWEEP, "precision=fp32,w8a8", f"tracking.uri={store}", f"hydra.sweep.dir={tmp / 'new'}"], env=env
         )
@@ -45,7 +48,7 @@ def sweeps(tmp_path_factory):
     return store, tmp
 
 
-@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside two burners
+@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside three burners
 def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
     store, tmp = sweeps
     client = MlflowClient(store)
@@ -62,7 +65,7 @@ def test_a_slowed_sweep_is_found_slower_job_by_job(sweeps):
     assert c.failed == [] and c.host_changes == []  # one host, one commit, minutes apart
 
 
-@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside two burners
+@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside three burners
 def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     store, tmp = sweeps
     args = [f"against={tmp / 'base'}", f"sweep={tmp / 'new'}", f"tracking.uri={store}", f"out={tmp / 'reports'}"]
@@ -96,7 +99,7 @@ def test_the_command_gates_on_fail_on_and_writes_its_files(sweeps):
     assert out.returncode == 0 and "faster" in out.stdout, out.stderr[-2000:]
 
 
-@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside two burners
+@pytest.mark.alone  # its sweeps: one timed on a quiet host, one beside three burners
 def test_bad_settings_and_unknown_sweeps_are_one_line(sweeps, tmp_path):
     store, tmp = sweeps
     for args, said in (
