@@ -356,43 +356,49 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& key, const at
 // weights contiguous), in place (src/quant/gptq.py's _round_rows says the algorithm, and runs these same float
 // operations in torch where this binding is not loaded: the file builds with -ffp-contract=off, so each product
 // and sum is rounded as torch rounds it, and the two give the same bits). Grouped: q = round((x - lo) / s) in
-// 0..top, back = q * s + lo; else int8: q = round(x / s) in -top..top, back = q * s. Each feature's error, divided
-// by inv[f, f], goes to the run's later features (weighted by inv[f, j]) and to err [c1 - b0 rows, n] at f - b0.
+// 0..top, back = q * s + lo; else int8: q = round(x / s) in -top..top, back = q * s. Each feature's error, its
+// original weight (w0t, as wt before any update) less back, goes to the run's later features j (weighted by the unit
+// lower factor's factor[j, f]) and to err [c1 - b0 rows, n] at f - b0.
 // Rows (output channels) are independent: split across ATen's threads, each run of rows in cache.
-void gptq_features(at::Tensor& wt, const at::Tensor& inv, at::Tensor& qt, at::Tensor& err, const at::Tensor& lo,
-                   const at::Tensor& scale, int64_t c0, int64_t c1, int64_t b0, int64_t top, bool grouped) {
-  TORCH_CHECK(wt.dim() == 2 && wt.scalar_type() == at::kFloat && wt.is_contiguous() && inv.scalar_type() == at::kFloat &&
-              inv.is_contiguous() && err.scalar_type() == at::kFloat && err.is_contiguous() && qt.is_contiguous() &&
-              scale.scalar_type() == at::kFloat && scale.is_contiguous() && lo.scalar_type() == at::kFloat &&
-              lo.is_contiguous(), "quantspec gptq_features: contiguous float32 tensors");
-  const int64_t n = wt.size(1), K = inv.size(0);
-  TORCH_CHECK(0 <= b0 && b0 <= c0 && c0 < c1 && c1 <= wt.size(0) && scale.numel() == n && lo.numel() == n &&
-              qt.size(1) == n && err.size(1) == n, "quantspec gptq_features: shapes");
+void gptq_features(at::Tensor& wt, const at::Tensor& w0t, const at::Tensor& factor, at::Tensor& qt, at::Tensor& err,
+                   const at::Tensor& lo, const at::Tensor& scale, int64_t c0, int64_t c1, int64_t b0, int64_t top,
+                   bool grouped) {
+  TORCH_CHECK(wt.dim() == 2 && wt.scalar_type() == at::kFloat && wt.is_contiguous() &&
+                  w0t.scalar_type() == at::kFloat && w0t.is_contiguous() && factor.scalar_type() == at::kFloat &&
+                  factor.is_contiguous() && err.scalar_type() == at::kFloat && err.is_contiguous() &&
+                  qt.is_contiguous() && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  lo.scalar_type() == at::kFloat && lo.is_contiguous(),
+              "quantspec gptq_features: contiguous float32 tensors");
+  const int64_t n = wt.size(1), K = factor.size(0);
+  TORCH_CHECK(0 <= b0 && b0 <= c0 && c0 < c1 && c1 <= wt.size(0) && w0t.sizes() == wt.sizes() &&
+                  scale.numel() == n && lo.numel() == n && qt.size(1) == n && err.size(1) == n,
+              "quantspec gptq_features: shapes");
   const bool unsigned_q = qt.scalar_type() == at::kByte;
   TORCH_CHECK(unsigned_q || qt.scalar_type() == at::kChar, "quantspec gptq_features: uint8 or int8 q");
   float* w = wt.data_ptr<float>();
-  const float *h = inv.data_ptr<float>(), *s = scale.data_ptr<float>(), *l = lo.data_ptr<float>();
+  const float *w0 = w0t.data_ptr<float>(), *v = factor.data_ptr<float>(), *s = scale.data_ptr<float>(),
+              *l = lo.data_ptr<float>();
   float* e_out = err.data_ptr<float>();
   void* q = qt.data_ptr();
   const float lowest = grouped ? 0.0f : -float(top), highest = float(top);
   at::parallel_for(0, n, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t f = c0; f < c1; ++f) {
       float* x = w + f * n;
+      const float* x0 = w0 + f * n;
       float* e = e_out + (f - b0) * n;
-      const float d = h[f * K + f];
       for (int64_t r = r0; r < r1; ++r) {
-        float v = grouped ? (x[r] - l[r]) / s[r] : x[r] / s[r];
-        v = std::min(std::max(std::nearbyint(v), lowest), highest);
-        float back = v * s[r];
+        float u = grouped ? (x[r] - l[r]) / s[r] : x[r] / s[r];
+        u = std::min(std::max(std::nearbyint(u), lowest), highest);
+        float back = u * s[r];
         if (grouped) back = back + l[r];
-        if (unsigned_q) static_cast<uint8_t*>(q)[f * n + r] = static_cast<uint8_t>(v);
-        else static_cast<int8_t*>(q)[f * n + r] = static_cast<int8_t>(v);
-        e[r] = (x[r] - back) / d;
+        if (unsigned_q) static_cast<uint8_t*>(q)[f * n + r] = static_cast<uint8_t>(u);
+        else static_cast<int8_t*>(q)[f * n + r] = static_cast<int8_t>(u);
+        e[r] = x0[r] - back;
       }
       for (int64_t j = f + 1; j < c1; ++j) {
-        const float hj = h[f * K + j];
+        const float vj = v[j * K + f];
         float* y = w + j * n;
-        for (int64_t r = r0; r < r1; ++r) y[r] = y[r] - hj * e[r];
+        for (int64_t r = r0; r < r1; ++r) y[r] = y[r] + vj * e[r];
       }
     }
   });
@@ -488,8 +494,8 @@ TORCH_LIBRARY(quantspec, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, bool gemma) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
   m.def("repack_lanes(Tensor packed, int bits) -> Tensor");
-  m.def("gptq_features(Tensor(a!) wt, Tensor inv, Tensor(b!) qt, Tensor(c!) err, Tensor lo, Tensor scale, int c0, "
-        "int c1, int b0, int top, bool grouped) -> ()");
+  m.def("gptq_features(Tensor(a!) wt, Tensor w0t, Tensor factor, Tensor(b!) qt, Tensor(c!) err, Tensor lo, "
+        "Tensor scale, int c0, int c1, int b0, int top, bool grouped) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CPU, m) {

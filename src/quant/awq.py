@@ -90,7 +90,7 @@ def search_clip(
     group: int,
     grid: int = 20,
     min_ratio: float = 0.5,
-    rows: int = 2048,
+    rows: int = 128,
     bits: int = 4,
 ) -> torch.Tensor:
     """Per (output channel, group) max |w| that minimizes the group's output error: [N, K/group].
@@ -98,12 +98,16 @@ def search_clip(
     A group's output error over the tokens x is mean_t (x_t . d)^2 for its weights' change d = Q(w) - w, which is
     d^T (X^T X / T) d with X that group's [T, group] columns: so each group's 128 x 128 Gram is formed once and
     every trial clip costs N x K x group multiply-adds, whatever the tokens (where the outputs x @ Q(w)^T, formed per
-    trial, had cost N x K x T: at 512 tokens, 4x as much, ~24 s for one 7B layer)."""
+    trial, had cost N x K x T: at 512 tokens, 4x as much, ~24 s for one 7B layer).
+
+    `rows` output channels at a time: each trial's temporaries (rows x K float32) stay small enough (2 MB) for
+    glibc to reuse freed blocks; 2048 rows (32 MB) went to fresh mmapped pages each time, and one 7B gate_proj's
+    search took 7.1 s (6.9 s of it the kernel faulting pages in) where 128 rows take 1.6 s, the same clips."""
     n, k = w.shape
     xg = x.float().reshape(-1, k // group, group).transpose(0, 1)  # [G, T, g]
     grams = torch.bmm(xg.transpose(1, 2), xg) / xg.shape[1]  # [G, g, g]
     best_clip = []
-    for lo in range(0, n, rows):  # bounded memory: rows x K, a few times
+    for lo in range(0, n, rows):
         wg = w[lo : lo + rows].float().reshape(-1, k // group, group)  # [r, G, g]
         w_max = wg.abs().amax(dim=-1)  # [r, G]
         best_err = torch.full_like(w_max, float("inf"))

@@ -14,7 +14,7 @@ Rows (output channels) are independent given H: every row of a linear is rounded
 from __future__ import annotations
 
 import torch
-from scipy.linalg import lapack
+from scipy.linalg import blas, lapack
 
 from src.quant import qparams
 
@@ -24,9 +24,13 @@ INNER = 16  # features whose errors go to each other at once, before the rest of
 
 def gram(x: torch.Tensor) -> torch.Tensor:
     """X^T X of rows [tokens, features], in float32 (as GPTQ's reference: the inputs are bf16 or float32 values,
-    their products exact in float32; a 7B layer's in float64 had taken 3x as long)."""
+    their products exact in float32; a 7B layer's in float64 had taken 3x as long). Its lower triangle only, the
+    rest zero, in C order: BLAS's syrk forms one triangle of a symmetric product, half a GEMM's work (an 11008-wide
+    Gram of 4096 rows: ~2.7 s where torch's GEMM took ~5.5), and GPTQ reads only that triangle (_reversed_damped)."""
     x = x.float()
-    return x.T @ x
+    # x's rows in C order are its transpose's columns in BLAS's (Fortran) order: A A^T of that [features, tokens]
+    # matrix is X^T X, read in place; its Fortran upper triangle, read in C order, is the lower one
+    return torch.from_numpy(blas.ssyrk(1.0, x.numpy().T, trans=0, lower=0)).T
 
 
 @torch.no_grad()
@@ -44,7 +48,7 @@ def round_weights(
     if clip is not None:
         c = clip.repeat_interleave(group, dim=1)
         w = torch.max(torch.min(w, c), -c)
-    inv = _factor(h, w)
+    v = _factor(h, w)
     block = group or 128
     q = torch.empty(n, k, dtype=torch.int8 if group is None else torch.uint8)
     if group is None:
@@ -53,7 +57,7 @@ def round_weights(
     else:
         scale = torch.empty(n, k // group)
         zero = torch.empty(n, k // group)
-    _round_rows(w, inv, bits, group, block, q, scale, zero)
+    _round_rows(w, v, bits, group, block, q, scale, zero)
     return q, scale, zero
 
 
@@ -61,17 +65,17 @@ _last: list = []  # [h, its factor, its dead features]: the Gram linears reading
 
 
 def _factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """_inverse_factor of `h`, reused while the same Gram tensor comes again (the linears that read one input share
+    """_unit_factor of `h`, reused while the same Gram tensor comes again (the linears that read one input share
     it: src.quant.stream): the factor of an 11008-wide Gram takes seconds. `w`'s dead features are zeroed
-    each time, as _inverse_factor does."""
+    each time, as _unit_factor does."""
     if _last and _last[0] is h:
-        inv, dead = _last[1], _last[2]
+        v, dead = _last[1], _last[2]
         w[:, dead] = 0.0
-        return inv
+        return v
     dead = torch.diag(h) == 0
-    inv = _inverse_factor(h.clone(), w)
-    _last[:] = [h, inv, dead]
-    return inv
+    v = _unit_factor(h, w)
+    _last[:] = [h, v, dead]
+    return v
 
 
 def forget() -> None:
@@ -79,47 +83,67 @@ def forget() -> None:
     _last.clear()
 
 
-def _inverse_factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The upper Cholesky factor U of H^-1 (U^T U = H^-1, float32), H damped; a feature never seen (zero diagonal)
-    is zeroed in `w`, as it meets no input.
+def _unit_factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """W' (float32, [K, K], C order): the transpose of the upper triangular V with H = V V^T (H damped), each row
+    divided by its diagonal, so unit lower triangular; only its lower triangle is meaningful. A feature never seen
+    (zero diagonal) is zeroed in `w`, as it meets no input.
 
-    One Cholesky and one triangular inverse, not three factorizations: with P the reversal of the features,
-    P H P = L L^T gives H^-1 = (P L^-1 P)^T (P L^-1 P), and P L^-1 P is upper triangular with a positive diagonal,
-    so it is U: one factorization and a third of one, where Cholesky, its inverse and a Cholesky of that are three.
-    In float32, as GPTQ's reference; a Hessian float32 cannot factor is factored in float64."""
+    GPTQ's reference factors H^-1 = U^T U (U upper) and sends feature i's error (w_i - q_i) / U_ii on to each later
+    feature j weighted by U_ij. The same rounding follows from V = U^-1 with no inverse formed: the weights' total
+    change is W - Q = U^T E, so E = V^T (W - Q), and feature j's updated weight is w_j + sum_{i<j} W'_ji (w_i - q_i),
+    with the original weights' errors (_round_rows). V is one Cholesky factor: with P the reversal of the features,
+    P H P = U^T U gives V = (P U P)^T. So one factorization, where the reference's Cholesky, inverse and Cholesky of
+    that are three (a triangular inverse of an 11008-wide factor had taken ~4 s of a 7B layer's ~60). In float32,
+    as GPTQ's reference; a Hessian float32 cannot factor is factored in float64."""
     dead = torch.diag(h) == 0
-    h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    h.diagonal().add_(DAMP * torch.diag(h).mean())
     for dtype in (torch.float32, torch.float64):
-        lower, info = torch.linalg.cholesky_ex(h.to(dtype).flip(0, 1))
-        if info.item() == 0:
-            inverse, bad = _triangular_inverse(lower)
-            if bad == 0:
-                return inverse.flip(0, 1).float()
-    raise RuntimeError("GPTQ: the calibration inputs' Gram matrix is not positive definite even in float64, damped")
+        upper = _cholesky(_reversed_damped(h, dead, dtype))
+        if upper is not None:
+            break
+    else:
+        raise RuntimeError("GPTQ: the calibration inputs' Gram matrix is not positive definite even in float64, damped")
+    unit = upper.flip(0, 1).float()  # P U P = V^T
+    unit.div_(unit.diagonal().clone()[:, None])
+    return unit
 
 
-def _triangular_inverse(lower: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """L^-1 of a lower triangular L (LAPACK's trtri: a third of a solve against the identity's work), and
-    LAPACK's info (0: done)."""
-    trtri = lapack.strtri if lower.dtype == torch.float32 else lapack.dtrtri
-    # L's rows in C order are L^T's columns in LAPACK's (Fortran) order: inverting that upper factor in place of
-    # the lower one, and reading its inverse back transposed, copies nothing (an 11008-wide copy took ~1 s each way)
-    inverse, info = trtri(lower.numpy().T, lower=0, overwrite_c=1)
-    return torch.from_numpy(inverse.T), int(info)
+def _reversed_damped(h: torch.Tensor, dead: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """P H P in `dtype`, a copy in C order (h, shared by the linears reading one input, is left as is), with a
+    never-seen feature's diagonal set to 1 and the diagonal raised by DAMP of its mean. Of h only the lower triangle
+    is read (gram's): reversed, it is P H P's upper one, the triangle _cholesky reads."""
+    f = h.flip(0, 1).to(dtype).contiguous()
+    diag = f.diagonal()
+    diag[dead.flip(0)] = 1.0
+    diag.add_(DAMP * diag.mean())
+    return f
 
 
-def _round_rows(w, inv, bits, group, block, q_out, scale, zero) -> None:
-    """GPTQ over rows `w` [n, K], writing q_out and, grouped, each group's scale and zero.
+def _cholesky(f: torch.Tensor) -> torch.Tensor | None:
+    """The upper Cholesky factor U of symmetric `f` (U^T U = f), written over `f` (LAPACK's potrf on its memory: no
+    copy of an 11008-wide matrix), or None where `f` is not positive definite at its precision (`f` is then spent).
+    Only `f`'s upper triangle is read; below the diagonal, `f`'s own values are left."""
+    potrf = lapack.spotrf if f.dtype == torch.float32 else lapack.dpotrf
+    # f's rows in C order are its columns in LAPACK's (Fortran) order: LAPACK's lower triangle there is f's upper
+    # one, and the lower factor L it writes, read back in C order, is L^T = U
+    factor, info = potrf(f.numpy().T, lower=1, clean=0, overwrite_a=1)
+    return torch.from_numpy(factor.T) if info == 0 else None
 
-    The weights are held transposed ([K, n]: one feature's weights contiguous), and the error feedback is batched at
-    two levels: each rounded feature's error goes at once only to the rest of its INNER features, then an inner
-    run's errors to the rest of its block, then a block's to every feature after it (one GEMM each), which is GPTQ's
-    lazy batching, with each update's footprint small enough to stay in cache."""
+
+def _round_rows(w, unit, bits, group, block, q_out, scale, zero) -> None:
+    """GPTQ over rows `w` [n, K] with the unit lower factor `unit` (_unit_factor), writing q_out and, grouped, each group's
+    scale and zero.
+
+    The weights are held transposed ([K, n]: one feature's weights contiguous), beside their original values (each
+    feature's error is its original weight less its rounded one; a group's range is its weights as the reference
+    holds them: _as_updated), and the error feedback is batched at two levels:
+    each rounded feature's error goes at once only to the rest of its INNER features, then an inner run's errors to
+    the rest of its block, then a block's to every feature after it (one GEMM each), which is GPTQ's lazy batching,
+    with each update's footprint small enough to stay in cache."""
     n, k = w.shape
     top = qparams.INT8_MAX if group is None else (1 << bits) - 1
-    wt = w.T.contiguous()
+    w0t = w.T.contiguous()
+    wt = w0t.clone()
     qt = torch.empty(k, n, dtype=q_out.dtype)
     if group is None:
         step = scale  # per row, from the weights before any update
@@ -132,7 +156,7 @@ def _round_rows(w, inv, bits, group, block, q_out, scale, zero) -> None:
         err = torch.empty(b1 - b0, n)
         if group is not None:  # the group (a block: group == block) ranged by its weights as updated so far
             g = b0 // group
-            span = wt[b0 : b0 + group]
+            span = _as_updated(wt[b0:b1], w0t[b0:b1], unit[b0:b1, b0:b1])
             lo, hi = span.amin(dim=0), span.amax(dim=0)
             scale_t[g] = ((hi - lo) / top).clamp(min=1e-6)
             zero_t[g] = lo + (1 << (bits - 1)) * scale_t[g]
@@ -140,17 +164,27 @@ def _round_rows(w, inv, bits, group, block, q_out, scale, zero) -> None:
         for c0 in range(b0, b1, INNER):
             c1 = min(c0 + INNER, b1)
             if native is not None:
-                native(wt, inv, qt, err, step if group is None else low, step, c0, c1, b0, top, group is not None)
+                native(wt, w0t, unit, qt, err, step if group is None else low, step, c0, c1, b0, top, group is not None)
             else:
-                _features(wt, inv, qt, err, low if group is not None else None, step, c0, c1, b0, top)
-            if c1 < b1:  # in place: the GEMM subtracts as it sums (beta 1, alpha -1), no product held apart
-                wt[c1:b1].addmm_(inv[c0:c1, c1:b1].T, err[c0 - b0 : c1 - b0], alpha=-1)
+                _features(wt, w0t, unit, qt, err, low if group is not None else None, step, c0, c1, b0, top)
+            if c1 < b1:  # in place: the GEMM adds as it sums (beta 1), no product held apart
+                wt[c1:b1].addmm_(unit[c1:b1, c0:c1], err[c0 - b0 : c1 - b0])
         if b1 < k:
-            wt[b1:].addmm_(inv[b0:b1, b1:].T, err, alpha=-1)
+            wt[b1:].addmm_(unit[b1:, b0:b1], err)
     q_out.copy_(qt.T)
     if group is not None:
         scale.copy_(scale_t.T)
         zero.copy_(zero_t.T)
+
+
+def _as_updated(sums: torch.Tensor, original: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """A group's weights as GPTQ's reference holds them when the group is reached (each earlier feature's error sent
+    on to it, and to the features after the group, as the best change of the rest given what is rounded), from the
+    one-factor form's sums there (`sums`: each weight plus the W'-weighted errors of the features before the group).
+    Only once the group's own earlier features are in do the two forms agree feature by feature; its range is taken
+    before, so it takes the reference's values: with H = V V^T, the rest's best change is V22^-T V12^T D, and its
+    first `group` entries need only the group's own block of the unit lower factor (_unit_factor: one small solve)."""
+    return original + torch.linalg.solve_triangular(unit, sums - original, upper=False, unitriangular=True)
 
 
 def _native():
@@ -162,9 +196,10 @@ def _native():
         return None
 
 
-def _features(wt, inv, qt, err, low, step, c0, c1, b0, top) -> None:
+def _features(wt, w0t, unit, qt, err, low, step, c0, c1, b0, top) -> None:
     """Features [c0, c1) of wt [K, n] rounded one at a time (grouped where `low`, each row's grid low + q * step),
-    each one's error sent to the rest of the run and kept in err: the binding's gptq_features, in torch."""
+    each one's error (its original weight in w0t less its rounded one) sent to the rest of the run, weighted by
+    the unit lower factor, and kept in err: the binding's gptq_features, in torch."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a feature's few-thousand-wide ops: waiting on a second thread costs more
     try:
@@ -177,8 +212,8 @@ def _features(wt, inv, qt, err, low, step, c0, c1, b0, top) -> None:
                 qi = torch.round((x - low) / step).clamp_(0, top)
                 back = qi * step + low
             qt[col] = qi.to(qt.dtype)
-            e = (x - back) / inv[col, col]
-            wt[col + 1 : c1] -= inv[col, col + 1 : c1, None] * e[None, :]
+            e = w0t[col] - back
+            wt[col + 1 : c1] += unit[col + 1 : c1, col, None] * e[None, :]
             err[col - b0] = e
     finally:
         torch.set_num_threads(threads)
