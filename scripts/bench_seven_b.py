@@ -31,6 +31,7 @@ from scripts.peer import cache_dir, decode_job, quantize_job
 from src.common.metrics import markdown_table
 from src.common.say import say
 from src.common.settings import Setting
+from src.models.gguf_names import TOP, gguf_name
 
 # what each method's job is given (the default: precision=w4a16 as conf/precision/w4a16.yaml has it)
 METHODS = {"rtn": ["precision.method=rtn", "precision.gptq=[]"], "default": []}
@@ -80,28 +81,6 @@ def write_checkpoint(name: str, folder: Path) -> None:
     model.config.save_pretrained(work)
     tokenizer.save_pretrained(work)
     work.rename(folder)
-
-
-GGUF_NAMES = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-TOP["lm_head.weight"] = "output.weight"
-
-
-def _gguf_name(key: str) -> str:
-    if key in TOP:
-        return TOP[key]
-    parts = key.split(".")  # model.layers.<i>.<module>.weight
-    return f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:-1])]}.weight"
 
 
 def write_f16_gguf(folder: Path, vocab: Path, path: Path) -> None:
@@ -154,7 +133,7 @@ def write_f16_gguf(folder: Path, vocab: Path, path: Path) -> None:
         f16 = len(shapes[key]) == 2
         dtype = np.float16 if f16 else np.float32
         count = int(np.prod(shapes[key]))
-        writer.add_tensor_info(_gguf_name(key), list(shapes[key]), np.dtype(dtype), count * np.dtype(dtype).itemsize)
+        writer.add_tensor_info(gguf_name(key), list(shapes[key]), np.dtype(dtype), count * np.dtype(dtype).itemsize)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

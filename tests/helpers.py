@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from src.assembly import schema  # noqa: F401 - the groups' schemas, which every composition is typed by
+from src.models.gguf_names import gguf_name
 from tests.support.inprocess import Ran, run_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -380,20 +381,6 @@ def publish_to_hub_cache(cache: Path, repo_id: str, model, tokenizer) -> Path:
     return snapshot
 
 
-# a tiny qwen2's module names -> the GGUF's (llama.cpp's names for the qwen2 architecture)
-_GGUF_NAMES = {
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-
-
 def write_tiny_gguf(path: Path):
     """src.models.tiny's qwen2 written as a GGUF file at `path` (float32 tensors under llama.cpp's names, its byte
     vocabulary as a gpt2-type tokenizer): a local GGUF of a served family, made in a second. Returns the model and
@@ -422,12 +409,8 @@ def write_tiny_gguf(path: Path):
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_add_bos_token(True)
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-    top["lm_head.weight"] = "output.weight"
     for key, value in model.state_dict().items():
-        parts = key.split(".")  # model.layers.<i>.<module>.<weight|bias>
-        name = top.get(key) or f"blk.{parts[2]}.{_GGUF_NAMES['.'.join(parts[3:-1])]}.{parts[-1]}"
-        writer.add_tensor(name, value.float().numpy())
+        writer.add_tensor(gguf_name(key), value.float().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
