@@ -23,7 +23,7 @@ from src.quant.config import PrecisionConfig
 from src.quant.methods import QuantSpec
 from src.quant.pipeline import install, quantized_bytes, quantized_linears, release_quantized
 from src.quant.shards import Partial
-from src.quant.stream import Maker
+from src.quant.stream import Maker, replaced_params
 
 
 @dataclass
@@ -63,14 +63,9 @@ def entry(
 
 
 def replaced(model: nn.Module, arch: str, spec: QuantSpec) -> set[str]:
-    """The float parameters a spec's quantized weights replace: each quantized linear's weight and bias (a head
-    tied to the embedding shares its parameter, which stays)."""
-    names = set()
-    for name, linear in quantized_linears(model, arch, spec).items():
-        names.add(f"{name}.weight")
-        if getattr(linear, "bias", None) is not None:
-            names.add(f"{name}.bias")
-    return names
+    """The float parameters a spec's quantized weights replace (a head tied to the embedding shares its parameter,
+    which stays)."""
+    return replaced_params(quantized_linears(model, arch, spec))
 
 
 def quantize_model(

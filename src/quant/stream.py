@@ -119,6 +119,11 @@ def quantized_linears(model: nn.Module, arch: str, spec) -> dict[str, nn.Module]
     return linears
 
 
+def replaced_params(linears: dict[str, nn.Module]) -> set[str]:
+    """The float parameters quantized `linears` (by name) replace: each one's weight, and its bias where it has one."""
+    return {f"{name}.{p}" for name, m in linears.items() for p in ("weight", "bias") if getattr(m, p, None) is not None}
+
+
 def gptq_linears(linears: dict[str, nn.Module], spec) -> set[str]:
     """The linears spec.gptq names (by name suffix; `*`: every one the precision quantizes). A name that matches
     no linear the precision quantizes is refused."""
@@ -289,7 +294,7 @@ def quantize(
         log.info("quantization resumed at layer %d of %d", sink.start + 1, len(layers))
     for i in range(sink.start):  # layers a killed build wrote: only what their quantized linears leave (the norms)
         prefix = layer_prefix(arch, i)
-        replaced = {f"{name}.{p}" for name in linears if name.startswith(prefix) for p in ("weight", "bias")}
+        replaced = replaced_params({name: m for name, m in linears.items() if name.startswith(prefix)})
         _materialize(model, [prefix + n for n, _ in layers[i].named_parameters() if prefix + n not in replaced], make)
     wants = Wants(absmax=spec.OBSERVES_ABSMAX, rows=_sample(calibration, spec.search_tokens()) if calibrating else None)
     clipped: list[str] = []
@@ -321,8 +326,7 @@ def quantize(
         del seen, grams
         if calibrating:
             hidden = [layer_hidden(layer(h, *calls[i][0], **calls[i][1])) for h in hidden]
-        quantized_params = {f"{name}.{p}" for name in mine for p in ("weight", "bias")}
-        floats = {p: model.get_parameter(p).detach().clone() for p in sorted(scaled.changed - quantized_params)}
+        floats = {p: model.get_parameter(p).detach().clone() for p in sorted(scaled.changed - replaced_params(mine))}
         sink.layer(i, tensors, floats, hidden)
         for m in mine.values():
             release(m)
