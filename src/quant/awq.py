@@ -13,9 +13,9 @@ import logging
 import torch
 from torch import nn
 
-from src.quant import scaling
+from src.quant import bf16math, scaling
 from src.quant.arch import ScaleGroup
-from src.quant.qparams import fake_groups_weight, fake_int8_act
+from src.quant.qparams import fake_int8_act
 from src.quant.stream import Scaled, Seen
 
 log = logging.getLogger(__name__)
@@ -56,16 +56,16 @@ def search_scale(
         w = w.float()
         ref = x @ w.T
         if act_int8:
-            output = lambda s: fake_int8_act(x / s) @ fake_groups_weight(w * s, group, bits).T  # noqa: E731
+            output = lambda s: fake_int8_act(x / s) @ _fake_groups(w * s, group, bits).T  # noqa: E731
         else:
-            output = lambda s: x @ (fake_groups_weight(w * s, group, bits) / s).T  # noqa: E731
+            output = lambda s: x @ _fake_groups(w * s, group, bits).div_(s).T  # noqa: E731
     else:
         originals = [lin.weight.detach().clone() for lin in linears]
         ref = block(x)
 
         def output(s):
             for lin, orig in zip(linears, originals):
-                lin.weight.copy_(fake_groups_weight(orig.float() * s, group, bits) / s)
+                lin.weight.copy_(_fake_groups(orig.float() * s, group, bits).div_(s))
             try:
                 return block(x)
             finally:
@@ -78,7 +78,8 @@ def search_scale(
         r = i / grid
         s = x_mean.pow(r).clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()
-        loss = ((output(s) - ref) ** 2).mean().item()
+        with bf16math.operands():  # the trials ranked by GEMMs as fine as AWQ's own fp16 ones (src.quant.bf16math)
+            loss = ((output(s) - ref) ** 2).mean().item()
         if loss < best_loss:
             best_loss, best_s, best_r = loss, s, r
     return best_s, best_r
@@ -108,31 +109,49 @@ def search_clip(
     grams = torch.bmm(xg.transpose(1, 2), xg) / xg.shape[1]  # [G, g, g]
     best_clip = []
     for lo in range(0, n, rows):
-        wg = w[lo : lo + rows].float().reshape(-1, k // group, group)  # [r, G, g]
-        w_max = wg.abs().amax(dim=-1)  # [r, G]
+        # [G, r, g]: each group's rows together, as the batched GEMM reads them (a transposed view had been copied
+        # for it at every trial)
+        wg = w[lo : lo + rows].float().reshape(-1, k // group, group).transpose(0, 1).contiguous()
+        low, high = torch.aminmax(wg, dim=-1)  # [G, r]
+        w_max = torch.maximum(-low, high)
         best_err = torch.full_like(w_max, float("inf"))
         best = w_max.clone()
         for i in range(int(grid * (1 - min_ratio)) + 1):
             clip = w_max * (1 - i / grid)
-            d = _clipped_change(wg, clip, bits).transpose(0, 1)  # [G, r, g]
-            err = (torch.bmm(d, grams) * d).sum(dim=-1).T  # [r, G]
+            d = _clipped_change(wg, clip, bits, low, high)  # [G, r, g]
+            err = torch.bmm(d, grams).mul_(d).sum(dim=-1)  # [G, r]
             better = err < best_err
             best_err = torch.where(better, err, best_err)
             best = torch.where(better, clip, best)
-        best_clip.append(best)
+        best_clip.append(best.T)
     return torch.cat(best_clip)
 
 
-def _clipped_change(wg: torch.Tensor, clip: torch.Tensor, bits: int) -> torch.Tensor:
-    """Q(w) - w for groups wg [r, G, g] clipped to [-clip, clip] ([r, G]) on qparams.int_groups' grid, in as few
-    passes as that takes (the search makes 11 of these per linear: qparams' general path had made ~14 passes)."""
-    top = (1 << bits) - 1
+def _clipped_change(wg: torch.Tensor, clip: torch.Tensor, bits: int, low: torch.Tensor, high: torch.Tensor):
+    """Q(w) - w for groups wg [..., g] clipped to [-clip, clip] (clip: wg's shape less its last axis) on
+    qparams.int_groups' grid, in as few passes as that takes, in place on one copy (the search makes 11 of these per
+    linear: qparams' general path had made ~14 passes). `low`, `high`: each group's own min and max, so the clipped
+    group's are known without a pass (clipping is monotone: max(low, -clip), min(high, clip))."""
     c = clip[..., None]
-    g = wg.clamp(min=-c, max=c)
-    lo, hi = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+    lo, hi = torch.maximum(low, -clip)[..., None], torch.minimum(high, clip)[..., None]
+    return _rounded_(wg.clamp(min=-c, max=c), bits, lo, hi).sub_(wg)
+
+
+def _rounded_(g: torch.Tensor, bits: int, lo: torch.Tensor | None = None, hi: torch.Tensor | None = None):
+    """Groups g [..., group] rounded in place to their min/max range's grid of 2^bits levels (qparams.int_groups'
+    grid, the value lo + q * scale; lo and hi [..., 1] where known): the searches' trial weights, in five passes and
+    no copies."""
+    top = (1 << bits) - 1
+    if lo is None:
+        lo, hi = torch.aminmax(g, dim=-1, keepdim=True)
     scale = ((hi - lo) / top).clamp_(min=1e-6)
-    back = torch.round((g - lo) / scale).clamp_(0, top).mul_(scale).add_(lo)
-    return back.sub_(wg)
+    return g.sub_(lo).div_(scale).round_().clamp_(0, top).mul_(scale).add_(lo)
+
+
+def _fake_groups(w: torch.Tensor, group: int, bits: int) -> torch.Tensor:
+    """w [N, K] (a copy) rounded per group of `group` input features: the scale search's trial weights."""
+    n, k = w.shape
+    return _rounded_(w.reshape(n, k // group, group), bits).reshape(n, k)
 
 
 @torch.no_grad()
