@@ -42,8 +42,8 @@ def retained() -> Iterator[None]:
     For work that frees and makes again many large temporaries (quantizing layer after layer): glibc maps each one
     over 32 MB afresh and unmaps it when freed, so the kernel zeroes its pages again at the next (a 7B layer's
     rounding made ~16 GB of such pages, ~15% of its CPU time spent clearing them). Kept, a temporary reuses the
-    pages of the last one its size; the peak is what is alive at once plus what fragmentation strands (a 7B layer:
-    5.6 GB against 4.7)."""
+    pages of the last one its size; the peak is what is alive at once plus what fragmentation strands, so a long
+    run calls trim() between its parts (trim hands back every free page, wherever it lies)."""
     mallopt = _libc_function("mallopt")
     if mallopt is None:
         yield

@@ -9,9 +9,10 @@ portable tensors are handed to a sink (memory, or a cache entry on disk written 
 and its float linears are dropped. So each layer's statistics are those the rounded layers before it pass on, as
 the quantized model will meet them, and the memory held is the float model's parts outside the layers (embedding,
 final norm, head), one layer in float, the calibration windows' hidden states (16 x 256 tokens of a 7B: 32 MB in
-bf16) and one layer's Grams (a 7B's: three of 4096^2 and one of 11008^2 in float32, 0.7 GB). Over the layers the C
-heap keeps what it frees (src.common.heap.retained), so a layer's temporaries reuse the last one's pages rather than
-have the kernel zero fresh ones; that holds a few hundred MB more at the peak (a 7B's layers: ~6.4 GB against ~4.9).
+bf16) and one layer's Grams (a 7B's: three of 4096^2 and one of 11008^2 in float32, 0.7 GB). Inside a layer the C heap
+keeps what it frees (src.common.heap.retained), so its temporaries reuse each other's pages rather than have the
+kernel zero fresh ones; it is trimmed after each layer (kept across layers, a 7B's peak had grown to 11.7 GB, 19.3
+under RTN: fragments no later layer reused).
 
 A method that reads no data (RTN, no GPTQ) runs no forward at all: each layer is rounded from its weights alone.
 
@@ -313,7 +314,7 @@ def quantize(
         return formats.get(schemes[name]).tensors(lin.weight.detach(), lin.bias, spec.group_size, clip, gram)
 
     bar = progress(range(sink.start, len(layers)), "quantizing layers", total=len(layers) - sink.start)
-    # the layers' large temporaries reuse the last layer's pages, and the heap is trimmed after (src.common.heap)
+    # inside a layer its large temporaries reuse each other's pages; trimmed after each (src.common.heap)
     with heap.retained():
         for i in bar:
             layer, prefix = layers[i], layer_prefix(arch, i)
@@ -344,6 +345,7 @@ def quantize(
             for m in mine.values():
                 release(m)
             del tensors, floats
+            heap.trim()  # the layer's float weights, statistics and copies, freed: handed back before the next is made
             done = i + 1 - sink.start
             left = (time.perf_counter() - start_s) / done * (len(layers) - i - 1)
             log.info("quantized layer %d of %d (about %.0f s left)", i + 1, len(layers), left)
