@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from src.common.locks import file_lock, sha256_file
@@ -32,11 +33,21 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST)
 
 
+def _digests(paths: list[Path]) -> list[str]:
+    """Each file's sha256, on as many threads as this process may run (hashlib lets go of the GIL as it hashes: a
+    7B's 3.95 GB of quantized weights took 6.4 s on one core of a 2-core Xeon, 0.62 GB/s)."""
+    if len(paths) < 2:
+        return [sha256_file(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(len(paths), len(os.sched_getaffinity(0)))) as pool:
+        return list(pool.map(sha256_file, paths))
+
+
 def write_manifest(directory: Path, want: dict) -> None:
     """Record what the cache in `directory` was built for and every file's size and sha256."""
+    paths = _files(directory)
     files = {
-        p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-        for p in _files(directory)
+        p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": digest}
+        for p, digest in zip(paths, _digests(paths), strict=True)
     }
     (directory / MANIFEST).write_text(json.dumps({"format": FORMAT, "want": want, "files": files}, indent=1))
 
@@ -69,8 +80,11 @@ def damage(directory: Path, want: dict, hashed: bool = True) -> str | None:
             return f"{name} is missing"
         if file.stat().st_size != entry["bytes"]:
             return f"{name} has {file.stat().st_size} bytes, expected {entry['bytes']}"
-        if hashed and sha256_file(file) != entry.get("sha256"):
-            return f"{name} does not match its recorded sha256"
+    if hashed:
+        names = list(manifest["files"])
+        for name, digest in zip(names, _digests([directory / n for n in names]), strict=True):
+            if digest != manifest["files"][name].get("sha256"):
+                return f"{name} does not match its recorded sha256"
     return None
 
 
