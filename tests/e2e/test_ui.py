@@ -118,10 +118,12 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         # the grid drawn: every column read below and every job's row. The grid draws its columns a few at a
         # time: waiting for one of them had read the others before the last was drawn (tokens_per_s missing, in a
         # fresh-clone CI run beside another process)
-        ready = " && ".join(
-            [f'{drawn}.includes("metrics.`{c}`")' for c in wanted if c not in ("Run Name", "Description")]
-            + [f"document.body.innerText.includes({j.info.run_name!r})" for j in jobs]
-        )
+        ready = [f'{drawn}.includes("metrics.`{c}`")' for c in wanted if c not in ("Run Name", "Description")] + [
+            f"document.body.innerText.includes({j.info.run_name!r})" for j in jobs
+        ]
+        # MLflow's app compiled and drawn by a headless Chromium on two cores beside other tests: a fresh-clone CI
+        # run under load had not drawn it in 60 s; a timeout names the conditions still unmet
+        first_draw = 240
 
         def columns() -> list[str]:
             """The columns drawn, left to right (MLflow names each header cell by its column), less the groups."""
@@ -136,7 +138,7 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
 
         try:
             page.open(url)
-            page.wait_for(ready)
+            page.wait_for(ready, first_draw)
             text = visible_text(page.evaluate("document.documentElement.outerHTML"))
             assert "Runs - Experiment" in text, text[:1500]
             shown = columns()
@@ -157,7 +159,7 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             # would not: src.tracking.view.view_app)
             assert keeps_its_view()
             page.reload()
-            page.wait_for(ready)
+            page.wait_for(ready, first_draw)
             assert keeps_its_view()
             assert [c for c in columns() if c in wanted] == wanted, columns()
             # the chart view opens on the preset charts: time/token and speedup, per job and by precision

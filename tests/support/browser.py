@@ -67,15 +67,19 @@ class Page:
     def evaluate(self, expression: str):
         return self.send("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
-    def wait_for(self, expression: str, timeout: float = 60):
-        """Poll `expression` in the page until it is truthy; its value."""
+    def wait_for(self, expression: str | list[str], timeout: float = 60):
+        """Poll `expression` in the page until it is truthy; its value. A list: every one of them at once (True),
+        and where they never were, the error names those still false."""
+        conditions = [expression] if isinstance(expression, str) else expression
+        joined = " && ".join(f"({c})" for c in conditions)
         deadline = time.time() + timeout
         while time.time() < deadline:
-            value = self.evaluate(expression)
+            value = self.evaluate(joined)
             if value:
                 return value
             time.sleep(0.5)
-        raise TimeoutError(f"the page never satisfied {expression}")
+        unmet = [c for c in conditions if not self.evaluate(c)]
+        raise TimeoutError(f"the page never satisfied, in {timeout:g} s: {'; '.join(unmet) or joined}")
 
     def open(self, url: str) -> None:
         self.send("Page.navigate", url=url)
