@@ -42,14 +42,15 @@ PANEL = 1024  # features per panel of _lower_by_panels: an 11008-wide Gram in 11
 
 def _lower_by_panels(x: torch.Tensor) -> torch.Tensor:
     """gram's lower triangle by panels of PANEL features: each panel's rows against the features up to its own
-    last, in bf16 operands (the values are bf16 already) summed in float32; the diagonal blocks' upper parts
-    zeroed."""
+    last, in bf16 operands (the values are bf16 already) summed in float32; the rest of each panel's rows, and the
+    diagonal blocks' upper parts, zeroed (each element written once: a zeroed matrix had been written over)."""
     k = x.shape[1]
-    out = torch.zeros(k, k)
+    out = torch.empty(k, k)
     with bf16math.operands():
         for r0 in range(0, k, PANEL):
             r1 = min(r0 + PANEL, k)
             out[r0:r1, :r1] = x[:, r0:r1].T @ x[:, :r1]
+            out[r0:r1, r1:].zero_()
             block = out[r0:r1, r0:r1]
             block.copy_(block.tril())
     return out
