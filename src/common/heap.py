@@ -13,9 +13,10 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# mallopt's parameters (malloc.h) and glibc's defaults for them
-M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-DEFAULT_TRIM_THRESHOLD, DEFAULT_MMAP_MAX = 128 * 1024, 65536
+# mallopt's parameters (malloc.h) and glibc's defaults for them; MMAP_THRESHOLD_MAX: the most glibc's own mmap
+# threshold climbs to on 64 bits (it rises to each mapped chunk freed, up to this)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+DEFAULT_TRIM_THRESHOLD, DEFAULT_MMAP_MAX, MMAP_THRESHOLD_MAX = 128 * 1024, 65536, 32 * 1024 * 1024
 
 
 @functools.cache
@@ -55,4 +56,7 @@ def retained() -> Iterator[None]:
     finally:
         mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
         mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
+        # setting either one above fixed glibc's mmap threshold where it stood (no mallopt reads it back): set it
+        # where glibc's own rises to after large frees, or every temporary from 128 KB up is mapped afresh after
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
         trim()
