@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from src import run
 from src.assembly.config import ConfigError, hardware_config
 from src.assembly.sweep_settings import sweep_of
-from src.common.say import say
+from src.common.say import message_line, say
 from src.run import sweep_info
 from src.tracking.store.experiment import Store, probe
 from src.tracking.store.names import StoreUnreachable, key_of
@@ -64,7 +64,7 @@ def _connect(address: str) -> None:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise SweepAbort(
-            f"no Ray cluster answers at address={address} ({str(err).strip().splitlines()[0][:120]}); "
+            f"no Ray cluster answers at address={address} ({message_line(err)[:120]}); "
             f'start one with `ray start --head --resources=\'{{"hw-cpu": 1, "bench-slot": 1}}\'`, or '
             f"use hydra/launcher=basic"
         ) from None

@@ -44,7 +44,7 @@ from src.common import envvars, signals
 from src.common.locks import hold
 from src.common.paths import unwritable
 from src.common.progress import watched
-from src.common.say import say
+from src.common.say import message_line, say
 from src.common.schema import ConfigError
 from src.common.signals import Stopped
 from src.tracking.readback import reporting as report
@@ -169,7 +169,7 @@ class SweepCallback(Callback):
                     report.at_sweep_end(store.uri, sweep.experiment, parent.data.tags[SWEEP_ID])
         except Exception as err:  # noqa: BLE001 - the jobs are recorded; the next run closes the parent
             say(
-                f"could not close the sweep's parent run ({str(err).splitlines()[0].split(' with exception')[0]}); the next run will",
+                f"could not close the sweep's parent run ({message_line(err).split(' with exception')[0]}); the next run will",
                 err=True,
             )
         say(
@@ -231,6 +231,7 @@ def _cli() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + signal.SIGPIPE)
     except SweepAbort as err:
+        signals.check()  # an abort a stop caused (it landed inside what the abort reports) is the stop
         say(str(err), err=True)
         sys.exit(2)
     except SweepUnwritable as err:  # Hydra writing a job's folder: read-only, immutable, full

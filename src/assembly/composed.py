@@ -10,6 +10,8 @@ from omegaconf import OmegaConf
 from src.assembly import ownmodel
 from src.assembly.config import JobConfig, job_config_from_dict
 from src.assembly.overrides import CONF_DIR, composition_problem, unparsable
+from src.common import signals
+from src.common.say import message_line
 from src.common.schema import ConfigError
 
 
@@ -21,7 +23,8 @@ def job_config(args: list[str]) -> JobConfig:
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 cfg = compose("config", overrides=args)
         except HydraException as e:  # what those leave to Hydra, e.g. a word without '=': one line, no traceback
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            signals.check()  # a stop that landed inside the composition, wrapped as its error
+            first = message_line(e) if str(e).strip() else type(e).__name__
             hint = " (overrides are key=value, e.g. model=llama-160m)" if isinstance(e, OverrideParseException) else ""
             problem = first + hint
     if problem is not None:

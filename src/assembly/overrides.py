@@ -20,7 +20,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.assembly import schema  # registers the groups' schemas, which composition types every field by
 from src.assembly.config import reads_dataset, unread
+from src.common import signals
 from src.common.environment import PROJECT_ROOT
+from src.common.say import message_line
 
 CONF_DIR = PROJECT_ROOT / "conf"
 # Hydra's own flags (src.run is Hydra's app): those that take a value, by either name
@@ -67,7 +69,7 @@ def unparsable(args: list[str]) -> str | None:
             parser.parse_override(arg)
         except (OverrideParseException, HydraException) as err:
             shown = arg if len(arg) <= 60 else arg[:57] + "..."
-            why = str(err).strip().splitlines()[0][:80]
+            why = message_line(err)[:80]
             return (
                 f"cannot read the override {shown!r} ({why}); quote values that hold spaces, non-ASCII or "
                 f"special characters, e.g. key='a value'"
@@ -131,6 +133,7 @@ def composition_problem(args: list[str]) -> str | None:
         except MissingConfigException as err:
             return _unknown_choice(err)
         except ConfigCompositionException as err:
+            signals.check()  # a stop that landed inside the composition comes back wrapped as its error
             return _refused(err, job, where)
         composed.append(cfg)
     return next(filter(None, map(_untyped, composed)), None) or _unread(overrides, composed)
@@ -187,7 +190,7 @@ def _refused(err: ConfigCompositionException, job: list[str], where) -> str:
         return f"{key}: {why.strip()} (in the {key.split('.')[0]} entry's YAML)"
     value = OverridesParser.create().parse_override(line).value()
     if node is None:
-        return f"{key}={value!r}: {str(cause or err).splitlines()[0]}"
+        return f"{key}={value!r}: {message_line(cause or err)}"
     kind = node._metadata.ref_type
     words = TYPE_WORDS.get(kind, f"a {getattr(kind, '__name__', kind)}".lower())
     if isinstance(node, ListConfig):

@@ -11,6 +11,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 import transformers
 
+from src.common.say import message_line
 from src.common.schema import ConfigError, Kinds, check_choice
 from src.kernels import variants as kernel_variants
 
@@ -117,7 +118,7 @@ def check_module(name: str) -> None:
         what = (
             f"exits on import (SystemExit {err.code})"
             if isinstance(err, SystemExit)
-            else f"fails on import ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''})"
+            else f"fails on import ({type(err).__name__}: {message_line(err)[:120]})"
         )
         raise ConfigError(
             f"engine.module={name} {what}; fix the module or name another, such as src.engine.runtimes.ort_genai"

@@ -20,6 +20,7 @@ from huggingface_hub.errors import HfHubHTTPError
 from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from src.common.say import message_line
 from src.models.config import MODEL_NAME, OTHER
 
 # model_type (config.json) -> quantspec's family. Gemma 3's multimodal checkpoints (model_type gemma3) are not
@@ -119,7 +120,7 @@ def _json(path: Path, what: str) -> dict:
     try:
         config = json.loads(path.read_text())
     except (ValueError, OSError) as err:
-        raise NotAModel(f"{what}: {path} cannot be read as JSON ({str(err).splitlines()[0][:120]})") from None
+        raise NotAModel(f"{what}: {path} cannot be read as JSON ({message_line(err)[:120]})") from None
     if not isinstance(config, dict):
         raise NotAModel(f"{what}: {path} holds {type(config).__name__}, not a model's config (a JSON object)")
     return config
@@ -147,7 +148,7 @@ def gguf_architecture(path: str) -> tuple[str, str]:
         field = GGUFReader(str(file)).fields.get("general.architecture")
         arch = bytes(field.parts[field.data[0]]).decode() if field is not None else None
     except (ValueError, OSError, IndexError, UnicodeDecodeError) as err:
-        raise NotAModel(f"model.gguf={path} cannot be read as GGUF ({str(err).splitlines()[0][:120]})") from None
+        raise NotAModel(f"model.gguf={path} cannot be read as GGUF ({message_line(err)[:120]})") from None
     if arch in GGUF_FAMILIES:
         return GGUF_FAMILIES[arch], arch
     if arch in GGUF_SUPPORTED_ARCHITECTURES and arch not in ("general", "tokenizer", "t5", "umt5"):

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from src.common.cache import build_cached
 from src.common.locks import sha256_file
 from src.common.paths import child
+from src.common.say import message_line
 from src.models import checkpoint as folder_weights
 from src.models import hub
 from src.models.config import ModelConfig
@@ -157,7 +158,7 @@ def _load_gguf(
             raise
         raise ModelUnavailable(
             f"model {cfg.name}: transformers could not read model.gguf={cfg.gguf} "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else '-'})"
+            f"({type(err).__name__}: {message_line(err)[:160]})"
         ) from err
     model, tokenizer = _load_dir(directory, dtype=dtype)
     return model, tokenizer, f"gguf:{sha}"
@@ -231,8 +232,7 @@ def _load_hub(
     except OSError as err:
         if cfg.local_path:
             raise ModelUnavailable(
-                f"model {cfg.name}: model.local_path={cfg.local_path} could not be loaded "
-                f"({str(err).splitlines()[0][:160]})"
+                f"model {cfg.name}: model.local_path={cfg.local_path} could not be loaded ({message_line(err)[:160]})"
             ) from err
         raise ModelUnavailable(
             f"model {cfg.name}: cannot load {where!r} (no local copy and the hub is unreachable); download it "

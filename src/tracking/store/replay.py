@@ -10,6 +10,7 @@ from pathlib import Path
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
 
+from src.common.say import message_line
 from src.tracking.store import journal
 from src.tracking.store.locks import replay_lock
 from src.tracking.store.names import BATCH, JOURNAL, LOST, OWNER, refusal
@@ -79,7 +80,7 @@ def sync(store, registry: Path) -> list[str]:
             sent = replay(store, path, pointer)
         except Exception as err:  # noqa: BLE001 - one journal's trouble must not stop this job
             lines.append(
-                f"journal {path} not replayed ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+                f"journal {path} not replayed ({type(err).__name__}: {message_line(err)[:120]}); "
                 f"python -m src.sync {path.parent} tracking.uri={store.uri} retries it"
             )
             continue

@@ -23,7 +23,7 @@ from src.common.axes import AXES
 from src.common.environment import host_state
 from src.common.jsonable import jsonable
 from src.common.metrics import EXAMPLE, rows_csv, seed_table, summary_table
-from src.common.say import say
+from src.common.say import message_line, say
 from src.common.signals import Stopped
 from src.tracking.store.experiment import Store, open_store
 from src.tracking.store.jobrun import JobRun
@@ -230,11 +230,21 @@ def _journal(output_dir: Path | None, job_key: str, registry: Path, uri: str) ->
         return None
 
 
+def _unwrapped(work) -> None:
+    """work(), where a stop that a library caught and raised again as an error of its own (Hydra's composition,
+    OmegaConf's `except Exception` wrappers) is raised as the stop: the job was killed, it did not fail."""
+    try:
+        work()
+    except Exception:
+        signals.check()
+        raise
+
+
 def _tracked(job: JobRun, name: str, work) -> None:
     """Do the job's work (its run's start first); whatever ends it (a signal, an error, a lost store) is
     recorded on the run and said in one line."""
     try:
-        work()
+        _unwrapped(work)
     except (KeyboardInterrupt, Stopped) as err:
         signals.stopping()
         try:
@@ -243,8 +253,8 @@ def _tracked(job: JobRun, name: str, work) -> None:
             pass  # nothing can record it; the owner record lets the next run end it
         raise
     except Exception as err:  # noqa: BLE001 - recorded in full (error.txt) and reported in one line
-        said = str(err).strip()
-        say(f"job {name} failed: {said.splitlines()[0] if said else type(err).__name__}", err=True)
+        said = message_line(err)
+        say(f"job {name} failed: {said if str(err).strip() else type(err).__name__}", err=True)
         try:
             job.fail(err, _so_far(job))
         except StoreUnreachable as lost:

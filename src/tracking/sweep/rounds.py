@@ -29,7 +29,8 @@ from omegaconf import OmegaConf
 
 from src.assembly.config import ConfigError
 from src.assembly.sweep_settings import sweep_of
-from src.common.say import say
+from src.common import signals
+from src.common.say import message_line, say
 from src.tracking.store.names import ROUND
 from src.tracking.sweep import record
 from src.tracking.sweep.naming import told, varying
@@ -110,7 +111,10 @@ def legal(sweeper, batch: list[list[str]]) -> None:
         for job in batch:
             sweeper.hydra_context.config_loader.compose_ahead(sweeper.config, list(job))  # Rounds.setup's
     except ConfigCompositionException as err:
-        raise SweepAbort(f"a job of the sweep cannot be composed: {str(err).splitlines()[0]}") from None
+        # a stop that landed inside the composition comes back wrapped as a composition error with no message
+        # (fresh-clone CI: SIGTERM there read as an IndexError's traceback): the stop is what happened
+        signals.check()
+        raise SweepAbort(f"a job of the sweep cannot be composed: {message_line(err)}") from None
 
 
 class Rounds:

@@ -2,16 +2,20 @@
 left out, and a real sweep in rounds end to end (report, parent run, the view's runs)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.errors import ConfigCompositionException
 from mlflow.tracking import MlflowClient
 
+from src.common import signals
 from src.common.environment import PROJECT_ROOT
 from src.tracking.readback.compare import JobRounds, job_rounds, ratio_spread, spread
 from src.tracking.readback.sweeps import sweep_jobs
 from src.tracking.store.names import config_key
-from src.tracking.sweep.rounds import schedule
+from src.tracking.sweep.record import SweepAbort
+from src.tracking.sweep.rounds import legal, schedule
 from tests.helpers import job_record, run_cli, spinning_neighbours
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
@@ -150,3 +154,30 @@ def test_rounds_take_one_whole_value(tmp_path):
         )
         assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, out.stderr[-1500:]
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+class _Uncomposable:
+    """A sweeper whose loader fails as Hydra's does when a stop lands inside its composition: a composition
+    error with no message."""
+
+    def __init__(self):
+        self.hydra_context, self.config = SimpleNamespace(config_loader=SimpleNamespace(compose_ahead=_fail)), None
+
+
+def _fail(config, overrides):
+    raise ConfigCompositionException()
+
+
+def test_a_job_that_cannot_be_composed_is_one_line_and_a_stop_inside_the_composition_is_the_stop():
+    """Fresh-clone CI: a SIGTERM that landed inside legal()'s composition came back as a composition error with no
+    message, and the sweep ended rc 1 with an IndexError's traceback instead of rc 143 in one line."""
+    saved = signals._pending
+    try:
+        signals._pending = None
+        with pytest.raises(SweepAbort, match="a job of the sweep cannot be composed: no message"):
+            legal(_Uncomposable(), [["precision=fp32"]])
+        signals._pending = 15  # the stop's handler sets this before it raises
+        with pytest.raises(signals.Stopped, match="SIGTERM"):
+            legal(_Uncomposable(), [["precision=fp32"]])
+    finally:
+        signals._pending = saved

@@ -8,10 +8,11 @@ import jsonschema
 import pytest
 from mlflow.tracking import MlflowClient
 
+from src.common import signals
 from src.tracking.store.experiment import Store
 from src.tracking.store.jobrun import JobRun
 from src.tracking.store.names import flatten
-from src.tracking.sweep.record import _params, run_job
+from src.tracking.sweep.record import _params, _unwrapped, run_job
 from tests.helpers import compose_job, doc_schema, run_cli
 
 TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
@@ -213,3 +214,22 @@ def test_nan_metrics_are_not_logged(store):
     run.finish()
     _, (found,) = runs(store)
     assert found.data.metrics == {"a": 1.0}
+
+
+def test_a_stop_a_library_wrapped_in_its_own_error_is_raised_as_the_stop():
+    """OmegaConf and Hydra catch what is raised inside them and raise an error of their own: a job stopped there
+    is killed by the stop, not failed by that error; an error with no stop behind it stays the error."""
+
+    def wrapped():
+        raise RuntimeError("composition failed")
+
+    saved = signals._pending
+    try:
+        signals._pending = None
+        with pytest.raises(RuntimeError):
+            _unwrapped(wrapped)
+        signals._pending = 15
+        with pytest.raises(signals.Stopped, match="SIGTERM"):
+            _unwrapped(wrapped)
+    finally:
+        signals._pending = saved

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from src.common.environment import PROJECT_ROOT
-from src.common.say import say
+from src.common.say import message_line, say
 from src.tracking.readback.command import start
 from src.tracking.readback.reporting.markdown import build
 from src.tracking.readback.reporting.publish import publish, ui_line
@@ -39,7 +39,7 @@ def at_sweep_end(uri: str, experiment: str, sweep_id: str) -> None:
         say(f"compare the sweep in the MLflow UI: {ui_line(uri, report.view_url)}")
     except Exception as err:  # noqa: BLE001 - the runs are recorded; `python -m src.report` can redo this
         say(
-            f"the sweep's report was not made ({type(err).__name__}: {str(err).splitlines()[0][:120]}); "
+            f"the sweep's report was not made ({type(err).__name__}: {message_line(err)[:120]}); "
             f"run python -m src.report",
             err=True,
         )
