@@ -4,7 +4,7 @@ OOM killer half an hour into a 7B build.
 The estimate follows how a job holds its weights. A quantized job of random weights or of a local checkpoint
 (`streams`) makes its float layers one at a time as they are quantized and drops each once rounded
 (src.quant.stream): its peak is the larger of quantizing (the float parts outside the layers, one layer, the
-method's working set) and running (the quantized weights as repacked, the KV cache). Any other is built whole
+method's working set) and running (the quantized weights as the cache stores them, the KV cache). Any other is built whole
 (bf16 random weights, a float32 folder) and cast or quantized in place, so the float model is the peak; then a
 draft model, the KV cache of the longest example, calibration's logits, and the interpreter with torch and its
 libraries. Random weights are
@@ -111,7 +111,7 @@ def _weight_bytes(scheme_name: str, group: int | None) -> float:
 
 def _streamed_bytes(cfg: JobConfig, config: dict, float_bytes: int, stored: int | None) -> int:
     """A streamed job's peak (`streams`): quantizing, its float parts outside the layers, one layer in float and the
-    method's working set; then running, the quantized weights as repacked (`stored`, the cache's bytes where it
+    method's working set; then running, the quantized weights (`stored`, the cache's bytes where it
     holds them; else counted from the schemes' bits), the float parameters they leave, the KV cache. The runtime
     beside either."""
     part, hidden, layers, per_layer, vocab, tied = _sizes(config)

@@ -404,74 +404,6 @@ void gptq_features(at::Tensor& wt, const at::Tensor& w0t, const at::Tensor& fact
   });
 }
 
-// One plane of pack_lanes (src/quant/aten_ops.py): 128 values below 2^W as 8 * W little-endian 16-bit lanes,
-// lane i holding values i + 8 * W * u in its field u, from the lowest.
-template <int W>
-static void lane_plane(const uint8_t* values, uint8_t* dst) {
-  constexpr int lanes = 8 * W, fields = 16 / W;
-  for (int i = 0; i < lanes; ++i) {
-    uint32_t lane = 0;
-    for (int u = 0; u < fields; ++u) lane |= uint32_t(values[i + lanes * u]) << (W * u);
-    dst[2 * i] = uint8_t(lane & 0xFF);
-    dst[2 * i + 1] = uint8_t(lane >> 8);
-  }
-}
-
-// Rows [n0, n1) of repack_lanes at BITS (compile-time, so each loop unrolls): PER values fill NBYTES whole bytes of
-// the portable stream (4 bits: 2 in 1; 5: 8 in 5; 6: 4 in 3), read as one big-endian word.
-template <int BITS>
-static void repack_rows(const uint8_t* src, uint8_t* dst, int64_t row_bytes, int64_t blocks, int64_t n0, int64_t n1) {
-  constexpr int PER = BITS == 2 ? 4 : BITS == 4 ? 2 : BITS == 5 ? 8 : 4, NBYTES = PER * BITS / 8;
-  constexpr uint64_t MASK = (1u << BITS) - 1;
-  uint8_t values[128], low[128], high[128];
-  for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* in = src + n * row_bytes + b * 16 * BITS;  // 128 values: 16 * BITS whole bytes
-      for (int j = 0; j < 128; j += PER) {
-        uint64_t word = 0;
-        for (int t = 0; t < NBYTES; ++t) word = (word << 8) | in[j / PER * NBYTES + t];
-        for (int t = 0; t < PER; ++t) values[j + t] = uint8_t((word >> (BITS * (PER - 1 - t))) & MASK);
-      }
-      uint8_t* o = dst + n * row_bytes + b * 16 * BITS;
-      if constexpr (BITS <= 4) {
-        lane_plane<BITS>(values, o);
-      } else {
-        for (int j = 0; j < 128; ++j) {
-          low[j] = values[j] & 15;
-          high[j] = values[j] >> 4;
-        }
-        lane_plane<4>(low, o);
-        lane_plane<BITS - 4>(high, o + 64);
-      }
-    }
-  }
-}
-
-// The portable bytes of a grouped weight (qparams.pack_bits: each row a bit stream, each value from its highest
-// bit) in the gemv kernels' lane layout (aten_ops.pack_lanes: 5 and 6 bits as a plane of their low 4 bits, then
-// one of the rest, block by block), in one pass: a cached 7B's install had spent ~80% of its 18 s unpacking and
-// repacking in torch operators. The same bytes as pack_lanes(unpack_bits(q)) (tested side by side).
-at::Tensor repack_lanes(const at::Tensor& packed, int64_t bits) {
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
-              "quantspec repack_lanes: contiguous uint8 [N, K * bits / 8]");
-  TORCH_CHECK(bits == 2 || bits == 4 || bits == 5 || bits == 6, "quantspec repack_lanes: 2, 4, 5 or 6 bits");
-  const int64_t N = packed.size(0), row_bytes = packed.size(1), K = row_bytes * 8 / bits;
-  TORCH_CHECK(row_bytes * 8 % bits == 0 && K % 128 == 0, "quantspec repack_lanes: K a multiple of 128");
-  at::Tensor out = at::empty_like(packed);
-  const uint8_t* src = packed.data_ptr<uint8_t>();
-  uint8_t* dst = out.data_ptr<uint8_t>();
-  const int64_t blocks = K / 128;
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    switch (bits) {
-      case 2: repack_rows<2>(src, dst, row_bytes, blocks, n0, n1); break;
-      case 4: repack_rows<4>(src, dst, row_bytes, blocks, n0, n1); break;
-      case 5: repack_rows<5>(src, dst, row_bytes, blocks, n0, n1); break;
-      default: repack_rows<6>(src, dst, row_bytes, blocks, n0, n1); break;
-    }
-  });
-  return out;
-}
-
 }  // namespace qs_ops
 
 using namespace qs_ops;
@@ -493,7 +425,6 @@ TORCH_LIBRARY(quantspec, m) {
   m.def("gemv_w4a8(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps, bool gemma) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
-  m.def("repack_lanes(Tensor packed, int bits) -> Tensor");
   m.def("gptq_features(Tensor(a!) wt, Tensor w0t, Tensor factor, Tensor(b!) qt, Tensor(c!) err, Tensor lo, "
         "Tensor scale, int c0, int c1, int b0, int top, bool grouped) -> ()");
 }
@@ -508,7 +439,6 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("decode_attention", decode_attention);
   m.impl("gptq_features", gptq_features);
-  m.impl("repack_lanes", repack_lanes);
   m.impl("int8_gemm_amx", int8_gemm_amx);
   m.impl("quantize_x8_bf16", quantize_x8_bf16);
   m.impl("scale_rows_bf16", scale_rows_bf16);

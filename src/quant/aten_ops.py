@@ -73,43 +73,6 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     return torch._convert_weight_to_int4pack(qparams.pack_nibbles(q), inner_k_tiles(q.shape[1]))
 
 
-# A width that does not divide 16, as the two planes that do (core/api.h): the low bits' first.
-SPLIT = {6: (4, 2), 5: (4, 1)}
-
-
-def pack_lanes(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """[N, K] values below 2^bits -> quantspec's gemv layout (core/api.h): per 128 values, 16 * bits bytes whose
-    16-bit lane i (of 8 * bits) holds values i + 8 * bits * u in its field u, from the lowest (the kernel shifts a
-    lane to pick one). At 4 bits: lane i holds values i, i+32, i+64, i+96. A width in SPLIT is its planes, each
-    in that layout, block by block: at 6 bits, 64 bytes of the low 4 bits, then 32 of the high 2; at 5, the 64
-    bytes of the low 4, then 16 of the high 1."""
-    if bits in SPLIT:
-        low, high = SPLIT[bits]
-        n, k = q.shape
-        planes = [pack_lanes(q & ((1 << low) - 1), low), pack_lanes(q >> low, high)]
-        return torch.cat([p.reshape(n, k // 128, -1) for p in planes], dim=2).reshape(n, k * bits // 8)
-    n, k = q.shape
-    lanes, fields = 8 * bits, 16 // bits
-    low = fields // 2  # the fields a lane's low byte holds
-    out = torch.empty(n, k // 128, lanes, 2, dtype=torch.uint8, device=q.device)
-    for r0 in range(0, n, ROWS_AT_ONCE):  # in uint8, a block of rows at a time: no wider copy of the weight
-        b = q[r0 : r0 + ROWS_AT_ONCE].to(torch.uint8).reshape(-1, k // 128, fields, lanes)
-        for byte, first in ((0, 0), (1, low)):  # a lane's 16 bits as its two bytes, little-endian
-            dest = out[r0 : r0 + ROWS_AT_ONCE, :, :, byte]
-            dest.copy_(b[:, :, first])
-            for u in range(1, low):
-                dest |= b[:, :, first + u] << (bits * u)
-    return out.reshape(n, k * bits // 8)
-
-
-ROWS_AT_ONCE = 1024  # rows repacked together: a 4096-wide block is 4 MB of uint8
-
-
-def pack_w4(q: torch.Tensor) -> torch.Tensor:
-    """pack_lanes at 4 bits."""
-    return pack_lanes(q, 4)
-
-
 def int4_weight_matmul(x: torch.Tensor, packed: torch.Tensor, group: int, scales_zeros: torch.Tensor) -> torch.Tensor:
     """bf16 [M, K] @ int4 groups -> bf16 [M, N] (w4a16). scales_zeros: [K/group, N, 2] bf16."""
     if x.device.type == "cpu":

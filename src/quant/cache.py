@@ -27,11 +27,13 @@ from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
+# 9: grouped weights stored in the gemv kernels' lane layout, read in place (qparams.pack_weights);
 # 8: Grams of bf16 rows summed in another order, AWQ's scale trials ranked by bf16-operand GEMMs (src.quant.bf16math);
 # 7: GPTQ rounds from one Cholesky factor of H, with no inverse (other float32 roundings); AWQ's clip search in
 # smaller runs of rows (the same clips); 6: random weights made a layer at a time take the values a whole build gives them; 5: written layer by layer, a
 # file each (src.quant.shards); 4: GPTQ rounds the decoder's linears in layer order; an older cache is rebuilt
-FORMAT = 8
+FORMAT = 9
+LANES = "lanes"  # the field prefix of weights in the gemv kernels' layout (qparams.pack_weights)
 META = "quantized.json"
 
 
@@ -45,17 +47,23 @@ def cache_key(source_key: str, spec: QuantSpec, calibration_hash: str) -> str:
 
 class StoredLayers(Mapping):
     """A cached model's quantized linears, each read from the safetensors file (memory-mapped) when it is asked
-    for and not kept here: installing a model holds its runtime modules and one linear's portable tensors at a
-    time, never the whole file's copy beside them (a 7B's 4 GB twice)."""
+    for and not kept here. Grouped weights in the gemv kernels' lane layout (qparams.pack_weights) come as views
+    of the mapped file, which those kernels read in place: the page cache holds a cached model's weights once,
+    shared by every job that maps them, and nothing is copied at load. The rest come as copies."""
 
     def __init__(self, files: dict[str, Path], fields: dict[str, list[str]], sizes: dict[str, int]):
         self.files, self.fields, self.sizes = files, fields, sizes
 
     def __getitem__(self, name: str) -> dict[str, torch.Tensor]:
-        # copies, not views of the mapping: a module that kept one (a scale already float32) had kept the whole
-        # file mapped, every page read staying resident (a 7B's 4 GB beside its runtime modules)
+        # The small tensors copied: a module that kept a view of one (a scale already float32) keeps the whole
+        # file mapped, and every page of it read at load (a linear that unpacks its lanes to a layout of its own,
+        # ATen's int4 one) would stay resident beside that module's own copy (a 7B's 4 GB twice).
+        tensors = {}
         with safe_open(str(self.files[name]), framework="pt") as f:
-            return {field: f.get_tensor(f"layer/{name}/{field}").clone() for field in self.fields[name]}
+            for field in self.fields[name]:
+                tensor = f.get_tensor(f"layer/{name}/{field}")
+                tensors[field] = tensor if field.startswith(LANES) else tensor.clone()
+        return tensors
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.fields)

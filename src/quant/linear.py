@@ -1,7 +1,8 @@
 """Runtime linear modules in the gpt-fast manner: packed buffers, and one kernel call in `forward`.
 
 Each is built from portable tensors (what the cache stores); kernel-specific layouts are made here,
-at load, because they depend on the machine. Built on a CUDA device (`build(..., device="cuda")`), the
+at load, because they depend on the machine, except the gemv kernels' own lane layout of grouped weights, which
+the cache stores (qparams.pack_weights) and those kernels read in place. Built on a CUDA device (`build(..., device="cuda")`), the
 ATen modules take ATen's CUDA kernels from the same tensors (src.quant.aten_ops): a precision means the
 same on every hardware.
 """
@@ -158,9 +159,9 @@ class W4A16Linear(QuantLinear):
     STEP_BUFFERS = ("packed", "scales_zeros")
 
     def __init__(
-        self, q4: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
+        self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
     ):
-        q = qparams.unpack_nibbles(q4)
+        """q: the [N, K] 4-bit values (unpacked: ATen's kernel packs them its own way)."""
         super().__init__(q.shape[1], q.shape[0], None if bias is None else bias.to(torch.bfloat16))
         self.group = group
         # Odd output sizes (a vocabulary of 32001) are padded with zero rows and sliced off after.
@@ -175,7 +176,7 @@ class W4A16Linear(QuantLinear):
 
     @classmethod
     def from_tensors(cls, t, group, dtype):
-        return cls(t["q4"], t["scale"], t["zero"], group, t.get("bias"))
+        return cls(qparams.stored_values(t, 4), t["scale"], t["zero"], group, t.get("bias"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
@@ -251,22 +252,24 @@ class GroupedGemv(QuantLinear):
     bf16_gemm = True
 
     def __init__(
-        self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
+        self, lanes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
     ):
-        """q: the portable packed bytes (qparams.pack_bits at BITS)."""
-        super().__init__(q.shape[1] * 8 // self.BITS, q.shape[0], None if bias is None else bias.to(torch.bfloat16))
+        """lanes: the packed bytes in the kernels' lane layout (qparams.pack_lanes at BITS), as the cache stores
+        them: kept as given, so a cached model's are read in place from its mapped file."""
+        super().__init__(
+            lanes.shape[1] * 8 // self.BITS, lanes.shape[0], None if bias is None else bias.to(torch.bfloat16)
+        )
         self.group = group
         self.format, self.unpack = format_number(self.FORMAT), format_number(self.UNPACK)
-        # The kernels' own layout: w = q * scale + offset, offset = zero - 2^(bits-1) * scale.
-        # one pass in the binding (these modules run its kernels: it is loaded)
-        self.register_buffer("wg", torch.ops.quantspec.repack_lanes(q.contiguous(), self.BITS), persistent=False)
+        self.register_buffer("wg", lanes.contiguous(), persistent=False)
+        # w = q * scale + offset, offset = zero - 2^(bits-1) * scale: the kernels' form of the zero point
         self.register_buffer("wg_scale", scale.float().contiguous(), persistent=False)
         offset = zero - (1 << (self.BITS - 1)) * scale
         self.register_buffer("wg_offset", offset.float().contiguous(), persistent=False)
 
     @classmethod
     def from_tensors(cls, t, group, dtype):
-        return cls(t[f"q{cls.BITS}"], t["scale"], t["zero"], group, t.get("bias"))
+        return cls(t[f"lanes{cls.BITS}"], t["scale"], t["zero"], group, t.get("bias"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
@@ -358,18 +361,26 @@ class GroupedLinear(QuantLinear):
     STEP_BUFFERS = ("q", "scale", "zero")
 
     def __init__(
-        self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        group: int,
+        bias: torch.Tensor | None = None,
+        lanes: bool = True,
     ):
+        """q: the packed bytes in either stored form (qparams.packed_weights; `lanes` says which)."""
         # its shape from the packed bytes: the weight is unpacked a block at a time in forward, never here
         super().__init__(q.shape[1] * 8 // self.BITS, q.shape[0], None if bias is None else bias.to(torch.bfloat16))
-        self.group = group
+        self.group, self.lanes = group, lanes
         self.register_buffer("q", q.contiguous(), persistent=False)  # packed: BITS / 8 bytes a weight
         self.register_buffer("scale", scale.float().contiguous(), persistent=False)
         self.register_buffer("zero", zero.float().contiguous(), persistent=False)
 
     @classmethod
     def from_tensors(cls, t, group, dtype):
-        return cls(t[f"q{cls.BITS}"], t["scale"], t["zero"], group, t.get("bias"))
+        q, lanes = qparams.packed_weights(t, cls.BITS)
+        return cls(q, t["scale"], t["zero"], group, t.get("bias"), lanes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)
@@ -377,7 +388,7 @@ class GroupedLinear(QuantLinear):
         y = x2.new_empty(x2.shape[0], self.out_features)
         for n0 in range(0, self.out_features, self.BLOCK_ROWS):
             n1 = min(n0 + self.BLOCK_ROWS, self.out_features)
-            values = qparams.unpack_bits(self.q[n0:n1], self.BITS)
+            values = qparams.unpack_weights(self.q[n0:n1], self.BITS, self.lanes)
             w = qparams.groups_dequant(values, self.scale[n0:n1], self.zero[n0:n1], self.group, self.BITS)
             torch.mm(x2, w.to(x2.dtype).t(), out=y[:, n0:n1])
         return self._finish(y, x, lead)
@@ -420,11 +431,11 @@ def packed_tensors(
     q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bias: torch.Tensor | None, bits: int
 ) -> dict[str, torch.Tensor]:
     """The portable tensors of rounded weights: int8 q [N, K] with a scale per row (zero None), or b-bit q in
-    groups with scale and zero per group, its values packed into a bit stream."""
+    groups with scale and zero per group, its values packed as the cache stores them (qparams.pack_weights)."""
     extra = {"bias": bias.detach().float()} if bias is not None else {}
     if zero is None:
         return {"w_q": q, "w_scale": scale, **extra}
-    return {f"q{bits}": qparams.pack_bits(q, bits), "scale": scale, "zero": zero, **extra}
+    return {**qparams.pack_weights(q, bits), "scale": scale, "zero": zero, **extra}
 
 
 def int4_tensors(

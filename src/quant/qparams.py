@@ -78,7 +78,7 @@ def int4_dequant(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group
 def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
     """[N, K] values below 2^bits (1 to 8 bits; K a multiple of 8) -> [N, K * bits / 8] uint8: a bit stream, each
     value's bits from its highest, so at 4 or 2 bits the first value of each byte sits in its highest bits (at 6, four
-    values fill three bytes). The portable on-disk form; kernel layouts are not."""
+    values fill three bytes). The stored form where K is not whole blocks of the lane layout (pack_weights)."""
     n, k = q.shape
     if 8 % bits == 0:  # whole values a byte: in uint8, no wider copy (a 7B model's head is 131M values)
         per = 8 // bits
@@ -123,12 +123,93 @@ def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
-    """[N, K] values 0..15 -> [N, K/2] uint8 (pack_bits at 4 bits: even columns in the high nibble)."""
+    """[N, K] values 0..15 -> [N, K/2] uint8, even columns in the high nibble (pack_bits at 4 bits): the bytes
+    CUDA's int4 kernel packs from (src.quant.aten_ops.pack_int4)."""
     return pack_bits(q, 4)
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return unpack_bits(packed, 4)
+
+
+# --- the gemv kernels' lane layout, which the cache stores -----------------------------------------
+
+BLOCK = 128  # values a block of the lane layout holds (core/api.h)
+# A width that does not divide 16, as the two planes that do (core/api.h): the low bits' first.
+SPLIT = {6: (4, 2), 5: (4, 1)}
+ROWS_AT_ONCE = 1024  # rows packed together: a 4096-wide block is 4 MB of uint8
+
+
+def pack_lanes(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """[N, K] values below 2^bits (K whole blocks of 128) -> quantspec's gemv layout (core/api.h): per 128 values,
+    16 * bits bytes whose 16-bit lane i (of 8 * bits) holds values i + 8 * bits * u in its field u, from the lowest
+    (the kernel shifts a lane to pick one). At 4 bits: lane i holds values i, i+32, i+64, i+96. A width in SPLIT is
+    its planes, each in that layout, block by block: at 6 bits, 64 bytes of the low 4 bits, then 32 of the high 2;
+    at 5, the 64 bytes of the low 4, then 16 of the high 1."""
+    n, k = q.shape
+    if bits in SPLIT:
+        low, high = SPLIT[bits]
+        planes = [pack_lanes(q & ((1 << low) - 1), low), pack_lanes(q >> low, high)]
+        return torch.cat([p.reshape(n, k // BLOCK, -1) for p in planes], dim=2).reshape(n, k * bits // 8)
+    lanes, fields = 8 * bits, 16 // bits
+    low = fields // 2  # the fields a lane's low byte holds
+    out = torch.empty(n, k // BLOCK, lanes, 2, dtype=torch.uint8, device=q.device)
+    for r0 in range(0, n, ROWS_AT_ONCE):  # in uint8, a block of rows at a time: no wider copy of the weight
+        b = q[r0 : r0 + ROWS_AT_ONCE].to(torch.uint8).reshape(-1, k // BLOCK, fields, lanes)
+        for byte, first in ((0, 0), (1, low)):  # a lane's 16 bits as its two bytes, little-endian
+            dest = out[r0 : r0 + ROWS_AT_ONCE, :, :, byte]
+            dest.copy_(b[:, :, first])
+            for u in range(1, low):
+                dest |= b[:, :, first + u] << (bits * u)
+    return out.reshape(n, k * bits // 8)
+
+
+def unpack_lanes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """pack_lanes undone: [N, K * bits / 8] uint8 -> [N, K] uint8."""
+    n, m = packed.shape
+    k = m * 8 // bits
+    if bits in SPLIT:
+        low, high = SPLIT[bits]
+        blocks = packed.reshape(n, k // BLOCK, 16 * bits)
+        lo = unpack_lanes(blocks[..., : 16 * low].reshape(n, k * low // 8), low)
+        return lo.bitwise_or_(unpack_lanes(blocks[..., 16 * low :].reshape(n, k * high // 8), high) << low)
+    lanes, fields, mask = 8 * bits, 16 // bits, (1 << bits) - 1
+    low = fields // 2
+    b = packed.reshape(n, k // BLOCK, lanes, 2)
+    out = torch.empty(n, k // BLOCK, fields, lanes, dtype=torch.uint8, device=packed.device)
+    for byte, first in ((0, 0), (1, low)):
+        for u in range(low):
+            torch.bitwise_and(b[..., byte] >> (bits * u), mask, out=out[:, :, first + u])
+    return out.reshape(n, k)
+
+
+# --- the stored form of grouped weights ------------------------------------------------------------
+
+
+def pack_weights(q: torch.Tensor, bits: int) -> dict[str, torch.Tensor]:
+    """[N, K] b-bit values as the cache stores them: in the gemv kernels' lane layout (pack_lanes) as `lanes{bits}`
+    where K is whole blocks of 128, so the kernels read it in place from the cache's mapped file, with no pass at
+    load; else as a bit stream (pack_bits) as `q{bits}`."""
+    if q.shape[1] % BLOCK == 0:
+        return {f"lanes{bits}": pack_lanes(q, bits)}
+    return {f"q{bits}": pack_bits(q, bits)}
+
+
+def packed_weights(t: dict[str, torch.Tensor], bits: int) -> tuple[torch.Tensor, bool]:
+    """(the packed bytes, whether in the lane layout) of a linear's stored tensors (pack_weights)."""
+    lanes = t.get(f"lanes{bits}")
+    return (lanes, True) if lanes is not None else (t[f"q{bits}"], False)
+
+
+def unpack_weights(packed: torch.Tensor, bits: int, lanes: bool) -> torch.Tensor:
+    """The [N, K] values of packed bytes in either stored form (packed_weights)."""
+    return unpack_lanes(packed, bits) if lanes else unpack_bits(packed, bits)
+
+
+def stored_values(t: dict[str, torch.Tensor], bits: int) -> torch.Tensor:
+    """The [N, K] values of a linear's stored tensors, in whichever form they are stored."""
+    packed, lanes = packed_weights(t, bits)
+    return unpack_weights(packed, bits, lanes)
 
 
 # --- fake quantization: references for tests and the loss inside AWQ's search, never the runtime path ---

@@ -54,7 +54,7 @@ class Scheme:
     def dequantized(self, t: dict[str, torch.Tensor], group: int | None) -> torch.Tensor:
         """The float [N, K] weight these portable tensors hold (what the rounded linear computes with)."""
         if self.grouped:
-            q = qparams.unpack_bits(t[f"q{self.bits}"], self.bits)
+            q = qparams.stored_values(t, self.bits)
             return qparams.groups_dequant(q, t["scale"], t["zero"], group, self.bits)
         return t["w_q"].float() * t["w_scale"].float()[:, None]
 
@@ -106,7 +106,7 @@ def build(
     scheme = get(name)
     if device != "cpu":  # quantspec's kernels are CPU kernels
         t, gemv = {key: v.to(device) for key, v in t.items()}, False
-    k = t["w_q"].shape[1] if "w_q" in t else t[f"q{scheme.bits}"].shape[1] * 8 // scheme.bits
+    k = t["w_q"].shape[1] if "w_q" in t else qparams.packed_weights(t, scheme.bits)[0].shape[1] * 8 // scheme.bits
     step = scheme.gemv.K_STEP
     fits = k % step == 0 and (not scheme.grouped or group % step == 0)
     cls = scheme.gemv if gemv and fits else scheme.aten

@@ -18,8 +18,8 @@ from src.engine.native import Decoder
 from src.kernels import format_number, modules, variants
 from src.models.tiny import tiny_model
 from src.quant import qparams, schemes
-from src.quant.aten_ops import SPLIT, pack_lanes, pack_w4
 from src.quant.linear import int4_tensors, int8_tensors
+from src.quant.qparams import SPLIT, pack_lanes
 from src.quant.schemes import build
 from tests.helpers import use_variant
 
@@ -147,11 +147,11 @@ def test_gemv_w4a8_is_exact_integer_sums_of_int8_activations_and_the_nibbles(m, 
     x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
     q, scale, zero = qparams.int4_groups(w, group)
     offset = (zero - qparams.INT4_MID * scale).contiguous()
-    y = torch.ops.quantspec.gemv_w4a8(x, pack_w4(q), scale.contiguous(), offset, group)
+    y = torch.ops.quantspec.gemv_w4a8(x, pack_lanes(q, 4), scale.contiguous(), offset, group)
     x_q, x_scale = qparams.int8_per_token(x)
     ref = (x_q.double() @ qparams.int4_dequant(q, scale, zero, group).double().t()) * x_scale.double()
     assert y.dtype == torch.bfloat16 and _rel_err(y, ref) < 8e-3  # the output rounded to bf16, as x's dtype
-    y32 = torch.ops.quantspec.gemv_w4a8(x.float(), pack_w4(q), scale.contiguous(), offset, group)
+    y32 = torch.ops.quantspec.gemv_w4a8(x.float(), pack_lanes(q, 4), scale.contiguous(), offset, group)
     assert _rel_err(y32, ref) < 1e-5
     # the int8 activations are what the kernel used: bf16 x's own product is farther than the rounding above
     assert _rel_err(x.double() @ qparams.int4_dequant(q, scale, zero, group).double().t(), ref) > 1e-3
@@ -175,7 +175,7 @@ def test_w4a8_sums_at_their_worst_case():
     x[1] = -3.0
     q = torch.full((4, k), 15, dtype=torch.uint8)
     scale, offset = torch.full((4, k // group), 0.5), torch.zeros(4, k // group)
-    y = torch.ops.quantspec.gemv_w4a8(x, pack_w4(q), scale, offset, group)
+    y = torch.ops.quantspec.gemv_w4a8(x, pack_lanes(q, 4), scale, offset, group)
     expect = torch.tensor([[3.0 * 15 * 0.5 * k] * 4, [-3.0 * 15 * 0.5 * k] * 4])
     torch.testing.assert_close(y, expect, rtol=1e-6, atol=0)
 
@@ -185,14 +185,14 @@ def test_int4_weight_unpacks_to_bf16_for_prefill_and_the_gemv_reads_it_unrounded
     w = torch.randn(24, 512)
     q, scale, zero = qparams.int4_groups(w, 256)
     offset = (zero - qparams.INT4_MID * scale).contiguous()
-    dense = dequant_w4a16(pack_w4(q), scale.contiguous(), offset, 256)
+    dense = dequant_w4a16(pack_lanes(q, 4), scale.contiguous(), offset, 256)
     # q * scale + offset rounded once to float32 (the kernel's FMA; exact in float64 first), then to bf16
     ref = (q.double().reshape(24, 2, 256) * scale.double()[..., None] + offset.double()[..., None]).reshape(24, 512)
     assert dense.dtype == torch.bfloat16 and torch.equal(dense, ref.float().bfloat16())
     x = torch.zeros(1, 512)
     x[0, 300] = 1  # one input channel: the gemv returns that column of the weight, in float32
     torch.testing.assert_close(
-        gemv_w4a16(x, pack_w4(q), scale.contiguous(), offset, 256)[0],
+        gemv_w4a16(x, pack_lanes(q, 4), scale.contiguous(), offset, 256)[0],
         ref[:, 300].float(),
         rtol=1e-6,
         atol=1e-6,
@@ -211,7 +211,7 @@ def test_16_bit_activations_are_as_precise_as_float32_not_bf16(kind):
         dense = w_q.double() * w_s.double()[:, None]
     else:
         q, scale, zero = qparams.int4_groups(w, 128)
-        y = gemv_w4a16(x, pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 128)
+        y = gemv_w4a16(x, pack_lanes(q, 4), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 128)
         dense = qparams.int4_dequant(q, scale, zero, 128).double()
     assert y.dtype == torch.float32
     assert _rel_err(y, x.double() @ dense.t()) < 2e-4
@@ -226,7 +226,7 @@ def test_16_bit_activation_sums_cannot_overflow():
     y = torch.ops.quantspec.gemv_w8a16(x, w_q, torch.full((8,), 0.5))
     torch.testing.assert_close(y, torch.full((1, 8), 3.0 * 127 * 0.5 * k), rtol=1e-5, atol=0)  # fp32 rounding only
     q = torch.full((8, k), 15, dtype=torch.uint8)
-    y = gemv_w4a16(x, pack_w4(q), torch.full((8, k // 128), 0.5), torch.zeros(8, k // 128), 128)
+    y = gemv_w4a16(x, pack_lanes(q, 4), torch.full((8, k // 128), 0.5), torch.zeros(8, k // 128), 128)
     torch.testing.assert_close(y, torch.full((1, 8), 3.0 * 15 * 0.5 * k), rtol=1e-5, atol=0)  # fp32 rounding only
 
 
@@ -295,6 +295,20 @@ def test_quantized_modules_built_for_the_gemv_take_it_for_few_rows_only():
     assert (
         type(build("w4a16", int4_tensors(w, None, 64), 64, torch.bfloat16, True)).__name__ == "W4A16Linear"
     )  # groups of 64 split the int4 kernel's 128-value loads: ATen's
+
+
+def test_a_grouped_gemv_module_reads_its_stored_lanes_in_place():
+    """The cache stores grouped weights in the kernels' lane layout: the module keeps the tensor it is given (for a
+    cached model, a view of the mapped file), with no copy or repacking, and computes with the weights stored."""
+    torch.manual_seed(9)
+    w, x = torch.randn(96, 256), torch.randn(1, 256).bfloat16()
+    for name, bits in (("w4a16", 4), ("w5a16", 5), ("w6a16", 6), ("w2a16", 2)):
+        scheme = schemes.get(name)
+        tensors = scheme.tensors(w, None, 128)
+        module = build(name, tensors, 128, torch.bfloat16, True)
+        assert module.wg.data_ptr() == tensors[f"lanes{bits}"].data_ptr(), name
+        ref = x.double() @ scheme.dequantized(tensors, 128).double().t()
+        assert _rel_err(module(x), ref) < 1e-2, name
 
 
 def test_a_prefills_bf16_gemm_made_fp32_multiplies_the_same_values():
@@ -411,7 +425,7 @@ def _ops(kind: str, m: int, seed: int = 0):
             return x, lambda x: torch.ops.quantspec.gemv_w8a8(x, w_q, w_s, w_q.sum(1, dtype=torch.int32))
         return x, lambda x: torch.ops.quantspec.gemv_w8a16(x, w_q, w_s)
     q, scale, zero = qparams.int4_groups(w, 128)
-    packed, offset = pack_w4(q), (zero - qparams.INT4_MID * scale).contiguous()
+    packed, offset = pack_lanes(q, 4), (zero - qparams.INT4_MID * scale).contiguous()
     gemv = gemv_w4a16 if kind == "w4a16" else torch.ops.quantspec.gemv_w4a8
     return x, lambda x: gemv(x, packed, scale.contiguous(), offset, 128)
 
@@ -447,7 +461,7 @@ def test_a_rows_result_does_not_depend_on_how_many_rows_come_together(isa, kind)
 def test_the_int4_unpacking_and_the_norms_are_bit_for_bit_the_reference_variants(isa):
     torch.manual_seed(2)
     q, scale, zero = qparams.int4_groups(torch.randn(36, 768), 256)
-    args = (pack_w4(q), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 256)
+    args = (pack_lanes(q, 4), scale.contiguous(), (zero - qparams.INT4_MID * scale).contiguous(), 256)
     # d = 100: the sum of squares' 16 running sums and the 4 values after them
     norms = [(torch.randn(5, d).to(t), torch.randn(d).to(t)) for d in (640, 100) for t in (torch.bfloat16, torch.float)]
 
@@ -558,16 +572,3 @@ def test_gptqs_run_of_features_in_the_binding_is_torchs_bit_for_bit(monkeypatch,
     gptq.forget()
     for a, b in zip(native, torch_path, strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
-
-
-@pytest.mark.parametrize("bits", [2, 4, 5, 6])
-def test_the_bindings_repack_of_portable_bytes_is_pack_lanes_of_their_values_bit_for_bit(bits):
-    """A grouped gemv module's lane layout, made from the cache's portable bytes in one pass in the binding
-    (repack_lanes), is what the reference in torch operators makes (aten_ops.pack_lanes of qparams.unpack_bits)."""
-    from src.quant import aten_ops, qparams
-
-    gen = torch.Generator().manual_seed(bits)
-    values = torch.randint(0, 1 << bits, (37, 384), generator=gen, dtype=torch.uint8)  # odd rows, three blocks
-    portable = qparams.pack_bits(values, bits)
-    assert torch.equal(qparams.unpack_bits(portable, bits), values)
-    assert torch.equal(torch.ops.quantspec.repack_lanes(portable, bits), aten_ops.pack_lanes(values, bits))

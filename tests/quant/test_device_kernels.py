@@ -50,12 +50,13 @@ def test_w8a16_without_the_int8_weight_kernel_falls_back_once_and_matches_it(lay
     assert torch.equal(first, second)
 
 
-def test_tinygemm_takes_quantspecs_stored_bytes_and_zero_point(layer):
+def test_tinygemm_takes_quantspecs_stored_values_and_zero_point(layer):
     w, b = layer
     q, scale, zero = qparams.int4_groups(w, 128)
-    stored = int4_tensors(w, b, 128)["q4"]
-    # CUDA's converter takes uint8 [N, K/2], even columns in the high nibble: the portable form itself
-    assert torch.equal(stored, qparams.pack_nibbles(q)) and torch.equal(stored[:, 0] >> 4, q[:, 0].to(torch.uint8))
+    stored = qparams.stored_values(int4_tensors(w, b, 128), 4)
+    # CUDA's converter takes uint8 [N, K/2], even columns in the high nibble, made from the stored values
+    nibbles = qparams.pack_nibbles(stored)
+    assert torch.equal(stored, q) and torch.equal(nibbles[:, 0] >> 4, q[:, 0].to(torch.uint8))
     # tinygemm's dequantization is (q - 8) * scale + zero, quantspec's reference
     torch.testing.assert_close(
         qparams.int4_dequant(q, scale, zero, 128),

@@ -81,7 +81,7 @@ def test_precision_gptq_rounds_the_head_and_the_named_linears_and_refuses_a_name
     for name in ("lm_head", "model.layers.0.self_attn.v_proj"):
         assert not torch.equal(weights.layers[name]["w_q"], ref.layers[name]["w_q"]), name
     for name in ("model.layers.0.mlp.up_proj", "model.layers.1.self_attn.q_proj"):  # not named: to nearest
-        assert torch.equal(weights.layers[name]["q4"], ref.layers[name]["q4"]), name
+        assert torch.equal(weights.layers[name]["lanes4"], ref.layers[name]["lanes4"]), name
     model = install(model.to(torch.bfloat16), weights, torch.bfloat16)
     ids = tok("def add(a, b):", return_tensors="pt").input_ids
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4, do_sample=False)

@@ -86,3 +86,32 @@ def test_a_partial_entry_whose_layer_does_not_match_its_record_starts_over_in_on
     said = [r.getMessage() for r in caplog.records if "starts over" in r.getMessage()]
     assert len(said) == 1 and f"{shards.layer_file(0)} does not match its recorded sha256" in said[0], said
     assert entry_bytes(again.cache_dir)[shards.layer_file(0)] == entry_bytes(whole.cache_dir)[shards.layer_file(0)]
+
+
+def _mapped_file(tensor: torch.Tensor) -> str | None:
+    """The file this process has mapped where the tensor's data lies, or None (anonymous memory)."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            low, high = (int(a, 16) for a in fields[0].split("-"))
+            if low <= address < high:
+                return fields[5] if len(fields) > 5 and fields[5].startswith("/") else None
+    return None
+
+
+def test_a_cached_entrys_grouped_weights_are_read_in_place_from_its_mapped_files_and_the_rest_copied(tmp_path):
+    """Stored in the gemv kernels' lane layout, a cached model's grouped weights come as views of its mapped
+    safetensors files (nothing copied or repacked at load; the page cache holds them once); their scales and
+    zeros come as copies, so a module that keeps those keeps no file mapped."""
+    from src.quant import cache
+
+    report = build(tmp_path)
+    weights = cache.load(report.cache_dir)
+    for name in weights.layers:
+        tensors = weights.layers[name]
+        (field,) = [f for f in tensors if f.startswith(("lanes", "q"))]
+        assert field.startswith("lanes"), f"{name}: {field} (the tiny model's widths are whole blocks of 128)"
+        where = _mapped_file(tensors[field])
+        assert where is not None and where.startswith(str(report.cache_dir)), (name, where)
+        assert _mapped_file(tensors["scale"]) is None and _mapped_file(tensors["zero"]) is None, name

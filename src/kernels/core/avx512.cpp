@@ -108,7 +108,7 @@ struct W8A8 : Dense<int8_t, uint8_t> {  // 64 per step: u8 activations (int8 + 1
 };
 
 // int4, unpacked to bf16 for a prefill's GEMM (dequant_w4a16): 128 values per 64 bytes, 16-bit lane i
-// holding values i, i + 32, i + 64 and i + 96 in its four nibbles, the layout `pack_w4` makes at load.
+// holding values i, i + 32, i + 64 and i + 96 in its four nibbles, the layout qparams.pack_lanes makes (the cache stores it).
 // A group's 16 possible weights, q * scale + offset, go into one register as bf16, twice (entries
 // 0..15 and 16..31); VPERMW looks up each lane's low 5 bits, so shifting the lane by 0, 4, 8 or 12
 // selects a nibble with no masking.
@@ -245,7 +245,7 @@ inline __m512i nibble(__m512i v) {
   else return _mm512_and_si512(_mm512_srli_epi16(v, 4 * u), _mm512_set1_epi16(0xF));
 }
 
-// int4 in pack_w4's layout (see W4Unpack above): nibble u of each 16-bit lane, masked, is the weight q (0..15)
+// int4 in pack_lanes' layout (see W4Unpack above): nibble u of each 16-bit lane, masked, is the weight q (0..15)
 // as an int16. w = q * scale + offset per group: the int32 sum of q * x is scaled once per group, and
 // the offsets meet the group sums of x (x_group) in `finish`.
 struct W4A16 : Grouped<4> {
