@@ -11,13 +11,15 @@ sources ship (models/ggml-vocab-llama-spm.gguf, which scripts/build_llama_server
 round, in turns: llama-quantize F16 -> Q4_K_M (wall time and peak memory, by /usr/bin/time), each quantspec method
 as a user runs it (`python -m src.run model=hub model.local_path=<checkpoint> precision=w4a16 task=quantize`, its
 cache entry removed first; `quantize_s` and `peak_rss_gb` read back from its run), and a job whose quantized weights
-are cached (`task=decode`: `quant_load_s`, `peak_rss_gb`, against 1.3 x its weights and KV cache). doc=true adds
-the table to the seven-b benchmark page.
+are cached (`task=decode`: `quant_load_s`, `peak_rss_gb`, against 1.3 x its weights and KV cache), twice: with the
+entry's files in the page cache, and with them evicted from it first (posix_fadvise DONTNEED), beside the time a plain
+read of those files takes from the disk, evicted alike. doc=true adds the table to the seven-b benchmark page.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -145,6 +147,30 @@ def write_f16_gguf(folder: Path, vocab: Path, path: Path) -> None:
     tmp.rename(path)
 
 
+def evict(files: list[Path]) -> None:
+    """Drop the files' clean pages from the page cache (no privileges needed; a page still mapped stays)."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def disk_read_s(files: list[Path]) -> float:
+    """Seconds to read the files whole from the disk (evicted first), 16 MB at a time."""
+    evict(files)
+    start = time.perf_counter()
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(16 << 20):
+                pass
+    took = time.perf_counter() - start
+    evict(files)
+    return took
+
+
 def timed(argv: list[str]) -> tuple[float, float]:
     """(wall seconds, peak resident GB) of a command, by /usr/bin/time."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
@@ -186,6 +212,7 @@ def main(argv: list[str]) -> int:
     rows: dict[str, list[tuple[float, float]]] = {"llama-quantize Q4_K_M": []}
     rows.update({f"quantspec w4a16 {m}": [] for m in args.methods})
     hits: list[tuple[float, float, float]] = []
+    cold: list[tuple[float, float]] = []  # (the job's load, a plain read of its files), both from the disk
     for n in range(args.rounds):
         out = home / f"{args.model}-q4_k_m.gguf"
         rows["llama-quantize Q4_K_M"].append(timed([str(quantizer), str(f16), str(out), "Q4_K_M", "2"]))
@@ -196,10 +223,14 @@ def main(argv: list[str]) -> int:
             job = quantize_job(store, sweeps / f"{n}-{m}", [*base, *METHODS[m]])[-1]
             rows[f"quantspec w4a16 {m}"].append((job.metrics["quantize_s"], job.metrics["peak_rss_gb"]))
         # timing only (random weights): no reference model to measure against
-        hit = decode_job(store, sweeps / f"{n}-hit", [*base, *METHODS[args.methods[-1]], "task.limit=2",
-                                                      "task.max_new_tokens=16", "task.reference=none"])[-1]  # fmt: skip
+        hit_job = [*base, *METHODS[args.methods[-1]], "task.limit=2", "task.max_new_tokens=16", "task.reference=none"]
+        hit = decode_job(store, sweeps / f"{n}-hit", hit_job)[-1]
         bound = 1.3 * (hit.metrics["weights_gb"] + hit.metrics.get("kv_cache_gb", 0.0))
         hits.append((hit.metrics["quant_load_s"], hit.metrics["peak_rss_gb"], bound))
+        (entry,) = entries.glob(f"{folder.name}-*")
+        files = sorted(entry.glob("*.safetensors"))
+        read = disk_read_s(files)  # leaves them evicted
+        cold.append((decode_job(store, sweeps / f"{n}-cold", hit_job)[-1].metrics["quant_load_s"], read))
         print(f"round {n + 1}: " + ", ".join(f"{k} {v[-1][0]:.0f} s" for k, v in rows.items()), flush=True)
     ref = statistics.median(s for s, _ in rows["llama-quantize Q4_K_M"])
     table = [
@@ -210,6 +241,17 @@ def main(argv: list[str]) -> int:
     text += "\n\n" + markdown_table(
         ["cache-hit job", "quant_load_s (median)", "peak_rss_gb (max)", "1.3 x (weights + KV) GB"],
         [[f"{args.methods[-1]}'s entry", statistics.median(h[0] for h in hits), max(h[1] for h in hits), hits[0][2]]],
+    )
+    text += "\n\n" + markdown_table(
+        ["its files evicted from the page cache", "quant_load_s (median)", "disk read s (median)", "x disk read"],
+        [
+            [
+                f"{args.methods[-1]}'s entry",
+                statistics.median(c[0] for c in cold),
+                statistics.median(c[1] for c in cold),
+                statistics.median(c[0] / c[1] for c in cold),
+            ]
+        ],
     )
     about = (
         f"{args.model}'s shape, random weights (a bf16 safetensors checkpoint and an F16 GGUF of the same values), "
