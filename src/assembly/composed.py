@@ -24,7 +24,7 @@ def job_config(args: list[str]) -> JobConfig:
                 cfg = compose("config", overrides=args)
         except HydraException as e:  # what those leave to Hydra, e.g. a word without '=': one line, no traceback
             signals.check()  # a stop that landed inside the composition, wrapped as its error
-            first = message_line(e) if str(e).strip() else type(e).__name__
+            first = message_line(e, empty=type(e).__name__)
             hint = " (overrides are key=value, e.g. model=llama-160m)" if isinstance(e, OverrideParseException) else ""
             problem = first + hint
     if problem is not None:

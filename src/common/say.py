@@ -12,8 +12,8 @@ def say(message: str, err: bool = False) -> None:
     print(PREFIX + message, file=sys.stderr if err else sys.stdout, flush=True)
 
 
-def message_line(err: BaseException) -> str:
-    """An exception's message, its first line only ("no message" where it has none): what a one-line reason
-    quotes of it."""
+def message_line(err: BaseException, empty: str = "no message") -> str:
+    """An exception's message, its first line only (`empty` where it has none): what a one-line reason quotes
+    of it."""
     lines = str(err).strip().splitlines()
-    return lines[0] if lines else "no message"
+    return lines[0] if lines else empty

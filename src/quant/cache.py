@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from src.common.cache import build_cached
+from src.quant import qparams
 from src.quant.methods import QuantSpec
 from src.quant.weights import QuantizedWeights
 
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 # smaller runs of rows (the same clips); 6: random weights made a layer at a time take the values a whole build gives them; 5: written layer by layer, a
 # file each (src.quant.shards); 4: GPTQ rounds the decoder's linears in layer order; an older cache is rebuilt
 FORMAT = 9
-LANES = "lanes"  # the field prefix of weights in the gemv kernels' layout (qparams.pack_weights)
 META = "quantized.json"
 
 
@@ -62,7 +62,7 @@ class StoredLayers(Mapping):
         with safe_open(str(self.files[name]), framework="pt") as f:
             for field in self.fields[name]:
                 tensor = f.get_tensor(f"layer/{name}/{field}")
-                tensors[field] = tensor if field.startswith(LANES) else tensor.clone()
+                tensors[field] = tensor if field.startswith(qparams.LANES) else tensor.clone()
         return tensors
 
     def __iter__(self) -> Iterator[str]:

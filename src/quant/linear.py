@@ -269,7 +269,7 @@ class GroupedGemv(QuantLinear):
 
     @classmethod
     def from_tensors(cls, t, group, dtype):
-        return cls(t[f"lanes{cls.BITS}"], t["scale"], t["zero"], group, t.get("bias"))
+        return cls(t[f"{qparams.LANES}{cls.BITS}"], t["scale"], t["zero"], group, t.get("bias"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2, lead = _flat(x)

@@ -185,19 +185,21 @@ def unpack_lanes(packed: torch.Tensor, bits: int) -> torch.Tensor:
 
 # --- the stored form of grouped weights ------------------------------------------------------------
 
+LANES = "lanes"  # the field prefix of weights stored in the lane layout (`lanes4`); a bit stream's is `q`
+
 
 def pack_weights(q: torch.Tensor, bits: int) -> dict[str, torch.Tensor]:
     """[N, K] b-bit values as the cache stores them: in the gemv kernels' lane layout (pack_lanes) as `lanes{bits}`
     where K is whole blocks of 128, so the kernels read it in place from the cache's mapped file, with no pass at
     load; else as a bit stream (pack_bits) as `q{bits}`."""
     if q.shape[1] % BLOCK == 0:
-        return {f"lanes{bits}": pack_lanes(q, bits)}
+        return {f"{LANES}{bits}": pack_lanes(q, bits)}
     return {f"q{bits}": pack_bits(q, bits)}
 
 
 def packed_weights(t: dict[str, torch.Tensor], bits: int) -> tuple[torch.Tensor, bool]:
     """(the packed bytes, whether in the lane layout) of a linear's stored tensors (pack_weights)."""
-    lanes = t.get(f"lanes{bits}")
+    lanes = t.get(f"{LANES}{bits}")
     return (lanes, True) if lanes is not None else (t[f"q{bits}"], False)
 
 

@@ -253,8 +253,7 @@ def _tracked(job: JobRun, name: str, work) -> None:
             pass  # nothing can record it; the owner record lets the next run end it
         raise
     except Exception as err:  # noqa: BLE001 - recorded in full (error.txt) and reported in one line
-        said = message_line(err)
-        say(f"job {name} failed: {said if str(err).strip() else type(err).__name__}", err=True)
+        say(f"job {name} failed: {message_line(err, empty=type(err).__name__)}", err=True)
         try:
             job.fail(err, _so_far(job))
         except StoreUnreachable as lost:
