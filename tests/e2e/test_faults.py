@@ -163,26 +163,34 @@ def test_a_stop_anywhere_in_a_sweep_ends_it_in_one_line_and_leaves_nothing_runni
     # four points (the suite's time is bounded): the imports, a job loading, a job timing, the report at the end
     for i, fraction in enumerate((0.02, 0.35, 0.65, 0.92)):
         sig, code = (signal.SIGTERM, 143) if i % 2 == 0 else (signal.SIGINT, 130)
-        proc, uri = run(f"at{i}")
-        time.sleep(fraction * took)
-        if proc.poll() is not None:
-            continue  # this run was quicker than the first: nothing to stop
-        sent = time.time()
-        proc.send_signal(sig)
-        rc = proc.wait(timeout=60)
-        err = (tmp_path / f"at{i}.err").read_text()
-        where = f"{sig.name} at {fraction:.0%} ({fraction * took:.1f} s): rc {rc}, {err[-1500:]}"
-        if rc == 0:
-            continue  # it had finished its last write when the signal came
-        landed += 1
-        assert rc == code and time.time() - sent < 15, where
-        assert "Traceback" not in err and len(said(err)) == 1 and "stopped by" in said(err)[0], where
-        left = (
-            [(r.data.tags.get("quantspec.role"), r.info.status) for r in runs(uri)]
-            if (tmp_path / f"at{i}" / "m.db").exists()
-            else []
-        )
-        assert not [r for r in left if r[1] == "RUNNING"], f"{where}; runs: {left}"
+        # a run quicker than the one timed (a load on the host eased: seen in a suite beside other work) ends before
+        # its signal; the point is tried once more, timed by that quicker run
+        for attempt in range(2):
+            name = f"at{i}-{attempt}"
+            started = time.time()
+            proc, uri = run(name)
+            time.sleep(fraction * took)
+            if proc.poll() is not None:
+                took = min(took, time.time() - started)  # it ended within that sleep
+                continue
+            sent = time.time()
+            proc.send_signal(sig)
+            rc = proc.wait(timeout=60)
+            err = (tmp_path / f"{name}.err").read_text()
+            where = f"{sig.name} at {fraction:.0%} ({fraction * took:.1f} s): rc {rc}, {err[-1500:]}"
+            if rc == 0:
+                took = min(took, time.time() - started)  # it had finished its last write when the signal came
+                continue
+            landed += 1
+            assert rc == code and time.time() - sent < 15, where
+            assert "Traceback" not in err and len(said(err)) == 1 and "stopped by" in said(err)[0], where
+            left = (
+                [(r.data.tags.get("quantspec.role"), r.info.status) for r in runs(uri)]
+                if (tmp_path / name / "m.db").exists()
+                else []
+            )
+            assert not [r for r in left if r[1] == "RUNNING"], f"{where}; runs: {left}"
+            break
     assert landed >= 3, f"only {landed} of 4 stops landed before the sweep ended (a whole run took {took:.1f} s)"
 
 
