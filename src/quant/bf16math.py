@@ -12,7 +12,7 @@ bf16 and sums their products in fp32, into an fp32 result. Two uses in quantizat
 Where torch has no bf16 path for the CPU (no AVX512-BF16 or AMX: an AVX2 host) the mode is ignored and the GEMMs are
 fp32's, so the same code runs everywhere; `native()` says which. `native()` says only that the mode takes effect,
 not that it is faster: on an AVX512-BF16 EPYC without AMX it measured no faster than fp32 (a GPTQ update 176 GF/s
-against 167; an 11008-wide Gram 180 GF/s) while that CPU's bf16-tensor GEMMs ran at ~400 GF/s.
+against 167; an 11008-wide Gram 180-187 GF/s) while that CPU's bf16-tensor GEMMs ran at ~400 GF/s.
 """
 
 from __future__ import annotations
