@@ -353,12 +353,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& key, const at
 }
 
 // GPTQ's rounding of one run of features [c0, c1) of transposed float32 weights wt [K, n] (one feature's n
-// weights contiguous), in place (src/quant/gptq.py's _round_rows says the algorithm, and runs these same float
-// operations in torch where this binding is not loaded: the file builds with -ffp-contract=off, so each product
-// and sum is rounded as torch rounds it, and the two give the same bits). Grouped: q = round((x - lo) / s) in
-// 0..top, back = q * s + lo; else int8: q = round(x / s) in -top..top, back = q * s. Each feature's error, its
-// original weight (w0t, as wt before any update) less back, goes to the run's later features j (weighted by the unit
-// lower factor's factor[j, f]) and to err [c1 - b0 rows, n] at f - b0.
+// weights contiguous), last to first, in place (src/quant/gptq.py's _round_rows says the algorithm, and runs these
+// same float operations in torch where this binding is not loaded: the file builds with -ffp-contract=off, so each
+// product and sum is rounded as torch rounds it, and the two give the same bits). Grouped: q = round((x - lo) / s)
+// in 0..top, back = q * s + lo; else int8: q = round(x / s) in -top..top, back = q * s. Each feature's error, its
+// original weight (w0t, as wt before any update) less back, goes to the run's earlier features j (weighted by the
+// unit upper factor's factor[j, f]) and to err [c1 - b0 rows, n] at f - b0.
 // Rows (output channels) are independent: split across ATen's threads, each run of rows in cache.
 void gptq_features(at::Tensor& wt, const at::Tensor& w0t, const at::Tensor& factor, at::Tensor& qt, at::Tensor& err,
                    const at::Tensor& lo, const at::Tensor& scale, int64_t c0, int64_t c1, int64_t b0, int64_t top,
@@ -382,7 +382,7 @@ void gptq_features(at::Tensor& wt, const at::Tensor& w0t, const at::Tensor& fact
   void* q = qt.data_ptr();
   const float lowest = grouped ? 0.0f : -float(top), highest = float(top);
   at::parallel_for(0, n, 256, [&](int64_t r0, int64_t r1) {
-    for (int64_t f = c0; f < c1; ++f) {
+    for (int64_t f = c1 - 1; f >= c0; --f) {
       float* x = w + f * n;
       const float* x0 = w0 + f * n;
       float* e = e_out + (f - b0) * n;
@@ -395,7 +395,7 @@ void gptq_features(at::Tensor& wt, const at::Tensor& w0t, const at::Tensor& fact
         else static_cast<int8_t*>(q)[f * n + r] = static_cast<int8_t>(u);
         e[r] = x0[r] - back;
       }
-      for (int64_t j = f + 1; j < c1; ++j) {
+      for (int64_t j = c0; j < f; ++j) {
         const float vj = v[j * K + f];
         float* y = w + j * n;
         for (int64_t r = r0; r < r1; ++r) y[r] = y[r] + vj * e[r];
@@ -403,6 +403,38 @@ void gptq_features(at::Tensor& wt, const at::Tensor& w0t, const at::Tensor& fact
     }
   });
 }
+
+// c [M, N] float32 += A B in bf16 operands summed in float32 (api.h's gemm_bf16: a int32 [M, K2], A's bf16 rows as
+// pairs, each row's pairs contiguous; bp int32 [ceil(N / 32), K2, 32], B packed by src/quant/bf16gemm.py), rows split
+// across ATen's threads by their work (upper: a row's columns shrink down the matrix, so the threads' row counts are
+// uneven).
+void gemm_bf16(at::Tensor& c, const at::Tensor& a, const at::Tensor& bp, bool upper) {
+  TORCH_CHECK(k().gemm_bf16, "quantspec gemm_bf16: the ", k().name, " kernels have no bf16 dot product");
+  TORCH_CHECK(c.dim() == 2 && c.scalar_type() == at::kFloat && c.stride(1) == 1 && a.dim() == 2 &&
+                  a.scalar_type() == at::kInt && a.stride(1) == 1 && bp.dim() == 3 && bp.scalar_type() == at::kInt &&
+                  bp.is_contiguous(),
+              "quantspec gemm_bf16: float32 c and int32 a (rows contiguous), int32 bp contiguous");
+  const int64_t M = c.size(0), N = c.size(1), K2 = a.size(1);
+  TORCH_CHECK(a.size(0) == M && bp.size(0) == (N + 31) / 32 && bp.size(1) == K2 && bp.size(2) == 32,
+              "quantspec gemm_bf16: shapes");
+  const uint32_t *ap = reinterpret_cast<const uint32_t*>(a.data_ptr<int32_t>()),
+                 *bpp = reinterpret_cast<const uint32_t*>(bp.data_ptr<int32_t>());
+  float* cp = c.data_ptr<float>();
+  const int64_t ldc = c.stride(0), parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), M / 8));
+  auto edge = [&](int64_t i) -> int64_t {  // part i's first row, a multiple of 8: equal work (rows, or a triangle's)
+    if (i >= parts) return M;
+    const double share = double(i) / double(parts);
+    return std::min(M, int64_t((upper ? 1.0 - std::sqrt(1.0 - share) : share) * double(M)) / 8 * 8);
+  };
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t i = p0; i < p1; ++i) {
+      const int64_t m0 = edge(i), m1 = edge(i + 1);
+      if (m0 < m1) k().gemm_bf16(ap, a.stride(0), bpp, K2, N, m0, m1, upper, cp, ldc);
+    }
+  });
+}
+
+bool has_gemm_bf16() { return k().gemm_bf16 != nullptr; }
 
 }  // namespace qs_ops
 
@@ -427,6 +459,8 @@ TORCH_LIBRARY(quantspec, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
   m.def("gptq_features(Tensor(a!) wt, Tensor w0t, Tensor factor, Tensor(b!) qt, Tensor(c!) err, Tensor lo, "
         "Tensor scale, int c0, int c1, int b0, int top, bool grouped) -> ()");
+  m.def("gemm_bf16(Tensor(a!) c, Tensor a, Tensor bp, bool upper) -> ()");
+  m.def("has_gemm_bf16() -> bool");
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
@@ -439,6 +473,7 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("rms_norm", rms_norm);
   m.impl("decode_attention", decode_attention);
   m.impl("gptq_features", gptq_features);
+  m.impl("gemm_bf16", gemm_bf16);
   m.impl("int8_gemm_amx", int8_gemm_amx);
   m.impl("quantize_x8_bf16", quantize_x8_bf16);
   m.impl("scale_rows_bf16", scale_rows_bf16);
@@ -450,4 +485,5 @@ TORCH_LIBRARY_IMPL(quantspec, CatchAll, m) {
   m.impl("formats", formats);
   m.impl("use_amx", use_amx);
   m.impl("amx", amx);
+  m.impl("has_gemm_bf16", has_gemm_bf16);
 }

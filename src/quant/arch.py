@@ -103,6 +103,12 @@ def layer_awq_groups(model: nn.Module, arch: str, i: int) -> list[ScaleGroup]:
     return groups
 
 
+def output_linear(arch: str, i: int) -> str:
+    """Layer i's linear whose output only the layer's output reads (the MLP's output projection): no other linear's
+    input depends on it."""
+    return layer_prefix(arch, i) + _LAYOUT[arch][7]
+
+
 def awq_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:
     """Every layer's AWQ groups, in layer order."""
     return [g for i in range(len(decoder_layers(model, arch))) for g in layer_awq_groups(model, arch, i)]

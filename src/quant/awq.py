@@ -54,20 +54,27 @@ def search_scale(
             keep = torch.randperm(w.shape[0], generator=torch.Generator().manual_seed(seed))[:rows].sort().values
             w = w[keep]
         w = w.float()
-        ref = x @ w.T
         if act_int8:
-            output = lambda s: fake_int8_act(x / s) @ _fake_groups(w * s, group, bits).T  # noqa: E731
+            ref = x @ w.T
+            error = lambda s: fake_int8_act(x / s) @ _fake_groups(w * s, group, bits).T - ref  # noqa: E731
         else:
-            output = lambda s: x @ _fake_groups(w * s, group, bits).div_(s).T  # noqa: E731
+            # the outputs' change x (Q(W s) / s - W)^T in one GEMM per trial, where the CPU multiplies bf16 natively
+            # in bf16 operands and result: x's values are bf16 already, the change's relative rounding (2^-9) is of
+            # the change itself, not of the weights, so the loss is finer than trial outputs less the reference
+            # (each rounded at the weights' scale), and ~2.5x as fast as the fp32 GEMM (an AVX512-BF16 EPYC: ~390
+            # GF/s against ~160, at 2048 tokens x 4096 x 512 rows)
+            operand = torch.bfloat16 if bf16math.native() else torch.float32
+            xo = x.to(operand)
+            error = lambda s: xo @ (_fake_groups(w * s, group, bits).div_(s).sub_(w)).to(operand).T  # noqa: E731
     else:
         originals = [lin.weight.detach().clone() for lin in linears]
         ref = block(x)
 
-        def output(s):
+        def error(s):
             for lin, orig in zip(linears, originals):
                 lin.weight.copy_(_fake_groups(orig.float() * s, group, bits).div_(s))
             try:
-                return block(x)
+                return block(x) - ref
             finally:
                 for lin, orig in zip(linears, originals):
                     lin.weight.copy_(orig)
@@ -79,7 +86,7 @@ def search_scale(
         s = x_mean.pow(r).clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()
         with bf16math.operands():  # the trials ranked by GEMMs as fine as AWQ's own fp16 ones (src.quant.bf16math)
-            loss = ((output(s) - ref) ** 2).mean().item()
+            loss = error(s).float().pow_(2).mean().item()
         if loss < best_loss:
             best_loss, best_s, best_r = loss, s, r
     return best_s, best_r

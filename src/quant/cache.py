@@ -28,12 +28,14 @@ from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
+# 10: GPTQ rounds the features last to first (H's own Cholesky factor, no reversed copies); AWQ's scale trials ranked
+# by the outputs' change in one GEMM (bf16 where native); the Grams AWQ scales divided in place;
 # 9: grouped weights stored in the gemv kernels' lane layout, read in place (qparams.pack_weights);
 # 8: Grams of bf16 rows summed in another order, AWQ's scale trials ranked by bf16-operand GEMMs (src.quant.bf16math);
 # 7: GPTQ rounds from one Cholesky factor of H, with no inverse (other float32 roundings); AWQ's clip search in
 # smaller runs of rows (the same clips); 6: random weights made a layer at a time take the values a whole build gives them; 5: written layer by layer, a
 # file each (src.quant.shards); 4: GPTQ rounds the decoder's linears in layer order; an older cache is rebuilt
-FORMAT = 9
+FORMAT = 10
 META = "quantized.json"
 
 

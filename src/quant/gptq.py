@@ -13,11 +13,10 @@ Rows (output channels) are independent given H: every row of a linear is rounded
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from scipy.linalg import blas, lapack
 
-from src.quant import bf16math, qparams
+from src.quant import bf16gemm, bf16math, qparams
 
 DAMP = 0.01  # H's diagonal is raised by this share of its mean: a feature the calibration barely saw stays solvable
 INNER = 16  # features whose errors go to each other at once, before the rest of their block (_round_rows)
@@ -25,34 +24,38 @@ INNER = 16  # features whose errors go to each other at once, before the rest of
 
 def gram(x: torch.Tensor) -> torch.Tensor:
     """X^T X of rows [tokens, features], in float32 (as GPTQ's reference: the inputs are bf16 or float32 values,
-    their products exact in float32; a 7B layer's in float64 had taken 3x as long). Its lower triangle only, the
-    rest zero, in C order: GPTQ reads only that triangle (_reversed_damped). Rows of bf16 values on a CPU that
-    multiplies bf16 natively go to bf16 GEMMs summed in float32 (src.quant.bf16math: nothing rounded), a panel of
-    rows at a time below the diagonal; others to BLAS's syrk, which forms one triangle (half a GEMM's work)."""
-    if x.dtype == torch.bfloat16 and bf16math.native():
-        return _lower_by_panels(x.float())
+    their products exact in float32; a 7B layer's in float64 had taken 3x as long). Its upper triangle only, the
+    rest zero, in C order: GPTQ reads only that triangle (_damped). Rows of bf16 values go to bf16 GEMMs summed
+    in float32 (nothing rounded) where the CPU multiplies bf16 natively: on AMX's tiles, oneDNN's bf16 math mode
+    (src.quant.bf16math), a panel of rows at a time above the diagonal; elsewhere quantspec's own kernel
+    (src.quant.bf16gemm) where it is loaded. Others go to BLAS's syrk, which forms one triangle (half a GEMM's
+    work)."""
+    if x.dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported():
+        return _upper_by_panels(x.float())
+    if x.dtype == torch.bfloat16 and bf16gemm.native():
+        return bf16gemm.gram_upper(x)
     x = x.float()
     # x's rows in C order are its transpose's columns in BLAS's (Fortran) order: A A^T of that [features, tokens]
-    # matrix is X^T X, read in place; its Fortran upper triangle, read in C order, is the lower one
-    return torch.from_numpy(blas.ssyrk(1.0, x.numpy().T, trans=0, lower=0)).T
+    # matrix is X^T X, read in place; its Fortran lower triangle, read in C order, is the upper one
+    return torch.from_numpy(blas.ssyrk(1.0, x.numpy().T, trans=0, lower=1)).T
 
 
-PANEL = 1024  # features per panel of _lower_by_panels: an 11008-wide Gram in 11 GEMMs, 55% of a whole one's work
+PANEL = 1024  # features per panel of _upper_by_panels: an 11008-wide Gram in 11 GEMMs, 55% of a whole one's work
 
 
-def _lower_by_panels(x: torch.Tensor) -> torch.Tensor:
-    """gram's lower triangle by panels of PANEL features: each panel's rows against the features up to its own
-    last, in bf16 operands (the values are bf16 already) summed in float32; the rest of each panel's rows, and the
-    diagonal blocks' upper parts, zeroed (each element written once: a zeroed matrix had been written over)."""
+def _upper_by_panels(x: torch.Tensor) -> torch.Tensor:
+    """gram's upper triangle by panels of PANEL features: each panel's rows against the features from its own
+    first, in bf16 operands (the values are bf16 already) summed in float32; the rest of each panel's rows, and the
+    diagonal blocks' lower parts, zeroed (each element written once: a zeroed matrix had been written over)."""
     k = x.shape[1]
     out = torch.empty(k, k)
     with bf16math.operands():
         for r0 in range(0, k, PANEL):
             r1 = min(r0 + PANEL, k)
-            out[r0:r1, :r1] = x[:, r0:r1].T @ x[:, :r1]
-            out[r0:r1, r1:].zero_()
+            out[r0:r1, r0:] = x[:, r0:r1].T @ x[:, r0:]
+            out[r0:r1, :r0].zero_()
             block = out[r0:r1, r0:r1]
-            block.copy_(block.tril())
+            block.copy_(block.triu())
     return out
 
 
@@ -107,68 +110,65 @@ def forget() -> None:
 
 
 def _unit_factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """W' (float32, [K, K], C order): the transpose of the upper triangular V with H = V V^T (H damped), each row
-    divided by its diagonal, so unit lower triangular; only its lower triangle is meaningful. A feature never seen
-    (zero diagonal) is zeroed in `w`, as it meets no input.
+    """W' (float32, [K, K], C order): the transpose of H's lower Cholesky factor L (H = L L^T, H damped), each row
+    divided by its diagonal, so unit upper triangular; only its upper triangle is meaningful (row j holds what each
+    later feature's error sends to feature j, contiguous, as GPTQ's block updates read it). A feature never seen (zero diagonal)
+    is zeroed in `w`, as it meets no input.
 
-    GPTQ's reference factors H^-1 = U^T U (U upper) and sends feature i's error (w_i - q_i) / U_ii on to each later
-    feature j weighted by U_ij. The same rounding follows from V = U^-1 with no inverse formed: the weights' total
-    change is W - Q = U^T E, so E = V^T (W - Q), and feature j's updated weight is w_j + sum_{i<j} W'_ji (w_i - q_i),
-    with the original weights' errors (_round_rows). V is one Cholesky factor: with P the reversal of the features,
-    P H P = U^T U gives V = (P U P)^T. So one factorization, where the reference's Cholesky, inverse and Cholesky of
-    that are three (a triangular inverse of an 11008-wide factor had taken ~4 s of a 7B layer's ~60). In float32,
-    as GPTQ's reference; a Hessian float32 cannot factor is factored in float64."""
+    GPTQ's reference rounds the features first to last, factoring H^-1 = U^T U (U upper) and sending feature i's
+    error (w_i - q_i) / U_ii on to each later feature j weighted by U_ij. Here they are rounded last to first (the
+    order is GPTQ's choice: any order is the same method), where the same rounding follows from H's own Cholesky
+    factor with no inverse formed: H^-1 = M^T M (M lower) gives L = M^-1, the weights' total change W - Q = M^T E,
+    so E = L^T (W - Q), and feature j's updated weight is w_j + sum_{i>j} W'_ji (w_i - q_i), with the original
+    weights' errors (_round_rows). So one factorization of H as it is, where the reference's Cholesky, inverse and
+    Cholesky of that are three (a triangular inverse of an 11008-wide factor had taken ~4 s of a 7B layer's ~60),
+    and first to last it had needed H's features reversed before the factorization and after it (two copies of
+    the matrix in reverse order: 4.8 s of two 7B layers' 92). In float32, as GPTQ's reference; a Hessian float32
+    cannot factor is factored in float64."""
     dead = torch.diag(h) == 0
     w[:, dead] = 0.0
     for dtype in (torch.float32, torch.float64):
-        upper = _cholesky(_reversed_damped(h, dead, dtype))
+        upper = _cholesky(_damped(h, dead, dtype))
         if upper is not None:
             break
     else:
         raise RuntimeError("GPTQ: the calibration inputs' Gram matrix is not positive definite even in float64, damped")
-    unit = _reversed(upper).float()  # P U P = V^T
+    unit = upper.float()
     unit.div_(unit.diagonal().clone()[:, None])
     return unit
 
 
-def _reversed_damped(h: torch.Tensor, dead: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """P H P in `dtype`, a copy in C order (h, shared by the linears reading one input, is left as is), with a
-    never-seen feature's diagonal set to 1 and the diagonal raised by DAMP of its mean. Of h only the lower triangle
-    is read (gram's): reversed, it is P H P's upper one, the triangle _cholesky reads."""
-    f = _reversed(h).to(dtype)
+def _damped(h: torch.Tensor, dead: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """H in `dtype`, a copy in C order (h, shared by the linears reading one input, is left as is), with a never-seen
+    feature's diagonal set to 1 and the diagonal raised by DAMP of its mean. Of h only the upper triangle is read
+    (gram's), the triangle _cholesky reads."""
+    f = h.to(dtype, memory_format=torch.contiguous_format, copy=True)
     diag = f.diagonal()
-    diag[dead.flip(0)] = 1.0
+    diag[dead] = 1.0
     diag.add_(DAMP * diag.mean())
     return f
 
 
-def _reversed(m: torch.Tensor) -> torch.Tensor:
-    """P M P for square `m`, C order: its elements in reverse order, copied by numpy (an 11008-wide matrix in ~0.2 s,
-    where torch's flip took 0.33 s of both axes, 0.75 s of the flat view)."""
-    flat = m.contiguous().numpy().reshape(-1)
-    return torch.from_numpy(np.ascontiguousarray(flat[::-1]).reshape(m.shape))
-
-
 def _cholesky(f: torch.Tensor) -> torch.Tensor | None:
-    """The upper Cholesky factor U of symmetric `f` (U^T U = f), written over `f` (LAPACK's potrf on its memory: no
-    copy of an 11008-wide matrix), or None where `f` is not positive definite at its precision (`f` is then spent).
-    Only `f`'s upper triangle is read; below the diagonal, `f`'s own values are left."""
+    """L^T, the transpose of the lower Cholesky factor L of symmetric `f` (L L^T = f), written over `f` (LAPACK's
+    potrf on its memory: no copy of an 11008-wide matrix), or None where `f` is not positive definite at its
+    precision (`f` is then spent). Only `f`'s upper triangle is read; below the diagonal, `f`'s own values are left."""
     potrf = lapack.spotrf if f.dtype == torch.float32 else lapack.dpotrf
     # f's rows in C order are its columns in LAPACK's (Fortran) order: LAPACK's lower triangle there is f's upper
-    # one, and the lower factor L it writes, read back in C order, is L^T = U
+    # one, and the lower factor L it writes, read back in C order, is L^T
     factor, info = potrf(f.numpy().T, lower=1, clean=0, overwrite_a=1)
     return torch.from_numpy(factor.T) if info == 0 else None
 
 
 def _round_rows(w, unit, bits, group, block, q_out, scale, zero) -> None:
-    """GPTQ over rows `w` [n, K] with the unit lower factor `unit` (_unit_factor), writing q_out and, grouped, each group's
-    scale and zero.
+    """GPTQ over rows `w` [n, K] with the unit upper factor `unit` (_unit_factor), the features last to first,
+    writing q_out and, grouped, each group's scale and zero.
 
     The weights are held transposed ([K, n]: one feature's weights contiguous), beside their original values (each
     feature's error is its original weight less its rounded one; a group's range is its weights as the reference
     holds them: _as_updated), and the error feedback is batched at two levels:
     each rounded feature's error goes at once only to the rest of its INNER features, then an inner run's errors to
-    the rest of its block, then a block's to every feature after it (one GEMM each), which is GPTQ's lazy batching,
+    the rest of its block, then a block's to every feature before it (one GEMM each), which is GPTQ's lazy batching,
     with each update's footprint small enough to stay in cache."""
     n, k = w.shape
     top = qparams.INT8_MAX if group is None else (1 << bits) - 1
@@ -181,8 +181,11 @@ def _round_rows(w, unit, bits, group, block, q_out, scale, zero) -> None:
         scale_t, zero_t = torch.empty(k // group, n), torch.empty(k // group, n)
         assert block == group, "a group is ranged at its block's start"
     native = _native()
-    for b0 in range(0, k, block):
-        b1 = min(b0 + block, k)
+    # a block's errors to the features before it (most of GPTQ's multiply-adds) in bf16 operands where quantspec's
+    # kernel has them (src.quant.bf16gemm: 1.3-1.9x fp32's rate on an AVX512-BF16 EPYC), else in fp32
+    update = bf16gemm.addmm_ if bf16gemm.native() else torch.Tensor.addmm_
+    for b1 in range(k, 0, -block):
+        b0 = max(b1 - block, 0)
         err = torch.empty(b1 - b0, n)
         if group is not None:  # the group (a block: group == block) ranged by its weights as updated so far
             g = b0 // group
@@ -191,16 +194,16 @@ def _round_rows(w, unit, bits, group, block, q_out, scale, zero) -> None:
             scale_t[g] = ((hi - lo) / top).clamp(min=1e-6)
             zero_t[g] = lo + (1 << (bits - 1)) * scale_t[g]
             step, low = scale_t[g], zero_t[g] - (1 << (bits - 1)) * scale_t[g]
-        for c0 in range(b0, b1, INNER):
-            c1 = min(c0 + INNER, b1)
+        for c1 in range(b1, b0, -INNER):
+            c0 = max(c1 - INNER, b0)
             if native is not None:
                 native(wt, w0t, unit, qt, err, step if group is None else low, step, c0, c1, b0, top, group is not None)
             else:
                 _features(wt, w0t, unit, qt, err, low if group is not None else None, step, c0, c1, b0, top)
-            if c1 < b1:  # in place: the GEMM adds as it sums (beta 1), no product held apart
-                wt[c1:b1].addmm_(unit[c1:b1, c0:c1], err[c0 - b0 : c1 - b0])
-        if b1 < k:
-            wt[b1:].addmm_(unit[b1:, b0:b1], err)
+            if c0 > b0:  # in place: the GEMM adds as it sums (beta 1), no product held apart
+                wt[b0:c0].addmm_(unit[b0:c0, c0:c1], err[c0 - b0 : c1 - b0])
+        if b0 > 0:
+            update(wt[:b0], unit[:b0, b0:b1], err)
     q_out.copy_(qt.T)
     if group is not None:
         scale.copy_(scale_t.T)
@@ -208,13 +211,15 @@ def _round_rows(w, unit, bits, group, block, q_out, scale, zero) -> None:
 
 
 def _as_updated(sums: torch.Tensor, original: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
-    """A group's weights as GPTQ's reference holds them when the group is reached (each earlier feature's error sent
-    on to it, and to the features after the group, as the best change of the rest given what is rounded), from the
-    one-factor form's sums there (`sums`: each weight plus the W'-weighted errors of the features before the group).
-    Only once the group's own earlier features are in do the two forms agree feature by feature; its range is taken
-    before, so it takes the reference's values: with H = V V^T, the rest's best change is V22^-T V12^T D, and its
-    first `group` entries need only the group's own block of the unit lower factor (_unit_factor: one small solve)."""
-    return original + torch.linalg.solve_triangular(unit, sums - original, upper=False, unitriangular=True)
+    """A group's weights as GPTQ's reference holds them when the group is reached (each later feature's error sent
+    on to it, and to the features before the group, as the best change of the rest given what is rounded), from the
+    one-factor form's sums there (`sums`: each weight plus the W'-weighted errors of the features after the group).
+    Only once the group's own later features are in do the two forms agree feature by feature; its range is taken
+    before, so it takes the reference's values: with H = L L^T, the rest's best change is L11^-T L21^T D, and its
+    last `group` entries need only the group's own block of the unit upper factor (_unit_factor: one small solve)."""
+    # the block copied (64 KB): LAPACK's solve of a strided view had taken 1.4x as long
+    block = unit.contiguous()
+    return original + torch.linalg.solve_triangular(block, sums - original, upper=True, unitriangular=True)
 
 
 def _native():
@@ -227,13 +232,13 @@ def _native():
 
 
 def _features(wt, w0t, unit, qt, err, low, step, c0, c1, b0, top) -> None:
-    """Features [c0, c1) of wt [K, n] rounded one at a time (grouped where `low`, each row's grid low + q * step),
-    each one's error (its original weight in w0t less its rounded one) sent to the rest of the run, weighted by
-    the unit lower factor, and kept in err: the binding's gptq_features, in torch."""
+    """Features [c0, c1) of wt [K, n] rounded one at a time, last to first (grouped where `low`, each row's grid
+    low + q * step), each one's error (its original weight in w0t less its rounded one) sent to the run's earlier
+    features, weighted by the unit upper factor, and kept in err: the binding's gptq_features, in torch."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a feature's few-thousand-wide ops: waiting on a second thread costs more
     try:
-        for col in range(c0, c1):
+        for col in range(c1 - 1, c0 - 1, -1):
             x = wt[col]
             if low is None:
                 qi = torch.round(x / step).clamp_(-top, top)
@@ -243,7 +248,7 @@ def _features(wt, w0t, unit, qt, err, low, step, c0, c1, b0, top) -> None:
                 back = qi * step + low
             qt[col] = qi.to(qt.dtype)
             e = w0t[col] - back
-            wt[col + 1 : c1] += unit[col + 1 : c1, col, None] * e[None, :]
+            wt[c0:col] += unit[c0:col, col, None] * e[None, :]
             err[col - b0] = e
     finally:
         torch.set_num_threads(threads)

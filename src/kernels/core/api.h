@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#define QS_ABI 3
+#define QS_ABI 4
 
 // Every weight format the kernels know, in one list: its kind (the Stepper's, step.cpp), its name (the one
 // src.quant.schemes gives it) and its weight bits. A format's number is its place here; Python reads the list
@@ -103,6 +103,14 @@ typedef struct qs_kernels {
   // to nearest even.
   void (*dequant_grouped[QS_MAX_FORMATS])(const uint8_t* w, const float* scale, const float* offset, int64_t group,
                                           int64_t K, int64_t n0, int64_t n1, uint16_t* out);
+  // Quantization's GEMMs (a calibration Gram X^T X, GPTQ's error updates): c [M, N] float32 (rows ldc apart) +=
+  // A [M, 2 K2] B [2 K2, N] for rows m0..m1, bf16 operands summed in float32, A's bf16 row-major (as uint32 pairs
+  // along the sum: a [M, K2], rows lda pairs apart), B packed by panels of 32 columns with its rows 2k and 2k + 1 interleaved (bp
+  // [ceil(N / 32), K2, 32]: panel p, pair k, column 32 p + j; columns past N zero). upper: of each row m only the
+  // columns n >= m, from the start of m's 32-column panel, are summed (a Gram's upper triangle and a few before
+  // it); the rest of c is not touched. Null where the variant has no bf16 dot product (the caller's own GEMM then).
+  void (*gemm_bf16)(const uint32_t* a, int64_t lda, const uint32_t* bp, int64_t K2, int64_t N, int64_t m0,
+                    int64_t m1, int upper, float* c, int64_t ldc);
 } qs_kernels;
 
 // A format's weight bits (0: float), by number.

@@ -7,7 +7,8 @@
 //   w4a16       W int4 in groups, x int16 (VPDPWSSD on the nibbles; each group's sum scaled in fp32)
 //   w6a16, w5a16  W 6 or 5 bits in groups, as w4a16 with each step's high bits merged in (Split)
 // (the grouped formats through blocking.h's grouped_gemv), their unpacking to bf16 for a prefill's GEMM
-// (dequant_w4a16, dequant_split) and attention for a few queries.
+// (dequant_w4a16, dequant_split) and attention for a few queries; and one GEMM of many rows, quantization's
+// (gemm_bf16: float32 sums of bf16 products, VDPBF16PS, for calibration Grams and GPTQ's updates).
 // Every weight vector loaded is used for all M rows in registers, so verifying k tokens reads W once.
 //
 // Why our own: a decode step is memory bound, and a conversion per element (int8 -> fp32, bf16 -> fp32)
@@ -634,6 +635,60 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
   }
 }
 
+// gemm_bf16 (api.h): c += A B in tiles of MR rows x 32 columns held in 2 * MR accumulators over a run of KC pairs,
+// each step one VDPBF16PS per accumulator with A's pair broadcast. A block of MC rows' A (MC x KC pairs, 256 KB)
+// stays in L2 while every panel of B (KC x 32 pairs, 64 KB) is read once from memory and by each of the block's
+// tiles from L2: an 11008-wide Gram of 4096 rows streams B ~4 GB in all, C ~2 GB.
+constexpr int64_t GEMM_MR = 8, GEMM_KC = 512, GEMM_MC = 128;
+
+template <int MR>
+void gemm_tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t k0, int64_t k1, __mmask16 lo,
+               __mmask16 hi, float* c, int64_t ldc) {
+  __m512 acc[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = _mm512_maskz_loadu_ps(lo, c + r * ldc);
+    acc[r][1] = _mm512_maskz_loadu_ps(hi, c + r * ldc + 16);
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + 32 * k), b1 = (__m512bh)_mm512_loadu_si512(b + 32 * k + 16);
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(int(a[r * lda + k]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, lo, acc[r][0]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, hi, acc[r][1]);
+  }
+}
+
+void gemm_bf16(const uint32_t* a, int64_t lda, const uint32_t* bp, int64_t K2, int64_t N, int64_t m0, int64_t m1,
+               int upper, float* c, int64_t ldc) {
+  const int64_t panels = (N + 31) / 32;
+  for (int64_t k0 = 0; k0 < K2; k0 += GEMM_KC) {
+    const int64_t k1 = std::min(K2, k0 + GEMM_KC);
+    for (int64_t b0 = m0; b0 < m1; b0 += GEMM_MC) {
+      const int64_t b1 = std::min(m1, b0 + GEMM_MC);
+      for (int64_t p = upper ? b0 / 32 : 0; p < panels; ++p) {  // the panels some row of the block needs
+        const int64_t j0 = 32 * p, width = std::min<int64_t>(32, N - j0);
+        const __mmask16 lo = width >= 16 ? 0xFFFF : __mmask16((1u << width) - 1);
+        const __mmask16 hi = width >= 32 ? 0xFFFF : width <= 16 ? 0 : __mmask16((1u << (width - 16)) - 1);
+        const uint32_t* b = bp + p * K2 * 32;
+        for (int64_t r = b0; r < b1; r += GEMM_MR) {
+          const int64_t rows = std::min(GEMM_MR, b1 - r);
+          if (upper && j0 + 31 < r) continue;  // the tile's rows need none of this panel
+          const uint32_t* ar = a + r * lda;
+          float* cr = c + r * ldc + j0;
+          if (rows == GEMM_MR) gemm_tile<GEMM_MR>(ar, lda, b, k0, k1, lo, hi, cr, ldc);
+          else
+            for (int64_t i = 0; i < rows; ++i) gemm_tile<1>(ar + i * lda, lda, b, k0, k1, lo, hi, cr + i * ldc, ldc);
+        }
+      }
+    }
+  }
+}
+
 // Grouped formats without an entry here (w2a16) run the best kernel of a variant below that the CPU runs (api.h).
 const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, "avx512", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16, gemv_w8a16,
@@ -645,6 +700,7 @@ const qs_kernels table = [] {
   t.dequant_grouped[QS_W6A16] = dequant_split<W6A16>;
   t.gemv_grouped[QS_W5A16] = grouped_gemv<W5A16>;
   t.dequant_grouped[QS_W5A16] = dequant_split<W5A16>;
+  t.gemm_bf16 = gemm_bf16;
   return t;
 }();
 
