@@ -28,7 +28,8 @@ from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
-# 10: GPTQ rounds the features last to first (H's own Cholesky factor, no reversed copies); AWQ's scale trials ranked
+# 10: GPTQ on the features held reversed (H's own Cholesky factor, no reversed copies), its updates in bf16 where
+# the kernels have a bf16 dot product; AWQ's scale trials ranked
 # by the outputs' change in one GEMM (bf16 where native); the Grams AWQ scales divided in place;
 # 9: grouped weights stored in the gemv kernels' lane layout, read in place (qparams.pack_weights);
 # 8: Grams of bf16 rows summed in another order, AWQ's scale trials ranked by bf16-operand GEMMs (src.quant.bf16math);

@@ -9,6 +9,15 @@ group, each group's range taken from its weights as updated when its first featu
 reference does).
 
 Rows (output channels) are independent given H: every row of a linear is rounded at once, one feature at a time.
+
+The features are rounded first to last, as GPTQ's reference rounds them, but held in reverse order throughout: the
+Grams are formed of the inputs' features reversed (`gram`: P H P, P the reversal), the weights reversed as they are
+transposed, the result put back in order at the end. Reversed, first to last is last to first, which H's own
+Cholesky factor rounds with no inverse formed (_unit_factor), so no K x K matrix is ever copied in reverse (the
+inputs and weights are, in copies made anyway), and the reference's order is kept. (Rounded last to first in the
+features' own order, the default model's w4a16 measured within the spread float roundings alone give it: its KL
+against fp32 was 0.129 and 0.154 for two builds of this order that differ only in the order of a Gram's sums,
+0.151-0.158 for that one: GPTQ sends each rounding on, so a weight near a half-step moves the rest.)
 """
 
 from __future__ import annotations
@@ -23,13 +32,15 @@ INNER = 16  # features whose errors go to each other at once, before the rest of
 
 
 def gram(x: torch.Tensor) -> torch.Tensor:
-    """X^T X of rows [tokens, features], in float32 (as GPTQ's reference: the inputs are bf16 or float32 values,
-    their products exact in float32; a 7B layer's in float64 had taken 3x as long). Its upper triangle only, the
-    rest zero, in C order: GPTQ reads only that triangle (_damped). Rows of bf16 values go to bf16 GEMMs summed
+    """X^T X of rows [tokens, features] in GPTQ's order, the features reversed (P X^T X P: the module's docstring
+    says why), in float32 (as GPTQ's reference: the inputs are bf16 or float32 values, their products exact in
+    float32; a 7B layer's in float64 had taken 3x as long). Its upper triangle only, the rest zero, in C order: GPTQ
+    reads only that triangle (_damped). Rows of bf16 values go to bf16 GEMMs summed
     in float32 (nothing rounded) where the CPU multiplies bf16 natively: on AMX's tiles, oneDNN's bf16 math mode
     (src.quant.bf16math), a panel of rows at a time above the diagonal; elsewhere quantspec's own kernel
     (src.quant.bf16gemm) where it is loaded. Others go to BLAS's syrk, which forms one triangle (half a GEMM's
     work)."""
+    x = x.flip(1)  # a copy of the rows (each path below copies them once more, as its GEMM reads them)
     if x.dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported():
         return _upper_by_panels(x.float())
     if x.dtype == torch.bfloat16 and bf16gemm.native():
@@ -59,20 +70,27 @@ def _upper_by_panels(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def scaled_(h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """`h` (gram's) divided in place by s s^T: the Gram of the inputs divided by s per feature (AWQ's and
+    SmoothQuant's scaling), by rows then by columns, no s s^T formed."""
+    s = s.float().flip(0)  # in gram's order
+    return h.div_(s[:, None]).div_(s[None, :])
+
+
 @torch.no_grad()
 def round_weights(
     weight: torch.Tensor, h: torch.Tensor, bits: int, group: int | None, clip: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(q, scale, zero) of `weight` [N, K] on its scheme's grid: at 8 bits (group None) int8 q [N, K] and a
     scale per row, zero None; below, uint8 q in 0..2^bits-1 with scale and zero [N, K/group], as
-    qparams.int_groups gives. `h` is the [K, K] Gram of the linear's inputs; `clip` ([N, K/group]) bounds
-    each group's weights as int_groups does."""
+    qparams.int_groups gives. `h` is the [K, K] Gram of the linear's inputs (gram's, in its order); `clip`
+    ([N, K/group]) bounds each group's weights as int_groups does."""
     n, k = weight.shape
     if group is not None:
         qparams.check_group(k, group)
-    w = weight.detach().float().clone()  # updated in place: never the model's own tensor
+    w = weight.detach().flip(1).float()  # in gram's order, a copy updated in place: never the model's own tensor
     if clip is not None:  # each group's weights into [-clip, clip], in place
-        c = clip[..., None]
+        c = clip.flip(1)[..., None]
         w.view(n, k // group, group).clamp_(min=-c, max=c)
     v = _factor(h, w)
     block = group or 128
@@ -84,7 +102,8 @@ def round_weights(
         scale = torch.empty(n, k // group)
         zero = torch.empty(n, k // group)
     _round_rows(w, v, bits, group, block, q, scale, zero)
-    return q, scale, zero
+    # back in the features' own order (a grouped scheme's groups reversed with them: K is whole groups)
+    return q.flip(1), scale if group is None else scale.flip(1), None if zero is None else zero.flip(1)
 
 
 _last: list = []  # [h, its factor, its dead features]: the Gram linears reading one input share (q, k, v)
@@ -112,19 +131,19 @@ def forget() -> None:
 def _unit_factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """W' (float32, [K, K], C order): the transpose of H's lower Cholesky factor L (H = L L^T, H damped), each row
     divided by its diagonal, so unit upper triangular; only its upper triangle is meaningful (row j holds what each
-    later feature's error sends to feature j, contiguous, as GPTQ's block updates read it). A feature never seen (zero diagonal)
-    is zeroed in `w`, as it meets no input.
+    later feature's error sends to feature j, contiguous, as GPTQ's block updates read it). A feature never seen
+    (zero diagonal) is zeroed in `w`, as it meets no input.
 
     GPTQ's reference rounds the features first to last, factoring H^-1 = U^T U (U upper) and sending feature i's
-    error (w_i - q_i) / U_ii on to each later feature j weighted by U_ij. Here they are rounded last to first (the
-    order is GPTQ's choice: any order is the same method), where the same rounding follows from H's own Cholesky
-    factor with no inverse formed: H^-1 = M^T M (M lower) gives L = M^-1, the weights' total change W - Q = M^T E,
+    error (w_i - q_i) / U_ii on to each later feature j weighted by U_ij. Here, in gram's order (the features
+    reversed: the module's docstring), they are rounded last to first, where the same rounding follows from H's own
+    Cholesky factor with no inverse formed: H^-1 = M^T M (M lower) gives L = M^-1, the weights' total change W - Q = M^T E,
     so E = L^T (W - Q), and feature j's updated weight is w_j + sum_{i>j} W'_ji (w_i - q_i), with the original
     weights' errors (_round_rows). So one factorization of H as it is, where the reference's Cholesky, inverse and
     Cholesky of that are three (a triangular inverse of an 11008-wide factor had taken ~4 s of a 7B layer's ~60),
-    and first to last it had needed H's features reversed before the factorization and after it (two copies of
-    the matrix in reverse order: 4.8 s of two 7B layers' 92). In float32, as GPTQ's reference; a Hessian float32
-    cannot factor is factored in float64."""
+    and first to last on H in the features' own order it had needed H reversed before the factorization and the
+    factor after it (two copies of the matrix in reverse order: 4.8 s of two 7B layers' 92). In float32, as GPTQ's
+    reference; a Hessian float32 cannot factor is factored in float64."""
     dead = torch.diag(h) == 0
     w[:, dead] = 0.0
     for dtype in (torch.float32, torch.float64):
@@ -161,8 +180,8 @@ def _cholesky(f: torch.Tensor) -> torch.Tensor | None:
 
 
 def _round_rows(w, unit, bits, group, block, q_out, scale, zero) -> None:
-    """GPTQ over rows `w` [n, K] with the unit upper factor `unit` (_unit_factor), the features last to first,
-    writing q_out and, grouped, each group's scale and zero.
+    """GPTQ over rows `w` [n, K] with the unit upper factor `unit` (_unit_factor), the features last to first (in
+    gram's order: the features' own first to last), writing q_out and, grouped, each group's scale and zero.
 
     The weights are held transposed ([K, n]: one feature's weights contiguous), beside their original values (each
     feature's error is its original weight less its rounded one; a group's range is its weights as the reference

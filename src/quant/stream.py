@@ -269,10 +269,7 @@ def _scaled_gram(seen: Seen, name: str, divided: dict[str, torch.Tensor], done: 
     leader = seen.leader[name]
     if leader not in done:
         g, s = seen.grams[leader], divided.get(name)
-        if s is not None:
-            s = s.float()
-            g.div_(s[:, None]).div_(s[None, :])
-        done[leader] = g
+        done[leader] = g if s is None else gptq.scaled_(g, s)
     return done[leader]
 
 

@@ -32,7 +32,7 @@ def test_a_gram_is_its_upper_triangle_of_exact_products_summed_in_float32():
         g = bf16gemm.gram_upper(x)
         assert torch.equal(g.tril(-1), torch.zeros_like(g))  # below the diagonal: zero, gptq.gram's contract
         assert _rel_err(g, (x.double().T @ x.double()).triu()) < EXACT
-        assert torch.equal(gptq.gram(x), g)  # what GPTQ's Grams of bf16 rows are, here
+        assert torch.equal(gptq.gram(x.flip(1)), g)  # GPTQ's Grams of bf16 rows, here (in its order: reversed)
 
 
 def test_an_update_adds_the_product_of_the_operands_bf16_values_in_place():

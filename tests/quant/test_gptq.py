@@ -113,22 +113,20 @@ def _reference_gptq(w, h, bits, group):
 
 
 def test_the_rounding_is_gptqs_own_to_float32s_rounding(monkeypatch):
-    # the one-factor form (H's own Cholesky factor, the original weights' errors, groups ranged as the reference holds
-    # them, two-level lazy batches, the features last to first) against the paper's three-factor form at float64 run
-    # over the features in that order (the weights' and H's features reversed, a group's first feature its last),
-    # feature by feature: the same grid values, but for any a float32 rounding moves across a half-step (and what
-    # those send on; none here). Ranged from the one-factor form's own partial sums, 17% of them had differed.
+    # the one-factor form (H's own Cholesky factor on the features held reversed, the original weights' errors,
+    # groups ranged as the reference holds them, two-level lazy batches) against the paper's three-factor form at
+    # float64, feature by feature: the same grid values, but for any a float32 rounding moves across a half-step (and
+    # what those send on; none here). Ranged from the one-factor form's own partial sums, 17% of them had differed.
     g = torch.Generator().manual_seed(7)
     w = torch.randn(48, 384, generator=g)
     x = torch.randn(1024, 384, generator=g) @ (torch.eye(384) + 0.2 * torch.randn(384, 384, generator=g))
-    h = gptq.gram(x)  # its upper triangle (syrk's), all GPTQ reads
+    h = gptq.gram(x)  # its upper triangle (syrk's) in GPTQ's order, the features reversed: all GPTQ reads
     assert torch.equal(h.tril(-1), torch.zeros_like(h)) and h.is_contiguous()
-    torch.testing.assert_close(h, (x.T @ x).triu(), rtol=1e-5, atol=1e-2)
+    torch.testing.assert_close(h, (x.T @ x).flip(0, 1).triu(), rtol=1e-5, atol=1e-2)
     # GPTQ's float32 updates, whatever kernels this process has loaded (bf16 ones: tests/quant/test_bf16gemm.py)
     monkeypatch.setattr(bf16gemm, "native", lambda: False)
     q, _, _ = gptq.round_weights(w, h, 4, 128)
     gptq.forget()
-    full = h + h.triu(1).T
-    reference = _reference_gptq(w.flip(1), full.flip(0, 1), 4, 128).flip(1)
-    same = (q.float() == reference).float().mean()
+    full = (h + h.triu(1).T).flip(0, 1)  # H in the features' own order
+    same = (q.float() == _reference_gptq(w, full, 4, 128)).float().mean()
     assert same > 0.995, float(same)
