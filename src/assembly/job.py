@@ -240,7 +240,11 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     )
     # random weights for a float precision are made where they run (quantizing reads them on the CPU)
     device = placement.device if not cfg.precision.quantized else "cpu"
-    loaded = load_model(cfg.model, cfg.cache_dir, device, hollow)
+    # a streamed build (hollow) makes its float layers in the dtype the precision runs: a local bf16 checkpoint's
+    # layers calibrated in bf16, as random weights are, where a float32 copy had doubled each layer and the
+    # calibration forwards' time (42% of a 7B default w4a16 build, against ~20% in bf16)
+    streamed = getattr(torch, cfg.precision.dtype) if hollow is not None else torch.float32
+    loaded = load_model(cfg.model, cfg.cache_dir, device, hollow, dtype=streamed)
     recorder.log_metrics({"model_load_s": loaded.load_s})
     cfg.task.preflight(cfg, loaded)  # its context, before anything is quantized or timed
     if other is not None:  # another runtime: it quantizes and runs its own export of the weights, in a process

@@ -135,17 +135,17 @@ def _streamed_bytes(cfg: JobConfig, config: dict, float_bytes: int, stored: int 
 
 
 def _own_model_bytes(cfg: JobConfig) -> int | None:
-    """What a model folder of the user's own holds once loaded (float32, as src.models.load builds it), counted
-    from its config.json before anything is built (streamed where `streams`: never whole); None where there is no
-    folder to read."""
+    """What a model folder of the user's own holds once loaded (float32, as src.models.load builds it whole), counted
+    from its config.json before anything is built (streamed where `streams`: never whole, a layer at a time in the
+    precision's dtype); None where there is no folder to read."""
     if cfg.model.weights == "random" or not cfg.model.local_path:
         return None
     try:
         config = hub.folder_config(cfg.model.local_path)
     except hub.NotAModel:
         return None  # the load says what is wrong with it, in its own line
-    if streams(cfg) and cfg.draft_model is None:
-        return _streamed_bytes(cfg, config, 4, None)
+    if streams(cfg) and cfg.draft_model is None:  # its float layers in the precision's dtype (src.assembly.job)
+        return _streamed_bytes(cfg, config, DTYPE_BYTES[cfg.precision.dtype], None)
     return counted_parameters(config) * 4 + RUNTIME_BYTES
 
 

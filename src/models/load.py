@@ -218,7 +218,7 @@ def _load_hub(
         folder = Path(cfg.local_path).expanduser()
         tokenizer = _load_dir(folder, f"model {cfg.name}: model.local_path={cfg.local_path}", weights=False)[1]
         try:
-            built = folder_weights.hollow_model(folder, lambda model: hollow(model, tokenizer, key))
+            built = folder_weights.hollow_model(folder, lambda model: hollow(model, tokenizer, key), dtype)
         except folder_weights.MissingTensor as err:
             raise ModelUnavailable(f"model {cfg.name}: model.local_path={cfg.local_path}: {err}") from None
         if built is not None:
@@ -257,7 +257,8 @@ def load_model(
 ) -> LoadedModel:
     """Load the model in float32 on the CPU (random weights: bf16, never a float32 copy, made on `device`); the
     job casts and moves it for its precision and hardware. `dtype`: a checkpoint or GGUF loaded whole in another
-    (a bf16 reference of a 7B is 13 GB where its float32 load, cast after, had needed 27). `hollow(model, tokenizer, source_key)` names the random
+    (a bf16 reference of a 7B is 13 GB where its float32 load, cast after, had needed 27), and a local folder's
+    hollow build in it (its parameters read, and its layers made, in `dtype`). `hollow(model, tokenizer, source_key)` names the random
     weights, or a local folder's safetensors weights, not to make now (src.quant.apply.unmade), left on the meta
     device; the loaded model's `make` makes them when asked."""
     start = time.perf_counter()

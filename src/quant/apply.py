@@ -1,6 +1,8 @@
 """A job's quantization step: calibration data -> cache key -> load or build -> install.
 
-Takes a float32 model and returns it quantized for its precision, with a report of what it cost.
+Takes a float model (float32; a streamed build's in the precision's dtype: bf16 random weights, a local folder's
+layers) and returns it quantized for its precision, with a report of what it cost; the calibration runs in the
+dtype the model has.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def prepare(
     gemv: bool = False,
     device: str = "cpu",
 ) -> tuple[nn.Module, QuantReport | None]:
-    """A loaded float32 model, cast to the precision's dtype and quantized first where it asks (its
+    """A loaded float model, cast to the precision's dtype and quantized first where it asks (its
     quantized linears with quantspec's few-row kernels where `gemv`, built on `device`: the job's)."""
     dtype = getattr(torch, precision.dtype)
     if not precision.quantized:

@@ -46,6 +46,7 @@ def test_a_local_checkpoint_quantized_layer_by_layer_gives_the_whole_loads_entry
     original = checkpoint.reader
 
     def watched(model, files, dtype):
+        assert dtype == torch.bfloat16  # the layers made in the dtype w4a16 runs, as the job loads them
         make = original(model, files, dtype)
         return lambda names: (read.append(list(names)), make(names))[1]
 
@@ -54,8 +55,11 @@ def test_a_local_checkpoint_quantized_layer_by_layer_gives_the_whole_loads_entry
     for hollow, cache in ((False, tmp_path / "whole"), (True, tmp_path / "streamed"), (True, tmp_path / "streamed")):
         cfg = job(folder, cache)
         corpus = lambda: CORPUS  # noqa: E731
-        loaded = load_model(
-            cfg.model, cache, hollow=unmade(cfg.model, cfg.precision, corpus, cache) if hollow else None
+        loaded = load_model(  # in the precision's dtype, as src.assembly.job loads a streamed build
+            cfg.model,
+            cache,
+            hollow=unmade(cfg.model, cfg.precision, corpus, cache) if hollow else None,
+            dtype=torch.bfloat16,
         )
         model, report = prepare(loaded, cfg.model, cfg.precision, corpus, cache)
         with torch.inference_mode():
