@@ -218,7 +218,9 @@ def main(argv: list[str]) -> int:
         rows["llama-quantize Q4_K_M"].append(timed([str(quantizer), str(f16), str(out), "Q4_K_M", "2"]))
         out.unlink()
         for m in args.methods:
-            for entry in entries.glob(f"{folder.name}-*"):  # quantized anew each round
+            # quantized anew each round, from nothing: a killed run's partial entry (.<entry>.partial) too, or the
+            # timing would be of a resumed build
+            for entry in [*entries.glob(f"{folder.name}-*"), *entries.glob(f".{folder.name}-*.partial")]:
                 shutil.rmtree(entry)
             job = quantize_job(store, sweeps / f"{n}-{m}", [*base, *METHODS[m]])[-1]
             rows[f"quantspec w4a16 {m}"].append((job.metrics["quantize_s"], job.metrics["peak_rss_gb"]))
