@@ -465,7 +465,14 @@ def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv
     Returns the model and the quantization step's metrics (empty for a float precision); quantized modules
     are built on `device` (the placement's). `prefix` names a draft's metrics and tags apart from the
     target's."""
-    model, report = prepare(loaded, model_cfg, precision, corpus.reader("calibration"), cfg.cache_dir, gemv, device)
+    # a quantization's calibration forwards multiply bf16 as this host's prefill does (an AVX2 CPU's bf16 GEMM
+    # ran at a few GF/s, against ~140 in fp32: a 7B layer's forwards had taken minutes)
+    float_gemm = "bf16"
+    if device == "cpu" and precision.quantized and precision.dtype == "bfloat16":
+        float_gemm, _ = prefill.choose_float(cfg.cache_dir, environment.cpu_model(), torch.get_num_threads())
+    model, report = prepare(
+        loaded, model_cfg, precision, corpus.reader("calibration"), cfg.cache_dir, gemv, device, float_gemm
+    )
     if report is None:
         return model, {}
     log.info(

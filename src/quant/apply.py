@@ -85,15 +85,17 @@ def quantize_model(
     gemv: bool = False,
     device: str = "cpu",
     make: Maker | None = None,
+    float_gemm: str = "bf16",
 ) -> tuple[nn.Module, QuantReport]:
     """The model quantized for `spec`, from its cache entry, built layer by layer where it is missing (a killed
-    build resumed: src.quant.shards). `make` makes the float weights a hollow model was built without."""
+    build resumed: src.quant.shards). `make` makes the float weights a hollow model was built without;
+    `float_gemm` is how the calibration forwards multiply bf16 (src.quant.stream.quantize)."""
     start = time.perf_counter()
     where = entry(tokenizer, spec, source_key, corpus, calib_samples, calib_seq_len, cache_root, label)
     directory = where.directory
 
     def build(out: Path) -> None:
-        stream.quantize(model, arch, spec, where.calib, make, Partial(out, where.meta))
+        stream.quantize(model, arch, spec, where.calib, make, Partial(out, where.meta), float_gemm)
 
     weights, built = cache.load_or_build(
         directory, build, where.meta, before_load=lambda: release_quantized(model, arch, spec)
@@ -143,9 +145,11 @@ def prepare(
     cache_root: Path,
     gemv: bool = False,
     device: str = "cpu",
+    float_gemm: str = "bf16",
 ) -> tuple[nn.Module, QuantReport | None]:
     """A loaded float model, cast to the precision's dtype and quantized first where it asks (its
-    quantized linears with quantspec's few-row kernels where `gemv`, built on `device`: the job's)."""
+    quantized linears with quantspec's few-row kernels where `gemv`, built on `device`: the job's; its
+    calibration forwards' bf16 GEMMs on the `float_gemm` path, src.kernels.modules.FLOAT_GEMMS)."""
     dtype = getattr(torch, precision.dtype)
     if not precision.quantized:
         return loaded.model.to(dtype), None
@@ -164,4 +168,5 @@ def prepare(
         gemv,
         device,
         loaded.make,
+        float_gemm,
     )

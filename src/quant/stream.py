@@ -14,6 +14,10 @@ keeps what it frees (src.common.heap.retained), so its temporaries reuse each ot
 kernel zero fresh ones; it is trimmed after each layer (kept across layers, a 7B's peak had grown to 11.7 GB, 19.3
 under RTN: fragments no later layer reused).
 
+The forwards' bf16 GEMMs run as this host's prefill runs them (`float_gemm`, measured per host: src.quant.prefill):
+on a CPU without bf16 dot products (AVX2) as fp32 GEMMs of the same values, where ATen's bf16 GEMM ran at a few
+GF/s and two 7B layers' forwards took ~560 s of their 857 (133 in all so).
+
 A method that reads no data (RTN, no GPTQ) runs no forward at all: each layer is rounded from its weights alone.
 
 Each layer is called on its own with the arguments the model's forward gives it (its attention mask and rotary
@@ -26,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +40,7 @@ from torch import nn
 from src.common import heap
 from src.common.progress import progress
 from src.common.schema import ConfigError
+from src.kernels.modules import many_rows_mm
 from src.quant import gptq
 from src.quant import schemes as formats
 from src.quant.arch import HEAD, decoder_layers, decoder_linears, layer_prefix, output_linear
@@ -240,6 +246,7 @@ def observe(
 
     handles = [m.register_forward_pre_hook(hook(name)) for name, m in linears.items()]
     skipped = linears.get(last)
+    before = skipped.__dict__.get("forward") if skipped is not None else None  # its fp32 path (_gemms), kept
     if skipped is not None:  # an instance attribute: nn.Module.__call__ calls it, after the pre-hook
         width = skipped.out_features
         skipped.forward = lambda x: x.new_zeros(*x.shape[:-1], width)
@@ -256,6 +263,8 @@ def observe(
             handle.remove()
         if skipped is not None:
             del skipped.forward
+            if before is not None:
+                skipped.forward = before
     for name in gram_leaders:
         seen.grams[name] = gptq.gram(inputs.pop(name))
     return seen
@@ -284,6 +293,34 @@ def head_inputs(model: nn.Module, arch: str, hidden: torch.Tensor) -> torch.Tens
     return model.model.norm(hidden)
 
 
+def _fp32_forward(linear: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A bf16 linear's forward as prefill's "fp32" path runs it (src.kernels.modules.many_rows_mm): operands made
+    fp32 exactly, one fp32 GEMM, the result rounded to bf16 as a bf16 GEMM rounds its fp32 sums."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        y = many_rows_mm(x.reshape(-1, x.shape[-1]), linear.weight, "fp32")
+        if linear.bias is not None:
+            y = y + linear.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], linear.out_features)
+
+    return forward
+
+
+@contextmanager
+def _gemms(linears: dict[str, nn.Module], path: str):
+    """Inside, the bf16 linears among `linears` multiply on `path` (src.kernels.modules.FLOAT_GEMMS): "fp32" where
+    this host's bf16 GEMM is the slower (an AVX2 CPU's ran at a few GF/s, against ~140 in fp32: a 7B layer's
+    calibration forwards had taken minutes)."""
+    chosen = [m for m in linears.values() if path == "fp32" and m.weight.dtype == torch.bfloat16]
+    for m in chosen:  # an instance attribute: nn.Module.__call__ calls it
+        m.forward = _fp32_forward(m)
+    try:
+        yield
+    finally:
+        for m in chosen:
+            del m.forward
+
+
 def _sample(batches: torch.Tensor, tokens: int | None) -> torch.Tensor | None:
     """A fixed random subset of `tokens` flat positions of the windows (AWQ's search data)."""
     if tokens is None:
@@ -300,10 +337,12 @@ def quantize(
     calibration: torch.Tensor | None,
     make: Maker | None = None,
     sink: Sink | None = None,
+    float_gemm: str = "bf16",
 ):
     """Quantize the model layer by layer into `sink` (memory where None) and return what the sink holds
     (QuantizedWeights). `make` makes the float weights a hollow model lacks, a layer at a time; each layer's
-    quantized linears are dropped once rounded, the rest of it (its norms, scaled) kept for `install`."""
+    quantized linears are dropped once rounded, the rest of it (its norms, scaled) kept for `install`. The
+    calibration forwards' bf16 linears multiply on `float_gemm`'s path (the host's choice: src.quant.prefill)."""
     start_s = time.perf_counter()
     sink = sink if sink is not None else Held()
     linears = quantized_linears(model, arch, spec)
@@ -336,7 +375,8 @@ def quantize(
             seen = Seen()
             if calibrating:
                 want = Wants(wants.absmax, wants.rows, frozenset(n for n in mine if n in chosen))
-                seen = observe(layer, mine, hidden, *calls[i], want, last=output_linear(arch, i))
+                with _gemms(mine, float_gemm):
+                    seen = observe(layer, mine, hidden, *calls[i], want, last=output_linear(arch, i))
             scaled = spec.scale_layer(model, arch, i, mine, seen) if calibrating else Scaled()
             clipped += sorted(scaled.clips)
             grams: dict[str, torch.Tensor] = {}
@@ -350,7 +390,8 @@ def quantize(
             gptq.forget()  # the layer's factors: the next layer's inputs are others
             del seen, grams
             if calibrating:
-                hidden = [layer_hidden(layer(h, *calls[i][0], **calls[i][1])) for h in hidden]
+                with _gemms(mine, float_gemm):
+                    hidden = [layer_hidden(layer(h, *calls[i][0], **calls[i][1])) for h in hidden]
             floats = {
                 p: model.get_parameter(p).detach().clone() for p in sorted(scaled.changed - replaced_params(mine))
             }

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from src.models.tiny import tiny_model
-from src.quant import schemes
+from src.quant import schemes, stream
 from src.quant.arch import decoder_layers
 from src.quant.gptq import gram
 from src.quant.pipeline import install, quantize, quantized_linears
-from src.quant.stream import entry, head_inputs
+from src.quant.stream import _fp32_forward, entry, head_inputs
 from src.quant.stream import layer_hidden as _hidden
 from tests.helpers import calib, quant_spec
 
@@ -91,3 +91,39 @@ def test_gptq_star_rounds_every_linear_the_precision_quantizes(arch):
         name for name, t in weights.layers.items() if not all(torch.equal(v, ref.layers[name][k]) for k, v in t.items())
     ]
     assert sorted(differ) == sorted(ref.layers), "every linear rounded by GPTQ, none to nearest"
+
+
+def test_a_bf16_linear_on_the_fp32_path_is_its_bf16_gemm_up_to_the_order_of_sums():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 40, dtype=torch.bfloat16)
+    x = torch.randn(3, 70, 96).bfloat16()
+    with torch.inference_mode():
+        ours, aten = _fp32_forward(linear)(x), linear(x)
+    assert ours.dtype == torch.bfloat16 and ours.shape == aten.shape
+    # both round the same fp32 sums once to bf16: at most one bf16 step apart
+    assert torch.allclose(ours.float(), aten.float(), rtol=2**-7, atol=1e-6)
+
+
+def test_calibration_forwards_multiply_bf16_on_the_path_the_host_chose(monkeypatch):
+    spec = quant_spec("awq", "w4a16", group_size=128, head_scheme="w5a16", gptq=("*",))
+    tok = tiny_model("llama")[1]
+    batches = calib(tok)
+    paths = []
+    real = stream.many_rows_mm
+    monkeypatch.setattr(stream, "many_rows_mm", lambda x, w, path: paths.append(path) or real(x, w, path))
+    made = {p: stream.quantize(tiny_model("llama")[0].to(torch.bfloat16), "llama", spec, batches, float_gemm=p)
+            for p in ("bf16", "fp32")}  # fmt: skip
+    layers = decoder_layers(tiny_model("llama")[0], "llama")
+    # every linear of every layer, twice (float, then rounded) for each window, but the float pass's down_proj
+    assert len(paths) == len(layers) * len(batches) * (7 + 6) and set(paths) == {"fp32"}
+    # the same rounding but for the order of the forwards' sums. GPTQ sends a weight near a half-step on (and AWQ's
+    # scale is one of a grid's), so not bit for bit: the rounded models' outputs are as far from the float one's
+    reference = tiny_model("llama")[0].to(torch.bfloat16)
+    ids = batches[:2]
+    with torch.inference_mode():
+        want = reference(input_ids=ids).logits.float()
+        error = {}
+        for p, weights in made.items():
+            model = install(tiny_model("llama")[0].to(torch.bfloat16), weights, torch.bfloat16)
+            error[p] = (model(input_ids=ids).logits.float() - want).pow(2).mean().item()
+    assert 0.8 < error["fp32"] / error["bf16"] < 1.25, error
