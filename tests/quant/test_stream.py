@@ -1,8 +1,8 @@
 """The decoder quantized layer by layer (src/quant/stream.py): each layer called on its own with the arguments the
 model's forward gave it reproduces that forward on every architecture (Gemma 3's sliding and global layers take
 different masks), the head's inputs are the decoder stack's output, the first layer's GPTQ inputs are the float
-model's and a later layer's are those the rounded layers before it pass on, and `precision.gptq=[*]` rounds every
-linear by GPTQ."""
+model's and a later layer's are those the rounded layers before it pass on, `precision.gptq=[*]` rounds every
+linear by GPTQ, and the calibration forwards multiply bf16 on the path the host chose (its bf16 GEMM, or fp32)."""
 
 import pytest
 import torch
