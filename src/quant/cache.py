@@ -28,6 +28,8 @@ from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
+# 12: the calibration windows through each layer in batches (src.quant.stream.per_call), its bf16 GEMMs on the
+# host's float_gemm path (other orders of sums);
 # 11: a local checkpoint's streamed layers calibrated in the precision's dtype (src.assembly.job), not float32;
 # 10: GPTQ on the features held reversed (H's own Cholesky factor, no reversed copies), its updates in bf16 where
 # the kernels have a bf16 dot product; AWQ's scale trials ranked
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 # 7: GPTQ rounds from one Cholesky factor of H, with no inverse (other float32 roundings); AWQ's clip search in
 # smaller runs of rows (the same clips); 6: random weights made a layer at a time take the values a whole build gives them; 5: written layer by layer, a
 # file each (src.quant.shards); 4: GPTQ rounds the decoder's linears in layer order; an older cache is rebuilt
-FORMAT = 11
+FORMAT = 12
 META = "quantized.json"
 
 

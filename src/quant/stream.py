@@ -9,8 +9,8 @@ portable tensors are handed to a sink (memory, or a cache entry on disk written 
 and its float linears are dropped. So each layer's statistics are those the rounded layers before it pass on, as
 the quantized model will meet them, and the memory held is the float model's parts outside the layers (embedding,
 final norm, head), one layer in float, the calibration windows' hidden states (16 x 256 tokens of a 7B: 32 MB in
-bf16) and one layer's Grams (a 7B's: three of 4096^2 and one of 11008^2 in float32, 0.7 GB). Inside a layer the C heap
-keeps what it frees (src.common.heap.retained), so its temporaries reuse each other's pages rather than have the
+bf16, run through a layer in batches of windows: per_call) and one layer's Grams (a 7B's: three of 4096^2 and one
+of 11008^2 in float32, 0.7 GB). Inside a layer the C heap keeps what it frees (src.common.heap.retained), so its temporaries reuse each other's pages rather than have the
 kernel zero fresh ones; it is trimmed after each layer (kept across layers, a 7B's peak had grown to 11.7 GB, 19.3
 under RTN: fragments no later layer reused).
 
@@ -170,10 +170,22 @@ def layer_hidden(out) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+CALL_TOKENS = 4096  # tokens a calibration forward takes at once (whole windows, as many as fit, in equal batches)
+
+
+def per_call(windows: int, seq_len: int) -> int:
+    """Windows a calibration forward takes at once: the most that fit CALL_TOKENS and divide `windows` evenly (one
+    batch size, so every call meets the arguments the first was given). A 7B layer's GEMMs of 256 rows (a window a
+    call) had run at under half the rate of one of 4096, each call copying the bf16 weights anew on the fp32 path."""
+    most = max(1, min(windows, CALL_TOKENS // seq_len))
+    return max(d for d in range(1, most + 1) if windows % d == 0)
+
+
 @torch.no_grad()
 def entry(model: nn.Module, layers: list[nn.Module], batches: torch.Tensor):
-    """(layer 0's input for every window, each layer's other arguments): the model's forward run over the windows
-    with every layer replaced by one that records what it is given and passes its input on."""
+    """(layer 0's input for the windows, a batch of per_call windows a tensor; each layer's other arguments): the
+    model's forward run over the batches with every layer replaced by one that records what it is given and passes
+    its input on."""
     calls: list[tuple[tuple, dict] | None] = [None] * len(layers)
     inputs: list[torch.Tensor] = []
 
@@ -191,8 +203,8 @@ def entry(model: nn.Module, layers: list[nn.Module], batches: torch.Tensor):
     for i, layer in enumerate(layers):
         layer.forward = passing(i)  # an instance attribute: nn.Module.__call__ calls it
     try:
-        for row in batches:
-            model.model(input_ids=row[None], use_cache=False)
+        for rows in batches.split(per_call(*batches.shape)):
+            model.model(input_ids=rows, use_cache=False)
     finally:
         for layer in layers:
             del layer.forward

@@ -75,6 +75,25 @@ def test_a_local_checkpoint_quantized_layer_by_layer_gives_the_whole_loads_entry
     assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[1], outputs[2])
 
 
+def test_a_parameter_read_from_a_checkpoint_is_its_own_copy_not_a_view_of_the_files_mapping(tmp_path):
+    folder = folder_of(tmp_path)
+    # in the files' own dtype (float32, as tiny_model saves them): no cast that would copy anyway
+    model, make = checkpoint.hollow_model(folder, lambda m: {n for n, _ in m.named_parameters()}, torch.float32)
+    names = [n for n, _ in model.named_parameters()]
+    make(names)
+    # the ranges of memory the folder's files are mapped at (Linux's /proc/self/maps): a view held there keeps its
+    # whole file mapped, every page read of it counted in the job's memory
+    mapped = []
+    for line in open("/proc/self/maps").read().splitlines():
+        span, *rest = line.split()
+        if rest and rest[-1].startswith(str(folder)):
+            lo, hi = (int(a, 16) for a in span.split("-"))
+            mapped.append((lo, hi))
+    for name in names:
+        ptr = model.get_parameter(name).data_ptr()
+        assert not any(lo <= ptr < hi for lo, hi in mapped), f"{name} is a view of its file's mapping"
+
+
 def test_a_checkpoint_that_lacks_a_tensor_is_one_line_naming_it(tmp_path):
     import json
 

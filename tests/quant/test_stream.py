@@ -12,7 +12,7 @@ from src.quant import schemes, stream
 from src.quant.arch import decoder_layers
 from src.quant.gptq import gram
 from src.quant.pipeline import install, quantize, quantized_linears
-from src.quant.stream import _fp32_forward, entry, head_inputs
+from src.quant.stream import _fp32_forward, entry, head_inputs, per_call
 from src.quant.stream import layer_hidden as _hidden
 from tests.helpers import calib, quant_spec
 
@@ -26,9 +26,11 @@ def test_each_layer_called_alone_gives_what_the_models_forward_gives_it(arch):
     layers = decoder_layers(model, arch)
     seen = []
     handle = layers[-1].register_forward_hook(lambda _m, _a, out: seen.append(_hidden(out).clone()))
+    split = batches.split(per_call(*batches.shape))  # the windows as the pass runs them: batches of them
+    assert len(split) < len(batches)
     with torch.inference_mode():
-        for row in batches:
-            model.model(input_ids=row[None], use_cache=False)
+        for rows in split:
+            model.model(input_ids=rows, use_cache=False)
     handle.remove()
     hidden, calls = entry(model, layers, batches)
     with torch.inference_mode():
@@ -37,8 +39,8 @@ def test_each_layer_called_alone_gives_what_the_models_forward_gives_it(arch):
         for alone, forward in zip(hidden, seen, strict=True):
             assert torch.equal(alone, forward)
         # and what the head reads: the stack's output through its final norm
-        for row, alone in zip(batches, hidden, strict=True):
-            stack = model.model(input_ids=row[None], use_cache=False).last_hidden_state
+        for rows, alone in zip(split, hidden, strict=True):
+            stack = model.model(input_ids=rows, use_cache=False).last_hidden_state
             assert torch.equal(head_inputs(model, arch, alone), stack)
 
 
@@ -114,8 +116,10 @@ def test_calibration_forwards_multiply_bf16_on_the_path_the_host_chose(monkeypat
     made = {p: stream.quantize(tiny_model("llama")[0].to(torch.bfloat16), "llama", spec, batches, float_gemm=p)
             for p in ("bf16", "fp32")}  # fmt: skip
     layers = decoder_layers(tiny_model("llama")[0], "llama")
-    # every linear of every layer, twice (float, then rounded) for each window, but the float pass's down_proj
-    assert len(paths) == len(layers) * len(batches) * (7 + 6) and set(paths) == {"fp32"}
+    # every linear of every layer, twice (float, then rounded) for each batch of windows, but the float pass's
+    # down_proj
+    calls = len(batches) // per_call(*batches.shape)
+    assert len(paths) == len(layers) * calls * (7 + 6) and set(paths) == {"fp32"}
     # the same rounding but for the order of the forwards' sums. GPTQ sends a weight near a half-step on (and AWQ's
     # scale is one of a grid's), so not bit for bit: the rounded models' outputs are as far from the float one's
     reference = tiny_model("llama")[0].to(torch.bfloat16)
@@ -127,3 +131,10 @@ def test_calibration_forwards_multiply_bf16_on_the_path_the_host_chose(monkeypat
             model = install(tiny_model("llama")[0].to(torch.bfloat16), weights, torch.bfloat16)
             error[p] = (model(input_ids=ids).logits.float() - want).pow(2).mean().item()
     assert 0.8 < error["fp32"] / error["bf16"] < 1.25, error
+
+
+def test_a_calibration_forward_takes_as_many_whole_windows_as_fit_in_equal_batches():
+    assert per_call(16, 256) == 16  # 4096 tokens: the default calibration in one call
+    assert per_call(20, 256) == 10  # 16 fit, but 20 windows go in equal batches
+    assert per_call(7, 1000) == 1  # 4 fit; 7 is prime
+    assert per_call(3, 10_000) == 1  # a window longer than a call's tokens still goes whole
