@@ -25,7 +25,7 @@ from src.common import heap
 from src.data.corpus import Corpus
 from src.engine import kvcache
 from src.engine.roofline import PROBE_MB
-from src.models import hub
+from src.models import families, hub
 from src.models.random_weights import SEED, NoShape, config_of, parameter_count
 from src.models.tiny import byte_tokenizer
 from src.quant import cache as quant_cache
@@ -57,7 +57,11 @@ def _kv_bytes(cfg: JobConfig, shape) -> int:
     return 2 * shape.num_hidden_layers * tokens * heads * head_dim * 2
 
 
-UNGATED = ("opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon", "phi")  # an MLP of two linears, not three
+# model_types whose MLP is two linears, not three: the families' that are so (src.models.families), and others'
+UNGATED = (
+    *(t for f in families.FAMILIES.values() if not f.gated for t in f.model_types),
+    *("gpt2", "gpt_neox", "gptj", "bloom", "falcon", "phi"),
+)
 
 
 def _sizes(config: dict) -> tuple[dict, int, int, int, int, bool]:

@@ -3,7 +3,7 @@ model.gguf=<file>): its family read from its own config before the job's config 
 runs it. The composed job (its plain dict) is rewritten here, once, so that its params, its name and its config
 all say what ran.
 
-A family quantspec's engine maps (llama, opt, qwen2, gemma3) runs as asked, on quantspec's kernels by default;
+A family quantspec's engine maps (src.models.families) runs as asked, on quantspec's kernels by default;
 any other causal LM is model.arch=other, which only transformers' generate runs: a job on quantspec's engine is
 moved to engine=hf (conf/engine/hf.yaml's settings over the job's engine fields), and says so (the job's
 engine_note tag, src.assembly.job).

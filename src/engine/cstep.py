@@ -10,15 +10,15 @@ are computed). The sequence's keys and values live in a `StepCache` of its own, 
 included, so the step never leaves C++ for a mask or a window. The logits are the Python step path's,
 bit for bit (tests/engine/test_cstep.py, every family and precision).
 
-It covers Gemma 3 text models and Llama/Qwen2 (the seeds' families but OPT) whose every linear runs on
-quantspec's kernels (engine=native with kernels loaded); otherwise the Decoder keeps src.engine.fastpath.
+It covers the families whose description says step.cpp runs them (src.models.families: every one but OPT) whose
+every linear runs on quantspec's kernels (engine=native with kernels loaded); otherwise the Decoder keeps src.engine.fastpath.
 """
 
 from __future__ import annotations
 
 import torch
 
-from src.engine import fastpath
+from src.engine import fastpath, layers
 from src.kernels import MAX_ROWS, format_number, modules
 from src.quant.linear import QuantLinear
 
@@ -67,24 +67,24 @@ class CompiledSteps:
         if not steps.own_attention:
             raise Unsupported("attention is not quantspec's kernel (head dim, or no kernels)")
         self.model, self.steps = model, steps
-        self.gemma = isinstance(steps, fastpath.GemmaSteps)
+        family = steps.family
+        if not family.cstep:
+            raise Unsupported(f"step.cpp does not run the {family.name} family's layers")
         cfg = model.config
-        act = model.model.embed_tokens.weight.dtype
+        act = steps.embedding.weight.dtype
         if act not in (torch.float32, torch.bfloat16):
             raise Unsupported(f"{act} activations")
-        layers = steps.layers
-        name = type(layers[0].mlp.act_fn).__name__
+        name = type(steps.parts[0].act).__name__
         if name not in ACTIVATIONS:
             raise Unsupported(f"activation {name}")
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         conv: dict = {}
-        self.types = list(steps.types) if self.gemma else ["full"]
-        rope_index = {t: i for i, t in enumerate(dict.fromkeys(self.types))}
+        rope_index = {name: i for i, name in enumerate(steps.tables)}
         slots = []  # gathered first: nothing reaches C++ unless the whole model is supported
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(steps.layers):
             slots.append(self._layer(i, layer, act, conv, rope_index))
-        final = _norm(model.model.norm, act, conv)
-        embedding = model.model.embed_tokens
+        final = _norm(model.get_submodule(family.final_norm), act, conv)
+        embedding = steps.embedding
         if type(embedding).__name__ not in EMBEDDINGS:
             raise Unsupported(f"a {type(embedding).__name__} embedding")
         scale = getattr(embedding, "embed_scale", None)  # Gemma's sqrt(hidden), multiplied in the weight's type
@@ -97,38 +97,28 @@ class CompiledSteps:
                 self.stepper.add_call(i, slot, kind, tensors, bias, group, bf16_in)
         self.stepper.set_final_norm(final)
         self.stepper.set_embedding(embedding.weight.detach(), [] if scale is None else [scale])
-        self.rope_kinds, self.act = list(rope_index), act
+        self.act = act
         self.positions = 0
-        self.softcap = getattr(steps, "softcap", None)
+        self.softcap = steps.softcap
         self.head, self.fused = None, False  # the lm_head module the stepper holds (_fused_head)
 
     def _layer(self, i: int, layer, act: torch.dtype, conv: dict, rope_index: dict) -> tuple:
         """One layer's norms, rotary table, window and kernel calls, as the stepper takes them."""
-        cfg, steps = self.model.config, self.steps
-        attn, mlp = layer.self_attn, layer.mlp
-        if self.gemma:
-            norms = [
-                layer.input_layernorm,
-                layer.post_attention_layernorm,
-                layer.pre_feedforward_layernorm,
-                layer.post_feedforward_layernorm,
-                attn.q_norm,
-                attn.k_norm,
-            ]
-            kind = self.types[i]
-            window = cfg.sliding_window if kind == "sliding_attention" else 0
-        else:
-            norms = [layer.input_layernorm, None, layer.post_attention_layernorm, None, None, None]
-            types = getattr(cfg, "layer_types", None) or []
-            kind, window = "full", (cfg.sliding_window if i < len(types) and types[i] == "sliding_attention" else 0)
+        steps, family = self.steps, self.steps.family
+        get = layer.get_submodule
+        # step.cpp's six norm slots: before and after attention, before and after the MLP, q's and k's
+        names = [family.attn_norm, family.post_attn_norm, family.mlp_norm, family.post_mlp_norm]
+        names += list(family.qk_norms or (None, None))
+        norms = [get(n) if n else None for n in names]
+        window = self.model.config.sliding_window if steps.types[i] == "sliding_attention" else 0
         weights = [torch.empty(0) if n is None else _norm(n, act, conv) for n in norms]
         calls = [
-            [(QKV, _call(m, act)) for m, _ in steps.attn_in[i].calls],
-            [(OUT, _call(attn.o_proj, act))],
-            [(GATE_UP, _call(m, act)) for m, _ in steps.mlp_in[i].calls],
-            [(DOWN, _call(mlp.down_proj, act))],
+            [(QKV, _call(m, act)) for m, _ in steps.parts[i].attn_in.calls],
+            [(OUT, _call(steps.parts[i].out, act))],
+            [(GATE_UP, _call(m, act)) for m, _ in steps.parts[i].mlp_in.calls],
+            [(DOWN, _call(steps.parts[i].down, act))],
         ]
-        return weights, rope_index[kind], window or 0, [c for group in calls for c in group]
+        return weights, rope_index[steps.table[i]], window or 0, [c for group in calls for c in group]
 
     def _tables(self, needed: int) -> None:
         """Rotary cos/sin for positions 0 .. needed-1 and more, from the model's own rotary embedding
@@ -136,12 +126,10 @@ class CompiledSteps:
         if needed <= self.positions:
             return
         size = max(FIRST_TABLE, self.positions * 2, needed)
-        base = self.model.model
         dummy = torch.zeros(1, size, 1, dtype=self.act)
         positions = torch.arange(size)[None]
-        for i, kind in enumerate(self.rope_kinds):
-            rope = base.rotary_emb(dummy, positions, kind) if self.gemma else base.rotary_emb(dummy, positions)
-            cos, sin = fastpath._signed(rope)
+        for i, make in enumerate(self.steps.tables.values()):
+            cos, sin = layers.signed(make(dummy, positions))
             self.stepper.set_rope(i, cos.reshape(size, -1).contiguous(), sin.reshape(size, -1).contiguous())
         self.positions = size
 
@@ -227,7 +215,7 @@ def for_model(model) -> CompiledSteps | None:
     if steps is None:
         lean = fastpath.for_model(model)
         steps = False
-        if isinstance(lean, (fastpath.GemmaSteps, fastpath.LlamaSteps)) and modules.installed(model):
+        if lean is not None and modules.installed(model):
             try:
                 steps = CompiledSteps(model, lean)
             except Unsupported:

@@ -62,7 +62,10 @@ class GrowingLayer(_Buffered, DynamicLayer):
 
 class GrowingSlidingLayer(_Buffered, DynamicSlidingWindowLayer):
     """DynamicSlidingWindowLayer, in a buffer while the window keeps everything (cumulative length below
-    the window: transformers' layer keeps the last window - 1 positions), its own logic after."""
+    the window: transformers' layer keeps the last window - 1 positions), its own logic after, recording the past
+    (transformers' record_past): each forward's states are kept until the next crop, so a rejected draft can be
+    cropped once the window is full (transformers' layer had refused: a draft rejected past a sliding window ended
+    the decode). native.Decoder crops after every verification, restricting the layer to its window again."""
 
     spilled = False
 
@@ -72,11 +75,12 @@ class GrowingSlidingLayer(_Buffered, DynamicSlidingWindowLayer):
         if not self.spilled and self.cumulative_length + key_states.shape[-2] <= self.sliding_window - 1:
             self.cumulative_length += key_states.shape[-2]
             return self._append(key_states, value_states)
-        self.spilled, self._k, self._v = True, None, None
+        if not self.spilled:  # the buffer's positions become transformers' layer's, past kept from here on
+            self.spilled, self._k, self._v, self.record_past = True, None, None, True
         return super().update(key_states, value_states, *args, **kwargs)
 
     def reset(self) -> None:
-        self.spilled, self._k, self._v = False, None, None
+        self.spilled, self._k, self._v, self.record_past = False, None, None, False
         super().reset()
 
 

@@ -79,9 +79,11 @@ class Decoder:
         return self._forward(torch.tensor([tokens], device=self.model.device), len(tokens))
 
     def rollback(self, n: int) -> None:
+        """Drop the last n positions (a rejected draft's); n = 0 too restricts a sliding layer past its window to
+        the window again (src.engine.kvcache.GrowingSlidingLayer keeps each forward's states until a crop)."""
         if n and self.own is not None:
             self.own.crop(n)
-        elif n:
+        elif self.own is None:
             self.cache.crop(-n)
 
     @property

@@ -17,7 +17,8 @@ device has graphs, torch.compile (engine.compile) where asked, the eager step ot
 (`generate`) keeps the next token on the device (argmax over logits plus the end-of-sequence ban as a
 bias) and reads it back once per token, for the stop check.
 
-It serves the native engine's families: Gemma 3 text models, Llama and Qwen2, OPT with layer norm first.
+It serves every family src.models.families describes, through src.engine.layers' one layer loop (the Python
+step path's).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from src.engine import fastpath
+from src.engine import layers
 from src.engine.fused import Projection
 from src.engine.generation import Generation, Request, Sampling, eos_ids, probabilities
+from src.models import families
+from src.models.families import Family
 
 ROUND = 64  # cache positions are allocated in blocks of this many (a graph per k, not per length)
 
@@ -70,35 +73,32 @@ class Cache:
         return True
 
 
-def _rms(norm: nn.Module, gemma: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """transformers' RMSNorm (or src.kernels' fused one) as F.rms_norm over float32, as transformers rounds:
-    Gemma scales by (1 + w) before the cast back, Llama/Qwen2 by w after it."""
-    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
-    shape = (norm.weight.shape[-1],)
-    if gemma:
-        scale = _fixed(1.0 + norm.weight.detach().float())
+def _norm(module: nn.Module, family: Family) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A norm as a pure function: transformers' RMSNorm (or src.kernels' fused one) as F.rms_norm over float32, as
+    transformers rounds (Gemma scales by (1 + w) before the cast back, Llama/Qwen2 by w after it); a LayerNorm as
+    itself."""
+    if family.norm == "layer":
+        return module
+    eps = float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6)))
+    shape = (module.weight.shape[-1],)
+    if family.norm == "gemma_rms":
+        scale = _fixed(1.0 + module.weight.detach().float())
         return lambda x: (F.rms_norm(x.float(), shape, eps=eps) * scale).to(x.dtype)
-    weight = norm.weight  # the parameter itself: compiled graphs take parameters as they are
+    weight = module.weight  # the parameter itself: compiled graphs take parameters as they are
     return lambda x: weight * F.rms_norm(x.float(), shape, eps=eps).to(x.dtype)
 
 
-def _linears(parts: list[nn.Module]) -> Callable[[torch.Tensor], list[torch.Tensor]]:
-    """Linears over one input as one call: float nn.Linears concatenated into one weight (the parts' weights
-    become its views, nothing held twice), the kinds src.engine.fused knows fused as it fuses them."""
-    return Projection(parts, plain=True)
+class Step(layers.Loop):
+    """A family's pure step over a Cache's buffers: src.engine.layers' loop, rotary positions gathered from tables
+    by position, attention over the whole buffer under a mask made from the positions."""
 
-
-class Step:
-    """A family's pure step over a Cache's buffers. Subclasses say how tokens become hidden states, what a
-    layer does and how the head ends; the masks and the attention are shared."""
-
-    gemma = False
-
-    def __init__(self, model, head_dim: int, scaling: float, layer_types: list[str], window: int | None):
-        self.model, self.head_dim, self.scaling = model, head_dim, scaling
-        self.types, self.window = layer_types, window
+    def __init__(self, model, family: Family, positions: int):
+        # linears over one input as one call: float nn.Linears concatenated into one weight too (the parts' weights
+        # become its views, nothing held twice; on a GPU one launch instead of three)
+        super().__init__(model, family, norm=lambda m: _norm(m, family), linears=lambda p: Projection(p, plain=True))
         weight = model.get_input_embeddings().weight
         self.dtype, self.device = weight.dtype, weight.device
+        self.rotary = {name: Rotary(make, positions, self.dtype, self.device) for name, make in self.tables.items()}
 
     def shapes(self) -> list[tuple[int, int]]:
         cfg = self.model.config
@@ -118,27 +118,30 @@ class Step:
             out["sliding_attention"] = seen & (pos[:, None] - keys < self.window)
         return out
 
-    def heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(1, x.shape[1], -1, self.head_dim).transpose(1, 2)
+    def rope(self, i, q, key, step):
+        return self.rotary[self.table[i]](q, key, step[0]) if self.rotary else (q, key)
 
-    def attend(self, q, key, value, pos, mask, cache_k, cache_v) -> torch.Tensor:
-        """Write this step's keys and values at `pos`, attend over the whole buffer under `mask`:
-        [1, heads, k, head_dim] -> [1, k, heads * head_dim]."""
+    def attend(self, i, q, key, value, step) -> torch.Tensor:
+        """Write this step's keys and values at its positions, attend over the whole buffer under the layer type's
+        mask: [1, heads, k, head_dim] -> [1, k, heads * head_dim]."""
+        pos, masks, keys, values = step
+        cache_k, cache_v = keys[i], values[i]
         cache_k.index_copy_(2, pos, key)
         cache_v.index_copy_(2, pos, value)
+        mask = masks[self.types[i]]
         out = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
         return out.transpose(1, 2).reshape(1, q.shape[2], -1)
 
     def rotaries(self) -> list[Rotary]:
-        return []
+        return list(self.rotary.values())
 
     def __call__(self, ids: torch.Tensor, pos: torch.Tensor, keys: list, values: list) -> torch.Tensor:
         """ids [1, k], pos [k] (the positions they take) -> logits [k, V]; the cache written in place."""
-        masks = self.masks(pos, keys[0].shape[2])
+        step = (pos, self.masks(pos, keys[0].shape[2]), keys, values)
         h = self.embed(ids, pos)
         for i in range(len(self.types)):
-            h = self.layer(i, h, pos, masks[self.types[i]], keys[i], values[i])
-        return self.head(h)[0]
+            h = self.layer(i, h, step)
+        return self.finish(h)[0]
 
 
 class Rotary:
@@ -155,147 +158,14 @@ class Rotary:
         if positions <= self.cos.shape[0]:
             return
         probe = torch.empty(1, 1, 1, dtype=self.dtype, device=self.device)
-        cos, sin = self.make(probe, torch.arange(positions, device=self.device)[None])
-        half = sin.shape[-1] // 2
-        self.cos = _fixed(cos[0].contiguous())
-        self.sin = _fixed(torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1))
+        cos, sin = layers.signed(self.make(probe, torch.arange(positions, device=self.device)[None]))
+        self.cos = _fixed(cos[0, 0].contiguous())
+        self.sin = _fixed(sin[0, 0].contiguous())
 
     def __call__(self, q: torch.Tensor, key: torch.Tensor, pos: torch.Tensor):
-        cos, sin = self.cos[pos][None, None], self.sin[pos][None, None]
-        half = q.shape[-1] // 2
-        return q * cos + q.roll(half, -1) * sin, key * cos + key.roll(half, -1) * sin
+        return layers.rotated(q, key, self.cos[pos][None, None], self.sin[pos][None, None])
 
 
-class LlamaStep(Step):
-    """LlamaForCausalLM and Qwen2ForCausalLM (Qwen2's q/k/v biases live in its linears)."""
-
-    def __init__(self, model, positions: int):
-        cfg = model.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers)
-        window = cfg.sliding_window if "sliding_attention" in types else None
-        super().__init__(model, head_dim, head_dim**-0.5, types, window)
-        base = model.model
-        self.layers = list(base.layers)
-        self.attn_in = [_linears([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)]
-        self.mlp_in = [_linears([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
-        self.norms = [(_rms(x.input_layernorm, False), _rms(x.post_attention_layernorm, False)) for x in self.layers]
-        self.final = _rms(base.norm, False)
-        self.rotary = Rotary(base.rotary_emb, positions, self.dtype, self.device)
-
-    supports = staticmethod(fastpath.LlamaSteps.supports)  # the same families as the Python step path
-
-    def rotaries(self) -> list[Rotary]:
-        return [self.rotary]
-
-    def embed(self, ids, pos):
-        return self.model.model.embed_tokens(ids)
-
-    def layer(self, i, h, pos, mask, cache_k, cache_v):
-        layer, (pre, post) = self.layers[i], self.norms[i]
-        q, key, value = self.attn_in[i](pre(h))
-        q, key = self.rotary(self.heads(q), self.heads(key), pos)
-        h = h + layer.self_attn.o_proj(self.attend(q, key, self.heads(value), pos, mask, cache_k, cache_v))
-        gate, up = self.mlp_in[i](post(h))
-        return h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-
-    def head(self, h):
-        return self.model.lm_head(self.final(h))
-
-
-class GemmaStep(Step):
-    """Gemma3ForCausalLM: sandwich norms, q/k norms, sliding and global layers (each its rotary table), a
-    soft-capped head."""
-
-    gemma = True
-
-    def __init__(self, model, positions: int):
-        cfg = model.config
-        types = list(cfg.layer_types)
-        window = cfg.sliding_window if "sliding_attention" in types else None
-        super().__init__(model, cfg.head_dim, cfg.query_pre_attn_scalar**-0.5, types, window)
-        base = model.model
-        self.layers = list(base.layers)
-        self.attn_in = [_linears([a.q_proj, a.k_proj, a.v_proj]) for a in (x.self_attn for x in self.layers)]
-        self.mlp_in = [_linears([x.mlp.gate_proj, x.mlp.up_proj]) for x in self.layers]
-        names = (
-            "input_layernorm",
-            "post_attention_layernorm",
-            "pre_feedforward_layernorm",
-            "post_feedforward_layernorm",
-        )
-        self.norms = [[_rms(getattr(x, n), True) for n in names] for x in self.layers]
-        self.qk_norms = [(_rms(x.self_attn.q_norm, True), _rms(x.self_attn.k_norm, True)) for x in self.layers]
-        self.final = _rms(base.norm, True)
-        self.rotary = {
-            t: Rotary(lambda x, p, t=t: base.rotary_emb(x, p, t), positions, self.dtype, self.device)
-            for t in set(types)
-        }
-        self.softcap = cfg.final_logit_softcapping
-
-    supports = staticmethod(fastpath.GemmaSteps.supports)  # the same models as the Python step path
-
-    def rotaries(self) -> list[Rotary]:
-        return list(self.rotary.values())
-
-    def embed(self, ids, pos):
-        return self.model.model.embed_tokens(ids)  # Gemma's embedding multiplies by its scale itself
-
-    def layer(self, i, h, pos, mask, cache_k, cache_v):
-        layer, (pre, post, pre_ff, post_ff), (qn, kn) = self.layers[i], self.norms[i], self.qk_norms[i]
-        q, key, value = self.attn_in[i](pre(h))
-        q, key = self.rotary[self.types[i]](qn(self.heads(q)), kn(self.heads(key)), pos)
-        out = layer.self_attn.o_proj(self.attend(q, key, self.heads(value), pos, mask, cache_k, cache_v))
-        h = h + post(out)
-        gate, up = self.mlp_in[i](pre_ff(h))
-        return h + post_ff(layer.mlp.down_proj(layer.mlp.act_fn(gate) * up))
-
-    def head(self, h):
-        logits = self.model.lm_head(self.final(h))
-        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
-
-
-class OptStep(Step):
-    """OPTForCausalLM with layer norm before attention: learned positions (offset 2, as OPT's embedding adds),
-    q scaled before attention, a ReLU MLP."""
-
-    def __init__(self, model, positions: int):
-        cfg = model.config
-        super().__init__(
-            model, cfg.hidden_size // cfg.num_attention_heads, 1.0, ["full_attention"] * cfg.num_hidden_layers, None
-        )
-        self.decoder = model.model.decoder
-        self.layers = list(self.decoder.layers)
-        self.kv_in = [_linears([x.self_attn.k_proj, x.self_attn.v_proj]) for x in self.layers]
-
-    supports = staticmethod(fastpath.OptSteps.supports)  # layer norm first, as the Python step path
-
-    def embed(self, ids, pos):
-        dec = self.decoder
-        h = dec.embed_tokens(ids)
-        if dec.project_in is not None:
-            h = dec.project_in(h)
-        return h + F.embedding(pos[None] + dec.embed_positions.offset, dec.embed_positions.weight)
-
-    def layer(self, i, h, pos, mask, cache_k, cache_v):
-        layer = self.layers[i]
-        attn = layer.self_attn
-        x = layer.self_attn_layer_norm(h)
-        q = self.heads(attn.q_proj(x) * attn.scaling)
-        key, value = self.kv_in[i](x)
-        h = h + attn.out_proj(self.attend(q, self.heads(key), self.heads(value), pos, mask, cache_k, cache_v))
-        return h + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(h))))
-
-    def head(self, h):
-        dec = self.decoder
-        if dec.final_layer_norm is not None:
-            h = dec.final_layer_norm(h)
-        if dec.project_out is not None:
-            h = dec.project_out(h)
-        return self.model.lm_head(h)
-
-
-FAMILIES = (GemmaStep, LlamaStep, OptStep)
 FIRST_POSITIONS = 1024  # rotary positions tabulated at first; a longer cache extends the tables
 
 
@@ -304,8 +174,8 @@ def for_model(model) -> Step | None:
     family it does not serve."""
     step = model.__dict__.get("_quantspec_static")
     if step is None:
-        family = next((f for f in FAMILIES if f.supports(model)), None)
-        step = family(model, FIRST_POSITIONS) if family else False
+        family = families.of(model)
+        step = Step(model, family, FIRST_POSITIONS) if family else False
         model.__dict__["_quantspec_static"] = step
     return step or None
 

@@ -100,8 +100,24 @@ class FusedRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}, gemma={self.gemma}"
 
 
-# transformers' RMSNorm classes by the convention they follow (see norm.cpp); others stay as they are.
-NORMS = {"Gemma3RMSNorm": True, "LlamaRMSNorm": False, "Qwen2RMSNorm": False}
+def norm_convention(module: nn.Module) -> bool | None:
+    """Which of norm.cpp's conventions a transformers RMSNorm (a class named *RMSNorm) follows, found by running it
+    once on a fixed row: True where it scales by (1 + w) in float32 (Gemma's), False where by w after the cast back
+    (Llama's, Qwen2's, Mistral's), None where neither or not an RMSNorm (it stays as it is). Run, not looked up by
+    class: no family is named here, and a new family's norm is fused as soon as it behaves as one of the two."""
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
+    if not type(module).__name__.endswith("RMSNorm") or weight is None or weight.dim() != 1 or eps is None:
+        return None
+    w = weight.detach()
+    x = torch.linspace(-2.0, 3.0, w.numel(), dtype=w.dtype)[None]
+    with torch.no_grad():
+        got = module(x).float()
+    unit = F.rms_norm(x.float(), (w.numel(),), eps=float(eps))
+    for gemma, want in ((True, unit * (1.0 + w.float())), (False, (unit.to(w.dtype) * w).float())):
+        if torch.allclose(got, want, rtol=1e-2, atol=1e-3):
+            return gemma
+    return None
 
 
 def _fits(linear: nn.Linear) -> bool:
@@ -127,8 +143,9 @@ def install(model: nn.Module) -> Counter:
     """Swap in place; returns how many modules of each kind now take the gemv path."""
     counts: Counter = Counter()
     for name, module in list(model.named_modules()):
-        if type(module).__name__ in NORMS and module.weight.dtype in GEMV_DTYPES:
-            model.set_submodule(name, FusedRMSNorm(module, NORMS[type(module).__name__]))
+        gemma = norm_convention(module) if getattr(module, "weight", None) is not None else None
+        if gemma is not None and module.weight.dtype in GEMV_DTYPES:
+            model.set_submodule(name, FusedRMSNorm(module, gemma))
             counts["fused_rms_norm"] += 1
             continue
         fast = accelerated(module)

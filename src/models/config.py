@@ -6,8 +6,11 @@ import re
 from dataclasses import dataclass
 
 from src.common.schema import ConfigError, check_choice
+from src.models import families
 
-ARCHS = ("llama", "opt", "qwen2", "gemma3")  # the families quantspec's engine, kernels and quantizers map
+ARCHS = (
+    families.NAMES
+)  # the families quantspec's engine, kernels and quantizers map: one file each (src.models.families)
 # other: a causal LM of another family, which transformers' generate runs (engine=hf) at a float precision; auto:
 # read from the model's own config before the job is built (src.assembly.ownmodel), never a job's
 OTHER, AUTO = "other", "auto"
@@ -26,7 +29,7 @@ GGUF_PACKAGE = re.compile(r"[a-z][a-z0-9_]*_gguf")
 @dataclass(frozen=True)
 class ModelConfig:
     name: str  # the choice's name (conf/model/<name>.yaml), or made from model.id's; names the model's cache folder
-    arch: str  # llama, opt, qwen2 or gemma3: its quantization mapping and step path; other: engine=hf only
+    arch: str  # a family of src.models.families (llama, opt, qwen2, gemma3, ...); other: engine=hf only
     source: str  # gguf_package (a PyPI GGUF package), gguf_file, hub, local, tiny (built in-process)
     id: str | None  # the hub id, the GGUF package, or the tiny model's name (model=hub with a folder: none)
     local_path: str | None = None
@@ -46,7 +49,7 @@ class ModelConfig:
         if not MODEL_NAME.fullmatch(self.name):
             raise ConfigError(f"model.name={self.name!r} must be letters, digits and . _ - (it names a cache folder)")
         if self.arch == AUTO:  # src.assembly.ownmodel reads it before a job is built; a job never sees auto
-            raise ConfigError("model.arch=auto was not read from the model's config; name llama, opt, qwen2 or gemma3")
+            raise ConfigError(f"model.arch=auto was not read from the model's config; name one of {', '.join(ARCHS)}")
         check_choice("model.arch", self.arch, (*ARCHS, OTHER))
         check_choice("model.weights", self.weights, WEIGHTS)
         if self.smoothquant_alpha is not None and not 0 <= self.smoothquant_alpha <= 1:

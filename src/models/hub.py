@@ -4,7 +4,7 @@ own config before the job is built.
 
 A hub id is read through the Hugging Face cache (huggingface_hub's, where HF_HOME or HF_HUB_CACHE point), so a
 model downloaded once runs offline (HF_HUB_OFFLINE=1). The family is the config's `model_type` (a GGUF's
-`general.architecture`): one quantspec's engine and quantizers map (FAMILIES) runs on its kernels; any other
+`general.architecture`): one quantspec's engine and quantizers map (src.models.families) runs on its kernels; any other
 causal LM transformers knows is `other`, which only transformers' generate runs (engine=hf).
 """
 
@@ -21,13 +21,9 @@ from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURE
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from src.common.say import message_line
+from src.models import families
 from src.models.config import MODEL_NAME, OTHER
 
-# model_type (config.json) -> quantspec's family. Gemma 3's multimodal checkpoints (model_type gemma3) are not
-# its text model: transformers builds them as Gemma3ForConditionalGeneration, whose layers sit elsewhere.
-FAMILIES = {"llama": "llama", "opt": "opt", "qwen2": "qwen2", "gemma3_text": "gemma3"}
-# general.architecture (a GGUF's metadata) -> quantspec's family; transformers reads these GGUF architectures
-GGUF_FAMILIES = {"llama": "llama", "qwen2": "qwen2", "gemma3": "gemma3"}
 # a hub id as the hub writes one: an optional owner, a name; letters, digits and . _ -
 HUB_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -129,8 +125,9 @@ def _json(path: Path, what: str) -> dict:
 def family(model_type: object, what: str) -> str:
     """quantspec's family for a config's model_type: one it maps, else `other` where transformers builds it as
     a causal LM; refused (one line) where it does not."""
-    if isinstance(model_type, str) and model_type in FAMILIES:
-        return FAMILIES[model_type]
+    found = families.for_model_type(model_type) if isinstance(model_type, str) else None
+    if found is not None:
+        return found.name
     if isinstance(model_type, str) and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return OTHER
     raise NotAModel(
@@ -149,8 +146,9 @@ def gguf_architecture(path: str) -> tuple[str, str]:
         arch = bytes(field.parts[field.data[0]]).decode() if field is not None else None
     except (ValueError, OSError, IndexError, UnicodeDecodeError) as err:
         raise NotAModel(f"model.gguf={path} cannot be read as GGUF ({message_line(err)[:120]})") from None
-    if arch in GGUF_FAMILIES:
-        return GGUF_FAMILIES[arch], arch
+    found = families.for_gguf(arch) if isinstance(arch, str) else None
+    if found is not None:
+        return found.name, arch
     if arch in GGUF_SUPPORTED_ARCHITECTURES and arch not in ("general", "tokenizer", "t5", "umt5"):
         return OTHER, arch
     raise NotAModel(

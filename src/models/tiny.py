@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import (
-    Gemma3ForCausalLM,
-    Gemma3TextConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    OPTConfig,
-    OPTForCausalLM,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import PreTrainedTokenizerFast
+
+from src.models import families
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 TINY_CONTEXT = 512
@@ -48,24 +40,11 @@ def _config(arch: str, vocab_size: int):
         max_position_embeddings=TINY_CONTEXT,
         **ids,
     )
-    if arch == "llama":
-        return LlamaConfig(intermediate_size=256, num_key_value_heads=2, **common), LlamaForCausalLM
-    if arch == "qwen2":
-        return Qwen2Config(intermediate_size=256, num_key_value_heads=2, **common), Qwen2ForCausalLM
-    if arch == "opt":
-        return OPTConfig(ffn_dim=256, word_embed_proj_dim=128, **common), OPTForCausalLM
-    if arch == "gemma3":
-        # Gemma 3 mixes sliding-window and global layers; two layers of each keep both paths exercised.
-        cfg = Gemma3TextConfig(
-            intermediate_size=256,
-            num_key_value_heads=2,
-            head_dim=32,
-            sliding_window=32,
-            layer_types=["sliding_attention", "full_attention"],
-            **common,
-        )
-        return cfg, Gemma3ForCausalLM
-    raise ValueError(f"no tiny model for arch {arch!r}; known: llama, opt, qwen2, gemma3")
+    family = families.FAMILIES.get(arch)
+    if family is None or family.tiny is None:
+        known = ", ".join(f.name for f in families.FAMILIES.values() if f.tiny is not None)
+        raise ValueError(f"no tiny model for arch {arch!r}; known: {known}")
+    return family.tiny(common)
 
 
 def tiny_model(arch: str, seed: int = SEED) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:

@@ -1,4 +1,5 @@
-"""Where each architecture keeps its decoder layers, and which linears share an input.
+"""Where each family keeps its decoder layers, and which linears share an input (read from its description:
+src.models.families).
 
 A scale group is (prev, linears): the op whose output feeds the linears. Dividing prev's output by s
 and multiplying the linears' input columns by s leaves the float model's function unchanged; that is
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-HEAD = "lm_head"  # the output head's module name in every supported architecture
+from src.models import families
+from src.models.families import HEAD  # noqa: F401  (the head's name, where the quantizers read it)
 
 
 @dataclass
@@ -25,51 +27,12 @@ class ScaleGroup:
     block: nn.Module | None = None
 
 
-# Per architecture: (norm before attention, norm before MLP, attention linears, value, out proj,
-# MLP input linears, MLP hidden-producing linear, MLP output linear)
-_LAYOUT = {
-    "llama": (
-        "input_layernorm",
-        "post_attention_layernorm",
-        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        ["mlp.gate_proj", "mlp.up_proj"],
-        "mlp.up_proj",
-        "mlp.down_proj",
-    ),
-    "opt": (
-        "self_attn_layer_norm",
-        "final_layer_norm",
-        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-        "self_attn.v_proj",
-        "self_attn.out_proj",
-        ["fc1"],
-        "fc1",
-        "fc2",
-    ),
-    # Gemma 3 normalizes again after attention and after the MLP; the MLP's input norm is the pre-FF one.
-    "gemma3": (
-        "input_layernorm",
-        "pre_feedforward_layernorm",
-        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        ["mlp.gate_proj", "mlp.up_proj"],
-        "mlp.up_proj",
-        "mlp.down_proj",
-    ),
-}
-_LAYOUT["qwen2"] = _LAYOUT["llama"]
-
-
 def decoder_layers(model: nn.Module, arch: str) -> list[nn.Module]:
-    base = model.model
-    return list(base.decoder.layers if arch == "opt" else base.layers)
+    return list(model.get_submodule(families.get(arch).layers))
 
 
 def layer_prefix(arch: str, i: int) -> str:
-    return f"model.decoder.layers.{i}." if arch == "opt" else f"model.layers.{i}."
+    return f"{families.get(arch).layers}.{i}."
 
 
 def _group(layer: nn.Module, prefix: str, prev: str, names: list[str], block: str | None = None) -> ScaleGroup:
@@ -84,16 +47,16 @@ def _group(layer: nn.Module, prefix: str, prev: str, names: list[str], block: st
 
 def layer_smooth_groups(model: nn.Module, arch: str, i: int) -> list[ScaleGroup]:
     """Layer i's norm -> linears groups: SmoothQuant's (activation outliers sit in the normalized inputs)."""
-    attn_norm, mlp_norm, qkv, _, _, mlp_in, _, _ = _LAYOUT[arch]
+    f = families.get(arch)
     layer, p = decoder_layers(model, arch)[i], layer_prefix(arch, i)
-    # OPT's MLP is not a module of its own (fc1 -> act -> fc2 sit in the layer): no block there.
-    mlp = "mlp" if arch != "opt" else None
-    return [_group(layer, p, attn_norm, qkv), _group(layer, p, mlp_norm, mlp_in, mlp)]
+    # where the MLP is not a module of its own (OPT's fc1 -> act -> fc2 sit in the layer) there is no block
+    return [_group(layer, p, f.attn_norm, list(f.qkv)), _group(layer, p, f.mlp_norm, list(f.mlp_in), f.mlp)]
 
 
 def layer_awq_groups(model: nn.Module, arch: str, i: int) -> list[ScaleGroup]:
     """Layer i's SmoothQuant groups plus its linear -> linear ones (v -> o, up -> down), as AWQ scales them."""
-    _, _, _, v, o, _, up, down = _LAYOUT[arch]
+    f = families.get(arch)
+    v, o, up, down = f.qkv[2], f.out, f.mlp_in[-1], f.down
     layer, p = decoder_layers(model, arch)[i], layer_prefix(arch, i)
     groups = layer_smooth_groups(model, arch, i)
     # v -> o only when v's outputs are o's inputs one to one (not under grouped-query attention).
@@ -106,7 +69,7 @@ def layer_awq_groups(model: nn.Module, arch: str, i: int) -> list[ScaleGroup]:
 def output_linear(arch: str, i: int) -> str:
     """Layer i's linear whose output only the layer's output reads (the MLP's output projection): no other linear's
     input depends on it."""
-    return layer_prefix(arch, i) + _LAYOUT[arch][7]
+    return layer_prefix(arch, i) + families.get(arch).down
 
 
 def awq_groups(model: nn.Module, arch: str) -> list[ScaleGroup]:

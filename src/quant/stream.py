@@ -41,6 +41,7 @@ from src.common import heap
 from src.common.progress import progress
 from src.common.schema import ConfigError
 from src.kernels.modules import many_rows_mm
+from src.models import families
 from src.quant import gptq
 from src.quant import schemes as formats
 from src.quant.arch import HEAD, decoder_layers, decoder_linears, layer_prefix, output_linear
@@ -296,13 +297,13 @@ def _scaled_gram(seen: Seen, name: str, divided: dict[str, torch.Tensor], done: 
 
 def head_inputs(model: nn.Module, arch: str, hidden: torch.Tensor) -> torch.Tensor:
     """What the decoder stack hands the head: the last layer's states through the final norm (and OPT's
-    projection out, where it has one)."""
-    if arch == "opt":
-        decoder = model.model.decoder
-        if decoder.final_layer_norm is not None:
-            hidden = decoder.final_layer_norm(hidden)
-        return decoder.project_out(hidden) if decoder.project_out is not None else hidden
-    return model.model.norm(hidden)
+    projection out), where the model has them."""
+    family = families.get(arch)
+    for path in (family.final_norm, family.project_out):
+        module = families.module_at(model, path)
+        if module is not None:
+            hidden = module(hidden)
+    return hidden
 
 
 def _fp32_forward(linear: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -14,7 +14,8 @@ def _kv(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # a prefill, steps, a verification, a rejected draft cropped, growth past the first buffer (and, for a
-# window of 310, past the window: the sliding layer hands over to transformers' logic there)
+# window of 310, past the window: the sliding layer hands over to transformers' logic there, and drafts rejected
+# past it are cropped, as native.Decoder crops after each verification: by their length, or by 0)
 MOVES = [
     ("add", 40),
     *[("add", 1)] * 5,
@@ -26,6 +27,10 @@ MOVES = [
     *[("add", 1)] * 3,
     ("add", 8),
     ("add", 1),
+    ("add", 5),
+    ("crop", 3),
+    ("add", 4),
+    ("crop", 0),
 ]
 
 
@@ -34,7 +39,9 @@ def test_updates_and_crops_hold_what_transformers_layers_hold(kind):
     if kind == "full":
         ours, theirs = GrowingLayer(), DynamicLayer()
     else:
+        # transformers' layer recording its past, as ours does once it hands over: a crop past the window works
         ours, theirs = GrowingSlidingLayer(310), DynamicSlidingWindowLayer(310)
+        theirs.activate_past_recording()
     for i, (move, n) in enumerate(MOVES):
         if move == "add":
             k, v = _kv(n, i)

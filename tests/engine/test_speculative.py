@@ -15,12 +15,13 @@ from src.engine import GENERATE, Sampling, engine_for
 from src.engine.generation import Request
 from src.engine.leviathan import alpha_from_accepted, expected_speedup, tokens_per_step
 from src.engine.speculative import ModelDrafter, PromptLookup, Schedule, accept_or_resample, generate
+from src.models import families
 from src.models import load as models
 from src.models.tiny import byte_tokenizer, tiny_model
 from src.tracking.sweep.record import run_job
 from tests.helpers import compose_job
 
-ARCHS = ["llama", "opt", "qwen2", "gemma3"]
+ARCHS = families.NAMES  # every family src.models.families describes: a new one is tested here by its file alone
 
 
 def drafters(arch):

@@ -7,6 +7,7 @@ linear by GPTQ, and the calibration forwards multiply bf16 on the path the host 
 import pytest
 import torch
 
+from src.models import families
 from src.models.tiny import tiny_model
 from src.quant import schemes, stream
 from src.quant.arch import decoder_layers
@@ -16,7 +17,7 @@ from src.quant.stream import _fp32_forward, entry, head_inputs, per_call
 from src.quant.stream import layer_hidden as _hidden
 from tests.helpers import calib, quant_spec
 
-ARCHS = ["llama", "opt", "qwen2", "gemma3"]
+ARCHS = families.NAMES  # every family src.models.families describes: a new one is tested here by its file alone
 
 
 @pytest.mark.parametrize("arch", ARCHS)

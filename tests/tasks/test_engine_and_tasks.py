@@ -8,12 +8,13 @@ from src.data.corpus import SEED_PROMPTS, code_prompts, load_text
 from src.engine import GENERATE, Sampling, engine_for, fastpath
 from src.engine.generation import Request, probabilities
 from src.engine.native import Decoder
+from src.models import families
 from src.models.tiny import TINY_CONTEXT, tiny_model
 from src.tasks.benchmark import cut_prompts
 from src.tasks.kinds import TASKS
 from src.tasks.timed import TaskInputs
 
-ARCHS = ["llama", "opt", "qwen2", "gemma3"]
+ARCHS = families.NAMES  # every family src.models.families describes: a new one is tested here by its file alone
 generate = GENERATE["hf"]
 
 
@@ -190,9 +191,9 @@ def test_native_sampling_is_seeded_and_top_p_filters():
 def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_families(monkeypatch):
     model, tok = tiny_model("gemma3")
     calls = []
-    original = fastpath.GemmaSteps.__call__
+    original = fastpath.Steps.__call__
     monkeypatch.setattr(
-        fastpath.GemmaSteps,
+        fastpath.Steps,
         "__call__",
         lambda self, ids, *rest: calls.append(ids.shape[1]) or original(self, ids, *rest),
     )
@@ -201,10 +202,10 @@ def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_famil
     assert calls and sum(calls) == model.config.sliding_window  # then transformers' forward took over
     # the seeds' families have lean loops too, with no window to leave (their equality with generate
     # is test_native_engine_matches_generate_token_for_token's)
-    assert [type(fastpath.for_model(tiny_model(a)[0])).__name__ for a in ("llama", "qwen2", "opt")] == [
-        "LlamaSteps",
-        "LlamaSteps",
-        "OptSteps",
+    assert [fastpath.for_model(tiny_model(a)[0]).family.name for a in ("llama", "qwen2", "opt")] == [
+        "llama",
+        "qwen2",
+        "opt",
     ]
     post_norm = tiny_model("opt")[0]
     post_norm.config.do_layer_norm_before = False  # OPT-350m's layout: not covered, transformers' forward runs
