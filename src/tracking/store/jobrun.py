@@ -15,6 +15,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 
 from src.common import signals
+from src.common.locks import atomic_write_text
 from src.tracking.store import journal, owner
 from src.tracking.store.experiment import Store, heartbeat
 from src.tracking.store.names import (
@@ -149,8 +150,12 @@ class JobRun:
         if metrics:
             self._record("metrics", metrics=metrics)
 
-    def log_text(self, text: str, name: str) -> None:
+    def log_text(self, text: str, name: str, beside: bool = False) -> None:
+        """`text` as the run's artifact `name`; `beside`: also as a file of that name in the job's own folder
+        (beside run.log and journal.jsonl), for a script that reads a sweep's files without MLflow's API."""
         self._record("text", text=text, name=name)
+        if beside and self.journal is not None:
+            atomic_write_text(self.journal.path.parent / name, text)
 
     def log_input(self, text, context: str) -> None:
         """Text the job read (a src.data.corpus.TextInput), as an MLflow dataset input in `context`."""

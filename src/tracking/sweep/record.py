@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from src.assembly import job as jobs
 from src.assembly.config import ConfigError, job_config_from_dict, reads_dataset
-from src.common import peakmemory, signals, sysmetrics
+from src.common import latency, peakmemory, signals, sysmetrics
 from src.common.axes import AXES
 from src.common.environment import host_state
 from src.common.jsonable import jsonable
@@ -330,6 +330,9 @@ def _flag_busy_host(run, others_cores: float | None, limit: float) -> None:
 
 RESULT_JSON = "result.json"
 RESULT_FORMAT = "quantspec.job/1"
+# also written to the job's own folder, beside run.log and journal.jsonl (as llama-bench's -o json and vLLM's
+# --save-result leave a file): what a script around a sweep reads without MLflow
+BESIDE = (RESULT_JSON, latency.ARTIFACT)
 
 
 def job_json(name: str, raw: dict, job, result) -> str:
@@ -396,8 +399,8 @@ def _execute(cfg, raw: dict, run, name: str) -> None:
         run.log_text(table + "\n", "examples.md")
         run.log_text(rows_csv(result.rows), "examples.csv")
     for file_name, text in result.artifacts.items():
-        run.log_text(text, file_name)
-    run.log_text(job_json(name, raw, job, result), RESULT_JSON)
+        run.log_text(text, file_name, beside=file_name in BESIDE)
+    run.log_text(job_json(name, raw, job, result), RESULT_JSON, beside=True)
     for note in result.notes:
         log.warning(note)
     if result.notes:  # kept with the run, not only on the console

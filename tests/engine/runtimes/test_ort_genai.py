@@ -12,6 +12,10 @@ from src.engine.runtimes import ort_genai
 from src.models.tiny import tiny_model
 from tests.helpers import fp32_export, fresh_cache, perplexity_by_engine, run_cli
 
+FP32 = {"precision": "fp32", "options": {}}  # ort_genai.target of precision=fp32
+
+FP32 = {"precision": "fp32", "options": {}}  # ort_genai.target of precision=fp32
+
 pytestmark = pytest.mark.skipif(ort_genai.available() is not None, reason=str(ort_genai.available()))
 
 
@@ -45,7 +49,7 @@ def test_the_export_greedy_decodes_as_torch_does_and_is_cached(fp32_sweep):
     assert theirs.target_logp.sum().item() == pytest.approx(ours.target_logp.sum().item(), rel=1e-4)
     assert theirs.top1.tolist() == ours.top1.tolist()
     before = (folder / "model.onnx").stat().st_mtime_ns
-    assert ort_genai.export(model, tok, manifest["want"]["source"], "fp32", "cpu", cache) == folder
+    assert ort_genai.export(model, tok, manifest["want"]["source"], FP32, "cpu", cache) == folder
     assert (folder / "model.onnx").stat().st_mtime_ns == before  # cached, not rebuilt
 
 
@@ -56,7 +60,8 @@ def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(t
             "-m",
             "model=tiny-llama",
             "engine=native,ort_genai",
-            "precision=fp32,w4a16,bf16",
+            "precision=fp32,rtn,bf16",
+            "precision.int8_linears=[]",  # the builder keeps no named linears wider: rtn's 4-bit body, its int8 head
             "task=benchmark",
             "task.prompt_lengths=[4,8]",
             "task.max_new_tokens=4",
@@ -68,21 +73,21 @@ def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(t
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "sweep done: 5 finished, 1 skipped" in out.stdout
-    assert "skipped: engine ort_genai has no bf16" in out.stdout
+    assert "skipped: engine ort_genai has no precision.dtype=bfloat16" in out.stdout
     client = MlflowClient(store)
     runs = client.search_runs(
         [client.get_experiment_by_name("quantspec").experiment_id],
         "tags.`quantspec.role` = 'job' and tags.engine = 'ort_genai'",
     )
     done = [r for r in runs if r.data.tags["outcome"] == "finished"]
-    assert sorted(r.data.tags["precision"] for r in done) == ["fp32", "w4a16"]
+    assert sorted(r.data.tags["precision"] for r in done) == ["fp32", "rtn"]
     for run in done:
         assert run.data.params["executed.runtime"].startswith("onnxruntime-genai 0.18")
         assert run.data.tags["kernels"] == "onnxruntime" and run.info.run_name.endswith("·ort_genai")
         assert run.data.metrics["time_per_token_ms_median"] > 0 and run.data.metrics["export_s"] > 0
     assert (
-        "int4 MatMulNBits"
-        in next(r for r in done if r.data.tags["precision"] == "w4a16").data.params["executed.runtime"]
+        "int4 MatMulNBits in blocks of 128, fp32 activations, the head int8"
+        in next(r for r in done if r.data.tags["precision"] == "rtn").data.params["executed.runtime"]
     )
 
 
@@ -104,7 +109,7 @@ def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cl
     orphan = folder.with_name(f".{folder.name}.999999999.tmp")  # a build killed mid-way (it held the lock no more)
     orphan.mkdir()
     with caplog.at_level("WARNING"):
-        assert ort_genai.export(model, tok, source, "fp32", "cpu", tmp_path) == folder
+        assert ort_genai.export(model, tok, source, FP32, "cpu", tmp_path) == folder
     assert f"is rebuilt: {data.name} does not match its recorded sha256" in caplog.text
     assert not orphan.exists()
     engine = ort_genai.OrtGenAI(folder, "cpu")
@@ -116,5 +121,5 @@ def test_a_damaged_export_is_rebuilt_with_one_line_and_a_killed_builds_folder_cl
     )  # the rebuilt export scores as torch
     (folder / "quantspec-cache.json").write_text("null")  # a manifest that is no object
     with caplog.at_level("WARNING"):
-        ort_genai.export(model, tok, source, "fp32", "cpu", tmp_path)
+        ort_genai.export(model, tok, source, FP32, "cpu", tmp_path)
     assert "its manifest records no files" in caplog.text

@@ -73,6 +73,11 @@ def test_finished_job_logs_the_contract(store, tmp_path):
     assert len(result["rows"]) == 2 and result["summary"]["itl_ms_p99"] == pytest.approx(m["itl_ms_p99"])
     assert result["config"]["model"]["name"] == "tiny-llama" and result["environment"]["cpu_model"]
     jsonschema.validate(result, doc_schema("job"))  # the schema the docs show (reference/report-json.md)
+    # the same result, and every token's time, in the job's own folder beside its journal: no MLflow needed
+    folder = Path(store.removeprefix("sqlite:///")).parent / "out"
+    assert (folder / "journal.jsonl").is_file() and json.loads((folder / "result.json").read_text()) == result
+    times = Path(client.download_artifacts(run.info.run_id, "token_times.jsonl", str(tmp_path))).read_text()
+    assert (folder / "token_times.jsonl").read_text() == times and len(times.splitlines()) == 2
     # energy where the host has RAPL counters, else the reason and no figure (never an estimate)
     assert ("energy_j_per_token" in m) == run.data.tags["energy"].startswith("RAPL")
 

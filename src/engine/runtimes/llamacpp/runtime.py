@@ -25,8 +25,10 @@ import torch
 
 from src.engine.config import RUNTIME_NAMES
 from src.engine.generation import Generation, Request, eos_ids, token_loop
+from src.engine.runtimes import recipe
 from src.engine.runtimes.exports import cached, exported
 from src.engine.runtimes.isolated import Maker
+from src.engine.runtimes.recipe import Inexpressible, Recipe
 from src.kernels.variants import cpu_features
 from src.models.load import gguf_path
 from src.quality.scoring import score_logits
@@ -34,10 +36,25 @@ from src.quality.scoring import score_logits
 log = logging.getLogger("quantspec")
 
 # What the package exports: the Runtime's members (src.engine.config.Runtime) and what tests and scripts use.
-__all__ = [*RUNTIME_NAMES, "FTYPES", "LlamaCpp", "available", "export"]
+__all__ = [*RUNTIME_NAMES, "FTYPES", "LlamaCpp", "available", "export", "ftype"]
 
 TITLE = "llama.cpp"
-FTYPES = {"fp32": 0, "bf16": 32}  # llama.h's LLAMA_FTYPE_ALL_F32 and LLAMA_FTYPE_MOSTLY_BF16
+# a float precision's dtype -> llama.h's LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_BF16
+FTYPES = {"float32": 0, "float16": 1, "bfloat16": 32}
+NAMES = {0: "fp32", 1: "fp16", 32: "bf16"}  # each file type's name in an export's folder and manifest
+
+
+def ftype(r: Recipe) -> int:
+    """llama.cpp's file type for what the precision is, or Inexpressible: quantspec's weights go to llama.cpp
+    exactly only in float (its own Q8_0/Q4_K formats are other quantizations)."""
+    if r.layers is not None:
+        raise Inexpressible(
+            f"engine llamacpp has no {recipe.describe(r.layers)} ({r.layers.field}={r.layers.name}): quantspec's "
+            f"weights go to llama.cpp exactly only in float (its own Q8_0/Q4_K formats are other quantizations)"
+        )
+    return FTYPES[r.dtype]
+
+
 EXPORT_VERSION = 1
 
 
@@ -55,11 +72,10 @@ def available() -> str | None:
 
 def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
-    if cfg.precision.name not in FTYPES:
-        return (
-            f"engine llamacpp has no {cfg.precision.name}: quantspec's weights go to llama.cpp exactly only "
-            f"as {' or '.join(FTYPES)} (its own Q8_0/Q4_K formats are other quantizations)"
-        )
+    try:
+        ftype(recipe.of(cfg))
+    except Inexpressible as why:
+        return str(why)
     if cfg.model.source not in ("gguf_package", "gguf_file"):
         return (
             f"engine llamacpp runs GGUF models (a GGUF package's, or model=gguf model.gguf=<file>); {cfg.model.name} would "
@@ -89,19 +105,20 @@ def runtime_name(cfg, device: str) -> str:
     built = " ".join(f.split("=")[0].strip().replace("CPU : ", "") for f in flags if f.strip().endswith("= 1"))
     return (
         f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, built with {built}) CPU, "
-        f"{cfg.precision.name} GGUF written by llama_model_quantize from the package's file"
+        f"{NAMES[ftype(recipe.of(cfg))]} GGUF written by llama_model_quantize from the package's file"
     )
 
 
-def export(source: Path, source_key: str, precision: str, cache_dir: Path) -> Path:
-    """The package's GGUF rewritten at the precision by llama.cpp's quantizer: once, then cached."""
+def export(source: Path, source_key: str, file_type: int, cache_dir: Path) -> Path:
+    """The package's GGUF rewritten at `file_type` (ftype's) by llama.cpp's quantizer: once, then cached."""
+    precision = NAMES[file_type]
     what = f"llama.cpp GGUF ({precision})"
 
     def quantize(work: Path) -> None:
         import llama_cpp  # optional: the llamacpp extra
 
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.allow_requantize, params.nthread = FTYPES[precision], True, os.cpu_count() or 1
+        params.ftype, params.allow_requantize, params.nthread = file_type, True, os.cpu_count() or 1
         if llama_cpp.llama_model_quantize(str(source).encode(), str(work / "model" / "model.gguf").encode(), params):
             raise RuntimeError(f"the {what} export failed: llama_model_quantize could not write it from {source}")
 
@@ -114,7 +131,7 @@ def build(cfg, loaded, placement, corpus, recorder):
     threads (in the runtime's own process: src.engine.runtimes.isolated)."""
     path = exported(
         recorder,
-        lambda: export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key, cfg.precision.name, cfg.cache_dir),
+        lambda: export(gguf_path(cfg.model, cfg.cache_dir)[0], loaded.source_key, ftype(recipe.of(cfg)), cfg.cache_dir),
         "llamacpp",
         "llama.cpp/CPU",
     )

@@ -4,12 +4,16 @@
 optimum-intel 2.2 accepts transformers >= 4.51, < 5.6 and its exporter refuses what this project runs
 (transformers 5.23), so the export runs in a virtual environment of its own (`.venv-ov`, made by
 scripts/setup: torch, transformers 5.0, optimum-intel, NNCF) on the job's model written once as a
-Hugging Face folder; only OpenVINO itself runs in the job. Each precision is mapped to NNCF's weight
-compression (`src/engine/runtimes/openvino/export.py`): w8a16 is int8 weights (asymmetric, per channel), w4a16
-int4 (asymmetric, groups of 128) with NNCF's AWQ on quantspec's calibration texts, fp32 none; w8a8 is
-NNCF's full quantization, SmoothQuant at quantspec's alpha then int8 weights and static int8 activations,
-calibrated on the same texts (fp32 and w8a8 run their float parts in fp32, as quantspec's do). The export
-is cached under `<cache_dir>/openvino/<model>-<precision>/` with a JSON manifest.
+Hugging Face folder; only OpenVINO itself runs in the job. What the precision is (src.engine.runtimes.recipe: its
+formats, group size, method, head; never its name) is mapped to NNCF's compression (`target`, run by
+`src/engine/runtimes/openvino/export.py`): int8 weight-only linears to int8 weights (asymmetric, per channel);
+4-bit weight-only ones to int4 (asymmetric, in the precision's groups), with NNCF's AWQ on quantspec's calibration
+texts where the method is AWQ, the head at int8 (NNCF's backup precision) or 4 bits as the precision's is; w8a8's
+int8 weights and activations to NNCF's full quantization, SmoothQuant at quantspec's alpha then static int8
+activations on the same texts; fp32 to none. What NNCF cannot express (5- and 6-bit weights, named linears kept
+wider, GPTQ, int8 activations beside 4-bit weights) is refused in one line naming the field. fp32 and w8a8 run their
+float parts in fp32, as quantspec's do. The export is cached under `<cache_dir>/openvino/<model>-<target>/` with a
+JSON manifest.
 
 Generation is a loop of quantspec's own over OpenVINO's stateful model (prefill, then one token per
 inference, the KV cache held as the model's state), so each token is timestamped when it exists and
@@ -31,22 +35,82 @@ import torch
 from src.common.environment import PROJECT_ROOT
 from src.engine.config import RUNTIME_NAMES
 from src.engine.generation import Generation, Request, eos_ids, token_loop
+from src.engine.runtimes import recipe
 from src.engine.runtimes.exports import cached_export, exported
 from src.engine.runtimes.isolated import Maker, no_crash_hint
+from src.engine.runtimes.recipe import Inexpressible, Recipe
 from src.quality.scoring import score_logits
 
 log = logging.getLogger("quantspec")
 # the package's names: the Runtime's members (src.engine.config.Runtime), and what tests and scripts use
-__all__ = [*RUNTIME_NAMES, "PRECISIONS", "OpenVINO", "available", "export"]
+__all__ = [*RUNTIME_NAMES, "OpenVINO", "available", "export", "target"]
 
 TITLE = "OpenVINO"
 crash_hint = no_crash_hint  # nothing known to do about a crash of its native code on a particular host
 
 
-PRECISIONS = {"fp32": "fp32", "w8a16": "int8", "w4a16": "int4_awq", "w8a8": "int8_sq"}
-CALIBRATED = ("int4_awq", "int8_sq")  # the NNCF methods that read calibration texts
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: the target read from what the precision is (its group size too), not its name
 ROOT = PROJECT_ROOT
+
+
+def target(r: Recipe) -> dict:
+    """NNCF's compression for a precision (export.py's options: mode fp32, int8, int4 or int8_sq, and int4's group
+    size, AWQ and whether the head is 4-bit too), or Inexpressible saying, in one line, which field OpenVINO cannot
+    express."""
+    if r.layers is None:
+        if r.dtype != "float32":
+            raise Inexpressible(
+                f"engine openvino has no precision.dtype={r.dtype} (OpenVINO keeps fp32 weights and picks bf16 for "
+                f"activations itself); use precision=fp32"
+            )
+        return {"mode": "fp32"}
+    if r.gptq:
+        raise Inexpressible(
+            f"engine openvino's export rounds to nearest (after AWQ where asked), not by GPTQ: "
+            f"precision.gptq={list(r.gptq)}; set precision.gptq=[]"
+        )
+    for f in (r.layers, r.wide_format, r.head):
+        if f is not None and f.bits not in (4, 8):
+            raise Inexpressible(f"engine openvino has no {f.bits}-bit weights: {f.field}={f.name}")
+    if r.layers.bits == 8:
+        if r.layers.act_bits == 8:  # NNCF's full quantization is SmoothQuant's
+            if r.method != "smoothquant":
+                raise Inexpressible(
+                    f"engine openvino's int8 activations come with SmoothQuant's scales: precision.method={r.method}; "
+                    f"use precision.method=smoothquant"
+                )
+            return {"mode": "int8_sq", "alpha": r.alpha}
+        if r.method != "rtn":  # NNCF's int8 weight compression reads no data
+            raise Inexpressible(
+                f"engine openvino's int8 weights are rounded to nearest, with no {r.method} scales: "
+                f"precision.method={r.method}; use precision.method=rtn"
+            )
+        return {"mode": "int8"}
+    if r.layers.act_bits != 16:
+        raise Inexpressible(
+            f"engine openvino has no int8 activations beside 4-bit weights: {r.layers.field}={r.layers.name}"
+        )
+    if r.wide:
+        raise Inexpressible(
+            f"engine openvino's int4 export keeps no named linears wider (NNCF picks its own by ratio): "
+            f"precision.int8_linears={list(r.wide)}; set precision.int8_linears=[]"
+        )
+    if r.head is None:
+        raise Inexpressible("engine openvino's int4 export quantizes the head: precision.quantize_head=false")
+    if r.head.bits == 8 and r.head.act_bits != 16:
+        raise Inexpressible(f"engine openvino's int8 head is weight-only: {r.head.field}={r.head.name}")
+    if r.method not in ("awq", "rtn"):
+        raise Inexpressible(f"engine openvino's int4 export has AWQ or none: precision.method={r.method}")
+    if r.head.bits == 4 and r.head.group != r.layers.group:
+        raise Inexpressible(f"engine openvino's 4-bit head takes the layers' groups: {r.head.field}={r.head.name}")
+    return {"mode": "int4", "group_size": r.layers.group, "awq": r.method == "awq", "all_layers": r.head.bits == 4}
+
+
+def _label(t: dict) -> str:
+    """The target in a few characters: the export's cache folder and manifest name it."""
+    if t["mode"] == "int4":
+        return f"int4_g{t['group_size']}{'_awq' if t['awq'] else ''}_head{4 if t['all_layers'] else 8}"
+    return f"int8_sq_a{t['alpha']:g}" if t["mode"] == "int8_sq" else t["mode"]
 
 
 def export_python() -> Path:
@@ -70,54 +134,49 @@ def available() -> str | None:
 
 def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
-    precision = cfg.precision.name
-    if precision not in PRECISIONS:
-        why = {"bf16": "OpenVINO keeps fp32 weights and picks bf16 for activations itself"}.get(
-            precision, "no NNCF mapping for it"
-        )
-        return f"engine openvino has no {precision} ({why}); it runs {', '.join(PRECISIONS)}"
+    try:
+        target(recipe.of(cfg))
+    except Inexpressible as why:
+        return str(why)
     return available()
 
 
 def runtime_name(cfg, device: str) -> str:
     import openvino  # optional: the ov extra
 
-    precision = cfg.precision.name
-    method = {
-        "fp32": "fp32",
-        "int8": "NNCF int8 weights (asym, per channel)",
-        "int4_awq": "NNCF int4 weights (asym, group 128) with AWQ",
-        "int8_sq": f"NNCF SmoothQuant (alpha {_alpha(cfg)}), int8 weights and static int8 activations",
-    }[PRECISIONS[precision]]
-    rest = {"fp32": "fp32 activations", "w8a8": "its float parts in fp32"}.get(
-        precision, "the CPU's default activations (bf16 where it has it)"
-    )
+    r = recipe.of(cfg)
+    t = target(r)
+    if t["mode"] == "int4":
+        head = "its head too" if t["all_layers"] else "its head and embedding int8"
+        awq = " with AWQ" if t["awq"] else ""
+        method = f"NNCF int4 weights (asym, group {t['group_size']}){awq}, {head}"
+    else:
+        method = {
+            "fp32": "fp32",
+            "int8": "NNCF int8 weights (asym, per channel)",
+            "int8_sq": f"NNCF SmoothQuant (alpha {t.get('alpha')}), int8 weights and static int8 activations",
+        }[t["mode"]]
+    if not _f32(r):
+        rest = "the CPU's default activations (bf16 where it has it)"
+    else:
+        rest = "its float parts in fp32" if r.layers is not None else "fp32 activations"
     return f"openvino {openvino.__version__.split('-')[0]} CPU, exported by optimum-intel, {method}, {rest}"
 
 
-def _f32(precision: str) -> bool:
-    """fp32 activations where quantspec's own run of that precision has them (its float parts in fp32)."""
-    return precision in ("fp32", "w8a8")
+def _f32(r: Recipe) -> bool:
+    """fp32 activations where quantspec's own run of the precision has them (its float parts in fp32)."""
+    return r.dtype == "float32"
 
 
-def _alpha(cfg) -> float:
-    """SmoothQuant's migration strength as quantspec's own run of the precision takes it (read by NNCF only
-    for int8_sq, whose quantspec precision is SmoothQuant's; 0.5, NNCF's default, elsewhere)."""
-    spec = cfg.precision.spec(cfg.model) if cfg.precision.quantized else None
-    return getattr(spec, "alpha", None) or 0.5
-
-
-def export(
-    model, tokenizer, source_key: str, precision: str, calibration: list[str], cache_dir: Path, alpha: float = 0.5
-) -> Path:
-    """The model as OpenVINO runs it: exported once per (weights, precision, calibration, alpha), then cached."""
-    key = f"{source_key}-{PRECISIONS[precision]}"
+def export(model, tokenizer, source_key: str, t: dict, calibration: list[str], cache_dir: Path) -> Path:
+    """The model as OpenVINO runs it: exported once per (weights, target, calibration), then cached."""
+    key = f"{source_key}-{_label(t)}"
     want = {
         "version": EXPORT_VERSION,
         "source": source_key,
-        "precision": PRECISIONS[precision],
+        "precision": _label(t),
+        "target": t,
         "calibration": len(calibration),
-        **({"alpha": alpha} if PRECISIONS[precision] == "int8_sq" else {}),
     }
     return cached_export(
         Path(cache_dir) / "openvino" / key,
@@ -129,29 +188,27 @@ def export(
             str(ROOT / "src" / "engine" / "runtimes" / "openvino" / "export.py"),
             str(work / "hf"),
             str(work / "model"),
-            PRECISIONS[precision],
+            json.dumps(t),
             str(work / "calibration.json"),
-            str(alpha),
         ],
-        f"OpenVINO ({PRECISIONS[precision]})",
+        f"OpenVINO ({_label(t)})",
         files={"calibration.json": json.dumps(calibration)},
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
 
 
 def build(cfg, loaded, placement, corpus, recorder):
-    """The job's weights exported and compressed at the precision (cached; w4a16's AWQ and w8a8's
-    SmoothQuant calibrated on the job's calibration texts); returned as what compiles it for the CPU (in the
-    runtime's own process)."""
+    """The job's weights exported and compressed as its precision is (cached; AWQ and SmoothQuant calibrated on
+    the job's calibration texts); returned as what compiles it for the CPU (in the runtime's own process)."""
+    r = recipe.of(cfg)
+    t = target(r)
     texts = []
-    if PRECISIONS[cfg.precision.name] in CALIBRATED:  # 16 pieces of the corpus quantspec calibrates on
+    if t.get("awq") or t["mode"] == "int8_sq":  # 16 pieces of the corpus quantspec calibrates on
         text = corpus.reader("calibration")()
         texts = [piece for piece in (text[i * 2000 : (i + 1) * 2000] for i in range(16)) if piece.strip()]
     folder = exported(
         recorder,
-        lambda: export(
-            loaded.model, loaded.tokenizer, loaded.source_key, cfg.precision.name, texts, cfg.cache_dir, _alpha(cfg)
-        ),
+        lambda: export(loaded.model, loaded.tokenizer, loaded.source_key, t, texts, cfg.cache_dir),
         "openvino",
         "openvino/CPU",
     )
@@ -159,7 +216,7 @@ def build(cfg, loaded, placement, corpus, recorder):
         "src.engine.runtimes.openvino.runtime:OpenVINO",
         folder,
         tuple(sorted(eos_ids(loaded.model))),
-        f32=_f32(cfg.precision.name),
+        f32=_f32(r),
     )
 
 

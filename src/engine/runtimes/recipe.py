@@ -1,0 +1,69 @@
+"""What a precision is, read from its settings, never from its name: the formats its linears run (weight bits,
+activation bits, group size), the method that finds them, GPTQ's rounding, the float parts' dtype. Another runtime
+(OpenVINO, ONNX Runtime GenAI, llama.cpp) exports the float model and quantizes it its own way, so it maps this to its
+own options, and refuses in one line, naming the field, what it cannot express: a precision under another name, or a
+shipped one with other settings (precision.group_size=64), is then exported as what it is, or refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from src.quant import schemes
+from src.quant.arch import HEAD
+
+
+@dataclass(frozen=True)
+class Format:
+    """One weight format as a precision field names it (`field`=`name`, for a refusal's line)."""
+
+    field: str
+    name: str
+    bits: int  # weight bits
+    act_bits: int  # 16: weight-only; 8: activations rounded per token
+    group: int | None  # grouped formats' group size along the input features; None: int8 per output channel
+
+
+@dataclass(frozen=True)
+class Recipe:
+    dtype: str  # the float parts' (float32, bfloat16, float16)
+    method: str  # none, smoothquant, awq, rtn
+    layers: Format | None  # the decoder linears' format; None: a float precision
+    head: Format | None  # the output head's; None: the head stays float
+    wide: tuple[str, ...]  # decoder linears (name suffixes) kept in...
+    wide_format: Format | None  # ...this format, where any are
+    gptq: tuple[str, ...]  # linears GPTQ rounds (lm_head: the head; *: all)
+    alpha: float | None  # SmoothQuant's migration strength
+
+
+def _format(field: str, name: str, group: int | None) -> Format:
+    scheme = schemes.get(name)
+    return Format(field, name, scheme.bits, scheme.act_bits, group if scheme.grouped else None)
+
+
+def of(cfg) -> Recipe:
+    """The job's precision (a JobConfig's) as a Recipe."""
+    precision = cfg.precision
+    if not precision.quantized:
+        return Recipe(precision.dtype, "none", None, None, (), None, (), None)
+    spec = precision.spec(cfg.model)
+    layers = _format("precision.scheme", spec.scheme, spec.group_size)
+    head = None
+    if spec.quantize_head:
+        field = "precision.head_scheme" if spec.head_scheme else "precision.scheme"
+        head = _format(field, spec.scheme_for(HEAD), spec.group_size)
+    wide = tuple(spec.int8_linears) if layers.group is not None else ()
+    wide_format = _format("precision.int8_linears_scheme", spec.int8_linears_scheme, spec.group_size) if wide else None
+    return Recipe(
+        precision.dtype, spec.method, layers, head, wide, wide_format, tuple(spec.gptq), getattr(spec, "alpha", None)
+    )
+
+
+class Inexpressible(ValueError):
+    """What a runtime cannot express of a recipe, in one line naming the field (the job's skip reason)."""
+
+
+def describe(f: Format) -> str:
+    """A format in words: "4-bit weights in groups of 128, 16-bit activations"."""
+    where = f"in groups of {f.group}" if f.group else "per output channel"
+    return f"{f.bits}-bit weights {where}, {f.act_bits}-bit activations"
