@@ -4,9 +4,11 @@ once: its weight and activation bits, whether it quantizes in groups, how its po
 else asks here: the methods' validation, the quantizer, the runtime modules' build, the C++ step (through
 each module's step_call), the hardware profiles (they list schemes), the docs.
 
-Adding a format (docs/how-to/add-precision.md walks through w2a16): an entry here; for quantspec's kernels,
-its name and bits in core/api.h's QS_FORMATS and a reference kernel in core/reference.cpp (every other
-variant falls back to it until it has its own); a precision in conf/precision/ that names it.
+Adding a format (docs/how-to/add-precision.md walks through w2a16): an entry here (its bits, its portable
+tensors, its `aten` module and its `gemv` module in src/quant/linear.py, whose step_call is the C++ step's call and
+ROWS what fuses along output channels); for quantspec's kernels, its name and bits in core/api.h's QS_FORMATS and a
+reference kernel in core/reference.cpp (every other variant falls back to it until it has its own); a precision in
+conf/precision/ that names it.
 """
 
 from __future__ import annotations
