@@ -1,4 +1,4 @@
-"""The fixtures every room shares (what they are built from: tests/helpers.py), the tests' own environment (set
+"""The fixtures every room shares (what they are built from: tests/support/), the tests' own environment (set
 here, before any test module imports src), and how the suite shares the host: one pytest-xdist worker per core
 (pyproject.toml's addopts), each held to its own cores, and a test marked `alone` (it measures the host's load or
 one speed against another) run with no other test beside it, on all the cores."""

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.support.cli import ROOT
 
 LINT = Path(sys.executable).parent / "lint-imports"
 # (module file, the import planted in it, the contract it breaks)

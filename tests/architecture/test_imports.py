@@ -9,7 +9,7 @@ import pkgutil
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+from tests.support.cli import ROOT
 
 OPTIONAL = (
     "openvino",

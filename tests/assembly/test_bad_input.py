@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from src.assembly.config import ConfigError, job_config_from_dict
 from src.tracking.sweep.record import run_job
-from tests.helpers import compose_job, fresh_cache, overridden, run_cli
+from tests.support.cli import compose_job, fresh_cache, overridden, run_cli
 
 QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]
 

@@ -7,7 +7,7 @@ import pytest
 from src.assembly.config import ConfigError, job_config_from_dict
 from src.assembly.overrides import composition_problem
 from src.common.axes import GROUPS
-from tests.helpers import CONF, compose_job
+from tests.support.cli import CONF, compose_job
 
 # dataset=textfile has a mandatory path; it is checked on its own below.
 NEEDS = {

@@ -6,7 +6,7 @@ from src.assembly.config import job_config_from_dict
 from src.assembly.job import build
 from src.kernels.modules import FLOAT_GEMMS
 from src.quant import prefill
-from tests.helpers import compose_job, fresh_cache
+from tests.support.cli import compose_job, fresh_cache
 
 
 class Kept:
@@ -80,7 +80,7 @@ def test_a_profile_that_ran_elsewhere_says_what_executed(tmp_path):
 def test_a_native_job_says_which_step_path_runs_its_model():
     """executed.step_path: the C++ step where it covers the model (on quantspec's kernels), the Python loop
     where it does not (ATen's kernels)."""
-    from tests.helpers import KERNELS as CACHE
+    from tests.support.kernels import KERNELS as CACHE
 
     said = {}
     for kernels_choice in ("quantspec", "aten"):

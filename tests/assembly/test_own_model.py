@@ -10,7 +10,8 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import ROOT, cli_env, fresh_cache, publish_to_hub_cache, run_cli, write_tiny_gguf
+from tests.support.cli import ROOT, cli_env, fresh_cache, run_cli
+from tests.support.models import publish_to_hub_cache, write_tiny_gguf
 
 QUICK = ["task=decode", "task.limit=1", "task.max_new_tokens=3", "task.warmup=0", "report_at_end=false"]
 

@@ -95,7 +95,7 @@ def test_a_builder_killed_mid_build_leaves_nothing_behind_after_the_next_build(t
     import sys
     import time
 
-    from tests.helpers import ROOT, cli_env
+    from tests.support.cli import ROOT, cli_env
 
     d = tmp_path / "model"
     code = (

@@ -14,7 +14,7 @@ from src.assembly.config import ConfigError, job_config_from_dict
 from src.assembly.overrides import composition_problem, unparsable
 from src.common import doccommands
 from src.tracking.readback import reporting as report
-from tests.helpers import compose_job
+from tests.support.cli import compose_job
 
 # What a reader fills in, and the value the check fills in for it: a command with one is checked with that value.
 FILLS = [

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import ROOT, cli_env, free_port, run_process, wait_healthy
+from tests.support.cli import ROOT, cli_env, run_process
+from tests.support.processes import free_port, wait_healthy
 
 RAY = Path(sys.executable).with_name("ray")
 QUICK = ["model=tiny-llama", "task.limit=1", "task.max_new_tokens=2", "task.warmup=0", "engine.kernels=aten"]

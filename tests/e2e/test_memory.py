@@ -4,7 +4,7 @@ the job runs as a command of its own."""
 
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import fresh_cache, run_process
+from tests.support.cli import fresh_cache, run_process
 
 
 def test_a_random_weight_job_is_timed_tagged_and_its_peak_within_the_estimate(tmp_path):

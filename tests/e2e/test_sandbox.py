@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from src.tasks import sandbox
-from tests.helpers import skip_without_bwrap
+from tests.support.sandbox import skip_without_bwrap
 
 needs_bwrap = skip_without_bwrap()
 LIMITS = sandbox.Limits(timeout_s=4.0, memory_mb=512)

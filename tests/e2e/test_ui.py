@@ -22,8 +22,9 @@ from src.tracking.store.experiment import Store
 from src.tracking.store.jobrun import JobRun
 from src.tracking.store.journal import Journal
 from src.tracking.sweep.record import _flag_busy_host
-from tests.helpers import ROOT, free_port, mlflow_server, run_cli
 from tests.support.browser import BROWSER, Page
+from tests.support.cli import ROOT, run_cli
+from tests.support.processes import free_port, mlflow_server
 
 # docs/concepts/mlflow-ui.md shows this screenshot; the test writes it there only when asked
 # (QUANTSPEC_REFRESH_DOCS=1): a test run must not change the repository's files

@@ -11,8 +11,8 @@ from src.engine.generation import Request
 from src.kernels import variants
 from src.models.tiny import tiny_model
 from tests.engine.tiny import PRECISIONS, model_at
-from tests.helpers import KERNELS as CACHE
-from tests.helpers import use_variant as use
+from tests.support.kernels import KERNELS as CACHE
+from tests.support.kernels import use_variant as use
 
 PROMPTS = [[2, 17, 33], [2, 90, 91, 92, 93, 94, 95], list(range(2, 14)), list(range(40, 56)), list(range(60, 100))]
 NEW = [9, 5, 12, 7, 6]

@@ -15,8 +15,8 @@ from src.kernels import modules, variants
 from src.models import families
 from src.models.tiny import tiny_model
 from tests.engine.tiny import PRECISIONS, model_at
-from tests.helpers import KERNELS as CACHE
-from tests.helpers import use_variant as use
+from tests.support.kernels import KERNELS as CACHE
+from tests.support.kernels import use_variant as use
 
 FAMILIES = [f.name for f in families.FAMILIES.values() if f.cstep]  # the families step.cpp runs
 

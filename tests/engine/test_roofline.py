@@ -9,7 +9,7 @@ from src.common.metrics import Row
 from src.engine import roofline
 from src.models.tiny import tiny_model
 from src.quant.pipeline import install, quantize
-from tests.helpers import quant_spec
+from tests.support.quant import quant_spec
 
 
 def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():
@@ -26,7 +26,7 @@ def test_a_quantized_module_counts_the_layout_its_step_reads_once():
     from src import kernels
     from src.quant.linear import int4_tensors
     from src.quant.schemes import build
-    from tests.helpers import KERNELS as CACHE
+    from tests.support.kernels import KERNELS as CACHE
 
     assert kernels.load(CACHE), kernels.reason()  # the gemv module's layout comes from the kernels' formats
     n, k = 64, 256
@@ -91,7 +91,7 @@ def test_a_step_that_outran_the_probe_is_rated_one_and_counted_not_hidden():
 
 def test_the_probe_reads_with_quantspecs_kernel_beside_torchs_sum_and_takes_the_faster():
     from src import kernels
-    from tests.helpers import KERNELS as CACHE
+    from tests.support.kernels import KERNELS as CACHE
 
     assert kernels.load(CACHE), kernels.reason()
     probe = roofline.Probe(1, mb=64, repeats=2)

@@ -19,7 +19,7 @@ from src.models import families
 from src.models import load as models
 from src.models.tiny import byte_tokenizer, tiny_model
 from src.tracking.sweep.record import run_job
-from tests.helpers import compose_job
+from tests.support.cli import compose_job
 
 ARCHS = families.NAMES  # every family src.models.families describes: a new one is tested here by its file alone
 

@@ -15,7 +15,7 @@ from src.engine.speculative import ModelDrafter, PromptLookup
 from src.models import families
 from src.models.tiny import tiny_model
 from src.tracking.sweep.record import run_job
-from tests.helpers import compose_job
+from tests.support.cli import compose_job
 
 ARCHS = families.NAMES  # every family src.models.families describes: a new one is tested here by its file alone
 

@@ -6,7 +6,8 @@ from src import kernels
 from src.kernels import modules
 from src.models.tiny import tiny_model
 from src.quant.pipeline import install, quantize
-from tests.helpers import KERNELS, calib, quant_spec
+from tests.support.kernels import KERNELS
+from tests.support.quant import calib, quant_spec
 
 QUANT = {
     "w8a8": (quant_spec("smoothquant", "w8a8", alpha=0.5), torch.float32),

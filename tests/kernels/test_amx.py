@@ -14,7 +14,7 @@ from src.kernels import amx
 from src.quant import prefill, qparams
 from src.quant.linear import int8_tensors
 from src.quant.schemes import build
-from tests.helpers import KERNELS as CACHE
+from tests.support.kernels import KERNELS as CACHE
 
 
 @pytest.fixture

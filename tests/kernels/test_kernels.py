@@ -22,7 +22,7 @@ from src.quant import qparams, schemes
 from src.quant.linear import int4_tensors, int8_tensors
 from src.quant.qparams import SPLIT, pack_lanes
 from src.quant.schemes import build
-from tests.helpers import use_variant
+from tests.support.kernels import use_variant
 
 
 def gemv_w4a16(x, packed, scale, offset, group):

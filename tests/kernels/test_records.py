@@ -1,7 +1,7 @@
 """A built kernel library sits in the one verified cache (src.common.cache) and is loaded only while its bytes are
 those recorded when it was built: every way the library or its manifest can be damaged reads as "build it again"
 with one line, never as an error or a load. The compiler is stood in for by a writer of fixed bytes; a real build
-damaged, killed and raced is tests/e2e/test_faults.py's."""
+damaged, killed and raced is tests/e2e/test_build_faults.py's."""
 
 import json
 import logging

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from src import kernels
-from tests.helpers import KERNELS as CACHE
+from tests.support.kernels import KERNELS as CACHE
 
 KIND = 3  # one row through the head (step.cpp's key: 2 * rows + head)
 QUIET = {2: (10.0, 0.007), 1: (22.0, 0.0)}  # ms a step, share of it waiting at barriers: measured shapes

@@ -9,7 +9,7 @@ from src.models import checkpoint
 from src.models.load import load_model
 from src.models.tiny import tiny_model
 from src.quant.apply import prepare, unmade
-from tests.helpers import calib
+from tests.support.quant import calib
 
 CORPUS = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n" * 40
 

@@ -38,7 +38,7 @@ def test_missing_gguf_package_is_named(tmp_path):
 def test_a_local_gguf_file_loads_as_the_model_it_was_written_from(tmp_path):
     import torch
 
-    from tests.helpers import write_tiny_gguf
+    from tests.support.models import write_tiny_gguf
 
     model, tokenizer = write_tiny_gguf(tmp_path / "tiny.gguf")
     cfg = ModelConfig("tiny", "qwen2", "gguf_file", None, gguf=str(tmp_path / "tiny.gguf"))

@@ -10,7 +10,7 @@ import torch
 from src.assembly import memory
 from src.assembly.config import ConfigError, job_config_from_dict
 from src.models.random_weights import config_of, parameter_count, random_model, shapes
-from tests.helpers import compose_job, run_cli
+from tests.support.cli import compose_job, run_cli
 
 SEEDS = {
     "llama-2-7b": 6.74e9,
@@ -109,7 +109,7 @@ def test_a_quantized_job_of_random_weights_makes_one_layer_at_a_time_and_a_cache
     from src.assembly.composed import job_config
     from src.assembly.job import build
     from src.models import random_weights
-    from tests.helpers import fresh_cache
+    from tests.support.cli import fresh_cache
 
     made: list[list[set[str]]] = []  # per job, what each fill made
     original = random_weights.fill
@@ -156,7 +156,7 @@ def test_a_cache_damaged_in_place_is_found_by_the_load_and_rebuilt_by_the_same_j
 
     from src.assembly.composed import job_config
     from src.assembly.job import build
-    from tests.helpers import fresh_cache
+    from tests.support.cli import fresh_cache
 
     monkeypatch.setenv("QUANTSPEC_CACHE", str(fresh_cache(tmp_path / "cache")))
     args = ["model=llama-160m", "model.weights=random", "precision=w4a16", "precision.method=rtn",

@@ -11,7 +11,8 @@ from mlflow.tracking import MlflowClient
 
 from src.tracking.readback import reporting as report
 from src.tracking.view import ui
-from tests.helpers import fresh_cache, run_cli, uncatalogued
+from tests.support.cli import fresh_cache, run_cli
+from tests.support.records import uncatalogued
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (scripts/setup installs it)")
 

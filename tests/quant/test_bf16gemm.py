@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from src.quant import bf16gemm, gptq, qparams
-from tests.helpers import use_variant
+from tests.support.kernels import use_variant
 
 
 @pytest.fixture(autouse=True)

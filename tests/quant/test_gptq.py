@@ -9,7 +9,7 @@ from src.common.schema import ConfigError
 from src.models.tiny import tiny_model
 from src.quant import bf16gemm, gptq, qparams
 from src.quant.pipeline import install, quantize
-from tests.helpers import calib, quant_spec
+from tests.support.quant import calib, quant_spec
 
 CASES = [(8, None), (6, 128), (4, 128), (4, 32), (2, 64)]
 

@@ -12,7 +12,7 @@ from src.quant.arch import awq_groups, decoder_layers, decoder_linears, layer_pr
 from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, int4_tensors, int8_tensors
 from src.quant.pipeline import install, quantize
 from src.quant.schemes import build
-from tests.helpers import calib, quant_spec
+from tests.support.quant import calib, quant_spec
 
 ARCHS = families.NAMES  # every family src.models.families describes: a new one is tested here by its file alone
 SPECS = {
@@ -313,7 +313,7 @@ def test_mixed_kernels_follow_the_spec():
     ],
 )
 def test_bad_method_or_group_size_is_one_line(override, expect, store):
-    from tests.helpers import run_cli
+    from tests.support.cli import run_cli
 
     out = run_cli(["model=tiny-llama", "precision=w4a16", override, f"tracking.uri={store}"])
     lines = [line for line in out.stderr.splitlines() if line.startswith("quantspec:")]

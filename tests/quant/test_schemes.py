@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from src.models.tiny import tiny_model
 from src.quant import qparams, schemes
 from src.quant.pipeline import install, quantize
-from tests.helpers import calib, quant_spec
+from tests.support.quant import calib, quant_spec
 
 
 @pytest.mark.parametrize("bits", range(1, 9))

@@ -15,7 +15,7 @@ from src.quant.gptq import gram
 from src.quant.pipeline import install, quantize, quantized_linears
 from src.quant.stream import _fp32_forward, entry, head_inputs, per_call
 from src.quant.stream import layer_hidden as _hidden
-from tests.helpers import calib, quant_spec
+from tests.support.quant import calib, quant_spec
 
 ARCHS = families.NAMES  # every family src.models.families describes: a new one is tested here by its file alone
 

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, cli_env
+from tests.support.cli import ROOT, cli_env
 
 START_S = 180  # the model's build and the kernels' load on a busy host
 READ_S = 3  # the server's read timeout here: a request must arrive within it

@@ -16,7 +16,9 @@ from mlflow.tracking import MlflowClient
 from src.data.corpus import humaneval_problems
 from src.tasks import sandbox
 from src.tasks.benchmark_code import STOP, StopAt, pass_at_k, program, score, truncate
-from tests.helpers import run_cli, skip_without_bwrap, uncatalogued
+from tests.support.cli import run_cli
+from tests.support.records import uncatalogued
+from tests.support.sandbox import skip_without_bwrap
 
 needs_bwrap = skip_without_bwrap()
 LIMITS = sandbox.Limits(timeout_s=3.0, memory_mb=512)

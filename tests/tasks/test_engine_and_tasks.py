@@ -220,7 +220,7 @@ def test_a_decode_runs_the_user_s_prompts_from_a_jsonl_file_and_a_bad_line_is_on
     from mlflow.tracking import MlflowClient
 
     from tests.data.test_prompts import FIVE
-    from tests.helpers import run_cli
+    from tests.support.cli import run_cli
 
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(json.dumps(item) + "\n" for item in FIVE))

@@ -9,7 +9,7 @@ import pytest
 from src.engine.generation import Request
 from src.engine.runtimes.exports import cached, cached_export
 from src.models.tiny import tiny_model
-from tests.helpers import ROOT, cli_env
+from tests.support.cli import ROOT, cli_env
 
 
 def test_an_export_is_built_once_and_a_failed_one_leaves_no_cache(tmp_path):

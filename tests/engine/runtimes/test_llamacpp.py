@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from src.engine.generation import Request, Sampling, eos_ids
 from src.engine.runtimes import llamacpp
-from tests.helpers import run_cli
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.skipif(llamacpp.available() is not None, reason=str(llamacpp.available()))
 

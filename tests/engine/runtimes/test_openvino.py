@@ -9,7 +9,8 @@ from src.engine.generation import Request, Sampling
 from src.engine.runtimes import openvino as ov
 from src.models.tiny import tiny_model
 from src.quality.scoring import torch_scorer
-from tests.helpers import fp32_export, fresh_cache, perplexity_by_engine, run_cli
+from tests.support.cli import fresh_cache, run_cli
+from tests.support.runtimes import fp32_export, perplexity_by_engine
 
 pytestmark = pytest.mark.skipif(ov.available() is not None, reason=str(ov.available()))
 

@@ -10,7 +10,8 @@ from mlflow.tracking import MlflowClient
 from src.engine.generation import Request, Sampling
 from src.engine.runtimes import ort_genai
 from src.models.tiny import tiny_model
-from tests.helpers import fp32_export, fresh_cache, perplexity_by_engine, run_cli
+from tests.support.cli import fresh_cache, run_cli
+from tests.support.runtimes import fp32_export, perplexity_by_engine
 
 FP32 = {"precision": "fp32", "options": {}}  # ort_genai.target of precision=fp32
 

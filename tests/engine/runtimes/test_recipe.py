@@ -10,7 +10,7 @@ import pytest
 from src.assembly.config import job_config_from_dict
 from src.engine.runtimes import llamacpp, openvino, ort_genai, recipe
 from src.engine.runtimes.recipe import Inexpressible
-from tests.helpers import compose_job
+from tests.support.cli import compose_job
 
 RUNTIMES = Path(__file__).resolve().parents[3] / "src" / "engine" / "runtimes"
 

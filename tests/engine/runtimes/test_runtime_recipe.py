@@ -5,7 +5,8 @@ Nothing else is told of it, and a sweep, its skip, its records and perplexity ta
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import ROOT, fresh_cache, perplexity_by_engine, run_cli
+from tests.support.cli import ROOT, fresh_cache, run_cli
+from tests.support.runtimes import perplexity_by_engine
 
 YAML = """defaults:
   - _fields

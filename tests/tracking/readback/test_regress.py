@@ -8,7 +8,8 @@ from mlflow.tracking import MlflowClient
 from src.quality.stats import median_ratio_ci
 from src.tracking.readback import regression as regress
 from src.tracking.readback.sweeps import JobRecord
-from tests.helpers import fresh_cache, run_cli, spinning_neighbours
+from tests.support.cli import fresh_cache, run_cli
+from tests.support.processes import spinning_neighbours
 
 # Long enough to time that burners slow it systematically: with the C++ step the tiny Llama's token takes
 # ~0.05 ms, and 3 repeats of 48 tokens (7 ms a round) were timed faster or slower by chance.

@@ -12,7 +12,9 @@ from mlflow.tracking import MlflowClient
 from src.tracking.readback import reporting as report
 from src.tracking.readback.reporting import plots
 from src.tracking.readback.sweeps import sweep_jobs
-from tests.helpers import doc_schema, free_port, fresh_cache, job_record, mlflow_server, run_cli, spinning_neighbours
+from tests.support.cli import fresh_cache, run_cli
+from tests.support.processes import free_port, mlflow_server, spinning_neighbours
+from tests.support.records import doc_schema, job_record
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 

@@ -5,7 +5,8 @@ write, checked name by name. The quality and code tasks' own names are checked o
 from src.kernels.modules import FLOAT_GEMMS
 from src.quant import prefill
 from src.tracking.store import catalog
-from tests.helpers import fresh_cache, run_cli, uncatalogued
+from tests.support.cli import fresh_cache, run_cli
+from tests.support.records import uncatalogued
 
 
 def test_every_name_a_sweep_logs_is_in_the_catalog(tmp_path):

@@ -11,7 +11,7 @@ import time
 
 from src.common.locks import file_lock
 from src.tracking.store import journal, owner
-from tests.helpers import ROOT, cli_env
+from tests.support.cli import ROOT, cli_env
 
 
 def test_replay_sends_only_what_the_store_lacks_and_each_start_opens_a_new_run(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from src.tracking.sweep.naming import field_of, job_name, told, varying
-from tests.helpers import fresh_cache, run_cli
+from tests.support.cli import fresh_cache, run_cli
 
 CHOICES = {"model": "m", "hardware": "cpu", "precision": "w4a16", "draft": "none", "task": "decode", "engine": "native"}
 

@@ -16,7 +16,9 @@ from src.tracking.readback.sweeps import sweep_jobs
 from src.tracking.store.names import config_key
 from src.tracking.sweep.record import SweepAbort
 from src.tracking.sweep.rounds import legal, schedule
-from tests.helpers import job_record, run_cli, spinning_neighbours
+from tests.support.cli import run_cli
+from tests.support.processes import spinning_neighbours
+from tests.support.records import job_record
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[4,8]", "task.max_new_tokens=4", "task.warmup=0"]
 

@@ -7,7 +7,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 
 from src.tracking.sweep import search
-from tests.helpers import fresh_cache, run_cli
+from tests.support.cli import fresh_cache, run_cli
 
 pytest.importorskip("optuna", reason="optuna not installed (scripts/setup installs it: the search extra)")
 

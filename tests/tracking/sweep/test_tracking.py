@@ -13,7 +13,8 @@ from src.tracking.store.experiment import Store
 from src.tracking.store.jobrun import JobRun
 from src.tracking.store.names import flatten
 from src.tracking.sweep.record import _params, _unwrapped, run_job
-from tests.helpers import compose_job, doc_schema, run_cli
+from tests.support.cli import compose_job, run_cli
+from tests.support.records import doc_schema
 
 TINY = ["model=tiny-llama", "task.limit=2", "task.max_new_tokens=4", "task.warmup=0"]
 
