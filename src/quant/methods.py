@@ -37,7 +37,9 @@ class QuantSpec:
     quantize_head: bool  # False keeps the output head in float
     head_scheme: str | None  # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
     int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept wider under a grouped scheme...
-    int8_linears_scheme: str  # ...in this scheme: w8a16 (int8), w6a16 or w5a16 (three quarters or five eighths of int8's bytes)
+    int8_linears_scheme: (
+        str  # ...in this scheme: w8a16 (int8), w6a16 or w5a16 (three quarters or five eighths of int8's bytes)
+    )
     gptq: tuple[str, ...]  # linears (name suffixes; lm_head: the output head; *: all) rounded by GPTQ, not to nearest
 
     @property

@@ -96,9 +96,10 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             assert job.data.tags.get("host_busy", "false") == "false"
         w8a8 = next(j for j in jobs if j.data.tags["precision"] == "w8a8")
         m = w8a8.data.metrics
-        assert m["decode_speedup_low"] <= m["decode_speedup"] <= m["decode_speedup_high"]
+        assert m["rounds/decode_speedup_low"] <= m["rounds/decode_speedup"] <= m["rounds/decode_speedup_high"]
         assert all(
-            len(f"{m[k]:g}".replace(".", "").lstrip("0")) <= 3 for k in ("decode_ms_per_token", "decode_speedup")
+            len(f"{m[k]:g}".replace(".", "").lstrip("0")) <= 3
+            for k in ("rounds/time_per_token_ms_median", "rounds/decode_speedup")
         )
         assert sorted(p.step for p in client.get_metric_history(w8a8.info.run_id, "round/decode_speedup")) == [1, 2]
 
@@ -109,15 +110,15 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         wanted = [
             "Run Name",
             "Description",
-            "decode_ms_per_token",
-            "decode_speedup",
-            "decode_speedup_high",
-            "decode_speedup_low",
-            "prefill_ms",
-            "tokens_per_s",
+            "rounds/decode_speedup",
+            "rounds/decode_speedup_high",
+            "rounds/decode_speedup_low",
+            "rounds/prefill_ms_median",
+            "rounds/time_per_token_ms_median",
+            "rounds/tokens_per_s_median",
         ]
         # the grid drawn: every column read below and every job's row. The grid draws its columns a few at a
-        # time: waiting for one of them had read the others before the last was drawn (tokens_per_s missing, in a
+        # time: waiting for one of them had read the others before the last was drawn (tokens/s missing, in a
         # fresh-clone CI run beside another process)
         ready = [f'{drawn}.includes("metrics.`{c}`")' for c in wanted if c not in ("Run Name", "Description")] + [
             f"document.body.innerText.includes({j.info.run_name!r})" for j in jobs
@@ -146,7 +147,7 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
             assert [c for c in shown if c in wanted] == wanted, shown
             assert "Dataset" not in shown and "host_busy" not in shown  # the same on every row: no column
             assert text.count("round 2") == 0 and all(j.info.run_name in text for j in jobs)
-            assert f"{m['decode_ms_per_token']:g}" in text and f"{m['decode_speedup']:g}" in text
+            assert f"{m['rounds/time_per_token_ms_median']:g}" in text and f"{m['rounds/decode_speedup']:g}" in text
             # the description: the speedup and what ran, in the ~50 characters MLflow shows whatever the CPU's name
             note = w8a8.data.tags["mlflow.note.content"]
             assert re.match(r"[\d.]+× over fp32 \([\d.]+–[\d.]+×\) · w8a8 · no draft · host CPU \(", note), note

@@ -26,23 +26,41 @@ SHOWN = "quantspec.shown"  # 'true' on the one run that stands for a job (its ro
 # then metrics, then params, then tags, each group in alphabetical order, and columns cannot be moved.
 # So what a job is (its figure's condition first, then precision, draft, hardware as it ran) is its run's
 # description (an attribute column, before the metrics; the UI shows its first ~50 characters), and the
-# figures' names sort in the order they are read: `busy` (1 where the figure stands on busy timings only:
-# it sorts first), time per token, speedup and its range, prefill, tokens/s, then the latency percentiles and the
-# peak memory.
+# figures over a job's rounds are its rounds' figures under their own names (a job's figure has one name
+# everywhere), behind `rounds/` (`round/` for the series of each round's value): `busy` (1 where the figure stands
+# on busy timings only) sorts before them.
+OVER_ROUNDS = (  # the job's own figures, published over its rounds by the report (src.tracking.readback.reporting)
+    "time_per_token_ms_median",
+    "prefill_ms_median",
+    "tokens_per_s_median",
+    "ttft_ms_p99",
+    "itl_ms_p50",
+    "itl_ms_p90",
+    "itl_ms_p99",
+    "peak_rss_gb",
+)
+ROUNDS, ROUND = "rounds/", "round/"  # a figure over the job's rounds; the series of each round's value
+SPEEDUP = "decode_speedup"  # the median of a job's per-round speedups over its baseline (it has no round figure)
+
+
+def over_rounds(figure: str) -> str:
+    """The name a job's figure has over its rounds, on the run that stands for it."""
+    return ROUNDS + figure
+
+
+def each_round(figure: str) -> str:
+    """The name of the series of a job's figure, a point a round."""
+    return ROUND + figure
+
+
 VIEW_METRICS = (
     "busy",
     "quality_below",
-    "decode_ms_per_token",
-    "decode_speedup",
-    "decode_speedup_low",
-    "decode_speedup_high",
-    "prefill_ms",
-    "tokens_per_s",
-    "ttft_p99_ms",
-    "itl_p50_ms",
-    "itl_p90_ms",
-    "itl_p99_ms",
-    "peak_memory_gb",
+    over_rounds("time_per_token_ms_median"),
+    over_rounds(SPEEDUP),
+    over_rounds(SPEEDUP + "_low"),
+    over_rounds(SPEEDUP + "_high"),
+    *(over_rounds(f) for f in OVER_ROUNDS[1:]),
     "perplexity",
     "kl_mean",
     "top1_agreement",
@@ -56,13 +74,13 @@ VIEW_METRICS = (
 TAG_COLUMNS = ("host_busy", "busy_rounds", "sandbox")
 # A job timed too briefly to tell carries no host_busy tag: it was not flagged, which is what "false" says
 TAG_UNSET = {"host_busy": "false"}
-SORT = "decode_ms_per_token"
+SORT = over_rounds("time_per_token_ms_median")
 FRONT = ("front_ms_per_token", "front_quality")  # a quality job's point: its configuration's speed, its quality
 CHARTS = (
-    ("decode_ms_per_token", "BAR"),
-    ("decode_speedup", "BAR"),
-    ("decode_ms_per_token", "SCATTER"),
-    ("decode_speedup", "SCATTER"),
+    (SORT, "BAR"),
+    (over_rounds(SPEEDUP), "BAR"),
+    (SORT, "SCATTER"),
+    (over_rounds(SPEEDUP), "SCATTER"),
 )
 
 

@@ -205,7 +205,7 @@ def _journal_a_job_and_exit(tmp_path, uri: str) -> None:
 
     run = JobRun(None, journal.Journal(tmp_path / "job", tmp_path / "registry", uri), uri, "quantspec")
     run.start("job", SweepInfo("/sweeps/two", "sweep two", ""), {"a": "1"}, {}, "key")
-    run.log_metrics({"decode_ms_per_token": 1.0})
+    run.log_metrics({"time_per_token_ms_median": 1.0})
     run.finish()
 
 

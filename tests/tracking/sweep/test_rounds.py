@@ -120,8 +120,8 @@ def test_a_sweep_in_rounds_gives_ratios_with_their_range_and_remeasures_busy_rou
     shown = next(j for j in jobs if j.tags["precision"] == "w8a8" and j.tags["round"] == "1")
     held = client.get_run(shown.run_id).data
     assert held.tags["quantspec.shown"] == "true" and held.tags["busy_rounds"] == "3 of 3"
-    assert math.isclose(held.metrics["decode_speedup"], float(f"{ratios[1]:.3g}"))
-    assert (held.metrics["decode_speedup_low"], held.metrics["decode_speedup_high"]) == (
+    assert math.isclose(held.metrics["rounds/decode_speedup"], float(f"{ratios[1]:.3g}"))
+    assert (held.metrics["rounds/decode_speedup_low"], held.metrics["rounds/decode_speedup_high"]) == (
         float(f"{ratios[0]:.3g}"),
         float(f"{ratios[2]:.3g}"),
     )

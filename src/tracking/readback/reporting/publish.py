@@ -109,18 +109,9 @@ def _publish_job(
     description that says what ran and how sure the speedup is."""
     run = config.shown
     held = client.get_run(run.run_id).data.metrics
-    figures = {
-        "decode_ms_per_token": config.spread("time_per_token_ms_median"),
-        "prefill_ms": config.spread("prefill_ms_median"),
-        "tokens_per_s": config.spread("tokens_per_s_median"),
-        "ttft_p99_ms": config.spread("ttft_ms_p99"),
-        "itl_p50_ms": config.spread("itl_ms_p50"),
-        "itl_p90_ms": config.spread("itl_ms_p90"),
-        "itl_p99_ms": config.spread("itl_ms_p99"),
-        "peak_memory_gb": config.spread("peak_rss_gb"),
-    }
+    figures = {ui.over_rounds(name): config.spread(name) for name in ui.OVER_ROUNDS}
     if gain is not None and not gain.is_baseline:
-        figures["decode_speedup"] = gain.time
+        figures[ui.over_rounds(ui.SPEEDUP)] = gain.time
     for name, figure in figures.items():
         if not math.isnan(figure.median):
             _set_metric(client, run.run_id, name, _sig3(figure.median), held.get(name))
@@ -139,15 +130,15 @@ def _publish_job(
             _set_metric(client, run.run_id, name, value, held.get(name))
     # a range only where there is one: one round's low and high would only repeat its median
     if gain is not None and not gain.is_baseline and gain.time.used > 1:
-        _set_metric(client, run.run_id, "decode_speedup_low", _sig3(gain.time.low), held.get("decode_speedup_low"))
-        _set_metric(client, run.run_id, "decode_speedup_high", _sig3(gain.time.high), held.get("decode_speedup_high"))
+        for end, value in (("_low", gain.time.low), ("_high", gain.time.high)):
+            name = ui.over_rounds(ui.SPEEDUP + end)
+            _set_metric(client, run.run_id, name, _sig3(value), held.get(name))
     finished = config.finished()
-    per_round = {
-        "round/decode_ms_per_token": {r: j.metrics.get("time_per_token_ms_median") for r, j in finished.items()}
-    }
+    figure = "time_per_token_ms_median"
+    per_round = {ui.each_round(figure): {r: j.metrics.get(figure) for r, j in finished.items()}}
     if gain is not None and not gain.is_baseline:
         theirs = gain.base.finished()
-        per_round["round/decode_speedup"] = {
+        per_round[ui.each_round(ui.SPEEDUP)] = {
             r: ratio(theirs[r].metrics.get("time_per_token_ms_median"), j.metrics.get("time_per_token_ms_median"))
             for r, j in finished.items()
             if r in theirs
