@@ -63,6 +63,18 @@ class Inexpressible(ValueError):
     """What a runtime cannot express of a recipe, in one line naming the field (the job's skip reason)."""
 
 
+def refuse_gptq_and_bits(r: Recipe, engine: str, rounding: str, bits: tuple[int, ...] = (4, 8)) -> None:
+    """What two runtimes refuse alike: GPTQ's rounding (theirs is `rounding`), and any format whose weight bits are
+    not among `bits` (the layers', the wide linears', the head's), each in one line naming the field."""
+    if r.gptq:
+        raise Inexpressible(
+            f"engine {engine}'s {rounding}, not by GPTQ: precision.gptq={list(r.gptq)}; set precision.gptq=[]"
+        )
+    for f in (r.layers, r.wide_format, r.head):
+        if f is not None and f.bits not in bits:
+            raise Inexpressible(f"engine {engine} has no {f.bits}-bit weights: {f.field}={f.name}")
+
+
 def describe(f: Format) -> str:
     """A format in words: "4-bit weights in groups of 128, 16-bit activations"."""
     where = f"in groups of {f.group}" if f.group else "per output channel"

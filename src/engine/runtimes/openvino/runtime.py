@@ -64,14 +64,7 @@ def target(r: Recipe) -> dict:
                 f"activations itself); use precision=fp32"
             )
         return {"mode": "fp32"}
-    if r.gptq:
-        raise Inexpressible(
-            f"engine openvino's export rounds to nearest (after AWQ where asked), not by GPTQ: "
-            f"precision.gptq={list(r.gptq)}; set precision.gptq=[]"
-        )
-    for f in (r.layers, r.wide_format, r.head):
-        if f is not None and f.bits not in (4, 8):
-            raise Inexpressible(f"engine openvino has no {f.bits}-bit weights: {f.field}={f.name}")
+    recipe.refuse_gptq_and_bits(r, "openvino", "export rounds to nearest (after AWQ where asked)")
     if r.layers.bits == 8:
         if r.layers.act_bits == 8:  # NNCF's full quantization is SmoothQuant's
             if r.method != "smoothquant":

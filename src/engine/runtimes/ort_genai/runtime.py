@@ -67,14 +67,7 @@ def target(r: Recipe) -> dict:
             f"engine ort_genai's model builder rounds to nearest, with no {r.method} scales: precision.method="
             f"{r.method}; use precision.method=rtn"
         )
-    if r.gptq:
-        raise Inexpressible(
-            f"engine ort_genai's model builder rounds to nearest, not by GPTQ: precision.gptq={list(r.gptq)}; "
-            f"set precision.gptq=[]"
-        )
-    for f in (r.layers, r.wide_format, r.head):
-        if f is not None and f.bits not in (4, 8):
-            raise Inexpressible(f"engine ort_genai has no {f.bits}-bit weights: {f.field}={f.name}")
+    recipe.refuse_gptq_and_bits(r, "ort_genai", "model builder rounds to nearest")
     if r.wide:
         raise Inexpressible(
             f"engine ort_genai's model builder keeps no named linears wider (its mixed precision picks its own): "
