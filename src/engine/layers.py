@@ -28,7 +28,6 @@ class Parts:
 
     def __init__(self, family: Family, layer: nn.Module, norm: Norm, linears: Linears):
         get = layer.get_submodule
-        self.layer = layer
         self.attn_norm, self.mlp_norm = norm(get(family.attn_norm)), norm(get(family.mlp_norm))
         self.post_attn = norm(get(family.post_attn_norm)) if family.post_attn_norm else None
         self.post_mlp = norm(get(family.post_mlp_norm)) if family.post_mlp_norm else None

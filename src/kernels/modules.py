@@ -143,7 +143,7 @@ def install(model: nn.Module) -> Counter:
     """Swap in place; returns how many modules of each kind now take the gemv path."""
     counts: Counter = Counter()
     for name, module in list(model.named_modules()):
-        gemma = norm_convention(module) if getattr(module, "weight", None) is not None else None
+        gemma = norm_convention(module)
         if gemma is not None and module.weight.dtype in GEMV_DTYPES:
             model.set_submodule(name, FusedRMSNorm(module, gemma))
             counts["fused_rms_norm"] += 1

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from src.common.schema import ConfigError, check_choice
 from src.models import families
 
-ARCHS = (
-    families.NAMES
-)  # the families quantspec's engine, kernels and quantizers map: one file each (src.models.families)
+# the families quantspec's engine, kernels and quantizers map: one file each (src.models.families)
+ARCHS = families.NAMES
 # other: a causal LM of another family, which transformers' generate runs (engine=hf) at a float precision; auto:
 # read from the model's own config before the job is built (src.assembly.ownmodel), never a job's
 OTHER, AUTO = "other", "auto"

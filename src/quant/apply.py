@@ -18,8 +18,9 @@ from torch import nn
 from src.common.cache import damage
 from src.common.paths import child
 from src.models.config import ModelConfig
+from src.models.families import HEAD
 from src.quant import cache, stream
-from src.quant.arch import HEAD, decoder_layers, layer_prefix
+from src.quant.arch import decoder_layers, layer_prefix
 from src.quant.calibrate import calibration_ids, ids_hash
 from src.quant.config import PrecisionConfig
 from src.quant.methods import QuantSpec

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from torch import nn
 
 from src.models import families
-from src.models.families import HEAD  # noqa: F401  (the head's name, where the quantizers read it)
 
 
 @dataclass

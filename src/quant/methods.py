@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
+from src.models.families import HEAD
 from src.quant import awq, schemes, smoothquant
-from src.quant.arch import HEAD, layer_awq_groups, layer_smooth_groups
+from src.quant.arch import layer_awq_groups, layer_smooth_groups
 from src.quant.stream import Scaled
 
 METHODS = Kinds("precision", "method")

@@ -42,9 +42,10 @@ from src.common.progress import progress
 from src.common.schema import ConfigError
 from src.kernels.modules import many_rows_mm
 from src.models import families
+from src.models.families import HEAD
 from src.quant import gptq
 from src.quant import schemes as formats
-from src.quant.arch import HEAD, decoder_layers, decoder_linears, layer_prefix, output_linear
+from src.quant.arch import decoder_layers, decoder_linears, layer_prefix, output_linear
 from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)

@@ -237,7 +237,9 @@ def test_a_garbage_store_is_one_line_at_start_and_journaled_mid_sweep(tmp_path, 
     assert metric_counts(uri) == [("finished", 2), ("finished", 2)]
 
 
-def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
+def _journaled_job(tmp_path, env) -> tuple[int, str]:
+    """A job run while its tracking server is not up (its records journaled, its folder tmp_path/job): the port and
+    address the server is then started on."""
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     out = run_cli(
@@ -251,6 +253,11 @@ def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
         env=env,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    return port, uri
+
+
+def test_a_moved_journal_is_named_and_found_where_it_went(tmp_path, env):
+    port, uri = _journaled_job(tmp_path, env)
     (tmp_path / "job").rename(tmp_path / "moved")
     server = mlflow_server(tmp_path, port)
     try:
@@ -337,19 +344,7 @@ def test_the_commands_that_read_a_store_say_a_dead_or_silent_server_in_one_line_
 
 
 def test_a_pending_journal_entry_that_does_not_read_is_named_and_its_journal_still_replays(tmp_path, env):
-    port = free_port()
-    uri = f"http://127.0.0.1:{port}"
-    out = run_cli(
-        [
-            *QUICK,
-            "tracking=server",
-            f"tracking.uri={uri}",
-            "tracking.unreachable=journal",
-            f"hydra.run.dir={tmp_path / 'job'}",
-        ],
-        env=env,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    port, uri = _journaled_job(tmp_path, env)
     (entry,) = (tmp_path / "cache" / "journals").glob("*.json")
     entry.write_text('{"path": ')  # torn mid-write
     server = mlflow_server(tmp_path, port)

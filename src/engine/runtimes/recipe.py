@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from src.models.families import HEAD
 from src.quant import schemes
-from src.quant.arch import HEAD
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ class Family:
     model_types: tuple[str, ...]  # config.json's model_type values it serves
     gguf_architectures: tuple[str, ...] = ()  # a GGUF's general.architecture values transformers reads as it
     # from the model
-    base: str = "model"  # the decoder stack (OPT: model.decoder)
     layers: str = "model.layers"
     embed: str = "model.embed_tokens"
     final_norm: str = "model.norm"
@@ -47,9 +46,8 @@ class Family:
     mlp: str | None = "mlp"  # the MLP's own module (AWQ scores a scale by it), None where it sits in the layer
     act: str = "mlp.act_fn"
     # arithmetic
-    norm: str = (
-        "rms"  # rms: w * norm(x) in the model's dtype; gemma_rms: (1 + w) * norm(x) in float32; layer: LayerNorm
-    )
+    # rms: w * norm(x) in the model's dtype; gemma_rms: (1 + w) * norm(x) in float32; layer: LayerNorm
+    norm: str = "rms"
     rotary: str | None = "model.rotary_emb"  # the rotary embedding (None: no rotary positions)
     rope_per_type: bool = False  # Gemma 3: each layer type its own rotary table (rotary_emb(x, pos, type))
     positions: str | None = None  # learned positions' embedding (OPT's: of the position, offset by 2)

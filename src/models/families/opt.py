@@ -14,7 +14,6 @@ def _tiny(common):
 FAMILY = Family(
     name="opt",
     model_types=("opt",),
-    base="model.decoder",
     layers="model.decoder.layers",
     embed="model.decoder.embed_tokens",
     final_norm="model.decoder.final_layer_norm",
