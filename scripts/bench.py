@@ -139,7 +139,7 @@ def publish(doc: bool, page: str, title: str, text: str, about: str, name: str, 
 
 
 def every_precision() -> tuple[str, ...]:
-    """Every precision conf/precision/ holds: the floats first (fp32, the reference, then bf16), then the schemes
+    """Every precision conf/precision/ holds: the floats first (fp32, the reference, then bf16), then the formats
     from the most bits to the fewest (weights, then activations), then the rest by name."""
     names = [p.stem for p in (PROJECT_ROOT / "conf" / "precision").glob("*.yaml") if not p.stem.startswith("_")]
 

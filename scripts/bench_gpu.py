@@ -10,7 +10,7 @@ src.quant.linear), then every phase decodes the same prompt in turns, `rounds` t
 
 - python: the native engine's Python layer loop (engine.step_path=python: quantspec's GPU path before the
   static step);
-- static: the static step (src.engine.static), a CUDA graph per k where the device has graphs, else eager;
+- static: the static step (src.engine.static_step), a CUDA graph per k where the device has graphs, else eager;
 - static_compiled: the same through torch.compile (engine.compile=true);
 - hf_eager: transformers' generate (float precisions only);
 - hf_compiled: generate with a static cache and its forward through torch.compile(mode="reduce-overhead",
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from src.common.settings import Command, Setting, SettingError
-from src.engine import native, roofline, static
+from src.engine import native, roofline, static_step
 from src.engine.generation import Request, Sampling
 from src.models.random_weights import random_model
 from src.models.tiny import tiny_model
@@ -105,12 +105,12 @@ def make_models(args, device: str) -> dict[str, torch.nn.Module]:
         elif name in QUANTIZED:
             spec = Rtn(
                 method="rtn",
-                scheme=name,
+                format=name,
                 group_size=128,
                 quantize_head=True,
-                head_scheme=None,
-                int8_linears=(),
-                int8_linears_scheme="w8a16",
+                head_format=None,
+                wide_linears=(),
+                wide_format="w8a16",
                 gptq=(),
             )
             weights = quantize(model, model.config.model_type, spec, None)
@@ -129,7 +129,7 @@ def quantspec(model, ids, new: int, phase: str) -> tuple[list[int], float, float
     if phase == "python":
         out = native.generate(model, Request(ids, new, True, Sampling(), None), path="python")
     else:
-        out = static.generate(model, Request(ids, new, True, Sampling(), None), compile=phase == "static_compiled")
+        out = static_step.generate(model, Request(ids, new, True, Sampling(), None), compile=phase == "static_compiled")
     per_token = (out.token_times[-1] - out.token_times[0]) / (len(out.token_times) - 1) * 1e3
     return out.new_token_ids, (out.token_times[0] - out.start) * 1e3, per_token
 

@@ -69,8 +69,8 @@ def main(argv: list[str]) -> int:
     from src import kernels
     from src.common.metrics import markdown_table
     from src.kernels import amx, variants
+    from src.quant.formats import build, get
     from src.quant.linear import grouped_tensors, int8_tensors
-    from src.quant.schemes import build, get
 
     if args.threads:
         torch.set_num_threads(args.threads)

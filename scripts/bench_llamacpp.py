@@ -2,7 +2,7 @@
 
     .venv/bin/python -m scripts.bench_llamacpp                 # w8a8 and w4a16, 3 rounds
     .venv/bin/python -m scripts.bench_llamacpp precisions=w8a8 rounds=5
-    .venv/bin/python -m scripts.bench_llamacpp "precisions=w4a16,w4a16 precision.head_scheme=w4a16"
+    .venv/bin/python -m scripts.bench_llamacpp "precisions=w4a16,w4a16 precision.head_format=w4a16"
     .venv/bin/python -m scripts.bench_llamacpp isa=avx2 aten_isa=avx2     # as on an AVX2-only host
 
 Each round runs `python -m src.run precision=<p> task=decode` for each precision (a whole job, as a user runs it: its
@@ -10,7 +10,7 @@ time/token is the median over the ten seed prompts, read back from its MLflow ru
 Python binding (llama-cpp-python, a reference, not a dependency) on the same ten prompts with the same 30 greedy
 tokens, timed alike (per token after the first), then llama.cpp's own llama-bench (tg30: 30 tokens, its C++
 timing) where scripts/build_llama_server built it, so all see the same machine load. A precision may carry
-overrides after it, in one item ("w4a16 precision.head_scheme=w4a16"). Each job's decode efficiency
+overrides after it, in one item ("w4a16 precision.head_format=w4a16"). Each job's decode efficiency
 (its roofline over its time per token, src.engine.roofline) is printed beside its time.
 
 isa= forces quantspec's kernel variant (engine.isa); aten_isa= holds the jobs' ATen, oneDNN and MKL to

@@ -37,7 +37,7 @@ COMMAND = bench.command(
             "pairs",
             ("w4a16_int8:rtn", "w4a8:w4a16_int8", "w8a8:w8a16", "bf16:w8a16"),
             "configuration pairs A:B tested paired on the same tokens, each a precision and any field the sweep "
-            "varies ('w4a16 head_scheme=w6a16'); by default AWQ against round-to-nearest and int8 activations "
+            "varies ('w4a16 head_format=w6a16'); by default AWQ against round-to-nearest and int8 activations "
             "against 16-bit, each at the same weight bits (4 with the int8 mix, and 8), bf16 against int8 weights",
         ),
     ],
@@ -52,7 +52,7 @@ def _pm(value: float, se: float, digits: int = 3) -> str:
 
 def name(c: JobRounds) -> str:
     """A configuration as a row and a pair name it: its precision and any field its sweep varied
-    (`w4a16 head_scheme=w6a16`)."""
+    (`w4a16 head_format=w6a16`)."""
     return " ".join([c.choice("precision"), *q.fields(c)])
 
 

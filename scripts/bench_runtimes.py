@@ -6,7 +6,7 @@
 One sweep (task=benchmark for time/token and prefill, task=perplexity for quality) over engines × precisions,
 so each figure is measured on one machine beside the others; a combination a runtime cannot run is a skip with
 its reason. Each runtime quantizes by its own method (OpenVINO: NNCF; ONNX Runtime GenAI: its model builder's
-round-to-nearest), which the perplexity column shows. The sweep keeps no linears wider (precision.int8_linears=[],
+round-to-nearest), which the perplexity column shows. The sweep keeps no linears wider (precision.wide_linears=[],
 on every engine alike): neither runtime can name linears to keep at int8, so rtn is then int4 in groups of 128 with
 an int8 head everywhere (src.engine.runtimes.recipe says what each runtime can express). Figures are read back from the MLflow store; doc=true also
 appends the table to the docs' benchmark page (docs/benchmarks/runtimes.md).
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
             f"engine={','.join(args.engines)}",
             f"precision={','.join(args.precisions)}",
             "task=benchmark,perplexity",
-            "precision.int8_linears=[]",  # what every runtime can express (the module's docstring)
+            "precision.wide_linears=[]",  # what every runtime can express (the module's docstring)
             *overrides,
         ],
     )

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m scripts.bench_step                          # gemma3-270m, every precision
     .venv/bin/python -m scripts.bench_step precisions=w4a16 steps=40
-    .venv/bin/python -m scripts.bench_step paths=python,quantspec      # the Python step loop beside the C++ one
+    .venv/bin/python -m scripts.bench_step paths=python,cpp            # the Python step loop beside the C++ one
     .venv/bin/python -m scripts.bench_step model=llama-160m model.weights=random    # a draft's shape
 
 Each precision's job is built as a sweep builds it (src.assembly.job.build) and stepped one token at a time
@@ -205,7 +205,7 @@ COMMAND = bench.command(
     __doc__,
     [
         Setting("precisions", tuple(PRECISIONS), "the precisions, in turns"),
-        Setting("paths", ("quantspec",), "engine.step_path values to set side by side (quantspec,python)"),
+        Setting("paths", ("cpp",), "engine.step_path values to set side by side (cpp,python)"),
         Setting("steps", 30, "steps per timing"),
         Setting("rounds", 3, "rounds of the precisions in turns"),
     ],

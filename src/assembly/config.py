@@ -27,8 +27,8 @@ from src.engine.config import ENGINES, EngineConfig, RuntimeEngine, Sampling
 from src.engine.runtimes import runtime
 from src.engine.speculative import DRAFTERS
 from src.models.config import ARCHS, OTHER, ModelConfig
+from src.quant import formats
 from src.quant import methods as quant_methods
-from src.quant import schemes
 from src.quant.config import DTYPES, PrecisionConfig
 from src.quant.methods import METHODS
 from src.tasks.kinds import TASKS, TaskConfig
@@ -52,12 +52,12 @@ class HardwareConfig:
     dtypes: tuple[str, ...]  # the float dtypes it runs (a float precision's)
     threads: int | None = None  # threads a job runs with; null: every core
     resource: str = ""  # the Ray resource of the nodes that have this hardware, e.g. hw-stx
-    lacks: tuple[str, ...] = ()  # the quantized schemes (src.quant.schemes) its silicon has no kernels for
+    lacks: tuple[str, ...] = ()  # the quantized formats (src.quant.formats) its silicon has no kernels for
 
     def validate(self) -> None:
         check_choice("hardware.device", self.device, DEVICES)
-        for scheme in self.lacks:
-            check_choice("hardware.lacks", scheme, schemes.names())
+        for name in self.lacks:
+            check_choice("hardware.lacks", name, formats.names())
         for dtype in self.dtypes:
             check_choice("hardware.dtypes", dtype, DTYPES)
         if self.threads is not None and self.threads < 1:
@@ -205,13 +205,13 @@ class JobConfig:
                 self.draft_precision.spec(self.draft_model)
 
     def _no_kernels(self, precision: PrecisionConfig, role: str = "") -> str | None:
-        """Why this hardware cannot run `precision`: a quantized one by its layers' scheme (a profile names the
-        schemes it lacks, so a new precision or a new scheme runs on every profile that does not name it), a
+        """Why this hardware cannot run `precision`: a quantized one by its layers' format (a profile names the
+        formats it lacks, so a new precision or a new format runs on every profile that does not name it), a
         float one by its dtype."""
         hw = self.hardware
-        says = f"(it lacks {', '.join(hw.lacks) or 'no scheme'}; its float dtypes: {', '.join(hw.dtypes)})"
-        if precision.quantized and precision.quant.scheme in hw.lacks:
-            return f"{hw.name} has no {precision.quant.scheme} kernels{role} {says}"
+        says = f"(it lacks {', '.join(hw.lacks) or 'no format'}; its float dtypes: {', '.join(hw.dtypes)})"
+        if precision.quantized and precision.quant.format in hw.lacks:
+            return f"{hw.name} has no {precision.quant.format} kernels{role} {says}"
         if not precision.quantized and precision.dtype not in hw.dtypes:
             return f"{hw.name} has no {precision.name} kernels{role} ({precision.dtype}) {says}"
         return None

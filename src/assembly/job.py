@@ -26,7 +26,7 @@ from src.assembly.config import ConfigError, JobConfig
 from src.assembly.hardware import Placement
 from src.common import environment
 from src.data.corpus import Corpus, TextInput, file_prompts_input
-from src.engine import cstep, engine_for, hugepages, native, roofline, runtimes, static
+from src.engine import cpp_step, engine_for, hugepages, native, roofline, runtimes, static_step
 from src.engine.generation import Engine
 from src.engine.runtimes.isolated import Isolated
 from src.engine.speculative import ModelDrafter, PromptLookup
@@ -167,7 +167,7 @@ class Job:
     def _note_step_threads(self, result: TaskResult) -> None:
         """How many threads the C++ step's calls ran on (src/kernels/step.cpp's Threads picks per call): the
         share of calls on fewer than hardware.threads is a metric, and a note where there were any."""
-        counts = cstep.thread_counts(self.model)
+        counts = cpp_step.thread_counts(self.model)
         calls = sum(counts.values())
         if not calls:
             return
@@ -284,9 +284,9 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
         recorder.log_params({"executed.step_path": executed})
         if executed == "static":  # how its steps run: eager, a CUDA graph per draft length, or compiled
             recorder.log_params(
-                {"executed.capture": static.capture_mode(torch.device(placement.device), cfg.engine.compile)}
+                {"executed.capture": static_step.capture_mode(torch.device(placement.device), cfg.engine.compile)}
             )
-        cstep.adapt_threads(model, cfg.engine.adapt_threads)
+        cpp_step.adapt_threads(model, cfg.engine.adapt_threads)
     drafter = _prepare_draft(cfg, loaded, corpus, placement, gemv, recorder) if cfg.draft.active else None
     engine = (
         plain

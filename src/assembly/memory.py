@@ -29,7 +29,7 @@ from src.models import families, hub
 from src.models.random_weights import SEED, NoShape, config_of, parameter_count
 from src.models.tiny import byte_tokenizer
 from src.quant import cache as quant_cache
-from src.quant import schemes
+from src.quant import formats
 from src.quant.apply import entry
 
 GB = 2**30
@@ -106,28 +106,28 @@ def streams(cfg: JobConfig) -> bool:
     return cfg.precision.quantized and own_engine and source
 
 
-def _weight_bytes(scheme_name: str, group: int | None) -> float:
-    """Bytes a weight of `scheme_name` takes stored: its bits, and a float32 scale and offset per group (or a scale
+def _weight_bytes(format_name: str, group: int | None) -> float:
+    """Bytes a weight of `format_name` takes stored: its bits, and a float32 scale and offset per group (or a scale
     per row, counted as nothing)."""
-    scheme = schemes.get(scheme_name)
-    return scheme.bits / 8 + (8 / group if scheme.grouped and group else 0)
+    fmt = formats.get(format_name)
+    return fmt.bits / 8 + (8 / group if fmt.grouped and group else 0)
 
 
 def _streamed_bytes(cfg: JobConfig, config: dict, float_bytes: int, stored: int | None) -> int:
     """A streamed job's peak (`streams`): quantizing, its float parts outside the layers, one layer in float and the
     method's working set; then running, the quantized weights (`stored`, the cache's bytes where it
-    holds them; else counted from the schemes' bits), the float parameters they leave, the KV cache. The runtime
+    holds them; else counted from the formats' bits), the float parameters they leave, the KV cache. The runtime
     beside either."""
     part, hidden, layers, per_layer, vocab, tied = _sizes(config)
     shape = SimpleNamespace(**part)
     spec = cfg.precision.spec(cfg.model)
     run_bytes = DTYPE_BYTES[cfg.precision.dtype]
-    widest = max((spec.scheme, spec.int8_linears_scheme), key=lambda n: schemes.get(n).bits)
+    widest = max((spec.format, spec.wide_format), key=lambda n: formats.get(n).bits)
     missing = stored is None
     if missing:
         stored = int(layers * per_layer * _weight_bytes(widest, spec.group_size))
         if spec.quantize_head:
-            stored += int(vocab * hidden * _weight_bytes(spec.head_scheme or spec.scheme, spec.group_size))
+            stored += int(vocab * hidden * _weight_bytes(spec.head_format or spec.format, spec.group_size))
         stored = int(stored * CACHED_OVERHEAD)
     outside = vocab * hidden * (1 if tied or spec.quantize_head else 2)
     running = stored + outside * run_bytes + _kv_bytes(cfg, shape)

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.assembly import schema  # registers the groups' schemas, which composition types every field by
 from src.assembly.config import reads_dataset, unread
-from src.common import signals
+from src.common import renames, signals
 from src.common.environment import PROJECT_ROOT
 from src.common.say import message_line
 
@@ -123,8 +123,9 @@ def composition_problem(args: list[str]) -> str | None:
     the user's own (--config-path, --config-name) is composed as Hydra will; one added to the search path
     (--config-dir) is left to Hydra."""
     overrides, chosen = split(args)
-    if "dir" in chosen:
-        return None
+    old = _old_spelling(overrides)
+    if old or "dir" in chosen:
+        return old
     where = (CONF_DIR, "config", chosen)
     composed = []
     for job in variants(overrides):
@@ -137,6 +138,21 @@ def composition_problem(args: list[str]) -> str | None:
             return _refused(err, job, where)
         composed.append(cfg)
     return next(filter(None, map(_untyped, composed)), None) or _unread(overrides, composed)
+
+
+def _old_spelling(overrides: list[str]) -> str | None:
+    """An override under a name or value renamed since (precision.scheme, engine.step_path=quantspec), refused
+    in one line naming the new one (src.common.renames), or None."""
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override() and not isinstance(o.value(), IntervalSweep):
+            values = list(o.sweep_string_iterator())
+        else:
+            values = [o.get_value_element_as_str()] if not o.is_sweep_override() and not o.is_delete() else [None]
+        for value in values:
+            refused = renames.refusal(o.key_or_group, value)
+            if refused:
+                return refused
+    return None
 
 
 def _compose(job: list[str], where) -> DictConfig:
@@ -182,7 +198,7 @@ def _refused(err: ConfigCompositionException, job: list[str], where) -> str:
     key = key.split("[", 1)[0]  # an item of a list: the list's own override names it
     line = next((a for a in reversed(job) if a.lstrip("+~").split("=", 1)[0] == key), None)  # the last one set
     base = _base(job, line, where)
-    if "not in" in str(cause) or "Could not override" in said:
+    if "not in" in str(cause) or "Could not override" in said or "' not in '" in said:  # the last: an entry's YAML
         return _not_a_setting(key, base)
     node = _node(base, key)
     if line is None:  # a value in an entry's YAML, not on the command line: Hydra's words, in one line
@@ -217,6 +233,9 @@ def _base(job: list[str], without: str | None, where) -> DictConfig | None:
 
 
 def _not_a_setting(key: str, base: DictConfig | None) -> str:
+    renamed = renames.refusal(key)  # an entry's YAML of one's own, written before the rename
+    if renamed:
+        return f"{renamed} (in the {key.split('.')[0]} entry's YAML)"
     group, _, path = key.partition(".")
     choice = base.hydra.runtime.choices.get(group, "") if base is not None else ""
     node, parts = (base.get(group) if base is not None else None), path.split(".")

@@ -1,7 +1,7 @@
 """Continuous batching on the C++ step: many sequences decode together, one token each a step, while new
 arrivals' prompts are fed in chunks between them (src.serve's engine).
 
-Each step is one call of step.cpp's `batch_*` (src.engine.cstep's Stepper): every projection one kernel call
+Each step is one call of step.cpp's `batch_*` (src.engine.cpp_step's Stepper): every projection one kernel call
 over all the step's rows, attention per row over its own sequence's cache. A row's values do not depend on
 which rows come with it (the kernels compute each row alike, attention is per row), so each sequence's
 greedy tokens are those it would get decoded alone on the C++ step, bit for bit
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from src.common.say import message_line
-from src.engine import cstep
+from src.engine import cpp_step
 from src.engine.config import Sampling
 from src.engine.generation import draw, eos_ids, probabilities
 
@@ -308,9 +308,9 @@ class Loop:
         scheduler.fail_all("cancelled")
 
 
-def for_model(model) -> cstep.CompiledSteps:
+def for_model(model) -> cpp_step.CompiledSteps:
     """The model's C++ step, which batching runs on; Unbatchable (one line) where it has none."""
-    compiled = cstep.for_model(model)
+    compiled = cpp_step.for_model(model)
     if compiled is None:
         raise Unbatchable(
             f"{model.config.model_type} with these weights has no C++ step to batch on: serving needs engine=native "

@@ -11,6 +11,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 import transformers
 
+from src.common import renames
 from src.common.say import message_line
 from src.common.schema import ConfigError, Kinds, check_choice
 from src.kernels import variants as kernel_variants
@@ -23,7 +24,7 @@ KERNEL_CHOICES = ("quantspec", "aten")
 # name forces one, refused in one line where the CPU lacks it.
 
 ISA_CHOICES = ("auto", *kernel_variants.NAMES)
-STEP_PATHS = ("quantspec", "python", "static", "transformers")
+STEP_PATHS = ("cpp", "python", "static", "transformers")
 
 
 MIN_TEMPERATURE = 1e-3
@@ -39,10 +40,10 @@ class EngineConfig:
     name: str  # the choice's name (conf/engine/<name>.yaml)
     attention: str  # conf/engine/*.yaml hold the values (measured defaults) and say why
     kernels: str  # quantspec: decode-step matmuls through src/kernels where this CPU runs them
-    step_path: str  # quantspec: C++ steps (src.engine.cstep), else python's lean loop (src.engine.fastpath)
+    step_path: str  # quantspec: C++ steps (src.engine.cpp_step), else python's lean loop (src.engine.python_step)
     isa: str = "auto"  # which variant of src/kernels runs (engine.kernels=quantspec)
     adapt_threads: bool = True  # the C++ step picks its thread count per call by measurement (step.cpp)
-    compile: bool = False  # the static step through torch.compile (src.engine.static.Runner)
+    compile: bool = False  # the static step through torch.compile (src.engine.static_step.Runner)
     module: ClassVar[None] = None  # not another runtime
 
     @property
@@ -52,6 +53,9 @@ class EngineConfig:
     def validate(self) -> None:
         check_choice("engine.attention", self.attention, ATTENTIONS)
         check_choice("engine.kernels", self.kernels, KERNEL_CHOICES)
+        renamed = renames.refusal("engine.step_path", self.step_path)  # an engine YAML written before the rename
+        if renamed:
+            raise ConfigError(renamed)
         check_choice("engine.step_path", self.step_path, STEP_PATHS)
         check_choice("engine.isa", self.isa, ISA_CHOICES)
 

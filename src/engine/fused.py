@@ -1,4 +1,4 @@
-"""Linears that read one input (q/k/v, gate/up) in as few kernel calls as their kinds allow.
+"""Linears that read one input (q/k/v, gate/up) in as few kernel calls as their formats allow.
 
 A decode step on a small model is short of work per call: Gemma 3 270M's q, k and v projections are
 0.1-0.7 MB each, and every call pays the same fixed costs (the dispatcher, quantizing x, splitting the
@@ -19,28 +19,28 @@ from torch import nn
 
 from src.common import heap
 from src.kernels.modules import GemvLinear
-from src.quant import schemes
+from src.quant import formats
 from src.quant.linear import GroupedGemv
 
-# The tensors of each gemv module kind that stack along output channels (dim 0): each scheme's (its ROWS).
-ROWS = {GemvLinear: ("weight",), **schemes.fusable_rows()}
-# Plain float linears fuse too where a step asks (src.engine.static: on a GPU one launch instead of three);
+# The tensors of each gemv module class that stack along output channels (dim 0): each format's (its ROWS).
+ROWS = {GemvLinear: ("weight",), **formats.fusable_rows()}
+# Plain float linears fuse too where a step asks (src.engine.static_step: on a GPU one launch instead of three);
 # the Python step path keeps them apart, as measured.
 PLAIN = {nn.Linear: ("weight",)}
 ALIGN = 64  # bytes: ATen's int8 kernel needs its weight 64-byte aligned (src.quant.linear._owned)
 
 
 def _fusable(parts: list[nn.Module], rows: dict) -> bool:
-    kind = type(parts[0])
-    if kind not in rows or any(type(p) is not kind for p in parts) or len(parts) < 2:
+    cls = type(parts[0])
+    if cls not in rows or any(type(p) is not cls for p in parts) or len(parts) < 2:
         return False
     if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
         return False
-    if issubclass(kind, GroupedGemv) and len({p.group for p in parts}) != 1:
+    if issubclass(cls, GroupedGemv) and len({p.group for p in parts}) != 1:
         return False
     # Each part must start where the kernels' blocks of 4 do, and its views stay aligned.
     offsets = [sum(p.out_features for p in parts[:i]) for i in range(len(parts))]
-    matrices = [getattr(parts[0], name) for name in rows[kind] if getattr(parts[0], name).dim() == 2]
+    matrices = [getattr(parts[0], name) for name in rows[cls] if getattr(parts[0], name).dim() == 2]
     return all(o % 4 == 0 for o in offsets) and all(
         o * m.stride(0) * m.element_size() % ALIGN == 0 for m in matrices for o in offsets
     )
@@ -48,7 +48,7 @@ def _fusable(parts: list[nn.Module], rows: dict) -> bool:
 
 def fuse(parts: list[nn.Module], rows: dict = ROWS) -> nn.Module | None:
     """One module computing the parts' outputs side by side, or None where they cannot share a call.
-    The parts' tensors become views of the fused module's. `rows`: the kinds that may fuse."""
+    The parts' tensors become views of the fused module's. `rows`: the classes that may fuse."""
     if not _fusable(parts, rows):
         return None
     fused = copy.copy(parts[0])

@@ -8,7 +8,7 @@ only its new rows; the buffer grows by a quarter (at least 256 positions) when f
 to a few per position, never beyond 1.25x what the sequence uses (the memory estimate, src.assembly.memory,
 allows for that). Cropping (a rejected draft) shortens the view. A sliding-window layer does so until
 its window would trim the cache, then hands over to transformers' own logic for the rest of the
-sequence (steps that far are transformers' forward anyway: src.engine.fastpath stops at the window).
+sequence (steps that far are transformers' forward anyway: src.engine.python_step stops at the window).
 """
 
 from __future__ import annotations

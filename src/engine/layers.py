@@ -1,8 +1,8 @@
 """The decoder's layer loop, written once over a family's description (src.models.families): the Python step path
-(src.engine.fastpath) and the static step (src.engine.static) both run it. They differ only in how a norm and a group
+(src.engine.python_step) and the static step (src.engine.static_step) both run it. They differ only in how a norm and a group
 of linears over one input are called (`norm` and `linears`, given once when the loop is built) and in how rotary
 positions and attention meet their cache (`rope` and `attend`, each driver's own: a growing DynamicCache, or fixed
-buffers written at a position tensor). The C++ step (src.engine.cstep) is handed the same parts.
+buffers written at a position tensor). The C++ step (src.engine.cpp_step) is handed the same parts.
 
 A layer: its input norm, q/k/v as one call, q scaled (OPT), per-head q/k norms (Gemma 3), rotary positions,
 attention, the output projection (its output normed: Gemma 3's sandwich), the residual; the MLP's norm, its input

@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from src.engine import cstep, fastpath, static
+from src.engine import cpp_step, python_step, static_step
+from src.engine.config import STEP_PATHS
 from src.engine.generation import Generation, Request, choose, eos_ban, eos_ids
 from src.engine.kvcache import growing_cache
 from src.kernels import MAX_ROWS
@@ -22,10 +23,10 @@ from src.kernels import MAX_ROWS
 class Decoder:
     """One sequence's KV cache and the forward calls that extend it.
 
-    `path` (engine.step_path): quantspec: where src.engine.cstep covers the model, every step and
+    `path` (engine.step_path): cpp: where src.engine.cpp_step covers the model, every step and
     verification is one C++ call into a cache of its own (a prompt longer than MAX_FAST goes through
     transformers' forward first, its cache then handed over), else as python; python: steps and
-    verifications of at most MAX_FAST tokens through src.engine.fastpath where it covers the context;
+    verifications of at most MAX_FAST tokens through src.engine.python_step where it covers the context;
     transformers' forward otherwise, and for transformers.
     """
 
@@ -92,45 +93,47 @@ class Decoder:
 
 
 def resolved(model, path: str) -> str:
-    """engine.step_path as this model runs it: quantspec off the CPU is the static step (the C++ step is a CPU
+    """engine.step_path as this model runs it: cpp off the CPU is the static step (the C++ step is a CPU
     step, and the Python loop's ~40 launches a layer leave a GPU waiting on the host), where it serves the
     family."""
-    if path == "quantspec" and model.device.type != "cpu" and static.for_model(model) is not None:
+    if path == "cpp" and model.device.type != "cpu" and static_step.for_model(model) is not None:
         return "static"
     return path
 
 
 def decoder(model, path: str, reserve: int = 0, compile: bool = False):
-    """The Decoder for engine.step_path=`path`: the static step's (src.engine.static) or this module's."""
+    """The Decoder for engine.step_path=`path`: the static step's (src.engine.static_step) or this module's."""
     path = resolved(model, path)
-    return static.Decoder(model, reserve, compile) if path == "static" else Decoder(model, path)
+    return static_step.Decoder(model, reserve, compile) if path == "static" else Decoder(model, path)
 
 
 def _steps(model, path: str):
     """(the C++ step, the Python loop) a Decoder with engine.step_path=`path` uses for this model: at most
     one of them, None where neither covers it."""
-    compiled = cstep.for_model(model) if path == "quantspec" else None
-    lean = path in ("quantspec", "python") and compiled is None
-    return compiled, fastpath.for_model(model) if lean else None
+    if path not in STEP_PATHS:  # a caller's own path, never a config's (validated): named, not run as transformers
+        raise ValueError(f"unknown step path {path!r}; known: {', '.join(STEP_PATHS)}")
+    compiled = cpp_step.for_model(model) if path == "cpp" else None
+    lean = path in ("cpp", "python") and compiled is None
+    return compiled, python_step.for_model(model) if lean else None
 
 
 def executed_path(model, path: str) -> str:
     """The step path a Decoder with engine.step_path=`path` runs for this model (param
-    executed.step_path): quantspec where the C++ step covers it, python where the Python loop does, static
-    where the static step runs (asked, or quantspec's choice off the CPU)."""
+    executed.step_path): cpp where the C++ step covers it, python where the Python loop does, static
+    where the static step runs (asked, or cpp's choice off the CPU)."""
     path = resolved(model, path)
     if path == "static":
-        return "static" if static.for_model(model) is not None else "transformers"
+        return "static" if static_step.for_model(model) is not None else "transformers"
     compiled, fast = _steps(model, path)
-    return "quantspec" if compiled is not None else "python" if fast is not None else "transformers"
+    return "cpp" if compiled is not None else "python" if fast is not None else "transformers"
 
 
 @torch.inference_mode()
 def generate(model, request: Request, path: str = "transformers", compile: bool = False) -> Generation:
-    """One prompt on quantspec's loop. `path` is engine.step_path (see Decoder; static: src.engine.static's loop,
+    """One prompt on quantspec's loop. `path` is engine.step_path (see Decoder; static: src.engine.static_step's loop,
     `compile` its engine.compile)."""
     if executed_path(model, path) == "static":
-        return static.generate(model, request, compile=compile)
+        return static_step.generate(model, request, compile=compile)
     input_ids, max_new_tokens, exact, sampling, pad_token_id, stop = request
     eos, ban = eos_ids(model), eos_ban(model, exact)
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.do_sample else None

@@ -62,9 +62,9 @@ std::string use_variant(const std::string& path, const std::vector<std::string>&
   return g_kernels->name;
 }
 
-// The formats' names by number (api.h's QS_FORMATS): src.quant.schemes finds a format's number here.
+// The formats' names by number (api.h's QS_FORMATS): src.quant.formats finds a format's number here.
 std::vector<std::string> formats() {
-#define QS_FORMAT_NAME(kind, name, bits) name,
+#define QS_FORMAT_NAME(id, name, bits) name,
   return {QS_FORMATS(QS_FORMAT_NAME)};
 #undef QS_FORMAT_NAME
 }

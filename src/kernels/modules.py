@@ -127,7 +127,7 @@ def _fits(linear: nn.Linear) -> bool:
 
 def accelerated(module: nn.Module) -> nn.Module:
     """A float linear module on the gemv path (a GemvLinear), or the module itself. Quantized modules
-    get theirs when they are built (src.quant.schemes.build, gemv=True)."""
+    get theirs when they are built (src.quant.formats.build, gemv=True)."""
     if isinstance(module, nn.Linear) and _fits(module):
         return GemvLinear(module)
     return module
@@ -140,7 +140,7 @@ def installed(model: nn.Module) -> bool:
 
 
 def install(model: nn.Module) -> Counter:
-    """Swap in place; returns how many modules of each kind now take the gemv path."""
+    """Swap in place; returns how many modules of each class now take the gemv path."""
     counts: Counter = Counter()
     for name, module in list(model.named_modules()):
         gemma = norm_convention(module)

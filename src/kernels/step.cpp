@@ -1,12 +1,12 @@
-// The decode step as one C++ call (engine.step_path=quantspec where src.engine.cstep covers the model):
-// the layer loop of src.engine.fastpath with the Python, the dispatcher and ~1000 operator calls a step
+// The decode step as one C++ call (engine.step_path=cpp where src.engine.cpp_step covers the model):
+// the layer loop of src.engine.python_step with the Python, the dispatcher and ~1000 operator calls a step
 // taken out. The kernels are the same (the variant's gemv, RMSNorm and attention, through ops.h); the glue
 // between them (copies, residual adds, rotary positions) is plain loops over the activations' own type,
 // each operation rounded as ATen rounds it (c10::BFloat16's arithmetic rounds every product and sum to
 // bf16, as ATen's bf16 kernels do), and the activation function is ATen's own. So the logits are those of
-// the Python step path, bit for bit: tests/engine/test_cstep.py checks it for every family and precision.
+// the Python step path, bit for bit: tests/engine/test_cpp_step.py checks it for every family and precision.
 //
-// Two classes: Stepper holds a model's weights (built once per model by src.engine.cstep) and StepCache
+// Two classes: Stepper holds a model's weights (built once per model by src.engine.cpp_step) and StepCache
 // one sequence's keys and values ([KV heads, capacity, head dim] per layer, growing by a quarter).
 // The ATen headers of what this file uses, not ATen/ATen.h (why: binding.cpp).
 #include <ATen/core/Tensor.h>
@@ -41,7 +41,7 @@ namespace {
 using BF = c10::BFloat16;
 using qs_ops::k;
 
-// The kinds of call: api.h's formats. These four have kernels of their own shape; every other is a grouped
+// The weight formats a call runs: api.h's formats. These four have kernels of their own shape; every other is a grouped
 // weight-only format (api.h's gemv_grouped), run by one path whatever its bits.
 constexpr int64_t FLOAT = QS_FLOAT, W8A8 = QS_W8A8, W8A16 = QS_W8A16, W4A8 = QS_W4A8;
 enum Slot : int64_t { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
@@ -117,7 +117,7 @@ struct alignas(64) Barrier {
 // How many threads a step runs on. The step's threads meet at ~90 barriers a step, so when the host gives
 // one of them less than a core (a neighbour's process, a laptop's other work) every barrier waits for it.
 // The results do not depend on the count (each column and attention item is computed alike by whichever
-// thread takes it), so the count is chosen by measurement: each kind of call (rows, head or not) keeps a
+// thread takes it), so the count is chosen by measurement: each shape of call (rows, head or not) keeps a
 // running time per candidate count (all, all but one, half, one) and runs on the fastest. On all threads it
 // watches the share of the step its threads spent waiting at barriers (under 1% on a quiet host): when that
 // passes 8%, or a step is much slower than usual, it tries another count for one step (such tries, while
@@ -138,10 +138,10 @@ class Threads : public torch::CustomClassHolder {
 
   bool adaptive = true;
 
-  // The count for the next call of this kind; `want` is the caller's (torch's thread count).
+  // The count for the next call of this shape; `want` is the caller's (torch's thread count).
   int choose(int64_t key, int want) {
-    Kind& k = kinds[key];
-    if (k.want != want) k = Kind(want);
+    Shape& k = shapes[key];
+    if (k.want != want) k = Shape(want);
     if (!adaptive || k.options.size() == 1) return k.trying = -1, want;
     k.trying = -1;
     if (k.step >= k.next_try) {
@@ -155,7 +155,7 @@ class Threads : public torch::CustomClassHolder {
   // The call's wall time in seconds on the count choose() gave, and the share of it its threads waited at
   // barriers (their waits summed over threads x wall time).
   void took(int64_t key, double seconds, double waiting) {
-    Kind& k = kinds[key];
+    Shape& k = shapes[key];
     ++k.step;
     if (!adaptive || k.options.size() == 1) return;
     Option& cur = k.options[k.current];
@@ -196,7 +196,7 @@ class Threads : public torch::CustomClassHolder {
     took(key, seconds, waiting);
     count(static_cast<int>(threads));
   }
-  // [count, calls, count, calls, ...]: the calls run so far on each thread count, over every kind of call
+  // [count, calls, count, calls, ...]: the calls run so far on each thread count, over every shape of call
   // (what a job records).
   std::vector<int64_t> counts() const {
     std::vector<int64_t> out;
@@ -210,20 +210,20 @@ class Threads : public torch::CustomClassHolder {
     double time = 0, usual = 0;  // running time per call; its usual (lowest, slowly drifting) level
     int64_t seen = 0;
   };
-  struct Kind {
+  struct Shape {
     int want = 0;
     std::vector<Option> options;  // all threads first
     int current = 0, trying = -1, turn = 0;
     int64_t step = 0, next_try = GAP_ALL, gap = FIRST_TRY, allowed = 0;  // allowed: a triggered try's earliest
     double waiting = 0;  // running share of the step spent at barriers, on all threads
-    Kind() = default;
-    explicit Kind(int want) : want(want) {
+    Shape() = default;
+    explicit Shape(int want) : want(want) {
       for (int t : {want, want - 1, want / 2, 1})
         if (t >= 1 && (options.empty() || options.back().threads > t)) options.push_back(Option{t});
     }
   };
-  std::map<int64_t, Kind> kinds;
-  std::map<int64_t, int64_t> runs;  // calls by thread count, whatever their kind
+  std::map<int64_t, Shape> shapes;
+  std::map<int64_t, int64_t> runs;  // calls by thread count, whatever their shape
 };
 
 // A counter of the chunks of one thread's columns handed out, alone on its cache line; it starts at 1, the
@@ -260,7 +260,7 @@ inline void round_into(const float* y, int64_t count, BF* out) {
 // kernel (a bf16 input gets bf16 output, as binding.cpp's columns() rounds it), the bias added in the type
 // ATen promotes the two to, the result cast to the activations' type.
 struct Call {
-  int64_t kind;
+  int64_t format;
   std::vector<at::Tensor> t;
   at::Tensor bias;  // undefined: none
   int64_t group;
@@ -291,7 +291,7 @@ inline float round_bf16(float v) { return qs::bf16_to_f32(qs::f32_to_bf16(v)); }
 // as the Python path's operators are named, so that scripts/bench_step.py files them alike
 const std::vector<std::string> NAMES = [] {
   std::vector<std::string> names;
-#define QS_FORMAT_NAME(kind, name, bits) names.push_back(std::string("quantspec::gemv_") + name);
+#define QS_FORMAT_NAME(id, name, bits) names.push_back(std::string("quantspec::gemv_") + name);
   QS_FORMATS(QS_FORMAT_NAME)
 #undef QS_FORMAT_NAME
   return names;
@@ -397,10 +397,10 @@ struct Stepper : torch::CustomClassHolder {
     layers.push_back(std::move(layer));
   }
 
-  void add_call(int64_t layer, int64_t slot, int64_t kind, std::vector<at::Tensor> tensors,
+  void add_call(int64_t layer, int64_t slot, int64_t format, std::vector<at::Tensor> tensors,
                 std::vector<at::Tensor> bias, int64_t group, bool bf16_in) {
     TORCH_CHECK(layer < static_cast<int64_t>(layers.size()) && slot >= 0 && slot < 4, "quantspec Stepper: slot");
-    Call call = make_call(kind, std::move(tensors), std::move(bias), group, bf16_in);
+    Call call = make_call(format, std::move(tensors), std::move(bias), group, bf16_in);
     Layer& L = layers[layer];
     call.offset = L.width[slot];
     L.width[slot] += call.N;
@@ -410,37 +410,37 @@ struct Stepper : torch::CustomClassHolder {
 
   // The output projection over the whole vocabulary, so that a step's logits (or its greedy token) come
   // from the same call; none: forward() returns the final norm's rows and the caller applies its head.
-  void set_head(int64_t kind, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
+  void set_head(int64_t format, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
                 bool bf16_in) {
     head.clear();
-    head.push_back(make_call(kind, std::move(tensors), std::move(bias), group, bf16_in));
+    head.push_back(make_call(format, std::move(tensors), std::move(bias), group, bf16_in));
   }
 
   void clear_head() { head.clear(); }
 
-  Call make_call(int64_t kind, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
+  Call make_call(int64_t format, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
                  bool bf16_in) {
-    const bool grouped = kind > W8A16 && kind < QS_FORMAT_COUNT && kind != W4A8 && k().gemv_grouped[kind];
-    TORCH_CHECK((kind >= FLOAT && kind <= W8A16) || kind == W4A8 || grouped, "quantspec Stepper: unknown kernel kind ",
-                kind);
+    const bool grouped = format > W8A16 && format < QS_FORMAT_COUNT && format != W4A8 && k().gemv_grouped[format];
+    TORCH_CHECK((format >= FLOAT && format <= W8A16) || format == W4A8 || grouped, "quantspec Stepper: unknown weight format ",
+                format);
     TORCH_CHECK(!tensors.empty(), "quantspec Stepper: a call without weights");
     for (const at::Tensor& t : tensors) TORCH_CHECK(t.is_contiguous(), "quantspec Stepper: contiguous weights");
     const at::Tensor& w = tensors[0];
-    const bool packed = grouped || kind == W4A8;  // K values in K * bits / 8 bytes a row, in groups
-    const int64_t step = packed ? 128 : kind == W8A8 ? 64 : kind == W8A16 ? 32 : w.scalar_type() == at::kFloat ? 16 : 32;
-    Call call{kind, std::move(tensors), bias.empty() ? at::Tensor() : bias[0].contiguous(), group,
+    const bool packed = grouped || format == W4A8;  // K values in K * bits / 8 bytes a row, in groups
+    const int64_t step = packed ? 128 : format == W8A8 ? 64 : format == W8A16 ? 32 : w.scalar_type() == at::kFloat ? 16 : 32;
+    Call call{format, std::move(tensors), bias.empty() ? at::Tensor() : bias[0].contiguous(), group,
               bf16_in ? at::kBFloat16 : at::kFloat};
     call.w = call.t[0].data_ptr();
     call.w1 = call.t.size() > 1 ? static_cast<const float*>(call.t[1].data_ptr()) : nullptr;
     call.w2 = call.t.size() > 2 ? call.t[2].data_ptr() : nullptr;
     call.bias_p = call.bias.defined() ? call.bias.data_ptr() : nullptr;
     call.N = w.size(0);
-    call.bits = qs_format_bits(int(kind));
+    call.bits = qs_format_bits(int(format));
     call.grouped = grouped;
     call.K = packed ? w.size(1) * 8 / call.bits : w.size(1);
     TORCH_CHECK(call.K % step == 0 && (!packed || (group % 128 == 0 && call.K % group == 0)),
                 "quantspec Stepper: K = ", call.K, " does not fit the kernel");
-    TORCH_CHECK(kind != FLOAT || w.scalar_type() == call.in, "quantspec Stepper: a float weight takes its own type");
+    TORCH_CHECK(format != FLOAT || w.scalar_type() == call.in, "quantspec Stepper: a float weight takes its own type");
     max_k = std::max(max_k, call.K);
     return call;
   }
@@ -576,8 +576,8 @@ struct Stepper : torch::CustomClassHolder {
       TORCH_CHECK(t >= 0 && t < vocab, "quantspec Stepper: token ", t, " outside the vocabulary of ", vocab);
     }
     for (const Seq& s : seqs) s.cache->reserve(layers.size(), kv_heads, dim, embedding.scalar_type(), s.past + s.rows);
-    const int64_t kind = 2 * n + (mode != HIDDEN);  // calls alike in cost share their thread counts' times
-    const int nt = threads.choose(kind, std::max(1, at::get_num_threads()));
+    const int64_t shape = 2 * n + (mode != HIDDEN);  // calls alike in cost share their thread counts' times
+    const int nt = threads.choose(shape, std::max(1, at::get_num_threads()));
     const auto start = std::chrono::steady_clock::now();
     at::Tensor out = embedding.scalar_type() == at::kBFloat16
                          ? run<BF>(embed<BF>(tokens), seqs, kept, bans, mode, banned, nt)
@@ -586,7 +586,7 @@ struct Stepper : torch::CustomClassHolder {
     double waited = 0;
     for (double w : waits) waited += w;
     last_waiting = seconds > 0 ? waited / (nt * seconds) : 0;
-    threads.took(kind, seconds, last_waiting);
+    threads.took(shape, seconds, last_waiting);
     threads.count(nt);
     return out;
   }
@@ -672,7 +672,7 @@ struct Stepper : torch::CustomClassHolder {
     for (const Call& c : calls) {
       const int64_t K = c.K, N = c.N, blocks = (N + 3) / 4;
       const bool bf16_in = c.in == at::kBFloat16;
-      // the kernel's input: x in its own type, then (quantized kinds) as float32 for the quantizers
+      // the kernel's input: x in its own type, then (quantized formats) as float32 for the quantizers
       const void* xin = x;
       if (bf16_in != std::is_same_v<T, BF>) {
         if (bf16_in) {
@@ -686,8 +686,8 @@ struct Stepper : torch::CustomClassHolder {
         }
       }
       const float* xs = p.xs_p;
-      const int quantizer = c.kind == FLOAT ? 0 : c.kind == W8A8 ? 8 : c.kind == W4A8 ? 4 : 16;
-      const int64_t group = c.grouped || c.kind == W4A8 ? c.group : 0;
+      const int quantizer = c.format == FLOAT ? 0 : c.format == W8A8 ? 8 : c.format == W4A8 ? 4 : 16;
+      const int64_t group = c.grouped || c.format == W4A8 ? c.group : 0;
       // the int16 quantizer's values do not depend on the group: only its sums do (w8a16 reads none)
       const bool held = quantizer != 0 && quantizer == held_quantizer && int(bf16_in) == held_bf16 &&
                         (group == held_group || (quantizer == 16 && group == 0));
@@ -698,9 +698,9 @@ struct Stepper : torch::CustomClassHolder {
           for (int64_t i = 0; i < n * K; ++i) xf[i] = qs::bf16_to_f32(static_cast<const uint16_t*>(xin)[i]);
         else
           std::copy(static_cast<const float*>(xin), static_cast<const float*>(xin) + n * K, xf);
-        if (c.kind == W8A8)
+        if (c.format == W8A8)
           kern.quantize_x8(xf, n, K, p.xq_p, p.xs_p);
-        else if (c.kind == W4A8)
+        else if (c.format == W4A8)
           kern.quantize_x8_w4(xf, n, K, c.group, reinterpret_cast<int8_t*>(p.xq_p), p.xs_p, p.sums_p);
         else
           kern.quantize_x16(xf, n, K, c.grouped ? c.group : 0, reinterpret_cast<int16_t*>(p.xq_p), p.xs_p,
@@ -709,7 +709,7 @@ struct Stepper : torch::CustomClassHolder {
       float* yc = y + n * c.offset;  // each call's own [n, N] (the kernels' layout), side by side
       // In pieces of ~256 KB of weights, each finished while its outputs are in cache (as binding.cpp's
       // columns() does: one call over a whole slice of the head measured 13% slower in bf16).
-      const int64_t row_bytes = c.grouped || c.kind == W4A8 ? K * c.bits / 8 : c.kind == FLOAT ? (bf16_in ? 2 : 4) * K : K;
+      const int64_t row_bytes = c.grouped || c.format == W4A8 ? K * c.bits / 8 : c.format == FLOAT ? (bf16_in ? 2 : 4) * K : K;
       const int64_t piece = 4 * std::max<int64_t>(1, (256 << 10) / (4 * row_bytes));
       const void *w = c.w, *w2 = c.w2, *bias = c.bias_p;
       const float *w1 = c.w1, *sums = p.sums_p;
@@ -718,7 +718,7 @@ struct Stepper : torch::CustomClassHolder {
       const bool has_bias = bias != nullptr;
       const bool bias_bf16 = has_bias && c.bias.scalar_type() == at::kBFloat16;
       auto finish = [&](int64_t a, int64_t b) {  // b - a <= piece
-        switch (c.kind) {
+        switch (c.format) {
           case FLOAT:
             if (bf16_in)
               kern.gemv_bf16(static_cast<const uint16_t*>(xin), static_cast<const uint16_t*>(w), n, K, N, a, b, yc);
@@ -737,7 +737,7 @@ struct Stepper : torch::CustomClassHolder {
                            static_cast<const float*>(w2), c.group, n, K, N, a, b, yc);
             break;
           default:  // a grouped format
-            kern.gemv_grouped[c.kind](q16, xs, sums, static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2), c.group,
+            kern.gemv_grouped[c.format](q16, xs, sums, static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2), c.group,
                             n, K, N, a, b, yc);
         }
         for (int64_t m = 0; m < n; ++m) {
@@ -906,7 +906,7 @@ struct Stepper : torch::CustomClassHolder {
       // a projection into the shared output (pp), then a barrier: one profiler record on the calling
       // thread, its wait included
       auto projected = [&](const Layer& L, int slot, const T* in, T* out) {
-        RECORD_FUNCTION(NAMES[L.calls[slot][0].kind].c_str(), std::vector<c10::IValue>());
+        RECORD_FUNCTION(NAMES[L.calls[slot][0].format].c_str(), std::vector<c10::IValue>());
         project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt, next);
         bar.wait(waited);
       };
@@ -1006,7 +1006,7 @@ struct Stepper : torch::CustomClassHolder {
         if (tid == 0) norm_rows<T>(last, final_norm.data_ptr(), hidden, rows, outp);
       } else {
         norm_rows<T>(last, final_norm.data_ptr(), hidden, rows, x);
-        RECORD_FUNCTION(NAMES[head[0].kind].c_str(), std::vector<c10::IValue>());
+        RECORD_FUNCTION(NAMES[head[0].format].c_str(), std::vector<c10::IValue>());
         if (mode == GREEDY) {  // this thread's columns, seen as they are computed, by each row's Pick
           std::vector<Pick> picks;
           for (int64_t r = 0; r < rows; ++r) picks.push_back(Pick{bans[r] ? banned_mask.data() : no_ban.data()});

@@ -61,7 +61,7 @@ def entry(
     RTN, hashes none: its key stays independent of the dataset)."""
     calib = None if not spec.calibrates else calibration_ids(tokenizer, corpus(), calib_samples, calib_seq_len)
     key = cache.cache_key(source_key, spec, "none" if calib is None else ids_hash(calib))
-    directory = child(cache_root / "quantized", f"{label}-{spec.scheme}-{spec.method}-{key[:16]}")
+    directory = child(cache_root / "quantized", f"{label}-{spec.format}-{spec.method}-{key[:16]}")
     return Entry(directory, {"source": source_key, "key": key}, calib)
 
 

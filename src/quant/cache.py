@@ -1,7 +1,7 @@
 """The quantized-model cache: safetensors + JSON, keyed by everything that changes the weights.
 
 A key covers the model's source, the method and every parameter, and a hash of the calibration data. An entry is
-a folder: quantized.json (each linear's scheme, the group size, what the build measured) and one safetensors file a
+a folder: quantized.json (each linear's format, the group size, what the build measured) and one safetensors file a
 decoder layer (layer-00000.safetensors, ...) and one for the head, written as the layers are rounded
 (src.quant.shards). Files are verified against their recorded sha256 on every load (src.common.cache): a damaged or
 stale cache is rebuilt, never trusted.
@@ -28,7 +28,8 @@ from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
-# 12: the calibration windows through each layer in batches (src.quant.stream.per_call), its bf16 GEMMs on the
+# 13: the spec's fields and the entry's record under one name per idea (format, wide_linears: src.common.renames),
+# the same weights; 12: the calibration windows through each layer in batches (src.quant.stream.per_call), its bf16 GEMMs on the
 # host's float_gemm path (other orders of sums);
 # 11: a local checkpoint's streamed layers calibrated in the precision's dtype (src.assembly.job), not float32;
 # 10: GPTQ on the features held reversed (H's own Cholesky factor, no reversed copies), its updates in bf16 where
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 # 7: GPTQ rounds from one Cholesky factor of H, with no inverse (other float32 roundings); AWQ's clip search in
 # smaller runs of rows (the same clips); 6: random weights made a layer at a time take the values a whole build gives them; 5: written layer by layer, a
 # file each (src.quant.shards); 4: GPTQ rounds the decoder's linears in layer order; an older cache is rebuilt
-FORMAT = 12
+FORMAT = 13
 META = "quantized.json"
 
 
@@ -109,10 +110,10 @@ def load(directory: Path) -> QuantizedWeights:
                 fields.setdefault(name, []).append(field)
                 part = f.get_slice(key)
                 sizes[name] = sizes.get(name, 0) + math.prod(part.get_shape()) * _BYTES[part.get_dtype()]
-    if set(meta["schemes"]) != set(fields):
+    if set(meta["formats"]) != set(fields):
         raise ValueError("quantized cache lists other layers than it holds")
     layers = StoredLayers(files, fields, sizes)
-    return QuantizedWeights(meta["schemes"], meta["group_size"], layers, floats, meta.get("info", {}))
+    return QuantizedWeights(meta["formats"], meta["group_size"], layers, floats, meta.get("info", {}))
 
 
 # a safetensors dtype's bytes an element

@@ -3,7 +3,7 @@ rounding's error pushed onto the features not yet rounded, weighted by the inver
 Gram matrix H = X^T X. Round to nearest makes each weight's own error small; this makes the layer's output
 error small, over the inputs it saw.
 
-The grids are those of src.quant.qparams, so the result is stored and run as any other linear of its scheme:
+The grids are those of src.quant.qparams, so the result is stored and run as any other linear of its format:
 int8 symmetric per output channel (its scale from the weights before any update), or b-bit asymmetric per
 group, each group's range taken from its weights as updated when its first feature is reached (as GPTQ's
 reference does).
@@ -81,7 +81,7 @@ def scaled_(h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 def round_weights(
     weight: torch.Tensor, h: torch.Tensor, bits: int, group: int | None, clip: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(q, scale, zero) of `weight` [N, K] on its scheme's grid: at 8 bits (group None) int8 q [N, K] and a
+    """(q, scale, zero) of `weight` [N, K] on its format's grid: at 8 bits (group None) int8 q [N, K] and a
     scale per row, zero None; below, uint8 q in 0..2^bits-1 with scale and zero [N, K/group], as
     qparams.int_groups gives. `h` is the [K, K] Gram of the linear's inputs (gram's, in its order); `clip`
     ([N, K/group]) bounds each group's weights as int_groups does."""
@@ -102,7 +102,7 @@ def round_weights(
         scale = torch.empty(n, k // group)
         zero = torch.empty(n, k // group)
     _round_rows(w, v, bits, group, block, q, scale, zero)
-    # back in the features' own order (a grouped scheme's groups reversed with them: K is whole groups)
+    # back in the features' own order (a grouped format's groups reversed with them: K is whole groups)
     return q.flip(1), scale if group is None else scale.flip(1), None if zero is None else zero.flip(1)
 
 

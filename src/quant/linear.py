@@ -46,7 +46,7 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def from_tensors(cls, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype) -> QuantLinear:
-        """The module from its scheme's portable tensors (src.quant.schemes)."""
+        """The module from its format's portable tensors (src.quant.formats)."""
         raise NotImplementedError
 
     def step_call(self, act: torch.dtype) -> tuple[int, list[torch.Tensor], int, bool] | None:

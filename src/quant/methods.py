@@ -2,7 +2,7 @@
 fields, its validation, what its calibration costs in memory, and its scaling pass.
 
 A method's spec is what changes its quantized weights, so it is the cache key (src.quant.cache): a field
-of AWQ's does not re-key a SmoothQuant cache. What every method shares is the mix of low-bit schemes
+of AWQ's does not re-key a SmoothQuant cache. What every method shares is the mix of low-bit formats
 (`QuantSpec`). Light: the passes import torch only when they run.
 
 Adding a method: a subclass of QuantSpec with KIND, registered in METHODS, whose `scale_layer` rewrites one float
@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from src.common.schema import ConfigError, Kinds, check_choice, check_range
 from src.models.families import HEAD
-from src.quant import awq, schemes, smoothquant
+from src.quant import awq, formats, smoothquant
 from src.quant.arch import layer_awq_groups, layer_smooth_groups
 from src.quant.stream import Scaled
 
@@ -26,21 +26,19 @@ METHODS = Kinds("precision", "method")
 
 @dataclass(frozen=True, kw_only=True)
 class QuantSpec:
-    """What every method shares: which low-bit scheme each linear runs. The defaults live in
+    """What every method shares: which low-bit format each linear runs. The defaults live in
     conf/precision/_fields.yaml, nowhere else."""
 
     KIND: ClassVar[str]
     CALIBRATES: ClassVar[bool] = True  # its pass reads calibration windows (their hash is part of the cache key)
     OBSERVES_ABSMAX: ClassVar[bool] = False  # its pass reads each input channel's max |x| (SmoothQuant's)
     method: str
-    scheme: str  # the decoder linears' scheme (one of src.quant.schemes)
-    group_size: int | None  # a grouped scheme's groups along the input features
+    format: str  # the decoder linears' format (one of src.quant.formats)
+    group_size: int | None  # a grouped format's groups along the input features
     quantize_head: bool  # False keeps the output head in float
-    head_scheme: str | None  # the head's scheme where it differs from the layers' (w4a16 + w8a16 head)
-    int8_linears: tuple[str, ...]  # decoder linears (name suffixes) kept wider under a grouped scheme...
-    int8_linears_scheme: (
-        str  # ...in this scheme: w8a16 (int8), w6a16 or w5a16 (three quarters or five eighths of int8's bytes)
-    )
+    head_format: str | None  # the head's format where it differs from the layers' (w4a16 + w8a16 head)
+    wide_linears: tuple[str, ...]  # decoder linears (name suffixes) kept wider under a grouped format...
+    wide_format: str  # ...in this format: w8a16 (int8), w6a16 or w5a16 (three quarters or five eighths of int8's bytes)
     gptq: tuple[str, ...]  # linears (name suffixes; lm_head: the output head; *: all) rounded by GPTQ, not to nearest
 
     @property
@@ -48,37 +46,37 @@ class QuantSpec:
         """Whether quantizing reads calibration windows: the method's own pass, or GPTQ's inputs."""
         return self.CALIBRATES or bool(self.gptq)
 
-    def scheme_for(self, name: str) -> str:
+    def format_for(self, name: str) -> str:
         if name == HEAD:
-            return self.head_scheme or self.scheme
-        if schemes.get(self.scheme).grouped and name.endswith(self.int8_linears):
-            return self.int8_linears_scheme
-        return self.scheme
+            return self.head_format or self.format
+        if formats.get(self.format).grouped and name.endswith(self.wide_linears):
+            return self.wide_format
+        return self.format
 
     @property
     def grouped(self) -> bool:
         """Whether the decoder's linears quantize in groups (AWQ and RTN's low-bit formats)."""
-        return schemes.get(self.scheme).grouped
+        return formats.get(self.format).grouped
 
     def validate(self) -> None:
-        check_choice("precision.scheme", self.scheme, schemes.names())
-        if self.head_scheme is not None:
-            check_choice("precision.head_scheme", self.head_scheme, schemes.names())
-        check_choice("precision.int8_linears_scheme", self.int8_linears_scheme, schemes.names())
-        # the fields that ask for a grouped scheme, the layers' first: the one to blame where groups are missing
-        wider = self.int8_linears_scheme if self.grouped and self.int8_linears else None
-        fields = (("scheme", self.scheme), ("head_scheme", self.head_scheme), ("int8_linears_scheme", wider))
-        asked = [(k, v) for k, v in fields if v in schemes.grouped()]
+        check_choice("precision.format", self.format, formats.names())
+        if self.head_format is not None:
+            check_choice("precision.head_format", self.head_format, formats.names())
+        check_choice("precision.wide_format", self.wide_format, formats.names())
+        # the fields that ask for a grouped format, the layers' first: the one to blame where groups are missing
+        wider = self.wide_format if self.grouped and self.wide_linears else None
+        fields = (("format", self.format), ("head_format", self.head_format), ("wide_format", wider))
+        asked = [(k, v) for k, v in fields if v in formats.grouped()]
         if asked and self.group_size is None:
             key, name = asked[0]
             raise ConfigError(
-                f"precision.{key}={name} is a {schemes.get(name).bits}-bit scheme, which quantizes in groups, "
-                f"and this precision sets none; add precision.group_size= one of: {', '.join(map(str, schemes.GROUPS))}"
+                f"precision.{key}={name} is a {formats.get(name).bits}-bit format, which quantizes in groups, "
+                f"and this precision sets none; add precision.group_size= one of: {', '.join(map(str, formats.GROUPS))}"
             )
-        if asked and self.group_size not in schemes.GROUPS:
+        if asked and self.group_size not in formats.GROUPS:
             raise ConfigError(
                 f"precision.group_size={self.group_size} is not one the grouped kernels run; "
-                f"use one of: {', '.join(map(str, schemes.GROUPS))}"
+                f"use one of: {', '.join(map(str, formats.GROUPS))}"
             )
 
     def resolved(self, model) -> QuantSpec:
@@ -115,7 +113,7 @@ class QuantSpec:
 @METHODS.register
 @dataclass(frozen=True, kw_only=True)
 class SmoothQuant(QuantSpec):
-    """Activation outliers moved into the weights by per-channel scales, for 8-bit schemes."""
+    """Activation outliers moved into the weights by per-channel scales, for 8-bit formats."""
 
     KIND: ClassVar[str] = "smoothquant"
     OBSERVES_ABSMAX: ClassVar[bool] = True
@@ -124,7 +122,7 @@ class SmoothQuant(QuantSpec):
     def validate(self) -> None:
         super().validate()
         if self.grouped:
-            raise ConfigError(f"precision.method=smoothquant is for 8-bit kernels; use awq or rtn for {self.scheme}")
+            raise ConfigError(f"precision.method=smoothquant is for 8-bit kernels; use awq or rtn for {self.format}")
         if self.alpha is not None and not 0 <= self.alpha <= 1:
             raise ConfigError(f"precision.alpha={self.alpha} must be in [0, 1]")
 
@@ -159,8 +157,8 @@ class Awq(QuantSpec):
         super().validate()
         if not self.grouped:
             raise ConfigError(
-                f"precision.method=awq is for grouped low-bit weights ({', '.join(schemes.grouped())}), "
-                f"not precision.scheme={self.scheme}"
+                f"precision.method=awq is for grouped low-bit weights ({', '.join(formats.grouped())}), "
+                f"not precision.format={self.format}"
             )
         if self.awq_search_rows is not None and self.awq_search_rows < 1:
             raise ConfigError(f"precision.awq_search_rows={self.awq_search_rows} must be at least 1 (or null: all)")
@@ -174,9 +172,9 @@ class Awq(QuantSpec):
         return self.awq_search_tokens
 
     def scale_layer(self, model, arch, index, linears, seen):
-        # the clipping search is at the layers' bits: the linears kept wider (int8_linears) are not clipped
-        low = {n for n in linears if self.scheme_for(n) == self.scheme}
-        scheme = schemes.get(self.scheme)
+        # the clipping search is at the layers' bits: the linears kept wider (wide_linears) are not clipped
+        low = {n for n in linears if self.format_for(n) == self.format}
+        fmt = formats.get(self.format)
         return awq.awq_layer(
             layer_awq_groups(model, arch, index),
             linears,
@@ -188,8 +186,8 @@ class Awq(QuantSpec):
             self.awq_block_loss,
             clip_only=low,
             search_rows=self.awq_search_rows,
-            act_int8=scheme.act_bits == 8,
-            bits=scheme.bits,
+            act_int8=fmt.act_bits == 8,
+            bits=fmt.bits,
         )
 
     def calibration_bytes(self, shape):

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from src.common import heap
-from src.quant import schemes as formats
-from src.quant import stream
+from src.quant import formats, stream
 from src.quant.methods import HEAD, QuantSpec
 from src.quant.stream import gptq_linears, quantized_linears, release
 from src.quant.weights import QuantizedWeights
@@ -51,7 +50,7 @@ def install(
         model.get_parameter(name).copy_(value)
     for i, (name, tensors) in enumerate(weights.layers.items()):
         model.set_submodule(
-            name, formats.build(weights.schemes[name], tensors, weights.group_size, dtype, gemv, device)
+            name, formats.build(weights.format_of[name], tensors, weights.group_size, dtype, gemv, device)
         )
         del tensors
         if i % 8 == 7:  # each linear's portable copy, freed once repacked: handed back as it goes (its peak)

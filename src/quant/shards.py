@@ -100,10 +100,10 @@ class Partial:
     def head(self, tensors: dict) -> None:
         self._write(HEAD_FILE, {f"layer/{name}/{k}": t for name, ts in tensors.items() for k, t in ts.items()})
 
-    def weights(self, schemes: dict[str, str], group_size: int | None, info: dict):
-        """Finish the entry (its record and hidden states gone, its schemes written) and read it back."""
+    def weights(self, format_of: dict[str, str], group_size: int | None, info: dict):
+        """Finish the entry (its record and hidden states gone, its formats written) and read it back."""
         (self.folder / cache.META).write_text(
-            json.dumps({"format": cache.FORMAT, "schemes": schemes, "group_size": group_size, "info": info}, indent=2)
+            json.dumps({"format": cache.FORMAT, "formats": format_of, "group_size": group_size, "info": info}, indent=2)
         )
         for name in (HIDDEN, PROGRESS):
             (self.folder / name).unlink(missing_ok=True)

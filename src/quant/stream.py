@@ -43,8 +43,7 @@ from src.common.schema import ConfigError
 from src.kernels.modules import many_rows_mm
 from src.models import families
 from src.models.families import HEAD
-from src.quant import gptq
-from src.quant import schemes as formats
+from src.quant import formats, gptq
 from src.quant.arch import decoder_layers, decoder_linears, layer_prefix, output_linear
 from src.quant.weights import QuantizedWeights
 
@@ -98,7 +97,7 @@ class Sink(Protocol):
 
     def head(self, tensors: dict) -> None: ...
 
-    def weights(self, schemes: dict[str, str], group_size: int | None, info: dict): ...
+    def weights(self, format_of: dict[str, str], group_size: int | None, info: dict): ...
 
 
 class Held:
@@ -118,8 +117,8 @@ class Held:
     def head(self, tensors):
         self.layers.update(tensors)
 
-    def weights(self, schemes, group_size, info):
-        return QuantizedWeights(schemes, group_size, self.layers, self.floats, info)
+    def weights(self, format_of, group_size, info):
+        return QuantizedWeights(format_of, group_size, self.layers, self.floats, info)
 
 
 def quantized_linears(model: nn.Module, arch: str, spec) -> dict[str, nn.Module]:
@@ -360,7 +359,7 @@ def quantize(
     start_s = time.perf_counter()
     sink = sink if sink is not None else Held()
     linears = quantized_linears(model, arch, spec)
-    schemes = {name: spec.scheme_for(name) for name in linears}
+    format_of = {name: spec.format_for(name) for name in linears}
     chosen = gptq_linears(linears, spec)
     calibrating = calibration is not None and spec.calibrates
     layers = decoder_layers(model, arch)
@@ -377,7 +376,7 @@ def quantize(
 
     def rounded(name: str, gram: torch.Tensor | None, clip: torch.Tensor | None) -> dict[str, torch.Tensor]:
         lin = linears[name]
-        return formats.get(schemes[name]).tensors(lin.weight.detach(), lin.bias, spec.group_size, clip, gram)
+        return formats.get(format_of[name]).tensors(lin.weight.detach(), lin.bias, spec.group_size, clip, gram)
 
     bar = progress(range(sink.start, len(layers)), "quantizing layers", total=len(layers) - sink.start)
     # inside a layer its large temporaries reuse each other's pages; trimmed after each (src.common.heap)
@@ -399,7 +398,7 @@ def quantize(
                 gram = _scaled_gram(seen, name, scaled.divided, grams) if name in chosen else None
                 tensors[name] = rounded(name, gram, scaled.clips.get(name))
                 if calibrating:  # the layers after it meet its rounded weights
-                    back = formats.get(schemes[name]).dequantized(tensors[name], spec.group_size)
+                    back = formats.get(format_of[name]).dequantized(tensors[name], spec.group_size)
                     m.weight.data = back.to(m.weight.dtype)
             gptq.forget()  # the layer's factors: the next layer's inputs are others
             del seen, grams
@@ -430,4 +429,4 @@ def quantize(
         release(linears[HEAD])
         heap.trim()
     info = {"quantize_s": time.perf_counter() - start_s, "layers": len(linears), "clipped": clipped}
-    return sink.weights(schemes, spec.group_size, info)
+    return sink.weights(format_of, spec.group_size, info)

@@ -1,4 +1,4 @@
-"""A model's quantized weights as the cache stores them: each linear's scheme and portable tensors, and the float
+"""A model's quantized weights as the cache stores them: each linear's format and portable tensors, and the float
 parameters the scaling changed. What a quantization produces (src.quant.stream) and `install` reads
 (src.quant.pipeline)."""
 
@@ -12,7 +12,7 @@ import torch
 
 @dataclass
 class QuantizedWeights:
-    schemes: dict[str, str]  # linear name -> the scheme it runs (w8a8, ...)
+    format_of: dict[str, str]  # linear name -> the format it runs (w8a8, ...)
     group_size: int | None
     layers: Mapping[str, dict[str, torch.Tensor]]  # linear name -> portable tensors (a cache's: read as asked)
     floats: dict[str, torch.Tensor]  # float parameters the scaling changed

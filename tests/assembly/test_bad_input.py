@@ -362,9 +362,9 @@ def test_an_lm_eval_setting_is_blamed_alone(overrides, words):
 
 
 def test_a_four_bit_head_on_a_precision_without_groups_blames_the_head():
-    """precision=w8a8 precision.head_scheme=w4a8 had blamed precision.group_size=None, a field never set."""
-    raw, _ = compose_job(["model=tiny-llama", "precision=w8a8", "precision.head_scheme=w4a8"])
-    with pytest.raises(ConfigError, match=r"^precision.head_scheme=w4a8 is a 4-bit scheme, which quantizes in groups"):
+    """precision=w8a8 precision.head_format=w4a8 had blamed precision.group_size=None, a field never set."""
+    raw, _ = compose_job(["model=tiny-llama", "precision=w8a8", "precision.head_format=w4a8"])
+    with pytest.raises(ConfigError, match=r"^precision.head_format=w4a8 is a 4-bit format, which quantizes in groups"):
         job_config_from_dict(raw)
 
 

@@ -57,7 +57,7 @@ def test_silicon_support_matches_the_seeds():
 
 
 def test_a_profile_names_what_it_lacks_so_a_new_precision_runs_everywhere_without_an_edit():
-    # rtn is w4a16's scheme by another method: no profile names it, and each that runs w4a16 runs it
+    # rtn is w4a16's format by another method: no profile names it, and each that runs w4a16 runs it
     for hw in ("cpu", "phx", "hpt", "stx"):
         assert _runs(hw, "rtn") == _runs(hw, "w4a16") is True
     own = ["hardware=phx", "precision=w4a16", "precision.group_size=64", "precision.method=rtn"]

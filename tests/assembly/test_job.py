@@ -95,7 +95,7 @@ def test_a_native_job_says_which_step_path_runs_its_model():
         kept = Kept()
         build(job_config_from_dict(raw), kept)
         said[kernels_choice] = kept.params["executed.step_path"]
-    assert said == {"quantspec": "quantspec", "aten": "python"}
+    assert said == {"quantspec": "cpp", "aten": "python"}
 
 
 def test_every_draft_kind_has_its_drafter_and_its_builder():

@@ -230,7 +230,7 @@ def test_the_configuration_reference_gives_the_values_a_field_accepts():
     configref = _hook("configref")
     accepted = configref.accepted()
     assert accepted["engine.isa"][:2] == ("auto", "avx512") and "reference" in accepted["engine.isa"]
-    assert set(accepted["precision.scheme"]) >= {"w8a8", "w8a16", "w4a16", "w4a8"}
+    assert set(accepted["precision.format"]) >= {"w8a8", "w8a16", "w4a16", "w4a8"}
     assert "`str`: one of `sdpa`, `eager`" in configref._type_cell("engine.attention", "str")
 
 

@@ -53,7 +53,7 @@ def test_the_architecture_map_names_only_what_is_in_the_tree():
 def test_the_check_finds_a_module_that_is_gone():
     stale = "    src/tracking/          rooms\n      readback/            read back\n        quality.py         gone\n"
     assert _map_problems(stale) == ["src/tracking/readback/quality.py (an entry of the map)"]
-    assert _map_problems("    src/engine/            fastpath.py (x), nowhere.py (y)\n") == [
+    assert _map_problems("    src/engine/            python_step.py (x), nowhere.py (y)\n") == [
         "nowhere.py (named in src/engine's entry)"
     ]
 

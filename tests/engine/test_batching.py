@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from src import kernels
-from src.engine import Sampling, batching, cstep, native
+from src.engine import Sampling, batching, cpp_step, native
 from src.engine.generation import Request
 from src.kernels import variants
 from src.models.tiny import tiny_model
@@ -35,8 +35,8 @@ def alone(model, prompt: list[int], new: int) -> list[int]:
     tokens, which native.generate prefills through transformers' forward, through the C++ step in pieces)."""
     if len(prompt) <= native.Decoder.MAX_FAST:
         request = Request(torch.tensor([prompt]), new, False, Sampling(), 0, None)
-        return native.generate(model, request, path="quantspec").new_token_ids
-    compiled, eos = cstep.for_model(model), batching.eos_ids(model)
+        return native.generate(model, request, path="cpp").new_token_ids
+    compiled, eos = cpp_step.for_model(model), batching.eos_ids(model)
     kv = compiled.new_cache()
     with torch.inference_mode():
         tokens = [int(compiled(torch.tensor([prompt]), kv, 1)[-1].float().argmax())]

@@ -24,8 +24,8 @@ def test_weight_bytes_reads_one_embedding_row_and_the_whole_tied_head():
 
 def test_a_quantized_module_counts_the_layout_its_step_reads_once():
     from src import kernels
+    from src.quant.formats import build
     from src.quant.linear import int4_tensors
-    from src.quant.schemes import build
     from tests.support.kernels import KERNELS as CACHE
 
     assert kernels.load(CACHE), kernels.reason()  # the gemv module's layout comes from the kernels' formats

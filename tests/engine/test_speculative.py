@@ -33,7 +33,7 @@ def drafters(arch):
         "other": ModelDrafter(other),
         "same": ModelDrafter(same),
         "bf16_self": ModelDrafter(low),
-        "fast_self": ModelDrafter(same, path="quantspec"),
+        "fast_self": ModelDrafter(same, path="cpp"),
     }
 
 
@@ -51,7 +51,7 @@ def test_greedy_output_is_the_targets(arch, exact):
                 drafter=drafter,
                 k=k,
                 schedule=schedule,
-                path="quantspec" if name == "fast_self" else "transformers",
+                path="cpp" if name == "fast_self" else "transformers",
             )
             assert gen.new_token_ids == ref, (name, k, schedule)
             assert len(gen.token_times) == gen.new_tokens and gen.token_times == sorted(gen.token_times)
@@ -195,7 +195,7 @@ def test_drafts_resolve_their_model_and_precision():
     raw, _ = compose_job([*TINY, "draft=self_w4a16"])
     cfg = job_config_from_dict(raw)
     assert cfg.draft_model.name == "tiny-llama" and cfg.draft_precision.name == "w4a16"
-    assert cfg.draft_precision.quant.scheme == "w4a16" and cfg.draft.k == 4
+    assert cfg.draft_precision.quant.format == "w4a16" and cfg.draft.k == 4
     raw, _ = compose_job([*TINY, "draft=self_w4a16", "+model@draft.model=tiny-opt", "precision@draft.precision=bf16"])
     cfg = job_config_from_dict(raw)
     assert cfg.draft_model.arch == "opt" and cfg.draft_precision.dtype == "bfloat16"

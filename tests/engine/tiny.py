@@ -13,23 +13,23 @@ QUANT = {
     "w8a8": (quant_spec("smoothquant", "w8a8", alpha=0.5), torch.float32),
     "w8a16": (quant_spec("smoothquant", "w8a16", alpha=0.5), torch.bfloat16),
     "w4a16": (
-        quant_spec("rtn", "w4a16", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",)),
+        quant_spec("rtn", "w4a16", group_size=128, head_format="w8a16", wide_linears=("self_attn.v_proj",)),
         torch.bfloat16,
     ),
     "w4a8": (
-        quant_spec("rtn", "w4a8", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",)),
+        quant_spec("rtn", "w4a8", group_size=128, head_format="w8a16", wide_linears=("self_attn.v_proj",)),
         torch.bfloat16,
     ),
-    "w2a16": (quant_spec("rtn", "w2a16", group_size=128, head_scheme="w8a16"), torch.bfloat16),
-    # a 4-bit precision whose head runs the 5-bit format (rounded by GPTQ) and its int8 linears the 6-bit one
+    "w2a16": (quant_spec("rtn", "w2a16", group_size=128, head_format="w8a16"), torch.bfloat16),
+    # a 4-bit precision whose head runs the 5-bit format (rounded by GPTQ) and its wide linears the 6-bit one
     "w4a16-w5w6": (
         quant_spec(
             "rtn",
             "w4a16",
             group_size=128,
-            head_scheme="w5a16",
-            int8_linears=("self_attn.v_proj",),
-            int8_linears_scheme="w6a16",
+            head_format="w5a16",
+            wide_linears=("self_attn.v_proj",),
+            wide_format="w6a16",
             gptq=("lm_head",),
         ),
         torch.bfloat16,

@@ -12,8 +12,8 @@ from src import kernels
 from src.common.environment import PROJECT_ROOT
 from src.kernels import amx
 from src.quant import prefill, qparams
+from src.quant.formats import build
 from src.quant.linear import int8_tensors
-from src.quant.schemes import build
 from tests.support.kernels import KERNELS as CACHE
 
 

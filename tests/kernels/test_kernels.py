@@ -18,10 +18,10 @@ from src.engine.native import Decoder
 from src.kernels import format_number, modules, variants
 from src.models import families
 from src.models.tiny import tiny_model
-from src.quant import qparams, schemes
+from src.quant import formats, qparams
+from src.quant.formats import build
 from src.quant.linear import int4_tensors, int8_tensors
 from src.quant.qparams import SPLIT, pack_lanes
-from src.quant.schemes import build
 from tests.support.kernels import use_variant
 
 
@@ -86,30 +86,30 @@ def test_gemv_w8a16_matches_int8_weight_reference(m, n, k):
     assert _rel_err(y, ref) < 8e-3  # int8 and bf16 are exact in registers; the sums are fp32
 
 
-# every grouped weight-only scheme the registry holds (w4a16, w2a16, ...): a new one is tested here unasked
-GROUPED_A16 = [s for s in schemes.grouped() if schemes.get(s).act_bits == 16]
+# every grouped weight-only format the registry holds (w4a16, w2a16, ...): a new one is tested here unasked
+GROUPED_A16 = [s for s in formats.grouped() if formats.get(s).act_bits == 16]
 
 
-@pytest.mark.parametrize("scheme", GROUPED_A16)
+@pytest.mark.parametrize("format", GROUPED_A16)
 @pytest.mark.parametrize("m,n,k,group", [(*s, 128) for s in SHAPES if s[2] % 128 == 0] + [(3, 20, 512, 256)])
-def test_gemv_grouped_matches_dequantized_reference(scheme, m, n, k, group):
-    bits = schemes.get(scheme).bits
+def test_gemv_grouped_matches_dequantized_reference(format, m, n, k, group):
+    bits = formats.get(format).bits
     torch.manual_seed(m * 3 + n)
     x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
     q, scale, zero = qparams.int_groups(w, group, bits)
     offset = (zero - (1 << (bits - 1)) * scale).contiguous()
     packed = pack_lanes(q, bits)
-    y = torch.ops.quantspec.gemv_grouped(x, packed, scale.contiguous(), offset, group, format_number(scheme))
+    y = torch.ops.quantspec.gemv_grouped(x, packed, scale.contiguous(), offset, group, format_number(format))
     ref = x.double() @ qparams.groups_dequant(q, scale, zero, group, bits).double().t()
     assert _rel_err(y, ref) < 1e-2  # dequantized weights are rounded to bf16 in registers
     # the prefill's unpacking: q * scale + offset in one fused multiply-add (exact in float64 here, then
     # rounded to fp32 as the FMA rounds), rounded to bf16
-    dense = torch.ops.quantspec.dequant_grouped(packed, scale.contiguous(), offset, group, format_number(scheme))
+    dense = torch.ops.quantspec.dequant_grouped(packed, scale.contiguous(), offset, group, format_number(format))
     exact = (q.double().reshape(n, -1, group) * scale[..., None].double() + offset[..., None].double()).reshape(n, k)
     assert torch.equal(dense, exact.float().bfloat16())
     for i in range(m):  # row independence: a row alone gives its row among m, bit for bit
         alone = torch.ops.quantspec.gemv_grouped(
-            x[i : i + 1], packed, scale.contiguous(), offset, group, format_number(scheme)
+            x[i : i + 1], packed, scale.contiguous(), offset, group, format_number(format)
         )
         assert torch.equal(alone[0], y[i])
 
@@ -304,11 +304,11 @@ def test_a_grouped_gemv_module_reads_its_stored_lanes_in_place():
     torch.manual_seed(9)
     w, x = torch.randn(96, 256), torch.randn(1, 256).bfloat16()
     for name, bits in (("w4a16", 4), ("w5a16", 5), ("w6a16", 6), ("w2a16", 2)):
-        scheme = schemes.get(name)
-        tensors = scheme.tensors(w, None, 128)
+        fmt = formats.get(name)
+        tensors = fmt.tensors(w, None, 128)
         module = build(name, tensors, 128, torch.bfloat16, True)
         assert module.wg.data_ptr() == tensors[f"lanes{bits}"].data_ptr(), name
-        ref = x.double() @ scheme.dequantized(tensors, 128).double().t()
+        ref = x.double() @ fmt.dequantized(tensors, 128).double().t()
         assert _rel_err(module(x), ref) < 1e-2, name
 
 
@@ -387,7 +387,7 @@ def test_with_kernels_the_lean_path_verifies_exactly_like_steps(dtype, arch):
     ids = tok("def f(x):", return_tensors="pt").input_ids
     tokens = [70, 71, 72, 73, 74]
     with torch.inference_mode():
-        stepper, verifier = Decoder(model, "quantspec"), Decoder(model, "quantspec")
+        stepper, verifier = Decoder(model, "cpp"), Decoder(model, "cpp")
         stepper.prefill(ids)
         verifier.prefill(ids)
         steps = torch.stack([stepper.step(t) for t in tokens])

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from src.quant import aten_ops, qparams
+from src.quant.formats import build
 from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, int4_tensors, int8_tensors
-from src.quant.schemes import build
 
 
 @pytest.fixture

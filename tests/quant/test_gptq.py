@@ -1,4 +1,4 @@
-"""GPTQ's rounding (src/quant/gptq.py): on each scheme's own grid, round to nearest where the inputs are
+"""GPTQ's rounding (src/quant/gptq.py): on each format's own grid, round to nearest where the inputs are
 uncorrelated, a smaller output error than round to nearest where they are not, and in the pipeline for the
 linears precision.gptq names."""
 
@@ -47,7 +47,7 @@ def test_with_correlated_inputs_gptq_lowers_the_layers_output_error(bits, group)
     x = torch.randn(2048, 256, generator=g) @ mix  # features that move together, as a model's do
     q, scale, zero = gptq.round_weights(w, gptq.gram(x), bits, group)
     top = 127 if group is None else (1 << bits) - 1
-    assert int(q.min()) >= (-127 if group is None else 0) and int(q.max()) <= top  # on the scheme's grid
+    assert int(q.min()) >= (-127 if group is None else 0) and int(q.max()) <= top  # on the format's grid
     err = ((x @ (_dequant(q, scale, zero, bits, group) - w).T) ** 2).mean()
     rtn_err = ((x @ (_dequant(*_rtn(w, bits, group), bits, group) - w).T) ** 2).mean()
     assert err < 0.8 * rtn_err, (float(err), float(rtn_err))
@@ -65,19 +65,19 @@ def test_a_feature_the_calibration_never_saw_is_zeroed_and_the_rest_still_round(
 
 def test_precision_gptq_rounds_the_head_and_the_named_linears_and_refuses_a_name_that_matches_none():
     model, tok = tiny_model("llama")
-    plain = quant_spec("rtn", "w4a16", group_size=128, head_scheme="w8a16", int8_linears=("self_attn.v_proj",))
+    plain = quant_spec("rtn", "w4a16", group_size=128, head_format="w8a16", wide_linears=("self_attn.v_proj",))
     spec = quant_spec(
         "rtn",
         "w4a16",
         group_size=128,
-        head_scheme="w8a16",
-        int8_linears=("self_attn.v_proj",),
+        head_format="w8a16",
+        wide_linears=("self_attn.v_proj",),
         gptq=("lm_head", "v_proj"),
     )
     assert spec.calibrates and not plain.calibrates  # GPTQ reads calibration inputs where RTN alone reads none
     ref = quantize(tiny_model("llama")[0], "llama", plain, None)
     weights = quantize(model, "llama", spec, calib(tok))
-    assert weights.schemes == ref.schemes  # the same formats, other values
+    assert weights.format_of == ref.format_of  # the same formats, other values
     for name in ("lm_head", "model.layers.0.self_attn.v_proj"):
         assert not torch.equal(weights.layers[name]["w_q"], ref.layers[name]["w_q"]), name
     for name in ("model.layers.0.mlp.up_proj", "model.layers.1.self_attn.q_proj"):  # not named: to nearest

@@ -9,9 +9,9 @@ from src.models.tiny import tiny_model
 from src.quant import awq, qparams, scaling, smoothquant, stream
 from src.quant.apply import quantize_model
 from src.quant.arch import awq_groups, decoder_layers, decoder_linears, layer_prefix, layer_smooth_groups
+from src.quant.formats import build
 from src.quant.linear import W4A16Linear, W8A8Linear, W8A16Linear, int4_tensors, int8_tensors
 from src.quant.pipeline import install, quantize
-from src.quant.schemes import build
 from tests.support.quant import calib, quant_spec
 
 ARCHS = families.NAMES  # every family src.models.families describes: a new one is tested here by its file alone
@@ -286,17 +286,17 @@ def test_every_decoder_linear_is_quantized():
 
 
 def test_mixed_kernels_follow_the_spec():
-    spec = quant_spec("rtn", "w4a16", group_size=128, head_scheme="w8a16", int8_linears=("mlp.down_proj",))
-    assert spec.scheme_for("lm_head") == "w8a16"
-    assert spec.scheme_for("model.layers.0.mlp.down_proj") == "w8a16"
-    assert spec.scheme_for("model.layers.0.mlp.up_proj") == "w4a16"
+    spec = quant_spec("rtn", "w4a16", group_size=128, head_format="w8a16", wide_linears=("mlp.down_proj",))
+    assert spec.format_for("lm_head") == "w8a16"
+    assert spec.format_for("model.layers.0.mlp.down_proj") == "w8a16"
+    assert spec.format_for("model.layers.0.mlp.up_proj") == "w4a16"
     model, tok = tiny_model("llama")
     install(model.to(torch.bfloat16), quantize(model.float(), "llama", spec, None), torch.bfloat16)
     assert isinstance(model.model.layers[1].mlp.down_proj, W8A16Linear)
     assert isinstance(model.model.layers[1].mlp.gate_proj, W4A16Linear)
     assert isinstance(model.lm_head, W8A16Linear)
-    spec8 = quant_spec("rtn", "w4a8", group_size=128, head_scheme="w8a8", int8_linears=("mlp.down_proj",))
-    assert [spec8.scheme_for(n) for n in ("lm_head", "model.layers.0.mlp.down_proj", "model.layers.0.mlp.up_proj")] == [
+    spec8 = quant_spec("rtn", "w4a8", group_size=128, head_format="w8a8", wide_linears=("mlp.down_proj",))
+    assert [spec8.format_for(n) for n in ("lm_head", "model.layers.0.mlp.down_proj", "model.layers.0.mlp.up_proj")] == [
         "w8a8",
         "w8a16",
         "w4a8",
@@ -308,7 +308,7 @@ def test_mixed_kernels_follow_the_spec():
     [
         ("precision.method=gptq", "precision.method='gptq' is not one of: none, smoothquant, awq, rtn"),
         ("precision.group_size=100", "precision.group_size=100 is not one the grouped kernels run"),
-        ("precision.scheme=w3a16", "precision.scheme='w3a16' is not one of"),
+        ("precision.format=w3a16", "precision.format='w3a16' is not one of"),
         ("precision.method=smoothquant", "precision.method=smoothquant is for 8-bit kernels; use awq or rtn for w4a16"),
     ],
 )

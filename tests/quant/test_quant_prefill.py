@@ -7,8 +7,8 @@ import torch
 
 from src.kernels.modules import FLOAT_GEMMS
 from src.quant import prefill
+from src.quant.formats import build
 from src.quant.linear import install_prefill, int8_tensors
-from src.quant.schemes import build
 
 
 def test_both_paths_give_the_exact_int8_product():

@@ -13,7 +13,7 @@ from src.quant import shards
 from src.quant.apply import quantize_model
 from tests.support.quant import quant_spec
 
-SPEC = quant_spec("awq", "w4a16", group_size=128, awq_grid=4, awq_search_tokens=128, head_scheme="w5a16", gptq=("*",))
+SPEC = quant_spec("awq", "w4a16", group_size=128, awq_grid=4, awq_search_tokens=128, head_format="w5a16", gptq=("*",))
 CORPUS = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n" * 40
 
 

@@ -9,7 +9,7 @@ import torch
 
 from src.models import families
 from src.models.tiny import tiny_model
-from src.quant import schemes, stream
+from src.quant import formats, stream
 from src.quant.arch import decoder_layers
 from src.quant.gptq import gram
 from src.quant.pipeline import install, quantize, quantized_linears
@@ -62,7 +62,7 @@ def float_grams(model, names, batches):
 
 
 def test_layer_zeros_gptq_inputs_are_the_float_models_and_later_layers_meet_the_rounded_ones():
-    spec = quant_spec("rtn", "w4a16", group_size=128, head_scheme="w8a16", gptq=("self_attn.v_proj",))
+    spec = quant_spec("rtn", "w4a16", group_size=128, head_format="w8a16", gptq=("self_attn.v_proj",))
     model, tok = tiny_model("llama")
     batches = calib(tok)
     float_model = tiny_model("llama")[0]
@@ -70,9 +70,9 @@ def test_layer_zeros_gptq_inputs_are_the_float_models_and_later_layers_meet_the_
     names = [f"model.layers.{i}.self_attn.v_proj" for i in (0, 1)]
     grams = float_grams(float_model, names, batches)
     weights = quantize(model, "llama", spec, batches)
-    scheme = schemes.get("w4a16")
+    fmt = formats.get("w4a16")
     for name, same in zip(names, (True, False), strict=True):
-        on_float = scheme.tensors(linears[name].weight, None, 128, None, grams[name])
+        on_float = fmt.tensors(linears[name].weight, None, 128, None, grams[name])
         assert all(torch.equal(weights.layers[name][k], v) for k, v in on_float.items()) == same, name
     # the rounded model runs
     model = install(model.to(torch.bfloat16), weights, torch.bfloat16)
@@ -85,11 +85,11 @@ def test_layer_zeros_gptq_inputs_are_the_float_models_and_later_layers_meet_the_
 def test_gptq_star_rounds_every_linear_the_precision_quantizes(arch):
     model, tok = tiny_model(arch)
     batches = calib(tok)
-    plain = quant_spec("rtn", "w4a16", group_size=128, head_scheme="w5a16")
-    star = quant_spec("rtn", "w4a16", group_size=128, head_scheme="w5a16", gptq=("*",))
+    plain = quant_spec("rtn", "w4a16", group_size=128, head_format="w5a16")
+    star = quant_spec("rtn", "w4a16", group_size=128, head_format="w5a16", gptq=("*",))
     ref = quantize(tiny_model(arch)[0], arch, plain, None)
     weights = quantize(model, arch, star, batches)
-    assert weights.schemes == ref.schemes
+    assert weights.format_of == ref.format_of
     differ = [
         name for name, t in weights.layers.items() if not all(torch.equal(v, ref.layers[name][k]) for k, v in t.items())
     ]
@@ -108,7 +108,7 @@ def test_a_bf16_linear_on_the_fp32_path_is_its_bf16_gemm_up_to_the_order_of_sums
 
 
 def test_calibration_forwards_multiply_bf16_on_the_path_the_host_chose(monkeypatch):
-    spec = quant_spec("awq", "w4a16", group_size=128, head_scheme="w5a16", gptq=("*",))
+    spec = quant_spec("awq", "w4a16", group_size=128, head_format="w5a16", gptq=("*",))
     tok = tiny_model("llama")[1]
     batches = calib(tok)
     paths = []

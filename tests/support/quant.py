@@ -16,7 +16,7 @@ def calib(tok, n: int = 4, length: int = 64):
     return calibrate.calibration_ids(tok, text, n, length)
 
 
-def quant_spec(method: str, scheme: str, **fields):
+def quant_spec(method: str, format: str, **fields):
     """The spec of `method` (src.quant.methods.METHODS) with conf/precision/_fields.yaml's defaults (the one
     place they live) under `fields`."""
     import dataclasses
@@ -27,7 +27,7 @@ def quant_spec(method: str, scheme: str, **fields):
     defaults = OmegaConf.to_container(OmegaConf.load(CONF / "precision" / "_fields.yaml"))
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: v for k, v in defaults.items() if k in names}
-    values.update(method=method, scheme=scheme, **fields)
-    values["int8_linears"] = tuple(values["int8_linears"])
+    values.update(method=method, format=format, **fields)
+    values["wide_linears"] = tuple(values["wide_linears"])
     values["gptq"] = tuple(values["gptq"])
     return cls(**values)

@@ -5,7 +5,7 @@ import torch
 
 from src.data.config import DatasetConfig
 from src.data.corpus import SEED_PROMPTS, code_prompts, load_text
-from src.engine import GENERATE, Sampling, engine_for, fastpath
+from src.engine import GENERATE, Sampling, engine_for, python_step
 from src.engine.generation import Request, probabilities
 from src.engine.native import Decoder
 from src.models import families
@@ -127,7 +127,7 @@ def test_decode_uses_seed_prompts_or_code_prompts(llama):
     assert code_prompts()[0].startswith("from typing import List")
 
 
-@pytest.mark.parametrize("path", ["transformers", "python", "quantspec"])
+@pytest.mark.parametrize("path", ["transformers", "python", "cpp"])
 @pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_native_engine_matches_generate_token_for_token(arch, exact, path):
@@ -191,25 +191,25 @@ def test_native_sampling_is_seeded_and_top_p_filters():
 def test_lean_step_path_covers_gemma3_within_its_window_only_and_the_seeds_families(monkeypatch):
     model, tok = tiny_model("gemma3")
     calls = []
-    original = fastpath.Steps.__call__
+    original = python_step.Steps.__call__
     monkeypatch.setattr(
-        fastpath.Steps,
+        python_step.Steps,
         "__call__",
         lambda self, ids, *rest: calls.append(ids.shape[1]) or original(self, ids, *rest),
     )
     ids = tok("y" * 12, return_tensors="pt").input_ids  # 13 tokens with BOS; the window is 32
-    engine_for("native", "quantspec")(model, Request(ids, 24, True, Sampling(), tok.pad_token_id))
+    engine_for("native", "cpp")(model, Request(ids, 24, True, Sampling(), tok.pad_token_id))
     assert calls and sum(calls) == model.config.sliding_window  # then transformers' forward took over
     # the seeds' families have lean loops too, with no window to leave (their equality with generate
     # is test_native_engine_matches_generate_token_for_token's)
-    assert [fastpath.for_model(tiny_model(a)[0]).family.name for a in ("llama", "qwen2", "opt")] == [
+    assert [python_step.for_model(tiny_model(a)[0]).family.name for a in ("llama", "qwen2", "opt")] == [
         "llama",
         "qwen2",
         "opt",
     ]
     post_norm = tiny_model("opt")[0]
     post_norm.config.do_layer_norm_before = False  # OPT-350m's layout: not covered, transformers' forward runs
-    assert fastpath.for_model(post_norm) is None
+    assert python_step.for_model(post_norm) is None
 
 
 def test_a_decode_runs_the_user_s_prompts_from_a_jsonl_file_and_a_bad_line_is_one_line(tmp_path, store):

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from src.models.families import HEAD
-from src.quant import schemes
+from src.quant import formats
 
 
 @dataclass(frozen=True)
-class Format:
-    """One weight format as a precision field names it (`field`=`name`, for a refusal's line)."""
+class Linears:
+    """The weight format a precision field gives some linears, as it names it (`field`=`name`, for a refusal's line)."""
 
     field: str
     name: str
@@ -28,17 +28,17 @@ class Format:
 class Recipe:
     dtype: str  # the float parts' (float32, bfloat16, float16)
     method: str  # none, smoothquant, awq, rtn
-    layers: Format | None  # the decoder linears' format; None: a float precision
-    head: Format | None  # the output head's; None: the head stays float
-    wide: tuple[str, ...]  # decoder linears (name suffixes) kept in...
-    wide_format: Format | None  # ...this format, where any are
+    layers: Linears | None  # the decoder linears' format; None: a float precision
+    head: Linears | None  # the output head's; None: the head stays float
+    wide_linears: tuple[str, ...]  # decoder linears (name suffixes) kept in...
+    wide_format: Linears | None  # ...this format, where any are
     gptq: tuple[str, ...]  # linears GPTQ rounds (lm_head: the head; *: all)
     alpha: float | None  # SmoothQuant's migration strength
 
 
-def _format(field: str, name: str, group: int | None) -> Format:
-    scheme = schemes.get(name)
-    return Format(field, name, scheme.bits, scheme.act_bits, group if scheme.grouped else None)
+def _format(field: str, name: str, group: int | None) -> Linears:
+    fmt = formats.get(name)
+    return Linears(field, name, fmt.bits, fmt.act_bits, group if fmt.grouped else None)
 
 
 def of(cfg) -> Recipe:
@@ -47,15 +47,22 @@ def of(cfg) -> Recipe:
     if not precision.quantized:
         return Recipe(precision.dtype, "none", None, None, (), None, (), None)
     spec = precision.spec(cfg.model)
-    layers = _format("precision.scheme", spec.scheme, spec.group_size)
+    layers = _format("precision.format", spec.format, spec.group_size)
     head = None
     if spec.quantize_head:
-        field = "precision.head_scheme" if spec.head_scheme else "precision.scheme"
-        head = _format(field, spec.scheme_for(HEAD), spec.group_size)
-    wide = tuple(spec.int8_linears) if layers.group is not None else ()
-    wide_format = _format("precision.int8_linears_scheme", spec.int8_linears_scheme, spec.group_size) if wide else None
+        field = "precision.head_format" if spec.head_format else "precision.format"
+        head = _format(field, spec.format_for(HEAD), spec.group_size)
+    wide_linears = tuple(spec.wide_linears) if layers.group is not None else ()
+    wide_format = _format("precision.wide_format", spec.wide_format, spec.group_size) if wide_linears else None
     return Recipe(
-        precision.dtype, spec.method, layers, head, wide, wide_format, tuple(spec.gptq), getattr(spec, "alpha", None)
+        precision.dtype,
+        spec.method,
+        layers,
+        head,
+        wide_linears,
+        wide_format,
+        tuple(spec.gptq),
+        getattr(spec, "alpha", None),
     )
 
 
@@ -75,7 +82,7 @@ def refuse_gptq_and_bits(r: Recipe, engine: str, rounding: str, bits: tuple[int,
             raise Inexpressible(f"engine {engine} has no {f.bits}-bit weights: {f.field}={f.name}")
 
 
-def describe(f: Format) -> str:
+def describe(f: Linears) -> str:
     """A format in words: "4-bit weights in groups of 128, 16-bit activations"."""
     where = f"in groups of {f.group}" if f.group else "per output channel"
     return f"{f.bits}-bit weights {where}, {f.act_bits}-bit activations"

@@ -17,7 +17,7 @@
 #define QS_ABI 4
 
 // Every weight format the kernels know, in one list: its kind (the Stepper's, step.cpp), its name (the one
-// src.quant.schemes gives it) and its weight bits. A format's number is its place here; Python reads the list
+// src.quant.formats gives it) and its weight bits. A format's number is its place here; Python reads the list
 // through the binding (torch.ops.quantspec.formats), so the two never disagree. A new format goes at the end.
 #define QS_FORMATS(X)   \
   X(FLOAT, "float", 0)  \

@@ -77,36 +77,36 @@ struct Inputs {
 };
 
 // A grouped format's number by its name (api.h's QS_FORMATS), or -1.
-int grouped_format(const std::string& kind) {
+int grouped_format(const std::string& format) {
   int f = 0;
-#define QS_FORMAT_FIND(k, name, bits) if (kind == name) return f; ++f;
+#define QS_FORMAT_FIND(k, name, bits) if (format == name) return f; ++f;
   QS_FORMATS(QS_FORMAT_FIND)
 #undef QS_FORMAT_FIND
   return -1;
 }
 
 // y [m, N] from one variant for the first m rows of x.
-std::vector<float> gemv(const qs_kernels* t, const Inputs& in, const std::string& kind, int64_t m, int64_t row0 = 0) {
+std::vector<float> gemv(const qs_kernels* t, const Inputs& in, const std::string& format, int64_t m, int64_t row0 = 0) {
   std::vector<float> y(m * N);
   const float* x = in.x.data() + row0 * K;
-  if (kind == "f32") t->gemv_f32(x, in.wf.data(), m, K, N, 0, N, y.data());
-  if (kind == "bf16") t->gemv_bf16(in.xb.data() + row0 * K, in.wb.data(), m, K, N, 0, N, y.data());
-  if (kind == "w8a8") {
+  if (format == "f32") t->gemv_f32(x, in.wf.data(), m, K, N, 0, N, y.data());
+  if (format == "bf16") t->gemv_bf16(in.xb.data() + row0 * K, in.wb.data(), m, K, N, 0, N, y.data());
+  if (format == "w8a8") {
     std::vector<uint8_t> q(m * K * t->x8_bytes);
     std::vector<float> xs(m);
     t->quantize_x8(x, m, K, q.data(), xs.data());
     t->gemv_w8a8(q.data(), xs.data(), in.w8.data(), in.ws.data(), in.wsum.data(), m, K, N, 0, N, y.data());
   }
-  const int f = kind == "w4a8" ? -1 : grouped_format(kind);
+  const int f = format == "w4a8" ? -1 : grouped_format(format);
   const bool grouped = f > QS_W8A16;
-  if (kind == "w8a16" || grouped) {
+  if (format == "w8a16" || grouped) {
     std::vector<int16_t> q(m * K);
     std::vector<float> xs(m), sums(m * K / G);
     t->quantize_x16(x, m, K, grouped ? G : 0, q.data(), xs.data(), grouped ? sums.data() : nullptr);
     if (grouped) t->gemv_grouped[f](q.data(), xs.data(), sums.data(), in.w4.data(), in.scale.data(), in.offset.data(), G, m, K, N, 0, N, y.data());
     else t->gemv_w8a16(q.data(), xs.data(), in.w8.data(), in.ws.data(), m, K, N, 0, N, y.data());
   }
-  if (kind == "w4a8") {
+  if (format == "w4a8") {
     std::vector<int8_t> q(m * K);
     std::vector<float> xs(m), sums(m * K / G);
     t->quantize_x8_w4(x, m, K, G, q.data(), xs.data(), sums.data());

@@ -2,7 +2,7 @@
 here by its name. Everything that must know a family reads its Family: the model's config
 check (model.arch), the hub's and a GGUF's family (src.models.hub), the quantizers' layout (src.quant.arch), the
 memory estimate, the tiny models, and the three step paths (src.engine.layers' one layer loop, which the Python step
-and the static step both run, and the C++ step's setup, src.engine.cstep). Adding a family is adding its file here
+and the static step both run, and the C++ step's setup, src.engine.cpp_step). Adding a family is adding its file here
 (docs/how-to/add-model.md): nothing else names one.
 """
 

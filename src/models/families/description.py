@@ -57,7 +57,7 @@ class Family:
     layer_types: Callable = _types  # per layer: full_attention or sliding_attention (window: cfg.sliding_window)
     softcap: Callable = lambda cfg: None  # the head's logit soft-cap
     serves: Callable = lambda cfg: True  # a config of this model_type whose every part this description covers
-    cstep: bool = True  # the C++ step (src/kernels/step.cpp) runs it
+    cpp_step: bool = True  # the C++ step (src/kernels/step.cpp) runs it
     # (the tiny models' common config fields) -> (a tiny config, its model class): src.models.tiny
     tiny: Callable | None = field(default=None, repr=False)
 

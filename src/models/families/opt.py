@@ -32,6 +32,6 @@ FAMILY = Family(
     q_scaled=True,
     scaling=lambda cfg: 1.0,  # q is scaled before attention
     serves=lambda cfg: cfg.do_layer_norm_before,
-    cstep=False,
+    cpp_step=False,
     tiny=_tiny,
 )

@@ -33,7 +33,7 @@ TIMED = ("time_per_token_ms_median",)
 
 
 def fields(config: JobRounds) -> tuple[str, ...]:
-    """The fields its sweep varied, as its name gives them (`head_scheme=w8a16`: src.tracking.sweep.naming)."""
+    """The fields its sweep varied, as its name gives them (`head_format=w8a16`: src.tracking.sweep.naming)."""
     return tuple(part for part in config.name.split(" round ")[0].split("·") if "=" in part)
 
 

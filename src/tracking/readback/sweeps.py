@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from mlflow.tracking import MlflowClient
 
+from src.common import renames
 from src.tracking.store.names import ROLE, SWEEP_KEY, key_of, latest_attempts
 
 
@@ -19,6 +20,15 @@ class JobRecord:
 
     def choice(self, group: str) -> str:
         return self.tags.get(group, "?")
+
+    @classmethod
+    def of(cls, run) -> JobRecord:
+        """An MLflow run as a record, its params under today's names (a run recorded before a rename reads as
+        one recorded after it: src.common.renames)."""
+        data = run.data
+        return cls(
+            run.info.run_id, run.info.run_name, dict(data.tags), dict(data.metrics), renames.current(data.params)
+        )
 
 
 def find_sweep(client: MlflowClient, experiment: str, sweep_id: str | None = None):
@@ -44,7 +54,4 @@ def sweep_jobs(uri: str, experiment: str = "quantspec", sweep_id: str | None = N
             [experiment_id], max_results=5000, filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
         )
     )
-    return parent.info.run_id, [
-        JobRecord(r.info.run_id, r.info.run_name, dict(r.data.tags), dict(r.data.metrics), dict(r.data.params))
-        for r in runs
-    ]
+    return parent.info.run_id, [JobRecord.of(r) for r in runs]

@@ -33,7 +33,7 @@ CATALOG: list[Name] = [
         "every job",
         (
             "<group>.<key>",
-            "the composed config as dot keys (model.name, precision.scheme, task.limit, ...); "
+            "the composed config as dot keys (model.name, precision.format, task.limit, ...); "
             "nested ones (draft.precision.alpha) likewise",
         ),
         (

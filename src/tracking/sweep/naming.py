@@ -1,8 +1,8 @@
 """A job's name: what makes it differ from the sweep's other jobs, short and stable.
 
 A run is named by its choices (model·hardware·precision·draft·task, then the engine where it is not
-quantspec's own), plus each *field* its sweep varies (`precision.head_scheme=w8a16,w4a16`, a search's
-`precision.alpha`), as `head_scheme=w8a16`: without them, two jobs of one sweep would carry one name in the
+quantspec's own), plus each *field* its sweep varies (`precision.head_format=w8a16,w4a16`, a search's
+`precision.alpha`), as `head_format=w8a16`: without them, two jobs of one sweep would carry one name in the
 view, the report, regress and the search. A field every job of the sweep shares stays out of the name.
 
 Only the sweeper sees the whole sweep, so it tells each job which fields vary, through a Hydra setting

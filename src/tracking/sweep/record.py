@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from src.assembly import job as jobs
 from src.assembly.config import ConfigError, job_config_from_dict, reads_dataset
-from src.common import latency, peakmemory, signals, sysmetrics
+from src.common import latency, peakmemory, renames, signals, sysmetrics
 from src.common.axes import AXES
 from src.common.environment import host_state
 from src.common.jsonable import jsonable
@@ -292,9 +292,12 @@ def _changed(old: dict[str, str], new: dict[str, str]) -> str:
         return ""
     if CONFIG_HASH not in old:
         return "its run predates config hashes"
+    now = renames.current(old)  # a run recorded before a rename: its config under today's names
     # the composed config's own keys only: a run also holds what its job logged (executed.*, ...)
-    moved = sorted(k for k in new if k != CONFIG_HASH and not k.startswith(NOT_HASHED) and old.get(k) != new[k])
-    shown = ", ".join(f"{k}: {old.get(k, '-')} -> {new.get(k, '-')}" for k in moved[:3])
+    moved = sorted(k for k in new if k != CONFIG_HASH and not k.startswith(NOT_HASHED) and now.get(k) != new[k])
+    if not moved and now != old:
+        return ""  # the same config, recorded under the names it had then
+    shown = ", ".join(f"{k}: {now.get(k, '-')} -> {new.get(k, '-')}" for k in moved[:3])
     return shown + (f" and {len(moved) - 3} more" if len(moved) > 3 else "") if moved else "its config hash differs"
 
 

@@ -54,7 +54,7 @@ def test_a_sweep_on_openvino_times_each_precision_and_skips_what_it_cannot_run(t
             "model=tiny-llama",
             "engine=openvino",
             "precision=w4a16_int8,w8a8,bf16",  # fp32's export: the perplexity test's below
-            "precision.int8_linears=[]",  # NNCF keeps no named linears wider
+            "precision.wide_linears=[]",  # NNCF keeps no named linears wider
             "precision.group_size=64",  # the precision's groups, not NNCF's default
             "task=benchmark",
             "task.prompt_lengths=[4,8]",

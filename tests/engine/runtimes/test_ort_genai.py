@@ -62,7 +62,7 @@ def test_a_sweep_across_engines_times_each_and_skips_what_a_runtime_cannot_run(t
             "model=tiny-llama",
             "engine=native,ort_genai",
             "precision=fp32,rtn,bf16",
-            "precision.int8_linears=[]",  # the builder keeps no named linears wider: rtn's 4-bit body, its int8 head
+            "precision.wide_linears=[]",  # the builder keeps no named linears wider: rtn's 4-bit body, its int8 head
             "task=benchmark",
             "task.prompt_lengths=[4,8]",
             "task.max_new_tokens=4",

@@ -15,17 +15,17 @@ CHOICES = {"model": "m", "hardware": "cpu", "precision": "w4a16", "draft": "none
 
 def test_a_field_the_sweep_varies_is_named_and_one_every_job_shares_is_not():
     jobs = [
-        ["precision=w4a16", "precision.head_scheme=w8a16", "task.limit=2"],
-        ["precision=w4a16", "precision.head_scheme=w4a16", "task.limit=2"],
+        ["precision=w4a16", "precision.head_format=w8a16", "task.limit=2"],
+        ["precision=w4a16", "precision.head_format=w4a16", "task.limit=2"],
     ]
-    assert varying(jobs) == ["precision.head_scheme"]
+    assert varying(jobs) == ["precision.head_format"]
     assert varying([["a.b=1"], []]) == ["a.b"]  # set in one job, left at its default in the other
     assert field_of("precision@draft.precision=bf16") is None and field_of("+x.y=1") is None
     assert field_of("hydra.job.chdir=true") is None and field_of("precision=w8a8") is None
     said = told(jobs[0], varying(jobs))
-    assert said[:3] == jobs[0] and said[3] == "++hydra.job.env_set.QUANTSPEC_VARIES='precision.head_scheme'"
+    assert said[:3] == jobs[0] and said[3] == "++hydra.job.env_set.QUANTSPEC_VARIES='precision.head_format'"
     assert told(jobs[0], []) == jobs[0]
-    assert job_name(CHOICES, jobs[0], "precision.head_scheme") == "m·cpu·w4a16·none·decode·head_scheme=w8a16"
+    assert job_name(CHOICES, jobs[0], "precision.head_format") == "m·cpu·w4a16·none·decode·head_format=w8a16"
     assert job_name(CHOICES, jobs[0], "") == "m·cpu·w4a16·none·decode"
     # two varying keys with one last segment are named in full
     both = ["task.limit=1", "draft.limit=3"]
@@ -39,7 +39,7 @@ def _sweep(tmp_path, store: str, name: str):
             "-m",
             "model=tiny-llama",
             "precision=w4a16",
-            "precision.head_scheme=w8a16,w4a16",
+            "precision.head_format=w8a16,w4a16",
             "task.limit=1",
             "task.max_new_tokens=2",
             f"tracking.uri={store}",
@@ -53,7 +53,7 @@ def _sweep(tmp_path, store: str, name: str):
 
 def test_two_jobs_that_differ_in_a_field_have_two_names_everywhere(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    names = {f"tiny-llama·cpu·w4a16·none·decode·head_scheme={s}" for s in ("w8a16", "w4a16")}
+    names = {f"tiny-llama·cpu·w4a16·none·decode·head_format={s}" for s in ("w8a16", "w4a16")}
     _sweep(tmp_path, store, "a")
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("quantspec")
@@ -61,7 +61,7 @@ def test_two_jobs_that_differ_in_a_field_have_two_names_everywhere(tmp_path):
     assert {j.info.run_name for j in jobs} == names
     # the view: each job's description (its Description column) says its field; the report: each its row
     described = [client.get_run(j.info.run_id).data.tags.get("mlflow.note.content", "") for j in jobs]
-    assert sorted(d.split(" · ")[-3] for d in described) == ["w4a16 head_scheme=w4a16", "w4a16 head_scheme=w8a16"]
+    assert sorted(d.split(" · ")[-3] for d in described) == ["w4a16 head_format=w4a16", "w4a16 head_format=w8a16"]
     (parent,) = client.search_runs([exp.experiment_id], "tags.`quantspec.role` = 'sweep'")
     text = Path(client.download_artifacts(parent.info.run_id, "report/report.md", str(tmp_path))).read_text()
     assert all(n in text for n in names), text[:2000]

@@ -83,10 +83,10 @@ def target(r: Recipe) -> dict:
         raise Inexpressible(
             f"engine openvino has no int8 activations beside 4-bit weights: {r.layers.field}={r.layers.name}"
         )
-    if r.wide:
+    if r.wide_linears:
         raise Inexpressible(
             f"engine openvino's int4 export keeps no named linears wider (NNCF picks its own by ratio): "
-            f"precision.int8_linears={list(r.wide)}; set precision.int8_linears=[]"
+            f"precision.wide_linears={list(r.wide_linears)}; set precision.wide_linears=[]"
         )
     if r.head is None:
         raise Inexpressible("engine openvino's int4 export quantizes the head: precision.quantize_head=false")

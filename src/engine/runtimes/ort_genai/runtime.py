@@ -68,10 +68,10 @@ def target(r: Recipe) -> dict:
             f"{r.method}; use precision.method=rtn"
         )
     recipe.refuse_gptq_and_bits(r, "ort_genai", "model builder rounds to nearest")
-    if r.wide:
+    if r.wide_linears:
         raise Inexpressible(
             f"engine ort_genai's model builder keeps no named linears wider (its mixed precision picks its own): "
-            f"precision.int8_linears={list(r.wide)}; set precision.int8_linears=[]"
+            f"precision.wide_linears={list(r.wide_linears)}; set precision.wide_linears=[]"
         )
     layers = r.layers
     if layers.bits == 8 and layers.act_bits == 8:

@@ -111,7 +111,7 @@ def load(client: MlflowClient, experiment: str, ref: str | None) -> Sweep:
     jobs: dict[str, JobRuns] = {}
     host: dict[str, str] = {}
     for r in runs:
-        record = JobRecord(r.info.run_id, r.info.run_name, dict(r.data.tags), dict(r.data.metrics), dict(r.data.params))
+        record = JobRecord.of(r)
         key = identity(record.params)
         name = r.info.run_name.removesuffix(f" round {round_of(record)}")
         jobs.setdefault(key, JobRuns(name)).runs.append(record)

@@ -1,6 +1,6 @@
 """The decode step as one C++ call (src/kernels/step.cpp), for models on quantspec's kernels.
 
-src.engine.fastpath took transformers' forward out of a step; what it left was still ~1000 operator
+src.engine.python_step took transformers' forward out of a step; what it left was still ~1000 operator
 calls a step from Python (~2.5 ms of the fixed cost per token on Gemma 3 270M, measured by
 scripts/bench_step.py: as much as streaming its 4-bit layers). Here the same loop runs in C++: the
 model's weights (the embedding, the fused q/k/v and gate/up kernels of src.engine.fused, the norms, the
@@ -8,17 +8,17 @@ head) are handed to a `torch.classes.quantspec.Stepper` once per model, and a st
 token ids to logits, or for greedy decoding to the next token (the argmax taken where the head's columns
 are computed). The sequence's keys and values live in a `StepCache` of its own, sliding windows
 included, so the step never leaves C++ for a mask or a window. The logits are the Python step path's,
-bit for bit (tests/engine/test_cstep.py, every family and precision).
+bit for bit (tests/engine/test_cpp_step.py, every family and precision).
 
 It covers the families whose description says step.cpp runs them (src.models.families: every one but OPT) whose
-every linear runs on quantspec's kernels (engine=native with kernels loaded); otherwise the Decoder keeps src.engine.fastpath.
+every linear runs on quantspec's kernels (engine=native with kernels loaded); otherwise the Decoder keeps src.engine.python_step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from src.engine import fastpath, layers
+from src.engine import layers, python_step
 from src.kernels import MAX_ROWS, format_number, modules
 from src.quant.linear import QuantLinear
 
@@ -43,9 +43,9 @@ def _call(module, act: torch.dtype) -> tuple[int, list[torch.Tensor], list[torch
         call = module.step_call(act) if isinstance(module, QuantLinear) else None
     if call is None:  # a cut-down head, ATen's kernels
         raise Unsupported(f"{type(module).__name__} is not on quantspec's kernels")
-    kind, tensors, group, bf16_in = call
+    fmt, tensors, group, bf16_in = call
     bias = [module.bias.detach()] if module.bias is not None else []
-    return kind, tensors, bias, group, bf16_in
+    return fmt, tensors, bias, group, bf16_in
 
 
 def _norm(module, act: torch.dtype, conv: dict) -> torch.Tensor:
@@ -63,12 +63,12 @@ class CompiledSteps:
     tokens (in pieces of MAX_ROWS) and returns logits [keep, V]; `greedy` returns the next token.
     A head the stepper cannot run (a draft's cut-down head, a soft-capped one) runs in Python after it."""
 
-    def __init__(self, model, steps: fastpath.Steps):
+    def __init__(self, model, steps: python_step.Steps):
         if not steps.own_attention:
             raise Unsupported("attention is not quantspec's kernel (head dim, or no kernels)")
         self.model, self.steps = model, steps
         family = steps.family
-        if not family.cstep:
+        if not family.cpp_step:
             raise Unsupported(f"step.cpp does not run the {family.name} family's layers")
         cfg = model.config
         act = steps.embedding.weight.dtype
@@ -93,8 +93,8 @@ class CompiledSteps:
         )
         for i, (weights, rope, window, calls) in enumerate(slots):
             self.stepper.add_layer(weights, rope, int(window))
-            for slot, (kind, tensors, bias, group, bf16_in) in calls:
-                self.stepper.add_call(i, slot, kind, tensors, bias, group, bf16_in)
+            for slot, (fmt, tensors, bias, group, bf16_in) in calls:
+                self.stepper.add_call(i, slot, fmt, tensors, bias, group, bf16_in)
         self.stepper.set_final_norm(final)
         self.stepper.set_embedding(embedding.weight.detach(), [] if scale is None else [scale])
         self.act = act
@@ -201,7 +201,7 @@ def adapt_threads(model, on: bool) -> None:
 def thread_counts(model) -> dict[int, int]:
     """{thread count: calls} the model's C++ step has run so far (step.cpp's Threads chooses the count per
     call, fewer than torch's where the host gives the job less than its cores); empty where it has none."""
-    steps = getattr(model, "__dict__", {}).get("_quantspec_cstep")  # another runtime's job has no torch model
+    steps = getattr(model, "__dict__", {}).get("_quantspec_cpp_step")  # another runtime's job has no torch model
     if not steps:
         return {}
     flat = steps.stepper.thread_counts()
@@ -211,14 +211,14 @@ def thread_counts(model) -> dict[int, int]:
 def for_model(model) -> CompiledSteps | None:
     """The C++ step for this model, or None where the Python step path stays (see the module's
     docstring); built once per model and kept on it."""
-    steps = model.__dict__.get("_quantspec_cstep")
+    steps = model.__dict__.get("_quantspec_cpp_step")
     if steps is None:
-        lean = fastpath.for_model(model)
+        lean = python_step.for_model(model)
         steps = False
         if lean is not None and modules.installed(model):
             try:
                 steps = CompiledSteps(model, lean)
             except Unsupported:
                 steps = False
-        model.__dict__["_quantspec_cstep"] = steps
+        model.__dict__["_quantspec_cpp_step"] = steps
     return steps or None

@@ -1,4 +1,4 @@
-"""The C++ step (src.engine.cstep, src/kernels/step.cpp) against the Python step path it replaces: the same
+"""The C++ step (src.engine.cpp_step, src/kernels/step.cpp) against the Python step path it replaces: the same
 logits bit for bit, per family and precision, through steps, verifications, rollbacks and sliding windows,
 on every kernel variant this host runs (test_kernels.py checks each variant's kernels against the reference).
 """
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from src import kernels
-from src.engine import GENERATE, Sampling, cstep, engine_for, speculative
+from src.engine import GENERATE, Sampling, cpp_step, engine_for, speculative
 from src.engine.generation import Request
 from src.engine.native import Decoder
 from src.engine.subset_head import cut_head, frequent_tokens
@@ -18,7 +18,7 @@ from tests.engine.tiny import PRECISIONS, model_at
 from tests.support.kernels import KERNELS as CACHE
 from tests.support.kernels import use_variant as use
 
-FAMILIES = [f.name for f in families.FAMILIES.values() if f.cstep]  # the families step.cpp runs
+FAMILIES = [f.name for f in families.FAMILIES.values() if f.cpp_step]  # the families step.cpp runs
 
 
 @pytest.fixture(autouse=True, params=[v.name for v in variants.for_arch()])
@@ -55,12 +55,12 @@ def run(decoder: Decoder, prompt: torch.Tensor, moves) -> list[torch.Tensor]:
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_the_cpp_step_gives_the_python_steps_logits_bit_for_bit(arch, precision):
     model, tok = model_at(arch, precision)
-    assert cstep.for_model(model) is not None, "the C++ step should cover this model"
+    assert cpp_step.for_model(model) is not None, "the C++ step should cover this model"
     ids = tok("def f(x):", return_tensors="pt").input_ids
     moves = [("step", 70), ("step", 71), ("verify", [72, 73, 74, 75]), ("rollback", 2), ("step", 76)]
     moves += [("step", 80 + i) for i in range(6)]
     with torch.inference_mode():
-        own = Decoder(model, "quantspec")
+        own = Decoder(model, "cpp")
         assert own.compiled is not None
         ours, theirs = run(own, ids, moves), run(python_path(model), ids, moves)
     for a, b in zip(ours, theirs, strict=True):
@@ -74,7 +74,7 @@ def test_the_steps_logits_do_not_depend_on_how_many_threads_compute_them(precisi
     model, tok = model_at("gemma3", precision)
     ids = tok("def f(x):", return_tensors="pt").input_ids
     moves = [("step", 70), ("verify", [72, 73, 74]), ("rollback", 1), *[("step", 80 + i) for i in range(4)]]
-    stepper = cstep.for_model(model).stepper
+    stepper = cpp_step.for_model(model).stepper
     previous = torch.get_num_threads()
     outs = []
     try:
@@ -82,14 +82,14 @@ def test_the_steps_logits_do_not_depend_on_how_many_threads_compute_them(precisi
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
             with torch.inference_mode():
-                outs.append(run(Decoder(model, "quantspec"), ids, moves))
+                outs.append(run(Decoder(model, "cpp"), ids, moves))
     finally:
         torch.set_num_threads(previous)
         stepper.adapt_threads(True)
     for other in outs[1:]:
         for a, b in zip(outs[0], other, strict=True):
             assert torch.equal(a, b)
-    assert {1, 2, 3} <= set(cstep.thread_counts(model))  # each count ran, and was counted
+    assert {1, 2, 3} <= set(cpp_step.thread_counts(model))  # each count ran, and was counted
 
 
 @pytest.mark.parametrize("precision", ["fp32", "w4a16"])
@@ -101,15 +101,15 @@ def test_the_cpp_step_keeps_greedy_output_past_the_sliding_window_and_after_a_lo
     for prompt in ("y" * 12, "x" * 40):
         ids = tok(prompt, return_tensors="pt").input_ids
         ref = GENERATE["hf"](model, Request(ids, 40, True, Sampling(), tok.pad_token_id))
-        own = engine_for("native", "quantspec")(model, Request(ids, 40, True, Sampling(), tok.pad_token_id))
+        own = engine_for("native", "cpp")(model, Request(ids, 40, True, Sampling(), tok.pad_token_id))
         assert own.new_token_ids == ref.new_token_ids
 
 
 def test_models_it_does_not_cover_keep_the_python_path():
     plain, _ = tiny_model("gemma3")  # no kernels installed: ATen's linears
-    assert cstep.for_model(plain) is None
+    assert cpp_step.for_model(plain) is None
     opt, _ = model_at("opt", "fp32")  # layer norms and learned positions: the Python step path's
-    assert cstep.for_model(opt) is None and Decoder(opt, "quantspec").fast is not None
+    assert cpp_step.for_model(opt) is None and Decoder(opt, "cpp").fast is not None
 
 
 def test_a_draft_and_its_target_on_the_cpp_step_decode_the_targets_greedy_output():
@@ -117,12 +117,12 @@ def test_a_draft_and_its_target_on_the_cpp_step_decode_the_targets_greedy_output
     rollback of the rejected ones go through it, and the output is the target's own greedy output."""
     target, tok = model_at("llama", "bf16")
     draft, _ = model_at("llama", "w4a16")
-    assert cstep.for_model(target) is not None and cstep.for_model(draft) is not None
+    assert cpp_step.for_model(target) is not None and cpp_step.for_model(draft) is not None
     ids = tok("def add(a, b):\n    return a + b\n\ndef add(a, b):", return_tensors="pt").input_ids
-    plain = GENERATE["native"](target, Request(ids, 30, True, Sampling(), tok.pad_token_id), path="quantspec")
-    drafter = speculative.ModelDrafter(draft, path="quantspec")
+    plain = GENERATE["native"](target, Request(ids, 30, True, Sampling(), tok.pad_token_id), path="cpp")
+    drafter = speculative.ModelDrafter(draft, path="cpp")
     assisted = speculative.generate(
-        target, Request(ids, 30, True, Sampling(), tok.pad_token_id), drafter=drafter, k=4, path="quantspec"
+        target, Request(ids, 30, True, Sampling(), tok.pad_token_id), drafter=drafter, k=4, path="cpp"
     )
     assert assisted.new_token_ids == plain.new_token_ids
     assert assisted.spec.proposed > 0 and 0 < assisted.spec.accepted <= assisted.spec.proposed
@@ -130,9 +130,9 @@ def test_a_draft_and_its_target_on_the_cpp_step_decode_the_targets_greedy_output
     # head in Python (draft=self_w8a8_vocab4k had failed on it)
     cut_head(draft, frequent_tokens(tok, "def add(a, b):\n    return a + b\n" * 8, 12))
     cut = speculative.generate(
-        target, Request(ids, 30, True, Sampling(), tok.pad_token_id), drafter=drafter, k=4, path="quantspec"
+        target, Request(ids, 30, True, Sampling(), tok.pad_token_id), drafter=drafter, k=4, path="cpp"
     )
-    assert cut.new_token_ids == plain.new_token_ids and cstep.for_model(draft)._fused_head() is False
+    assert cut.new_token_ids == plain.new_token_ids and cpp_step.for_model(draft)._fused_head() is False
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -148,7 +148,7 @@ def test_equal_logits_in_both_threads_columns_give_the_first_index(precision):
     modules.install(model)
     ids = tok("def f(x):", return_tensors="pt").input_ids
     with torch.inference_mode():
-        decoder = Decoder(model, "quantspec")
+        decoder = Decoder(model, "cpp")
         decoder.prefill(ids)
         logits = decoder.step(70).float().flatten()
         decoder.rollback(1)
@@ -164,7 +164,7 @@ def test_equal_logits_in_both_threads_columns_give_the_first_index(precision):
 def prefilled_pair(model, tok) -> tuple[Decoder, Decoder]:
     """Two C++-step decoders prefilled alike: one to choose greedily, one to show its logits."""
     ids = tok("def f(x):", return_tensors="pt").input_ids
-    pair = Decoder(model, "quantspec"), Decoder(model, "quantspec")
+    pair = Decoder(model, "cpp"), Decoder(model, "cpp")
     for decoder in pair:
         decoder.prefill(ids)
     return pair

@@ -1,4 +1,4 @@
-"""A lean layer loop for decode steps and draft verification (engine.step_path=python, and quantspec's where the
+"""A lean layer loop for decode steps and draft verification (engine.step_path=python, and cpp's where the
 C++ step does not cover a model).
 
 transformers' forward spends ~6 ms of Python per step on an 18-layer model (decorators, mask
@@ -6,7 +6,7 @@ builders, config lookups, ~300 module calls) before any arithmetic: on Gemma 3 2
 kernels that was as much as the matmuls. For a few new tokens whose context fits the attention
 windows no mask is needed beyond causality, so this runs src.engine.layers' loop over the model's own
 submodules' forwards (the same parameters, kernels and KV cache) in the order transformers does, and nothing
-else. The linears that read one input (q/k/v, gate/up) take one kernel call where their kinds allow
+else. The linears that read one input (q/k/v, gate/up) take one kernel call where their formats allow
 (src.engine.fused), and rotary positions take four tensor ops instead of nine.
 
 It covers every family src.models.families describes; for anything else, or a context that reaches a sliding

@@ -1,8 +1,8 @@
-"""The weight formats a precision's linears run (precision.scheme, head_scheme), one entry each, registered
+"""The weight formats a precision's linears run (precision.format, head_format), one entry each, registered
 once: its weight and activation bits, whether it quantizes in groups, how its portable tensors are made
 (what the cache stores) and which runtime module runs them, off quantspec's kernels and on them. Everything
 else asks here: the methods' validation, the quantizer, the runtime modules' build, the C++ step (through
-each module's step_call), the hardware profiles (they list schemes), the docs.
+each module's step_call), the hardware profiles (they list formats), the docs.
 
 Adding a format (docs/how-to/add-precision.md walks through w2a16): an entry here (its bits, its portable
 tensors, its `aten` module and its `gemv` module in src/quant/linear.py, whose step_call is the C++ step's call and
@@ -20,12 +20,12 @@ from torch import nn
 
 from src.quant import gptq, linear, qparams
 
-GROUPS = (32, 64, 128, 256)  # group sizes a grouped scheme takes (ATen's int4 kernel's; quantspec's: 128, 256)
+GROUPS = (32, 64, 128, 256)  # group sizes a grouped format takes (ATen's int4 kernel's; quantspec's: 128, 256)
 
 
 @dataclass(frozen=True)
-class Scheme:
-    name: str  # weights x activations, as precision.scheme names it
+class Format:
+    name: str  # weights x activations, as precision.format names it
     bits: int  # weight bits
     act_bits: int  # 16: weight-only (activations stay 16-bit); 8: activations rounded per token at run time
     aten: type[linear.QuantLinear]  # its module off quantspec's kernels (ATen's, or torch operators)
@@ -61,37 +61,37 @@ class Scheme:
         return t["w_q"].float() * t["w_scale"].float()[:, None]
 
 
-SCHEMES: dict[str, Scheme] = {}
+FORMATS: dict[str, Format] = {}
 
 
-def register(scheme: Scheme) -> Scheme:
-    if scheme.name in SCHEMES:
-        raise ValueError(f"scheme {scheme.name!r} is registered twice")
-    SCHEMES[scheme.name] = scheme
-    return scheme
+def register(fmt: Format) -> Format:
+    if fmt.name in FORMATS:
+        raise ValueError(f"format {fmt.name!r} is registered twice")
+    FORMATS[fmt.name] = fmt
+    return fmt
 
 
-register(Scheme("w8a8", 8, 8, linear.W8A8Linear, linear.W8A8Gemv))
-register(Scheme("w8a16", 8, 16, linear.W8A16Linear, linear.W8A16Gemv))
-register(Scheme("w4a16", 4, 16, linear.W4A16Linear, linear.W4A16Gemv))
-register(Scheme("w4a8", 4, 8, linear.W4A8Linear, linear.W4A8Gemv))
-register(Scheme("w2a16", 2, 16, linear.W2A16Linear, linear.W2A16Gemv))
-register(Scheme("w6a16", 6, 16, linear.W6A16Linear, linear.W6A16Gemv))
-register(Scheme("w5a16", 5, 16, linear.W5A16Linear, linear.W5A16Gemv))
+register(Format("w8a8", 8, 8, linear.W8A8Linear, linear.W8A8Gemv))
+register(Format("w8a16", 8, 16, linear.W8A16Linear, linear.W8A16Gemv))
+register(Format("w4a16", 4, 16, linear.W4A16Linear, linear.W4A16Gemv))
+register(Format("w4a8", 4, 8, linear.W4A8Linear, linear.W4A8Gemv))
+register(Format("w2a16", 2, 16, linear.W2A16Linear, linear.W2A16Gemv))
+register(Format("w6a16", 6, 16, linear.W6A16Linear, linear.W6A16Gemv))
+register(Format("w5a16", 5, 16, linear.W5A16Linear, linear.W5A16Gemv))
 
 
 def names() -> tuple[str, ...]:
-    return tuple(SCHEMES)
+    return tuple(FORMATS)
 
 
 def grouped() -> tuple[str, ...]:
-    return tuple(name for name, s in SCHEMES.items() if s.grouped)
+    return tuple(name for name, s in FORMATS.items() if s.grouped)
 
 
-def get(name: str) -> Scheme:
-    if name not in SCHEMES:
-        raise ValueError(f"unknown scheme {name!r}; known: {', '.join(SCHEMES)}")
-    return SCHEMES[name]
+def get(name: str) -> Format:
+    if name not in FORMATS:
+        raise ValueError(f"unknown format {name!r}; known: {', '.join(FORMATS)}")
+    return FORMATS[name]
 
 
 def build(
@@ -105,16 +105,16 @@ def build(
     """The runtime module for these portable tensors: on ATen's kernels, or (gemv, where its K fits the
     kernel's step) with quantspec's for a few rows; off the CPU, on ATen's kernels for `device`, its layouts
     made there."""
-    scheme = get(name)
+    fmt = get(name)
     if device != "cpu":  # quantspec's kernels are CPU kernels
         t, gemv = {key: v.to(device) for key, v in t.items()}, False
-    k = t["w_q"].shape[1] if "w_q" in t else qparams.packed_weights(t, scheme.bits)[0].shape[1] * 8 // scheme.bits
-    step = scheme.gemv.K_STEP
-    fits = k % step == 0 and (not scheme.grouped or group % step == 0)
-    cls = scheme.gemv if gemv and fits else scheme.aten
+    k = t["w_q"].shape[1] if "w_q" in t else qparams.packed_weights(t, fmt.bits)[0].shape[1] * 8 // fmt.bits
+    step = fmt.gemv.K_STEP
+    fits = k % step == 0 and (not fmt.grouped or group % step == 0)
+    cls = fmt.gemv if gemv and fits else fmt.aten
     return cls.from_tensors(t, group, dtype)
 
 
 def fusable_rows() -> dict[type, tuple[str, ...]]:
-    """Each scheme's gemv module -> the tensors that stack along output channels (src.engine.fused)."""
-    return {s.gemv: s.gemv.ROWS for s in SCHEMES.values() if s.gemv.ROWS}
+    """Each format's gemv module -> the tensors that stack along output channels (src.engine.fused)."""
+    return {s.gemv: s.gemv.ROWS for s in FORMATS.values() if s.gemv.ROWS}

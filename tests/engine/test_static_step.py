@@ -9,7 +9,7 @@ import torch._dynamo
 from mlflow.tracking import MlflowClient
 from torch._dynamo.utils import counters
 
-from src.engine import GENERATE, Sampling, engine_for, native, static
+from src.engine import GENERATE, Sampling, engine_for, native, static_step
 from src.engine.generation import Request
 from src.engine.speculative import ModelDrafter, PromptLookup
 from src.models import families
@@ -36,7 +36,9 @@ def test_a_stop_check_reads_each_token_and_ends_where_it_says():
     model, tok = tiny_model("llama")
     ids = tok("def add(a, b):", return_tensors="pt").input_ids
     ref = GENERATE["native"](model, Request(ids, 20, True, Sampling(), tok.pad_token_id)).new_token_ids
-    out = static.generate(model, Request(ids, 20, True, Sampling(), tok.pad_token_id, stop=lambda new: ref[4] in new))
+    out = static_step.generate(
+        model, Request(ids, 20, True, Sampling(), tok.pad_token_id, stop=lambda new: ref[4] in new)
+    )
     assert out.new_token_ids == ref[: ref.index(ref[4]) + 1] and len(out.token_times) == out.new_tokens
 
 
@@ -64,10 +66,10 @@ def test_verify_matches_steps_and_rollback_moves_the_position():
     ids = tok("def f(x):", return_tensors="pt").input_ids
     tokens = [70, 71, 72, 73, 74]
     with torch.inference_mode():
-        stepper = static.Decoder(model)
+        stepper = static_step.Decoder(model)
         stepper.prefill(ids)
         steps = torch.stack([stepper.step(t) for t in tokens])
-        verifier = static.Decoder(model)
+        verifier = static_step.Decoder(model)
         verifier.prefill(ids)
         torch.testing.assert_close(verifier.verify(tokens), steps, rtol=1e-4, atol=1e-4)
         verifier.rollback(3)  # keep two of five: the three rows behind stay in the buffer, masked
@@ -78,7 +80,7 @@ def test_verify_matches_steps_and_rollback_moves_the_position():
 def test_the_cache_grows_past_its_first_size_and_keeps_the_sequence():
     model, tok = tiny_model("llama")
     ids = tok("a", return_tensors="pt").input_ids
-    decoder = static.Decoder(model)  # no reserve: sized to the prompt, then grown by the steps
+    decoder = static_step.Decoder(model)  # no reserve: sized to the prompt, then grown by the steps
     with torch.inference_mode():
         logits = decoder.prefill(ids)
         first = decoder.cache.capacity
@@ -86,7 +88,7 @@ def test_the_cache_grows_past_its_first_size_and_keeps_the_sequence():
         while decoder.length <= first:
             tokens.append(int(logits.index_fill(0, torch.tensor([eos]), float("-inf")).argmax()))  # as exact bans it
             logits = decoder.step(tokens[-1])
-    assert first == static.ROUND and decoder.cache.capacity > first
+    assert first == static_step.ROUND and decoder.cache.capacity > first
     ref = GENERATE["native"](model, Request(ids, len(tokens), True, Sampling(), tok.pad_token_id)).new_token_ids
     assert tokens == ref
 
@@ -99,7 +101,7 @@ def test_compiled_fullgraph_runs_twenty_positions_without_recompiling():
     counters.clear()
     try:
         with torch._dynamo.config.patch(error_on_recompile=True):
-            out = static.generate(
+            out = static_step.generate(
                 model, Request(ids, 21, True, Sampling(), tok.pad_token_id), compile=True, backend="aot_eager"
             )
         graphs = counters["stats"]["unique_graphs"]
@@ -124,10 +126,10 @@ def test_sampling_draws_on_the_device_seeded():
 def test_off_the_cpu_quantspecs_step_path_is_the_static_one():
     with torch.device("meta"):  # a model on a device other than the CPU, never run
         model, _ = tiny_model("llama")
-    assert native.resolved(model, "quantspec") == "static" and native.executed_path(model, "quantspec") == "static"
+    assert native.resolved(model, "cpp") == "static" and native.executed_path(model, "cpp") == "static"
     assert native.resolved(model, "python") == "python"  # asked for by name: kept
     cpu, _ = tiny_model("llama")
-    assert native.resolved(cpu, "quantspec") == "quantspec"
+    assert native.resolved(cpu, "cpp") == "cpp"
 
 
 TINY = ["model=tiny-llama", "task=benchmark", "task.prompt_lengths=[16]", "task.max_new_tokens=8", "task.warmup=0"]
