@@ -78,7 +78,9 @@ def test_the_sweep_opens_in_the_browser_side_by_side(tmp_path):
         )
         note = parent.data.tags["mlflow.note.content"]  # its link relative: any host and port serving the UI
         assert f"]({url.removeprefix(uri + '/')})" in note and "time/token (ms)" in note and "127.0.0.1" not in note
-        assert {"best_speedup", "best_speedup_low", "best_speedup_high"} <= set(parent.data.metrics)
+        assert {"best/decode_speedup", "best/decode_speedup_low", "best/decode_speedup_high"} <= set(
+            parent.data.metrics
+        )
         corpus_digest = hashlib.sha256(load_text(DatasetConfig("humaneval", "humaneval")).encode()).hexdigest()[:16]
         for job in runs:
             (used,) = job.inputs.dataset_inputs

@@ -140,7 +140,7 @@ def test_the_report_shows_quality_the_front_the_flag_and_paired_comparisons(swee
     assert "front.png" in rep.files and "front.csv" in rep.files
     assert "## Paired comparisons" in text and "paired permutation" in text and "McNemar (exact)" in text
     run = client.get_run(runs["w4a16_int8", "perplexity"].info.run_id)
-    assert run.data.metrics["quality_below"] == 1 and run.data.metrics["front_quality"] == pytest.approx(
+    assert run.data.metrics["quality_below"] == 1 and run.data.metrics["front/quality"] == pytest.approx(
         run.data.metrics["kl_mean"]
     )
     assert (

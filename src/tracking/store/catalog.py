@@ -341,9 +341,12 @@ CATALOG: list[Name] = [
         ("round/time_per_token_ms_median", "per round (step = round): the job's time per token"),
         ("round/decode_speedup", "per round: its speedup over the sweep's baseline"),
         ("quality_below", "1: below quality.min_ratio of its reference"),
-        ("front_ms_per_token", "a quality job's point on the speed–quality front: its configuration's speed"),
-        ("front_quality", "its quality figure"),
-        ("on_front", "1 on the front"),
+        (
+            "front/time_per_token_ms_median",
+            "a quality job's point on the speed–quality front: its configuration's speed",
+        ),
+        ("front/quality", "its quality figure"),
+        ("front/on", "1 on the front"),
     ),
     # --- a sweep's parent run -----------------------------------------------------------------------------
     *_n(
@@ -362,10 +365,10 @@ CATALOG: list[Name] = [
     *_n(
         "metric",
         "a sweep's parent",
-        ("best_time_per_token_ms", "the fastest job's time/token"),
-        ("best_speedup", "the best speedup"),
-        ("best_speedup_low", "its range over rounds, low"),
-        ("best_speedup_high", "high"),
+        ("best/time_per_token_ms_median", "the fastest job's time/token"),
+        ("best/decode_speedup", "the best speedup"),
+        ("best/decode_speedup_low", "its range over rounds, low"),
+        ("best/decode_speedup_high", "high"),
     ),
     # --- artifacts ----------------------------------------------------------------------------------------
     *_n(

@@ -66,7 +66,7 @@ VIEW_METRICS = (
     "top1_agreement",
     "delta_perplexity",
     "accuracy",
-    "on_front",
+    "front/on",
     "pass_at_1",
     "acceptance_rate_overall",
     "speedup_vs_no_draft_median",
@@ -75,7 +75,10 @@ TAG_COLUMNS = ("host_busy", "busy_rounds", "sandbox")
 # A job timed too briefly to tell carries no host_busy tag: it was not flagged, which is what "false" says
 TAG_UNSET = {"host_busy": "false"}
 SORT = over_rounds("time_per_token_ms_median")
-FRONT = ("front_ms_per_token", "front_quality")  # a quality job's point: its configuration's speed, its quality
+FRONT = (
+    "front/time_per_token_ms_median",
+    "front/quality",
+)  # a quality job's point: its configuration's speed, its quality
 CHARTS = (
     (SORT, "BAR"),
     (over_rounds(SPEEDUP), "BAR"),
@@ -198,7 +201,7 @@ def _charts(runs: list, busy: list[str]) -> list[dict]:
                 xaxis={"key": FRONT[0], "type": "METRIC"},
                 yaxis={"key": FRONT[1], "type": "METRIC"},
                 displayName="speed–quality front: the quality figure against decode ms/token "
-                "(on_front = 1: on the front; quality_below = 1: below the reference's)",
+                "(front/on = 1: on the front; quality_below = 1: below the reference's)",
             )
         )
     return charts

@@ -156,7 +156,9 @@ def test_a_job_whose_kernels_fell_back_is_said_marked_and_kept_out_of_the_headli
     assert "Kernels fell back" in rep.overview and rep.overview.count("(FALLBACK)") >= 2
     parent = MlflowClient(store).get_run(rep.parent_run_id)
     assert "Kernels fell back" in parent.data.tags["mlflow.note.content"]
-    assert "best_speedup" not in parent.data.metrics and "best_time_per_token_ms" not in parent.data.metrics
+    assert (
+        "best/decode_speedup" not in parent.data.metrics and "best/time_per_token_ms_median" not in parent.data.metrics
+    )
 
 
 def test_report_of_an_empty_store_is_one_line(tmp_path, capsys):
@@ -216,8 +218,8 @@ def test_a_rerun_of_the_report_adds_no_metric_points(sweep):
     for _ in range(2):
         rep = report.publish(store, "quantspec", None, {"precision": "fp32", "draft": "none"}, tmp / "again")
     parent = rep.parent_run_id
-    assert len(client.get_metric_history(parent, "best_speedup")) == 1
-    assert len(client.get_metric_history(parent, "best_time_per_token_ms")) == 1
+    assert len(client.get_metric_history(parent, "best/decode_speedup")) == 1
+    assert len(client.get_metric_history(parent, "best/time_per_token_ms_median")) == 1
     assert all(len(client.get_metric_history(j.run_id, "rounds/time_per_token_ms_median")) == 1 for j in rep.jobs)
     w8a8 = next(j for j in rep.jobs if j.choice("precision") == "w8a8")
     assert len(client.get_metric_history(w8a8.run_id, "rounds/decode_speedup")) == 1

@@ -170,7 +170,9 @@ def test_sweep_has_one_parent_with_a_child_per_job(store, tmp_path):
     parent = client.get_run(parent_id)
     note = parent.data.tags["mlflow.note.content"]
     assert "time/token (ms)" in note and all(j.name in note for j in jobs)
-    assert parent.data.metrics["best_time_per_token_ms"] == min(j.metrics["time_per_token_ms_median"] for j in finished)
+    assert parent.data.metrics["best/time_per_token_ms_median"] == min(
+        j.metrics["time_per_token_ms_median"] for j in finished
+    )
     assert parent.data.tags["best_time_per_token_job"] in {j.name for j in finished}
     assert {"report/report.md", "report/summary.csv"} <= {a.path for a in client.list_artifacts(parent_id, "report")}
 

@@ -72,7 +72,11 @@ def _headlines(client: MlflowClient, report: Report, held: dict[str, float]) -> 
     if timed:
         best, time = min(timed, key=lambda ct: ct[1].median)
         _set_metric(
-            client, report.parent_run_id, "best_time_per_token_ms", time.median, held.get("best_time_per_token_ms")
+            client,
+            report.parent_run_id,
+            "best/time_per_token_ms_median",
+            time.median,
+            held.get("best/time_per_token_ms_median"),
         )
         client.set_tag(report.parent_run_id, "best_time_per_token_job", best.name)
     real = [
@@ -87,9 +91,9 @@ def _headlines(client: MlflowClient, report: Report, held: dict[str, float]) -> 
         # the best of the speedups measured quiet, where there is one: a busy baseline inflates a ratio
         quiet = [u for u in real if not u.time.all_busy]
         top = max(quiet or real, key=lambda u: u.time.median)
-        figures = [("best_speedup", top.time.median)]
+        figures = [("best/decode_speedup", top.time.median)]
         if top.time.used > 1:  # one round has no range: no low and high that would only repeat it
-            figures += [("best_speedup_low", top.time.low), ("best_speedup_high", top.time.high)]
+            figures += [("best/decode_speedup_low", top.time.low), ("best/decode_speedup_high", top.time.high)]
         for name, value in figures:
             _set_metric(client, report.parent_run_id, name, value, held.get(name))
         client.set_tag(report.parent_run_id, "best_speedup_job", top.job.name)
@@ -123,9 +127,9 @@ def _publish_job(
     if point is not None and not math.isnan(point.speed.median):
         # the front's point on the run of its quality job, so the view's scatter draws it (src.tracking.view.ui)
         for name, value in (
-            ("front_ms_per_token", _sig3(point.speed.median)),
-            ("front_quality", point.quality),
-            ("on_front", float(point.on_front)),
+            ("front/time_per_token_ms_median", _sig3(point.speed.median)),
+            ("front/quality", point.quality),
+            ("front/on", float(point.on_front)),
         ):
             _set_metric(client, run.run_id, name, value, held.get(name))
     # a range only where there is one: one round's low and high would only repeat its median
