@@ -70,6 +70,16 @@ class Inexpressible(ValueError):
     """What a runtime cannot express of a recipe, in one line naming the field (the job's skip reason)."""
 
 
+def refusal(cfg, mapping) -> str | None:
+    """Why `mapping` (a runtime's map of a Recipe to its own options: raises Inexpressible) cannot express the job's
+    precision, in one line, or None."""
+    try:
+        mapping(of(cfg))
+    except Inexpressible as why:
+        return str(why)
+    return None
+
+
 def refuse_gptq_and_bits(r: Recipe, engine: str, rounding: str, bits: tuple[int, ...] = (4, 8)) -> None:
     """What two runtimes refuse alike: GPTQ's rounding (theirs is `rounding`), and any format whose weight bits are
     not among `bits` (the layers', the wide linears', the head's), each in one line naming the field."""

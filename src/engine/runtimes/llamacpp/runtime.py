@@ -72,10 +72,9 @@ def available() -> str | None:
 
 def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
-    try:
-        ftype(recipe.of(cfg))
-    except Inexpressible as why:
-        return str(why)
+    why = recipe.refusal(cfg, ftype)
+    if why:
+        return why
     if cfg.model.source not in ("gguf_package", "gguf_file"):
         return (
             f"engine llamacpp runs GGUF models (a GGUF package's, or model=gguf model.gguf=<file>); {cfg.model.name} would "

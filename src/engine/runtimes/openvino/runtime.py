@@ -127,11 +127,7 @@ def available() -> str | None:
 
 def unsupported(cfg) -> str | None:
     """Why this engine cannot run that job (a skip with its reason), or None."""
-    try:
-        target(recipe.of(cfg))
-    except Inexpressible as why:
-        return str(why)
-    return available()
+    return recipe.refusal(cfg, target) or available()
 
 
 def runtime_name(cfg, device: str) -> str:
