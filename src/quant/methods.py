@@ -22,6 +22,7 @@ from src.quant.arch import layer_awq_groups, layer_smooth_groups
 from src.quant.stream import Scaled
 
 METHODS = Kinds("precision", "method")
+CALIB_INPUTS = ("rounded", "float")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +41,9 @@ class QuantSpec:
     wide_linears: tuple[str, ...]  # decoder linears (name suffixes) kept wider under a grouped format...
     wide_format: str  # ...in this format: w8a16 (int8), w6a16 or w5a16 (three quarters or five eighths of int8's bytes)
     gptq: tuple[str, ...]  # linears (name suffixes; lm_head: the output head; *: all) rounded by GPTQ, not to nearest
+    # what each layer is calibrated on: what the rounded layers before it pass on (a second forward a layer, through
+    # its rounded weights), or the float model's own states (the first forward's outputs, passed on)
+    calib_inputs: str
 
     @property
     def calibrates(self) -> bool:
@@ -59,6 +63,7 @@ class QuantSpec:
         return formats.get(self.format).grouped
 
     def validate(self) -> None:
+        check_choice("precision.calib_inputs", self.calib_inputs, CALIB_INPUTS)
         check_choice("precision.format", self.format, formats.names())
         if self.head_format is not None:
             check_choice("precision.head_format", self.head_format, formats.names())

@@ -18,6 +18,10 @@ The forwards' bf16 GEMMs run as this host's prefill runs them (`float_gemm`, mea
 on a CPU without bf16 dot products (AVX2) as fp32 GEMMs of the same values, where ATen's bf16 GEMM ran at a few
 GF/s and two 7B layers' forwards took ~560 s of their 857 (133 in all so).
 
+With precision.calib_inputs=float, the windows go on as the float layer's forward left them: every layer is
+calibrated on the float model's own states (as AutoAWQ's search is), in one forward a layer that runs every GEMM, where
+the default (rounded) runs a second forward through the rounded weights.
+
 A method that reads no data (RTN, no GPTQ) runs no forward at all: each layer is rounded from its weights alone.
 
 Each layer is called on its own with the arguments the model's forward gives it (its attention mask and rotary
@@ -62,6 +66,7 @@ class Seen:
     absmax: dict[str, torch.Tensor] = field(default_factory=dict)  # per input channel, float32
     rows: dict[str, torch.Tensor] = field(default_factory=dict)  # sampled input rows (AWQ's), the model's dtype
     grams: dict[str, torch.Tensor] = field(default_factory=dict)  # X^T X, float32
+    outputs: list[torch.Tensor] | None = None  # the float layer's outputs, where kept (calib_inputs=float)
 
     def of(self, kind: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         return kind[self.leader[name]]
@@ -214,13 +219,21 @@ def entry(model: nn.Module, layers: list[nn.Module], batches: torch.Tensor):
 
 @torch.no_grad()
 def observe(
-    layer: nn.Module, linears: dict[str, nn.Module], hidden, args, kwargs, wants: Wants, last: str | None = None
+    layer: nn.Module,
+    linears: dict[str, nn.Module],
+    hidden,
+    args,
+    kwargs,
+    wants: Wants,
+    last: str | None = None,
+    outputs: bool = False,
 ) -> Seen:
     """One forward of the (float) layer over every window, recording at its linears' inputs what `wants` asks.
     Linears that read one input share one record (computed once, held once: GPTQ factors a shared Gram once).
     `last` (src.quant.arch.output_linear) names the linear whose output only the layer's output reads: this
     forward's output is not kept, so its input is recorded and its GEMM not run (zeros in its place: at 7B's
-    shape a fifth of the layer's multiply-adds)."""
+    shape a fifth of the layer's multiply-adds). `outputs`: the forward's outputs are kept instead (Seen.outputs),
+    every GEMM run."""
     seen = Seen()
     by_id: dict[int, tuple[torch.Tensor, str]] = {}  # this window's inputs (held, so ids are not reused) -> leader
     offset = [0]  # the window's first flat token position
@@ -263,10 +276,13 @@ def observe(
     if skipped is not None:  # an instance attribute: nn.Module.__call__ calls it, after the pre-hook
         width = skipped.out_features
         skipped.forward = lambda x: x.new_zeros(*x.shape[:-1], width)
+    kept = [] if outputs else None
     try:
         for h in hidden:
             by_id.clear()
-            layer(h, *args, **kwargs)
+            out = layer(h, *args, **kwargs)
+            if kept is not None:
+                kept.append(layer_hidden(out))
             if offset[0] == 0:  # the inputs no GPTQ-rounded linear reads, known now: not kept
                 for name in set(inputs) - gram_leaders:
                     del inputs[name]
@@ -280,6 +296,7 @@ def observe(
                 skipped.forward = before
     for name in gram_leaders:
         seen.grams[name] = gptq.gram(inputs.pop(name))
+    seen.outputs = kept
     return seen
 
 
@@ -362,6 +379,7 @@ def quantize(
     format_of = {name: spec.format_for(name) for name in linears}
     chosen = gptq_linears(linears, spec)
     calibrating = calibration is not None and spec.calibrates
+    through_float = calibrating and spec.calib_inputs == "float"
     layers = decoder_layers(model, arch)
     hidden, calls = entry(model, layers, calibration) if calibrating else (None, None)
     if sink.start:
@@ -389,7 +407,10 @@ def quantize(
             if calibrating:
                 want = Wants(wants.absmax, wants.rows, frozenset(n for n in mine if n in chosen))
                 with _gemms(mine, float_gemm):
-                    seen = observe(layer, mine, hidden, *calls[i], want, last=output_linear(arch, i))
+                    if through_float:  # the float layer's outputs go on: its one forward runs every GEMM
+                        seen = observe(layer, mine, hidden, *calls[i], want, outputs=True)
+                    else:
+                        seen = observe(layer, mine, hidden, *calls[i], want, last=output_linear(arch, i))
             scaled = spec.scale_layer(model, arch, i, mine, seen) if calibrating else Scaled()
             clipped += sorted(scaled.clips)
             grams: dict[str, torch.Tensor] = {}
@@ -397,12 +418,14 @@ def quantize(
             for name, m in mine.items():
                 gram = _scaled_gram(seen, name, scaled.divided, grams) if name in chosen else None
                 tensors[name] = rounded(name, gram, scaled.clips.get(name))
-                if calibrating:  # the layers after it meet its rounded weights
+                if calibrating and not through_float:  # the layers after it meet its rounded weights
                     back = formats.get(format_of[name]).dequantized(tensors[name], spec.group_size)
                     m.weight.data = back.to(m.weight.dtype)
             gptq.forget()  # the layer's factors: the next layer's inputs are others
+            if through_float:
+                hidden = seen.outputs
             del seen, grams
-            if calibrating:
+            if calibrating and not through_float:
                 with _gemms(mine, float_gemm):
                     hidden = [layer_hidden(layer(h, *calls[i][0], **calls[i][1])) for h in hidden]
             floats = {

@@ -81,6 +81,26 @@ def test_layer_zeros_gptq_inputs_are_the_float_models_and_later_layers_meet_the_
     assert out.shape[1] == ids.shape[1] + 4
 
 
+def test_under_calib_inputs_float_every_layer_meets_the_float_models_states_in_one_forward(monkeypatch):
+    spec = quant_spec("rtn", "w4a16", group_size=128, head_format="w8a16", gptq=("*",), calib_inputs="float")
+    model, tok = tiny_model("llama")
+    batches = calib(tok)
+    float_model = tiny_model("llama")[0]
+    linears = quantized_linears(float_model, "llama", spec)
+    names = [f"model.layers.{i}.{n}" for i in (0, 1) for n in ("self_attn.v_proj", "mlp.down_proj")]
+    grams = float_grams(float_model, names, batches)
+    calls = []
+    real = stream.observe
+    monkeypatch.setattr(stream, "observe", lambda *a, **k: calls.append(k) or real(*a, **k))
+    weights = stream.quantize(model, "llama", spec, batches)
+    for name in names:  # layer 1's too: the float model's inputs, not the rounded layer 0's
+        on_float = formats.get(spec.format_for(name)).tensors(linears[name].weight, None, 128, None, grams[name])
+        assert all(torch.equal(weights.layers[name][k], v) for k, v in on_float.items()), name
+    # one forward a layer, every GEMM in it (its outputs go on): none through the rounded weights
+    layers = decoder_layers(model, "llama")
+    assert len(calls) == len(layers) and all(k.get("outputs") and k.get("last") is None for k in calls)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gptq_star_rounds_every_linear_the_precision_quantizes(arch):
     model, tok = tiny_model(arch)
