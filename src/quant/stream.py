@@ -380,6 +380,7 @@ def quantize(
     chosen = gptq_linears(linears, spec)
     calibrating = calibration is not None and spec.calibrates
     through_float = calibrating and spec.calib_inputs == "float"
+    second_forward = calibrating and not through_float  # the windows go on through the rounded layer
     layers = decoder_layers(model, arch)
     hidden, calls = entry(model, layers, calibration) if calibrating else (None, None)
     if sink.start:
@@ -406,11 +407,10 @@ def quantize(
             seen = Seen()
             if calibrating:
                 want = Wants(wants.absmax, wants.rows, frozenset(n for n in mine if n in chosen))
+                # the float layer's outputs go on (calib_inputs=float): its one forward runs every GEMM
+                last = None if through_float else output_linear(arch, i)
                 with _gemms(mine, float_gemm):
-                    if through_float:  # the float layer's outputs go on: its one forward runs every GEMM
-                        seen = observe(layer, mine, hidden, *calls[i], want, outputs=True)
-                    else:
-                        seen = observe(layer, mine, hidden, *calls[i], want, last=output_linear(arch, i))
+                    seen = observe(layer, mine, hidden, *calls[i], want, last=last, outputs=through_float)
             scaled = spec.scale_layer(model, arch, i, mine, seen) if calibrating else Scaled()
             clipped += sorted(scaled.clips)
             grams: dict[str, torch.Tensor] = {}
@@ -418,14 +418,14 @@ def quantize(
             for name, m in mine.items():
                 gram = _scaled_gram(seen, name, scaled.divided, grams) if name in chosen else None
                 tensors[name] = rounded(name, gram, scaled.clips.get(name))
-                if calibrating and not through_float:  # the layers after it meet its rounded weights
+                if second_forward:  # the layers after it meet its rounded weights
                     back = formats.get(format_of[name]).dequantized(tensors[name], spec.group_size)
                     m.weight.data = back.to(m.weight.dtype)
             gptq.forget()  # the layer's factors: the next layer's inputs are others
             if through_float:
                 hidden = seen.outputs
             del seen, grams
-            if calibrating and not through_float:
+            if second_forward:
                 with _gemms(mine, float_gemm):
                     hidden = [layer_hidden(layer(h, *calls[i][0], **calls[i][1])) for h in hidden]
             floats = {
