@@ -12,8 +12,9 @@ after a runnable one) is an excerpt of what that block prints: every line it sho
 standing for lines left out. Figures, ids and times change from run to run, so lines are compared with each number
 read as `#` (an empty cell, `-`, too), hex ids as `<id>`, runs of spaces and dashes as one (a table's padding
 follows its figures), and what names the host (its CPU, the kernel variant), a `⚠ BUSY` mark (a figure timed
-beside other work) and a regress verdict (slower, faster, no change: it follows the figures) are not compared. `write=true` rewrites each excerpt with the lines
-this run printed that it matched, so a page shows real output of the current code (an empty excerpt gets all
+beside other work), a regress verdict (slower, faster, no change) and the report's quality mark (⚠: below the
+quality floor) are not compared: they follow the figures. `write=true` rewrites each excerpt with the lines this run
+printed that it matched, so a page shows real output of the current code (an empty excerpt gets all
 of it, to be cut down by hand).
 
 Each page runs in a scratch checkout of its own: a temporary directory whose entries link to this project's,
@@ -70,6 +71,9 @@ BUSY = re.compile(
 CPU = re.compile(r"host CPU \((?:[^()|]|\([^()|]*\))*\)")  # "host CPU (Intel(R) Xeon(R) Processor)"
 ISA = re.compile(r"\b(avx512|avx_vnni|avx2|neon_dotprod|neon|reference)\b")
 VERDICT = re.compile(r"\| *(slower|faster|no change) *\|")  # src.regress's, on figures that move run to run
+# the report's quality mark: a figure near the 0.99 floor (a tiny random model's w4a16) crosses it with the host's
+# sum order, so the mark, like a verdict, follows the figures
+QUALITY_MARK = re.compile(r" ⚠(?= *\|)|\\?\[⚠ QUALITY [^\]]*?\\?\] ?")
 EMPTY_CELL = re.compile(r"(?<=\|) *[-–] *(?=\|)")  # "-": nothing measured, e.g. no busy round
 HEX_ID = re.compile(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b")
 NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")  # not in a name: w8a8, fp32, avx512
@@ -94,7 +98,9 @@ def as_reader(text: str, scratch: Path) -> list[str]:
 
 def key(line: str) -> str:
     """What must stay the same: the line without what a run or a host changes."""
-    line = CPU.sub("host CPU (<cpu>)", ISA.sub("<isa>", VERDICT.sub("| <verdict> |", BUSY.sub("", line))))
+    line = CPU.sub(
+        "host CPU (<cpu>)", ISA.sub("<isa>", VERDICT.sub("| <verdict> |", QUALITY_MARK.sub("", BUSY.sub("", line))))
+    )
     line = NUMBER.sub("#", HEX_ID.sub("<id>", EMPTY_CELL.sub(" # ", line)))
     line = re.sub(r"# (\w+?)s\b", r"# \1", line)  # "1 round", "3 rounds": the count is not compared, nor its plural
     return re.sub(r"\s+", " ", re.sub(r"-{2,}", "-", line)).strip()
