@@ -53,14 +53,20 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
 
 def addmm_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """c += a @ b in place (c float32 [M, N], its rows contiguous), a and b rounded to bf16."""
-    return addmm_pairs_(c, pairs(a), b)
+    return addmm_panels_(c, a, panels(b))
 
 
-def addmm_pairs_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c += A @ b in place, A given as `pairs` gives it or a view of columns of that (each row's pairs contiguous, the
-    rows any distance apart: a block of a matrix converted once), b rounded to bf16."""
-    torch.ops.quantspec.gemm_bf16(c, a, panels(b), False)
+def addmm_panels_(c: torch.Tensor, a: torch.Tensor, bp: torch.Tensor) -> torch.Tensor:
+    """c += a @ B in place, B given as `panels` gives it (or `joined`'s), a rounded to bf16."""
+    torch.ops.quantspec.gemm_bf16(c, pairs(a), bp, False)
     return c
+
+
+def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """`panels` of B's rows in parts, top to bottom, as panels of the whole (each part of an even number of rows:
+    a padded odd one would shift the rest): the panels' pairs joined along K, a copy of bf16 values, where
+    converting the whole again had been a second pass over float32 through a permuted view."""
+    return torch.cat(parts, dim=1)
 
 
 def gram_upper(x: torch.Tensor) -> torch.Tensor:

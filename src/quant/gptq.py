@@ -29,6 +29,7 @@ from src.quant import bf16gemm, bf16math, qparams
 
 DAMP = 0.01  # H's diagonal is raised by this share of its mean: a feature the calibration barely saw stays solvable
 INNER = 16  # features whose errors go to each other at once, before the rest of their block (_round_rows)
+SUPER = 512  # features whose errors go to every feature before them in one GEMM (_round_rows)
 
 
 def gram(x: torch.Tensor) -> torch.Tensor:
@@ -88,37 +89,41 @@ def round_weights(
     n, k = weight.shape
     if group is not None:
         qparams.check_group(k, group)
-    w = weight.detach().flip(1).float()  # in gram's order, a copy updated in place: never the model's own tensor
+    # held transposed ([K, n]: one feature's weights contiguous) in gram's order, a float32 copy made in one
+    # transposing pass (never the model's own tensor), updated in place
+    w0t = torch.empty(k, n).copy_(weight.detach().flip(1).T)
     if clip is not None:  # each group's weights into [-clip, clip], in place
-        c = clip.flip(1)[..., None]
-        w.view(n, k // group, group).clamp_(min=-c, max=c)
-    v = _factor(h, w)
+        c = clip.flip(1).T[:, None, :]  # [K/group, 1, n]
+        w0t.view(k // group, group, n).clamp_(min=-c, max=c)
+    v = _factor(h, w0t)
     block = group or 128
-    q = torch.empty(n, k, dtype=torch.int8 if group is None else torch.uint8)
+    qt = torch.empty(k, n, dtype=torch.int8 if group is None else torch.uint8)
     if group is None:
-        scale = w.abs().amax(dim=1).clamp(min=qparams.EPS) / qparams.INT8_MAX
+        scale = w0t.abs().amax(dim=0).clamp(min=qparams.EPS) / qparams.INT8_MAX
         zero = None
     else:
-        scale = torch.empty(n, k // group)
-        zero = torch.empty(n, k // group)
-    _round_rows(w, v, bits, group, block, q, scale, zero)
-    # back in the features' own order (a grouped format's groups reversed with them: K is whole groups)
-    return q.flip(1), scale if group is None else scale.flip(1), None if zero is None else zero.flip(1)
+        scale = torch.empty(k // group, n)
+        zero = torch.empty(k // group, n)
+    _round_rows(w0t, v, bits, group, block, qt, scale, zero)
+    # back in the features' own order and [n, K] (a grouped format's groups reversed with them: K is whole groups)
+    if group is None:
+        return qt.flip(0).T.contiguous(), scale, None
+    return tuple(t.flip(0).T.contiguous() for t in (qt, scale, zero))
 
 
 _last: list = []  # [h, its factor, its dead features]: the Gram linears reading one input share (q, k, v)
 
 
-def _factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _factor(h: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     """_unit_factor of `h`, reused while the same Gram tensor comes again (the linears that read one input share
-    it: src.quant.stream): the factor of an 11008-wide Gram takes seconds. `w`'s dead features are zeroed
-    each time, as _unit_factor does."""
+    it: src.quant.stream): the factor of an 11008-wide Gram takes seconds. The dead features of `wt` (weights
+    transposed, [K, n]) are zeroed each time, as _unit_factor does."""
     if _last and _last[0] is h:
         v, dead = _last[1], _last[2]
-        w[:, dead] = 0.0
+        wt[dead] = 0.0
         return v
     dead = torch.diag(h) == 0
-    v = _unit_factor(h, w)
+    v = _unit_factor(h, wt)
     _last[:] = [h, v, dead]
     return v
 
@@ -128,11 +133,11 @@ def forget() -> None:
     _last.clear()
 
 
-def _unit_factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _unit_factor(h: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     """W' (float32, [K, K], C order): the transpose of H's lower Cholesky factor L (H = L L^T, H damped), each row
     divided by its diagonal, so unit upper triangular; only its upper triangle is meaningful (row j holds what each
     later feature's error sends to feature j, contiguous, as GPTQ's block updates read it). A feature never seen
-    (zero diagonal) is zeroed in `w`, as it meets no input.
+    (zero diagonal) is zeroed in `wt` (the weights transposed, [K, n]), as it meets no input.
 
     GPTQ's reference rounds the features first to last, factoring H^-1 = U^T U (U upper) and sending feature i's
     error (w_i - q_i) / U_ii on to each later feature j weighted by U_ij. Here, in gram's order (the features
@@ -145,7 +150,7 @@ def _unit_factor(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     factor after it (two copies of the matrix in reverse order: 4.8 s of two 7B layers' 92). In float32, as GPTQ's
     reference; a Hessian float32 cannot factor is factored in float64."""
     dead = torch.diag(h) == 0
-    w[:, dead] = 0.0
+    wt[dead] = 0.0
     for dtype in (torch.float32, torch.float64):
         upper = _cholesky(_damped(h, dead, dtype))
         if upper is not None:
@@ -179,54 +184,65 @@ def _cholesky(f: torch.Tensor) -> torch.Tensor | None:
     return torch.from_numpy(factor.T) if info == 0 else None
 
 
-def _round_rows(w, unit, bits, group, block, q_out, scale, zero) -> None:
-    """GPTQ over rows `w` [n, K] with the unit upper factor `unit` (_unit_factor), the features last to first (in
-    gram's order: the features' own first to last), writing q_out and, grouped, each group's scale and zero.
+def _round_rows(w0t, unit, bits, group, block, qt, scale, zero) -> None:
+    """GPTQ over the weights transposed `w0t` [K, n] (one feature's weights contiguous) with the unit upper factor
+    `unit` (_unit_factor), the features last to first (in gram's order: the features' own first to last), writing
+    qt [K, n] and each group's scale and zero [K/group, n] (at 8 bits `scale` is given: per row, from the weights
+    before any update), all in gram's order.
 
-    The weights are held transposed ([K, n]: one feature's weights contiguous), beside their original values (each
-    feature's error is its original weight less its rounded one; a group's range is its weights as the reference
-    holds them: _as_updated), and the error feedback is batched at two levels:
-    each rounded feature's error goes at once only to the rest of its INNER features, then an inner run's errors to
-    the rest of its block, then a block's to every feature before it (one GEMM each), which is GPTQ's lazy batching,
-    with each update's footprint small enough to stay in cache."""
-    n, k = w.shape
+    The weights are updated in a copy beside their original values (each feature's error is its original weight
+    less its rounded one; a group's range is its weights as the reference holds them: _as_updated), and the error
+    feedback is batched at three levels, GPTQ's lazy batching: each rounded feature's error goes at once only to the
+    rest of its INNER features, an inner run's errors to the rest of its block, a block's to the rest of its run of
+    SUPER features, and that run's to every feature before it, one GEMM each. The last GEMMs hold most of GPTQ's
+    multiply-adds; summed over SUPER features, each reads and writes the features it updates a quarter as often as
+    over a block's 128 (quantspec's bf16 GEMM: 1.7x the rate, on an AVX512-BF16 EPYC)."""
+    k, n = w0t.shape
     top = qparams.INT8_MAX if group is None else (1 << bits) - 1
-    w0t = w.T.contiguous()
-    wt = w0t.clone()
-    qt = torch.empty(k, n, dtype=q_out.dtype)
-    if group is None:
-        step = scale  # per row, from the weights before any update
-    else:
-        scale_t, zero_t = torch.empty(k // group, n), torch.empty(k // group, n)
-        assert block == group, "a group is ranged at its block's start"
-    native = _native()
-    # a block's errors to the features before it (most of GPTQ's multiply-adds) in bf16 operands where quantspec's
-    # kernel has them (src.quant.bf16gemm: 1.3-1.9x fp32's rate on an AVX512-BF16 EPYC), else in fp32
-    update = bf16gemm.addmm_ if bf16gemm.native() else torch.Tensor.addmm_
-    for b1 in range(k, 0, -block):
-        b0 = max(b1 - block, 0)
-        err = torch.empty(b1 - b0, n)
-        if group is not None:  # the group (a block: group == block) ranged by its weights as updated so far
-            g = b0 // group
-            span = _as_updated(wt[b0:b1], w0t[b0:b1], unit[b0:b1, b0:b1])
-            lo, hi = span.amin(dim=0), span.amax(dim=0)
-            scale_t[g] = ((hi - lo) / top).clamp(min=1e-6)
-            zero_t[g] = lo + (1 << (bits - 1)) * scale_t[g]
-            step, low = scale_t[g], zero_t[g] - (1 << (bits - 1)) * scale_t[g]
-        for c1 in range(b1, b0, -INNER):
-            c0 = max(c1 - INNER, b0)
-            if native is not None:
-                native(wt, w0t, unit, qt, err, step if group is None else low, step, c0, c1, b0, top, group is not None)
-            else:
-                _features(wt, w0t, unit, qt, err, low if group is not None else None, step, c0, c1, b0, top)
-            if c0 > b0:  # in place: the GEMM adds as it sums (beta 1), no product held apart
-                wt[b0:c0].addmm_(unit[b0:c0, c0:c1], err[c0 - b0 : c1 - b0])
-        if b0 > 0:
-            update(wt[:b0], unit[:b0, b0:b1], err)
-    q_out.copy_(qt.T)
     if group is not None:
-        scale.copy_(scale_t.T)
-        zero.copy_(zero_t.T)
+        assert block == group, "a group is ranged at its block's start"
+    run = max(SUPER // block, 1) * block  # whole blocks: a group never spans two runs
+    wt = w0t.clone()
+    native = _native()
+    # the GEMMs in bf16 operands where quantspec's kernel has them (src.quant.bf16gemm: 1.3-1.9x fp32's rate on an
+    # AVX512-BF16 EPYC), each block's errors packed for it once (for its block's update and, joined, its run's),
+    # else in fp32
+    packs = bf16gemm.native()
+    step = low = scale
+    for s1 in range(k, 0, -run):
+        s0 = max(s1 - run, 0)
+        err = torch.empty(s1 - s0, n)  # the run's errors, by feature from s0
+        packed: list[torch.Tensor] = []  # its blocks' errors as the bf16 GEMM reads them, the last block first
+        for b1 in range(s1, s0, -block):
+            b0 = max(b1 - block, s0)
+            if group is not None:  # the group (a block) ranged by its weights as updated so far
+                g = b0 // group
+                span = _as_updated(wt[b0:b1], w0t[b0:b1], unit[b0:b1, b0:b1])
+                lo, hi = span.amin(dim=0), span.amax(dim=0)
+                scale[g] = ((hi - lo) / top).clamp(min=1e-6)
+                zero[g] = lo + (1 << (bits - 1)) * scale[g]
+                step, low = scale[g], zero[g] - (1 << (bits - 1)) * scale[g]
+            for c1 in range(b1, b0, -INNER):
+                c0 = max(c1 - INNER, b0)
+                if native is not None:
+                    native(wt, w0t, unit, qt, err, low, step, c0, c1, s0, top, group is not None)
+                else:
+                    _features(wt, w0t, unit, qt, err, low if group is not None else None, step, c0, c1, s0, top)
+                if c0 > b0:  # in place: the GEMM adds as it sums (beta 1), no product held apart
+                    wt[b0:c0].addmm_(unit[b0:c0, c0:c1], err[c0 - s0 : c1 - s0])
+            errors = err[b0 - s0 : b1 - s0]
+            if packs and (b0 > s0 or s0 > 0):  # (only the lowest block, never joined, can have an odd count)
+                packed.append(bf16gemm.panels(errors))
+            if b0 > s0:
+                if packs:
+                    bf16gemm.addmm_panels_(wt[s0:b0], unit[s0:b0, b0:b1], packed[-1])
+                else:
+                    wt[s0:b0].addmm_(unit[s0:b0, b0:b1], errors)
+        if s0 > 0:
+            if packs:
+                bf16gemm.addmm_panels_(wt[:s0], unit[:s0, s0:s1], bf16gemm.joined(packed[::-1]))
+            else:
+                wt[:s0].addmm_(unit[:s0, s0:s1], err)
 
 
 def _as_updated(sums: torch.Tensor, original: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
@@ -235,10 +251,11 @@ def _as_updated(sums: torch.Tensor, original: torch.Tensor, unit: torch.Tensor) 
     one-factor form's sums there (`sums`: each weight plus the W'-weighted errors of the features after the group).
     Only once the group's own later features are in do the two forms agree feature by feature; its range is taken
     before, so it takes the reference's values: with H = L L^T, the rest's best change is L11^-T L21^T D, and its
-    last `group` entries need only the group's own block of the unit upper factor (_unit_factor: one small solve)."""
-    # the block copied (64 KB): LAPACK's solve of a strided view had taken 1.4x as long
-    block = unit.contiguous()
-    return original + torch.linalg.solve_triangular(block, sums - original, upper=True, unitriangular=True)
+    last `group` entries need only the group's own block of the unit upper factor: applied as its inverse (a
+    group x group solve) in one GEMM, where LAPACK's triangular solve against the n rows had run at ~20 GF/s."""
+    eye = torch.eye(unit.shape[0])
+    inverse = torch.linalg.solve_triangular(unit.contiguous(), eye, upper=True, unitriangular=True)
+    return torch.addmm(original, inverse, sums - original)
 
 
 def _native():
@@ -253,7 +270,8 @@ def _native():
 def _features(wt, w0t, unit, qt, err, low, step, c0, c1, b0, top) -> None:
     """Features [c0, c1) of wt [K, n] rounded one at a time, last to first (grouped where `low`, each row's grid
     low + q * step), each one's error (its original weight in w0t less its rounded one) sent to the run's earlier
-    features, weighted by the unit upper factor, and kept in err: the binding's gptq_features, in torch."""
+    features, weighted by the unit upper factor, and kept in err (feature f in its row f - b0): the binding's
+    gptq_features, in torch."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a feature's few-thousand-wide ops: waiting on a second thread costs more
     try:

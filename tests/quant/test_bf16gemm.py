@@ -49,6 +49,13 @@ def test_an_update_adds_the_product_of_the_operands_bf16_values_in_place():
     assert _rel_err(wt, ref) < EXACT and torch.equal(wt[100:], ref[100:].float())  # the rows past the block kept
 
 
+def test_blocks_packed_apart_and_joined_are_the_whole_packed():
+    # GPTQ packs each block's errors once, and joins a run's blocks for the run's update
+    b = torch.randn(512, 70)
+    parts = [bf16gemm.panels(b[i : i + 128]) for i in range(0, 512, 128)]
+    assert torch.equal(bf16gemm.joined(parts), bf16gemm.panels(b))
+
+
 @pytest.mark.parametrize(("bits", "group"), [(8, None), (4, 128)])
 def test_gptq_with_bf16_updates_has_float32_gptqs_output_error(monkeypatch, bits, group):
     # the factor's and errors' values rounded by 2^-9 of themselves: a weight near a half-step rounds the other way

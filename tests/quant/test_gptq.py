@@ -112,9 +112,10 @@ def _reference_gptq(w, h, bits, group):
     return q
 
 
-def test_the_rounding_is_gptqs_own_to_float32s_rounding(monkeypatch):
+@pytest.mark.parametrize("run", [gptq.SUPER, 256])  # one run of features, or two (the second's errors sent on)
+def test_the_rounding_is_gptqs_own_to_float32s_rounding(monkeypatch, run):
     # the one-factor form (H's own Cholesky factor on the features held reversed, the original weights' errors,
-    # groups ranged as the reference holds them, two-level lazy batches) against the paper's three-factor form at
+    # groups ranged as the reference holds them, lazy batches at three levels) against the paper's three-factor form at
     # float64, feature by feature: the same grid values, but for any a float32 rounding moves across a half-step (and
     # what those send on; none here). Ranged from the one-factor form's own partial sums, 17% of them had differed.
     g = torch.Generator().manual_seed(7)
@@ -125,6 +126,7 @@ def test_the_rounding_is_gptqs_own_to_float32s_rounding(monkeypatch):
     torch.testing.assert_close(h, (x.T @ x).flip(0, 1).triu(), rtol=1e-5, atol=1e-2)
     # GPTQ's float32 updates, whatever kernels this process has loaded (bf16 ones: tests/quant/test_bf16gemm.py)
     monkeypatch.setattr(bf16gemm, "native", lambda: False)
+    monkeypatch.setattr(gptq, "SUPER", run)
     q, _, _ = gptq.round_weights(w, h, 4, 128)
     gptq.forget()
     full = (h + h.triu(1).T).flip(0, 1)  # H in the features' own order
