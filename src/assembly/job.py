@@ -190,9 +190,12 @@ class Job:
 
     @functools.cached_property
     def probe(self) -> roofline.Probe:
-        """As many bytes as the step reads, on its threads; on a GPU its memory, by a device copy."""
-        mb = roofline.DEVICE_PROBE_MB if self.placement.device != "cpu" else roofline.probe_mb(self.model)
-        return roofline.Probe(self.placement.threads, mb, device=self.placement.device)
+        """The step's own tensors, read in place (as many bytes as it reads, up to roofline.PROBE_MB), on its
+        threads; on a GPU its memory, by a device copy."""
+        if self.placement.device != "cpu":
+            return roofline.Probe(self.placement.threads, roofline.DEVICE_PROBE_MB, device=self.placement.device)
+        reads = roofline.step_reads(self.model)
+        return roofline.Probe(self.placement.threads, roofline.probe_mb(self.model), reads=reads)
 
 
 AUTO_FP32_PARAMS = 2_000_000_000  # task.reference=auto: fp32 up to this many parameters, bf16 above

@@ -24,7 +24,6 @@ from src.assembly.config import ConfigError, JobConfig
 from src.common import heap
 from src.data.corpus import Corpus
 from src.engine import kvcache
-from src.engine.roofline import PROBE_MB
 from src.models import families, hub
 from src.models.random_weights import SEED, NoShape, config_of, parameter_count
 from src.models.tiny import byte_tokenizer
@@ -33,9 +32,9 @@ from src.quant import formats
 from src.quant.apply import entry
 
 GB = 2**30
-# python, torch, transformers, Hydra, MLflow: ~1.1 GB resident measured here; plus the bandwidth probe's
-# buffer (src.engine.roofline, kept through a timed job)
-RUNTIME_BYTES = int(1.5 * GB) + PROBE_MB * 2**20
+# python, torch, transformers, Hydra, MLflow: ~1.1 GB resident measured here (the bandwidth probe reads the
+# step's own weights: src.engine.roofline)
+RUNTIME_BYTES = int(1.5 * GB)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 

@@ -6,10 +6,13 @@ read bandwidth, and decode_efficiency = roofline time/token / measured time/toke
 
 The bandwidth is probed beside the timing, after each example, not once per host: on a shared host
 the memory a job gets moves within minutes (43-84 GB/s read on this project's 2-core EPYC within one
-hour), so a bandwidth from another time would rate the same step anywhere from 0.7 to 1.3. The probe reads
-what the step reads (as many bytes, up to PROBE_MB, on the job's threads) and repeats its passes until the
-best stops rising, so one probe's figure holds still; the passes' spread is kept beside it. On a GPU the
-probe is a device-to-device copy timed by CUDA events (its read + write bytes, as copy bandwidth is quoted).
+hour), so a bandwidth from another time would rate the same step anywhere from 0.7 to 1.3. On the CPU the
+probe reads what the step reads, in place: the step's own weight tensors (`step_reads`), the largest first, up
+to PROBE_MB of them, on the job's threads, so it meets the same pages (a cached model's mapped from its file)
+and holds no buffer of its own (a 256 MiB one had put a cached 7B job's peak memory over its bound, and at 7B
+read a fifteenth of the step's bytes). It repeats its passes until the best stops rising, so one probe's figure
+holds still; the passes' spread is kept beside it. On a GPU the probe is a device-to-device copy timed by CUDA
+events (its read + write bytes, as copy bandwidth is quoted).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from torch import nn
 from src import kernels
 from src.common.metrics import Row, median
 
-PROBE_MB = 256  # the most a CPU probe reads: several times the last-level caches seen here (32-105 MB)
+PROBE_MB = 1024  # the most a CPU probe reads: far beyond the last-level caches seen here (32-105 MB)
 MIN_PROBE_MB = 4
 DEVICE_PROBE_MB = 1024  # a GPU's copy: far beyond its L2 (50-60 MB on an H100/H200)
 PROBE_REPEATS = 3  # passes at least
@@ -36,47 +39,74 @@ READ_ROW = 2048  # bf16 values per row of the kernel reader's matrix: 4 KB rows,
 
 def probe_mb(model: nn.Module) -> int:
     """The probe's size for this model: what its step reads, within [MIN_PROBE_MB, PROBE_MB] (a step smaller
-    than the caches reads from them, and so does its probe)."""
+    than the caches reads from them, and so does its probe; at Llama-2-7B's shape a quarter of its 3.8 GB)."""
     return int(min(max(weight_bytes(model) / 2**20, MIN_PROBE_MB), PROBE_MB))
 
 
 class Probe:
-    """Bandwidth in GB/s, measured now: each reader's best pass over one buffer, passes repeated (readers in
-    turns) until the best stops rising, taking the fastest reader; `spreads` keeps each call's spread (its
-    best pass over its median pass, less one). On the CPU the readers are torch's sum and, where quantspec's
-    kernels are loaded, their own bf16 matrix-vector product over the same bytes (the step's kernels' loads
-    and prefetch order, on the job's threads): on an Intel Xeon torch's sum read 25 GB/s where the kernel read
-    30-32, so a probe of the sum alone rated steps above 1.0. On CUDA: a device copy timed by events. The
-    buffer is touched once, when first measured, and kept."""
+    """Bandwidth in GB/s, measured now: each reader's best pass over the bytes it reads, passes repeated
+    (readers in turns) until the best stops rising, taking the fastest reader; `spreads` keeps each call's
+    spread (its best pass over its median pass, less one). On the CPU the bytes are `reads` (the step's
+    tensors, read in place: `step_reads`), or else a buffer of `mb` made and kept; the readers are torch's max
+    over them as bytes (integer: whatever the bytes hold) and, where quantspec's kernels are loaded, their own
+    bf16 matrix-vector product over the same bytes (the step's kernels' loads and prefetch order, on the job's
+    threads): on an Intel Xeon torch's sum read 25 GB/s where the kernel read 30-32, so a probe of the sum
+    alone rated steps above 1.0. On CUDA: a device copy timed by events."""
 
-    def __init__(self, threads: int, mb: int = PROBE_MB, repeats: int = PROBE_REPEATS, device: str = "cpu"):
+    def __init__(
+        self,
+        threads: int,
+        mb: int = PROBE_MB,
+        repeats: int = PROBE_REPEATS,
+        device: str = "cpu",
+        reads: list[torch.Tensor] | None = None,
+    ):
         self.threads, self.mb, self.repeats, self.device = threads, mb, repeats, torch.device(device)
-        self._buffer: torch.Tensor | None = None
+        self.reads = reads if self.device.type == "cpu" else None
+        self._buffer: torch.Tensor | None = None  # a GPU's, or a CPU's where no tensors are given
+        self._bytes: list[torch.Tensor] | None = None  # what a CPU pass reads: uint8 views
         self.spreads: list[float] = []
 
+    def bytes_read(self) -> int:
+        """Bytes one pass of a reader reads."""
+        return sum(b.numel() for b in self._bytes) if self._bytes is not None else self._buffer.numel() * 4
+
     def readers(self) -> dict[str, Callable[[], float]]:
-        """Each way of reading the whole buffer once, by name: a call returns (seconds, bytes moved)."""
-        x = self._buffer
+        """Each way of reading the bytes once, by name: a call returns (seconds, bytes moved)."""
         if self.device.type == "cuda":
+            x = self._buffer
             copy = torch.empty_like(x)
             return {"cuda copy": lambda: _events(lambda: copy.copy_(x), 2 * x.numel() * 4)}
-        found = {"torch.sum": lambda: _timed(x.sum, x.numel() * 4)}
+        runs, moved = self._bytes, self.bytes_read()
+        found = {"torch.amax": lambda: _timed(lambda: [b.amax() for b in runs], moved)}
         if kernels.loaded():
-            rows = x.view(torch.bfloat16).view(-1, READ_ROW)  # 1.0f's halves are bf16 0 and 1: no NaN, no Inf
+            # whole 4 KB rows of each run, as bf16 (read, never used: any bits will do)
+            rows = [
+                b[: b.numel() // (2 * READ_ROW) * 2 * READ_ROW].view(torch.bfloat16).view(-1, READ_ROW) for b in runs
+            ]
+            rows = [r for r in rows if r.shape[0]]
             vector = torch.ones(1, READ_ROW, dtype=torch.bfloat16)
             found["quantspec gemv"] = lambda: _timed(
-                lambda: torch.ops.quantspec.gemv_float(vector, rows), x.numel() * 4
+                lambda: [torch.ops.quantspec.gemv_float(vector, r) for r in rows], sum(r.numel() * 2 for r in rows)
             )
         return found
+
+    def _prepare(self) -> None:
+        if self.reads is not None:
+            self._bytes = _byte_runs(self.reads, self.mb * 2**20)
+            return
+        values = self.mb * 2**20 // 4 // READ_ROW * READ_ROW
+        self._buffer = torch.ones(values, dtype=torch.float32, device=self.device)  # touched: pages resident
+        if self.device.type == "cpu":
+            self._bytes = [self._buffer.view(torch.uint8)]
 
     def rates(self) -> dict[str, float]:
         """GB/s of each reader, its best pass, passes until every reader's best settles (STILL)."""
         previous = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
-            if self._buffer is None:  # touched: pages resident
-                values = self.mb * 2**20 // 4 // READ_ROW * READ_ROW
-                self._buffer = torch.ones(values, dtype=torch.float32, device=self.device)
+            if self._buffer is None and self._bytes is None:
+                self._prepare()
             readers = self.readers()
             passes: dict[str, list[float]] = {name: [] for name in readers}
             for count in range(1, MAX_PASSES + 1):
@@ -96,6 +126,35 @@ class Probe:
 
     def __call__(self) -> float:
         return max(self.rates().values())
+
+
+def step_reads(model: nn.Module) -> list[torch.Tensor]:
+    """The CPU tensors a decode step reads (every module's own, but an embedding's, of which a step reads one row;
+    a tied head's through the head), each storage once (a fused projection's whole tensor, not its parts' views),
+    largest first: what the probe reads in place. Tensors the step does not read are left alone: reading a mapped
+    file's other pages would make them resident."""
+    by_storage: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            continue
+        for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
+                continue
+            key = t.untyped_storage().data_ptr()
+            if key not in by_storage or t.nbytes > by_storage[key].nbytes:
+                by_storage[key] = t
+    return sorted(by_storage.values(), key=lambda t: -t.nbytes)
+
+
+def _byte_runs(tensors: list[torch.Tensor], most: int) -> list[torch.Tensor]:
+    """`tensors` in order as flat uint8 views, until `most` bytes are taken (the last one whole)."""
+    runs, taken = [], 0
+    for t in tensors:
+        if taken >= most:
+            break
+        runs.append(t.detach().reshape(-1).view(torch.uint8))
+        taken += runs[-1].numel()
+    return runs
 
 
 def _timed(read: Callable[[], object], moved: int) -> tuple[float, int]:
