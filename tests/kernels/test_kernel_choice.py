@@ -89,14 +89,16 @@ def test_a_variant_the_cpu_lacks_is_passed_over_never_loaded(tmp_path):
     assert not list(Path(cache).expanduser().glob("future-*"))  # not even built
 
 
-def test_the_weights_prefetch_into_l2_on_intel_and_l1_elsewhere_unless_forced(monkeypatch):
+def test_the_weights_prefetch_into_l2_on_x86_and_l1_elsewhere_unless_forced(monkeypatch):
     monkeypatch.delenv("QUANTSPEC_PREFETCH", raising=False)
     intel = "vendor_id\t: GenuineIntel\nflags\t\t: avx2\n"
     amd = "vendor_id\t: AuthenticAMD\nflags\t\t: avx2\n"
-    assert variants.prefetch_flags(intel) == ["-DQS_PREFETCH_LOCALITY=1"] and variants.prefetch_flags(amd) == []
+    arm = "processor\t: 0\nCPU implementer\t: 0x41\nFeatures\t: fp asimd\n"
+    assert variants.prefetch_flags(intel) == variants.prefetch_flags(amd) == ["-DQS_PREFETCH_LOCALITY=1"]
+    assert variants.prefetch_flags(arm) == []
     monkeypatch.setenv("QUANTSPEC_PREFETCH", "l1")
-    assert variants.prefetch_flags(intel) == []
+    assert variants.prefetch_flags(intel) == variants.prefetch_flags(amd) == []
     monkeypatch.setenv("QUANTSPEC_PREFETCH", "l2")
-    assert variants.prefetch_flags(amd) == ["-DQS_PREFETCH_LOCALITY=1"]
+    assert variants.prefetch_flags(arm) == ["-DQS_PREFETCH_LOCALITY=1"]
     # the flag is part of what keys a variant's build folder: a forced level never reuses the other's library
     assert variants.build_flags(variants.by_name("reference"))[-1] == "-DQS_PREFETCH_LOCALITY=1"

@@ -15,7 +15,7 @@
 #include <vector>
 
 // Which cache the weights' prefetches fill: 3 (prefetcht0, L1) unless the build says otherwise
-// (src/kernels/variants.py: prefetch_flags, L2 on Intel CPUs; QUANTSPEC_PREFETCH forces one): a core whose
+// (src/kernels/variants.py: prefetch_flags, L2 on x86 CPUs; QUANTSPEC_PREFETCH forces one): a core whose
 // misses into L1 run out of fill buffers reads faster prefetching into L2.
 #ifndef QS_PREFETCH_LOCALITY
 #define QS_PREFETCH_LOCALITY 3
