@@ -1,6 +1,7 @@
-"""The README's headline, made from a benchmark page's latest entry so the two cannot disagree: the table of the
-users' decode path against llama.cpp (the latest `engine.isa=auto` entry of docs/benchmarks/llamacpp.md) between
-the README's headline markers, and its picture, docs/headline.png, with docs/headline.json naming the entry it was
+"""The README's headline, made from a benchmark page's latest entries so the two cannot disagree: the table of the
+users' decode path against llama.cpp (the latest `engine.isa=auto` entry of docs/benchmarks/llamacpp.md) and, at
+the seeds' scale, the latest 7B entry of that page (scripts/bench_seven_b_decode's) between the README's headline
+markers, and its picture, docs/headline.png, with docs/headline.json naming the entry it was
 drawn from. tests/docs/test_docs.py fails when either is not the latest entry's.
 
     .venv/bin/python -m scripts.headline     # rewrite both from the latest entry (after a bench_llamacpp doc=true)
@@ -23,6 +24,7 @@ from src.common.metrics import md_text
 
 PAGE = "llamacpp"
 QUESTION = "engine.isa=auto"  # in the entry's title: the users' own path, as the CPU picks it
+SEVEN_B = "decode and prefill against llama-bench"  # in a 7B entry's title (scripts/bench_seven_b_decode)
 README = PROJECT_ROOT / "README.md"
 PICTURE = PROJECT_ROOT / "docs" / "headline.png"
 SOURCE = PICTURE.with_suffix(".json")
@@ -32,11 +34,19 @@ START = (
 END = "<!-- headline: end -->"
 
 
-def entry() -> benchpage.Entry:
-    found = [item for item in benchpage.latest(benchpage.load(PAGE)) if QUESTION in item.title]
+def entry(question: str = QUESTION) -> benchpage.Entry:
+    found = [item for item in benchpage.latest(benchpage.load(PAGE)) if question in item.title]
     if not found:
-        raise LookupError(f"docs/benchmarks/results/{PAGE}.jsonl has no current entry titled with {QUESTION}")
+        raise LookupError(f"docs/benchmarks/results/{PAGE}.jsonl has no current entry titled with {question}")
     return found[0]
+
+
+def seven_b() -> benchpage.Entry | None:
+    """The page's latest 7B entry, or None where it has none."""
+    try:
+        return entry(SEVEN_B)
+    except LookupError:
+        return None
 
 
 def source(item: benchpage.Entry) -> dict:
@@ -72,8 +82,12 @@ def shown(item: benchpage.Entry) -> list[str]:
     ]
 
 
-def block(item: benchpage.Entry) -> str:
-    rounds = f"{item.rounds} rounds in turns" if item.rounds else "one run"
+def _rounds(item: benchpage.Entry) -> str:
+    return f"{item.rounds} rounds in turns" if item.rounds else "one run"
+
+
+def block(item: benchpage.Entry, seven: benchpage.Entry | None = None) -> str:
+    rounds = _rounds(item)
     lines = [
         START,
         *shown(item),
@@ -85,9 +99,19 @@ def block(item: benchpage.Entry) -> str:
         f"{md_text(item.title)}: {md_text(item.date)}, {md_text(benchpage.host_name(item))}, {rounds}, commit "
         f"`{item.commit}`; ten seed prompts, 30 greedy tokens, whole jobs in turns with llama.cpp on the model's own "
         f"Q4_K_M GGUF ([Against llama.cpp](docs/benchmarks/llamacpp.md), where earlier entries and other hosts are).",
-        END,
     ]
-    return "\n".join(lines)
+    if seven is not None:
+        lines += [
+            "",
+            "At the seeds' scale, Llama-2-7B's shape with random weights on both sides, against llama-bench on the same "
+            "weights (a ratio under 1 is faster):",
+            "",
+            *shown(seven),
+            "",
+            f"{md_text(seven.title)}: {md_text(seven.date)}, {md_text(benchpage.host_name(seven))}, "
+            f"{_rounds(seven)}, commit `{seven.commit}`.",
+        ]
+    return "\n".join([*lines, END])
 
 
 def readme_block(text: str) -> str | None:
@@ -145,7 +169,7 @@ def main(argv: list[str]) -> int:
     if old is None:
         print(f"quantspec: README.md has no headline block ({START!r} ... {END!r})", file=sys.stderr)
         return 2
-    README.write_text(text.replace(old, block(item)))
+    README.write_text(text.replace(old, block(item, seven_b())))
     draw(item)
     SOURCE.write_text(json.dumps(source(item), indent=1) + "\n")
     print(f"README.md's headline and {PICTURE.relative_to(PROJECT_ROOT)}: {item.title}, {item.date}, {item.commit}")
