@@ -4,9 +4,9 @@ multiplies bf16 tensors only into bf16 results, and its fp32 GEMMs in oneDNN's b
 measured no faster than fp32 on an AVX512-BF16 EPYC without AMX.
 
 Two uses: a calibration Gram X^T X of bf16 rows (`gram_upper`: nothing rounded, the fp32 GEMM's result up to the
-order of its sums), and GPTQ's block updates (`addmm_`: the factor's and the errors' values rounded to bf16, a
-relative 2^-9 of each update, which is itself of the order of a rounding step: far below the bf16 weights' own
-precision). `native()` says whether the loaded kernels have it; where not, callers use torch's fp32 GEMMs.
+order of its sums), and GPTQ's block updates (`addmm_panels_`, each block's errors packed once by `panels` and a
+run of blocks' `joined`: the factor's and the errors' values rounded to bf16, a relative 2^-9 of each update,
+which is itself of the order of a rounding step: far below the bf16 weights' own precision). `native()` says whether the loaded kernels have it; where not, callers use torch's fp32 GEMMs.
 """
 
 from __future__ import annotations
