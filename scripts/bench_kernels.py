@@ -123,14 +123,15 @@ def main(argv: list[str]) -> int:
                     dtype = torch.float32 if fmt == "w8a8" else torch.bfloat16
                     bits = get(fmt).bits
                     t = int8_tensors(w, None) if bits == 8 else grouped_tensors(w, None, 128, bits)
-                    nbytes = build(fmt, t, 128, dtype, gemv=True).step_bytes()
-                    ours, aten = [], []
-                    for c in range(copies(nbytes)):
-                        tc = t if c == 0 else {name: v.clone() for name, v in t.items()}
+                    ours, aten = [build(fmt, t, 128, dtype, gemv=True)], [build(fmt, t, 128, dtype, gemv=False)]
+                    nbytes = ours[0].step_bytes()
+                    for _ in range(copies(nbytes) - 1):
+                        tc = {name: v.clone() for name, v in t.items()}
                         ours.append(build(fmt, tc, 128, dtype, gemv=True))
                         aten.append(build(fmt, tc, 128, dtype, gemv=False))
-                        if fmt == "w8a8" and no_amx is None:
-                            ours[-1].prefill = "amx"
+                    if fmt == "w8a8" and no_amx is None:
+                        for fast in ours:
+                            fast.prefill = "amx"
                 for rows in rows_of:
                     x = torch.randn(rows, k).to(dtype)
                     cases.append((label, fmt, rows, nbytes, ours, aten, x))

@@ -147,6 +147,18 @@ def write_f16_gguf(folder: Path, vocab: Path, path: Path) -> None:
     tmp.rename(path)
 
 
+def random_weights(name: str, home: Path, vocab: Path) -> tuple[Path, Path]:
+    """(checkpoint folder, F16 GGUF) of random weights at `name`'s shape under `home`, each written once."""
+    folder, f16 = home / f"{name}-random-bf16", home / f"{name}-random-f16.gguf"
+    if not folder.is_dir():
+        print(f"writing {folder}", flush=True)
+        write_checkpoint(name, folder)
+    if not f16.is_file():
+        print(f"writing {f16}", flush=True)
+        write_f16_gguf(folder, vocab, f16)
+    return folder, f16
+
+
 def evict(files: list[Path]) -> None:
     """Drop the files' clean pages from the page cache (no privileges needed; a page still mapped stays)."""
     for path in files:
@@ -198,13 +210,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     home = cache / "seven_b"
-    folder, f16 = home / f"{args.model}-random-bf16", home / f"{args.model}-random-f16.gguf"
-    if not folder.is_dir():
-        print(f"writing {folder}", flush=True)
-        write_checkpoint(args.model, folder)
-    if not f16.is_file():
-        print(f"writing {f16}", flush=True)
-        write_f16_gguf(folder, vocab, f16)
+    folder, f16 = random_weights(args.model, home, vocab)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-seven-b-store-')}/mlflow.db"
     base = ["model=hub", f"model.local_path={folder}", "precision=w4a16"]
     entries = cache / "quantized"

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import bench
-from scripts.bench_seven_b import write_checkpoint, write_f16_gguf
+from scripts.bench_seven_b import random_weights
 from scripts.peer import cache_dir, long_job
 from src.common.metrics import markdown_table
 from src.common.say import say
@@ -70,14 +70,8 @@ def main(argv: list[str]) -> int:
         say(f"no llama-bench, llama-quantize or vocabulary in {tools}: `bash scripts/build_llama_server`", err=True)
         return 2
     home = cache / "seven_b"
-    folder = home / f"{args.model}-random-bf16"
-    f16, q4 = home / f"{args.model}-random-f16.gguf", home / f"{args.model}-random-q4_k_m.gguf"
-    if not folder.is_dir():
-        print(f"writing {folder}", flush=True)
-        write_checkpoint(args.model, folder)
-    if not f16.is_file():
-        print(f"writing {f16}", flush=True)
-        write_f16_gguf(folder, vocab, f16)
+    folder, f16 = random_weights(args.model, home, vocab)
+    q4 = home / f"{args.model}-random-q4_k_m.gguf"
     if not q4.is_file():
         print(f"writing {q4}", flush=True)
         partial = q4.with_suffix(".partial")
