@@ -28,6 +28,8 @@ from src.quant.weights import QuantizedWeights
 
 log = logging.getLogger(__name__)
 
+# 15: AWQ's clip trials scored by bf16-operand GEMMs where the CPU multiplies bf16 natively (other clips where two
+# trials' errors are within the operands' rounding);
 # 14: GPTQ's errors sent on in runs of 512 features, a group's range by its block's inverse (other orders of sums);
 # 13: the spec's fields and the entry's record under one name per idea (format, wide_linears: src.common.renames),
 # the same weights; 12: the calibration windows through each layer in batches (src.quant.stream.per_call), its bf16 GEMMs on the
@@ -41,7 +43,7 @@ log = logging.getLogger(__name__)
 # 7: GPTQ rounds from one Cholesky factor of H, with no inverse (other float32 roundings); AWQ's clip search in
 # smaller runs of rows (the same clips); 6: random weights made a layer at a time take the values a whole build gives them; 5: written layer by layer, a
 # file each (src.quant.shards); 4: GPTQ rounds the decoder's linears in layer order; an older cache is rebuilt
-FORMAT = 14
+FORMAT = 15
 META = "quantized.json"
 
 

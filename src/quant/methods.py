@@ -41,6 +41,7 @@ class QuantSpec:
     wide_linears: tuple[str, ...]  # decoder linears (name suffixes) kept wider under a grouped format...
     wide_format: str  # ...in this format: w8a16 (int8), w6a16 or w5a16 (three quarters or five eighths of int8's bytes)
     gptq: tuple[str, ...]  # linears (name suffixes; lm_head: the output head; *: all) rounded by GPTQ, not to nearest
+    gptq_wide: bool  # whether GPTQ rounds the wide linears it names too (false: they round to nearest)
     # what each layer is calibrated on: what the rounded layers before it pass on (a second forward a layer, through
     # its rounded weights), or the float model's own states (the first forward's outputs, passed on)
     calib_inputs: str
@@ -53,9 +54,11 @@ class QuantSpec:
     def format_for(self, name: str) -> str:
         if name == HEAD:
             return self.head_format or self.format
-        if formats.get(self.format).grouped and name.endswith(self.wide_linears):
-            return self.wide_format
-        return self.format
+        return self.wide_format if self.is_wide(name) else self.format
+
+    def is_wide(self, name: str) -> bool:
+        """Whether decoder linear `name` is kept in the wide format (wide_linears, under a grouped format)."""
+        return formats.get(self.format).grouped and name.endswith(tuple(self.wide_linears))
 
     @property
     def grouped(self) -> bool:
@@ -108,7 +111,7 @@ class QuantSpec:
         layer = (4 * hidden * hidden + 3 * hidden * inner) * 2
         states = 16 * 256 * (2 * hidden + 2 * inner) * 4  # the windows' states, a layer's activations over them
         total = layer + states
-        if self.gptq:
+        if self.gptq:  # (an upper bound where gptq_wide leaves the MLP's output projection out: its Gram is not formed)
             total += (3 * hidden * hidden + 3 * inner * inner + inner * hidden) * 4
         if HEAD in self.gptq or "*" in self.gptq:  # GPTQ's float32 copy and its transpose, q twice, the packing
             total += shape.vocab_size * hidden * (2 * 4 + 3)

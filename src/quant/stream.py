@@ -140,17 +140,19 @@ def replaced_params(linears: dict[str, nn.Module]) -> set[str]:
 
 
 def gptq_linears(linears: dict[str, nn.Module], spec) -> set[str]:
-    """The linears spec.gptq names (by name suffix; `*`: every one the precision quantizes). A name that matches
-    no linear the precision quantizes is refused."""
-    if "*" in spec.gptq:
-        return set(linears)
-    unmatched = [s for s in spec.gptq if not any(name.endswith(s) for name in linears)]
+    """The linears spec.gptq names (by name suffix; `*`: every one the precision quantizes), less the wide
+    linears (spec.wide_linears, kept in a wider format) where spec.gptq_wide is false. A name that matches no
+    linear the precision quantizes is refused."""
+    unmatched = [s for s in spec.gptq if s != "*" and not any(name.endswith(s) for name in linears)]
     if unmatched:
         raise ConfigError(
             f"precision.gptq={list(spec.gptq)}: {', '.join(unmatched)} names no linear this precision quantizes; "
             f"use name suffixes such as {HEAD} (the output head), self_attn.v_proj, mlp.down_proj, or * for all"
         )
-    return {name for name in linears if name.endswith(spec.gptq)} if spec.gptq else set()
+    named = {name for name in linears if "*" in spec.gptq or name.endswith(tuple(spec.gptq))}
+    if spec.gptq_wide:
+        return named
+    return {name for name in named if not spec.is_wide(name)}
 
 
 def release(linear: nn.Module) -> None:

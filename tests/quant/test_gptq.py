@@ -7,7 +7,7 @@ import torch
 
 from src.common.schema import ConfigError
 from src.models.tiny import tiny_model
-from src.quant import bf16gemm, gptq, qparams
+from src.quant import bf16gemm, gptq, qparams, stream
 from src.quant.pipeline import install, quantize
 from tests.support.quant import calib, quant_spec
 
@@ -89,6 +89,23 @@ def test_precision_gptq_rounds_the_head_and_the_named_linears_and_refuses_a_name
     bad = quant_spec("rtn", "w4a16", group_size=128, gptq=("lm_hed",))
     with pytest.raises(ConfigError, match=r"^precision.gptq=\['lm_hed'\]: lm_hed names no linear"):
         quantize(tiny_model("llama")[0], "llama", bad, calib(tok))
+
+
+def test_gptq_wide_false_leaves_the_wide_linears_to_round_to_nearest():
+    # w4a16's mix: every linear named (*), the wide ones (5 bits) to nearest, the 4-bit ones and the head by GPTQ
+    model, tok = tiny_model("llama")
+    fields = dict(group_size=128, head_format="w5a16", wide_linears=("mlp.down_proj",), wide_format="w5a16")
+    plain = quant_spec("rtn", "w4a16", **fields)
+    spec = quant_spec("rtn", "w4a16", gptq=("*",), gptq_wide=False, **fields)
+    linears = stream.quantized_linears(model, "llama", spec)
+    chosen = stream.gptq_linears(linears, spec)
+    assert chosen == {n for n in linears if not n.endswith("mlp.down_proj")} and "lm_head" in chosen
+    ref = quantize(tiny_model("llama")[0], "llama", plain, None)
+    weights = quantize(model, "llama", spec, calib(tok))
+    for name in ("model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"):
+        assert all(torch.equal(weights.layers[name][f], ref.layers[name][f]) for f in ref.layers[name]), name
+    for name in ("lm_head", "model.layers.0.mlp.up_proj"):
+        assert not all(torch.equal(weights.layers[name][f], ref.layers[name][f]) for f in ref.layers[name]), name
 
 
 def _reference_gptq(w, h, bits, group):

@@ -202,6 +202,24 @@ def test_clip_search_never_increases_the_error():
     assert mse(qparams.fake_int4_weight(w, 128, clip)) <= mse(qparams.fake_int4_weight(w, 128))
 
 
+def test_clip_search_in_bf16_operands_picks_clips_as_good_as_fp32s(monkeypatch):
+    # where the CPU multiplies bf16 natively the trials are scored by bf16 GEMMs: a clip it picks may differ from
+    # fp32's only where two trials' errors are within the operands' rounding, so each group's error stays fp32's best
+    torch.manual_seed(0)
+    x, w = torch.randn(512, 256), torch.randn(96, 256)
+    exact = awq.search_clip(x, w, group=128)
+    monkeypatch.setattr(awq.bf16math, "native", lambda: True)
+    picked = awq.search_clip(x, w, group=128)
+
+    def error(clip):  # each (row, group)'s output error, in float64
+        change = (qparams.fake_int4_weight(w, 128, clip) - w).double().reshape(96, 2, 128)
+        xg = x.double().reshape(512, 2, 128)
+        return torch.einsum("tgk,rgk->rgt", xg, change).pow(2).mean(-1)
+
+    assert (picked != exact).float().mean() < 0.1
+    assert (error(picked) <= error(exact) * 1.01 + 1e-12).all()
+
+
 @pytest.mark.parametrize("precision", list(SPECS))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantized_tiny_model_runs_real_kernels_and_generates(arch, precision):
