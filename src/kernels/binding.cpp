@@ -436,6 +436,141 @@ void gemm_bf16(at::Tensor& c, const at::Tensor& a, const at::Tensor& bp, bool up
 
 bool has_gemm_bf16() { return k().gemm_bf16 != nullptr; }
 
+namespace {
+
+// float -> bf16 bits rounded to nearest, ties to even (c10::BFloat16's rounding for every value but NaN, which the
+// callers below never meet), in a form the compiler vectorizes
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// nearbyint under the default rounding mode (ties to even, as torch.round) for |u| < 2^22, vectorizable: the sum
+// with 1.5 * 2^23 has no fraction bits, so the FPU's own rounding makes it an integer (without -ffast-math the
+// compiler may not fold the two operations away)
+inline float round_even(float u) {
+  const float magic = 12582912.0f;
+  return (u + magic) - magic;
+}
+
+// torch.clamp(v, a, b) for values that are not NaN, in a form the compiler vectorizes
+inline float clamp_to(float v, float a, float b) {
+  v = v < a ? a : v;
+  return v > b ? b : v;
+}
+
+template <typename In, typename Out, typename Convert>
+void flipped_transpose_into(const In* src, int64_t R, int64_t C, bool flip_rows, bool flip_cols, Out* out,
+                            Convert convert) {
+  constexpr int64_t T = 64;  // a tile's rows and columns: its reads and writes stay in L1
+  at::parallel_for(0, (C + T - 1) / T, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t c0 = t0 * T; c0 < std::min(C, t1 * T); c0 += T) {
+      const int64_t c1 = std::min(C, c0 + T);
+      for (int64_t r0 = 0; r0 < R; r0 += T) {
+        const int64_t r1 = std::min(R, r0 + T);
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t sc = flip_cols ? C - 1 - c : c;
+          Out* o = out + c * R;
+          for (int64_t r = r0; r < r1; ++r) o[r] = convert(src[(flip_rows ? R - 1 - r : r) * C + sc]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// float32 [C, R] from src [R, C] (contiguous, bf16 or float32): out[c][r] = src[r'][c'], r' = R - 1 - r where
+// flip_rows, c' = C - 1 - c where flip_cols: torch's src.flip(...).T.float().contiguous() in one tiled pass, where
+// torch's flip makes a copy and its transposing copy reads with a stride (an 11008 x 4096 bf16 weight: ~0.1 s
+// against ~0.2). GPTQ holds a linear's weights so: transposed, in reverse feature order (src/quant/gptq.py).
+at::Tensor flipped_transpose(const at::Tensor& src, bool flip_rows, bool flip_cols) {
+  TORCH_CHECK(src.dim() == 2 && src.is_contiguous(), "quantspec flipped_transpose: a contiguous [R, C] tensor");
+  const int64_t R = src.size(0), C = src.size(1);
+  at::Tensor out = at::empty({C, R}, src.options().dtype(at::kFloat));
+  if (src.scalar_type() == at::kBFloat16) {
+    flipped_transpose_into(bits(src), R, C, flip_rows, flip_cols, out.data_ptr<float>(), [](uint16_t b) {
+      const uint32_t u = uint32_t(b) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    });
+  } else {
+    TORCH_CHECK(src.scalar_type() == at::kFloat, "quantspec flipped_transpose: bf16 or float32");
+    flipped_transpose_into(src.data_ptr<float>(), R, C, flip_rows, flip_cols, out.data_ptr<float>(),
+                           [](float f) { return f; });
+  }
+  return out;
+}
+
+// AWQ's clip trial (src/quant/awq.py's _clipped_change, the same float operations in the same order: the file builds
+// with -ffp-contract=off): for groups wg [G, r, g] float32 clipped to [-clip, clip] (clip, low, high [G, r]: the
+// trial clip and each group's own min and max), each weight's change Q(w) - w on the clipped group's grid of
+// 2^bits levels, as bf16 [G, r, g] (rounded to nearest even, as torch's .to(torch.bfloat16)), ready for the
+// trial's bmm; one pass where torch's ops make ~9.
+at::Tensor clip_change(const at::Tensor& wg, const at::Tensor& clip, const at::Tensor& low, const at::Tensor& high,
+                       int64_t bits_) {
+  TORCH_CHECK(wg.dim() == 3 && wg.scalar_type() == at::kFloat && wg.is_contiguous() &&
+                  clip.scalar_type() == at::kFloat && clip.is_contiguous() && low.scalar_type() == at::kFloat &&
+                  low.is_contiguous() && high.scalar_type() == at::kFloat && high.is_contiguous(),
+              "quantspec clip_change: contiguous float32 tensors");
+  const int64_t rows = wg.size(0) * wg.size(1), g = wg.size(2);
+  TORCH_CHECK(clip.numel() == rows && low.numel() == rows && high.numel() == rows, "quantspec clip_change: shapes");
+  TORCH_CHECK(1 <= bits_ && bits_ <= 8, "quantspec clip_change: 1 to 8 bits");
+  at::Tensor out = at::empty(wg.sizes(), wg.options().dtype(at::kBFloat16));
+  const float *w = wg.data_ptr<float>(), *cp = clip.data_ptr<float>(), *lp = low.data_ptr<float>(),
+              *hp = high.data_ptr<float>();
+  uint16_t* o = bits_out(out);
+  const float top = float((1 << bits_) - 1);
+  at::parallel_for(0, rows, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float c = cp[i], lo = std::max(lp[i], -c), hi = std::min(hp[i], c);
+      const float s = std::max((hi - lo) / top, 1e-6f);
+      const float* x = w + i * g;
+      uint16_t* d = o + i * g;
+      // SIMD lanes of the baseline ISA, the operations and their order unchanged (-O2's cost model had left the
+      // loop scalar; std::min and std::max, returning references, had kept it from being vectorized at all)
+#pragma omp simd
+      for (int64_t j = 0; j < g; ++j) {
+        const float u = clamp_to(round_even((clamp_to(x[j], -c, c) - lo) / s), 0.0f, top);
+        d[j] = bf16_bits((u * s + lo) - x[j]);
+      }
+    }
+  });
+  return out;
+}
+
+// sum_k y[i, k] * d[i, k] in float32 over bf16 rows y, d [.., g] (each product exact in float32): AWQ's clip trial's
+// error d^T G d per (group, row), y = d G. Summed in 8 running sums (k mod 8) then those in order: torch sums in its
+// own order, so the last bits may differ from (y.float() * d.float()).sum(-1).
+at::Tensor row_dots_bf16(const at::Tensor& y, const at::Tensor& d) {
+  TORCH_CHECK(y.scalar_type() == at::kBFloat16 && d.scalar_type() == at::kBFloat16 && y.is_contiguous() &&
+                  d.is_contiguous() && y.sizes() == d.sizes() && y.dim() >= 1 && y.size(-1) % 8 == 0,
+              "quantspec row_dots_bf16: contiguous bf16 tensors of one shape, rows a multiple of 8 long");
+  const int64_t g = y.size(-1), rows = y.numel() / g;
+  std::vector<int64_t> shape(y.sizes().begin(), y.sizes().end() - 1);
+  at::Tensor out = at::empty(shape, y.options().dtype(at::kFloat));
+  const uint16_t *yp = bits(y), *dp = bits(d);
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t k = 0; k < g; k += 8) {
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t a = uint32_t(yp[i * g + k + j]) << 16, b = uint32_t(dp[i * g + k + j]) << 16;
+          float fa, fb;
+          std::memcpy(&fa, &a, 4);
+          std::memcpy(&fb, &b, 4);
+          acc[j] += fa * fb;
+        }
+      }
+      op[i] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+  });
+  return out;
+}
+
 }  // namespace qs_ops
 
 using namespace qs_ops;
@@ -461,6 +596,9 @@ TORCH_LIBRARY(quantspec, m) {
         "Tensor scale, int c0, int c1, int b0, int top, bool grouped) -> ()");
   m.def("gemm_bf16(Tensor(a!) c, Tensor a, Tensor bp, bool upper) -> ()");
   m.def("has_gemm_bf16() -> bool");
+  m.def("flipped_transpose(Tensor src, bool flip_rows, bool flip_cols) -> Tensor");
+  m.def("clip_change(Tensor wg, Tensor clip, Tensor low, Tensor high, int bits) -> Tensor");
+  m.def("row_dots_bf16(Tensor y, Tensor d) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
@@ -477,6 +615,9 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("int8_gemm_amx", int8_gemm_amx);
   m.impl("quantize_x8_bf16", quantize_x8_bf16);
   m.impl("scale_rows_bf16", scale_rows_bf16);
+  m.impl("flipped_transpose", flipped_transpose);
+  m.impl("clip_change", clip_change);
+  m.impl("row_dots_bf16", row_dots_bf16);
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CatchAll, m) {

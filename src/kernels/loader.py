@@ -231,6 +231,17 @@ def loaded() -> bool:
     return bool(_state.get("ok"))
 
 
+def binding_op(name: str):
+    """torch.ops.quantspec.<name> where the binding is loaded in this process (a job that runs quantspec's kernels
+    loads it before it quantizes), else None: callers then run the same arithmetic in torch."""
+    import torch  # (as _key: not at import)
+
+    try:
+        return getattr(torch.ops.quantspec, name)
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def reason() -> str | None:
     """Why load() returned False (or which variants could not be built)."""
     return _state.get("reason")  # type: ignore[return-value]

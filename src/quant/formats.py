@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from src import kernels
 from src.quant import gptq, linear, qparams
 
 GROUPS = (32, 64, 128, 256)  # group sizes a grouped format takes (ATen's int4 kernel's; quantspec's: 128, 256)
@@ -52,6 +53,16 @@ class Format:
         if self.grouped:
             return linear.grouped_tensors(weight, bias, group, self.bits, clip)
         return linear.int8_tensors(weight, bias)
+
+    def rounded_weight(self, t: dict[str, torch.Tensor], group: int | None, dtype: torch.dtype) -> torch.Tensor:
+        """The weight these portable tensors hold as a rounded linear multiplies by it in a prefill, in `dtype`:
+        where quantspec's kernels are loaded and hold a bf16 grouped weight in their lane layout, unpacked by them
+        (the gemv module's prefill, in one vectorized pass: torch's dequantizing passes had taken ~0.3-0.7 s of a
+        7B layer's quantization); else dequantized() in `dtype`."""
+        lanes = f"{qparams.LANES}{self.bits}"
+        if self.grouped and dtype == torch.bfloat16 and lanes in t and kernels.loaded():
+            return self.gemv.from_tensors(t, group, dtype).unpacked()
+        return self.dequantized(t, group).to(dtype)
 
     def dequantized(self, t: dict[str, torch.Tensor], group: int | None) -> torch.Tensor:
         """The float [N, K] weight these portable tensors hold (what the rounded linear computes with)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from scipy.linalg import blas, lapack
 
+from src.kernels.loader import binding_op
 from src.quant import bf16gemm, bf16math, qparams
 
 DAMP = 0.01  # H's diagonal is raised by this share of its mean: a feature the calibration barely saw stays solvable
@@ -91,7 +92,7 @@ def round_weights(
         qparams.check_group(k, group)
     # held transposed ([K, n]: one feature's weights contiguous) in gram's order, a float32 copy made in one
     # transposing pass (never the model's own tensor), updated in place
-    w0t = torch.empty(k, n).copy_(weight.detach().flip(1).T)
+    w0t = _flipped_transpose(weight.detach(), False, True)
     if clip is not None:  # each group's weights into [-clip, clip], in place
         c = clip.flip(1).T[:, None, :]  # [K/group, 1, n]
         w0t.view(k // group, group, n).clamp_(min=-c, max=c)
@@ -109,6 +110,18 @@ def round_weights(
     if group is None:
         return qt.flip(0).T.contiguous(), scale, None
     return tuple(t.flip(0).T.contiguous() for t in (qt, scale, zero))
+
+
+def _flipped_transpose(t: torch.Tensor, flip_rows: bool, flip_cols: bool) -> torch.Tensor:
+    """t [R, C] flipped (its rows, its columns or both) and transposed: a contiguous float32 [C, R], in one tiled
+    pass by the binding where it is loaded (an 11008 x 4096 linear's two copies, torch's flip and its strided
+    transposing copy, had taken ~0.2 s of the two's ~0.3), else by torch."""
+    op = binding_op("flipped_transpose")
+    if op is not None:
+        return op(t.contiguous(), flip_rows, flip_cols)
+    dims = [d for d, flip in ((0, flip_rows), (1, flip_cols)) if flip]
+    flipped = t.flip(dims) if dims else t
+    return flipped.T.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
 
 
 _last: list = []  # [h, its factor, its dead features]: the Gram linears reading one input share (q, k, v)
@@ -203,7 +216,7 @@ def _round_rows(w0t, unit, bits, group, block, qt, scale, zero) -> None:
         assert block == group, "a group is ranged at its block's start"
     run = max(SUPER // block, 1) * block  # whole blocks: a group never spans two runs
     wt = w0t.clone()
-    native = _native()
+    native = binding_op("gptq_features")  # else the same arithmetic in torch (_features)
     # the GEMMs in bf16 operands where quantspec's kernel has them (src.quant.bf16gemm: 1.3-1.9x fp32's rate on an
     # AVX512-BF16 EPYC), each block's errors packed for it once (for its block's update and, joined, its run's),
     # else in fp32
@@ -256,15 +269,6 @@ def _as_updated(sums: torch.Tensor, original: torch.Tensor, unit: torch.Tensor) 
     eye = torch.eye(unit.shape[0])
     inverse = torch.linalg.solve_triangular(unit.contiguous(), eye, upper=True, unitriangular=True)
     return torch.addmm(original, inverse, sums - original)
-
-
-def _native():
-    """quantspec's kernel binding's run of features, where the binding is loaded in this process (a job that runs
-    quantspec's kernels loads it before it quantizes), else None: the same arithmetic in torch (_features)."""
-    try:
-        return torch.ops.quantspec.gptq_features
-    except (AttributeError, RuntimeError):
-        return None
 
 
 def _features(wt, w0t, unit, qt, err, low, step, c0, c1, b0, top) -> None:

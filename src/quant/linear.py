@@ -288,6 +288,10 @@ class GroupedGemv(QuantLinear):
     # MLP shapes: 1.3x faster at 17 rows, 5x at 128, 7-10x at 512.
     PREFILL_BYTES = 8 << 20
 
+    def unpacked(self) -> torch.Tensor:
+        """The whole weight as its prefill multiplies it: bf16 [N, K], unpacked by the kernels."""
+        return torch.ops.quantspec.dequant_grouped(self.wg, self.wg_scale, self.wg_offset, self.group, self.unpack)
+
     def _prefill(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 (bf16) times the weight, a block of output channels at a time: bf16, or fp32 where `float_gemm`
         says (then the result is fp32)."""

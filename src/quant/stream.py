@@ -420,9 +420,9 @@ def quantize(
             for name, m in mine.items():
                 gram = _scaled_gram(seen, name, scaled.divided, grams) if name in chosen else None
                 tensors[name] = rounded(name, gram, scaled.clips.get(name))
-                if second_forward:  # the layers after it meet its rounded weights
-                    back = formats.get(format_of[name]).dequantized(tensors[name], spec.group_size)
-                    m.weight.data = back.to(m.weight.dtype)
+                if second_forward:  # the layers after it meet its rounded weights, as the quantized model has them
+                    fmt = formats.get(format_of[name])
+                    m.weight.data = fmt.rounded_weight(tensors[name], spec.group_size, m.weight.dtype)
             gptq.forget()  # the layer's factors: the next layer's inputs are others
             if through_float:
                 hidden = seen.outputs

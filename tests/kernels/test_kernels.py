@@ -312,6 +312,20 @@ def test_a_grouped_gemv_module_reads_its_stored_lanes_in_place():
         assert _rel_err(module(x), ref) < 1e-2, name
 
 
+def test_a_rounded_weight_is_what_the_quantized_linears_prefill_multiplies_by():
+    # the calibration windows go on through a rounded layer with this weight (src.quant.stream): the kernels'
+    # unpacking where they are loaded, within a bf16 rounding of the weight's own float values
+    torch.manual_seed(9)
+    w = torch.randn(96, 256)
+    for name in ("w4a16", "w5a16", "w6a16", "w2a16"):
+        fmt = formats.get(name)
+        tensors = fmt.tensors(w, None, 128)
+        weight = fmt.rounded_weight(tensors, 128, torch.bfloat16)
+        assert torch.equal(weight, build(name, tensors, 128, torch.bfloat16, True).unpacked()), name
+        exact = fmt.dequantized(tensors, 128)
+        assert ((weight.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all(), name
+
+
 def test_a_prefills_bf16_gemm_made_fp32_multiplies_the_same_values():
     """float_gemm="fp32" (src.quant.prefill's choice where ATen's bf16 GEMM is slow): the same bf16 operands,
     made fp32 exactly, summed in fp32, the result rounded once to bf16, as the bf16 GEMM's is."""
@@ -553,11 +567,54 @@ def test_projections_of_mixed_kinds_fuse_the_runs_that_share_one():
     assert all(torch.equal(a, b) for a, b in zip(projection(x), refs))
 
 
+def test_the_bindings_flipped_transpose_is_torchs_flip_and_transpose():
+    op = kernels.binding_op("flipped_transpose")
+    src = torch.randn(70, 131, generator=torch.Generator().manual_seed(0))  # neither a multiple of the 64-wide tiles
+    for t in (src, src.bfloat16()):
+        for flip_rows, flip_cols in ((False, True), (True, False), (True, True), (False, False)):
+            dims = [d for d, f in ((0, flip_rows), (1, flip_cols)) if f]
+            ref = (t.flip(dims) if dims else t).T.float().contiguous()
+            assert torch.equal(op(t, flip_rows, flip_cols), ref), (t.dtype, flip_rows, flip_cols)
+
+
+def test_awqs_clip_trial_in_the_binding_is_torchs_bit_for_bit(monkeypatch):
+    """A job that loads quantspec's kernels scores AWQ's clip trials by the binding's clip_change (each weight's
+    change, bit for bit as torch's ops give it, in bf16) and row_dots_bf16 (the error, summed in another order)."""
+    from src.quant import awq
+
+    torch.manual_seed(0)
+    w = torch.randn(96, 512) * 0.02
+    w[3, 5] = 0.5  # an outlier: a group where clipping matters
+    wg = w.reshape(96, 4, 128).transpose(0, 1).contiguous()  # [G, r, g], as the search holds it
+    low, high = torch.aminmax(wg, dim=-1)
+    w_max = torch.maximum(-low, high)
+    for bits in (2, 4, 5):
+        for ratio in (1.0, 0.8, 0.5):
+            clip = w_max * ratio
+            d = kernels.binding_op("clip_change")(wg, clip, low, high, bits)
+            assert torch.equal(d, awq._clipped_change(wg, clip, bits, low, high).to(torch.bfloat16)), (bits, ratio)
+    y = torch.randn(4, 96, 128).bfloat16()
+    dots = kernels.binding_op("row_dots_bf16")(y, d)
+    torch.testing.assert_close(dots, (y.float() * d.float()).sum(-1), rtol=1e-5, atol=1e-9)
+    x = torch.randn(512, 512)
+    monkeypatch.setattr(awq.bf16math, "native", lambda: True)  # the bf16 trials, on any host
+    fused = awq.search_clip(x, w, 128)
+    monkeypatch.setattr(awq, "binding_op", lambda name: None)
+    plain = awq.search_clip(x, w, 128)
+
+    def error(clip):  # each (row, group)'s output error, in float64
+        change = (qparams.fake_int4_weight(w, 128, clip) - w).double().reshape(96, 4, 128)
+        return torch.einsum("tgk,rgk->rgt", x.double().reshape(512, 4, 128), change).pow(2).mean(-1)
+
+    assert (fused != plain).float().mean() < 0.05  # another order of sums may break a near tie otherwise
+    torch.testing.assert_close(error(fused), error(plain), rtol=1e-3, atol=1e-12)
+
+
 @pytest.mark.parametrize("bits, group", [(8, None), (4, 128), (5, 128), (2, 128)])
 def test_gptqs_run_of_features_in_the_binding_is_torchs_bit_for_bit(monkeypatch, bits, group):
-    """A job that loads quantspec's kernels rounds GPTQ's features in the binding (gptq_features); any other in
-    torch (src/quant/gptq.py's _features): the two give the same quantized weights, scales and zeros, so a cached
-    entry does not depend on which made it."""
+    """A job that loads quantspec's kernels rounds GPTQ's features in the binding (gptq_features, its copies by
+    flipped_transpose); any other in torch (src/quant/gptq.py's _features): the two give the same quantized
+    weights, scales and zeros, so a cached entry does not depend on which made it."""
     from src.quant import gptq
 
     torch.manual_seed(0)
@@ -565,10 +622,10 @@ def test_gptqs_run_of_features_in_the_binding_is_torchs_bit_for_bit(monkeypatch,
     x = torch.randn(1024, 512)
     x[:, 7] = 0.0  # a feature never seen: zeroed, on both paths
     h = x.T @ x
-    assert gptq._native() is not None  # the binding is loaded (the fixture's variant)
+    assert gptq.binding_op("gptq_features") is not None  # the binding is loaded (the fixture's variant)
     native = gptq.round_weights(w, h, bits, group)
     gptq.forget()
-    monkeypatch.setattr(gptq, "_native", lambda: None)
+    monkeypatch.setattr(gptq, "binding_op", lambda name: None)  # its transposing copies in torch too
     torch_path = gptq.round_weights(w, h, bits, group)
     gptq.forget()
     for a, b in zip(native, torch_path, strict=True):
