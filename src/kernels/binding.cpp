@@ -352,6 +352,40 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& key, const at
   return out;
 }
 
+namespace {
+
+// torch.clamp(v, a, b) for values that are not NaN, in a form the compiler vectorizes
+inline float clamp_to(float v, float a, float b) {
+  v = v < a ? a : v;
+  return v > b ? b : v;
+}
+
+// nearbyint under the default rounding mode (ties to even, as torch.round) for |u| < 2^22, vectorizable: the sum
+// with 1.5 * 2^23 has no fraction bits, so the FPU's own rounding makes it an integer (without -ffast-math the
+// compiler may not fold the two operations away). Clamped after to a range inside +-2^22 (a few bits' levels), as
+// its callers do, it is nearbyint then the clamp for every value but NaN: beyond 2^22 both clamp to the same end.
+inline float round_even(float u) {
+  const float magic = 12582912.0f;
+  return (u + magic) - magic;
+}
+
+// One feature of gptq_features, rows [r0, r1): rounded on its grid, its q stored, its error kept. Vectorized (the
+// rows are independent): std::nearbyint and std::min/max had kept this loop scalar.
+template <bool grouped, typename Q>
+inline void round_feature(const float* x, const float* x0, const float* s, const float* l, float lowest,
+                          float highest, Q* q, float* e, int64_t r0, int64_t r1) {
+#pragma omp simd
+  for (int64_t r = r0; r < r1; ++r) {
+    const float u = clamp_to(round_even(grouped ? (x[r] - l[r]) / s[r] : x[r] / s[r]), lowest, highest);
+    float back = u * s[r];
+    if (grouped) back = back + l[r];
+    q[r] = static_cast<Q>(u);
+    e[r] = x0[r] - back;
+  }
+}
+
+}  // namespace
+
 // GPTQ's rounding of one run of features [c0, c1) of transposed float32 weights wt [K, n] (one feature's n
 // weights contiguous), last to first, in place (src/quant/gptq.py's _round_rows says the algorithm, and runs these
 // same float operations in torch where this binding is not loaded: the file builds with -ffp-contract=off, so each
@@ -379,22 +413,18 @@ void gptq_features(at::Tensor& wt, const at::Tensor& w0t, const at::Tensor& fact
   const float *w0 = w0t.data_ptr<float>(), *v = factor.data_ptr<float>(), *s = scale.data_ptr<float>(),
               *l = lo.data_ptr<float>();
   float* e_out = err.data_ptr<float>();
-  void* q = qt.data_ptr();
   const float lowest = grouped ? 0.0f : -float(top), highest = float(top);
+  uint8_t* q8u = unsigned_q ? qt.data_ptr<uint8_t>() : nullptr;
+  int8_t* q8s = unsigned_q ? nullptr : qt.data_ptr<int8_t>();
   at::parallel_for(0, n, 256, [&](int64_t r0, int64_t r1) {
     for (int64_t f = c1 - 1; f >= c0; --f) {
       float* x = w + f * n;
       const float* x0 = w0 + f * n;
       float* e = e_out + (f - b0) * n;
-      for (int64_t r = r0; r < r1; ++r) {
-        float u = grouped ? (x[r] - l[r]) / s[r] : x[r] / s[r];
-        u = std::min(std::max(std::nearbyint(u), lowest), highest);
-        float back = u * s[r];
-        if (grouped) back = back + l[r];
-        if (unsigned_q) static_cast<uint8_t*>(q)[f * n + r] = static_cast<uint8_t>(u);
-        else static_cast<int8_t*>(q)[f * n + r] = static_cast<int8_t>(u);
-        e[r] = x0[r] - back;
-      }
+      if (grouped && unsigned_q) round_feature<true>(x, x0, s, l, lowest, highest, q8u + f * n, e, r0, r1);
+      else if (unsigned_q) round_feature<false>(x, x0, s, l, lowest, highest, q8u + f * n, e, r0, r1);
+      else if (grouped) round_feature<true>(x, x0, s, l, lowest, highest, q8s + f * n, e, r0, r1);
+      else round_feature<false>(x, x0, s, l, lowest, highest, q8s + f * n, e, r0, r1);
       for (int64_t j = c0; j < f; ++j) {
         const float vj = v[j * K + f];
         float* y = w + j * n;
@@ -446,19 +476,6 @@ inline uint16_t bf16_bits(float f) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// nearbyint under the default rounding mode (ties to even, as torch.round) for |u| < 2^22, vectorizable: the sum
-// with 1.5 * 2^23 has no fraction bits, so the FPU's own rounding makes it an integer (without -ffast-math the
-// compiler may not fold the two operations away)
-inline float round_even(float u) {
-  const float magic = 12582912.0f;
-  return (u + magic) - magic;
-}
-
-// torch.clamp(v, a, b) for values that are not NaN, in a form the compiler vectorizes
-inline float clamp_to(float v, float a, float b) {
-  v = v < a ? a : v;
-  return v > b ? b : v;
-}
 
 template <typename In, typename Out, typename Convert>
 void flipped_transpose_into(const In* src, int64_t R, int64_t C, bool flip_rows, bool flip_cols, Out* out,
