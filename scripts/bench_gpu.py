@@ -112,6 +112,7 @@ def make_models(args, device: str) -> dict[str, torch.nn.Module]:
                 wide_linears=(),
                 wide_format="w8a16",
                 gptq=(),
+                gptq_wide=True,
                 calib_inputs="rounded",
             )
             weights = quantize(model, model.config.model_type, spec, None)
