@@ -468,18 +468,9 @@ bool has_gemm_bf16() { return k().gemm_bf16 != nullptr; }
 
 namespace {
 
-// float -> bf16 bits rounded to nearest, ties to even (c10::BFloat16's rounding for every value but NaN, which the
-// callers below never meet), in a form the compiler vectorizes
-inline uint16_t bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-
-template <typename In, typename Out, typename Convert>
-void flipped_transpose_into(const In* src, int64_t R, int64_t C, bool flip_rows, bool flip_cols, Out* out,
-                            Convert convert) {
+// (qs::load reads a float32 or a bf16 element as float32: core/common.h, as the variants convert)
+template <typename In>
+void flipped_transpose_into(const In* src, int64_t R, int64_t C, bool flip_rows, bool flip_cols, float* out) {
   constexpr int64_t T = 64;  // a tile's rows and columns: its reads and writes stay in L1
   at::parallel_for(0, (C + T - 1) / T, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t c0 = t0 * T; c0 < std::min(C, t1 * T); c0 += T) {
@@ -488,8 +479,8 @@ void flipped_transpose_into(const In* src, int64_t R, int64_t C, bool flip_rows,
         const int64_t r1 = std::min(R, r0 + T);
         for (int64_t c = c0; c < c1; ++c) {
           const int64_t sc = flip_cols ? C - 1 - c : c;
-          Out* o = out + c * R;
-          for (int64_t r = r0; r < r1; ++r) o[r] = convert(src[(flip_rows ? R - 1 - r : r) * C + sc]);
+          float* o = out + c * R;
+          for (int64_t r = r0; r < r1; ++r) o[r] = qs::load(src, (flip_rows ? R - 1 - r : r) * C + sc);
         }
       }
     }
@@ -507,16 +498,10 @@ at::Tensor flipped_transpose(const at::Tensor& src, bool flip_rows, bool flip_co
   const int64_t R = src.size(0), C = src.size(1);
   at::Tensor out = at::empty({C, R}, src.options().dtype(at::kFloat));
   if (src.scalar_type() == at::kBFloat16) {
-    flipped_transpose_into(bits(src), R, C, flip_rows, flip_cols, out.data_ptr<float>(), [](uint16_t b) {
-      const uint32_t u = uint32_t(b) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    });
+    flipped_transpose_into(bits(src), R, C, flip_rows, flip_cols, out.data_ptr<float>());
   } else {
     TORCH_CHECK(src.scalar_type() == at::kFloat, "quantspec flipped_transpose: bf16 or float32");
-    flipped_transpose_into(src.data_ptr<float>(), R, C, flip_rows, flip_cols, out.data_ptr<float>(),
-                           [](float f) { return f; });
+    flipped_transpose_into(src.data_ptr<float>(), R, C, flip_rows, flip_cols, out.data_ptr<float>());
   }
   return out;
 }
@@ -524,7 +509,7 @@ at::Tensor flipped_transpose(const at::Tensor& src, bool flip_rows, bool flip_co
 // AWQ's clip trial (src/quant/awq.py's _clipped_change, the same float operations in the same order: the file builds
 // with -ffp-contract=off): for groups wg [G, r, g] float32 clipped to [-clip, clip] (clip, low, high [G, r]: the
 // trial clip and each group's own min and max), each weight's change Q(w) - w on the clipped group's grid of
-// 2^bits levels, as bf16 [G, r, g] (rounded to nearest even, as torch's .to(torch.bfloat16)), ready for the
+// 2^bits levels, as bf16 [G, r, g] (core/common.h's rounding, torch's .to(torch.bfloat16)'s), ready for the
 // trial's bmm; one pass where torch's ops make ~9.
 at::Tensor clip_change(const at::Tensor& wg, const at::Tensor& clip, const at::Tensor& low, const at::Tensor& high,
                        int64_t bits_) {
@@ -551,7 +536,7 @@ at::Tensor clip_change(const at::Tensor& wg, const at::Tensor& clip, const at::T
 #pragma omp simd
       for (int64_t j = 0; j < g; ++j) {
         const float u = clamp_to(round_even((clamp_to(x[j], -c, c) - lo) / s), 0.0f, top);
-        d[j] = bf16_bits((u * s + lo) - x[j]);
+        d[j] = qs::f32_to_bf16((u * s + lo) - x[j]);
       }
     }
   });
@@ -575,11 +560,7 @@ at::Tensor row_dots_bf16(const at::Tensor& y, const at::Tensor& d) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int64_t k = 0; k < g; k += 8) {
         for (int j = 0; j < 8; ++j) {
-          const uint32_t a = uint32_t(yp[i * g + k + j]) << 16, b = uint32_t(dp[i * g + k + j]) << 16;
-          float fa, fb;
-          std::memcpy(&fa, &a, 4);
-          std::memcpy(&fb, &b, 4);
-          acc[j] += fa * fb;
+          acc[j] += qs::bf16_to_f32(yp[i * g + k + j]) * qs::bf16_to_f32(dp[i * g + k + j]);
         }
       }
       op[i] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
