@@ -470,7 +470,7 @@ namespace {
 
 // (qs::load reads a float32 or a bf16 element as float32: core/common.h, as the variants convert)
 template <typename In>
-void flipped_transpose_into(const In* src, int64_t R, int64_t C, bool flip_rows, bool flip_cols, float* out) {
+void flipped_transpose_into(const In* src, int64_t R, int64_t C, float* out) {
   constexpr int64_t T = 64;  // a tile's rows and columns: its reads and writes stay in L1
   at::parallel_for(0, (C + T - 1) / T, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t c0 = t0 * T; c0 < std::min(C, t1 * T); c0 += T) {
@@ -478,9 +478,9 @@ void flipped_transpose_into(const In* src, int64_t R, int64_t C, bool flip_rows,
       for (int64_t r0 = 0; r0 < R; r0 += T) {
         const int64_t r1 = std::min(R, r0 + T);
         for (int64_t c = c0; c < c1; ++c) {
-          const int64_t sc = flip_cols ? C - 1 - c : c;
+          const int64_t sc = C - 1 - c;
           float* o = out + c * R;
-          for (int64_t r = r0; r < r1; ++r) o[r] = qs::load(src, (flip_rows ? R - 1 - r : r) * C + sc);
+          for (int64_t r = r0; r < r1; ++r) o[r] = qs::load(src, r * C + sc);
         }
       }
     }
@@ -489,19 +489,19 @@ void flipped_transpose_into(const In* src, int64_t R, int64_t C, bool flip_rows,
 
 }  // namespace
 
-// float32 [C, R] from src [R, C] (contiguous, bf16 or float32): out[c][r] = src[r'][c'], r' = R - 1 - r where
-// flip_rows, c' = C - 1 - c where flip_cols: torch's src.flip(...).T.float().contiguous() in one tiled pass, where
-// torch's flip makes a copy and its transposing copy reads with a stride (an 11008 x 4096 bf16 weight: ~0.1 s
-// against ~0.2). GPTQ holds a linear's weights so: transposed, in reverse feature order (src/quant/gptq.py).
-at::Tensor flipped_transpose(const at::Tensor& src, bool flip_rows, bool flip_cols) {
+// float32 [C, R] from src [R, C] (contiguous, bf16 or float32), its columns reversed: out[c][r] = src[r][C - 1 - c],
+// torch's src.flip(1).T.float().contiguous() in one tiled pass, where torch's flip makes a copy and its transposing
+// copy reads with a stride (an 11008 x 4096 bf16 weight: ~0.1 s against ~0.2). GPTQ holds a linear's weights so:
+// transposed, in reverse feature order (src/quant/gptq.py).
+at::Tensor flipped_transpose(const at::Tensor& src) {
   TORCH_CHECK(src.dim() == 2 && src.is_contiguous(), "quantspec flipped_transpose: a contiguous [R, C] tensor");
   const int64_t R = src.size(0), C = src.size(1);
   at::Tensor out = at::empty({C, R}, src.options().dtype(at::kFloat));
   if (src.scalar_type() == at::kBFloat16) {
-    flipped_transpose_into(bits(src), R, C, flip_rows, flip_cols, out.data_ptr<float>());
+    flipped_transpose_into(bits(src), R, C, out.data_ptr<float>());
   } else {
     TORCH_CHECK(src.scalar_type() == at::kFloat, "quantspec flipped_transpose: bf16 or float32");
-    flipped_transpose_into(src.data_ptr<float>(), R, C, flip_rows, flip_cols, out.data_ptr<float>());
+    flipped_transpose_into(src.data_ptr<float>(), R, C, out.data_ptr<float>());
   }
   return out;
 }
@@ -594,7 +594,7 @@ TORCH_LIBRARY(quantspec, m) {
         "Tensor scale, int c0, int c1, int b0, int top, bool grouped) -> ()");
   m.def("gemm_bf16(Tensor(a!) c, Tensor a, Tensor bp, bool upper) -> ()");
   m.def("has_gemm_bf16() -> bool");
-  m.def("flipped_transpose(Tensor src, bool flip_rows, bool flip_cols) -> Tensor");
+  m.def("flipped_transpose(Tensor src) -> Tensor");
   m.def("clip_change(Tensor wg, Tensor clip, Tensor low, Tensor high, int bits) -> Tensor");
   m.def("row_dots_bf16(Tensor y, Tensor d) -> Tensor");
 }

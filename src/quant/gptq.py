@@ -92,7 +92,7 @@ def round_weights(
         qparams.check_group(k, group)
     # held transposed ([K, n]: one feature's weights contiguous) in gram's order, a float32 copy made in one
     # transposing pass (never the model's own tensor), updated in place
-    w0t = _flipped_transpose(weight.detach(), False, True)
+    w0t = _flipped_transpose(weight.detach())
     if clip is not None:  # each group's weights into [-clip, clip], in place
         c = clip.flip(1).T[:, None, :]  # [K/group, 1, n]
         w0t.view(k // group, group, n).clamp_(min=-c, max=c)
@@ -112,16 +112,14 @@ def round_weights(
     return tuple(t.flip(0).T.contiguous() for t in (qt, scale, zero))
 
 
-def _flipped_transpose(t: torch.Tensor, flip_rows: bool, flip_cols: bool) -> torch.Tensor:
-    """t [R, C] flipped (its rows, its columns or both) and transposed: a contiguous float32 [C, R], in one tiled
-    pass by the binding where it is loaded (an 11008 x 4096 linear's two copies, torch's flip and its strided
-    transposing copy, had taken ~0.2 s of the two's ~0.3), else by torch."""
+def _flipped_transpose(t: torch.Tensor) -> torch.Tensor:
+    """t [R, C] with its columns reversed, transposed: a contiguous float32 [C, R], in one tiled pass by the binding
+    where it is loaded (an 11008 x 4096 linear's two copies, torch's flip and its strided transposing copy, had
+    taken ~0.2 s of the two's ~0.3), else by torch."""
     op = binding_op("flipped_transpose")
     if op is not None:
-        return op(t.contiguous(), flip_rows, flip_cols)
-    dims = [d for d, flip in ((0, flip_rows), (1, flip_cols)) if flip]
-    flipped = t.flip(dims) if dims else t
-    return flipped.T.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        return op(t.contiguous())
+    return t.flip(1).T.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
 
 
 _last: list = []  # [h, its factor, its dead features]: the Gram linears reading one input share (q, k, v)

@@ -571,10 +571,7 @@ def test_the_bindings_flipped_transpose_is_torchs_flip_and_transpose():
     op = kernels.binding_op("flipped_transpose")
     src = torch.randn(70, 131, generator=torch.Generator().manual_seed(0))  # neither a multiple of the 64-wide tiles
     for t in (src, src.bfloat16()):
-        for flip_rows, flip_cols in ((False, True), (True, False), (True, True), (False, False)):
-            dims = [d for d, f in ((0, flip_rows), (1, flip_cols)) if f]
-            ref = (t.flip(dims) if dims else t).T.float().contiguous()
-            assert torch.equal(op(t, flip_rows, flip_cols), ref), (t.dtype, flip_rows, flip_cols)
+        assert torch.equal(op(t), t.flip(1).T.float().contiguous()), t.dtype
 
 
 def test_awqs_clip_trial_in_the_binding_is_torchs_bit_for_bit(monkeypatch):
