@@ -6,9 +6,10 @@
 The weights are scripts/bench_seven_b's, written once under the cache: a local checkpoint of random bf16 weights at
 the model's published shape and an F16 GGUF of the same weights; here also, once, its Q4_K_M by `llama-quantize`.
 Each round, in turns: quantspec's job as a user runs it, `python -m src.run model=hub model.local_path=<checkpoint>
-precision=w4a16 task=benchmark_long 'task.prompt_lengths=[128,512]' task.max_new_tokens=16` (its prefill at each
-length and the time per new token after the 128-token prompt, read back from its run; its first run quantizes the
-checkpoint, as bench_seven_b times: AWQ and GPTQ, ~12 minutes on a 2-core AVX-512 EPYC, cached after), then
+precision=w4a16 precision.prefill_activations=<each> task=benchmark_long 'task.prompt_lengths=[128,512]'
+task.max_new_tokens=16` (its prefill at each length and the time per new token after the 128-token prompt, read back
+from its run; a job for each of `prefill_activations`, bf16 and int8 unless told; its first run quantizes the
+checkpoint, as bench_seven_b times: AWQ and GPTQ, ~8 minutes on a 2-core AVX-512 EPYC, cached after), then
 `llama-bench -p 128,512 -n 16` on the Q4_K_M (its pp128, pp512 and tg16, timed by the C++ tool itself, on as many
 threads). quantspec's decode starts after 128 tokens of context and llama-bench's tg16 after none: a 7B step's KV
 reads at 128 tokens are ~2% of its weights'. The table: each figure's median over the rounds, its min-max, and
@@ -41,6 +42,13 @@ COMMAND = bench.command(
         Setting("model", "llama-2-7b", "a shipped shape (src/shapes/) of the llama family"),
         Setting("rounds", 3, "rounds in turns"),
         Setting("threads", 2, "threads on both sides"),
+        Setting(
+            "prefill_activations",
+            ("bf16", "int8"),
+            "quantspec's precision.prefill_activations, one job each in every round's turns",
+            kind=list,
+            choices=("bf16", "int8"),
+        ),
     ],
     takes="",
 )
@@ -79,34 +87,52 @@ def main(argv: list[str]) -> int:
         partial.rename(q4)
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-seven-b-decode-store-')}/mlflow.db"
     job = ["model=hub", f"model.local_path={folder}", "precision=w4a16", f"hardware.threads={args.threads}"]
+    kinds = list(dict.fromkeys(args.prefill_activations))
     figures = ["decode ms/token", *(f"prefill {n} ms" for n in LENGTHS)]
-    ours: dict[str, list[float]] = {f: [] for f in figures}
+    ours: dict[str, dict[str, list[float]]] = {kind: {f: [] for f in figures} for kind in kinds}
     theirs: dict[str, list[float]] = {f: [] for f in figures}
     for r in range(args.rounds):
-        got = long_job(store, job, list(LENGTHS), TOKENS)
-        ours["decode ms/token"].append(got[LENGTHS[0]][1])
-        for n in LENGTHS:
-            ours[f"prefill {n} ms"].append(got[n][0])
+        for kind in kinds:
+            got = long_job(store, [*job, f"precision.prefill_activations={kind}"], list(LENGTHS), TOKENS)
+            ours[kind]["decode ms/token"].append(got[LENGTHS[0]][1])
+            for n in LENGTHS:
+                ours[kind][f"prefill {n} ms"].append(got[n][0])
         peer = llama_bench(bench_exe, q4, args.threads)
         theirs["decode ms/token"].append(peer[f"tg{TOKENS}"])
         for n in LENGTHS:
             theirs[f"prefill {n} ms"].append(peer[f"pp{n}"])
-        said = ", ".join(f"{f} {ours[f][-1]:.1f} against {theirs[f][-1]:.1f}" for f in figures)
+        said = "; ".join(
+            f"{f} {', '.join(f'{ours[k][f][-1]:.1f} ({k})' for k in kinds)} against {theirs[f][-1]:.1f}"
+            for f in figures
+        )
         print(f"round {r + 1}: {said}", flush=True)
 
     def cell(values: list[float]) -> str:
         return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
     rows = [
-        [f, cell(ours[f]), cell(theirs[f]), statistics.median(ours[f]) / statistics.median(theirs[f])] for f in figures
+        [
+            f,
+            *(cell(ours[k][f]) for k in kinds),
+            cell(theirs[f]),
+            *(statistics.median(ours[k][f]) / statistics.median(theirs[f]) for k in kinds),
+        ]
+        for f in figures
     ]
     table = markdown_table(
-        ["figure", "quantspec w4a16 (median, min-max)", f"llama-bench Q4_K_M (tg{TOKENS}, pp)", "x llama-bench"], rows
+        [
+            "figure",
+            *(f"quantspec w4a16, {k} prefill (median, min-max)" for k in kinds),
+            f"llama-bench Q4_K_M (tg{TOKENS}, pp)",
+            *(f"{k} x llama-bench" for k in kinds),
+        ],
+        rows,
     )
     about = (
-        f"{args.model}'s shape, random weights on both sides (quantspec: the default w4a16 mix from a bf16 checkpoint; "
-        f"llama.cpp: Q4_K_M by llama-quantize from an F16 GGUF of the same weights), {args.threads} threads, "
-        f"{args.rounds} rounds in turns; quantspec's decode after a {LENGTHS[0]}-token prompt, llama-bench's after none."
+        f"{args.model}'s shape, random weights on both sides (quantspec: the default w4a16 mix from a bf16 checkpoint, "
+        f"precision.prefill_activations={','.join(kinds)}; llama.cpp: Q4_K_M by llama-quantize from an F16 GGUF of the "
+        f"same weights), {args.threads} threads, {args.rounds} rounds in turns; quantspec's decode after a "
+        f"{LENGTHS[0]}-token prompt (its decode steps take 16-bit activations either way), llama-bench's after none."
     )
     bench.publish(
         args.doc,

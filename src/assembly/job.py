@@ -274,6 +274,7 @@ def build(cfg: JobConfig, recorder: Recorder | None = None) -> Job:
     )
     model = _place(cfg, model, placement, gemv, recorder)
     _float_gemm(cfg, model, placement.device, recorder)
+    _prefill_activations(cfg.precision, model, recorder)
     if placement.device == "cpu":  # before anything is timed: the weights' pages as a step streams them
         recorder.log_params({"executed.huge_pages": hugepages.back_with_huge_pages(model)})
     plain = engine_for(cfg.engine.kind, cfg.engine.step_path, compile=cfg.engine.compile)
@@ -386,6 +387,7 @@ def _draft_model(cfg, loaded, corpus, placement, gemv: bool, recorder) -> ModelD
         recorder.log_metrics({"draft_vocab": kept})
     model = _place(cfg, model, placement, gemv)
     _float_gemm(cfg, model, placement.device, recorder, "draft_")
+    _prefill_activations(cfg.draft_precision, model, recorder, "draft_")
     if placement.device == "cpu":
         recorder.log_params({"executed.draft_huge_pages": hugepages.back_with_huge_pages(model)})
     return ModelDrafter(model, path=cfg.engine.step_path, compile=cfg.engine.compile)
@@ -461,6 +463,18 @@ def _float_gemm(cfg, model, device: str, recorder, prefix: str = "") -> None:
     prefill.install_float_gemm(model, path)
     recorder.log_params({f"executed.{prefix}float_gemm": path})
     recorder.log_metrics({f"{prefix}float_gemm_probe_ms_{p}": s * 1e3 for p, s in seconds.items()})
+
+
+def _prefill_activations(precision, model, recorder, prefix: str = "") -> None:
+    """A prefill's activations at the grouped linears (precision.prefill_activations), with where they run recorded
+    (param executed.prefill_activations: e.g. "int8 (kernels 168)", or "int8 (kernels 144, torch 24)" where a format
+    has no int8 GEMM on this variant and multiplies the same int8 x in an fp32 GEMM); and a batched step's
+    (precision.batch_activations)."""
+    cpp_step.set_batch_activations(model, precision.batch_activations)
+    counts = prefill.install_prefill_activations(model, precision.prefill_activations)
+    if counts:
+        where = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        recorder.log_params({f"executed.{prefix}prefill_activations": f"{precision.prefill_activations} ({where})"})
 
 
 def _prepare_precision(model_cfg, precision, cfg, loaded, corpus, recorder, gemv: bool, device: str, prefix: str = ""):

@@ -310,6 +310,53 @@ at::Tensor dequant_grouped(const at::Tensor& packed, const at::Tensor& scale, co
   return out;
 }
 
+// Many rows on int8 activations (api.h): bf16 x [M, K] quantized per block of 128 values, as (q int8 [M, K],
+// xs float [M, K / 128], xo float [M, K / 128]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_x8_blocks(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % 128 == 0,
+              "quantspec quantize_x8_blocks: bf16 x [M, K], K a multiple of 128");
+  const at::Tensor xc = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({M, K / 128}, x.options().dtype(at::kFloat)), xo = at::empty_like(xs);
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    k().quantize_x8_blocks(bits(xc), K, r0, r1, q.data_ptr<int8_t>(), xs.data_ptr<float>(), xo.data_ptr<float>());
+  });
+  return {q, xs, xo};
+}
+
+// Whether the variant in use has its own int8-activation GEMM for this grouped format (api.h: not filled from below).
+bool has_gemm_grouped_x8(int64_t format) {
+  return format >= 0 && format < QS_FORMAT_COUNT && k().gemm_grouped_x8[format] != nullptr;
+}
+
+// bf16 x [M, K] times a grouped weight on int8 activations (api.h's gemm_grouped_x8): float32 y [M, N], by panels
+// of 32 output columns across threads (each thread unpacks its own panels once).
+at::Tensor gemm_grouped_x8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                           const at::Tensor& offset, int64_t group, int64_t format) {
+  TORCH_CHECK(has_gemm_grouped_x8(format), "quantspec gemm_grouped_x8: the ", k().name, " kernels have none for format ",
+              format, " (has_gemm_grouped_x8 says which do)");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0), bits = qs_format_bits(int(format));
+  check(x, packed, 128, K * bits / 8);
+  TORCH_CHECK(packed.scalar_type() == at::kByte && group % 128 == 0 && K % group == 0,
+              "quantspec gemm_grouped_x8: uint8 packed weight, group a multiple of 128 dividing K");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && offset.scalar_type() == at::kFloat && scale.is_contiguous() &&
+              offset.is_contiguous() && scale.numel() == N * (K / group) && offset.numel() == N * (K / group),
+              "quantspec gemm_grouped_x8: float32 scale and offset [N, K / group]");
+  auto [q, xs, xo] = quantize_x8_blocks(x.to(at::kBFloat16));
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float *xsp = xs.data_ptr<float>(), *xop = xo.data_ptr<float>(), *sp = scale.data_ptr<float>(),
+              *op = offset.data_ptr<float>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const auto kernel = k().gemm_grouped_x8[format];
+  at::parallel_for(0, (N + 31) / 32, 1, [&](int64_t p0, int64_t p1) {
+    kernel(qp, xsp, xop, wp, sp, op, group, M, K, N, 32 * p0, std::min(32 * p1, N), yp);
+  });
+  return y;
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool gemma) {
   TORCH_CHECK(x.size(-1) == weight.numel(), "quantspec rms_norm: weight size differs from the last dim");
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "quantspec rms_norm: x and weight dtypes differ");
@@ -597,6 +644,9 @@ TORCH_LIBRARY(quantspec, m) {
   m.def("flipped_transpose(Tensor src) -> Tensor");
   m.def("clip_change(Tensor wg, Tensor clip, Tensor low, Tensor high, int bits) -> Tensor");
   m.def("row_dots_bf16(Tensor y, Tensor d) -> Tensor");
+  m.def("quantize_x8_blocks(Tensor x) -> (Tensor, Tensor, Tensor)");
+  m.def("gemm_grouped_x8(Tensor x, Tensor packed, Tensor scale, Tensor offset, int group, int format) -> Tensor");
+  m.def("has_gemm_grouped_x8(int format) -> bool");
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
@@ -616,6 +666,8 @@ TORCH_LIBRARY_IMPL(quantspec, CPU, m) {
   m.impl("flipped_transpose", flipped_transpose);
   m.impl("clip_change", clip_change);
   m.impl("row_dots_bf16", row_dots_bf16);
+  m.impl("quantize_x8_blocks", quantize_x8_blocks);
+  m.impl("gemm_grouped_x8", gemm_grouped_x8);
 }
 
 TORCH_LIBRARY_IMPL(quantspec, CatchAll, m) {
@@ -625,4 +677,5 @@ TORCH_LIBRARY_IMPL(quantspec, CatchAll, m) {
   m.impl("use_amx", use_amx);
   m.impl("amx", amx);
   m.impl("has_gemm_bf16", has_gemm_bf16);
+  m.impl("has_gemm_grouped_x8", has_gemm_grouped_x8);
 }

@@ -340,8 +340,9 @@ struct Private {
   at::Tensor xin;            // a kernel's input in its own type, where that differs from the activations'
   at::Tensor xf;             // float32 copy for the quantizers
   at::Tensor xq, xs, sums;   // quantized rows, their scales, grouped formats' group sums
+  at::Tensor xsb;            // int8 blocks' scales (quantize_x8_blocks; its xo go to sums)
   void* xin_p;               // their addresses (Call's why)
-  float *xf_p, *xs_p, *sums_p;
+  float *xf_p, *xs_p, *sums_p, *xsb_p;
   uint8_t* xq_p;
 };
 
@@ -365,6 +366,10 @@ struct Stepper : torch::CustomClassHolder {
   at::Tensor embedding, embed_scale;  // [vocabulary, hidden]; Gemma's scale (0-dim), undefined for none
   std::vector<Call> head;  // the output projection, where it runs here (set_head)
   int64_t max_k = 0, max_n = 0;  // the widest kernel input; the widest layer projection (not the head)
+  // A batched call's projections of at least this many rows take int8 activations at the grouped linears
+  // (api.h's gemm_grouped_x8, where the variant has one: precision.batch_activations=int8); 0: never. Only
+  // batch_* calls: a single sequence's steps and a draft's verification keep the 16-bit kernels, row for row.
+  int64_t x8_rows = 0;
   std::vector<char> banned_mask;  // a greedy step's banned ids, by id (all 0 outside a call)
   std::vector<char> no_ban;       // all 0: the mask of a batched greedy row that bans nothing
   Threads threads;                 // how many threads each call runs on
@@ -417,6 +422,11 @@ struct Stepper : torch::CustomClassHolder {
   }
 
   void clear_head() { head.clear(); }
+
+  void set_x8_rows(int64_t rows) {
+    TORCH_CHECK(rows >= 0, "quantspec Stepper: x8 rows >= 0");
+    x8_rows = rows;
+  }
 
   Call make_call(int64_t format, std::vector<at::Tensor> tensors, std::vector<at::Tensor> bias, int64_t group,
                  bool bf16_in) {
@@ -555,11 +565,12 @@ struct Stepper : torch::CustomClassHolder {
       }
     }
     TORCH_CHECK(first == ids.size(0), "quantspec Stepper: counts add up to ", first, ", not the ", ids.size(0), " ids");
-    return enter(ids, seqs, kept, bans, mode, banned);
+    return enter(ids, seqs, kept, bans, mode, banned, x8_rows);
   }
 
+  // x8_from: projections of at least this many rows on int8 activations (x8_rows; 0: none).
   at::Tensor enter(const at::Tensor& ids, const std::vector<Seq>& seqs, const std::vector<int64_t>& kept,
-                   const std::vector<char>& bans, Mode mode, const at::Tensor& banned) {
+                   const std::vector<char>& bans, Mode mode, const at::Tensor& banned, int64_t x8_from = 0) {
     RECORD_FUNCTION("quantspec::step", std::vector<c10::IValue>());  // its self time: the glue and the waits
     TORCH_CHECK(!layers.empty() && final_norm.defined() && embedding.defined(), "quantspec Stepper: not set up");
     const int64_t n = ids.size(0), vocab = embedding.size(0);
@@ -580,8 +591,8 @@ struct Stepper : torch::CustomClassHolder {
     const int nt = threads.choose(shape, std::max(1, at::get_num_threads()));
     const auto start = std::chrono::steady_clock::now();
     at::Tensor out = embedding.scalar_type() == at::kBFloat16
-                         ? run<BF>(embed<BF>(tokens), seqs, kept, bans, mode, banned, nt)
-                         : run<float>(embed<float>(tokens), seqs, kept, bans, mode, banned, nt);
+                         ? run<BF>(embed<BF>(tokens), seqs, kept, bans, mode, banned, nt, x8_from)
+                         : run<float>(embed<float>(tokens), seqs, kept, bans, mode, banned, nt, x8_from);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     double waited = 0;
     for (double w : waits) waited += w;
@@ -660,13 +671,15 @@ struct Stepper : torch::CustomClassHolder {
   // This thread's share of a projection: x [n, K] (activations' type, this thread's own copy) through each
   // call's kernel over the chunks of columns this thread takes (`tickets`: the call's, one per thread; moved
   // past them), finished into out [n, width] (shared), or with `pick` (the head of a greedy step: one Pick
-  // per row) each finished value seen by its row's Pick instead of stored.
+  // per row) each finished value seen by its row's Pick instead of stored. x8: the grouped calls on int8
+  // activations (x8_rows), where the variant has the kernel.
   template <typename T>
   void project(const std::vector<Call>& calls, int64_t width, const T* x, int64_t n, Private& p, float* y, T* out,
-               int tid, int nt, Ticket*& tickets, Pick* pick = nullptr) const {
+               int tid, int nt, Ticket*& tickets, Pick* pick = nullptr, bool x8 = false) const {
     const qs_kernels& kern = k();
     // What p's quantized x holds (calls after the first reuse it: q, k and v, or gate and up, meet the same x):
-    // the quantizer (0 none, 8 w8a8's, 4 w4a8's, 16 the int16 one), x's type, and the group its sums are for.
+    // the quantizer (0 none, 8 w8a8's, 4 w4a8's, 16 the int16 one, 128 the int8 blocks'), x's type, and the group
+    // its sums are for.
     int held_quantizer = 0, held_bf16 = -1;
     int64_t held_group = -1;
     for (const Call& c : calls) {
@@ -686,12 +699,19 @@ struct Stepper : torch::CustomClassHolder {
         }
       }
       const float* xs = p.xs_p;
-      const int quantizer = c.format == FLOAT ? 0 : c.format == W8A8 ? 8 : c.format == W4A8 ? 4 : 16;
+      // int8 blocks take bf16 x (a grouped call's always is: GroupedGemv.step_call)
+      const bool blocks8 = x8 && c.grouped && bf16_in && kern.gemm_grouped_x8[c.format] != nullptr;
+      const int quantizer = blocks8 ? 128 : c.format == FLOAT ? 0 : c.format == W8A8 ? 8 : c.format == W4A8 ? 4 : 16;
       const int64_t group = c.grouped || c.format == W4A8 ? c.group : 0;
-      // the int16 quantizer's values do not depend on the group: only its sums do (w8a16 reads none)
+      // the int16 quantizer's values do not depend on the group: only its sums do (w8a16 reads none); the int8
+      // blocks' are the same for every group
       const bool held = quantizer != 0 && quantizer == held_quantizer && int(bf16_in) == held_bf16 &&
-                        (group == held_group || (quantizer == 16 && group == 0));
-      if (quantizer != 0 && !held) {
+                        (group == held_group || (quantizer == 16 && group == 0) || quantizer == 128);
+      if (quantizer == 128 && !held) {
+        held_quantizer = quantizer, held_bf16 = int(bf16_in), held_group = group;
+        kern.quantize_x8_blocks(static_cast<const uint16_t*>(xin), K, 0, n, reinterpret_cast<int8_t*>(p.xq_p), p.xsb_p,
+                                p.sums_p);
+      } else if (quantizer != 0 && !held) {
         held_quantizer = quantizer, held_bf16 = int(bf16_in), held_group = group;
         float* xf = p.xf_p;
         if (bf16_in)
@@ -737,8 +757,13 @@ struct Stepper : torch::CustomClassHolder {
                            static_cast<const float*>(w2), c.group, n, K, N, a, b, yc);
             break;
           default:  // a grouped format
-            kern.gemv_grouped[c.format](q16, xs, sums, static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2), c.group,
-                            n, K, N, a, b, yc);
+            if (blocks8)
+              kern.gemm_grouped_x8[c.format](reinterpret_cast<const int8_t*>(xq), p.xsb_p, sums,
+                                             static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2), c.group,
+                                             n, K, N, a, b, yc);
+            else
+              kern.gemv_grouped[c.format](q16, xs, sums, static_cast<const uint8_t*>(w), w1, static_cast<const float*>(w2),
+                                          c.group, n, K, N, a, b, yc);
         }
         for (int64_t m = 0; m < n; ++m) {
           const float* ym = yc + m * N;
@@ -822,7 +847,7 @@ struct Stepper : torch::CustomClassHolder {
 
   template <typename T>
   at::Tensor run(const at::Tensor& input, const std::vector<Seq>& seqs, const std::vector<int64_t>& kept,
-                 const std::vector<char>& bans, Mode mode, const at::Tensor& banned, int want) {
+                 const std::vector<char>& bans, Mode mode, const at::Tensor& banned, int want, int64_t x8_from) {
     const at::ScalarType act_type = input.scalar_type();
     const int64_t n = input.size(0), hidden = input.size(1), rows = static_cast<int64_t>(kept.size());
     // each row's sequence and position
@@ -854,10 +879,12 @@ struct Stepper : torch::CustomClassHolder {
       p.xq = at::empty({n, max_k * x8}, opt.dtype(at::kByte));
       p.xs = at::empty({n}, fopt);
       p.sums = at::empty({n, max_k / 128 + 1}, fopt);
+      p.xsb = at::empty({n, max_k / 128 + 1}, fopt);
       p.xin_p = p.xin.data_ptr();
       p.xf_p = p.xf.data_ptr<float>();
       p.xs_p = p.xs.data_ptr<float>();
       p.sums_p = p.sums.data_ptr<float>();
+      p.xsb_p = p.xsb.data_ptr<float>();
       p.xq_p = p.xq.data_ptr<uint8_t>();
     }
     const float scale = float(scaling);
@@ -907,7 +934,7 @@ struct Stepper : torch::CustomClassHolder {
       // thread, its wait included
       auto projected = [&](const Layer& L, int slot, const T* in, T* out) {
         RECORD_FUNCTION(NAMES[L.calls[slot][0].format].c_str(), std::vector<c10::IValue>());
-        project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt, next);
+        project<T>(L.calls[slot], L.width[slot], in, n, me, yp, out, tid, nt, next, nullptr, x8_from > 0 && n >= x8_from);
         bar.wait(waited);
       };
       for (size_t l = 0; l < layers.size(); ++l) {
@@ -1010,13 +1037,13 @@ struct Stepper : torch::CustomClassHolder {
         if (mode == GREEDY) {  // this thread's columns, seen as they are computed, by each row's Pick
           std::vector<Pick> picks;
           for (int64_t r = 0; r < rows; ++r) picks.push_back(Pick{bans[r] ? banned_mask.data() : no_ban.data()});
-          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next, picks.data());
+          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next, picks.data(), x8_from > 0 && rows >= x8_from);
           for (int64_t r = 0; r < rows; ++r) {
             best[tid * rows + r] = picks[r].top;
             best_at[tid * rows + r] = picks[r].where;
           }
         } else {
-          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next);
+          project<T>(head, vocab, x, rows, me, yp, outp, tid, nt, next, nullptr, x8_from > 0 && rows >= x8_from);
         }
       }
     }
@@ -1055,6 +1082,7 @@ TORCH_LIBRARY_FRAGMENT(quantspec, m) {
       .def("set_embedding", &Stepper::set_embedding)
       .def("set_head", &Stepper::set_head)
       .def("clear_head", &Stepper::clear_head)
+      .def("set_x8_rows", &Stepper::set_x8_rows)
       .def("logits", &Stepper::logits)
       .def("greedy", &Stepper::greedy)
       .def("load", &Stepper::load)

@@ -11,6 +11,8 @@ from src.quant import methods as quant_methods
 from src.quant.methods import QuantSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
+PREFILL_ACTIVATIONS = ("bf16", "int8")  # precision.prefill_activations (src.quant.prefill.install_prefill_activations)
+BATCH_ACTIVATIONS = ("int16", "int8")  # precision.batch_activations (src.engine.cpp_step.set_batch_activations)
 
 
 MAX_CALIB_SAMPLES = 1 << 16
@@ -27,6 +29,11 @@ class PrecisionConfig:
     method: str  # none, or a method of src.quant.methods
     calib_samples: int  # calibration windows from the dataset's second half...
     calib_seq_len: int  # ...of this many tokens (their hash is part of the cache key)
+    # a prefill's activations at the grouped linears (PREFILL_ACTIVATIONS): how the model runs,
+    # not what its weights are, so not part of the cache key
+    prefill_activations: str = "bf16"
+    # a batched serving step's activations at the grouped linears (BATCH_ACTIVATIONS), likewise not a cache key
+    batch_activations: str = "int16"
     quant: QuantSpec | None = None
 
     @property
@@ -40,6 +47,8 @@ class PrecisionConfig:
     def validate(self) -> None:
         check_choice("precision.dtype", self.dtype, DTYPES)
         check_choice("precision.method", self.method, quant_methods.choices())
+        check_choice("precision.prefill_activations", self.prefill_activations, PREFILL_ACTIVATIONS)
+        check_choice("precision.batch_activations", self.batch_activations, BATCH_ACTIVATIONS)
         for key in ("calib_samples", "calib_seq_len"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"precision.{key}={getattr(self, key)} must be at least 1")

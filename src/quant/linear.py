@@ -250,6 +250,10 @@ class GroupedGemv(QuantLinear):
     ROWS = STEP_BUFFERS
     float_gemm = "bf16"  # its prefill's GEMM in bf16, or the unpacked weight made fp32 (the host's choice)
     bf16_gemm = True
+    # A prefill's x (precision.prefill_activations, set by the job: src.quant.prefill.install_prefill_activations):
+    # bf16, against the weight unpacked to bf16; or int8 per block of 128 values, against the weight's own values
+    # (core/api.h's gemm_grouped_x8: u8 x s8 dot products, about twice a bf16 GEMM's multiply-adds a cycle).
+    prefill_activations = "bf16"
 
     def __init__(
         self, lanes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, bias: torch.Tensor | None = None
@@ -294,7 +298,9 @@ class GroupedGemv(QuantLinear):
 
     def _prefill(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 (bf16) times the weight, a block of output channels at a time: bf16, or fp32 where `float_gemm`
-        says (then the result is fp32)."""
+        says (then the result is fp32); on int8 activations where `prefill_activations` says."""
+        if self.prefill_activations == "int8":
+            return self._prefill_x8(x2)
         fp32 = self.float_gemm == "fp32"
         xg = x2.float() if fp32 else x2
         y = xg.new_empty(x2.shape[0], self.out_features)
@@ -305,6 +311,27 @@ class GroupedGemv(QuantLinear):
                 self.wg[n0:n1], self.wg_scale[n0:n1], self.wg_offset[n0:n1], self.group, self.unpack
             )
             torch.mm(xg, (w.float() if fp32 else w).t(), out=y[:, n0:n1])
+        return y
+
+    def _prefill_x8(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 on int8 activations (core/api.h's gemm_grouped_x8), float32: the kernels' GEMM where the variant in use
+        has one for this format; else the same int8 x times its block scales and the weight's values times theirs, in
+        one fp32 GEMM per block of output channels (the same quantities, rounded in fp32 in another order)."""
+        ops = torch.ops.quantspec
+        if ops.has_gemm_grouped_x8(self.format):
+            return ops.gemm_grouped_x8(x2, self.wg, self.wg_scale, self.wg_offset, self.group, self.format)
+        q, xs, _ = ops.quantize_x8_blocks(x2)
+        rows, k = q.shape
+        xf = (q.view(rows, -1, 128).float() * xs.unsqueeze(-1)).view(rows, k)
+        y = xf.new_empty(rows, self.out_features)
+        block = max(64, self.PREFILL_BYTES // (4 * self.in_features) // 64 * 64)
+        for n0 in range(0, self.out_features, block):
+            n1 = min(n0 + block, self.out_features)
+            values = qparams.unpack_weights(self.wg[n0:n1], self.BITS, True).float()
+            w = (values.view(n1 - n0, -1, self.group) * self.wg_scale[n0:n1, :, None]).add_(
+                self.wg_offset[n0:n1, :, None]
+            )
+            torch.mm(xf, w.view(n1 - n0, k).t(), out=y[:, n0:n1])
         return y
 
 

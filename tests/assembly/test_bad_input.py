@@ -61,6 +61,7 @@ def one_line(text: str) -> str:
             "hardware.threads=100000000000000000000000 must be from 1 to 4096",
         ),
         ("precision.calib_samples=100000000000000000000000", "precision.calib_samples=100000000000000000000000 must"),
+        ("precision.prefill_activations=int4", "precision.prefill_activations='int4' is not one of: bf16, int8"),
         ("tracking.system_metrics_s=1e300", "tracking.system_metrics_s=1e+300 must be from 0 to 3600 (0: off)"),
         # or a job, or a sweep, that never ends
         ("task.warmup=100000000000000000000000", "task.warmup=100000000000000000000000 must be from 0 to 10000"),

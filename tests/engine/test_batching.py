@@ -188,3 +188,43 @@ def test_a_sequence_whose_step_raises_ends_alone_and_the_others_get_their_own_to
     assert ends[2].startswith("error: ValueError: Overflow") and out[2] == [] and "\n" not in ends[2]
     for i in range(2):
         assert out[i] == alone(model, PROMPTS[i], NEW[i]) and not ends[i].startswith("error")
+
+
+def _batched_logits(model, prompts: list[list[int]]) -> torch.Tensor:
+    """Each prompt fed by itself into its own cache (the C++ step, 16-bit), then one batched call of each
+    prompt's last token: its logits [len(prompts), V]."""
+    compiled = cpp_step.for_model(model)
+    caches = []
+    with torch.inference_mode():
+        for p in prompts:
+            kv = compiled.new_cache()
+            compiled(torch.tensor([p[:-1]]), kv, 1)
+            caches.append(kv)
+        ids = torch.tensor([p[-1] for p in prompts])
+        compiled._tables(max(len(p) for p in prompts) + 1)
+        return compiled.stepper.batch_logits(ids, caches, [1] * len(prompts), [1] * len(prompts)).float()
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_int8_batch_activations_keep_each_row_its_own_and_near_the_16_bit_step(isa, arch):
+    """precision.batch_activations=int8: a batched step of X8_ROWS rows or more takes the int8 GEMM (api.h's
+    gemm_grouped_x8, on the variants that have it): a row's logits do not depend on which rows come with it, and
+    stay near the 16-bit step's; fewer rows, and every single sequence's step, stay 16-bit, bit for bit."""
+    model, _ = model_at(arch, "w4a16-w5w6")
+    prompts = [p[:6] for p in PROMPTS[1:]] + [[2, 5, 7, 11, 13, 17], [2, 8, 9, 10, 11, 12]]
+    sixteen = _batched_logits(model, prompts)
+    cpp_step.set_batch_activations(model, "int8")
+    try:
+        eight = _batched_logits(model, prompts)
+        others = _batched_logits(model, prompts[:1] + prompts[-3:])
+        few = _batched_logits(model, prompts[: cpp_step.X8_ROWS - 1])
+    finally:
+        cpp_step.set_batch_activations(model, "int16")
+    assert torch.equal(others[0], eight[0])  # the same row among other companions
+    assert torch.equal(few, sixteen[: cpp_step.X8_ROWS - 1])  # below X8_ROWS: the 16-bit kernels
+    if not torch.ops.quantspec.has_gemm_grouped_x8(kernels.format_number("w4a16")):
+        assert torch.equal(eight, sixteen)  # no int8 GEMM on this variant: the step stays 16-bit
+        return
+    assert not torch.equal(eight, sixteen)
+    err = ((eight - sixteen).abs().amax(-1) / sixteen.abs().amax(-1)).max()
+    assert err < 0.05, err  # x rounded to int8 per 128 values where the 16-bit step keeps 15 bits

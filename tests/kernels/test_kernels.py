@@ -114,6 +114,75 @@ def test_gemv_grouped_matches_dequantized_reference(format, m, n, k, group):
         assert torch.equal(alone[0], y[i])
 
 
+def _x8_reference(x: torch.Tensor) -> torch.Tensor:
+    """x rounded per block of 128 values to int8 (scale max|x| / 127, x / scale in float32 as the kernels divide,
+    half to even), in float64."""
+    blocks = x.float().view(x.shape[0], -1, 128)
+    scale = blocks.abs().amax(-1, keepdim=True).clamp_min(1e-8) / 127
+    return (torch.round(blocks / scale).clamp(-127, 127).double() * scale.double()).view(x.shape)
+
+
+def test_the_int8_block_quantizer_is_torchs_rounding_bit_for_bit():
+    torch.manual_seed(1)
+    x = (torch.randn(5, 384) * torch.logspace(-3, 2, 384)).bfloat16()
+    x[2, :128] = 0  # an all-zero block: the floor's scale, q = 0
+    q, xs, xo = torch.ops.quantspec.quantize_x8_blocks(x)
+    blocks = x.float().view(5, 3, 128)
+    scale = blocks.abs().amax(-1).clamp_min(1e-8) / 127
+    expect = torch.round(blocks / scale[..., None]).clamp(-127, 127)
+    assert torch.equal(q.view(5, 3, 128).float(), expect) and torch.equal(xs, scale)
+    assert torch.equal(xo, scale * expect.sum(-1))
+
+
+@pytest.mark.parametrize("format", GROUPED_A16)
+@pytest.mark.parametrize("m,n,k,group", [(1, 37, 128, 128), (5, 45, 640, 128), (17, 64, 512, 256), (40, 96, 256, 128)])
+def test_the_int8_activation_gemm_is_the_block_rounded_x_times_the_weight(isa, format, m, n, k, group):
+    """On every variant with a kernel of its own (the others run the module's fp32 fallback, tested below): against
+    float64, bit for bit against the reference variant, each row alone as among m, and a panel's tail (n = 37, 45)."""
+    if not torch.ops.quantspec.has_gemm_grouped_x8(format_number(format)):
+        return  # this variant has none: GroupedGemv multiplies the same int8 x in fp32 (the fallback test)
+    bits = formats.get(format).bits
+    torch.manual_seed(m + n)
+    x, w = torch.randn(m, k).bfloat16(), torch.randn(n, k)
+    q, scale, zero = qparams.int_groups(w, group, bits)
+    offset = (zero - (1 << (bits - 1)) * scale).contiguous()
+    args = (pack_lanes(q, bits), scale.contiguous(), offset, group, format_number(format))
+    y = torch.ops.quantspec.gemm_grouped_x8(x, *args)
+    ref = _x8_reference(x) @ qparams.groups_dequant(q, scale, zero, group, bits).double().t()
+    assert _rel_err(y, ref) < 1e-5
+    for i in range(m):
+        assert torch.equal(torch.ops.quantspec.gemm_grouped_x8(x[i : i + 1], *args)[0], y[i])
+    variant = kernels.variant()
+    use_variant("reference")
+    try:
+        assert torch.equal(torch.ops.quantspec.gemm_grouped_x8(x, *args), y)
+    finally:
+        use_variant(variant)
+
+
+@pytest.mark.parametrize("format", ["w4a16", "w5a16", "w2a16"])
+def test_a_grouped_modules_int8_prefill_is_the_kernel_or_the_same_products_in_fp32(isa, format):
+    """prefill_activations=int8 on a module: the kernels' GEMM where the variant has one, else the fp32 fallback,
+    both the block-rounded x times the weight (w2a16 has no int8 GEMM on any SIMD variant: the fallback)."""
+    from src.quant.prefill import install_prefill_activations
+
+    bits = formats.get(format).bits
+    torch.manual_seed(bits)
+    x, w = torch.randn(kernels.MAX_ROWS + 3, 256).bfloat16(), torch.randn(40, 256)
+    t = formats.get(format).tensors(w, None, 128)
+    module = build(format, t, 128, torch.bfloat16, gemv=True)
+    bf16 = module(x)
+    counts = install_prefill_activations(torch.nn.Sequential(module), "int8")
+    own = torch.ops.quantspec.has_gemm_grouped_x8(format_number(format))
+    assert counts == {("kernels" if own else "torch"): 1}
+    y = module._prefill(x.contiguous())
+    ref = _x8_reference(x) @ formats.get(format).dequantized(t, 128).double().t()
+    assert y.dtype == torch.float32 and _rel_err(y, ref) < 1e-5
+    assert torch.equal(module(x), y.bfloat16())  # the module's output: the prefill's, rounded to x's dtype
+    assert not torch.equal(module(x), bf16)  # a different arithmetic from the bf16 GEMM's (x rounded to int8)
+    assert torch.equal(module(x[:2]), build(format, t, 128, torch.bfloat16, gemv=True)(x[:2]))  # a step: int16 x
+
+
 @pytest.mark.parametrize("bits", sorted(SPLIT))
 def test_a_split_width_packs_its_low_bits_then_its_high_bits_each_in_the_lane_layout(bits):
     # w6a16's 96 bytes per 128 values: the low 4 bits as w4a16's 64 bytes, then the high 2 as w2a16's 32;

@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#define QS_ABI 4
+#define QS_ABI 5
 
 // Every weight format the kernels know, in one list: its kind (the Stepper's, step.cpp), its name (the one
 // src.quant.formats gives it) and its weight bits. A format's number is its place here; Python reads the list
@@ -111,6 +111,22 @@ typedef struct qs_kernels {
   // it); the rest of c is not touched. Null where the variant has no bf16 dot product (the caller's own GEMM then).
   void (*gemm_bf16)(const uint32_t* a, int64_t lda, const uint32_t* bp, int64_t K2, int64_t N, int64_t m0,
                     int64_t m1, int upper, float* c, int64_t ldc);
+
+  // Many rows of a grouped format on int8 activations (a prefill's calls, precision.prefill_activations=int8):
+  // rows r0..r1 of bf16 x [., K] (K a multiple of 128) quantized per block of 128 values, in x's own order, to
+  // int8 (the block's scale xs = max|x| / 127, round half to even, as quant8), with xo = xs * (the block's sum of
+  // q) beside it (both float [M, K / 128]).
+  void (*quantize_x8_blocks)(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, int8_t* q, float* xs, float* xo);
+  // Then y [M, N] columns n0..n1 (any n0: a column is computed alike wherever its panel starts) = per block b of
+  // 128 values (weight group g, a group a multiple of 128), in order from acc = 0:
+  // acc = fma(float(sum of q_w * q_x), scale[n, g] * xs[m, b], acc);
+  // acc = fma(offset[n, g], xo[m, b], acc): the weight's unsigned b-bit values against x's int8 ones, summed
+  // exactly (u8 x s8 dot products: VPDPBUSD), the same floats on every variant. Null where a variant has no
+  // kernel of its own; not filled from below (the reference's loops would be slower than a bf16 GEMM): the
+  // caller then multiplies the same int8 x in its own GEMM.
+  void (*gemm_grouped_x8[QS_MAX_FORMATS])(const int8_t* xq, const float* xs, const float* xo, const uint8_t* w,
+                                          const float* scale, const float* offset, int64_t group, int64_t M, int64_t K,
+                                          int64_t N, int64_t n0, int64_t n1, float* y);
 } qs_kernels;
 
 // A format's weight bits (0: float), by number.

@@ -701,6 +701,139 @@ void attention(const T* q, const T* k, const T* v, int64_t hs, int64_t H, int64_
   }
 }
 
+// --- many rows on int8 activations (api.h's gemm_grouped_x8: a prefill's GEMM), as avx512.cpp's ----------------
+// A panel of 16 output columns unpacked once per call into 32-byte vectors, each one quad (4 consecutive k) of 8
+// columns, which every 2 rows of x meet with their quad broadcast: VPDPBUSD where VNNI is, else VPMADDUBSW (a pair
+// of u8 q <= 63 times s8 x: at most 2 * 63 * 127, never saturating) and VPMADDWD by ones.
+constexpr int64_t X8_NR = 16;  // columns per panel: two vectors of 8
+constexpr int X8_MR = 2;       // rows a tile: 4 integer and 4 float sums, 2 weights, scales in 16 registers
+
+// A format's step s (16 int16 values 16s..16s+15, natural order) for the panel's unpacking.
+template <typename F>
+inline __m256i x8_step(const F& f, int64_t n, int64_t k, int s) { return f.wv(0.f, n, k, s); }
+
+// Dword d of pack(step 2i, step 2i + 1) (VPACKUSWB packs within 128-bit lanes) holds quad 4(2i + t / 2) + 2L + t % 2
+// (L = d / 4, t = d % 4); position 8i + d of the panel is that dword, and x's quad is read from there.
+constexpr int x8_quad(int pos) {
+  const int i = pos / 8, d = pos % 8, L = d / 4, t = d % 4;
+  return 4 * (2 * i + t / 2) + 2 * L + t % 2;
+}
+
+// r[c] (column c's 8 dwords) to out[d] (dword d of every column, lane c).
+inline void transpose8(const __m256i* r, __m256i* out) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {  // u[4i + j] lane L: columns 4i..4i+3 at dword 4L + j
+    u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    out[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+    out[4 + j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+  }
+}
+
+template <typename F>
+void x8_pack(const F& f, const float* scale, const float* offset, int64_t group, int64_t K, int64_t N, int64_t n,
+             __m256i* panel, float* sc, float* of) {
+  const int64_t chunks = K / 128, G = K / group;
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 4; ++i) {
+        __m256i r[8];
+        for (int j = 0; j < 8; ++j) {
+          const int64_t row = n + 8 * h + j;
+          r[j] = row < N ? _mm256_packus_epi16(x8_step(f, row, 128 * c, 2 * i), x8_step(f, row, 128 * c, 2 * i + 1))
+                         : _mm256_setzero_si256();
+        }
+        __m256i t[8];
+        transpose8(r, t);
+        for (int d = 0; d < 8; ++d) panel[(c * 32 + 8 * i + d) * 2 + h] = t[d];
+      }
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t j = 0; j < X8_NR; ++j) {
+      const bool in = n + j < N;
+      sc[g * X8_NR + j] = in ? scale[(n + j) * G + g] : 0.f;
+      of[g * X8_NR + j] = in ? offset[(n + j) * G + g] : 0.f;
+    }
+}
+
+inline __m256i x8_dot(__m256i a, __m256i w, __m256i x) {
+#if QS_VNNI
+  return QS_DPBUSD(a, w, x);
+#else
+  return keep(_mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))));
+#endif
+}
+
+template <int MR>
+void x8_tile(const __m256i* panel, const float* sc, const float* of, const int8_t* xm, const float* xs, const float* xo,
+             int64_t K, int64_t group, float* y, int64_t N, int64_t n, int64_t width) {
+  const int64_t chunks = K / 128, per_group = group / 128;
+  __m256 f[MR][2];
+  for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    __m256i a[MR][2];
+    for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm256_setzero_si256();
+    const __m256i* pc = panel + c * 64;
+    const int8_t* xc = xm + c * 128;
+#pragma GCC unroll 32
+    for (int p = 0; p < 32; ++p) {
+      const __m256i w0 = _mm256_load_si256(pc + 2 * p), w1 = _mm256_load_si256(pc + 2 * p + 1);
+      for (int m = 0; m < MR; ++m) {
+        int32_t q;
+        memcpy(&q, xc + m * K + 4 * x8_quad(p), 4);
+        const __m256i xb = _mm256_set1_epi32(q);
+        a[m][0] = x8_dot(a[m][0], w0, xb);
+        a[m][1] = x8_dot(a[m][1], w1, xb);
+      }
+    }
+    const int64_t g = c / per_group;
+    const __m256 s0 = _mm256_loadu_ps(sc + g * X8_NR), s1 = _mm256_loadu_ps(sc + g * X8_NR + 8);
+    const __m256 o0 = _mm256_loadu_ps(of + g * X8_NR), o1 = _mm256_loadu_ps(of + g * X8_NR + 8);
+    for (int m = 0; m < MR; ++m) {
+      const __m256 sx = _mm256_set1_ps(xs[m * chunks + c]), xov = _mm256_set1_ps(xo[m * chunks + c]);
+      f[m][0] = _mm256_fmadd_ps(o0, xov, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][0]), _mm256_mul_ps(s0, sx), f[m][0]));
+      f[m][1] = _mm256_fmadd_ps(o1, xov, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[m][1]), _mm256_mul_ps(s1, sx), f[m][1]));
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    alignas(32) float row[16];
+    _mm256_store_ps(row, f[m][0]);
+    _mm256_store_ps(row + 8, f[m][1]);
+    std::copy(row, row + width, y + m * N + n);
+  }
+}
+
+template <typename F>
+void gemm_grouped_x8(const int8_t* xq, const float* xs, const float* xo, const uint8_t* w, const float* scale,
+                     const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+                     float* y) {
+  const int64_t chunks = K / 128, G = K / group;
+  const F f{{{nullptr, K, nullptr}, w, scale, offset, nullptr, group}};
+  thread_local std::vector<__m256i> panel;  // C++17: allocated at the vector type's 32-byte alignment
+  thread_local std::vector<float> sc, of;
+  panel.resize(chunks * 64);
+  sc.resize(G * X8_NR);
+  of.resize(G * X8_NR);
+  for (int64_t n = n0; n < n1; n += X8_NR) {
+    const int64_t width = std::min<int64_t>(X8_NR, n1 - n);
+    x8_pack(f, scale, offset, group, K, n1, n, panel.data(), sc.data(), of.data());
+    int64_t m = 0;
+    for (; m + X8_MR <= M; m += X8_MR)
+      x8_tile<X8_MR>(panel.data(), sc.data(), of.data(), xq + m * K, xs + m * chunks, xo + m * chunks, K, group,
+                     y + m * N, N, n, width);
+    for (; m < M; ++m)
+      x8_tile<1>(panel.data(), sc.data(), of.data(), xq + m * K, xs + m * chunks, xo + m * chunks, K, group, y + m * N,
+                 N, n, width);
+  }
+}
+
 // Grouped formats without an entry here run the best kernel of a variant below that the CPU runs (api.h).
 const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, QS_NAME, 1, gemv_f32, gemv_bf16, quantize_x8_variant, gemv_w8a8, quantize_x16_simd, gemv_w8a16,
@@ -713,6 +846,10 @@ const qs_kernels table = [] {
   t.dequant_grouped[QS_W6A16] = dequant_steps<W6A16>;
   t.gemv_grouped[QS_W5A16] = grouped_gemv<W5A16>;
   t.dequant_grouped[QS_W5A16] = dequant_steps<W5A16>;
+  t.quantize_x8_blocks = quantize_x8_blocks;
+  t.gemm_grouped_x8[QS_W4A16] = gemm_grouped_x8<W4A16>;
+  t.gemm_grouped_x8[QS_W6A16] = gemm_grouped_x8<W6A16>;
+  t.gemm_grouped_x8[QS_W5A16] = gemm_grouped_x8<W5A16>;
   return t;
 }();
 

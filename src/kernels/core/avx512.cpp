@@ -689,6 +689,185 @@ void gemm_bf16(const uint32_t* a, int64_t lda, const uint32_t* bp, int64_t K2, i
   }
 }
 
+// --- many rows on int8 activations (api.h's gemm_grouped_x8: a prefill's GEMM) ----------------------------
+// The gemv's layout (a row's values along a register, summed across it at the end) folds every integer sum into
+// fp32 once per group: two VPDPBUSD per fold at int8. For many rows the weights are laid out the GEMM's way
+// instead: a panel of 32 output columns is unpacked once per call into bytes where each 64-byte vector holds one
+// quad (4 consecutive k) of 16 columns, lane c column c, and every row of x meets it with its quad broadcast
+// (one VPDPBUSD per 64 multiply-adds of 16 columns, a fold per 32 of them). The panel (32 bytes per k: 128 KB at
+// K = 4096, 344 KB at 11008) stays in L2 while every row of x streams past it; unpacking it costs ~1/8 of an
+// instruction per weight, once, against the rows' 1/64 each.
+constexpr int64_t X8_NR = 32;  // columns per panel: two vectors of 16
+
+// Chunk b (128 values) of a B-bit row as 4 int16 vectors, q[u] lane j = value 32u + j (the decode step's steps).
+template <int B>
+inline void chunk_values(const uint8_t* b, __m512i* q) {
+  if constexpr (B == 4) {
+    const __m512i v = _mm512_loadu_si512(b);
+    q[0] = nibble<0>(v), q[1] = nibble<1>(v), q[2] = nibble<2>(v), q[3] = nibble<3>(v);
+  } else {
+    Split<B>::steps(b, q);
+  }
+}
+
+// Where the packed bytes put each quad: VPACKUSWB packs within 128-bit lanes, so dword 4L + t of pack(q[0], q[1])
+// is quad 2L + t (t < 2) or 8 + 2L + t - 2 (from q[1]); pack(q[2], q[3]) likewise, 16 quads on. x's quad is read
+// from its place, so the weights need no reordering.
+constexpr int x8_quad(int pos) {
+  const int L = (pos % 16) / 4, t = pos % 4;
+  return (pos / 16) * 16 + (t < 2 ? 2 * L + t : 8 + 2 * L + t - 2);
+}
+
+// r[c] (column c's 16 dwords) to out[p] (dword p of every column, lane c): 32-bit, then 64-bit interleaves, then
+// a 4 x 4 transpose of 128-bit lanes; 64 shuffles.
+inline void transpose16(const __m512i* r, __m512i* out) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // b[4i + t] lane L: columns 4i..4i+3 at dword 4L + t
+    b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  for (int t = 0; t < 4; ++t) {
+    const __m512i c0 = _mm512_shuffle_i32x4(b[t], b[4 + t], 0x44), c1 = _mm512_shuffle_i32x4(b[t], b[4 + t], 0xEE);
+    const __m512i c2 = _mm512_shuffle_i32x4(b[8 + t], b[12 + t], 0x44), c3 = _mm512_shuffle_i32x4(b[8 + t], b[12 + t], 0xEE);
+    out[t] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+    out[4 + t] = _mm512_shuffle_i32x4(c0, c2, 0xDD);
+    out[8 + t] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+    out[12 + t] = _mm512_shuffle_i32x4(c1, c3, 0xDD);
+  }
+}
+
+// Columns n..n + 32 (those below N; the rest zero) as the panel [K / 128][32 quads][2 halves] of vectors, and their
+// scales and offsets as [G][32].
+template <int B>
+void x8_pack(const uint8_t* w, const float* scale, const float* offset, int64_t group, int64_t K, int64_t N, int64_t n,
+             __m512i* panel, float* sc, float* of) {
+  const int64_t chunks = K / 128, G = K / group, row_bytes = K * B / 8;
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int h = 0; h < 2; ++h) {
+      __m512i lo[16], hi[16];
+      for (int j = 0; j < 16; ++j) {
+        const int64_t row = n + 16 * h + j;
+        if (row >= N) { lo[j] = hi[j] = _mm512_setzero_si512(); continue; }
+        __m512i q[4];
+        chunk_values<B>(w + row * row_bytes + c * 16 * B, q);
+        lo[j] = _mm512_packus_epi16(q[0], q[1]);
+        hi[j] = _mm512_packus_epi16(q[2], q[3]);
+      }
+      __m512i t[16];
+      transpose16(lo, t);
+      for (int p = 0; p < 16; ++p) panel[(c * 32 + p) * 2 + h] = t[p];
+      transpose16(hi, t);
+      for (int p = 0; p < 16; ++p) panel[(c * 32 + 16 + p) * 2 + h] = t[p];
+    }
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t j = 0; j < X8_NR; ++j) {
+      const bool in = n + j < N;
+      sc[g * X8_NR + j] = in ? scale[(n + j) * G + g] : 0.f;
+      of[g * X8_NR + j] = in ? offset[(n + j) * G + g] : 0.f;
+    }
+}
+
+inline __m512i x8_broadcast(const int8_t* p) {
+  int32_t v;
+  memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// MR rows of x from xm against one packed panel: integer sums per block in registers, folded into fp32 sums as
+// api.h orders it; y's columns n.. (lanes past N masked off).
+template <int MR>
+void x8_tile(const __m512i* panel, const float* sc, const float* of, const int8_t* xm, const float* xs, const float* xo,
+             int64_t K, int64_t group, float* y, int64_t N, int64_t n, __mmask16 lo, __mmask16 hi) {
+  const int64_t chunks = K / 128, per_group = group / 128;
+  __m512 f[MR][2];
+  for (int m = 0; m < MR; ++m) f[m][0] = f[m][1] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c) {
+    __m512i a[MR][2];
+    for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = _mm512_setzero_si512();
+    const __m512i* pc = panel + c * 64;
+    const int8_t* xc = xm + c * 128;
+#pragma GCC unroll 32
+    for (int p = 0; p < 32; ++p) {
+      const __m512i w0 = _mm512_load_si512(pc + 2 * p), w1 = _mm512_load_si512(pc + 2 * p + 1);
+      for (int m = 0; m < MR; ++m) {
+        const __m512i xb = x8_broadcast(xc + m * K + 4 * x8_quad(p));
+        a[m][0] = _mm512_dpbusd_epi32(a[m][0], w0, xb);
+        a[m][1] = _mm512_dpbusd_epi32(a[m][1], w1, xb);
+      }
+    }
+    const int64_t g = c / per_group;
+    const __m512 s0 = _mm512_loadu_ps(sc + g * X8_NR), s1 = _mm512_loadu_ps(sc + g * X8_NR + 16);
+    const __m512 o0 = _mm512_loadu_ps(of + g * X8_NR), o1 = _mm512_loadu_ps(of + g * X8_NR + 16);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 sx = _mm512_set1_ps(xs[m * chunks + c]), xov = _mm512_set1_ps(xo[m * chunks + c]);
+      f[m][0] = _mm512_fmadd_ps(o0, xov, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[m][0]), _mm512_mul_ps(s0, sx), f[m][0]));
+      f[m][1] = _mm512_fmadd_ps(o1, xov, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[m][1]), _mm512_mul_ps(s1, sx), f[m][1]));
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    _mm512_mask_storeu_ps(y + m * N + n, lo, f[m][0]);
+    _mm512_mask_storeu_ps(y + m * N + n + 16, hi, f[m][1]);
+  }
+}
+
+constexpr int X8_MR = 4;  // rows a tile: 8 integer and 8 float sums, 2 weights, 4 scales in 32 registers
+
+template <int B>
+void gemm_grouped_x8(const int8_t* xq, const float* xs, const float* xo, const uint8_t* w, const float* scale,
+                     const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+                     float* y) {
+  const int64_t chunks = K / 128, G = K / group;
+  thread_local std::vector<__m512i> panel;  // C++17: allocated at the vector type's 64-byte alignment
+  thread_local std::vector<float> sc, of;
+  panel.resize(chunks * 64);
+  sc.resize(G * X8_NR);
+  of.resize(G * X8_NR);
+  for (int64_t n = n0; n < n1; n += X8_NR) {
+    const int64_t width = std::min<int64_t>(X8_NR, n1 - n);
+    const __mmask16 lo = width >= 16 ? 0xFFFF : __mmask16((1u << width) - 1);
+    const __mmask16 hi = width >= 32 ? 0xFFFF : width <= 16 ? 0 : __mmask16((1u << (width - 16)) - 1);
+    x8_pack<B>(w, scale, offset, group, K, n1, n, panel.data(), sc.data(), of.data());
+    int64_t m = 0;
+    for (; m + X8_MR <= M; m += X8_MR)
+      x8_tile<X8_MR>(panel.data(), sc.data(), of.data(), xq + m * K, xs + m * chunks, xo + m * chunks, K, group,
+                     y + m * N, N, n, lo, hi);
+    for (; m < M; ++m)
+      x8_tile<1>(panel.data(), sc.data(), of.data(), xq + m * K, xs + m * chunks, xo + m * chunks, K, group, y + m * N,
+                 N, n, lo, hi);
+  }
+}
+
+// common.h's quantize_x8_blocks, 16 at a time (the same divisions and roundings).
+void quantize_x8_blocks_simd(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, int8_t* q, float* xs, float* xo) {
+  auto load = [](const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  };
+  const int64_t blocks = K / 128;
+  for (int64_t m = r0; m < r1; ++m)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint16_t* in = x + m * K + 128 * b;
+      __m512 amax = _mm512_setzero_ps();
+      for (int k = 0; k < 128; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(in + k)));
+      const float scale = std::max(_mm512_reduce_max_ps(amax), kX8Floor) / 127.f;
+      const __m512 s = _mm512_set1_ps(scale);
+      __m512i sum = _mm512_setzero_si512();
+      for (int k = 0; k < 128; k += 16) {
+        __m512i v = _mm512_cvtps_epi32(_mm512_div_ps(load(in + k), s));  // MXCSR: nearest-even
+        v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        sum = _mm512_add_epi32(sum, v);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + m * K + 128 * b + k), _mm512_cvtepi32_epi8(v));
+      }
+      xs[m * blocks + b] = scale;
+      xo[m * blocks + b] = scale * float(_mm512_reduce_add_epi32(sum));
+    }
+}
+
 // Grouped formats without an entry here (w2a16) run the best kernel of a variant below that the CPU runs (api.h).
 const qs_kernels table = [] {
   qs_kernels t = {QS_ABI, "avx512", 1, gemv_f32, gemv_bf16, quantize_x8, gemv_w8a8, quantize_x16, gemv_w8a16,
@@ -701,6 +880,10 @@ const qs_kernels table = [] {
   t.gemv_grouped[QS_W5A16] = grouped_gemv<W5A16>;
   t.dequant_grouped[QS_W5A16] = dequant_split<W5A16>;
   t.gemm_bf16 = gemm_bf16;
+  t.quantize_x8_blocks = quantize_x8_blocks_simd;
+  t.gemm_grouped_x8[QS_W4A16] = gemm_grouped_x8<4>;
+  t.gemm_grouped_x8[QS_W6A16] = gemm_grouped_x8<6>;
+  t.gemm_grouped_x8[QS_W5A16] = gemm_grouped_x8<5>;
   return t;
 }();
 

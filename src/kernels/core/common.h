@@ -124,6 +124,32 @@ inline void quantize_x8_bf16(const uint16_t* x, int64_t K, int64_t r0, int64_t r
   }
 }
 
+// Many rows on int8 activations (api.h's quantize_x8_blocks): each block of 128 values of bf16 x its own scale
+// (max|x| / 127, as quant8 rounds), the block's q in x's order, and xo = scale * (the block's sum of q).
+// Per block rather than per row, as llama.cpp's Q8_K keeps a scale per 256 values: one large activation
+// then coarsens its own block, not the whole row (the quality page has the measurement).
+inline void quantize_x8_blocks(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, int8_t* q, float* xs, float* xo) {
+  const int64_t blocks = K / 128;
+  for (int64_t m = r0; m < r1; ++m)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint16_t* in = x + m * K + 128 * b;
+      float amax = 0.f;
+      for (int k = 0; k < 128; ++k) {  // a compare, not fmax: as quantize_x8_bf16 (GCC 12 for AArch64)
+        const float v = std::fabs(bf16_to_f32(in[k]));
+        amax = v > amax ? v : amax;
+      }
+      const float scale = std::fmax(amax, kX8Floor) / 127.f;
+      int32_t sum = 0;
+      for (int k = 0; k < 128; ++k) {
+        const int32_t v = quant8(bf16_to_f32(in[k]), scale);
+        q[m * K + 128 * b + k] = int8_t(v);
+        sum += v;
+      }
+      xs[m * blocks + b] = scale;
+      xo[m * blocks + b] = scale * float(sum);
+    }
+}
+
 inline void scale_rows_bf16(uint16_t* y, int64_t N, const float* x_scale, int64_t r0, int64_t r1) {
   for (int64_t m = r0; m < r1; ++m)
     for (int64_t n = 0; n < N; ++n) y[m * N + n] = f32_to_bf16(bf16_to_f32(y[m * N + n]) * x_scale[m]);

@@ -399,6 +399,7 @@ const qs_kernels table = [] {
   t.dequant_grouped[QS_W6A16] = dequant_steps<W6A16>;
   t.gemv_grouped[QS_W5A16] = grouped_gemv<W5A16>;
   t.dequant_grouped[QS_W5A16] = dequant_steps<W5A16>;
+  t.quantize_x8_blocks = quantize_x8_blocks;
   return t;
 }();
 

@@ -124,6 +124,26 @@ void dequant_grouped(const uint8_t* w, const float* scale, const float* offset, 
       out[n * K + k] = f32_to_bf16(std::fma(float(field<B>(w, K, n, k)), scale[n * G + k / group], offset[n * G + k / group]));
 }
 
+// api.h's gemm_grouped_x8: each block's integer sum exact, folded in api.h's order.
+template <int B>
+void gemm_grouped_x8(const int8_t* xq, const float* xs, const float* xo, const uint8_t* w, const float* scale,
+                     const float* offset, int64_t group, int64_t M, int64_t K, int64_t N, int64_t n0, int64_t n1,
+                     float* y) {
+  const int64_t G = K / group, blocks = K / 128;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t d = 0;
+        for (int64_t k = 128 * b; k < 128 * (b + 1); ++k) d += field<B>(w, K, n, k) * int32_t(xq[m * K + k]);
+        const int64_t g = n * G + 128 * b / group;
+        acc = std::fma(float(d), scale[g] * xs[m * blocks + b], acc);
+        acc = std::fma(offset[g], xo[m * blocks + b], acc);
+      }
+      y[m * N + n] = acc;
+    }
+}
+
 template <typename T>
 void attention(const T* q, const T* k, const T* v, int64_t head_stride, int64_t H, int64_t KVH, int64_t Q, int64_t L,
                int64_t D, float scale, int64_t i0, int64_t i1, T* out) {
@@ -162,6 +182,11 @@ const qs_kernels table = [] {
   t.dequant_grouped[QS_W6A16] = dequant_grouped<6>;
   t.gemv_grouped[QS_W5A16] = gemv_grouped<5>;
   t.dequant_grouped[QS_W5A16] = dequant_grouped<5>;
+  t.quantize_x8_blocks = quantize_x8_blocks;
+  t.gemm_grouped_x8[QS_W4A16] = gemm_grouped_x8<4>;
+  t.gemm_grouped_x8[QS_W2A16] = gemm_grouped_x8<2>;
+  t.gemm_grouped_x8[QS_W6A16] = gemm_grouped_x8<6>;
+  t.gemm_grouped_x8[QS_W5A16] = gemm_grouped_x8<5>;
   return t;
 }();
 

@@ -179,6 +179,27 @@ int main(int argc, char** argv) {
     ref->scale_rows_bf16(yr.data(), N, sr.data(), 0, M);
     check(qv == qr && sv == sr && yv == yr, "w4a8's prefill quantizer and rescale, bit for bit");
   }
+  {  // many rows on int8 activations: the block quantizer, then each grouped GEMM the variant has, bit for bit, for
+     // row counts around its tiles, a panel's tail (N = 45), columns split at a panel, and groups of 128 and 256
+    std::vector<int8_t> qv(M * K), qr(M * K);
+    std::vector<float> sv(M * K / 128), sr(M * K / 128), ov(M * K / 128), orr(M * K / 128);
+    v->quantize_x8_blocks(in.xb.data(), K, 0, M, qv.data(), sv.data(), ov.data());
+    ref->quantize_x8_blocks(in.xb.data(), K, 0, M, qr.data(), sr.data(), orr.data());
+    check(qv == qr && sv == sr && ov == orr, "int8 block quantizer, bit for bit");
+    for (int g = 0; g < QS_FORMAT_COUNT; ++g) {
+      if (!v->gemm_grouped_x8[g]) continue;
+      for (int64_t group : {G, 2 * G})
+        for (int64_t m : {int64_t(1), int64_t(3), int64_t(5), M}) {
+          std::vector<float> yv(m * N), yr(m * N), ys(m * N);
+          v->gemm_grouped_x8[g](qr.data(), sr.data(), orr.data(), in.w4.data(), in.scale.data(), in.offset.data(), group, m, K, N, 0, N, yv.data());
+          ref->gemm_grouped_x8[g](qr.data(), sr.data(), orr.data(), in.w4.data(), in.scale.data(), in.offset.data(), group, m, K, N, 0, N, yr.data());
+          v->gemm_grouped_x8[g](qr.data(), sr.data(), orr.data(), in.w4.data(), in.scale.data(), in.offset.data(), group, m, K, N, 0, 32, ys.data());
+          v->gemm_grouped_x8[g](qr.data(), sr.data(), orr.data(), in.w4.data(), in.scale.data(), in.offset.data(), group, m, K, N, 32, N, ys.data());
+          check(yv == yr && ys == yv, std::to_string(qs_format_bits(g)) + "-bit x int8 GEMM, group " + std::to_string(group) +
+                ", " + std::to_string(m) + " rows, bit for bit", rel_err(yv, yr));
+        }
+    }
+  }
   for (int g = 0; g < QS_FORMAT_COUNT; ++g) {
     if (!v->dequant_grouped[g]) continue;
     std::vector<uint16_t> dv(N * K), dr(N * K);
