@@ -32,6 +32,12 @@ COMMAND = bench.command(
         ),
         Setting("levels", ("1", "8"), "the concurrency levels (task.concurrency)"),
         Setting("rounds", 2, "interleaved rounds (src.run's rounds=)"),
+        Setting(
+            "batch_activations",
+            ("int16",),
+            "quantspec's precision.batch_activations, each its own rows (int8: its batched steps on int8 activations)",
+            choices=("int16", "int8"),
+        ),
     ],
 )
 
@@ -47,6 +53,7 @@ def main(argv: list[str]) -> int:
             f"task.server={','.join(args.servers)}",
             f"task.concurrency={','.join(map(str, levels))}",
             f"rounds={args.rounds}",
+            f"precision.batch_activations={','.join(args.batch_activations)}",
             *overrides,
         ],
     )
@@ -54,23 +61,31 @@ def main(argv: list[str]) -> int:
         return 2
     figures = by_server_level(sweep)
     low = min(levels)
+    # quantspec once per batch_activations; another server's jobs (which read no precision field) all count as its own
+    names = [
+        (server, kind if server == "quantspec" and len(args.batch_activations) > 1 else None)
+        for server in args.servers
+        for kind in (args.batch_activations if server == "quantspec" else [None])
+    ]
 
-    def get(server, level, metric):
-        return figures.get((server, level), {}).get(metric, math.nan)
+    def get(name, level, metric):
+        return figures.get((*name, level), {}).get(metric, math.nan)
 
     rows = []
     for level in levels:
-        for server in args.servers:
-            tps = get(server, level, "serve_output_tokens_per_s")
-            row = [server, level, _f(tps), _f(tps / get(server, low, "serve_output_tokens_per_s"), 2)]
+        for name in names:
+            server = name[0]
+            tps = get(name, level, "serve_output_tokens_per_s")
+            label = server if name[1] is None else f"{server} ({name[1]} batches)"
+            row = [label, level, _f(tps), _f(tps / get(name, low, "serve_output_tokens_per_s"), 2)]
             if "llama-server" in args.servers and server == "quantspec":
-                row.append(_f(tps / get("llama-server", level, "serve_output_tokens_per_s"), 2))
+                row.append(_f(tps / get(("llama-server", None), level, "serve_output_tokens_per_s"), 2))
             else:
                 row.append("")
             row += [
-                _f(get(server, level, "serve_ttft_ms_p99")),
-                _f(get(server, level, "serve_tpot_ms_p50")),
-                _f(get(server, level, "serve_errors"), 0),
+                _f(get(name, level, "serve_ttft_ms_p99")),
+                _f(get(name, level, "serve_tpot_ms_p50")),
+                _f(get(name, level, "serve_errors"), 0),
             ]
             rows.append(row)
     head = [
@@ -96,9 +111,17 @@ def main(argv: list[str]) -> int:
     return sweep.returncode
 
 
-def by_server_level(sweep: bench.Sweep) -> dict[tuple[str, int], dict[str, float]]:
-    """{(server, concurrency): {metric: the median over its quiet rounds}} (every round where all were busy)."""
-    return sweep.by_key(lambda job: (job.tags.get("server", "?"), int(float(job.params.get("task.concurrency", "0")))))
+def by_server_level(sweep: bench.Sweep) -> dict[tuple[str, str | None, int], dict[str, float]]:
+    """{(server, its batch activations or None, concurrency): {metric: the median over its quiet rounds}} (every
+    round where all were busy); the activations are quantspec's where the sweep has several, else None."""
+    kinds = {job.params.get("precision.batch_activations") for job in sweep.finished}
+
+    def key(job):
+        server = job.tags.get("server", "?")
+        kind = job.params.get("precision.batch_activations") if server == "quantspec" and len(kinds) > 1 else None
+        return server, kind, int(float(job.params.get("task.concurrency", "0")))
+
+    return sweep.by_key(key)
 
 
 def _f(value: float, digits: int = 3) -> str:

@@ -1,5 +1,7 @@
 """A job built and run from its typed config alone: no Hydra run, no MLflow."""
 
+import re
+
 import pytest
 
 from src.assembly.config import job_config_from_dict
@@ -131,3 +133,33 @@ def test_a_bf16_job_records_how_its_many_row_gemms_run_and_an_fp32_one_has_none(
             path = kept.params["executed.float_gemm"]
             assert path in FLOAT_GEMMS and {f"float_gemm_probe_ms_{p}" for p in FLOAT_GEMMS} <= set(kept.metrics)
             assert {m.float_gemm for m in prefill.bf16_gemm_linears(job.model)} == {path}
+
+
+def test_a_grouped_job_records_where_its_int8_prefill_runs_and_sets_its_batched_steps(tmp_path):
+    """precision.prefill_activations=int8 puts every grouped linear's prefill on int8 activations and records where
+    they run (the kernels' GEMM, or the fp32 fallback where the variant has none); batch_activations=int8 sets the
+    C++ step's batched calls; the defaults leave both 16-bit and record bf16."""
+    from src.engine import cpp_step
+    from src.quant.linear import GroupedGemv
+
+    cache = fresh_cache(tmp_path / "cache")
+    for prefill_kind, batch_kind in (("int8", "int8"), ("bf16", "int16")):
+        raw, _ = compose_job(
+            [
+                "model=tiny-llama",
+                "precision=rtn",
+                f"precision.prefill_activations={prefill_kind}",
+                f"precision.batch_activations={batch_kind}",
+                "task.limit=1",
+                f"cache_dir={cache}",
+            ]
+        )
+        kept = Kept()
+        job = build(job_config_from_dict(raw), kept)
+        grouped = [m for m in job.model.modules() if isinstance(m, GroupedGemv)]
+        assert grouped and {m.prefill_activations for m in grouped} == {prefill_kind}
+        said = kept.params["executed.prefill_activations"]
+        counts = re.findall(r"(kernels|torch|bf16) (\d+)", said)  # "int8 (kernels 6, torch 2)"
+        assert said.startswith(f"{prefill_kind} (") and sum(int(n) for _, n in counts) == len(grouped)
+        rows = job.model.__dict__["_quantspec_x8_rows"]
+        assert rows == (cpp_step.X8_ROWS if batch_kind == "int8" else 0)
