@@ -10,7 +10,7 @@ precision=w4a16 precision.prefill_activations=<each> task=benchmark_long 'task.p
 task.max_new_tokens=16` (its prefill at each length and the time per new token after the 128-token prompt, read back
 from its run; a job for each of `prefill_activations`, bf16 and int8 unless told; its first run quantizes the
 checkpoint, as bench_seven_b times: AWQ and GPTQ, ~8 minutes on a 2-core AVX-512 EPYC, cached after), then
-`llama-bench -p 128,512 -n 16` (`llama_bench=`: another build, e.g. one for AVX2 only beside `isa=avx2`) on the Q4_K_M (its pp128, pp512 and tg16, timed by the C++ tool itself, on as many
+`llama-bench -p 128,512 -n 16` (`llama_bench=`: another build, e.g. one for AVX2 only beside `isa=avx2 aten_isa=avx2`, as on an AVX2 host) on the Q4_K_M (its pp128, pp512 and tg16, timed by the C++ tool itself, on as many
 threads). quantspec's decode starts after 128 tokens of context and llama-bench's tg16 after none: a 7B step's KV
 reads at 128 tokens are ~2% of its weights'. The table: each figure's median over the rounds, its min-max, and
 quantspec's time over llama-bench's.
@@ -31,6 +31,7 @@ from scripts.peer import cache_dir, long_job
 from src.common.metrics import markdown_table
 from src.common.say import say
 from src.common.settings import Setting
+from src.kernels.variants import ATEN_ISA
 
 LENGTHS = (128, 512)  # prompt tokens prefilled (llama-bench's pp128, pp512)
 TOKENS = 16  # new tokens decoded (llama-bench's tg16)
@@ -42,7 +43,8 @@ COMMAND = bench.command(
         Setting("model", "llama-2-7b", "a shipped shape (src/shapes/) of the llama family"),
         Setting("rounds", 3, "rounds in turns"),
         Setting("threads", 2, "threads on both sides"),
-        Setting("isa", "auto", "quantspec's engine.isa (avx2: its AVX2 kernels and ATen held to AVX2)"),
+        Setting("isa", "auto", "quantspec's engine.isa (its kernel variant)"),
+        Setting("aten_isa", None, "hold the jobs' ATen, oneDNN and MKL to this ISA", choices=tuple(sorted(ATEN_ISA))),
         Setting("llama_bench", None, "the llama-bench to time (default: the cache's build; an AVX2 one for isa=avx2)"),
         Setting(
             "prefill_activations",
@@ -91,13 +93,14 @@ def main(argv: list[str]) -> int:
     store = f"sqlite:///{tempfile.mkdtemp(prefix='bench-seven-b-decode-store-')}/mlflow.db"
     job = ["model=hub", f"model.local_path={folder}", "precision=w4a16", f"hardware.threads={args.threads}"]
     job.append(f"engine.isa={args.isa}")
+    env = ATEN_ISA[args.aten_isa] if args.aten_isa else {}
     kinds = list(dict.fromkeys(args.prefill_activations))
     figures = ["decode ms/token", *(f"prefill {n} ms" for n in LENGTHS)]
     ours: dict[str, dict[str, list[float]]] = {kind: {f: [] for f in figures} for kind in kinds}
     theirs: dict[str, list[float]] = {f: [] for f in figures}
     for r in range(args.rounds):
         for kind in kinds:
-            got = long_job(store, [*job, f"precision.prefill_activations={kind}"], list(LENGTHS), TOKENS)
+            got = long_job(store, [*job, f"precision.prefill_activations={kind}"], list(LENGTHS), TOKENS, env)
             ours[kind]["decode ms/token"].append(got[LENGTHS[0]][1])
             for n in LENGTHS:
                 ours[kind][f"prefill {n} ms"].append(got[n][0])
@@ -136,7 +139,7 @@ def main(argv: list[str]) -> int:
         f"{args.model}'s shape, random weights on both sides (quantspec: the default w4a16 mix from a bf16 checkpoint, "
         f"precision.prefill_activations={','.join(kinds)}; llama.cpp: Q4_K_M by llama-quantize from an F16 GGUF of the "
         f"same weights; llama-bench {'as llama_bench= gave it' if args.llama_bench else 'of scripts/build_llama_server'}), "
-        f"{args.threads} threads, engine.isa={args.isa}, {args.rounds} rounds in turns; "
+        f"{args.threads} threads, engine.isa={args.isa}, ATen {args.aten_isa or 'native'}, {args.rounds} rounds in turns; "
         "quantspec's decode after a "
         f"{LENGTHS[0]}-token prompt (its decode steps take 16-bit activations either way), llama-bench's after none."
     )

@@ -105,14 +105,18 @@ def cache_dir() -> Path:
         return Path(str(compose("config").cache_dir)).expanduser()
 
 
-def long_job(store: str, overrides: list[str], lengths: list[int], tokens: int) -> dict[int, tuple[float, float]]:
+def long_job(
+    store: str, overrides: list[str], lengths: list[int], tokens: int, env: dict | None = None
+) -> dict[int, tuple[float, float]]:
     """{prompt tokens: (prefill ms, time/token ms)} of one `python -m src.run -m task=benchmark_long <overrides>`
-    job at these prompt lengths, `tokens` new tokens each, read back from its store (the last quiet round)."""
+    job at these prompt lengths, `tokens` new tokens each (`env` added to its environment), read back from its
+    store (the last quiet round)."""
     lengths_arg = f"task.prompt_lengths=[{','.join(map(str, lengths))}]"
     runs = _sweep(
         store,
         Path(tempfile.mkdtemp(prefix="bench-long-")),
         ["task=benchmark_long", lengths_arg, f"task.max_new_tokens={tokens}", *overrides],
+        env,
     )
     # a round timed while other processes were busy is measured again (busy_reruns): the last quiet one counts
     job = quiet(runs)[-1]
