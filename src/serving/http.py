@@ -77,6 +77,7 @@ class App:
         scheduler = batching.Scheduler(step, settings.max_sequences, settings.max_batch_tokens)
         self.loop = batching.Loop(scheduler, settings.max_waiting)
         self.tokenizer, self.name, self.max_context = tokenizer, name, max_context
+        self.created = int(time.time())  # /v1/models' "created": when this server loaded its model
         self.settings = settings
         self.limits = openai.Limits(max_context, settings.default_max_tokens)
         self.tokenizing = threading.BoundedSemaphore(TOKENIZING)
@@ -155,7 +156,13 @@ class Handler(BaseHTTPRequestHandler):
                 {
                     "object": "list",
                     "data": [
-                        {"id": app.name, "object": "model", "owned_by": "quantspec", "max_model_len": app.max_context}
+                        {
+                            "id": app.name,
+                            "object": "model",
+                            "created": app.created,
+                            "owned_by": "quantspec",
+                            "max_model_len": app.max_context,
+                        }
                     ],
                 },
             )
@@ -290,7 +297,7 @@ class Handler(BaseHTTPRequestHandler):
         first = True
         for piece, finish in self._tokens(request, seq, events):
             if finish is not None and (finish.startswith("error") or finish == "cancelled"):
-                self._event({"error": {"message": f"the request ended: {finish}", "type": "server_error"}})
+                self._event(openai.error(f"the request ended: {finish}", 500))
                 app.count(False)
                 return
             if piece or finish is not None or first:

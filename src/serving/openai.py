@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -148,7 +149,9 @@ def _sampling(req: dict) -> Sampling:
         raise BadRequest(f"temperature={temperature} must be >= 0 and top_p={top_p} in (0, 1]")
     if temperature < MIN_TEMPERATURE:  # 0: greedy, as OpenAI's API reads it
         return Sampling()
-    return Sampling(do_sample=True, temperature=temperature, top_p=top_p, seed=seed if seed is not None else 0)
+    # an unseeded request draws its own seed, as OpenAI's does: two such requests for one prompt sample apart
+    seed = seed if seed is not None else secrets.randbits(63)
+    return Sampling(do_sample=True, temperature=temperature, top_p=top_p, seed=seed)
 
 
 def _fits(text: str, tokenizer, limits: Limits, what: str) -> str:
@@ -243,7 +246,10 @@ def chunk(c: Completion, model: str, text: str, finish: str | None, first: bool 
         choice, kind = {"index": 0, "delta": delta, "finish_reason": finish}, "chat.completion.chunk"
     else:
         choice, kind = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}, "text_completion"
-    return {"id": _id(c), "object": kind, "created": c.created, "model": model, "choices": [choice]}
+    out = {"id": _id(c), "object": kind, "created": c.created, "model": model, "choices": [choice]}
+    if c.include_usage:  # OpenAI's: every chunk before the last carries "usage": null
+        out["usage"] = None
+    return out
 
 
 def usage_chunk(c: Completion, model: str, tokens: int) -> dict:
@@ -258,14 +264,16 @@ def usage_chunk(c: Completion, model: str, tokens: int) -> dict:
     }
 
 
-def error(message: str, status: int) -> dict:
+def error(message: str, status: int, code: str | None = None, param: str | None = None) -> dict:
+    """OpenAI's error object: `code` a string or null (the HTTP status is the response's own), `param` the field
+    at fault or null."""
     kind = {
         400: "invalid_request_error",
         404: "not_found_error",
         408: "invalid_request_error",
         413: "invalid_request_error",
     }.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "code": status}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _id(c: Completion) -> str:

@@ -158,3 +158,26 @@ def test_answers_have_openais_shapes(tok):
         "content": "a",
     }
     assert openai.error("x", 503)["error"]["type"] == "server_error"
+
+
+def test_the_answers_carry_what_openais_client_reads(tok):
+    """OpenAI's shapes: an error's code is a string or null (the HTTP status is the response's own) beside its param;
+    with include_usage every chunk before the usage chunk says "usage": null; without it, none does."""
+    assert openai.error("x", 400) == {
+        "error": {"message": "x", "type": "invalid_request_error", "param": None, "code": None}
+    }
+    assert openai.error("y", 404, "model_not_found", "model")["error"]["code"] == "model_not_found"
+    c = read(tok, {"prompt": "hi", "stream": True, "stream_options": {"include_usage": True}})
+    assert "usage" in openai.chunk(c, "m", "a", None, first=True) and openai.chunk(c, "m", "a", None)["usage"] is None
+    assert openai.usage_chunk(c, "m", 2)["usage"]["completion_tokens"] == 2
+    plain = read(tok, {"prompt": "hi", "stream": True})
+    assert "usage" not in openai.chunk(plain, "m", "a", None)
+
+
+def test_an_unseeded_sampled_request_draws_its_own_seed_and_a_seeded_one_keeps_it(tok):
+    """Two unseeded sampled requests for one prompt sample apart (OpenAI's behaviour; a fixed seed 0 had made them
+    identical); a seed sent is kept; greedy has none."""
+    seeds = {read(tok, {"prompt": "hi", "temperature": 0.8}).sampling.seed for _ in range(4)}
+    assert len(seeds) == 4
+    assert read(tok, {"prompt": "hi", "temperature": 0.8, "seed": 7}).sampling.seed == 7
+    assert not read(tok, {"prompt": "hi", "temperature": 0}).sampling.do_sample

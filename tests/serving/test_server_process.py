@@ -76,8 +76,11 @@ def idle(url, within=30.0):
 def test_a_malformed_body_and_an_overlong_prompt_are_refused_and_the_server_goes_on(server):
     _, url = server
     status, body = post(url, "/v1/completions", b'{"prompt": "hi", ')
-    assert status == 400 and "not JSON" in json.loads(body)["error"]["message"]
-    context = get(url, "/v1/models")["data"][0]["max_model_len"]
+    error = json.loads(body)["error"]
+    assert status == 400 and "not JSON" in error["message"] and error["code"] is None and "param" in error
+    model = get(url, "/v1/models")["data"][0]
+    context = model["max_model_len"]
+    assert isinstance(model["created"], int) and model["created"] <= time.time()
     status, body = post(url, "/v1/completions", {"prompt": [2] * (context + 1), "max_tokens": 1})
     message = json.loads(body)["error"]["message"]
     assert status == 400 and f"context of {context} tokens" in message and "\n" not in message
