@@ -1,7 +1,8 @@
 """OpenAI's completions and chat completions, as src.serving's server reads and answers them: a request body to
 a Completion (or BadRequest, one line saying what to send instead), and the JSON it sends back, whole or as
-server-sent-event chunks. The fields a load generator or an OpenAI client sends are read; `n` above 1, `logprobs`
-and `echo` are refused in one line rather than ignored."""
+server-sent-event chunks. The fields a load generator or an OpenAI client sends are read; `n` above 1, `logprobs`,
+`echo`, an unknown field, and one that would change the answer at other than its neutral value (`top_k`,
+`presence_penalty`, `response_format`, ...: NEUTRAL) are refused in one line rather than ignored."""
 
 from __future__ import annotations
 
@@ -20,6 +21,26 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions (a chat's is the ser
 MAX_STOPS = 4  # stop strings a request may send (OpenAI's limit)
 MAX_STOP_CHARS = 256  # characters in one stop string: each is matched against the text held back at every token
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+# The fields this server reads (the others below refused where they would change the answer), and those that say
+# nothing about the answer (OpenAI's end-user id, its stored-completion metadata): read and left.
+READ = {
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "best_of",
+    "stream", "stream_options", "stop", "seed", "ignore_eos", "logprobs", "echo", "top_logprobs",
+}  # fmt: skip
+NO_EFFECT = {"user", "metadata", "store"}
+# Fields that change the answer, served only at the value that leaves it as this server gives it.
+NEUTRAL = {
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "top_k": (-1, 0),
+    "min_p": (0, 0.0),
+    "min_tokens": (0,),
+    "logit_bias": ({},),
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+}
 
 
 class BadRequest(Exception):
@@ -78,6 +99,18 @@ def _read(body: bytes, chat: bool, tokenizer, limits: Limits) -> Completion:
         raise BadRequest(f"the body is not JSON ({e}); send a JSON object as OpenAI's API takes") from None
     if not isinstance(req, dict):
         raise BadRequest("the body must be a JSON object with the request's fields")
+    unknown = sorted(k for k in req if k not in READ | NO_EFFECT | set(NEUTRAL))
+    if unknown:
+        raise BadRequest(
+            f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))[:200]}: this server "
+            f"reads {', '.join(sorted(READ))}; leave {'them' if len(unknown) > 1 else 'it'} out"
+        )
+    for name, fine in NEUTRAL.items():
+        if req.get(name) is not None and not any(req[name] == v and type(req[name]) is type(v) for v in fine):
+            raise BadRequest(
+                f"{name}={json.dumps(req[name])[:80]} is not supported by this server (it serves only "
+                f"{json.dumps(fine[0])}); leave it out"
+            )
     for name in ("n", "best_of"):
         if req.get(name) not in (None, 1):
             raise BadRequest(f"{name}={req[name]!r}: this server generates one choice a request; send {name}=1")

@@ -53,6 +53,11 @@ def test_a_completion_reads_its_prompt_length_and_sampling(tok):
         ({"prompt": "hi", "stream_options": 3}, "stream_options must be an object"),
         ({"prompt": "x" * 64 * 6}, "more than the model's context of 64 tokens can hold"),
         (b"[" * 100_000, "nests too deeply"),
+        # a field it would otherwise ignore: refused, named (OpenAI's own, another server's, a typo)
+        ({"prompt": "hi", "top_k": 40}, "top_k=40 is not supported by this server"),
+        ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty=0.5 is not supported"),
+        ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format="),
+        ({"prompt": "hi", "max_tokns": 4}, "unknown parameter 'max_tokns'"),
     ],
 )
 def test_a_request_that_cannot_be_served_is_refused_in_one_line(tok, body, words):
@@ -181,3 +186,10 @@ def test_an_unseeded_sampled_request_draws_its_own_seed_and_a_seeded_one_keeps_i
     assert len(seeds) == 4
     assert read(tok, {"prompt": "hi", "temperature": 0.8, "seed": 7}).sampling.seed == 7
     assert not read(tok, {"prompt": "hi", "temperature": 0}).sampling.do_sample
+
+
+def test_a_field_at_the_value_that_leaves_the_answer_as_served_is_read(tok):
+    """presence_penalty 0, top_k -1, response_format text, a user id: what clients send by default is served."""
+    body = {"prompt": "hi", "presence_penalty": 0, "frequency_penalty": 0.0, "top_k": -1, "user": "u1"}
+    body["response_format"] = {"type": "text"}
+    assert read(tok, body).prompt_ids == list(tok("hi").input_ids)
