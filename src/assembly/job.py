@@ -39,7 +39,7 @@ from src.quality.reference import Reference
 from src.quality.scoring import torch_scorer
 from src.quant import prefill
 from src.quant.apply import prepare, unmade
-from src.quant.linear import install_prefill, w8a8_linears
+from src.quant.linear import install_prefill, install_prefill_activations, w8a8_linears
 from src.tasks.kinds import Referenced
 from src.tasks.timed import BANDWIDTH, TaskInputs, TaskResult
 
@@ -471,7 +471,7 @@ def _prefill_activations(precision, model, recorder, prefix: str = "") -> None:
     has no int8 GEMM on this variant and multiplies the same int8 x in an fp32 GEMM); and a batched step's
     (precision.batch_activations)."""
     cpp_step.set_batch_activations(model, precision.batch_activations)
-    counts = prefill.install_prefill_activations(model, precision.prefill_activations)
+    counts = install_prefill_activations(model, precision.prefill_activations)
     if counts:
         where = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         recorder.log_params({f"executed.{prefix}prefill_activations": f"{precision.prefill_activations} ({where})"})

@@ -11,7 +11,7 @@ from src.quant import methods as quant_methods
 from src.quant.methods import QuantSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
-PREFILL_ACTIVATIONS = ("bf16", "int8")  # precision.prefill_activations (src.quant.prefill.install_prefill_activations)
+PREFILL_ACTIVATIONS = ("bf16", "int8")  # precision.prefill_activations (src.quant.linear.install_prefill_activations)
 BATCH_ACTIVATIONS = ("int16", "int8")  # precision.batch_activations (src.engine.cpp_step.set_batch_activations)
 
 

@@ -250,7 +250,7 @@ class GroupedGemv(QuantLinear):
     ROWS = STEP_BUFFERS
     float_gemm = "bf16"  # its prefill's GEMM in bf16, or the unpacked weight made fp32 (the host's choice)
     bf16_gemm = True
-    # A prefill's x (precision.prefill_activations, set by the job: src.quant.prefill.install_prefill_activations):
+    # A prefill's x (precision.prefill_activations, set by the job: install_prefill_activations below):
     # bf16, against the weight unpacked to bf16; or int8 per block of 128 values, against the weight's own values
     # (core/api.h's gemm_grouped_x8: u8 x s8 dot products, about twice a bf16 GEMM's multiply-adds a cycle).
     prefill_activations = "bf16"
@@ -485,3 +485,20 @@ def install_prefill(model: nn.Module, path: str) -> int:
     for module in linears:
         module.prefill = path
     return len(linears)
+
+
+def install_prefill_activations(model: torch.nn.Module, kind: str) -> dict[str, int]:
+    """Set every grouped linear's prefill activations (precision.prefill_activations); returns how many linears run
+    them on the kernels' own int8 GEMM ("kernels") and how many on the fp32 fallback ("torch": a variant, or a
+    format, with none of its own), or on bf16 ("bf16")."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if not isinstance(module, GroupedGemv) or isinstance(module, W4A8Gemv):  # w4a8: per row on every path
+            continue
+        module.prefill_activations = kind
+        if kind == "int8":
+            where = "kernels" if torch.ops.quantspec.has_gemm_grouped_x8(module.format) else "torch"
+        else:
+            where = kind
+        counts[where] = counts.get(where, 0) + 1
+    return counts

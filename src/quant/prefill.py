@@ -147,22 +147,3 @@ def install_float_gemm(model: torch.nn.Module, path: str) -> int:
     for module in linears:
         module.float_gemm = path
     return len(linears)
-
-
-def install_prefill_activations(model: torch.nn.Module, kind: str) -> dict[str, int]:
-    """Set every grouped linear's prefill activations (precision.prefill_activations); returns how many linears run
-    them on the kernels' own int8 GEMM ("kernels") and how many on the fp32 fallback ("torch": a variant, or a
-    format, with none of its own), or on bf16 ("bf16")."""
-    from src.quant.linear import GroupedGemv, W4A8Gemv  # late: linear imports this module
-
-    counts: dict[str, int] = {}
-    for module in model.modules():
-        if not isinstance(module, GroupedGemv) or isinstance(module, W4A8Gemv):  # w4a8: per row on every path
-            continue
-        module.prefill_activations = kind
-        if kind == "int8":
-            where = "kernels" if torch.ops.quantspec.has_gemm_grouped_x8(module.format) else "torch"
-        else:
-            where = kind
-        counts[where] = counts.get(where, 0) + 1
-    return counts

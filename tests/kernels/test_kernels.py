@@ -164,7 +164,7 @@ def test_the_int8_activation_gemm_is_the_block_rounded_x_times_the_weight(isa, f
 def test_a_grouped_modules_int8_prefill_is_the_kernel_or_the_same_products_in_fp32(isa, format):
     """prefill_activations=int8 on a module: the kernels' GEMM where the variant has one, else the fp32 fallback,
     both the block-rounded x times the weight (w2a16 has no int8 GEMM on any SIMD variant: the fallback)."""
-    from src.quant.prefill import install_prefill_activations
+    from src.quant.linear import install_prefill_activations
 
     bits = formats.get(format).bits
     torch.manual_seed(bits)
