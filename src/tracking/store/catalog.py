@@ -77,6 +77,12 @@ CATALOG: list[Name] = [
             "(the operands made fp32), whichever the host's probe found faster",
         ),
         ("executed.draft_float_gemm", "the same for a draft model"),
+        (
+            "executed.prefill_activations",
+            "a grouped precision's prefill activations (precision.prefill_activations) and where its linears ran them: "
+            "e.g. int8 (kernels 168), or torch for those multiplied by the fp32 fallback",
+        ),
+        ("executed.draft_prefill_activations", "the same for a draft model"),
         ("kernels.<kind>", "how many modules of each kind run on quantspec's kernels"),
         (
             "host.<key>",
