@@ -193,9 +193,11 @@ class CompiledSteps:
 
 
 # A batched step's projections take int8 activations from this many rows where precision.batch_activations=int8
-# (step.cpp's x8_rows): at 4 rows the int8 GEMM was already as fast as the 16-bit gemv at a 7B MLP's shape and 0.6-0.7x
-# its time at Gemma 3 270M's, 0.3-0.5x at 8 to 16 (2-core AVX-512 EPYC, 2026-12-07); fewer rows keep the 16-bit gemv.
-X8_ROWS = 4
+# (step.cpp's x8_rows). A whole step of the default model (2-core AVX-512 EPYC, 2026-12-07, in turns, 2 rounds): at 4
+# rows the int8 step took 21-23 ms against the 16-bit one's 17-20 (unpacking the 262,144-row head's panels costs as
+# much as its dot products there), at 5 rows 24-26 against 26-27, at 6 26 against 35-36, 8 24-27 against 37-44, 16
+# 35-39 against 77-86. Fewer rows keep the 16-bit gemv.
+X8_ROWS = 5
 
 
 def set_batch_activations(model, kind: str) -> None:

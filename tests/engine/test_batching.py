@@ -216,7 +216,7 @@ def test_int8_batch_activations_keep_each_row_its_own_and_near_the_16_bit_step(i
     cpp_step.set_batch_activations(model, "int8")
     try:
         eight = _batched_logits(model, prompts)
-        others = _batched_logits(model, prompts[:1] + prompts[-3:])
+        others = _batched_logits(model, prompts[:1] + prompts[-(cpp_step.X8_ROWS - 1) :])
         few = _batched_logits(model, prompts[: cpp_step.X8_ROWS - 1])
     finally:
         cpp_step.set_batch_activations(model, "int16")
