@@ -755,12 +755,7 @@ void x8_pack(const F& f, const float* scale, const float* offset, int64_t group,
         transpose8(r, t);
         for (int d = 0; d < 8; ++d) panel[(c * 32 + 8 * i + d) * 2 + h] = t[d];
       }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t j = 0; j < X8_NR; ++j) {
-      const bool in = n + j < N;
-      sc[g * X8_NR + j] = in ? scale[(n + j) * G + g] : 0.f;
-      of[g * X8_NR + j] = in ? offset[(n + j) * G + g] : 0.f;
-    }
+  x8_panel_scales(scale, offset, G, N, n, X8_NR, sc, of);
 }
 
 inline __m256i x8_dot(__m256i a, __m256i w, __m256i x) {

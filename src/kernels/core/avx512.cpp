@@ -765,12 +765,7 @@ void x8_pack(const uint8_t* w, const float* scale, const float* offset, int64_t 
       transpose16(hi, t);
       for (int p = 0; p < 16; ++p) panel[(c * 32 + 16 + p) * 2 + h] = t[p];
     }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t j = 0; j < X8_NR; ++j) {
-      const bool in = n + j < N;
-      sc[g * X8_NR + j] = in ? scale[(n + j) * G + g] : 0.f;
-      of[g * X8_NR + j] = in ? offset[(n + j) * G + g] : 0.f;
-    }
+  x8_panel_scales(scale, offset, G, N, n, X8_NR, sc, of);
 }
 
 inline __m512i x8_broadcast(const int8_t* p) {

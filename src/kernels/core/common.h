@@ -150,6 +150,18 @@ inline void quantize_x8_blocks(const uint16_t* x, int64_t K, int64_t r0, int64_t
     }
 }
 
+// The int8 GEMM's panel (api.h's gemm_grouped_x8) of `width` output columns from n: their scales and offsets as
+// [G][width], the columns at or past N zero (the SIMD variants' panels pad so).
+inline void x8_panel_scales(const float* scale, const float* offset, int64_t G, int64_t N, int64_t n, int64_t width,
+                            float* sc, float* of) {
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t j = 0; j < width; ++j) {
+      const bool in = n + j < N;
+      sc[g * width + j] = in ? scale[(n + j) * G + g] : 0.f;
+      of[g * width + j] = in ? offset[(n + j) * G + g] : 0.f;
+    }
+}
+
 inline void scale_rows_bf16(uint16_t* y, int64_t N, const float* x_scale, int64_t r0, int64_t r1) {
   for (int64_t m = r0; m < r1; ++m)
     for (int64_t n = 0; n < N; ++n) y[m * N + n] = f32_to_bf16(bf16_to_f32(y[m * N + n]) * x_scale[m]);
