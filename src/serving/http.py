@@ -79,7 +79,7 @@ class App:
         self.tokenizer, self.name, self.max_context = tokenizer, name, max_context
         self.created = int(time.time())  # /v1/models' "created": when this server loaded its model
         self.settings = settings
-        self.limits = openai.Limits(max_context, settings.default_max_tokens)
+        self.limits = openai.Limits(max_context, settings.default_max_tokens, (name,))
         self.tokenizing = threading.BoundedSemaphore(TOKENIZING)
         prompts.longest_token(tokenizer)  # once, before the first request waits on it
         self.served = self.refused = 0  # requests answered in full; refused with an error status
@@ -213,7 +213,7 @@ class Handler(BaseHTTPRequestHandler):
                 request = openai.read(body, path.endswith("chat/completions"), app.tokenizer, app.limits)
         except openai.BadRequest as e:
             app.loop.release()
-            return self._fail(e.status, str(e))
+            return self._fail(e.status, str(e), e.code, e.param)
         except BaseException:
             app.loop.release()
             raise
@@ -286,18 +286,21 @@ class Handler(BaseHTTPRequestHandler):
         self.server.app.count(True)
 
     def _stream(self, request, seq, events):
+        """Server-sent events in HTTP/1.1 chunks (a chunk an event, a zero-length one at the end), so the
+        connection outlives the stream and a client's next request reuses it, as OpenAI's own does."""
         app = self.server.app
         self.send_response(200)
         self.answered = True
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")  # the stream's end is the connection's
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self.close_connection = True
         first = True
         for piece, finish in self._tokens(request, seq, events):
             if finish is not None and (finish.startswith("error") or finish == "cancelled"):
                 self._event(openai.error(f"the request ended: {finish}", 500))
+                self._chunk(b"")
+                self.close_connection = True  # what the client holds of this stream is not to be trusted on
                 app.count(False)
                 return
             if piece or finish is not None or first:
@@ -305,12 +308,16 @@ class Handler(BaseHTTPRequestHandler):
                 first = False
         if request.include_usage:
             self._event(openai.usage_chunk(request, app.name, len(seq.tokens)))
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
         app.count(True)
 
     def _event(self, data: dict) -> None:
-        self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+        self._chunk(b"data: " + json.dumps(data).encode() + b"\n\n")
+
+    def _chunk(self, data: bytes) -> None:
+        """One HTTP/1.1 chunk (its length in hex, the bytes), sent now; b"" ends the body."""
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
     def _json(self, status: int, data: dict) -> None:
@@ -321,15 +328,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _fail(self, status: int, message: str) -> None:
-        if status != 404:
+    def _fail(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+        if status != 404 or code is not None:  # a path that is not the API is not a refused request
             self.server.app.count(False)
         # a path that is not the API (a load generator's probe of /metrics) is the caller's business, and a busy
         # server's 503 is its load, not a fault
-        level = logging.DEBUG if status == 404 else logging.INFO if status == 503 else logging.WARNING
+        level = logging.DEBUG if status == 404 and code is None else logging.INFO if status == 503 else logging.WARNING
         log.log(level, "HTTP %d: %s", status, message)
         self.answered = True
-        self._json(status, openai.error(message, status))
+        self._json(status, openai.error(message, status, code, param))
 
     def _length(self) -> int:
         """The body's Content-Length (0 where none is sent; -1 where it is no number)."""

@@ -46,9 +46,9 @@ NEUTRAL = {
 class BadRequest(Exception):
     """A request that cannot be served: its HTTP status and one line saying why and what to do."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, code: str | None = None, param: str | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.code, self.param = status, code, param
 
 
 @dataclass
@@ -69,10 +69,12 @@ class Completion:
 
 @dataclass(frozen=True)
 class Limits:
-    """What a request may ask of the server: its context, and the new tokens of one that names none."""
+    """What a request may ask of the server: its context, the new tokens of one that names none, and the model
+    names it answers to (empty: any; a request that names no model gets the one served, as llama-server does)."""
 
     max_context: int
     default_max_tokens: int = 256
+    models: tuple[str, ...] = ()
 
 
 def read(body: bytes, chat: bool, tokenizer, limits: Limits | int) -> Completion:
@@ -104,6 +106,17 @@ def _read(body: bytes, chat: bool, tokenizer, limits: Limits) -> Completion:
         raise BadRequest(
             f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))[:200]}: this server "
             f"reads {', '.join(sorted(READ))}; leave {'them' if len(unknown) > 1 else 'it'} out"
+        )
+    model = req.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"model={json.dumps(model)[:80]} must be a string: the name GET /v1/models lists")
+    if model is not None and limits.models and model not in limits.models:
+        raise BadRequest(
+            f"the model {model!r} does not exist on this server: it serves {', '.join(map(repr, limits.models))} "
+            "(GET /v1/models)",
+            404,
+            code="model_not_found",
+            param="model",
         )
     for name, fine in NEUTRAL.items():
         if req.get(name) is not None and not any(req[name] == v and type(req[name]) is type(v) for v in fine):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import urllib.parse
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -357,6 +358,8 @@ class Quantize(TaskConfig):
 
 
 SERVERS = ("quantspec", "llama-server", "vllm")  # task.server: what answers the load (src.tasks.serve)
+ENDPOINTS = ("completions", "chat")  # task.endpoint: /v1/completions or /v1/chat/completions
+SERVE_PROMPTS = ("synthetic", "seeds", "dataset")  # task.prompts: what the requests ask
 
 
 @TASKS.register
@@ -369,7 +372,15 @@ class Serve(TaskConfig):
 
     KIND: ClassVar[str] = "serve"
     MODULE: ClassVar[str] = "src.tasks.serve"
+    READS_PROMPTS: ClassVar[bool] = True  # task.prompts=dataset: dataset=jsonl's prompts
     server: str = "quantspec"
+    base_url: str | None = None  # a server already running (http://host:port): measured, none started
+    served_model: str | None = None  # the model name requests carry (null: the one the server lists)
+    endpoint: str = "completions"  # /v1/completions or /v1/chat/completions
+    prompts: str = "synthetic"  # synthetic (prompt_tokens long), seeds (the seed prompts), dataset (dataset=jsonl)
+    slo_ttft_ms: float | None = None  # goodput's targets: a request is good where it meets each one given
+    slo_tpot_ms: float | None = None
+    slo_e2e_ms: float | None = None
     concurrency: int = 1  # requests kept in flight (closed loop); with request_rate, the most in flight
     request_rate: float | None = None  # requests a second (Poisson arrivals); null: as fast as concurrency allows
     requests: int = 32  # requests timed at this level
@@ -387,6 +398,17 @@ class Serve(TaskConfig):
 
     def validate(self) -> None:
         check_choice("task.server", self.server, SERVERS)
+        check_choice("task.endpoint", self.endpoint, ENDPOINTS)
+        check_choice("task.prompts", self.prompts, SERVE_PROMPTS)
+        if self.base_url is not None:
+            url = urllib.parse.urlsplit(self.base_url)
+            if url.scheme not in ("http", "https") or not url.hostname or url.path.rstrip("/") not in ("", "/v1"):
+                raise ConfigError(
+                    f"task.base_url={self.base_url} is not a server's address: give http://host:port (its API at /v1)"
+                )
+        for name in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ConfigError(f"task.{name}={getattr(self, name):g} must be above 0 ms (or null: no target)")
         check_range("task.concurrency", self.concurrency, 1, 1024)
         check_range("task.max_sequences", self.max_sequences, 1, 16)
         for name in ("requests", "prompt_tokens", "output_tokens", "max_batch_tokens", "max_waiting"):
@@ -402,6 +424,22 @@ class Serve(TaskConfig):
         check_range("task.port", self.port, 0, 65535)
 
     def check_job(self, job) -> None:
+        if self.prompts == "dataset" and not job.dataset.holds_prompts:
+            raise ConfigError(
+                f"task.prompts=dataset serves a prompts file: add dataset=jsonl dataset.path=<file> (not "
+                f"dataset={job.dataset.name})"
+            )
+        if self.prompts != "dataset" and job.dataset.holds_prompts:
+            raise ConfigError(
+                f"dataset=jsonl names prompts that task.prompts={self.prompts} would not send: add task.prompts=dataset"
+            )
+        if self.prompts == "dataset" and self.endpoint != "chat" and any(p.text is None for p in job.dataset.prompts):
+            line = next(p.line for p in job.dataset.prompts if p.text is None)
+            raise ConfigError(
+                f"dataset.path={job.dataset.path} holds conversations (line {line}): serve them on task.endpoint=chat"
+            )
+        if self.base_url is not None:
+            return  # the server is running already: what this job loads gives only the tokenizer
         if self.server == "quantspec" and job.engine.kind != "native":
             raise ConfigError(
                 f"task=serve batches on quantspec's C++ step (engine=native), not engine={job.engine.name}; "
@@ -413,9 +451,11 @@ class Serve(TaskConfig):
             raise ConfigError(f"task.server=vllm reads a checkpoint's files; model={job.model.name} has none")
 
     def tags(self) -> dict[str, str]:
-        return {"server": self.server}
+        return {"server": "external" if self.base_url is not None else self.server}
 
     def preflight(self, job, loaded) -> None:
+        if self.prompts != "synthetic" or self.base_url is not None:
+            return  # a prompt's length is its own; another server's context is its own to check
         if self.prompt_tokens + self.output_tokens > loaded.max_context:
             raise ConfigError(
                 f"task.prompt_tokens={self.prompt_tokens} + task.output_tokens={self.output_tokens} exceed "

@@ -3,9 +3,10 @@ the cache (its ~100 dependencies pinned apart from quantspec's; built once, abou
 one QUANTSPEC_AIPERF names.
 
 Why aiperf: it measures what the issue's readers ask for in one run (TTFT, time per output token, each gap
-between streamed chunks, end-to-end latency, output tokens a second, at p50/p90/p99) at a fixed concurrency or
-a request rate, with synthetic prompts of a set token length cut from a tokenizer folder (offline), and writes
-them to one JSON file. guidellm wants a processor from the hub for synthetic data, inference-perf a Kubernetes-
+between streamed chunks, end-to-end latency, output tokens a second, at p50/p90/p95/p99, and goodput: requests a
+second that met every latency target given) at a fixed concurrency or a request rate, on the completions or the
+chat endpoint, with synthetic prompts of a set token length cut from a tokenizer folder (offline) or the lines
+of a prompts file, and writes them to one JSON file. guidellm wants a processor from the hub for synthetic data, inference-perf a Kubernetes-
 style config; vLLM's `bench serve` would bring vLLM.
 """
 
@@ -70,13 +71,15 @@ def _make_venv(venv: Path) -> None:
             raise LoadGenError(f"could not install {AIPERF} into {venv} ({tail[0]}); pip needs PyPI once")
 
 
-def command(exe: Path, url: str, task, tokenizer: Path, out: Path, model: str) -> list[str]:
-    """aiperf's command line for one level of task=serve."""
+def command(
+    exe: Path, url: str, task, tokenizer: Path, out: Path, model: str, prompts: Path | None = None
+) -> list[str]:
+    """aiperf's command line for one level of task=serve: synthetic prompts of task.prompt_tokens, or the lines of
+    `prompts` (written by `prompts_file`), on task.endpoint."""
     cmd = [
-        str(exe), "profile", "--model", model, "--url", url, "--endpoint-type", "completions", "--streaming",
+        str(exe), "profile", "--model", model, "--url", url, "--endpoint-type", task.endpoint, "--streaming",
         "--concurrency", str(task.concurrency),
         "--request-count", str(task.requests), "--warmup-request-count", str(task.warmup_requests),
-        "--synthetic-input-tokens-mean", str(task.prompt_tokens), "--synthetic-input-tokens-stddev", "0",
         "--output-tokens-mean", str(task.output_tokens), "--output-tokens-stddev", "0",
         "--extra-inputs", "ignore_eos:true", "--tokenizer", str(tokenizer),
         "--output-artifact-dir", str(out), "--random-seed", "1", "--no-auto-plot", "--ui-type", "none",
@@ -84,10 +87,41 @@ def command(exe: Path, url: str, task, tokenizer: Path, out: Path, model: str) -
         # the next request sent on it ("server disconnected", 1-3 requests in 24)
         "--connection-reuse-strategy", "never",
     ]  # fmt: skip
+    if prompts is None:
+        cmd += ["--synthetic-input-tokens-mean", str(task.prompt_tokens), "--synthetic-input-tokens-stddev", "0"]
+    else:  # the file's lines in order, again from the first when the requests outnumber them
+        cmd += ["--input-file", str(prompts), "--custom-dataset-type", "single_turn"]
+    slos = [f"{GOODPUT[name]}:{getattr(task, name):g}" for name in GOODPUT if getattr(task, name) is not None]
+    if slos:  # a request is good where it meets every target given
+        cmd += ["--goodput", " ".join(slos)]
     # A closed loop is paced at CLOSED_LOOP_RATE a second, capped at the concurrency: aiperf's concurrency mode alone
     # polls for a free slot without sleeping (measured: 66-90% of a core, on a 2-core host a third of the server's)
     rate = task.request_rate if task.request_rate is not None else CLOSED_LOOP_RATE
     return [*cmd, "--request-rate", str(rate)]
+
+
+# task.slo_*: the aiperf metric each target is set on (its display unit, ms)
+GOODPUT = {"slo_ttft_ms": "time_to_first_token", "slo_tpot_ms": "inter_token_latency", "slo_e2e_ms": "request_latency"}
+
+
+def prompts_file(prompts: list, chat: bool, output_tokens: int, path: Path) -> Path:
+    """The prompts as aiperf's single_turn lines, each asking for `output_tokens`: a plain prompt as its text; a
+    conversation (only on the chat endpoint) as its whole `messages`, sent as they are, its last turn the text
+    aiperf counts. Each item is a src.data.prompts.Prompt, or a str (a seed prompt)."""
+    lines = []
+    for p in prompts:
+        text = p if isinstance(p, str) else p.text
+        line: dict = {"output_length": output_tokens}
+        if text is not None:
+            line["text"] = text
+        else:
+            if not chat:
+                raise ValueError("a conversation is served on the chat endpoint only")
+            line["text"] = p.messages[-1][1]
+            line["extra"] = {"messages": [{"role": role, "content": content} for role, content in p.messages]}
+        lines.append(json.dumps(line))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 # aiperf's metric -> (quantspec's metric stem, what it is)
@@ -99,7 +133,7 @@ METRICS = {
     "inter_chunk_latency": "itl_ms",  # each gap between streamed chunks
     "request_latency": "e2e_ms",
 }
-PERCENTILES = ("p50", "p90", "p99")
+PERCENTILES = ("p50", "p90", "p95", "p99")
 
 
 def run(cmd: list[str], log_path: Path, alive) -> None:
@@ -153,7 +187,12 @@ def results(out: Path) -> dict[str, float]:
             for p in PERCENTILES:
                 if entry.get(p) is not None:
                     got[f"serve_{ours}_{p}"] = _checked(theirs, p, entry[p])
-    for theirs, ours in (("completed_request_count", "serve_requests"), ("request_error_rate", "serve_error_pct")):
+    for theirs, ours in (
+        ("completed_request_count", "serve_requests"),
+        ("request_error_rate", "serve_error_pct"),
+        ("goodput", "serve_goodput_per_s"),  # only where task.slo_* set targets
+        ("good_request_fraction", "serve_good_fraction"),
+    ):
         if isinstance(data.get(theirs), dict):
             got[ours] = _checked(theirs, "avg", data[theirs].get("avg"))
     errors = data.get("error_summary") or []

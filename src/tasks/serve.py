@@ -10,13 +10,22 @@ task.server=quantspec: src.serving's server on this job's model, in this process
   precision's float dtype (bf16 for the quantized ones: vLLM's CPU build runs no quantspec format); its Python
   is QUANTSPEC_VLLM or the venv scripts/install_vllm puts in the cache.
 
-The load generator is aiperf (src.tasks.loadgen): synthetic prompts of task.prompt_tokens, task.output_tokens
-new tokens each (end of sequence ignored), task.requests timed after task.warmup_requests.
+task.base_url=http://host:port: a server already running, started by hand or elsewhere, measured as it is; none is
+started, and the job's model gives only the tokenizer that aiperf counts tokens with (its precision and engine are
+not the server's: the run is tagged server=external, and served_model with the model its requests named).
+
+The load generator is aiperf (src.tasks.loadgen) on task.endpoint (completions or chat): task.prompts=synthetic
+prompts of task.prompt_tokens, or =seeds (the seed prompts) or =dataset (dataset=jsonl's prompts: plain, OpenAI
+messages, ShareGPT conversations; a conversation is sent as its messages, on the chat endpoint), in order, again
+from the first when the requests outnumber them; task.output_tokens new tokens each (end of sequence ignored),
+task.requests timed after task.warmup_requests. With task.slo_ttft_ms / slo_tpot_ms / slo_e2e_ms, goodput: the
+requests a second that met every target given (serve_goodput_per_s), and their fraction (serve_good_fraction).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -32,6 +41,7 @@ from pathlib import Path
 import torch
 
 from src.common import envvars
+from src.data.corpus import prompts as seed_prompts
 from src.serving import http
 from src.tasks import loadgen
 from src.tasks.timed import TaskInputs, TaskResult
@@ -41,7 +51,7 @@ log = logging.getLogger(__name__)
 SERVER_START_S = 120.0  # llama-server's model load and warm-up before /health answers
 VLLM_START_S = 900.0  # vLLM compiles its graphs (torch.compile) at start: measured 5-10 minutes on 2 cores
 LLAMA_SERVER = "llama-server"
-MODEL = "quantspec"  # the model name requests carry (the load generator's --model; vLLM's served name)
+MODEL = "quantspec"  # the model name requests carry where task.served_model names none (vLLM's served name too)
 
 
 def run(inputs: TaskInputs) -> TaskResult:
@@ -52,10 +62,13 @@ def run(inputs: TaskInputs) -> TaskResult:
         tokenizer = work / "tokenizer"
         inputs.tokenizer.save_pretrained(tokenizer)  # aiperf cuts its prompts to length with it, offline
         out, log_path = work / "aiperf", work / "aiperf.log"
+        prompts = _prompts_file(inputs, work / "prompts.jsonl")
         try:
             with _server(inputs) as server:
-                log.info("serve: %s at concurrency %d on %s", task.server, task.concurrency, server.url)
-                cmd = loadgen.command(exe, server.url, task, tokenizer, out, MODEL)
+                log.info(
+                    "serve: %s (%s) at concurrency %d on %s", server.name, server.model, task.concurrency, server.url
+                )
+                cmd = loadgen.command(exe, server.url, task, tokenizer, out, server.model, prompts)
                 loadgen.run(cmd, log_path, server.problem)
                 summary = loadgen.results(out)
                 _served_what_it_counts(server, summary)
@@ -65,19 +78,39 @@ def run(inputs: TaskInputs) -> TaskResult:
             raise loadgen.LoadGenError(f"{err} (kept: {kept})" if kept else str(err)) from None
     summary["serve_concurrency"] = float(task.concurrency)
     notes = []
-    if task.server == "vllm":
+    if task.base_url is not None:
+        notes.append(
+            f"measured {server.url} (model {server.model}) as it runs: this job's precision and engine are not its own"
+        )
+    elif task.server == "vllm":
         notes.append(f"vLLM served the float checkpoint at {_dtype(inputs)}, whatever the precision's own weights")
     if summary.get("serve_errors"):
         notes.append(f"{summary['serve_errors']:.0f} of the load generator's requests failed")
-    return TaskResult([], summary, artifacts={"aiperf.json": report}, notes=notes)
+    artifacts = {"aiperf.json": report}
+    if prompts is not None:
+        artifacts["serve_prompts.jsonl"] = prompts.read_text(encoding="utf-8") if prompts.is_file() else ""
+    return TaskResult([], summary, artifacts=artifacts, notes=notes, tags={"served_model": server.model})
+
+
+def _prompts_file(inputs: TaskInputs, path: Path) -> Path | None:
+    """task.prompts as aiperf's input file (None: its synthetic prompts)."""
+    task = inputs.task
+    if task.prompts == "synthetic":
+        return None
+    chosen = inputs.prompts if task.prompts == "dataset" else seed_prompts(inputs.code_model)
+    if not chosen:
+        raise loadgen.LoadGenError("task.prompts=dataset, but the job was given no prompts: add dataset=jsonl")
+    return loadgen.prompts_file(chosen, task.endpoint == "chat", task.output_tokens, path)
 
 
 @dataclass
 class Served:
-    """A server under load: its address, `problem()` (how it died, or None while it serves) and, for quantspec's
-    own, `answered()`: the requests it has answered whole."""
+    """A server under load: its address, the model name its requests carry, `problem()` (how it died, or None
+    while it serves) and, for quantspec's own, `answered()`: the requests it has answered whole."""
 
     url: str
+    model: str
+    name: str
     problem: Callable[[], str | None] = lambda: None
     answered: Callable[[], int] | None = None
 
@@ -106,23 +139,47 @@ def _keep(inputs: TaskInputs, out: Path, log_path: Path) -> str:
 
 @contextlib.contextmanager
 def _server(inputs: TaskInputs):
+    if inputs.task.base_url is not None:
+        yield _external(inputs.task)
+        return
     server = {"quantspec": _quantspec, "llama-server": _llama_server, "vllm": _vllm}[inputs.task.server]
     with server(inputs) as served:
         yield served
+
+
+def _external(t) -> Served:
+    """A server already running at task.base_url: it must answer /v1/models now (one line where it does not), and
+    the model its requests name is task.served_model, else the first it lists."""
+    base = t.base_url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(f"{base}/v1/models", timeout=10) as r:
+            listed = [m["id"] for m in json.loads(r.read()).get("data", []) if isinstance(m, dict) and "id" in m]
+    except (OSError, ValueError, AttributeError) as err:
+        raise loadgen.LoadGenError(
+            f"task.base_url={t.base_url} did not answer GET /v1/models ({type(err).__name__}: {err}); start the "
+            "server, or give the address it listens on"
+        ) from None
+    model = t.served_model or (listed[0] if listed else None)
+    if model is None:
+        raise loadgen.LoadGenError(f"{base}/v1/models lists no model: name the one to ask for with task.served_model")
+    if listed and model not in listed:
+        log.warning("task.served_model=%s is not among %s's models (%s); asking for it anyway", model, base, listed)
+    return Served(base, model, "external")
 
 
 @contextlib.contextmanager
 def _quantspec(inputs: TaskInputs):
     t = inputs.task
     settings = http.Settings.of(t)
-    app = http.App(inputs.model, inputs.tokenizer, "quantspec", inputs.max_context, settings)
+    name = t.served_model or MODEL
+    app = http.App(inputs.model, inputs.tokenizer, name, inputs.max_context, settings)
     server = http.start(app, "127.0.0.1", 0)
 
     def problem() -> str | None:
         return None if app.loop.thread.is_alive() else "stopped batching (its loop's thread ended)"
 
     try:
-        yield Served(server.url(), problem, lambda: app.served)
+        yield Served(server.url(), name, "quantspec", problem, lambda: app.served)
     finally:
         server.close()
 
@@ -148,7 +205,7 @@ def _llama_server(inputs: TaskInputs):
         "--parallel", str(t.concurrency), "--ctx-size", str(_per_slot(t) * t.concurrency),
         "--threads", str(torch.get_num_threads()), "--no-webui",
     ]  # fmt: skip
-    with _process("llama-server", cmd, port, SERVER_START_S) as served:
+    with _process("llama-server", cmd, port, SERVER_START_S, model=t.served_model or MODEL) as served:
         yield served
 
 
@@ -169,7 +226,7 @@ def _vllm(inputs: TaskInputs):
     python, port = vllm_python(inputs.cache_dir), _free_port()
     cmd = [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", inputs.checkpoint(),
-        "--served-model-name", MODEL, "--dtype", _dtype(inputs),
+        "--served-model-name", t.served_model or MODEL, "--dtype", _dtype(inputs),
         "--host", "127.0.0.1", "--port", str(port),
         "--max-num-seqs", str(t.concurrency), "--max-model-len", str(_per_slot(t)),
     ]  # fmt: skip
@@ -177,7 +234,7 @@ def _vllm(inputs: TaskInputs):
     # vLLM's CPU build takes its threads from OMP_NUM_THREADS (else it drops to one), its KV cache from
     # VLLM_CPU_KVCACHE_SPACE (GB; its default, 4, is more than a 270M model needs); the checkpoint is local
     env = {**os.environ, "OMP_NUM_THREADS": threads, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    with _process("vLLM", cmd, port, VLLM_START_S, env) as served:
+    with _process("vLLM", cmd, port, VLLM_START_S, env, model=t.served_model or MODEL) as served:
         yield served
 
 
@@ -192,7 +249,7 @@ def _per_slot(t) -> int:
 
 
 @contextlib.contextmanager
-def _process(name: str, cmd: list[str], port: int, start_s: float, env: dict | None = None):
+def _process(name: str, cmd: list[str], port: int, start_s: float, env: dict | None = None, model: str = MODEL):
     """A server process of its own (its own session: it and its children end together), its output in a
     temporary log that its one-line failure is read from; yields it (Served) once /health answers, its problem()
     saying how it ended where it dies under the load."""
@@ -206,7 +263,7 @@ def _process(name: str, cmd: list[str], port: int, start_s: float, env: dict | N
 
     try:
         _wait_ready(name, f"http://127.0.0.1:{port}/health", proc, log_file.name, start_s)
-        yield Served(f"http://127.0.0.1:{port}", problem)
+        yield Served(f"http://127.0.0.1:{port}", model, name, problem)
     finally:
         _end(proc)
         log_file.close()

@@ -292,3 +292,35 @@ def test_a_default_written_in_a_class_and_in_its_fields_yaml_is_the_same():
                         f"{group}.{f.name}: {cls.__name__} says {default!r}, _fields.yaml {written[f.name]!r}"
                     )
     assert checked > 40 and not differ, differ
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (["task.base_url=localhost:8000"], r"task\.base_url=localhost:8000 is not a server's address"),
+        (["task.endpoint=embeddings"], r"task\.endpoint"),
+        (["task.slo_ttft_ms=0"], r"task\.slo_ttft_ms=0 must be above 0"),
+        (["task.prompts=dataset"], r"task\.prompts=dataset serves a prompts file: add dataset=jsonl"),
+        (["dataset=jsonl", "dataset.path=examples/prompts.jsonl"], r"add task\.prompts=dataset"),
+        # the shipped example holds conversations: the completions endpoint has no messages to send them as
+        (
+            ["dataset=jsonl", "dataset.path=examples/prompts.jsonl", "task.prompts=dataset"],
+            r"holds conversations \(line 2\): serve them on task\.endpoint=chat",
+        ),
+    ],
+    ids=["base-url", "endpoint", "slo", "no-file", "file-unused", "chats-on-completions"],
+)
+def test_a_serving_level_that_cannot_run_is_refused_naming_what_to_give(overrides, words):
+    raw, _ = compose_job(["task=serve", *overrides])
+    with pytest.raises(ConfigError, match=words):
+        job_config_from_dict(raw)
+
+
+def test_a_serving_level_on_the_users_chats_composes():
+    raw, _ = compose_job(
+        ["task=serve", "dataset=jsonl", "dataset.path=examples/prompts.jsonl", "task.prompts=dataset",
+         "task.endpoint=chat", "task.base_url=http://127.0.0.1:8080/v1", "task.slo_tpot_ms=50"]
+    )  # fmt: skip
+    cfg = job_config_from_dict(raw)
+    assert cfg.task.base_url == "http://127.0.0.1:8080/v1" and cfg.task.tags() == {"server": "external"}
+    assert len(cfg.dataset.prompts) == 5

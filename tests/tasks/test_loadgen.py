@@ -1,6 +1,6 @@
 """task=serve's load generator (src.tasks.loadgen): its command line for a level, and its results read from
 aiperf's own JSON export (tests/tasks/data/aiperf_export.json: the figures' keys of a real aiperf 0.13 run
-against quantspec's server)."""
+against quantspec's server: the chat endpoint, the seed prompts, goodput's targets)."""
 
 import json
 import shutil
@@ -9,13 +9,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from src.data import prompts
 from src.tasks import loadgen
 
 EXPORT = Path(__file__).parent / "data" / "aiperf_export.json"
 
 
 def level(**fields):
-    base = dict(concurrency=4, request_rate=None, requests=24, warmup_requests=2, prompt_tokens=128, output_tokens=64)
+    base = dict(
+        concurrency=4, request_rate=None, requests=24, warmup_requests=2, prompt_tokens=128, output_tokens=64,
+        endpoint="completions", slo_ttft_ms=None, slo_tpot_ms=None, slo_e2e_ms=None,
+    )  # fmt: skip
     return SimpleNamespace(**{**base, **fields})
 
 
@@ -27,6 +31,31 @@ def test_a_closed_loop_is_paced_and_a_rate_is_passed_as_asked(tmp_path):
     assert at["--extra-inputs"] == "ignore_eos:true" and at["--connection-reuse-strategy"] == "never"
     paced = loadgen.command(Path("aiperf"), "u", level(request_rate=2.5), tmp_path, tmp_path, "m")
     assert paced[paced.index("--request-rate") + 1] == "2.5"
+    assert "--goodput" not in cmd and "--input-file" not in cmd and at["--endpoint-type"] == "completions"
+
+
+def test_targets_become_aiperfs_goodput_and_a_prompts_file_its_input(tmp_path):
+    task = level(endpoint="chat", slo_ttft_ms=500.0, slo_tpot_ms=40.0)
+    cmd = loadgen.command(Path("aiperf"), "u", task, tmp_path, tmp_path, "m", tmp_path / "p.jsonl")
+    at = {flag: cmd[i + 1] for i, flag in enumerate(cmd[:-1]) if flag.startswith("--")}
+    assert at["--goodput"] == "time_to_first_token:500 inter_token_latency:40"
+    assert at["--input-file"] == str(tmp_path / "p.jsonl") and at["--custom-dataset-type"] == "single_turn"
+    assert at["--endpoint-type"] == "chat" and "--synthetic-input-tokens-mean" not in cmd
+
+
+def test_a_prompts_file_sends_plain_prompts_as_text_and_chats_as_their_messages(tmp_path):
+    chat = prompts.Prompt(2, messages=(("system", "Be brief."), ("user", "What is recursion?")))
+    lines = [
+        json.loads(x) for x in loadgen.prompts_file(["Hello", chat], True, 32, tmp_path / "p").read_text().splitlines()
+    ]
+    assert lines[0] == {"output_length": 32, "text": "Hello"}
+    assert lines[1]["text"] == "What is recursion?" and lines[1]["output_length"] == 32
+    assert lines[1]["extra"]["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is recursion?"},
+    ]
+    with pytest.raises(ValueError, match="chat endpoint only"):
+        loadgen.prompts_file([chat], False, 32, tmp_path / "q")
 
 
 def test_the_export_becomes_serve_metrics(tmp_path):
@@ -39,6 +68,9 @@ def test_the_export_becomes_serve_metrics(tmp_path):
     assert got["serve_itl_ms_p90"] == data["inter_chunk_latency"]["p90"]
     assert got["serve_e2e_ms_p50"] == data["request_latency"]["p50"]
     assert got["serve_errors"] == 0.0 and got["serve_requests"] == data["completed_request_count"]["avg"]
+    assert got["serve_ttft_ms_p95"] == data["time_to_first_token"]["p95"]
+    assert got["serve_goodput_per_s"] == data["goodput"]["avg"]
+    assert got["serve_good_fraction"] == data["good_request_fraction"]["avg"]
 
 
 def test_an_export_that_is_missing_is_one_line_naming_the_log(tmp_path):

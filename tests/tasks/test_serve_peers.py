@@ -4,6 +4,7 @@ ended with its children when the task ends; one that dies at start or is missing
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -74,7 +75,32 @@ def test_a_peer_that_dies_while_serving_says_how_it_ended():
 
 
 def test_completed_requests_the_server_never_answered_are_not_recorded():
-    server = serve.Served("http://127.0.0.1:9", answered=lambda: 10)
+    server = serve.Served("http://127.0.0.1:9", "m", "quantspec", answered=lambda: 10)
     serve._served_what_it_counts(server, {"serve_requests": 10.0})
     with pytest.raises(loadgen.LoadGenError, match="aiperf counts 12 completed requests, but the server answered 10"):
         serve._served_what_it_counts(server, {"serve_requests": 12.0})
+
+
+def test_a_server_already_running_is_asked_for_the_model_it_lists():
+    """task.base_url: quantspec's own server (in this process) stands for one started by hand."""
+
+    from src.serving import http
+    from tests.engine.tiny import model_at
+
+    model, tok = model_at("gemma3", "fp32")
+    server = http.start(http.App(model, tok, "by-hand", 128, http.Settings()))
+    try:
+        found = serve._external(SimpleNamespace(base_url=server.url() + "/v1/", served_model=None))
+        assert (found.url, found.model, found.name) == (server.url(), "by-hand", "external")
+        named = serve._external(SimpleNamespace(base_url=server.url(), served_model="other"))
+        assert named.model == "other"  # asked for as given: the server's own 404 then says it has none
+    finally:
+        server.close()
+
+
+def test_an_address_where_nothing_listens_is_one_line_saying_so():
+    port = serve._free_port()  # free now: nothing listens there
+    start = time.monotonic()
+    with pytest.raises(loadgen.LoadGenError, match=r"did not answer GET /v1/models .*start the server") as err:
+        serve._external(SimpleNamespace(base_url=f"http://127.0.0.1:{port}", served_model=None))
+    assert "\n" not in str(err.value) and time.monotonic() - start < 10

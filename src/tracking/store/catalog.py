@@ -150,7 +150,8 @@ CATALOG: list[Name] = [
         ("on_search_front", "hydra/sweeper=search: true where its trial is on the search's front"),
         ("reference_cache", "built or cached: the reference's run"),
         ("sandbox", "benchmark_code: bwrap or rlimit"),
-        ("server", "serve: what answered the load: quantspec or llama-server"),
+        ("server", "serve: what answered the load: quantspec, llama-server, vllm, or external (task.base_url)"),
+        ("served_model", "serve: the model name its requests carried"),
         (
             "energy",
             "timed tasks: where energy_j came from (RAPL; on an NVIDIA GPU also NVML), or why the host gives none "
@@ -309,14 +310,16 @@ CATALOG: list[Name] = [
         "task=serve (aiperf's figures at the job's load level)",
         ("serve_output_tokens_per_s", "output tokens a second over the timed requests"),
         ("serve_requests_per_s", "requests finished a second"),
-        ("serve_ttft_ms_<p>", "time to the first token, ms: p50, p90, p99"),
-        ("serve_tpot_ms_<p>", "time per output token after the first, per request, ms: p50, p90, p99"),
-        ("serve_itl_ms_<p>", "each gap between streamed tokens, ms: p50, p90, p99"),
-        ("serve_e2e_ms_<p>", "a request's end-to-end latency, ms: p50, p90, p99"),
+        ("serve_ttft_ms_<p>", "time to the first token, ms: p50, p90, p95, p99"),
+        ("serve_tpot_ms_<p>", "time per output token after the first, per request, ms: p50, p90, p95, p99"),
+        ("serve_itl_ms_<p>", "each gap between streamed tokens, ms: p50, p90, p95, p99"),
+        ("serve_e2e_ms_<p>", "a request's end-to-end latency, ms: p50, p90, p95, p99"),
         ("serve_requests", "requests timed"),
         ("serve_errors", "requests that failed"),
         ("serve_error_pct", "their share, %"),
         ("serve_concurrency", "requests kept in flight (task.concurrency)"),
+        ("serve_goodput_per_s", "with task.slo_*: requests a second that met every latency target given"),
+        ("serve_good_fraction", "with task.slo_*: their fraction of the requests sent (errors count as missed)"),
     ),
     *_n(
         "metric",
@@ -401,6 +404,7 @@ CATALOG: list[Name] = [
         ("lm_eval_results.json", "lm_eval: its results"),
         ("completions.jsonl", "benchmark_code: each completion, its result and timing"),
         ("aiperf.json", "serve: the load generator's own export (every metric it measured)"),
+        ("serve_prompts.jsonl", "serve, task.prompts=seeds or dataset: the requests' prompts as aiperf read them"),
     ),
     *_n(
         "artifact",

@@ -248,3 +248,30 @@ def test_a_job_that_read_no_dataset_matches_across_the_change_that_stopped_recor
     assert regress.identity({**calibrates, "dataset.name": "a"}) != regress.identity(
         {**calibrates, "dataset.name": "b"}
     )
+
+
+def _level(name: str, *rounds: dict) -> regress.JobRuns:
+    """A task=serve level's rounds, each its summary figures."""
+    tags = [{"outcome": "finished", "round": str(i + 1)} for i in range(len(rounds))]
+    return regress.JobRuns(name, [JobRecord(f"{name}{i}", name, t, f) for i, (t, f) in enumerate(zip(tags, rounds))])
+
+
+def test_serving_levels_are_judged_on_their_own_figures_a_throughput_worse_where_it_falls():
+    old = [
+        {"serve_output_tokens_per_s": t, "serve_ttft_ms_p99": 500.0 + t, "serve_goodput_per_s": 2.0}
+        for t in (100, 101, 99)
+    ]
+    new = [
+        {"serve_output_tokens_per_s": t, "serve_ttft_ms_p99": 900.0 + t, "serve_goodput_per_s": 3.0}
+        for t in (70, 71, 69)
+    ]
+    base = regress.Sweep("a", "1", {"k": _level("level", *old)}, {})
+    c = regress.compare(_NoHistory(), base, regress.Sweep("b", "2", {"k": _level("level", *new)}, {}), 0.95)
+    by = {r.figure: r for r in c.rows}
+    assert by["output tok/s"].ratio == pytest.approx(0.70, rel=0.02) and by["output tok/s"].verdict == "slower"
+    assert by["TTFT p99"].ratio > 1.5 and by["TTFT p99"].verdict == "slower"  # the level's own p99, not a decode's
+    assert by["goodput"].ratio == 1.5 and by["goodput"].verdict == "faster"  # more good requests: better
+    c.gate = regress.GATES["output_tps"]
+    assert [r.figure for r in c.slower_than(0.2)] == ["output tok/s"] and c.slower_than(0.4) == []
+    c.gate = regress.GATES["goodput"]
+    assert c.slower_than(0.0) == []

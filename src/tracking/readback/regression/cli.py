@@ -16,7 +16,8 @@ versions, the commit and a dirty tree: params `host.*`, tag git_commit) is compa
 
 Exit 0, or 1 where a matched job is slower with confidence by more than `fail_on` (a fraction: 0.05 = 5%;
 null: never) in the figure `metric` names (time per token, or prefill, or the p99 of TTFT or ITL, each
-round's own p99 compared as the median is), or 2 for a setting that does not exist or a sweep that cannot be found (one line). The gate
+round's own p99 compared as the median is; a serving level's TTFT and ITL p99 are its requests', and its output
+tokens a second and goodput are worse where they fall), or 2 for a setting that does not exist or a sweep that cannot be found (one line). The gate
 (`fail_on`) fails closed: exit 3 where it could not judge a job (failed, killed or missing in the new sweep,
 or a time/token with no interval: one round and fewer than three examples on a side) or nothing matched,
 unless `unjudged=pass`; what it could not judge is listed in the report either way. Writes
@@ -73,7 +74,8 @@ COMMAND = Command(
         Setting(
             "metric",
             "time_per_token",
-            "the figure the gate judges: time per token (median), prefill, or the p99 of TTFT or ITL",
+            "the figure the gate judges: time per token (median), prefill, the p99 of TTFT or ITL, or a serving "
+            "level's output tokens a second or goodput",
             choices=tuple(GATES),
             purpose="the gate (its exit code)",
         ),

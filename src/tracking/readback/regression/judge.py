@@ -23,16 +23,26 @@ from src.tracking.store.names import ROLE, SWEEP_ID, latest_attempts
 IDENTITY = ("model.", "hardware.", "precision.", "draft.", "task.", "engine.", "dataset.", "sampling.")
 
 
-# (the figure's name, its summary metric, its per-example series: None where it has none, as a percentile over
-# every example's tokens has not)
+# (the figure's name, its summary metrics (a job has one of them: a decode's TTFT p99 over its examples' tokens, a
+# serving level's over its requests), its per-example series (None where it has none, as a percentile over every
+# example's tokens has not), and whether more is better: a throughput is worse where it falls)
 FIGURES = (
-    ("time/token", "time_per_token_ms_median", "by_example/time_per_token_ms"),
-    ("prefill", "prefill_ms_median", "by_example/prefill_ms"),
-    ("TTFT p99", "ttft_ms_p99", None),
-    ("ITL p99", "itl_ms_p99", None),
+    ("time/token", ("time_per_token_ms_median",), "by_example/time_per_token_ms", False),
+    ("prefill", ("prefill_ms_median",), "by_example/prefill_ms", False),
+    ("TTFT p99", ("ttft_ms_p99", "serve_ttft_ms_p99"), None, False),
+    ("ITL p99", ("itl_ms_p99", "serve_itl_ms_p99"), None, False),
+    ("output tok/s", ("serve_output_tokens_per_s",), None, True),
+    ("goodput", ("serve_goodput_per_s",), None, True),
 )
 # what the gate (fail_on) may judge, by the name a command line gives it
-GATES = {"time_per_token": "time/token", "prefill": "prefill", "ttft_p99": "TTFT p99", "itl_p99": "ITL p99"}
+GATES = {
+    "time_per_token": "time/token",
+    "prefill": "prefill",
+    "ttft_p99": "TTFT p99",
+    "itl_p99": "ITL p99",
+    "output_tps": "output tok/s",
+    "goodput": "goodput",
+}
 
 
 QUALITY = ("kl_mean", "perplexity", "divergent_share", "accuracy")
@@ -129,8 +139,14 @@ def quiet_runs(job: JobRuns) -> list[JobRecord]:
     return quiet(job.finished)
 
 
-def per_round(job: JobRuns, summary: str) -> list[float]:
-    return [r.metrics[summary] for r in quiet_runs(job) if summary in r.metrics]
+def per_round(job: JobRuns, summary: tuple[str, ...]) -> list[float]:
+    """Each quiet round's figure: the first of `summary`'s metrics the run has."""
+    found = []
+    for r in quiet_runs(job):
+        name = next((m for m in summary if m in r.metrics), None)
+        if name is not None:
+            found.append(r.metrics[name])
+    return found
 
 
 def per_example(client: MlflowClient, job: JobRuns, series: str | None) -> dict[int, float]:
@@ -148,7 +164,9 @@ def per_example(client: MlflowClient, job: JobRuns, series: str | None) -> dict[
 PAIRED_MIN = 3  # examples in both sweeps for the paired ratio; fewer: the rounds' figures, unpaired
 
 
-def ratio_of(client: MlflowClient, old: JobRuns, new: JobRuns, summary: str, series: str | None, confidence: float):
+def ratio_of(
+    client: MlflowClient, old: JobRuns, new: JobRuns, summary: tuple[str, ...], series: str | None, confidence: float
+):
     """(old, new, ratio, low, high, over): paired by example where both sweeps ran the same three or more
     examples (each example's new / old, each side the median of its rounds: the prompts' own spread
     cancels), else the ratio of the rounds' medians with each side resampled; None where a side has nothing."""
@@ -186,12 +204,20 @@ class Row:
     high: float
     basis: str
     verdict: str
+    higher_better: bool = False  # a throughput: worse ("slower") where it falls
+
+    def worse_by(self, fraction: float) -> bool:
+        """The whole interval past 1 by more than `fraction`, the worse way."""
+        return self.high < 1 - fraction if self.higher_better else self.low > 1 + fraction
 
 
-def verdict(low: float, high: float, tolerance: float = 0.0) -> str:
-    """slower: the whole interval above 1 + tolerance; faster: below 1 - tolerance; else no change."""
+def verdict(low: float, high: float, tolerance: float = 0.0, higher_better: bool = False) -> str:
+    """slower: the whole interval past 1 + tolerance the worse way (a time above, a throughput below 1 -
+    tolerance); faster: past it the other way; else no change."""
     if math.isnan(low):
         return "no interval"
+    if higher_better:
+        low, high = 1 / high if high > 0 else math.inf, 1 / low if low > 0 else math.inf
     return "slower" if low > 1 + tolerance else "faster" if high < 1 - tolerance else "no change"
 
 
@@ -210,7 +236,7 @@ class Comparison:
     gate: str = "time/token"  # the figure the gate judges (GATES)
 
     def slower_than(self, fraction: float) -> list[Row]:
-        return [r for r in self.rows if r.figure == self.gate and r.verdict == "slower" and r.low > 1 + fraction]
+        return [r for r in self.rows if r.figure == self.gate and r.verdict == "slower" and r.worse_by(fraction)]
 
 
 def compare(
@@ -226,11 +252,12 @@ def compare(
             continue
         if not old_job.finished:
             continue  # the old sweep's failure is listed below; nothing to hold the new job to
-        for figure, summary, series in FIGURES:
+        for figure, summary, series, higher in FIGURES:
             found = ratio_of(client, old_job, new_job, summary, series, confidence)
             if found is not None:
                 a, b, ratio, low, high, over = found
-                rows.append(Row(new_job.name, figure, a, b, ratio, low, high, over, verdict(low, high, tolerance)))
+                judged = verdict(low, high, tolerance, higher)
+                rows.append(Row(new_job.name, figure, a, b, ratio, low, high, over, judged, higher))
                 if figure == gate and math.isnan(low):
                     unjudged.append(
                         f"{new_job.name}: no interval for its {figure} ({over}); rounds=3 or more examples give one"
