@@ -143,14 +143,21 @@ def load_text(cfg: DatasetConfig) -> str:
     raise ValueError(f"unknown dataset source {cfg.source!r}")
 
 
+# What a precision calibrates on where the job's dataset is a prompts file (dataset=jsonl): a handful of prompts is
+# no calibration corpus (too few tokens for one window, and each file would round the model anew), so the weights
+# stay those the default corpus gives, cached once for every prompts file.
+CALIBRATION_DEFAULT = DatasetConfig(name="humaneval", source="humaneval")
+
+
 class Corpus:
     """The job's dataset, read on first use and kept, and a note of every text the job read and what
     for (calibration, evaluation, a draft's vocabulary), for the run's dataset inputs. MLflow keeps
-    one input per dataset and run, so `used()` is read once, when the job is done."""
+    one input per dataset and run, so `used()` is read once, when the job is done. Calibration on a job whose
+    dataset holds prompts reads CALIBRATION_DEFAULT instead."""
 
     def __init__(self, cfg: DatasetConfig):
         self.cfg = cfg
-        self._text: str | None = None
+        self._texts: dict[DatasetConfig, str] = {}
         self._used: dict[TextInput, list[str]] = {}
 
     def note(self, text: TextInput, context: str) -> None:
@@ -159,11 +166,13 @@ class Corpus:
             contexts.append(context)
 
     def reader(self, context: str) -> Callable[[], str]:
+        cfg = CALIBRATION_DEFAULT if context == "calibration" and self.cfg.holds_prompts else self.cfg
+
         def read() -> str:
-            if self._text is None:
-                self._text = load_text(self.cfg)
-            self.note(corpus_input(self.cfg, self._text), context)
-            return self._text
+            if cfg not in self._texts:
+                self._texts[cfg] = load_text(cfg)
+            self.note(corpus_input(cfg, self._texts[cfg]), context)
+            return self._texts[cfg]
 
         return read
 

@@ -13,6 +13,9 @@ decode step's weights are read once for all of them: a prompt chunk rides along 
 sequences; at least one prompt row whatever the budget, so a prompt always advances). A prompt's last chunk
 emits its first token in the same step.
 
+With a prefix cache (src.engine.prefix_cache), a sequence that ends leaves its cache there, and a new one starts
+from the longest run of its prompt's first tokens kept, fed only the rest.
+
 Only models the C++ step covers batch (Gemma 3 and Llama/Qwen2 on quantspec's kernels: engine=native);
 `for_model` says why not in one line otherwise.
 """
@@ -31,6 +34,7 @@ from src.common.say import message_line
 from src.engine import cpp_step
 from src.engine.config import Sampling
 from src.engine.generation import draw, eos_ids, probabilities
+from src.engine.prefix_cache import PrefixCache
 
 MAX_SEQUENCES = 16  # the kernels' blocking was tuned for up to 16 rows (draft verification)
 
@@ -121,10 +125,17 @@ class Scheduler:
     at a time (`step`), and leave when done or cancelled, their caches freed. Not thread-safe by itself:
     `Loop` runs it on one thread and hands it arrivals through a lock."""
 
-    def __init__(self, step: BatchStep, max_sequences: int = MAX_SEQUENCES, max_batch_tokens: int = 32):
+    def __init__(
+        self,
+        step: BatchStep,
+        max_sequences: int = MAX_SEQUENCES,
+        max_batch_tokens: int = 32,
+        prefixes: PrefixCache | None = None,
+    ):
         if not 1 <= max_sequences <= MAX_SEQUENCES:
             raise ValueError(f"max_sequences={max_sequences} must be 1 to {MAX_SEQUENCES}")
         self.batch_step = step
+        self.prefixes = prefixes  # finished sequences' caches, for prompts that begin as theirs did
         self.max_sequences, self.max_batch_tokens = max_sequences, max(1, max_batch_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -144,6 +155,9 @@ class Scheduler:
             seq = self.waiting.popleft()
             if seq.cancelled:
                 self.cancelled += 1
+            elif self.prefixes is not None:  # its prompt's kept first positions, copied: fed from there on
+                seq.cache, seq.fed = self.prefixes.take(seq.prompt, self.batch_step.new_cache)
+                self.running.append(seq)
             else:
                 seq.cache = self.batch_step.new_cache()
                 self.running.append(seq)
@@ -214,7 +228,9 @@ class Scheduler:
             done = "length"
         seq.emit(token, done)
         if done:
-            seq.cache = None  # the cache's memory goes with it
+            if self.prefixes is not None:  # every position but the last token's, which was never fed
+                self.prefixes.keep(seq.prompt + seq.tokens[:-1], seq.cache)
+            seq.cache = None  # the sequence's hold on it goes; the prefix cache's may stay
 
     def _drop_cancelled(self) -> None:
         for seq in self.running:

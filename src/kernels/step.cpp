@@ -307,6 +307,26 @@ struct StepCache : torch::CustomClassHolder {
     length -= n;
   }
   int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(1); }
+  // Bytes its buffers hold (every layer's keys and values, at their capacity): what a prefix cache counts.
+  int64_t nbytes() const {
+    int64_t total = 0;
+    for (size_t l = 0; l < keys.size(); ++l) total += keys[l].nbytes() + values[l].nbytes();
+    return total;
+  }
+  // A new cache holding this one's first n positions (copied: the two then grow apart), with the room a step
+  // would reserve past them, so the next step does not copy them again.
+  c10::intrusive_ptr<StepCache> prefix(int64_t n) const {
+    TORCH_CHECK(n >= 0 && n <= length, "quantspec StepCache: no prefix of ", n, " in ", length, " positions");
+    auto out = c10::make_intrusive<StepCache>();
+    if (keys.empty()) return out;
+    out->reserve(keys.size(), keys[0].size(0), keys[0].size(2), keys[0].scalar_type(), n);
+    for (size_t l = 0; l < keys.size(); ++l) {
+      out->keys[l].narrow(1, 0, n).copy_(keys[l].narrow(1, 0, n));
+      out->values[l].narrow(1, 0, n).copy_(values[l].narrow(1, 0, n));
+    }
+    out->length = n;
+    return out;
+  }
 
   // Room for `needed` positions in every layer; a new buffer is a quarter (at least 256) larger, the
   // cached positions copied over.
@@ -1072,7 +1092,9 @@ TORCH_LIBRARY_FRAGMENT(quantspec, m) {
   m.class_<StepCache>("StepCache")
       .def(torch::init<>())
       .def("size", &StepCache::size)
-      .def("crop", &StepCache::crop);
+      .def("crop", &StepCache::crop)
+      .def("nbytes", &StepCache::nbytes)
+      .def("prefix", &StepCache::prefix);
   m.class_<Stepper>("Stepper")
       .def(torch::init<int64_t, int64_t, int64_t, double, double, bool, std::string>())
       .def("add_layer", &Stepper::add_layer)

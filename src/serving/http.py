@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from src.common.say import message_line
 from src.data import prompts
 from src.engine import batching
+from src.engine.prefix_cache import PrefixCache
 from src.serving import openai
 from src.serving.text import Detokenizer
 
@@ -59,13 +60,14 @@ class Settings:
     default_max_tokens: int = 256
     max_connections: int = 256
     read_timeout_s: float = 30.0
+    prefix_cache_mb: int = 512  # finished sequences' keys and values kept for prompts that begin as theirs (0: off)
 
     @classmethod
     def of(cls, task) -> Settings:
         """The settings of a task=serve config (src.tasks.kinds.Serve)."""
         return cls(
             task.max_sequences, task.max_batch_tokens, task.max_waiting, task.default_max_tokens,
-            task.max_connections, task.read_timeout_s,
+            task.max_connections, task.read_timeout_s, task.prefix_cache_mb,
         )  # fmt: skip
 
 
@@ -74,7 +76,8 @@ class App:
 
     def __init__(self, model, tokenizer, name: str, max_context: int, settings: Settings):
         step = batching.BatchStep(model)  # Unbatchable, one line, before anything listens
-        scheduler = batching.Scheduler(step, settings.max_sequences, settings.max_batch_tokens)
+        self.prefixes = PrefixCache(settings.prefix_cache_mb << 20) if settings.prefix_cache_mb > 0 else None
+        scheduler = batching.Scheduler(step, settings.max_sequences, settings.max_batch_tokens, self.prefixes)
         self.loop = batching.Loop(scheduler, settings.max_waiting)
         self.tokenizer, self.name, self.max_context = tokenizer, name, max_context
         self.created = int(time.time())  # /v1/models' "created": when this server loaded its model
@@ -169,7 +172,14 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path.rstrip("/") in ("/health", ""):
             loop = app.loop
             health = {"status": "ok", "running": loop.running(), "waiting": loop.waiting()}
-            self._json(200, {**health, "cancelled": loop.scheduler.cancelled, "connections": self.server.open})
+            health.update(cancelled=loop.scheduler.cancelled, connections=self.server.open)
+            if app.prefixes is not None:
+                kept = app.prefixes
+                health["prefix_cache"] = {
+                    "entries": len(kept), "mb": round(kept.held / 2**20, 1), "prompt_tokens": kept.stats.prompt_tokens,
+                    "hit_tokens": kept.stats.hit_tokens, "hits": kept.stats.hits, "lookups": kept.stats.lookups,
+                }  # fmt: skip
+            self._json(200, health)
         else:
             self._fail(404, f"no such path {self.path}; the API is at /v1/completions and /v1/chat/completions")
 

@@ -393,6 +393,7 @@ class Serve(TaskConfig):
     default_max_tokens: int = 256  # new tokens for a request that names no max_tokens (never the whole context)
     max_connections: int = 256  # open connections (a thread each); more are answered 503 and closed
     read_timeout_s: float = 30.0  # a request's headers and body arrive within this, or 408 and the connection closes
+    prefix_cache_mb: int = 512  # finished sequences' keys and values kept for prompts that begin alike (0: off)
     host: str = "127.0.0.1"  # python -m src.serve: where it listens (a job's server takes a free loopback port)
     port: int = 8000
 
@@ -417,6 +418,7 @@ class Serve(TaskConfig):
         check_range("task.default_max_tokens", self.default_max_tokens, 1, 1 << 20)
         check_range("task.max_connections", self.max_connections, 1, 10_000, "a thread each")
         check_range("task.read_timeout_s", self.read_timeout_s, 0.1, 3600)
+        check_range("task.prefix_cache_mb", self.prefix_cache_mb, 0, 1 << 20, "0: off")
         if self.warmup_requests < 0:
             raise ConfigError(f"task.warmup_requests={self.warmup_requests} must be 0 or more")
         if self.request_rate is not None and not self.request_rate > 0:

@@ -20,6 +20,8 @@ messages, ShareGPT conversations; a conversation is sent as its messages, on the
 from the first when the requests outnumber them; task.output_tokens new tokens each (end of sequence ignored),
 task.requests timed after task.warmup_requests. With task.slo_ttft_ms / slo_tpot_ms / slo_e2e_ms, goodput: the
 requests a second that met every target given (serve_goodput_per_s), and their fraction (serve_good_fraction).
+quantspec's own server keeps finished sequences' caches for prompts that begin alike (task.prefix_cache_mb,
+src.engine.prefix_cache): the share of prompt tokens taken from it is serve_prefix_hit_fraction.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def run(inputs: TaskInputs) -> TaskResult:
                 loadgen.run(cmd, log_path, server.problem)
                 summary = loadgen.results(out)
                 _served_what_it_counts(server, summary)
+                summary.update(server.figures())
             report = (out / "profile_export_aiperf.json").read_text()
         except loadgen.LoadGenError as err:  # the load generator's output outlives the folder: the job keeps it
             kept = _keep(inputs, out, log_path)
@@ -113,6 +116,7 @@ class Served:
     name: str
     problem: Callable[[], str | None] = lambda: None
     answered: Callable[[], int] | None = None
+    figures: Callable[[], dict[str, float]] = dict  # what the server itself counted (quantspec's prefix cache)
 
 
 def _served_what_it_counts(server: Served, summary: dict) -> None:
@@ -178,8 +182,15 @@ def _quantspec(inputs: TaskInputs):
     def problem() -> str | None:
         return None if app.loop.thread.is_alive() else "stopped batching (its loop's thread ended)"
 
+    def figures() -> dict[str, float]:
+        """The prefix cache's share of the prompt tokens asked for (warm-up requests' included), where it is on."""
+        if app.prefixes is None:
+            return {}
+        stats = app.prefixes.stats
+        return {"serve_prefix_hit_fraction": stats.hit_fraction(), "serve_prefix_hits": float(stats.hits)}
+
     try:
-        yield Served(server.url(), name, "quantspec", problem, lambda: app.served)
+        yield Served(server.url(), name, "quantspec", problem, lambda: app.served, figures)
     finally:
         server.close()
 

@@ -320,6 +320,11 @@ CATALOG: list[Name] = [
         ("serve_concurrency", "requests kept in flight (task.concurrency)"),
         ("serve_goodput_per_s", "with task.slo_*: requests a second that met every latency target given"),
         ("serve_good_fraction", "with task.slo_*: their fraction of the requests sent (errors count as missed)"),
+        (
+            "serve_prefix_hit_fraction",
+            "quantspec's server: the share of prompt tokens taken from its prefix cache (warm-up requests' included)",
+        ),
+        ("serve_prefix_hits", "quantspec's server: requests that started from a kept prefix"),
     ),
     *_n(
         "metric",
