@@ -78,3 +78,12 @@ def test_calibration_over_a_large_corpus_tokenizes_a_slice_of_its_second_half(mo
     (part,) = read
     assert len(part) <= 20_000 and text.index(part) >= len(text) // 2  # never the evaluated first half
     assert big.shape == (4, 64)
+
+
+def test_a_prompts_file_is_read_as_text_but_calibration_reads_the_default_corpus():
+    from src.data.corpus import CALIBRATION_DEFAULT, Corpus
+
+    corpus = Corpus(DatasetConfig("jsonl", "jsonl", path="examples/prompts.jsonl"))
+    assert "What is recursion?" in corpus.reader("evaluation")()
+    assert corpus.reader("calibration")() == load_text(CALIBRATION_DEFAULT)
+    assert {name for text, name in corpus.used()} == {"evaluation", "calibration"} and len(corpus.used()) == 2
