@@ -360,6 +360,9 @@ class Quantize(TaskConfig):
 SERVERS = ("quantspec", "llama-server", "vllm")  # task.server: what answers the load (src.tasks.serve)
 ENDPOINTS = ("completions", "chat")  # task.endpoint: /v1/completions or /v1/chat/completions
 SERVE_PROMPTS = ("synthetic", "seeds", "dataset")  # task.prompts: what the requests ask
+# sequences one batched step holds: src.engine.batching.MAX_SEQUENCES (the same, read here without torch)
+MAX_SEQUENCES = 16
+RUNNERS = ("quantspec", "llama-batched-bench")  # task=batch's task.runner: whose batched decode is timed
 
 
 @TASKS.register
@@ -411,7 +414,7 @@ class Serve(TaskConfig):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ConfigError(f"task.{name}={getattr(self, name):g} must be above 0 ms (or null: no target)")
         check_range("task.concurrency", self.concurrency, 1, 1024)
-        check_range("task.max_sequences", self.max_sequences, 1, 16)
+        check_range("task.max_sequences", self.max_sequences, 1, MAX_SEQUENCES)
         for name in ("requests", "prompt_tokens", "output_tokens", "max_batch_tokens", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"task.{name}={getattr(self, name)} must be at least 1")
@@ -466,3 +469,57 @@ class Serve(TaskConfig):
 
     def kv_tokens(self, code_model: bool) -> int:
         return self.max_sequences * (self.prompt_tokens + self.output_tokens)
+
+
+@TASKS.register
+@dataclass(frozen=True, kw_only=True)
+class Batch(TaskConfig):
+    """Offline throughput at each batch size (llama-batched-bench's -npl): B sequences of `prompt_tokens` prefilled
+    together, then `output_tokens` steps of B rows; prompt and generation tokens a second per B (src.tasks.batch),
+    on quantspec's batched step or llama-batched-bench on the model's GGUF (`runner`)."""
+
+    KIND: ClassVar[str] = "batch"
+    MODULE: ClassVar[str] = "src.tasks.batch"
+    READS_DATASET: ClassVar[bool] = True  # the prompts are cut from the corpus
+    runner: str = "quantspec"
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    prompt_tokens: int = 128  # each sequence's prompt (llama-batched-bench's -npp)
+    output_tokens: int = 64  # generation steps after it (-ntg)
+    max_batch_tokens: int = 32  # quantspec: rows a prefill step holds, as the server's
+    warmup: int = 1
+    repeats: int = 1
+
+    def validate(self) -> None:
+        check_choice("task.runner", self.runner, RUNNERS)
+        if not self.batch_sizes:
+            raise ConfigError("task.batch_sizes is empty: give the batch sizes to time, e.g. [1,2,4,8,16]")
+        for b in self.batch_sizes:
+            check_range("task.batch_sizes", b, 1, MAX_SEQUENCES, "the batched step's sequences")
+        if len(set(self.batch_sizes)) < len(self.batch_sizes):
+            raise ConfigError(f"task.batch_sizes={list(self.batch_sizes)} names a size twice")
+        for name in ("prompt_tokens", "output_tokens", "max_batch_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"task.{name}={getattr(self, name)} must be at least 1")
+        check_range("task.warmup", self.warmup, 0, 10_000)
+
+    def check_job(self, job) -> None:
+        if self.runner == "quantspec" and job.engine.kind != "native":
+            raise ConfigError(
+                f"task=batch runs quantspec's batched C++ step (engine=native), not engine={job.engine.name}; for "
+                "llama.cpp's use task.runner=llama-batched-bench"
+            )
+        if job.draft.active:
+            raise ConfigError("task=batch decodes without a draft: use draft=none")
+
+    def tags(self) -> dict[str, str]:
+        return {"runner": self.runner}
+
+    def preflight(self, job, loaded) -> None:
+        if self.prompt_tokens + self.output_tokens + 1 > loaded.max_context:
+            raise ConfigError(
+                f"task.prompt_tokens={self.prompt_tokens} + task.output_tokens={self.output_tokens} exceed "
+                f"{job.model.name}'s context of {loaded.max_context} tokens"
+            )
+
+    def kv_tokens(self, code_model: bool) -> int:
+        return max(self.batch_sizes) * (self.prompt_tokens + self.output_tokens + 1)

@@ -193,7 +193,9 @@ def test_a_kind_is_registered_once_and_its_names_are_the_choices():
     from src.common.schema import Kinds
     from src.tasks.kinds import TASKS, TaskConfig
 
-    assert TASKS.names == ("decode", "benchmark", "benchmark_code", "perplexity", "lm_eval", "quantize", "serve")
+    assert TASKS.names == (
+        "decode", "benchmark", "benchmark_code", "perplexity", "lm_eval", "quantize", "serve", "batch"
+    )  # fmt: skip
     assert {p.stem for p in (CONF / "task").glob("*.yaml") if not p.stem.startswith("_")} >= set(TASKS.names)
     kinds = Kinds("task", "kind")
 

@@ -20,6 +20,7 @@ COLUMNS = (
     ("serve_tpot_ms_p50", "TPOT p50 (ms)"),
     ("serve_itl_ms_p99", "ITL p99 (ms)"),
     ("serve_e2e_ms_p99", "e2e p99 (ms)"),
+    ("serve_goodput_per_s", "goodput (req/s)"),
     ("serve_errors", "errors"),
 )
 
@@ -31,6 +32,13 @@ class Level:
     rate: str  # requests a second, or "closed" (as fast as the concurrency allows)
     figures: dict[str, float]  # each COLUMNS metric, median over the level's finished rounds
     rounds: int
+
+
+def _served(server: str, shown) -> str:
+    """What answered the load, in words."""
+    if server == "external":
+        return f"the server at {shown.params.get('task.base_url', '?')}"
+    return {"llama-server": "llama-server, the model's GGUF", "vllm": "vLLM, the float checkpoint"}.get(server, server)
 
 
 def _median(values: list[float]) -> float:
@@ -50,11 +58,9 @@ def levels(groups: list[JobRounds]) -> list[Level]:
             continue
         shown = group.shown
         server = shown.tags.get("server", "?")
-        # llama-server serves the model's own GGUF: the job's precision and engine are not what ran
+        # a peer serves its own copy of the model: the job's precision and engine are not what ran
         hidden = ("task", "draft") if server == "quantspec" else ("task", "draft", "precision", "engine")
-        config = "·".join(shown.choice(a) for a in AXES if a not in hidden) + (
-            " (quantspec)" if server == "quantspec" else f" ({server}, the model's GGUF)"
-        )
+        config = "·".join(shown.choice(a) for a in AXES if a not in hidden) + f" ({_served(server, shown)})"
         figures = {m: _median([r.metrics.get(m, math.nan) for r in finished]) for m, _ in COLUMNS}
         rate = shown.params.get("task.request_rate", "None")
         out.append(

@@ -152,6 +152,7 @@ CATALOG: list[Name] = [
         ("sandbox", "benchmark_code: bwrap or rlimit"),
         ("server", "serve: what answered the load: quantspec, llama-server, vllm, or external (task.base_url)"),
         ("served_model", "serve: the model name its requests carried"),
+        ("runner", "batch: whose batched decode was timed: quantspec or llama-batched-bench"),
         (
             "energy",
             "timed tasks: where energy_j came from (RAPL; on an NVIDIA GPU also NVML), or why the host gives none "
@@ -328,6 +329,18 @@ CATALOG: list[Name] = [
     ),
     *_n(
         "metric",
+        "task=batch (each batch size B of task.batch_sizes, as llama-batched-bench reports it)",
+        ("batch_pp_tokens_per_s_b<b>", "prompt tokens a second, B sequences' prompts prefilled together"),
+        ("batch_tg_tokens_per_s_b<b>", "generated tokens a second, B sequences decoded together"),
+        ("batch_tokens_per_s_b<b>", "both over the whole run's time"),
+        ("batch_pp_s_b<b>", "the prefill's seconds"),
+        ("batch_tg_s_b<b>", "the generation's seconds"),
+        ("batch_tg_tokens_per_s_max", "the best generation rate over the batch sizes"),
+        ("batch_tg_best_b", "the batch size that gave it"),
+        ("batch_tg_gain_max", "that rate over one sequence's (where B=1 was timed)"),
+    ),
+    *_n(
+        "metric",
         "task=benchmark_code",
         ("pass_at_1", "HumanEval pass@1"),
         ("pass_at_<k>", "pass@k where sampled"),
@@ -409,6 +422,7 @@ CATALOG: list[Name] = [
         ("lm_eval_results.json", "lm_eval: its results"),
         ("completions.jsonl", "benchmark_code: each completion, its result and timing"),
         ("aiperf.json", "serve: the load generator's own export (every metric it measured)"),
+        ("batch.md", "batch: the table of every batch size's prompt and generation figures"),
         ("serve_prompts.jsonl", "serve, task.prompts=seeds or dataset: the requests' prompts as aiperf read them"),
     ),
     *_n(

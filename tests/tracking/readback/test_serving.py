@@ -41,3 +41,10 @@ def test_each_level_is_its_rounds_median_and_levels_sort_by_configuration_then_c
 def test_a_sweep_without_serve_jobs_has_no_serving_front(tmp_path):
     assert serving.levels(job_rounds([run("quantspec", 1, 1, 9.0, 9.0, task="decode")])) == []
     assert serving.plot([], tmp_path / "x.png", _save) is None
+
+
+def test_a_server_measured_at_its_address_is_named_by_it():
+    job = run("external", 4, 1, 50.0, 300.0)
+    job.params["task.base_url"] = "http://10.0.0.5:8000"
+    (level,) = serving.levels(job_rounds([job]))
+    assert level.config == "m·cpu (the server at http://10.0.0.5:8000)"

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from src.common.mdtext import md_code, md_text
 from src.common.metrics import csv_text, markdown_table, seed_table
 from src.common.paths import child
-from src.tracking.readback import serving
+from src.tracking.readback import batched, serving
 from src.tracking.readback import speed_quality as q
 from src.tracking.readback.compare import job_rounds, speedups
 from src.tracking.readback.reporting import jsondoc
@@ -83,6 +83,13 @@ def build(
         drawn = serving.plot(served, out / "serving.png", _save)
         if drawn is not None:
             files[drawn.name] = drawn
+    batches = batched.sizes(groups)
+    if batches:
+        parts += [
+            "## Batched decoding, offline (each batch size B: prompt and generated tokens a second, the median over "
+            "its rounds)\n",
+            batched.table(batches) + "\n",
+        ]
     drafted = draft_quality_lines(jobs)
     if drafted:
         parts += ["## pass@1 with and without the draft\n", "\n".join(drafted) + "\n"]
