@@ -36,9 +36,8 @@ def sizes(groups: list[JobRounds]) -> list[Size]:
         runner = shown.tags.get("runner", "?")
         # llama-batched-bench runs the model's own GGUF: the job's precision and engine are not what ran
         hidden = ("task", "draft") if runner == "quantspec" else ("task", "draft", "precision", "engine")
-        config = "·".join(shown.choice(a) for a in AXES if a not in hidden) + (
-            " (quantspec)" if runner == "quantspec" else f" ({runner}, the model's GGUF)"
-        )
+        config = "·".join([*(shown.choice(a) for a in AXES if a not in hidden), *swept(group.name, ("runner",))])
+        config += " (quantspec)" if runner == "quantspec" else f" ({runner}, the model's GGUF)"
         found = sorted({int(m.group(1)) for r in finished for k in r.metrics if (m := SIZE.fullmatch(k))})
         for b in found:
             pp = [
@@ -49,6 +48,13 @@ def sizes(groups: list[JobRounds]) -> list[Size]:
             ]
             out.append(Size(config, b, _median(pp), _median(tg), len(tg)))
     return sorted(out, key=lambda s: (s.config, s.batch))
+
+
+def swept(name: str, shown_apart: tuple[str, ...]) -> list[str]:
+    """The settings a sweep varied beside the choices, as the job's name gives them (`batch_activations=int8`), but
+    those the table shows in columns of their own: what tells two rows of the same choices apart."""
+    parts = name.split(" round ")[0].split("·")
+    return [p for p in parts if "=" in p and p.split("=", 1)[0] not in shown_apart]
 
 
 def _median(values: list[float]) -> float:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from src.common.axes import AXES
 from src.common.metrics import markdown_table
+from src.tracking.readback.batched import swept
 from src.tracking.readback.compare import JobRounds
 
 COLUMNS = (
@@ -60,7 +61,10 @@ def levels(groups: list[JobRounds]) -> list[Level]:
         server = shown.tags.get("server", "?")
         # a peer serves its own copy of the model: the job's precision and engine are not what ran
         hidden = ("task", "draft") if server == "quantspec" else ("task", "draft", "precision", "engine")
-        config = "·".join(shown.choice(a) for a in AXES if a not in hidden) + f" ({_served(server, shown)})"
+        varied = swept(group.name, ("server", "concurrency", "request_rate"))
+        config = (
+            "·".join([*(shown.choice(a) for a in AXES if a not in hidden), *varied]) + f" ({_served(server, shown)})"
+        )
         figures = {m: _median([r.metrics.get(m, math.nan) for r in finished]) for m, _ in COLUMNS}
         rate = shown.params.get("task.request_rate", "None")
         out.append(

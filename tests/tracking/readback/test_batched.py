@@ -14,7 +14,7 @@ def run(runner, round_, tg_by_b, outcome="finished", task="batch"):
     }  # fmt: skip
     metrics = {f"batch_tg_tokens_per_s_b{b}": tg for b, tg in tg_by_b.items()}
     metrics.update({f"batch_pp_tokens_per_s_b{b}": 10 * tg for b, tg in tg_by_b.items()})
-    return JobRecord(f"{runner}{round_}", "name", tags, metrics, {})
+    return JobRecord(f"{runner}{round_}", f"m·cpu·w4a16·none·batch·runner={runner} round {round_}", tags, metrics, {})
 
 
 def test_each_batch_size_is_its_rounds_median_beside_the_peers():
@@ -30,3 +30,15 @@ def test_each_batch_size_is_its_rounds_median_beside_the_peers():
     assert "m·cpu (llama-batched-bench, the model's GGUF)" in text and "m·cpu·w4a16·native (quantspec)" in text
     assert "3.05x" in text and "3.00x" in text  # 320 / 105, 150 / 50
     assert batched.sizes(job_rounds([run("quantspec", 1, {1: 9.0}, task="decode")])) == []
+
+
+def test_settings_a_sweep_varied_tell_two_rows_of_the_same_choices_apart():
+    a = run("quantspec", 1, {1: 100.0})
+    b = run("quantspec", 1, {1: 200.0})
+    b.tags[CONFIG_KEY] += "-int8"
+    b.name = "m·cpu·w4a16·none·batch·runner=quantspec·batch_activations=int8 round 1"
+    found = batched.sizes(job_rounds([a, b]))
+    assert sorted(s.config for s in found) == [
+        "m·cpu·w4a16·native (quantspec)", "m·cpu·w4a16·native·batch_activations=int8 (quantspec)",
+    ]  # fmt: skip
+    assert batched.swept("m·cpu·serve·concurrency=8·server=x round 2", ("concurrency", "server")) == []
