@@ -2,7 +2,8 @@
 a Completion (or BadRequest, one line saying what to send instead), and the JSON it sends back, whole or as
 server-sent-event chunks. The fields a load generator or an OpenAI client sends are read; `n` above 1, `logprobs`,
 `echo`, an unknown field, and one that would change the answer at other than its neutral value (`top_k`,
-`presence_penalty`, `response_format`, ...: NEUTRAL) are refused in one line rather than ignored."""
+`presence_penalty`, `response_format`, ...: NEUTRAL) are refused in one line rather than ignored; a `model` other
+than the one served is not found (404, code model_not_found), and a request that names none gets it."""
 
 from __future__ import annotations
 
