@@ -237,7 +237,7 @@ _SECTIONS = {
     "dataset": DatasetConfig,
     "sampling": Sampling,
 }
-_KINDS = {"task": TASKS, "tracking": TRACKING}  # the axes chosen by their selector alone
+AXIS_KINDS = {"task": TASKS, "tracking": TRACKING}  # the axes chosen by their selector alone
 _SECTION_ORDER = ("model", "hardware", "precision", "draft", "task", "dataset", "tracking", "engine", "sampling")
 
 
@@ -315,7 +315,7 @@ def unread(group: str, entry: Mapping[str, Any], key: str) -> str | None:
         if key in _fields(PrecisionConfig) or (method is not None and key in _fields(method)):
             return None
         return f"precision.method {' or '.join(METHODS.owners(key))}"
-    kinds = {**_KINDS, "engine": ENGINES}.get(group)
+    kinds = {**AXIS_KINDS, "engine": ENGINES}.get(group)
     if kinds is None or key == kinds.selector:
         return None
     if group == "engine" and entry.get("module") is not None:
@@ -353,8 +353,8 @@ def hardware_config(raw: Mapping[str, Any]) -> HardwareConfig:
 def _section(section: str, raw: Mapping[str, Any]) -> Any:
     if section == "precision":
         return _precision(section, raw)
-    if section in _KINDS:
-        return _kind_of(section, _KINDS[section], raw)
+    if section in AXIS_KINDS:
+        return _kind_of(section, AXIS_KINDS[section], raw)
     if section == "engine":
         return _engine(raw)
     return _build(section, _SECTIONS[section], raw)

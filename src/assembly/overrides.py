@@ -9,6 +9,7 @@ chosen entry's kind reads (task.window on a decode task) is refused too: it woul
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from hydra.errors import ConfigCompositionException, HydraException, MissingConf
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.assembly import schema  # registers the groups' schemas, which composition types every field by
-from src.assembly.config import reads_dataset, unread
+from src.assembly.config import AXIS_KINDS, reads_dataset, unread
 from src.common import renames, signals
 from src.common.environment import PROJECT_ROOT
 from src.common.say import message_line
@@ -243,7 +244,16 @@ def _not_a_setting(key: str, base: DictConfig | None) -> str:
         if not isinstance(node, DictConfig) or part not in node:
             break
         node = node[part]
-    settings = ", ".join(sorted(node)) if isinstance(node, DictConfig) else f"(none below {parts[0]})"
+    if isinstance(node, DictConfig):
+        names = set(node)
+        # every task composes every task's fields (conf/task/_fields.yaml): name only the ones its kind reads
+        kinds = AXIS_KINDS.get(group) if len(parts) == 1 else None
+        kind = kinds.get(node.get(kinds.selector)) if kinds is not None else None
+        if kind is not None:
+            names &= {f.name for f in dataclasses.fields(kind)} | {kinds.selector}
+        settings = ", ".join(sorted(names))
+    else:
+        settings = f"(none below {parts[0]})"
     return f"{key} is not a setting of {group} {choice}; its settings: {settings}"
 
 

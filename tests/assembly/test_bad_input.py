@@ -30,7 +30,7 @@ def one_line(text: str) -> str:
         ("sampling.temperature=hot", "sampling.temperature='hot' must be a number"),
         ("model.name=../../outside", "model.name='../../outside' must be letters, digits"),
         ("model.source=gguf_package model.id=os", "model.id='os' is not a GGUF model package"),
-        ("task.foo=1", "task.foo is not a setting of task decode; its settings: base_url, code_max_new_tokens"),
+        ("task.foo=1", "task.foo is not a setting of task decode; its settings: code_max_new_tokens"),
         (
             "engine.isa=sse9",
             "engine.isa='sse9' is not one of: auto, avx512, avx_vnni, avx2, neon_dotprod, neon, reference",
