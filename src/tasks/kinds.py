@@ -86,6 +86,17 @@ class Referenced:
             raise ConfigError(f"task.reference_top_k={self.reference_top_k} must be at least 1")
 
 
+def _on_batched_step(job, task: str, peer: str) -> None:
+    """A task on quantspec's batched C++ step (src.engine.batching): engine=native, no draft; `peer`: what to use
+    instead of the engine."""
+    if job.engine.kind != "native":
+        raise ConfigError(
+            f"task={task} runs quantspec's batched C++ step (engine=native), not engine={job.engine.name}; {peer}"
+        )
+    if job.draft.active:
+        raise ConfigError(f"task={task} batches without a draft: use draft=none")
+
+
 def _refuse_random(job, what: str, metric: str) -> None:
     if job.model.weights == "random":
         raise ConfigError(
@@ -445,12 +456,9 @@ class Serve(TaskConfig):
             )
         if self.base_url is not None:
             return  # the server is running already: what this job loads gives only the tokenizer
-        if self.server == "quantspec" and job.engine.kind != "native":
-            raise ConfigError(
-                f"task=serve batches on quantspec's C++ step (engine=native), not engine={job.engine.name}; "
-                "for llama.cpp's server use task.server=llama-server"
-            )
-        if job.draft.active:
+        if self.server == "quantspec":
+            _on_batched_step(job, "serve", "for llama.cpp's server use task.server=llama-server")
+        elif job.draft.active:
             raise ConfigError("task=serve batches without a draft: use draft=none")
         if self.server == "vllm" and (job.model.weights == "random" or job.model.source == "tiny"):
             raise ConfigError(f"task.server=vllm reads a checkpoint's files; model={job.model.name} has none")
@@ -503,13 +511,10 @@ class Batch(TaskConfig):
         check_range("task.warmup", self.warmup, 0, 10_000)
 
     def check_job(self, job) -> None:
-        if self.runner == "quantspec" and job.engine.kind != "native":
-            raise ConfigError(
-                f"task=batch runs quantspec's batched C++ step (engine=native), not engine={job.engine.name}; for "
-                "llama.cpp's use task.runner=llama-batched-bench"
-            )
-        if job.draft.active:
-            raise ConfigError("task=batch decodes without a draft: use draft=none")
+        if self.runner == "quantspec":
+            _on_batched_step(job, "batch", "for llama.cpp's use task.runner=llama-batched-bench")
+        elif job.draft.active:
+            raise ConfigError("task=batch batches without a draft: use draft=none")
 
     def tags(self) -> dict[str, str]:
         return {"runner": self.runner}

@@ -9,9 +9,8 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from src.common.axes import AXES
 from src.common.metrics import markdown_table
-from src.tracking.readback.compare import JobRounds
+from src.tracking.readback.compare import JobRounds, configuration
 
 SIZE = re.compile(r"batch_tg_tokens_per_s_b(\d+)")
 
@@ -32,12 +31,8 @@ def sizes(groups: list[JobRounds]) -> list[Size]:
         finished = list(group.finished().values())
         if group.choice("task") != "batch" or not finished:
             continue
-        shown = group.shown
-        runner = shown.tags.get("runner", "?")
-        # llama-batched-bench runs the model's own GGUF: the job's precision and engine are not what ran
-        hidden = ("task", "draft") if runner == "quantspec" else ("task", "draft", "precision", "engine")
-        config = "·".join([*(shown.choice(a) for a in AXES if a not in hidden), *swept(group.name, ("runner",))])
-        config += " (quantspec)" if runner == "quantspec" else f" ({runner}, the model's GGUF)"
+        runner = group.shown.tags.get("runner", "?")
+        config = configuration(group, runner, f"{runner}, the model's GGUF", ("runner",))
         found = sorted({int(m.group(1)) for r in finished for k in r.metrics if (m := SIZE.fullmatch(k))})
         for b in found:
             pp = [
@@ -48,13 +43,6 @@ def sizes(groups: list[JobRounds]) -> list[Size]:
             ]
             out.append(Size(config, b, _median(pp), _median(tg), len(tg)))
     return sorted(out, key=lambda s: (s.config, s.batch))
-
-
-def swept(name: str, shown_apart: tuple[str, ...]) -> list[str]:
-    """The settings a sweep varied beside the choices, as the job's name gives them (`batch_activations=int8`), but
-    those the table shows in columns of their own: what tells two rows of the same choices apart."""
-    parts = name.split(" round ")[0].split("·")
-    return [p for p in parts if "=" in p and p.split("=", 1)[0] not in shown_apart]
 
 
 def _median(values: list[float]) -> float:

@@ -199,3 +199,20 @@ def speedups(all_configs: list[JobRounds], baseline: dict[str, str]) -> list[Spe
             )
         )
     return out
+
+
+def configuration(group: JobRounds, who: str, peer: str, shown_apart: tuple[str, ...]) -> str:
+    """What a job stands for in a table: model·hardware·precision·engine and the settings its sweep varied, then who
+    ran it. A peer (`who` other than quantspec; `peer` says what it ran) runs its own copy of the model, so the
+    job's precision and engine are not what ran and are left out."""
+    shown = group.shown
+    hidden = ("task", "draft") if who == "quantspec" else ("task", "draft", "precision", "engine")
+    parts = [*(shown.choice(a) for a in AXES if a not in hidden), *swept(group.name, shown_apart)]
+    return "·".join(parts) + (" (quantspec)" if who == "quantspec" else f" ({peer})")
+
+
+def swept(name: str, shown_apart: tuple[str, ...]) -> list[str]:
+    """The settings a sweep varied beside the choices, as the job's name gives them (`batch_activations=int8`), but
+    those the table shows in columns of their own: what tells two rows of the same choices apart."""
+    parts = name.split(" round ")[0].split("·")
+    return [p for p in parts if "=" in p and p.split("=", 1)[0] not in shown_apart]

@@ -8,10 +8,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from src.common.axes import AXES
 from src.common.metrics import markdown_table
-from src.tracking.readback.batched import swept
-from src.tracking.readback.compare import JobRounds
+from src.tracking.readback.compare import JobRounds, configuration
 
 COLUMNS = (
     ("serve_output_tokens_per_s", "output tok/s"),
@@ -59,12 +57,7 @@ def levels(groups: list[JobRounds]) -> list[Level]:
             continue
         shown = group.shown
         server = shown.tags.get("server", "?")
-        # a peer serves its own copy of the model: the job's precision and engine are not what ran
-        hidden = ("task", "draft") if server == "quantspec" else ("task", "draft", "precision", "engine")
-        varied = swept(group.name, ("server", "concurrency", "request_rate"))
-        config = (
-            "·".join([*(shown.choice(a) for a in AXES if a not in hidden), *varied]) + f" ({_served(server, shown)})"
-        )
+        config = configuration(group, server, _served(server, shown), ("server", "concurrency", "request_rate"))
         figures = {m: _median([r.metrics.get(m, math.nan) for r in finished]) for m, _ in COLUMNS}
         rate = shown.params.get("task.request_rate", "None")
         out.append(

@@ -1,7 +1,7 @@
 """The report's offline batching table (src.tracking.readback.batched): each task=batch configuration's batch sizes,
 the median of their rounds, llama-batched-bench's beside quantspec's, each TG rate over B=1's."""
 
-from src.tracking.readback import batched
+from src.tracking.readback import batched, compare
 from src.tracking.readback.compare import job_rounds
 from src.tracking.readback.sweeps import JobRecord
 from src.tracking.store.names import CONFIG_KEY
@@ -41,4 +41,4 @@ def test_settings_a_sweep_varied_tell_two_rows_of_the_same_choices_apart():
     assert sorted(s.config for s in found) == [
         "m·cpu·w4a16·native (quantspec)", "m·cpu·w4a16·native·batch_activations=int8 (quantspec)",
     ]  # fmt: skip
-    assert batched.swept("m·cpu·serve·concurrency=8·server=x round 2", ("concurrency", "server")) == []
+    assert compare.swept("m·cpu·serve·concurrency=8·server=x round 2", ("concurrency", "server")) == []
