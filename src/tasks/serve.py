@@ -67,9 +67,7 @@ def run(inputs: TaskInputs) -> TaskResult:
         prompts = _prompts_file(inputs, work / "prompts.jsonl")
         try:
             with _server(inputs) as server:
-                log.info(
-                    "serve: %s (%s) at concurrency %d on %s", server.name, server.model, task.concurrency, server.url
-                )
+                log.info("serve: %s at concurrency %d on %s", server.name, task.concurrency, server.url)
                 cmd = loadgen.command(exe, server.url, task, tokenizer, out, server.model, prompts)
                 loadgen.run(cmd, log_path, server.problem)
                 summary = loadgen.results(out)
