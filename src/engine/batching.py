@@ -155,12 +155,12 @@ class Scheduler:
             seq = self.waiting.popleft()
             if seq.cancelled:
                 self.cancelled += 1
-            elif self.prefixes is not None:  # its prompt's kept first positions, copied: fed from there on
+                continue
+            if self.prefixes is not None:  # its prompt's kept first positions, copied: fed from there on
                 seq.cache, seq.fed = self.prefixes.take(seq.prompt, self.batch_step.new_cache)
-                self.running.append(seq)
             else:
                 seq.cache = self.batch_step.new_cache()
-                self.running.append(seq)
+            self.running.append(seq)
         rows = [(seq, [seq.next_input()], True) for seq in self.running if not seq.prefilling]
         budget, fed = self.max_batch_tokens - len(rows), False
         for seq in self.running:

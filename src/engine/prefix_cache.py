@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 @dataclass
 class Stats:
-    """What the cache saved: prompt tokens asked for, those taken from it, and what it holds now."""
+    """What the cache saved: prompt tokens asked for, those taken from it, lookups and those that hit."""
 
     prompt_tokens: int = 0
     hit_tokens: int = 0
@@ -45,12 +45,10 @@ class PrefixCache:
 
     def keep(self, tokens: list[int], cache) -> None:
         """A finished sequence's cache, holding `tokens`' positions (cache.size() == len(tokens))."""
-        if self.max_bytes <= 0 or not tokens:
+        size = cache.nbytes()
+        if not tokens or size > self.max_bytes:
             return
         key = tuple(tokens)
-        size = cache.nbytes()
-        if size > self.max_bytes:
-            return
         for other in [k for k in self.entries if len(k) <= len(key) and key[: len(k)] == k]:
             self._drop(other)  # it begins this one: this one answers every lookup it would
         self.entries[key] = cache
@@ -84,8 +82,6 @@ class PrefixCache:
 def _common(key: tuple[int, ...], prompt: list[int], most: int) -> int:
     """How many first tokens `key` and `prompt` share, at most `most`."""
     n = min(len(key), most)
-    if n <= 0 or key[0] != prompt[0]:
-        return 0
     for i in range(n):
         if key[i] != prompt[i]:
             return i

@@ -50,13 +50,24 @@ class Timing:
     tg_tokens: int
     tg_s: float
 
+    @property
+    def pp_rate(self) -> float:
+        return self.pp_tokens / self.pp_s
+
+    @property
+    def tg_rate(self) -> float:
+        return self.tg_tokens / self.tg_s
+
+    @property
+    def rate(self) -> float:
+        return (self.pp_tokens + self.tg_tokens) / (self.pp_s + self.tg_s)
+
     def figures(self) -> dict[str, float]:
         b = self.batch
-        total = self.pp_s + self.tg_s
         return {
-            f"batch_pp_tokens_per_s_b{b}": self.pp_tokens / self.pp_s,
-            f"batch_tg_tokens_per_s_b{b}": self.tg_tokens / self.tg_s,
-            f"batch_tokens_per_s_b{b}": (self.pp_tokens + self.tg_tokens) / total,
+            f"batch_pp_tokens_per_s_b{b}": self.pp_rate,
+            f"batch_tg_tokens_per_s_b{b}": self.tg_rate,
+            f"batch_tokens_per_s_b{b}": self.rate,
             f"batch_pp_s_b{b}": self.pp_s,
             f"batch_tg_s_b{b}": self.tg_s,
         }
@@ -68,12 +79,12 @@ def run(inputs: TaskInputs) -> TaskResult:
     summary: dict[str, float] = {}
     for t in timings:
         summary.update(t.figures())
-    best = max(timings, key=lambda t: t.tg_tokens / t.tg_s)
-    summary["batch_tg_tokens_per_s_max"] = best.tg_tokens / best.tg_s
+    best = max(timings, key=lambda t: t.tg_rate)
+    summary["batch_tg_tokens_per_s_max"] = best.tg_rate
     summary["batch_tg_best_b"] = float(best.batch)
     one = next((t for t in timings if t.batch == 1), None)
     if one is not None:  # how far batching multiplies one sequence's generation rate
-        summary["batch_tg_gain_max"] = summary["batch_tg_tokens_per_s_max"] / (one.tg_tokens / one.tg_s)
+        summary["batch_tg_gain_max"] = best.tg_rate / one.tg_rate
     return TaskResult([], summary, artifacts={"batch.md": _table(task, timings)})
 
 
@@ -81,9 +92,8 @@ def _table(task, timings: list[Timing]) -> str:
     head = ["B", "PP tokens", "PP s", "PP tok/s", "TG tokens", "TG s", "TG tok/s", "total s", "tok/s"]
     rows = [
         [
-            t.batch, t.pp_tokens, f"{t.pp_s:.3f}", f"{t.pp_tokens / t.pp_s:.1f}", t.tg_tokens, f"{t.tg_s:.3f}",
-            f"{t.tg_tokens / t.tg_s:.1f}", f"{t.pp_s + t.tg_s:.3f}",
-            f"{(t.pp_tokens + t.tg_tokens) / (t.pp_s + t.tg_s):.1f}",
+            t.batch, t.pp_tokens, f"{t.pp_s:.3f}", f"{t.pp_rate:.1f}", t.tg_tokens, f"{t.tg_s:.3f}",
+            f"{t.tg_rate:.1f}", f"{t.pp_s + t.tg_s:.3f}", f"{t.rate:.1f}",
         ]
         for t in timings
     ]  # fmt: skip
@@ -115,7 +125,7 @@ def _quantspec(inputs: TaskInputs) -> list[Timing]:
     for b in task.batch_sizes:
         runs = [_once(step, prompts[:b], task.output_tokens, task.max_batch_tokens) for _ in range(task.repeats)]
         kept = sorted(runs, key=lambda t: t.pp_s + t.tg_s)[len(runs) // 2]
-        log.info("batch %d: PP %.1f tok/s, TG %.1f tok/s", b, kept.pp_tokens / kept.pp_s, kept.tg_tokens / kept.tg_s)
+        log.info("batch %d: PP %.1f tok/s, TG %.1f tok/s", b, kept.pp_rate, kept.tg_rate)
         found.append(kept)
     return found
 

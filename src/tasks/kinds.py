@@ -449,10 +449,11 @@ class Serve(TaskConfig):
             raise ConfigError(
                 f"dataset=jsonl names prompts that task.prompts={self.prompts} would not send: add task.prompts=dataset"
             )
-        if self.prompts == "dataset" and self.endpoint != "chat" and any(p.text is None for p in job.dataset.prompts):
-            line = next(p.line for p in job.dataset.prompts if p.text is None)
+        chat = next((p for p in job.dataset.prompts if p.text is None), None) if self.prompts == "dataset" else None
+        if chat is not None and self.endpoint != "chat":
             raise ConfigError(
-                f"dataset.path={job.dataset.path} holds conversations (line {line}): serve them on task.endpoint=chat"
+                f"dataset.path={job.dataset.path} holds conversations (line {chat.line}): serve them on "
+                "task.endpoint=chat"
             )
         if self.base_url is not None:
             return  # the server is running already: what this job loads gives only the tokenizer

@@ -73,7 +73,9 @@ def run(inputs: TaskInputs) -> TaskResult:
                 summary = loadgen.results(out)
                 _served_what_it_counts(server, summary)
                 summary.update(server.figures())
-            report = (out / "profile_export_aiperf.json").read_text()
+            artifacts = {"aiperf.json": (out / "profile_export_aiperf.json").read_text()}
+            if prompts is not None:  # read before the folder goes
+                artifacts["serve_prompts.jsonl"] = prompts.read_text(encoding="utf-8")
         except loadgen.LoadGenError as err:  # the load generator's output outlives the folder: the job keeps it
             kept = _keep(inputs, out, log_path)
             raise loadgen.LoadGenError(f"{err} (kept: {kept})" if kept else str(err)) from None
@@ -87,9 +89,6 @@ def run(inputs: TaskInputs) -> TaskResult:
         notes.append(f"vLLM served the float checkpoint at {_dtype(inputs)}, whatever the precision's own weights")
     if summary.get("serve_errors"):
         notes.append(f"{summary['serve_errors']:.0f} of the load generator's requests failed")
-    artifacts = {"aiperf.json": report}
-    if prompts is not None:
-        artifacts["serve_prompts.jsonl"] = prompts.read_text(encoding="utf-8") if prompts.is_file() else ""
     return TaskResult([], summary, artifacts=artifacts, notes=notes, tags={"served_model": server.model})
 
 

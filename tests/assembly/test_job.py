@@ -9,28 +9,7 @@ from src.assembly.job import build
 from src.kernels.modules import FLOAT_GEMMS
 from src.quant import prefill
 from tests.support.cli import compose_job, fresh_cache
-
-
-class Kept:
-    """A recorder that keeps what building reports."""
-
-    def __init__(self):
-        self.tags, self.metrics, self.texts, self.params, self.inputs = {}, {}, {}, {}, {}
-
-    def set_tags(self, tags):
-        self.tags.update(tags)
-
-    def log_metrics(self, values, step=0):
-        self.metrics.update(values)
-
-    def log_text(self, text, name):
-        self.texts[name] = text
-
-    def log_params(self, params):
-        self.params.update(params)
-
-    def log_input(self, text, context):
-        self.inputs[text.name] = context
+from tests.support.records import Kept
 
 
 def test_build_then_run_gives_rows_and_reports_what_it_decided(tmp_path):

@@ -1,5 +1,5 @@
 """Records as the store and the docs hold them: a job's round built by hand, metrics no catalog entry names, a schema
-the docs show."""
+the docs show, and a recorder that keeps what a job built in process reports."""
 
 from __future__ import annotations
 
@@ -61,3 +61,25 @@ def doc_schema(name: str) -> dict:
     text = (ROOT / "docs" / "reference" / "report-json.md").read_text()
     block = text.split(f"<!-- schema: {name} -->", 1)[1].split("```json", 1)[1].split("```", 1)[0]
     return json.loads(block)
+
+
+class Kept:
+    """A recorder that keeps what building reports."""
+
+    def __init__(self):
+        self.tags, self.metrics, self.texts, self.params, self.inputs = {}, {}, {}, {}, {}
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
+
+    def log_metrics(self, values, step=0):
+        self.metrics.update(values)
+
+    def log_text(self, text, name):
+        self.texts[name] = text
+
+    def log_params(self, params):
+        self.params.update(params)
+
+    def log_input(self, text, context):
+        self.inputs[text.name] = context

@@ -8,14 +8,16 @@ import sys
 import pytest
 
 from src.assembly.config import ConfigError, job_config_from_dict
+from src.assembly.job import build
 from src.data.config import DatasetConfig
 from src.data.corpus import load_text
 from src.engine import batching
 from src.tasks import batch
+from src.tracking.store import catalog
 from tests.engine.test_batching import alone
 from tests.engine.tiny import model_at
-from tests.support.cli import compose_job, run_cli
-from tests.support.records import uncatalogued
+from tests.support.cli import compose_job, fresh_cache
+from tests.support.records import Kept
 
 
 def test_sequences_prefilled_and_decoded_together_get_the_tokens_each_gets_alone():
@@ -28,6 +30,12 @@ def test_sequences_prefilled_and_decoded_together_get_the_tokens_each_gets_alone
     assert (timing.batch, timing.pp_tokens, timing.tg_tokens) == (3, 60, 15) and timing.pp_s > 0 < timing.tg_s
     for seq, prompt in zip(seqs, prompts, strict=True):
         assert seq.tokens == alone(model, prompt, 6)  # the prefill's first token, then 5 steps
+
+
+def test_the_configs_bound_on_sequences_is_the_batched_steps():
+    from src.tasks import kinds
+
+    assert kinds.MAX_SEQUENCES == batching.MAX_SEQUENCES  # kinds reads it without torch: the two must agree
 
 
 def test_a_corpus_too_short_for_the_prompts_is_one_line():
@@ -85,15 +93,16 @@ def test_a_batch_that_cannot_run_is_refused_naming_what_to_give(overrides, words
         job_config_from_dict(raw)
 
 
-def test_a_batch_job_logs_each_sizes_figures(tmp_path):
-    store = f"sqlite:///{tmp_path / 'm.db'}"
-    out = run_cli(
+def test_a_batch_job_logs_each_sizes_figures_each_in_the_catalog(tmp_path):
+    raw, _ = compose_job(
         ["model=tiny-gemma3", "precision=fp32", "task=batch", "task.batch_sizes=[1,3]", "task.prompt_tokens=12",
-         "task.output_tokens=4", f"tracking.uri={store}", f"hydra.run.dir={tmp_path / 'run'}"]
+         "task.output_tokens=4", f"cache_dir={fresh_cache(tmp_path / 'cache')}"]
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
-    figures = result["summary"]
+    kept = Kept()
+    result = build(job_config_from_dict(raw), kept).run()
+    figures = result.summary
     assert figures["batch_tg_best_b"] in (1.0, 3.0) and figures["batch_pp_tokens_per_s_b3"] > 0
-    assert "batch_tg_gain_max" in figures
-    assert uncatalogued(store) == {}
+    assert figures["batch_pp_s_b1"] > 0 and "batch_tg_gain_max" in figures and "batch.md" in result.artifacts
+    assert kept.tags["runner"] == "quantspec"
+    assert catalog.unlisted("metric", [*figures, *kept.metrics]) == []
+    assert catalog.unlisted("tag", kept.tags) == [] and catalog.unlisted("artifact", result.artifacts) == []
